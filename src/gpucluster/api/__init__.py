@@ -1,0 +1,1 @@
+"""HTTP API: validate, call the service, return. No decisions here."""

@@ -1,0 +1,181 @@
+"""The FastAPI application. OpenAPI at /openapi.json, interactive docs at /docs.
+
+Errors have one shape everywhere: {"error": "<field>: <what is wrong and what is allowed>",
+"detail": [...]}, so the CLI can print the message as is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpucluster import __version__
+from gpucluster.core.states import JobState
+from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
+from gpucluster.models import ErrorBody, Job, JobList, JobSpec, NodeList
+
+MAX_BODY_BYTES = 1024 * 1024
+FOLLOW_POLL_S = 0.2
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody},
+    409: {"model": ErrorBody},
+    413: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+}
+
+
+class BodyLimit:
+    """Refuses request bodies over the limit with 413, whether or not Content-Length is sent."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await _too_large(self.limit)(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLarge:
+            await _too_large(self.limit)(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return JSONResponse({"error": f"request body is larger than {limit} bytes", "detail": []}, status_code=413)
+
+
+def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    return ".".join(parts) or "body"
+
+
+def _message(msg: str) -> str:
+    return msg.removeprefix("Value error, ")
+
+
+def create_app(service: ClusterService) -> FastAPI:
+    app = FastAPI(
+        title="gpucluster",
+        version=__version__,
+        description="Submit, watch and cancel GPU jobs; see nodes and GPUs.",
+    )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        text = "; ".join(f"{_field(e['loc'])}: {_message(str(e['msg']))}" for e in errors)
+        detail = [{"field": _field(e["loc"]), "message": _message(str(e["msg"]))} for e in errors]
+        return JSONResponse({"error": text, "detail": detail}, status_code=422)
+
+    @app.exception_handler(Rejected)
+    async def _rejected(_: Request, exc: Rejected) -> JSONResponse:
+        return JSONResponse(
+            {"error": str(exc), "detail": [{"field": exc.field, "message": exc.message}]}, status_code=422
+        )
+
+    @app.exception_handler(NotFound)
+    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
+        return JSONResponse({"error": str(exc), "detail": []}, status_code=404)
+
+    @app.exception_handler(Conflict)
+    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
+        return JSONResponse({"error": str(exc), "detail": []}, status_code=409)
+
+    @app.get("/v1/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "version": __version__, "jobs": service.store.count_jobs()}
+
+    @app.post("/v1/jobs", status_code=201, responses=ERRORS)
+    def submit(spec: JobSpec) -> Job:
+        return service.submit(spec)
+
+    @app.get("/v1/jobs", responses=ERRORS)
+    def list_jobs(
+        state: Annotated[list[JobState] | None, Query(description="repeat to match several")] = None,
+        team: Annotated[str | None, Query(max_length=128)] = None,
+        limit: Annotated[int | None, Query(ge=1, le=100_000, description="newest N")] = None,
+    ) -> JobList:
+        return JobList(jobs=service.jobs(state, team, limit))
+
+    @app.get("/v1/jobs/{job_id}", responses=ERRORS)
+    def get_job(job_id: int) -> Job:
+        return service.job(job_id)
+
+    @app.post("/v1/jobs/{job_id}/cancel", responses=ERRORS)
+    def cancel(job_id: int) -> Job:
+        return service.cancel(job_id)
+
+    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses=ERRORS)
+    def logs(
+        job_id: int,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        attempt: Annotated[int | None, Query(ge=1)] = None,
+        follow: bool = False,
+    ) -> Any:
+        path, _ = service.log_path(job_id, attempt)
+        if not follow:
+            return PlainTextResponse(_read_from(path, offset) if path else "")
+        return StreamingResponse(_follow(service, job_id, attempt, offset), media_type="text/plain")
+
+    @app.get("/v1/nodes")
+    def nodes() -> NodeList:
+        return NodeList(nodes=service.nodes())
+
+    return BodyLimit(app, MAX_BODY_BYTES)  # type: ignore[return-value]
+
+
+def _read_from(path: Any, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _follow(service: ClusterService, job_id: int, attempt: int | None, offset: int) -> Iterator[bytes]:
+    """Stream the log as it grows until the attempt has ended and everything was sent."""
+    pos = offset
+    while True:
+        path, record = service.log_path(job_id, attempt)
+        attempt_over = record.state.terminal or (attempt is not None and attempt < record.attempt)
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+            except FileNotFoundError:
+                chunk = b""
+            if chunk:
+                pos += len(chunk)
+                yield chunk
+                continue
+        if attempt_over:
+            return
+        time.sleep(FOLLOW_POLL_S)

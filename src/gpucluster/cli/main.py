@@ -1,0 +1,323 @@
+"""`gpucluster`: start the cluster, submit and watch jobs. A thin shell over `gpucluster.Client`.
+
+Every error a user can cause prints one message (no traceback) and exits non-zero; every read
+command takes --json and then prints JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpucluster.client import ApiError, Client, ClusterUnreachable
+from gpucluster.durations import format_duration
+from gpucluster.jobfile import JobFileError, read_job_file, spec_from_fields
+from gpucluster.models import Job
+
+app = typer.Typer(
+    help="gpucluster: a GPU cluster. Start it with `gpucluster up`, then submit jobs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+# A pipe gets full-width lines: wrapped table cells are unreadable to grep and to people alike.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
+err = Console(stderr=True, highlight=False)
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", envvar="GPUCLUSTER_URL", help="the head's URL [default: http://127.0.0.1:8642]"),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JSON only")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def _client(url: str | None) -> Client:
+    return Client(url)
+
+
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except (ApiError, ClusterUnreachable) as e:
+        fail(str(e))
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _ts(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _gpus(job: Job) -> str:
+    return "; ".join(f"{s.node}:{','.join(map(str, s.gpu_indices))}" for s in job.allocation) or "-"
+
+
+# ---- up ------------------------------------------------------------------------------------
+
+
+@app.command()
+def up(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on", min=1, max=65535)] = 8642,
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="where state and logs live [default: ~/.local/share/gpucluster]")
+    ] = None,
+    virtual_gpus: Annotated[
+        int | None,
+        typer.Option("--virtual-gpus", min=1, max=1024, help="declare N virtual GPUs instead of discovering real ones"),
+    ] = None,
+    gpu_type: Annotated[
+        str | None, typer.Option("--gpu-type", help="model name of the virtual GPUs, e.g. H100-80GB")
+    ] = None,
+    gpu_memory: Annotated[
+        str | None, typer.Option("--gpu-memory", help="memory of each virtual GPU, e.g. 80GiB [default: from --gpu-type]")
+    ] = None,
+    grace_period: Annotated[
+        str, typer.Option("--grace-period", help="time between SIGTERM and SIGKILL when stopping a job")
+    ] = "30s",
+    node_name: Annotated[str | None, typer.Option("--node-name", help="this node's name [default: hostname]")] = None,
+) -> None:
+    """Start the head (HTTP API) and a local worker on this machine; runs until Ctrl-C."""
+    import socket
+
+    from gpucluster.durations import parse_duration
+    from gpucluster.head.server import StartupError, UpOptions, default_data_dir, run_up
+
+    try:
+        grace = parse_duration(grace_period)
+        mem = _parse_memory_mb(gpu_memory) if gpu_memory else None
+    except ValueError as e:
+        fail(str(e))
+    if gpu_type is not None and not gpu_type.strip():
+        fail("--gpu-type must not be empty")
+    opts = UpOptions(
+        host=host,
+        port=port,
+        data_dir=data_dir or default_data_dir(),
+        virtual_gpus=virtual_gpus,
+        gpu_type=gpu_type,
+        gpu_memory_mb=mem,
+        grace_period_s=grace,
+        node_name=node_name or socket.gethostname(),
+    )
+    try:
+        run_up(opts)
+    except StartupError as e:
+        fail(str(e))
+
+
+def _parse_memory_mb(text: str) -> int:
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(GiB|GB|G|MiB|MB|M)\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"cannot read memory size {text!r}; use e.g. 80GiB or 16384MiB")
+    value, unit = float(m.group(1)), m.group(2).upper()
+    return int(value * 1024) if unit.startswith("G") else int(value)
+
+
+# ---- submit --------------------------------------------------------------------------------
+
+
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def submit(
+    command: Annotated[list[str] | None, typer.Argument(help="the program and its arguments, after --")] = None,
+    file: Annotated[Path | None, typer.Option("-f", "--file", help="a YAML job file; options given here override it")] = None,
+    gpus: Annotated[float | None, typer.Option(help="GPUs the job needs [default: 1]")] = None,
+    gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="GPU model, e.g. H100-80GB")] = None,
+    name: Annotated[str | None, typer.Option(help="a name for the job")] = None,
+    team: Annotated[str | None, typer.Option(help="the team the job is accounted to")] = None,
+    priority: Annotated[str | None, typer.Option(help="low, normal or high")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time-limit", help="e.g. 30m, 2h, 1d")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="K=V, repeatable")] = None,
+    workdir: Annotated[str | None, typer.Option(help="working directory [default: the current one]")] = None,
+    shell: Annotated[bool, typer.Option("--shell", help="run the command line through /bin/sh -c")] = False,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a job and print its id at once: gpucluster submit --gpus 2 -- python train.py"""
+    fields: dict[str, Any] = {}
+    source = None
+    if file is not None:
+        try:
+            fields = read_job_file(file)
+        except JobFileError as e:
+            fail(str(e))
+        source = file
+    if command:
+        fields["command"] = [" ".join(command)] if shell else list(command)
+    overrides = {
+        "gpus": gpus, "gpu_type": gpu_type, "name": name, "team": team,
+        "priority": priority, "time_limit": time_limit,
+    }
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    if shell:
+        fields["shell"] = True
+    if env:
+        merged = dict(fields.get("env") or {})
+        for item in env:
+            key, sep, value = item.partition("=")
+            if not sep:
+                fail(f"--env {item!r}: write it as KEY=VALUE")
+            merged[key] = value
+        fields["env"] = merged
+    if "command" not in fields:
+        fail("no command given; put it after --, e.g. gpucluster submit --gpus 1 -- python train.py")
+    wd = workdir or fields.get("workdir") or os.getcwd()
+    fields["workdir"] = str(Path(wd).expanduser().absolute()) if wd else None
+    try:
+        spec = spec_from_fields(fields, source)
+    except JobFileError as e:
+        fail(str(e))
+    with _client(url) as c:
+        job = _call(c.submit, spec)
+    if as_json:
+        _print_json(job.model_dump(mode="json"))
+    else:
+        out.print(f"submitted job {job.id} ({job.name}): {job.state.value}")
+
+
+# ---- reading -------------------------------------------------------------------------------
+
+
+@app.command()
+def jobs(
+    state: Annotated[list[str] | None, typer.Option("--state", help="queued, running, succeeded, failed, cancelled; repeatable")] = None,
+    team: Annotated[str | None, typer.Option(help="only this team's jobs")] = None,
+    limit: Annotated[int | None, typer.Option(help="the newest N jobs", min=1)] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List jobs, oldest first."""
+    with _client(url) as c:
+        listing = _call(c.jobs, state=state, team=team, limit=limit)
+    if as_json:
+        _print_json([j.model_dump(mode="json") for j in listing])
+        return
+    table = Table("ID", "NAME", "TEAM", "STATE", "GPUS", "PRIO", "SUBMITTED", "WHERE / WHY", box=None)
+    for j in listing:
+        where = _gpus(j) if j.state.value == "running" else j.reason
+        table.add_row(
+            str(j.id), j.name, j.spec.team, j.state.value, str(j.spec.gpu_count), j.spec.priority,
+            _ts(j.submitted_at), where,
+        )
+    out.print(table)
+
+
+@app.command()
+def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+    """A job's spec, state, history of state changes, allocation and exit code."""
+    with _client(url) as c:
+        job = _call(c.job, job_id)
+    if as_json:
+        _print_json(job.model_dump(mode="json"))
+        return
+    s = job.spec
+    lines = [
+        f"job {job.id} ({job.name})",
+        f"  state:      {job.state.value} — {job.reason}",
+        f"  command:    {' '.join(s.command) if not s.shell else s.command[0] + '   (shell)'}",
+        f"  gpus:       {s.gpu_count}{' x ' + s.gpu_type if s.gpu_type else ''}",
+        f"  team:       {s.team}   priority: {s.priority}",
+        f"  time limit: {format_duration(float(s.time_limit)) if s.time_limit else 'none'}",
+        f"  workdir:    {s.workdir or '-'}",
+        f"  allocation: {_gpus(job)}",
+        f"  attempt:    {job.attempt}",
+        f"  exit code:  {job.exit_code if job.exit_code is not None else '-'}",
+        f"  submitted:  {_ts(job.submitted_at)}   started: {_ts(job.started_at)}   ended: {_ts(job.ended_at)}",
+        "  history:",
+    ]
+    lines += [f"    {_ts(e.at)}  {e.state.value:<10} {e.reason}" for e in job.events]
+    out.print("\n".join(lines), markup=False)
+
+
+@app.command()
+def logs(
+    job_id: Annotated[int, typer.Argument(help="job id")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until the job ends")] = False,
+    attempt: Annotated[int | None, typer.Option(help="an earlier attempt's log [default: the latest]", min=1)] = None,
+    url: UrlOpt = None,
+) -> None:
+    """Print a job's output (stdout and stderr)."""
+    with _client(url) as c:
+        if follow:
+            try:
+                for chunk in c.follow_logs(job_id, attempt):
+                    sys.stdout.write(chunk)
+                    sys.stdout.flush()
+            except (ApiError, ClusterUnreachable) as e:
+                fail(str(e))
+            except KeyboardInterrupt:
+                raise typer.Exit(130) from None
+        else:
+            sys.stdout.write(_call(c.logs, job_id, attempt=attempt))
+
+
+@app.command()
+def cancel(
+    job_ids: Annotated[list[int], typer.Argument(help="job id(s)")],
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel jobs: queued ones at once, running ones with SIGTERM, then SIGKILL after the grace period."""
+    results = []
+    failed = False
+    with _client(url) as c:
+        for job_id in job_ids:
+            try:
+                job = c.cancel(job_id)
+            except ApiError as e:
+                failed = True
+                err.print(f"[red]error:[/red] {e}")
+                continue
+            except ClusterUnreachable as e:
+                fail(str(e))
+            results.append(job)
+            if not as_json:
+                note = "cancelled" if job.state.value == "cancelled" else "stopping (SIGTERM sent)"
+                out.print(f"job {job.id}: {note}")
+    if as_json:
+        _print_json([j.model_dump(mode="json") for j in results])
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+    """Nodes and their GPUs: model, memory, and which job holds each."""
+    with _client(url) as c:
+        listing = _call(c.nodes)
+    if as_json:
+        _print_json([n.model_dump(mode="json") for n in listing])
+        return
+    table = Table("NODE", "GPU", "MODEL", "MEMORY", "STATE", "JOB", box=None)
+    for n in listing:
+        for g in n.gpus:
+            table.add_row(
+                n.name + (" (virtual)" if n.virtual else ""), str(g.index), g.model, f"{g.memory_mb // 1024} GiB",
+                "used" if g.job_id is not None else "free", str(g.job_id) if g.job_id is not None else "-",
+            )
+    out.print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""An immutable, indexed view of the cluster for one scheduling cycle.
+
+Built once per cycle from the store (live) or from simulator state; the scheduler reads only this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpucluster.core.types import JobRequest, Node, RunningJob
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    nodes: tuple[Node, ...]
+    running: tuple[RunningJob, ...]
+    queued: tuple[JobRequest, ...]
+
+    def used_gpus(self) -> frozenset[tuple[str, int]]:
+        used: set[tuple[str, int]] = set()
+        for job in self.running:
+            used |= job.allocation.gpu_keys()
+        return frozenset(used)
+
+    def free_gpus_by_node(self) -> dict[str, list[int]]:
+        """Free GPU indices per node, in index order."""
+        used = self.used_gpus()
+        return {
+            node.name: [g.index for g in node.gpus if (node.name, g.index) not in used]
+            for node in self.nodes
+        }

@@ -1,0 +1,40 @@
+"""Job states and the transitions the system allows.
+
+Kept as data so the store can refuse an illegal transition (a cancelled job can never be marked
+running by a late launch) instead of every caller re-deriving the rules.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
+    # RUNNING -> QUEUED: an attempt that provably never started (head died between the
+    # allocation commit and the process launch) goes back to the queue.
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
+    ),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+def can_transition(src: JobState, dst: JobState) -> bool:
+    return dst in ALLOWED_TRANSITIONS[src]

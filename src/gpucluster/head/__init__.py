@@ -1,0 +1,1 @@
+"""The head: the loop that turns store state into decisions and decisions into processes."""

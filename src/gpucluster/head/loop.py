@@ -1,0 +1,207 @@
+"""The head loop: reconcile running jobs, then snapshot -> decide -> commit -> launch.
+
+Order matters for crash safety. An allocation is committed (state `running`, attempt n) before
+the process is launched, and the launch handle is committed after; a head that dies in between
+finds, on restart, either the shim's own pid file (the job started: adopt it) or nothing after a
+grace period (it never started: back to the queue). A job can therefore never run twice at once,
+and a running job is never forgotten. Time is injected (`clock`) so tests drive it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Mapping
+
+from gpucluster.core.scheduler import decide
+from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.states import JobState
+from gpucluster.core.types import Node, RunningJob
+from gpucluster.durations import format_duration
+from gpucluster.executors.base import Executor, Exited, LaunchError, LaunchSpec, Lost, Status
+from gpucluster.head.paths import DataDir
+from gpucluster.launch.env import job_env
+from gpucluster.store import JobRecord, Store
+
+log = logging.getLogger("gpucluster.head")
+
+# A running job with no recorded launch and no shim pid file after this long never started.
+LAUNCH_GRACE_S = 10.0
+
+
+class Head:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        executor: Executor,
+        data_dir: DataDir,
+        clock: Callable[[], float],
+        grace_period_s: float = 30.0,
+        head_url: str = "",
+        virtual_gpus: bool = False,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.data_dir = data_dir
+        self.clock = clock
+        self.grace_period_s = grace_period_s
+        self.head_url = head_url
+        self.virtual_gpus = virtual_gpus
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.wake = threading.Event()
+        self._stop = threading.Event()
+        self.cycles = 0
+        self._reasons: dict[int, str] = {}  # last wait reasons written, to write only changes
+
+    # ---- one cycle --------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        now = self.clock()
+        for job in self.store.list_jobs(states=[JobState.RUNNING]):
+            self._reconcile(job, now)
+        self._schedule(self.clock())
+        self.cycles += 1
+
+    def _reconcile(self, job: JobRecord, now: float) -> None:
+        handle = job.launch
+        if handle is None:
+            handle = self.executor.recover(self.data_dir.attempt_dir(job.id, job.attempt))
+            if handle is None:
+                if job.started_at is not None and now - job.started_at > LAUNCH_GRACE_S:
+                    self.store.transition(
+                        job.id, JobState.QUEUED, now,
+                        "requeued: the head stopped before the process was launched",
+                        expect=[JobState.RUNNING], allocation=None, started_at=None,
+                    )
+                return
+            self.store.update_job(job.id, JobState.RUNNING, launch=handle)
+        status = self.executor.poll(handle)
+        if isinstance(status, Exited | Lost):
+            self.executor.cleanup(handle)
+            self._finish(job, status, now)
+            return
+        self._enforce_stop(job, handle, now)
+
+    def _enforce_stop(self, job: JobRecord, handle: dict[str, object], now: float) -> None:
+        limit = job.spec.time_limit
+        assert job.started_at is not None
+        if job.stop_reason is None and isinstance(limit, float) and now - job.started_at >= limit:
+            self.store.update_job(job.id, JobState.RUNNING, stop_reason="time_limit", stop_requested_at=now)
+            job = self._reload(job)
+        if job.stop_reason is None or job.stop_requested_at is None:
+            return
+        if not job.term_sent:
+            self.executor.signal(handle, signal.SIGTERM)
+            self.store.update_job(job.id, JobState.RUNNING, term_sent=True)
+        elif not job.kill_sent and now - job.stop_requested_at >= self.grace_period_s:
+            self.executor.signal(handle, signal.SIGKILL)
+            self.store.update_job(job.id, JobState.RUNNING, kill_sent=True)
+
+    def _reload(self, job: JobRecord) -> JobRecord:
+        fresh = self.store.get_job(job.id)
+        assert fresh is not None
+        return fresh
+
+    def _finish(self, job: JobRecord, status: Status, now: float) -> None:
+        job = self._reload(job)
+        code: int | None = None
+        if isinstance(status, Lost) and job.kill_sent:
+            status = Exited(128 + signal.SIGKILL, signal.SIGKILL)
+        if isinstance(status, Exited):
+            code = status.exit_code
+            how = f"killed by {signal.Signals(status.signal).name}" if status.signal else f"exit code {code}"
+        if job.stop_reason == "cancel":
+            state, reason = JobState.CANCELLED, f"cancelled by user ({how})" if code is not None else "cancelled by user"
+        elif job.stop_reason == "time_limit":
+            limit = format_duration(float(job.spec.time_limit or 0))
+            state, reason = JobState.FAILED, f"time limit {limit} exceeded ({how})" if code is not None else f"time limit {limit} exceeded"
+        elif isinstance(status, Lost):
+            state, reason = JobState.FAILED, f"process lost: {status.reason}"
+        elif code == 0:
+            state, reason = JobState.SUCCEEDED, "exit code 0"
+        else:
+            state, reason = JobState.FAILED, how
+        self.store.transition(job.id, state, now, reason, expect=[JobState.RUNNING], exit_code=code)
+
+    # ---- scheduling -------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
+        running = tuple(RunningJob(i, a) for i, a in self.store.running_allocations())
+        queued = tuple(self.store.queued_requests())
+        return Snapshot(nodes=nodes, running=running, queued=queued)
+
+    def _schedule(self, now: float) -> None:
+        snap = self.snapshot()
+        if not snap.queued:
+            return
+        plan = decide(snap, now)
+        for start in plan.starts:
+            self._start(start.job_id, start.allocation, now)
+        changed = {k: v for k, v in plan.waiting.items() if self._reasons.get(k) != v}
+        self.store.set_wait_reasons(changed)
+        self._reasons = dict(plan.waiting)
+
+    def _start(self, job_id: int, allocation: object, now: float) -> None:
+        job = self.store.get_job(job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            return
+        attempt = job.attempt + 1
+        ok = self.store.transition(
+            job_id, JobState.RUNNING, now, f"started on {_describe(allocation)}",
+            expect=[JobState.QUEUED], allocation=allocation, attempt=attempt, started_at=now,
+            launch=None, stop_reason=None, stop_requested_at=None, term_sent=False, kill_sent=False,
+        )
+        if not ok:
+            return  # cancelled between snapshot and start
+        job = self._reload(job)
+        assert job.allocation is not None
+        slice_ = job.allocation.slices[0]
+        spec = LaunchSpec(
+            job_id=job_id,
+            attempt=attempt,
+            argv=job.spec.argv,
+            env=job_env(
+                base=self.base_env, user_env=job.spec.env, job_id=job_id, job_name=job.name,
+                team=job.team, attempt=attempt, slice_=slice_, head_url=self.head_url,
+                virtual_gpus=self.virtual_gpus,
+            ),
+            workdir=job.spec.workdir or self.base_env.get("HOME", "/"),
+            run_dir=self.data_dir.attempt_dir(job_id, attempt),
+            log_path=self.data_dir.log(job_id, attempt),
+        )
+        try:
+            handle = self.executor.launch(spec)
+        except (LaunchError, OSError) as e:
+            self.store.transition(job_id, JobState.FAILED, self.clock(), f"could not start: {e}", expect=[JobState.RUNNING])
+            return
+        self.store.update_job(job_id, JobState.RUNNING, launch=handle)
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def request_stop(self, job_id: int, reason: str) -> None:
+        """Ask the loop to stop a running job (SIGTERM now, SIGKILL after the grace period)."""
+        self.store.update_job(job_id, JobState.RUNNING, stop_reason=reason, stop_requested_at=self.clock())
+        self.wake.set()
+
+    def run(self, interval_s: float = 0.1) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # keep the head alive; the store is the truth and the next tick retries
+                log.exception("head cycle failed; retrying")
+            self.wake.wait(interval_s)
+            self.wake.clear()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.wake.set()
+
+
+def _describe(allocation: object) -> str:
+    slices = getattr(allocation, "slices", ())
+    return "; ".join(f"{s.node} GPUs {','.join(map(str, s.gpu_indices))}" for s in slices)

@@ -1,0 +1,139 @@
+"""`gpucluster up`: one process that holds the data dir, runs the head loop and serves the API.
+
+One head per data dir, enforced with an exclusive lock: two heads on one store could each start
+the same queued job. Running jobs outlive the head (they are in their own sessions) and are
+re-adopted by the next head on the same data dir.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import uvicorn
+
+from gpucluster.api.app import create_app
+from gpucluster.core.types import Node
+from gpucluster.discovery.gpus import NoGpus, discover_nvml, virtual_gpus
+from gpucluster.executors.local import LocalExecutor
+from gpucluster.head.loop import Head
+from gpucluster.head.paths import DataDir
+from gpucluster.head.service import ClusterService
+from gpucluster.store import Store, StoreError
+
+DEFAULT_PORT = 8642
+DEFAULT_VIRTUAL_GPUS = 8
+DEFAULT_VIRTUAL_TYPE = "VGPU-80GB"
+
+
+class StartupError(RuntimeError):
+    """The cluster cannot start; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    host: str
+    port: int
+    data_dir: Path
+    virtual_gpus: int | None
+    gpu_type: str | None
+    gpu_memory_mb: int | None
+    grace_period_s: float
+    node_name: str
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gpucluster"
+
+
+def lock_data_dir(data: DataDir) -> IO[str]:
+    data.root.mkdir(parents=True, exist_ok=True)
+    f = open(data.lock, "a+")  # noqa: SIM115 - held open for the head's lifetime
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise StartupError(
+            f"another head is already running on {data.root} (pid {holder}); stop it or use --data-dir"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+def local_node(opts: UpOptions, say: IO[str]) -> tuple[Node, bool]:
+    if opts.virtual_gpus is None:
+        try:
+            gpus = discover_nvml()
+            say.write(f"found {len(gpus)} GPU(s) through NVML: {', '.join(sorted({g.model for g in gpus}))}\n")
+            return Node(opts.node_name, tuple(gpus)), False
+        except NoGpus as e:
+            count = DEFAULT_VIRTUAL_GPUS
+            say.write(f"{e}; using {count} virtual GPUs of type {opts.gpu_type or DEFAULT_VIRTUAL_TYPE}\n")
+    else:
+        count = opts.virtual_gpus
+    gpus = virtual_gpus(count, opts.gpu_type or DEFAULT_VIRTUAL_TYPE, opts.gpu_memory_mb, opts.node_name)
+    return Node(opts.node_name, tuple(gpus)), True
+
+
+def _check_port(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise StartupError(f"port {port} on {host} is in use; pick another with --port") from None
+            raise StartupError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
+def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    data = DataDir(opts.data_dir.expanduser().resolve())
+    lock = lock_data_dir(data)
+    _check_port(opts.host, opts.port)
+    try:
+        store = Store(data.db)
+    except StoreError as e:
+        raise StartupError(str(e)) from None
+    node, is_virtual = local_node(opts, say)
+    store.put_node(node, is_virtual, time.time())
+    url = f"http://{opts.host}:{opts.port}"
+    head = Head(
+        store=store,
+        executor=LocalExecutor(),
+        data_dir=data,
+        clock=time.time,
+        grace_period_s=opts.grace_period_s,
+        head_url=url,
+        virtual_gpus=is_virtual,
+    )
+    head.tick()  # re-adopt or settle jobs left by a previous head before taking requests
+    loop = threading.Thread(target=head.run, name="head-loop", daemon=True)
+    loop.start()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(ClusterService(head)), host=opts.host, port=opts.port, log_level="warning")
+    )
+    say.write(f"gpucluster head listening on {url} (data dir {data.root}); Ctrl-C stops it, jobs keep running\n")
+    say.flush()
+    try:
+        server.run()
+    finally:
+        head.stop()
+        loop.join(timeout=5)
+        store.close()
+        lock.close()

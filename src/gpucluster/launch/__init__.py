@@ -1,0 +1,1 @@
+"""From an allocation to what a job's process sees: its environment and command."""

@@ -1,0 +1,48 @@
+"""The environment of a job's process.
+
+CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA number GPUs as NVML does; without it CUDA's default
+"fastest first" order can make CUDA_VISIBLE_DEVICES=1 name a different GPU than the scheduler
+allocated on a node with mixed models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpucluster.core.types import NodeSlice
+
+# Variables of the head's own environment a job must not inherit.
+_NOT_INHERITED = ("GPUCLUSTER_TOKEN",)
+
+
+def job_env(
+    *,
+    base: Mapping[str, str],
+    user_env: Mapping[str, str],
+    job_id: int,
+    job_name: str,
+    team: str,
+    attempt: int,
+    slice_: NodeSlice,
+    head_url: str,
+    virtual_gpus: bool,
+) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in _NOT_INHERITED}
+    env.update(user_env)
+    visible = ",".join(str(i) for i in slice_.gpu_indices)
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": visible,
+            "NVIDIA_VISIBLE_DEVICES": visible,
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "GPUCLUSTER_JOB_ID": str(job_id),
+            "GPUCLUSTER_JOB_NAME": job_name,
+            "GPUCLUSTER_TEAM": team,
+            "GPUCLUSTER_ATTEMPT": str(attempt),
+            "GPUCLUSTER_NODE": slice_.node,
+            "GPUCLUSTER_NUM_GPUS": str(len(slice_.gpu_indices)),
+            "GPUCLUSTER_URL": head_url,
+            "GPUCLUSTER_VIRTUAL_GPUS": "1" if virtual_gpus else "0",
+        }
+    )
+    return env

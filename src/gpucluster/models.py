@@ -1,0 +1,174 @@
+"""The wire format: pydantic models shared by the HTTP API, the typed client, the CLI and the SDK.
+
+Validation of user input lives here once, so the API, job files and the SDK reject the same
+things with the same words. Field limits keep one request from exhausting the head.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpucluster.core.states import JobState
+from gpucluster.durations import parse_duration
+
+MAX_GPUS_PER_JOB = 4096
+MAX_TIME_LIMIT_S = 366 * 86400
+MAX_COMMAND_ARGS = 4096
+MAX_ARG_BYTES = 65536
+MAX_ENV_VARS = 512
+MAX_ENV_VALUE = 32768
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+PriorityName = Literal["low", "normal", "high"]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class JobSpec(BaseModel):
+    """What a user submits. Unknown fields are rejected so a typo never silently does nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] = Field(
+        ...,
+        description="argv list, run without a shell; with shell=true a single shell command line",
+        max_length=MAX_COMMAND_ARGS,
+    )
+    gpus: float = Field(1, description="whole GPUs the job needs (1 or more)")
+    gpu_type: str | None = Field(None, max_length=64, description="GPU model, e.g. H100-80GB")
+    name: Name | None = None
+    team: Name = "default"
+    priority: PriorityName = "normal"
+    time_limit: float | str | None = Field(
+        None, description="seconds, or a duration such as 90s, 30m, 2h, 1h30m, 1d"
+    )
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = Field(None, max_length=4096, description="absolute path")
+    shell: bool = Field(False, description="run command[0] through /bin/sh -c")
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str]) -> list[str]:
+        if not v or not v[0].strip():
+            raise ValueError("command is empty; give the program and its arguments")
+        for arg in v:
+            if len(arg.encode()) > MAX_ARG_BYTES:
+                raise ValueError(f"a command argument is longer than {MAX_ARG_BYTES} bytes")
+            if "\x00" in arg:
+                raise ValueError("command arguments cannot contain NUL bytes")
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: float) -> float:
+        if math.isnan(v) or v <= 0:
+            raise ValueError("gpus must be at least 1")
+        if v != int(v):
+            raise ValueError(
+                f"gpus must be a whole number (got {v}); fractional GPUs are not supported yet"
+            )
+        if v > MAX_GPUS_PER_JOB:
+            raise ValueError(f"gpus must be at most {MAX_GPUS_PER_JOB} (got {int(v)})")
+        return v
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, v: float | str | None) -> float | None:
+        if v is None:
+            return None
+        seconds = parse_duration(v) if isinstance(v, str) else float(v)
+        if math.isnan(seconds) or seconds <= 0 or seconds > MAX_TIME_LIMIT_S:
+            raise ValueError(f"time_limit must be between 1s and {MAX_TIME_LIMIT_S // 86400}d")
+        return seconds
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_ENV_VARS:
+            raise ValueError(f"at most {MAX_ENV_VARS} environment variables")
+        for key, value in v.items():
+            if not ENV_NAME.match(key):
+                raise ValueError(f"environment variable name {key!r} is not valid (A-Z, 0-9, _)")
+            if key.startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(f"environment variable {key} is set by the cluster")
+            if len(value) > MAX_ENV_VALUE or "\x00" in value:
+                raise ValueError(f"environment variable {key} is too long or has a NUL byte")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"workdir must be an absolute path (got {v!r})")
+        return v
+
+    @model_validator(mode="after")
+    def _shell(self) -> JobSpec:
+        if self.shell and len(self.command) != 1:
+            raise ValueError("with shell=true, command must be a single command line")
+        return self
+
+    @property
+    def gpu_count(self) -> int:
+        return int(self.gpus)
+
+    @property
+    def argv(self) -> list[str]:
+        return ["/bin/sh", "-c", self.command[0]] if self.shell else list(self.command)
+
+
+class SliceOut(BaseModel):
+    node: str
+    gpu_indices: list[int]
+
+
+class JobEvent(BaseModel):
+    at: float
+    state: JobState
+    reason: str
+
+
+class Job(BaseModel):
+    id: int
+    name: str
+    state: JobState
+    spec: JobSpec
+    submitted_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    attempt: int = 0
+    allocation: list[SliceOut] = Field(default_factory=list)
+    events: list[JobEvent] = Field(default_factory=list)
+
+
+class JobList(BaseModel):
+    jobs: list[Job]
+
+
+class GpuOut(BaseModel):
+    index: int
+    model: str
+    memory_mb: int
+    uuid: str
+    job_id: int | None = None
+
+
+class NodeOut(BaseModel):
+    name: str
+    virtual: bool
+    gpus: list[GpuOut]
+
+
+class NodeList(BaseModel):
+    nodes: list[NodeOut]
+
+
+class ErrorBody(BaseModel):
+    error: str
+    detail: list[dict[str, object]] = Field(default_factory=list)

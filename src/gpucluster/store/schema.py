@@ -1,0 +1,77 @@
+"""Tables. JSON columns hold values the store never queries by (spec, allocation, launch)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+SCHEMA_VERSION = 1
+
+metadata = MetaData()
+
+meta = Table(
+    "meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False),
+    Column("team", String(128), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("gpu_type", String(64)),
+    Column("spec", Text, nullable=False),
+    Column("submitted_at", Float, nullable=False),
+    Column("started_at", Float),
+    Column("ended_at", Float),
+    Column("exit_code", Integer),
+    Column("reason", Text, nullable=False, default=""),
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("allocation", Text),
+    Column("launch", Text),
+    # Why and when the head asked the job to stop (cancel / time limit); durable so the grace
+    # period continues across a head restart instead of starting over.
+    Column("stop_reason", String(32)),
+    Column("stop_requested_at", Float),
+    Column("term_sent", Boolean, nullable=False, default=False),
+    Column("kill_sent", Boolean, nullable=False, default=False),
+    sqlite_autoincrement=True,
+)
+Index("ix_jobs_state", jobs.c.state)
+Index("ix_jobs_team_state", jobs.c.team, jobs.c.state)
+
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, ForeignKey("jobs.id"), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+)
+Index("ix_job_events_job", job_events.c.job_id)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("virtual", Boolean, nullable=False),
+    Column("gpus", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)

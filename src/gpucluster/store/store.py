@@ -1,0 +1,354 @@
+"""The store: every durable fact of the head, behind a small typed interface.
+
+Writers take SQLite's write lock up front (`BEGIN IMMEDIATE`) so two writers never deadlock on a
+lock upgrade, and state changes are compare-and-set on the current state: a cancel and a launch
+racing on one job cannot both win. Every commit is durable (WAL, synchronous=FULL) before the
+API acknowledges it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, bindparam, create_engine, event, func, insert, select, update
+from sqlalchemy.exc import OperationalError
+
+from gpucluster.core.states import JobState, can_transition
+from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, Priority
+from gpucluster.models import JobSpec
+from gpucluster.store import schema
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used (locked by another head, unreadable, newer schema)."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: int
+    name: str
+    team: str
+    state: JobState
+    priority: Priority
+    gpus: int
+    gpu_type: str | None
+    spec: JobSpec
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    reason: str
+    attempt: int
+    allocation: Allocation | None
+    launch: dict[str, Any] | None
+    stop_reason: str | None
+    stop_requested_at: float | None
+    term_sent: bool
+    kill_sent: bool
+
+    def request(self) -> JobRequest:
+        return JobRequest(
+            job_id=self.id,
+            gpus=self.gpus,
+            gpu_type=self.gpu_type,
+            priority=self.priority,
+            submitted_at=self.submitted_at,
+            team=self.team,
+        )
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    at: float
+    state: JobState
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    node: Node
+    virtual: bool
+
+
+def allocation_to_json(a: Allocation) -> str:
+    return json.dumps([{"node": s.node, "gpu_indices": list(s.gpu_indices)} for s in a.slices])
+
+
+def allocation_from_json(text: str | None) -> Allocation | None:
+    if not text:
+        return None
+    return Allocation(tuple(NodeSlice(d["node"], tuple(d["gpu_indices"])) for d in json.loads(text)))
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        url = f"sqlite:///{path}"
+        self._writer = self._engine(url, "BEGIN IMMEDIATE")
+        self._reader = self._engine(url, "BEGIN")
+        try:
+            schema.metadata.create_all(self._writer)
+            self._check_version()
+        except OperationalError as e:
+            raise StoreError(f"cannot open the state database {path}: {e.orig}") from e
+
+    @staticmethod
+    def _engine(url: str, begin: str) -> Engine:
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            conn.exec_driver_sql(begin)
+
+        return engine
+
+    def _check_version(self) -> None:
+        with self._writer.begin() as c:
+            row = c.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema")).first()
+            if row is None:
+                c.execute(insert(schema.meta).values(key="schema", value=str(schema.SCHEMA_VERSION)))
+            elif int(row[0]) > schema.SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} was written by a newer gpucluster (schema {row[0]}); upgrade first"
+                )
+
+    def close(self) -> None:
+        self._writer.dispose()
+        self._reader.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self._writer.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._reader.begin() as conn:
+            yield conn
+
+    # ---- jobs -------------------------------------------------------------------------------
+
+    def create_job(self, spec: JobSpec, now: float) -> int:
+        with self._write() as c:
+            result = c.execute(
+                insert(schema.jobs).values(
+                    name=spec.name or "",
+                    team=spec.team,
+                    state=JobState.QUEUED.value,
+                    priority=int(Priority.parse(spec.priority)),
+                    gpus=spec.gpu_count,
+                    gpu_type=spec.gpu_type,
+                    spec=spec.model_dump_json(),
+                    submitted_at=now,
+                    reason="submitted",
+                    attempt=0,
+                    term_sent=False,
+                    kill_sent=False,
+                )
+            )
+            pk = result.inserted_primary_key
+            assert pk is not None
+            job_id = int(pk[0])
+            if not spec.name:
+                c.execute(update(schema.jobs).where(schema.jobs.c.id == job_id).values(name=f"job-{job_id}"))
+            c.execute(
+                insert(schema.job_events).values(
+                    job_id=job_id, at=now, state=JobState.QUEUED.value, reason="submitted"
+                )
+            )
+        return job_id
+
+    def get_job(self, job_id: int) -> JobRecord | None:
+        with self._read() as c:
+            row = c.execute(select(schema.jobs).where(schema.jobs.c.id == job_id)).mappings().first()
+        return _job(row) if row else None
+
+    def list_jobs(
+        self,
+        states: Iterable[JobState] | None = None,
+        team: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        q = select(schema.jobs).order_by(schema.jobs.c.id)
+        if states is not None:
+            q = q.where(schema.jobs.c.state.in_([s.value for s in states]))
+        if team is not None:
+            q = q.where(schema.jobs.c.team == team)
+        if limit is not None:
+            q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit)
+        with self._read() as c:
+            rows = c.execute(q).mappings().all()
+        records = [_job(r) for r in rows]
+        return sorted(records, key=lambda j: j.id)
+
+    def queued_requests(self) -> list[JobRequest]:
+        """The scheduler's view of the queue: only the columns it needs, no spec parsing."""
+        j = schema.jobs.c
+        q = select(j.id, j.gpus, j.gpu_type, j.priority, j.submitted_at, j.team).where(
+            j.state == JobState.QUEUED.value
+        )
+        with self._read() as c:
+            rows = c.execute(q).all()
+        return [
+            JobRequest(job_id=r[0], gpus=r[1], gpu_type=r[2], priority=Priority(r[3]), submitted_at=r[4], team=r[5])
+            for r in rows
+        ]
+
+    def running_allocations(self) -> list[tuple[int, Allocation]]:
+        j = schema.jobs.c
+        with self._read() as c:
+            rows = c.execute(select(j.id, j.allocation).where(j.state == JobState.RUNNING.value)).all()
+        return [(r[0], a) for r in rows if (a := allocation_from_json(r[1])) is not None]
+
+    def set_wait_reasons(self, reasons: dict[int, str]) -> None:
+        """Record why queued jobs wait; jobs that left the queue meanwhile are left alone."""
+        if not reasons:
+            return
+        j = schema.jobs.c
+        stmt = (
+            update(schema.jobs)
+            .where(j.id == bindparam("jid"))
+            .where(j.state == JobState.QUEUED.value)
+            .values(reason=bindparam("r"))
+        )
+        with self._write() as c:
+            c.execute(stmt, [{"jid": k, "r": v} for k, v in reasons.items()])
+
+    def count_jobs(self) -> dict[str, int]:
+        with self._read() as c:
+            rows = c.execute(
+                select(schema.jobs.c.state, func.count()).group_by(schema.jobs.c.state)
+            ).all()
+        return {str(s): int(n) for s, n in rows}
+
+    def events(self, job_id: int) -> list[EventRecord]:
+        with self._read() as c:
+            rows = c.execute(
+                select(schema.job_events)
+                .where(schema.job_events.c.job_id == job_id)
+                .order_by(schema.job_events.c.id)
+            ).mappings().all()
+        return [EventRecord(r["at"], JobState(r["state"]), r["reason"]) for r in rows]
+
+    def transition(
+        self,
+        job_id: int,
+        to: JobState,
+        now: float,
+        reason: str,
+        expect: Iterable[JobState] | None = None,
+        **fields: Any,
+    ) -> bool:
+        """Move a job to `to` if its state is one of `expect` (default: any that may move there).
+
+        Returns False, changing nothing, when the job is not in such a state: the caller lost a
+        race (the job was cancelled, finished, or moved by someone else) and must not act.
+        """
+        allowed = [s for s in (expect or JobState) if can_transition(s, to)]
+        values: dict[str, Any] = {"state": to.value, "reason": reason}
+        if "allocation" in fields:
+            a = fields.pop("allocation")
+            values["allocation"] = allocation_to_json(a) if a is not None else None
+        if "launch" in fields:
+            launch = fields.pop("launch")
+            values["launch"] = json.dumps(launch) if launch is not None else None
+        values.update(fields)
+        if to.terminal:
+            values.setdefault("ended_at", now)
+        with self._write() as c:
+            res = c.execute(
+                update(schema.jobs)
+                .where(schema.jobs.c.id == job_id)
+                .where(schema.jobs.c.state.in_([s.value for s in allowed]))
+                .values(**values)
+            )
+            if res.rowcount != 1:
+                return False
+            c.execute(
+                insert(schema.job_events).values(job_id=job_id, at=now, state=to.value, reason=reason)
+            )
+        return True
+
+    def update_job(self, job_id: int, expect: JobState, **fields: Any) -> bool:
+        """Change bookkeeping fields of a job still in state `expect` (no state change, no event)."""
+        if "launch" in fields:
+            fields["launch"] = json.dumps(fields["launch"]) if fields["launch"] is not None else None
+        with self._write() as c:
+            res = c.execute(
+                update(schema.jobs)
+                .where(schema.jobs.c.id == job_id)
+                .where(schema.jobs.c.state == expect.value)
+                .values(**fields)
+            )
+        return res.rowcount == 1
+
+    # ---- nodes ------------------------------------------------------------------------------
+
+    def put_node(self, node: Node, virtual: bool, now: float) -> None:
+        gpus = json.dumps(
+            [{"index": g.index, "model": g.model, "memory_mb": g.memory_mb, "uuid": g.uuid} for g in node.gpus]
+        )
+        with self._write() as c:
+            res = c.execute(
+                update(schema.nodes)
+                .where(schema.nodes.c.name == node.name)
+                .values(virtual=virtual, gpus=gpus, updated_at=now)
+            )
+            if res.rowcount == 0:
+                c.execute(
+                    insert(schema.nodes).values(name=node.name, virtual=virtual, gpus=gpus, updated_at=now)
+                )
+
+    def nodes(self) -> list[NodeRecord]:
+        with self._read() as c:
+            rows = c.execute(select(schema.nodes).order_by(schema.nodes.c.name)).mappings().all()
+        return [
+            NodeRecord(
+                Node(r["name"], tuple(Gpu(**g) for g in json.loads(r["gpus"]))), bool(r["virtual"])
+            )
+            for r in rows
+        ]
+
+    def integrity_ok(self) -> bool:
+        with self._read() as c:
+            return c.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
+
+
+def _job(r: Any) -> JobRecord:
+    return JobRecord(
+        id=r["id"],
+        name=r["name"],
+        team=r["team"],
+        state=JobState(r["state"]),
+        priority=Priority(r["priority"]),
+        gpus=r["gpus"],
+        gpu_type=r["gpu_type"],
+        spec=JobSpec.model_validate_json(r["spec"]),
+        submitted_at=r["submitted_at"],
+        started_at=r["started_at"],
+        ended_at=r["ended_at"],
+        exit_code=r["exit_code"],
+        reason=r["reason"],
+        attempt=r["attempt"],
+        allocation=allocation_from_json(r["allocation"]),
+        launch=json.loads(r["launch"]) if r["launch"] else None,
+        stop_reason=r["stop_reason"],
+        stop_requested_at=r["stop_requested_at"],
+        term_sent=bool(r["term_sent"]),
+        kill_sent=bool(r["kill_sent"]),
+    )
