@@ -13,6 +13,7 @@ Two sources of start times, because they differ in resolution:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 
 PEER_DIR = Path("/work/shared/peers/slurm")
 _ALLOC = re.compile(r"^\[(\S+)\] .*\b(?:Allocate|Started) JobId=(\d+)\b")
+_DONE = re.compile(r"^\[(\S+)\] _job_complete: JobId=(\d+) done")
 
 
 class SlurmError(RuntimeError):
@@ -60,9 +62,7 @@ class SlurmPeer:
 
     def _run(self, *argv: str, timeout: float = 60) -> str:
         try:
-            proc = subprocess.run(
-                argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
-            )
+            proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
         except FileNotFoundError as e:
             raise SlurmError(f"{argv[0]} not found; is slurm-wlm installed?") from e
         except subprocess.TimeoutExpired as e:
@@ -77,10 +77,8 @@ class SlurmPeer:
         Output goes to /dev/null so thousands of jobs leave no slurm-N.out files in the cwd.
         """
         t = time.time()
-        out = self._run(
-            "sbatch", "--parsable", f"--gres=gpu:{gpus}", "--output=/dev/null",
-            "--error=/dev/null", f"--chdir={self.dir}", "--wrap", wrap,
-        )  # fmt: skip
+        gres, out_opts = f"--gres=gpu:{gpus}", ("--output=/dev/null", "--error=/dev/null")
+        out = self._run("sbatch", "--parsable", gres, *out_opts, f"--chdir={self.dir}", "--wrap", wrap)
         try:
             return int(out.strip().split(";")[0]), t
         except ValueError as e:
@@ -120,17 +118,20 @@ class SlurmPeer:
             jobs[job.job_id] = job
         return jobs
 
-    def read_alloc_times(self) -> dict[int, float]:
-        """Millisecond start times from slurmctld.log ("sched: Allocate JobId=N" lines)."""
-        times: dict[int, float] = {}
+    def read_ctld_times(self) -> tuple[dict[int, float], dict[int, float]]:
+        """Millisecond (start, end) times from slurmctld.log: "sched: Allocate JobId=N" (or
+        backfill's "Started JobId=N") and "_job_complete: JobId=N done"."""
+        starts: dict[int, float] = {}
+        ends: dict[int, float] = {}
         if not self.ctld_log_path.exists():
-            return times
+            return starts, ends
         with self.ctld_log_path.open(errors="replace") as f:
             for line in f:
-                m = _ALLOC.match(line)
-                if m:
-                    times.setdefault(int(m.group(2)), _local_ts(m.group(1)))
-        return times
+                if m := _ALLOC.match(line):
+                    starts.setdefault(int(m.group(2)), _local_ts(m.group(1)))
+                elif m := _DONE.match(line):
+                    ends.setdefault(int(m.group(2)), _local_ts(m.group(1)))
+        return starts, ends
 
 
 def _local_ts(s: str) -> float:
@@ -149,30 +150,53 @@ def start(dir: Path, nodes: int, gpus_per_node: int, fresh: bool = True) -> Slur
     script = PEER_DIR / "start.sh"
     if not script.exists():
         raise SlurmError(f"{script} is missing")
+    running = [pid for pid in _pids(dir) if _alive(pid)]
+    if running:
+        raise SlurmError(
+            f"Slurm already running from {dir} (pids {running}); stop it with DIR={dir} {PEER_DIR / 'stop.sh'}"
+        )
     if fresh:
         for sub in ("state", "spool", "log"):
             shutil.rmtree(dir / sub, ignore_errors=True)
     env = {**os.environ, "DIR": str(dir), "NODES": str(nodes), "GPUS": str(gpus_per_node)}
     try:
-        proc = subprocess.run(
-            [str(script)], env=env, capture_output=True, text=True, timeout=900, check=False
-        )
+        proc = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=900, check=False)
     except subprocess.TimeoutExpired as e:
         raise SlurmError(f"{script} did not finish in 900s (apt-get install?)") from e
     m = re.search(r"export SLURM_CONF=(\S+)", proc.stdout)
     if proc.returncode != 0 or not m:
-        raise SlurmError(
-            f"{script} failed ({proc.returncode}); see {dir}/log\n{proc.stdout}{proc.stderr}"
-        )
+        raise SlurmError(f"{script} failed ({proc.returncode}); see {dir}/log\n{proc.stdout}{proc.stderr}")
     return SlurmPeer(dir, nodes, gpus_per_node, env={**env, "SLURM_CONF": m.group(1)})
 
 
-def stop(peer: SlurmPeer) -> None:
-    """Cancel whatever is queued, then stop the daemons by the PIDs start.sh recorded."""
-    try:
+def stop(peer: SlurmPeer, timeout: float = 30) -> None:
+    """Cancel whatever is queued, stop the daemons by the PIDs start.sh recorded, and wait
+    for them to exit (stop.sh only signals), so a restart finds its ports free."""
+    with contextlib.suppress(SlurmError):  # controller gone: stop.sh still kills by pid file
         peer._run("scancel", "--user", "root", timeout=30)
-    except SlurmError:
-        pass  # controller already gone; stop.sh still kills the daemons by pid file
-    subprocess.run(
-        [str(PEER_DIR / "stop.sh")], env=peer.env, capture_output=True, timeout=60, check=False
-    )
+    pids = _pids(peer.dir)
+    subprocess.run([str(PEER_DIR / "stop.sh")], env=peer.env, capture_output=True, timeout=60, check=False)
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            raise SlurmError(f"Slurm daemons {[p for p in pids if _alive(p)]} did not exit")
+        time.sleep(0.2)
+
+
+def _pids(dir: Path) -> list[int]:
+    """PIDs from the pid files start.sh's slurm.conf names (slurmctld.pid, slurmd.<node>.pid)."""
+    pids = []
+    for f in [dir / "slurmctld.pid", *dir.glob("slurmd.*.pid")]:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pids.append(int(f.read_text().split()[0]))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

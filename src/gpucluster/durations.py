@@ -20,15 +20,13 @@ def parse_duration(text: str) -> float:
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
     if pos != len(s) or not s:
-        raise ValueError(
-            f"cannot read duration {text!r}; use forms like 90s, 30m, 2h, 1h30m, 1d or seconds"
-        )
+        raise ValueError(f"cannot read duration {text!r}; use forms like 90s, 30m, 2h, 1h30m, 1d or seconds")
     return total
 
 
 def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    parts = []
+    seconds = round(seconds)
+    parts: list[str] = []
     for unit, size in _UNITS.items():
         if seconds >= size or (unit == "s" and not parts):
             parts.append(f"{seconds // size}{unit}")

@@ -43,9 +43,7 @@ class JobSpec(BaseModel):
     name: Name | None = None
     team: Name = "default"
     priority: PriorityName = "normal"
-    time_limit: float | str | None = Field(
-        None, description="seconds, or a duration such as 90s, 30m, 2h, 1h30m, 1d"
-    )
+    time_limit: float | str | None = Field(None, description="seconds, or a duration such as 90s, 30m, 2h, 1h30m, 1d")
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = Field(None, max_length=4096, description="absolute path")
     shell: bool = Field(False, description="run command[0] through /bin/sh -c")
@@ -68,9 +66,7 @@ class JobSpec(BaseModel):
         if math.isnan(v) or v <= 0:
             raise ValueError("gpus must be at least 1")
         if v != int(v):
-            raise ValueError(
-                f"gpus must be a whole number (got {v}); fractional GPUs are not supported yet"
-            )
+            raise ValueError(f"gpus must be a whole number (got {v}); fractional GPUs are not supported yet")
         if v > MAX_GPUS_PER_JOB:
             raise ValueError(f"gpus must be at most {MAX_GPUS_PER_JOB} (got {int(v)})")
         return v

@@ -85,7 +85,8 @@ def up(
         str | None, typer.Option("--gpu-type", help="model name of the virtual GPUs, e.g. H100-80GB")
     ] = None,
     gpu_memory: Annotated[
-        str | None, typer.Option("--gpu-memory", help="memory of each virtual GPU, e.g. 80GiB [default: from --gpu-type]")
+        str | None,
+        typer.Option("--gpu-memory", help="memory of each virtual GPU, e.g. 80GiB [default: from --gpu-type]"),
     ] = None,
     grace_period: Annotated[
         str, typer.Option("--grace-period", help="time between SIGTERM and SIGKILL when stopping a job")
@@ -137,7 +138,9 @@ def _parse_memory_mb(text: str) -> int:
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
 def submit(
     command: Annotated[list[str] | None, typer.Argument(help="the program and its arguments, after --")] = None,
-    file: Annotated[Path | None, typer.Option("-f", "--file", help="a YAML job file; options given here override it")] = None,
+    file: Annotated[
+        Path | None, typer.Option("-f", "--file", help="a YAML job file; options given here override it")
+    ] = None,
     gpus: Annotated[float | None, typer.Option(help="GPUs the job needs [default: 1]")] = None,
     gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="GPU model, e.g. H100-80GB")] = None,
     name: Annotated[str | None, typer.Option(help="a name for the job")] = None,
@@ -162,8 +165,12 @@ def submit(
     if command:
         fields["command"] = [" ".join(command)] if shell else list(command)
     overrides = {
-        "gpus": gpus, "gpu_type": gpu_type, "name": name, "team": team,
-        "priority": priority, "time_limit": time_limit,
+        "gpus": gpus,
+        "gpu_type": gpu_type,
+        "name": name,
+        "team": team,
+        "priority": priority,
+        "time_limit": time_limit,
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
     if shell:
@@ -197,7 +204,9 @@ def submit(
 
 @app.command()
 def jobs(
-    state: Annotated[list[str] | None, typer.Option("--state", help="queued, running, succeeded, failed, cancelled; repeatable")] = None,
+    state: Annotated[
+        list[str] | None, typer.Option("--state", help="queued, running, succeeded, failed, cancelled; repeatable")
+    ] = None,
     team: Annotated[str | None, typer.Option(help="only this team's jobs")] = None,
     limit: Annotated[int | None, typer.Option(help="the newest N jobs", min=1)] = None,
     url: UrlOpt = None,
@@ -213,8 +222,14 @@ def jobs(
     for j in listing:
         where = _gpus(j) if j.state.value == "running" else j.reason
         table.add_row(
-            str(j.id), j.name, j.spec.team, j.state.value, str(j.spec.gpu_count), j.spec.priority,
-            _ts(j.submitted_at), where,
+            str(j.id),
+            j.name,
+            j.spec.team,
+            j.state.value,
+            str(j.spec.gpu_count),
+            j.spec.priority,
+            _ts(j.submitted_at),
+            where,
         )
     out.print(table)
 
@@ -249,7 +264,9 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
 @app.command()
 def logs(
     job_id: Annotated[int, typer.Argument(help="job id")],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until the job ends")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until the job ends")
+    ] = False,
     attempt: Annotated[int | None, typer.Option(help="an earlier attempt's log [default: the latest]", min=1)] = None,
     url: UrlOpt = None,
 ) -> None:
@@ -309,8 +326,12 @@ def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     for n in listing:
         for g in n.gpus:
             table.add_row(
-                n.name + (" (virtual)" if n.virtual else ""), str(g.index), g.model, f"{g.memory_mb // 1024} GiB",
-                "used" if g.job_id is not None else "free", str(g.job_id) if g.job_id is not None else "-",
+                n.name + (" (virtual)" if n.virtual else ""),
+                str(g.index),
+                g.model,
+                f"{g.memory_mb // 1024} GiB",
+                "used" if g.job_id is not None else "free",
+                str(g.job_id) if g.job_id is not None else "-",
             )
     out.print(table)
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class WaitReason(str, Enum):
+class WaitReason(StrEnum):
     RESOURCES = "resources"
     BEHIND_HIGHER_PRIORITY = "behind_higher_priority"
 

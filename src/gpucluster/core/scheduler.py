@@ -35,15 +35,8 @@ def decide(snapshot: Snapshot, now: float) -> Plan:
         allocation = _place(job, nodes, free)
         if allocation is None:
             blocked.append((job.job_id, wanted))
-            free_now = sum(
-                1
-                for name, idxs in free.items()
-                for i in idxs
-                if _gpu_model(nodes[name], i) in wanted
-            )
-            waiting[job.job_id] = WaitReason.RESOURCES.sentence(
-                gpus=job.gpus, gpu_type=job.gpu_type, free=free_now
-            )
+            free_now = sum(1 for name, idxs in free.items() for i in idxs if _gpu_model(nodes[name], i) in wanted)
+            waiting[job.job_id] = WaitReason.RESOURCES.sentence(gpus=job.gpus, gpu_type=job.gpu_type, free=free_now)
             continue
         for s in allocation.slices:
             free[s.node] = [i for i in free[s.node] if i not in s.gpu_indices]
@@ -66,9 +59,7 @@ def _place(job: JobRequest, nodes: dict[str, Node], free: dict[str, list[int]]) 
     best: tuple[int, str, list[int]] | None = None
     for name in sorted(nodes):
         node = nodes[name]
-        usable = [
-            i for i in free.get(name, []) if job.gpu_type is None or _gpu_model(node, i) == job.gpu_type
-        ]
+        usable = [i for i in free.get(name, []) if job.gpu_type is None or _gpu_model(node, i) == job.gpu_type]
         if job.gpu_type is None and usable:
             # An untyped job takes GPUs of one model only: mixing models in one job is never wanted.
             by_model: dict[str, list[int]] = {}

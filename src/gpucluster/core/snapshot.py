@@ -25,7 +25,4 @@ class Snapshot:
     def free_gpus_by_node(self) -> dict[str, list[int]]:
         """Free GPU indices per node, in index order."""
         used = self.used_gpus()
-        return {
-            node.name: [g.index for g in node.gpus if (node.name, g.index) not in used]
-            for node in self.nodes
-        }
+        return {node.name: [g.index for g in node.gpus if (node.name, g.index) not in used] for node in self.nodes}

@@ -39,8 +39,9 @@ def main() -> int:
     )
     # Stop signals go to the whole process group: the command must get them, the shim must
     # survive them to record how the command ended. A handler (unlike SIG_IGN) is reset by exec.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: None)
+    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(stop, lambda *_: None)
+    sig: int | None
     try:
         proc = subprocess.Popen(argv, cwd=workdir)
     except OSError as e:

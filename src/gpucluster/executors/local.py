@@ -6,6 +6,7 @@ never mistaken for a job, and never signalled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,14 +95,10 @@ class LocalExecutor:
     def signal(self, handle: Handle, signum: int) -> None:
         if not self._alive(handle):
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(int(handle["pgid"]), signum)
-        except ProcessLookupError:
-            pass
 
     def cleanup(self, handle: Handle) -> None:
         # The shim has exited, so no pid can be recycled into this group id while members remain.
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(int(handle["pgid"]), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass

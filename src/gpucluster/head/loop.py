@@ -73,9 +73,13 @@ class Head:
             if handle is None:
                 if job.started_at is not None and now - job.started_at > LAUNCH_GRACE_S:
                     self.store.transition(
-                        job.id, JobState.QUEUED, now,
+                        job.id,
+                        JobState.QUEUED,
+                        now,
                         "requeued: the head stopped before the process was launched",
-                        expect=[JobState.RUNNING], allocation=None, started_at=None,
+                        expect=[JobState.RUNNING],
+                        allocation=None,
+                        started_at=None,
                     )
                 return
             self.store.update_job(job.id, JobState.RUNNING, launch=handle)
@@ -115,10 +119,16 @@ class Head:
             code = status.exit_code
             how = f"killed by {signal.Signals(status.signal).name}" if status.signal else f"exit code {code}"
         if job.stop_reason == "cancel":
-            state, reason = JobState.CANCELLED, f"cancelled by user ({how})" if code is not None else "cancelled by user"
+            state, reason = (
+                JobState.CANCELLED,
+                f"cancelled by user ({how})" if code is not None else "cancelled by user",
+            )
         elif job.stop_reason == "time_limit":
             limit = format_duration(float(job.spec.time_limit or 0))
-            state, reason = JobState.FAILED, f"time limit {limit} exceeded ({how})" if code is not None else f"time limit {limit} exceeded"
+            state, reason = (
+                JobState.FAILED,
+                f"time limit {limit} exceeded ({how})" if code is not None else f"time limit {limit} exceeded",
+            )
         elif isinstance(status, Lost):
             state, reason = JobState.FAILED, f"process lost: {status.reason}"
         elif code == 0:
@@ -152,9 +162,19 @@ class Head:
             return
         attempt = job.attempt + 1
         ok = self.store.transition(
-            job_id, JobState.RUNNING, now, f"started on {_describe(allocation)}",
-            expect=[JobState.QUEUED], allocation=allocation, attempt=attempt, started_at=now,
-            launch=None, stop_reason=None, stop_requested_at=None, term_sent=False, kill_sent=False,
+            job_id,
+            JobState.RUNNING,
+            now,
+            f"started on {_describe(allocation)}",
+            expect=[JobState.QUEUED],
+            allocation=allocation,
+            attempt=attempt,
+            started_at=now,
+            launch=None,
+            stop_reason=None,
+            stop_requested_at=None,
+            term_sent=False,
+            kill_sent=False,
         )
         if not ok:
             return  # cancelled between snapshot and start
@@ -166,8 +186,14 @@ class Head:
             attempt=attempt,
             argv=job.spec.argv,
             env=job_env(
-                base=self.base_env, user_env=job.spec.env, job_id=job_id, job_name=job.name,
-                team=job.team, attempt=attempt, slice_=slice_, head_url=self.head_url,
+                base=self.base_env,
+                user_env=job.spec.env,
+                job_id=job_id,
+                job_name=job.name,
+                team=job.team,
+                attempt=attempt,
+                slice_=slice_,
+                head_url=self.head_url,
                 virtual_gpus=self.virtual_gpus,
             ),
             workdir=job.spec.workdir or self.base_env.get("HOME", "/"),
@@ -177,7 +203,9 @@ class Head:
         try:
             handle = self.executor.launch(spec)
         except (LaunchError, OSError) as e:
-            self.store.transition(job_id, JobState.FAILED, self.clock(), f"could not start: {e}", expect=[JobState.RUNNING])
+            self.store.transition(
+                job_id, JobState.FAILED, self.clock(), f"could not start: {e}", expect=[JobState.RUNNING]
+            )
             return
         self.store.update_job(job_id, JobState.RUNNING, launch=handle)
 

@@ -45,7 +45,9 @@ class ClusterService:
         nodes = [r.node for r in self.store.nodes()]
         models = sorted({g.model for n in nodes for g in n.gpus})
         if spec.gpu_type is not None and spec.gpu_type not in models:
-            raise Rejected("gpu_type", f"unknown GPU type {spec.gpu_type!r}; this cluster has: {', '.join(models) or 'no GPUs'}")
+            raise Rejected(
+                "gpu_type", f"unknown GPU type {spec.gpu_type!r}; this cluster has: {', '.join(models) or 'no GPUs'}"
+            )
         per_node = [
             max((sum(1 for g in n.gpus if g.model == m) for m in models if spec.gpu_type in (None, m)), default=0)
             for n in nodes
@@ -55,8 +57,7 @@ class ClusterService:
             kind = f"{spec.gpu_type} " if spec.gpu_type else ""
             raise Rejected(
                 "gpus",
-                f"asks for {spec.gpu_count} {kind}GPUs but the largest node has {most}; "
-                "a job must fit on one node",
+                f"asks for {spec.gpu_count} {kind}GPUs but the largest node has {most}; a job must fit on one node",
             )
 
     def job(self, job_id: int) -> Job:
@@ -74,7 +75,9 @@ class ClusterService:
         if record is None:
             raise NotFound(f"no job with id {job_id}")
         if record.state is JobState.QUEUED:
-            if not self.store.transition(job_id, JobState.CANCELLED, now, "cancelled by user while queued", expect=[JobState.QUEUED]):
+            if not self.store.transition(
+                job_id, JobState.CANCELLED, now, "cancelled by user while queued", expect=[JobState.QUEUED]
+            ):
                 return self.cancel(job_id)  # it started meanwhile: stop it as a running job
         elif record.state is JobState.RUNNING:
             if record.stop_reason != "cancel":
@@ -106,7 +109,13 @@ class ClusterService:
                 name=r.node.name,
                 virtual=r.virtual,
                 gpus=[
-                    GpuOut(index=g.index, model=g.model, memory_mb=g.memory_mb, uuid=g.uuid, job_id=holder.get((r.node.name, g.index)))
+                    GpuOut(
+                        index=g.index,
+                        model=g.model,
+                        memory_mb=g.memory_mb,
+                        uuid=g.uuid,
+                        job_id=holder.get((r.node.name, g.index)),
+                    )
                     for g in r.node.gpus
                 ],
             )
@@ -126,6 +135,9 @@ def to_wire(r: JobRecord, events: Iterable[object] = ()) -> Job:
         exit_code=r.exit_code,
         reason=r.reason,
         attempt=r.attempt,
-        allocation=[SliceOut(node=s.node, gpu_indices=list(s.gpu_indices)) for s in (r.allocation.slices if r.allocation else ())],
+        allocation=[
+            SliceOut(node=s.node, gpu_indices=list(s.gpu_indices))
+            for s in (r.allocation.slices if r.allocation else ())
+        ],
         events=[JobEvent(at=e.at, state=e.state, reason=e.reason) for e in events],  # type: ignore[attr-defined]
     )

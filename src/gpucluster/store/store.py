@@ -123,9 +123,7 @@ class Store:
             if row is None:
                 c.execute(insert(schema.meta).values(key="schema", value=str(schema.SCHEMA_VERSION)))
             elif int(row[0]) > schema.SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} was written by a newer gpucluster (schema {row[0]}); upgrade first"
-                )
+                raise StoreError(f"{self.path} was written by a newer gpucluster (schema {row[0]}); upgrade first")
 
     def close(self) -> None:
         self._writer.dispose()
@@ -167,9 +165,7 @@ class Store:
             if not spec.name:
                 c.execute(update(schema.jobs).where(schema.jobs.c.id == job_id).values(name=f"job-{job_id}"))
             c.execute(
-                insert(schema.job_events).values(
-                    job_id=job_id, at=now, state=JobState.QUEUED.value, reason="submitted"
-                )
+                insert(schema.job_events).values(job_id=job_id, at=now, state=JobState.QUEUED.value, reason="submitted")
             )
         return job_id
 
@@ -199,9 +195,7 @@ class Store:
     def queued_requests(self) -> list[JobRequest]:
         """The scheduler's view of the queue: only the columns it needs, no spec parsing."""
         j = schema.jobs.c
-        q = select(j.id, j.gpus, j.gpu_type, j.priority, j.submitted_at, j.team).where(
-            j.state == JobState.QUEUED.value
-        )
+        q = select(j.id, j.gpus, j.gpu_type, j.priority, j.submitted_at, j.team).where(j.state == JobState.QUEUED.value)
         with self._read() as c:
             rows = c.execute(q).all()
         return [
@@ -231,18 +225,20 @@ class Store:
 
     def count_jobs(self) -> dict[str, int]:
         with self._read() as c:
-            rows = c.execute(
-                select(schema.jobs.c.state, func.count()).group_by(schema.jobs.c.state)
-            ).all()
+            rows = c.execute(select(schema.jobs.c.state, func.count()).group_by(schema.jobs.c.state)).all()
         return {str(s): int(n) for s, n in rows}
 
     def events(self, job_id: int) -> list[EventRecord]:
         with self._read() as c:
-            rows = c.execute(
-                select(schema.job_events)
-                .where(schema.job_events.c.job_id == job_id)
-                .order_by(schema.job_events.c.id)
-            ).mappings().all()
+            rows = (
+                c.execute(
+                    select(schema.job_events)
+                    .where(schema.job_events.c.job_id == job_id)
+                    .order_by(schema.job_events.c.id)
+                )
+                .mappings()
+                .all()
+            )
         return [EventRecord(r["at"], JobState(r["state"]), r["reason"]) for r in rows]
 
     def transition(
@@ -279,9 +275,7 @@ class Store:
             )
             if res.rowcount != 1:
                 return False
-            c.execute(
-                insert(schema.job_events).values(job_id=job_id, at=now, state=to.value, reason=reason)
-            )
+            c.execute(insert(schema.job_events).values(job_id=job_id, at=now, state=to.value, reason=reason))
         return True
 
     def update_job(self, job_id: int, expect: JobState, **fields: Any) -> bool:
@@ -310,17 +304,13 @@ class Store:
                 .values(virtual=virtual, gpus=gpus, updated_at=now)
             )
             if res.rowcount == 0:
-                c.execute(
-                    insert(schema.nodes).values(name=node.name, virtual=virtual, gpus=gpus, updated_at=now)
-                )
+                c.execute(insert(schema.nodes).values(name=node.name, virtual=virtual, gpus=gpus, updated_at=now))
 
     def nodes(self) -> list[NodeRecord]:
         with self._read() as c:
             rows = c.execute(select(schema.nodes).order_by(schema.nodes.c.name)).mappings().all()
         return [
-            NodeRecord(
-                Node(r["name"], tuple(Gpu(**g) for g in json.loads(r["gpus"]))), bool(r["virtual"])
-            )
+            NodeRecord(Node(r["name"], tuple(Gpu(**g) for g in json.loads(r["gpus"]))), bool(r["virtual"]))
             for r in rows
         ]
 

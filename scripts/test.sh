@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install what the tests need into .venv and run the whole suite: lint, types, tests.
+# Works on a fresh machine with only Python 3.11+. CI runs exactly this (see .ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, pytest" # fail fast if the install did not take
+echo "== ruff"; .venv/bin/ruff check src tests bench
+echo "== mypy"; .venv/bin/mypy
+echo "== pytest"
+set +e
+.venv/bin/pytest -q "$@"
+rc=$?
+set -e
+[ "$rc" -eq 5 ] && { echo "no tests ran" >&2; exit 1; }
+exit "$rc"

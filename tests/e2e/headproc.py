@@ -1,0 +1,126 @@
+"""Start and stop a real `gpucluster up` process for end-to-end tests.
+
+Everything started is stopped by PID even when a test fails: the head itself, and every job
+process group recorded by the job shims under the data dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from gpucluster.client import Client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class HeadProcess:
+    def __init__(
+        self, data_dir: Path, gpus: int = 8, gpu_type: str = "H100-80GB", grace: str = "1s", port: int | None = None
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            sys.executable,
+            "-m",
+            "gpucluster.cli.main",
+            "up",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(data_dir),
+            "--virtual-gpus",
+            str(gpus),
+            "--gpu-type",
+            gpu_type,
+            "--grace-period",
+            grace,
+            "--node-name",
+            "node0",
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"head-{self.port}.log"
+
+    def start(self, timeout: float = 20.0) -> HeadProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"head exited with {self.proc.returncode}: {self.log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"head did not come up: {self.log_path.read_text()}")
+
+    def client(self) -> Client:
+        return Client(self.url)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def job_pgids(self) -> list[int]:
+        out = []
+        for f in self.data_dir.glob("jobs/*/attempt-*/shim.json"):
+            with contextlib.suppress(ValueError, KeyError, OSError):
+                out.append(int(json.loads(f.read_text())["pgid"]))
+        return out
+
+    def kill_jobs(self) -> None:
+        for pgid in self.job_pgids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}; last value {last!r}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,1 @@
+"""Unit tests: fast, in-process, no subprocesses or network."""
