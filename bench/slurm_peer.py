@@ -60,6 +60,13 @@ class SlurmPeer:
     def ctld_log_path(self) -> Path:
         return self.dir / "log" / "slurmctld.log"
 
+    def ctld_pid(self) -> int | None:
+        """slurmctld's pid (from its pid file), to read its CPU time."""
+        try:
+            return int((self.dir / "slurmctld.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def _run(self, *argv: str, timeout: float = 60) -> str:
         try:
             proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
@@ -173,7 +180,7 @@ def stop(peer: SlurmPeer, timeout: float = 30) -> None:
     """Cancel whatever is queued, stop the daemons by the PIDs start.sh recorded, and wait
     for them to exit (stop.sh only signals), so a restart finds its ports free."""
     with contextlib.suppress(SlurmError):  # controller gone: stop.sh still kills by pid file
-        peer._run("scancel", "--user", "root", timeout=30)
+        peer.cancel_all(timeout=60)  # let slurmd reap the jobs' processes before it goes
     pids = _pids(peer.dir)
     subprocess.run([str(PEER_DIR / "stop.sh")], env=peer.env, capture_output=True, timeout=60, check=False)
     deadline = time.monotonic() + timeout

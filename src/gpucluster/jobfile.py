@@ -51,6 +51,12 @@ def read_job_file(path: Path) -> dict[str, Any]:
         )
     if isinstance(data.get("command"), str):
         data["command"] = [data["command"]]
+    elif isinstance(data.get("command"), list):
+        # YAML reads `--epochs, 10` as a number; an argv is text. true/false stay an error:
+        # their spelling in the file is lost, so the user must quote them.
+        data["command"] = [
+            str(a) if isinstance(a, int | float) and not isinstance(a, bool) else a for a in data["command"]
+        ]
     data["__lines__"] = _key_lines(text)
     return data
 

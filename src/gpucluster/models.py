@@ -21,8 +21,8 @@ MAX_COMMAND_ARGS = 4096
 MAX_ARG_BYTES = 65536
 MAX_ENV_VARS = 512
 MAX_ENV_VALUE = 32768
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 PriorityName = Literal["low", "normal", "high"]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
@@ -60,11 +60,20 @@ class JobSpec(BaseModel):
                 raise ValueError("command arguments cannot contain NUL bytes")
         return v
 
+    @field_validator("gpus", "time_limit", mode="before")
+    @classmethod
+    def _no_bools(cls, v: object) -> object:
+        if isinstance(v, bool):
+            raise ValueError("must be a number, not true/false")
+        return v
+
     @field_validator("gpus")
     @classmethod
     def _gpus(cls, v: float) -> float:
         if math.isnan(v) or v <= 0:
             raise ValueError("gpus must be at least 1")
+        if math.isinf(v):
+            raise ValueError(f"gpus must be at most {MAX_GPUS_PER_JOB}")
         if v != int(v):
             raise ValueError(f"gpus must be a whole number (got {v}); fractional GPUs are not supported yet")
         if v > MAX_GPUS_PER_JOB:
@@ -77,7 +86,7 @@ class JobSpec(BaseModel):
         if v is None:
             return None
         seconds = parse_duration(v) if isinstance(v, str) else float(v)
-        if math.isnan(seconds) or seconds <= 0 or seconds > MAX_TIME_LIMIT_S:
+        if math.isnan(seconds) or seconds < 1 or seconds > MAX_TIME_LIMIT_S:
             raise ValueError(f"time_limit must be between 1s and {MAX_TIME_LIMIT_S // 86400}d")
         return seconds
 
@@ -87,7 +96,7 @@ class JobSpec(BaseModel):
         if len(v) > MAX_ENV_VARS:
             raise ValueError(f"at most {MAX_ENV_VARS} environment variables")
         for key, value in v.items():
-            if not ENV_NAME.match(key):
+            if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"environment variable name {key!r} is not valid (A-Z, 0-9, _)")
             if key.startswith(RESERVED_ENV_PREFIXES):
                 raise ValueError(f"environment variable {key} is set by the cluster")

@@ -1,9 +1,9 @@
 """Small builders for the core's value types, so tests state only what matters to them.
 
-    job(1).gpus(8).gpu_type("H100").priority("high").at(10.0).build()   -> JobRequest
-    node("n1").gpus(8, "H100").build()                                  -> Node
-    node("mixed").gpus(4, "H100").gpus(4, "A100").build()               -> Node, indices 0..7
-    snapshot(nodes=[...], running=[running(7, "n1", 0, 1)], queued=[...]) -> Snapshot
+job(1).gpus(8).gpu_type("H100").priority("high").at(10.0).build()   -> JobRequest
+node("n1").gpus(8, "H100").build()                                  -> Node
+node("mixed").gpus(4, "H100").gpus(4, "A100").build()               -> Node, indices 0..7
+snapshot(nodes=[...], running=[running(7, "n1", 0, 1)], queued=[...]) -> Snapshot
 """
 
 from __future__ import annotations

@@ -145,10 +145,10 @@ CASES = [
     Case(
         "an untyped job takes GPUs of a single model when it fits",
         snapshot(
-            nodes=[node("mixed").gpus(2, "H100").gpus(3, "A100")],
-            queued=[job(1).gpus(2).at(1.0)],
+            nodes=[node("mixed").gpus(1, "H100").gpus(3, "A100")],
+            queued=[job(1).gpus(3).at(1.0)],
         ),
-        starts={1: ("mixed", (2, 3))},  # the larger same-model group (A100 2..4), never 1 H100 + 1 A100
+        starts={1: ("mixed", (1, 2, 3))},  # the three A100s, never H100 0 + two A100s
     ),
     Case(
         "gpu_type filters GPUs on a mixed node",

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpucluster import __version__
@@ -111,9 +111,11 @@ def create_app(service: ClusterService) -> FastAPI:
     def health() -> dict[str, Any]:
         return {"status": "ok", "version": __version__, "jobs": service.store.count_jobs()}
 
-    @app.post("/v1/jobs", status_code=201, responses=ERRORS)
-    def submit(spec: JobSpec) -> Job:
-        return service.submit(spec)
+    @app.post("/v1/jobs", status_code=201, responses=ERRORS, response_model=Job)
+    async def submit(spec: JobSpec) -> Response:
+        job = await service.submit_async(spec)
+        # Serialised directly: FastAPI would re-validate a Job we just built from validated data.
+        return Response(job.model_dump_json(), status_code=201, media_type="application/json")
 
     @app.get("/v1/jobs", responses=ERRORS)
     def list_jobs(

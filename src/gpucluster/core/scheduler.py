@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Plan, Start
+from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Plan, Start
 
 
 def queue_order(job: JobRequest) -> tuple[int, float, int]:
@@ -20,57 +20,53 @@ def queue_order(job: JobRequest) -> tuple[int, float, int]:
 
 def decide(snapshot: Snapshot, now: float) -> Plan:
     del now  # ordering here needs no clock; the signature is the one every scheduler keeps
-    free = snapshot.free_gpus_by_node()
-    nodes = {n.name: n for n in snapshot.nodes}
+    model_of = {(n.name, g.index): g.model for n in snapshot.nodes for g in n.gpus}
+    all_models = tuple(sorted(set(model_of.values())))
+    # Free GPUs per node, grouped by model: placement only ever wants one model per job.
+    free: dict[str, dict[str, list[int]]] = {}
+    for name, idxs in snapshot.free_gpus_by_node().items():
+        by_model = free.setdefault(name, {})
+        for i in idxs:
+            by_model.setdefault(model_of[(name, i)], []).append(i)
+
     starts: list[Start] = []
     waiting: dict[int, str] = {}
-    blocked: list[tuple[int, frozenset[str]]] = []  # (job id, GPU models it holds back)
+    blocked: dict[str, int] = {}  # GPU model -> the first job that waits for it
+    behind: dict[int, str] = {}  # blocker -> its sentence, formatted once for the whole queue
 
     for job in sorted(snapshot.queued, key=queue_order):
-        wanted = _models_for(job, snapshot.nodes)
-        blocker = next((bid for bid, models in blocked if models & wanted), None)
-        if blocker is not None:
-            waiting[job.job_id] = WaitReason.BEHIND_HIGHER_PRIORITY.sentence(blocker=blocker)
-            continue
-        allocation = _place(job, nodes, free)
+        wanted = (job.gpu_type,) if job.gpu_type is not None else all_models
+        if blocked:
+            blocker = next((blocked[m] for m in wanted if m in blocked), None)
+            if blocker is not None:
+                if blocker not in behind:
+                    behind[blocker] = WaitReason.BEHIND_HIGHER_PRIORITY.sentence(blocker=blocker)
+                waiting[job.job_id] = behind[blocker]
+                continue
+        allocation = _place(job, wanted, free)
         if allocation is None:
-            blocked.append((job.job_id, wanted))
-            free_now = sum(1 for name, idxs in free.items() for i in idxs if _gpu_model(nodes[name], i) in wanted)
+            for m in wanted:
+                blocked.setdefault(m, job.job_id)
+            free_now = sum(len(idxs) for by_model in free.values() for m, idxs in by_model.items() if m in wanted)
             waiting[job.job_id] = WaitReason.RESOURCES.sentence(gpus=job.gpus, gpu_type=job.gpu_type, free=free_now)
             continue
-        for s in allocation.slices:
-            free[s.node] = [i for i in free[s.node] if i not in s.gpu_indices]
+        (s,) = allocation.slices
+        model = model_of[(s.node, s.gpu_indices[0])]
+        free[s.node][model] = free[s.node][model][job.gpus :]
         starts.append(Start(job.job_id, allocation))
     return Plan(starts=tuple(starts), waiting=waiting)
 
 
-def _models_for(job: JobRequest, nodes: tuple[Node, ...]) -> frozenset[str]:
-    if job.gpu_type is not None:
-        return frozenset({job.gpu_type})
-    return frozenset(g.model for n in nodes for g in n.gpus)
-
-
-def _gpu_model(node: Node, index: int) -> str:
-    return next(g.model for g in node.gpus if g.index == index)
-
-
-def _place(job: JobRequest, nodes: dict[str, Node], free: dict[str, list[int]]) -> Allocation | None:
+def _place(job: JobRequest, wanted: tuple[str, ...], free: dict[str, dict[str, list[int]]]) -> Allocation | None:
     """Best fit on one node: the node left with the fewest free GPUs, so whole nodes stay free."""
     best: tuple[int, str, list[int]] | None = None
-    for name in sorted(nodes):
-        node = nodes[name]
-        usable = [i for i in free.get(name, []) if job.gpu_type is None or _gpu_model(node, i) == job.gpu_type]
-        if job.gpu_type is None and usable:
-            # An untyped job takes GPUs of one model only: mixing models in one job is never wanted.
-            by_model: dict[str, list[int]] = {}
-            for i in usable:
-                by_model.setdefault(_gpu_model(node, i), []).append(i)
-            usable = max(by_model.values(), key=len)
-        if len(usable) < job.gpus:
-            continue
-        left = len(free[name]) - job.gpus
-        if best is None or left < best[0]:
-            best = (left, name, usable[: job.gpus])
+    for name in sorted(free):
+        by_model = free[name]
+        left_on_node = sum(len(v) for v in by_model.values()) - job.gpus
+        for model in wanted:
+            idxs = by_model.get(model, [])
+            if len(idxs) >= job.gpus and (best is None or left_on_node < best[0]):
+                best = (left_on_node, name, idxs[: job.gpus])
     if best is None:
         return None
     return Allocation((NodeSlice(best[1], tuple(best[2])),))

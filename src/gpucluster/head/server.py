@@ -125,14 +125,14 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     head.tick()  # re-adopt or settle jobs left by a previous head before taking requests
     loop = threading.Thread(target=head.run, name="head-loop", daemon=True)
     loop.start()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(ClusterService(head)), host=opts.host, port=opts.port, log_level="warning")
-    )
+    service = ClusterService(head)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host=opts.host, port=opts.port, log_level="warning"))
     say.write(f"gpucluster head listening on {url} (data dir {data.root}); Ctrl-C stops it, jobs keep running\n")
     say.flush()
     try:
         server.run()
     finally:
+        service.close()
         head.stop()
         loop.join(timeout=5)
         store.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpucluster.core.states import JobState
 from gpucluster.head.loop import Head
+from gpucluster.head.submit_batcher import SubmitBatcher
 from gpucluster.models import GpuOut, Job, JobEvent, JobSpec, NodeOut, SliceOut
 from gpucluster.store import JobRecord
 
@@ -34,12 +35,36 @@ class ClusterService:
     def __init__(self, head: Head) -> None:
         self.head = head
         self.store = head.store
+        self.batcher = SubmitBatcher(head.store, on_committed=head.wake.set)
+
+    def close(self) -> None:
+        self.batcher.close()
 
     def submit(self, spec: JobSpec) -> Job:
         self._check_fits(spec)
-        job_id = self.store.create_job(spec, self.head.clock())
+        now = self.head.clock()
+        job_id = self.store.create_job(spec, now)
         self.head.wake.set()
-        return self.job(job_id)
+        return self._queued(job_id, spec, now)
+
+    async def submit_async(self, spec: JobSpec) -> Job:
+        """As `submit`, for the event loop: the commit is batched by the writer thread."""
+        self._check_fits(spec)
+        now = self.head.clock()
+        job_id = await self.batcher.submit(spec, now)
+        return self._queued(job_id, spec, now)
+
+    def _queued(self, job_id: int, spec: JobSpec, now: float) -> Job:
+        # Built from what was just committed: a re-read would cost a third of the submit.
+        return Job(
+            id=job_id,
+            name=spec.name or f"job-{job_id}",
+            state=JobState.QUEUED,
+            spec=spec,
+            submitted_at=now,
+            reason="submitted",
+            events=[JobEvent(at=now, state=JobState.QUEUED, reason="submitted")],
+        )
 
     def _check_fits(self, spec: JobSpec) -> None:
         nodes = [r.node for r in self.store.nodes()]
@@ -79,6 +104,7 @@ class ClusterService:
                 job_id, JobState.CANCELLED, now, "cancelled by user while queued", expect=[JobState.QUEUED]
             ):
                 return self.cancel(job_id)  # it started meanwhile: stop it as a running job
+            self.head.queue.remove(job_id)
         elif record.state is JobState.RUNNING:
             if record.stop_reason != "cancel":
                 self.head.request_stop(job_id, "cancel")

@@ -9,7 +9,9 @@ API acknowledges it.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +93,10 @@ class Store:
         url = f"sqlite:///{path}"
         self._writer = self._engine(url, "BEGIN IMMEDIATE")
         self._reader = self._engine(url, "BEGIN")
+        self._write_lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending: list[tuple[JobSpec, float, Future[int]]] = []
+        self._nodes: list[NodeRecord] | None = None  # one head per store: its own writes are all
         try:
             schema.metadata.create_all(self._writer)
             self._check_version()
@@ -131,7 +137,9 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self._writer.begin() as conn:
+        # Writers queue on a Python lock, not on SQLite's busy handler, which sleeps 1-100 ms
+        # between retries and cut submit throughput by 4x under concurrent clients.
+        with self._write_lock, self._writer.begin() as conn:
             yield conn
 
     @contextmanager
@@ -142,32 +150,65 @@ class Store:
     # ---- jobs -------------------------------------------------------------------------------
 
     def create_job(self, spec: JobSpec, now: float) -> int:
-        with self._write() as c:
-            result = c.execute(
-                insert(schema.jobs).values(
-                    name=spec.name or "",
-                    team=spec.team,
-                    state=JobState.QUEUED.value,
-                    priority=int(Priority.parse(spec.priority)),
-                    gpus=spec.gpu_count,
-                    gpu_type=spec.gpu_type,
-                    spec=spec.model_dump_json(),
-                    submitted_at=now,
-                    reason="submitted",
-                    attempt=0,
-                    term_sent=False,
-                    kill_sent=False,
-                )
-            )
-            pk = result.inserted_primary_key
-            assert pk is not None
-            job_id = int(pk[0])
-            if not spec.name:
-                c.execute(update(schema.jobs).where(schema.jobs.c.id == job_id).values(name=f"job-{job_id}"))
+        """Insert a queued job; returns its id once the insert is durable.
+
+        Group commit: submissions that arrive while another commit is in flight wait for the
+        write lock, and whichever thread gets it first commits all waiting submissions in one
+        transaction (one fsync). Each caller still returns only after its own row is on disk.
+        """
+        ticket: Future[int] = Future()
+        with self._pending_lock:
+            self._pending.append((spec, now, ticket))
+        with self._write_lock:
+            if not ticket.done():
+                with self._pending_lock:
+                    batch, self._pending = self._pending, []
+                try:
+                    ids = self._insert_jobs([(spec, now) for spec, now, _ in batch])
+                except Exception as e:
+                    for _, _, t in batch:
+                        t.set_exception(e)
+                else:
+                    for job_id, (_, _, t) in zip(ids, batch, strict=True):
+                        t.set_result(job_id)
+        return ticket.result()
+
+    def create_jobs(self, items: list[tuple[JobSpec, float]]) -> list[int]:
+        """Insert queued jobs in one transaction; their ids, in order, once durable."""
+        with self._write_lock:
+            return self._insert_jobs(items)
+
+    def _insert_jobs(self, items: list[tuple[JobSpec, float]]) -> list[int]:
+        rows = [
+            {
+                "name": spec.name or "",  # unnamed jobs read back as job-<id>
+                "team": spec.team,
+                "state": JobState.QUEUED.value,
+                "priority": int(Priority.parse(spec.priority)),
+                "gpus": spec.gpu_count,
+                "gpu_type": spec.gpu_type,
+                "spec": spec.model_dump_json(),
+                "submitted_at": now,
+                "reason": "submitted",
+                "attempt": 0,
+                "term_sent": False,
+                "kill_sent": False,
+            }
+            for spec, now in items
+        ]
+        with self._writer.begin() as c:
+            ids = [
+                int(r[0])
+                for r in c.execute(insert(schema.jobs).returning(schema.jobs.c.id, sort_by_parameter_order=True), rows)
+            ]
             c.execute(
-                insert(schema.job_events).values(job_id=job_id, at=now, state=JobState.QUEUED.value, reason="submitted")
+                insert(schema.job_events),
+                [
+                    {"job_id": job_id, "at": now, "state": JobState.QUEUED.value, "reason": "submitted"}
+                    for job_id, (_, now) in zip(ids, items, strict=True)
+                ],
             )
-        return job_id
+        return ids
 
     def get_job(self, job_id: int) -> JobRecord | None:
         with self._read() as c:
@@ -192,10 +233,12 @@ class Store:
         records = [_job(r) for r in rows]
         return sorted(records, key=lambda j: j.id)
 
-    def queued_requests(self) -> list[JobRequest]:
+    def queued_requests(self, after_id: int | None = None) -> list[JobRequest]:
         """The scheduler's view of the queue: only the columns it needs, no spec parsing."""
         j = schema.jobs.c
         q = select(j.id, j.gpus, j.gpu_type, j.priority, j.submitted_at, j.team).where(j.state == JobState.QUEUED.value)
+        if after_id is not None:
+            q = q.where(j.id > after_id)
         with self._read() as c:
             rows = c.execute(q).all()
         return [
@@ -278,6 +321,23 @@ class Store:
             c.execute(insert(schema.job_events).values(job_id=job_id, at=now, state=to.value, reason=reason))
         return True
 
+    def request_stop(self, job_id: int, reason: str, now: float) -> bool:
+        """Mark a running job to be stopped, unless a stop is already under way.
+
+        A second request (a cancel during a time-limit stop) must not restart the grace period,
+        nor change why the job is ending.
+        """
+        j = schema.jobs.c
+        with self._write() as c:
+            res = c.execute(
+                update(schema.jobs)
+                .where(j.id == job_id)
+                .where(j.state == JobState.RUNNING.value)
+                .where(j.stop_reason.is_(None))
+                .values(stop_reason=reason, stop_requested_at=now)
+            )
+        return res.rowcount == 1
+
     def update_job(self, job_id: int, expect: JobState, **fields: Any) -> bool:
         """Change bookkeeping fields of a job still in state `expect` (no state change, no event)."""
         if "launch" in fields:
@@ -305,8 +365,14 @@ class Store:
             )
             if res.rowcount == 0:
                 c.execute(insert(schema.nodes).values(name=node.name, virtual=virtual, gpus=gpus, updated_at=now))
+        self._nodes = None
 
     def nodes(self) -> list[NodeRecord]:
+        if self._nodes is None:
+            self._nodes = self._load_nodes()
+        return self._nodes
+
+    def _load_nodes(self) -> list[NodeRecord]:
         with self._read() as c:
             rows = c.execute(select(schema.nodes).order_by(schema.nodes.c.name)).mappings().all()
         return [
@@ -322,7 +388,7 @@ class Store:
 def _job(r: Any) -> JobRecord:
     return JobRecord(
         id=r["id"],
-        name=r["name"],
+        name=r["name"] or f"job-{r['id']}",
         team=r["team"],
         state=JobState(r["state"]),
         priority=Priority(r["priority"]),

@@ -1,0 +1,292 @@
+"""store.Store on a real SQLite file: compare-and-set transitions, scheduler views, durability."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpucluster.core.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
+from gpucluster.core.types import JobRequest, Priority
+from gpucluster.store import Store, StoreError
+
+from .builders import allocation, node, spec
+
+T0 = 500.0
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "state.db"
+
+
+@pytest.fixture
+def store(db: Path) -> Iterator[Store]:
+    s = Store(db)
+    yield s
+    s.close()
+
+
+def start(store: Store, job_id: int, *indices: int, at: float = T0 + 1) -> bool:
+    return store.transition(
+        job_id,
+        JobState.RUNNING,
+        at,
+        "started",
+        expect=[JobState.QUEUED],
+        allocation=allocation("n1", *indices),
+        attempt=1,
+        started_at=at,
+    )
+
+
+def test_create_job(store: Store) -> None:
+    a = store.create_job(spec(gpus=2, gpu_type="H100", priority="high", team="vision"), T0)
+    b = store.create_job(spec(name="named"), T0 + 1)
+    assert (a, b) == (1, 2)
+    ra, rb = store.get_job(a), store.get_job(b)
+    assert ra is not None and rb is not None
+    assert ra.name == "job-1" and rb.name == "named"
+    assert ra.state is JobState.QUEUED and ra.reason == "submitted"
+    assert (ra.gpus, ra.gpu_type, ra.priority, ra.team) == (2, "H100", Priority.HIGH, "vision")
+    assert ra.attempt == 0 and ra.allocation is None and ra.launch is None
+    assert ra.spec.gpu_type == "H100"
+    assert ra.request() == JobRequest(a, 2, "H100", Priority.HIGH, T0, "vision")
+    assert [(e.at, e.state, e.reason) for e in store.events(a)] == [(T0, JobState.QUEUED, "submitted")]
+    assert store.get_job(999) is None
+    assert store.events(999) == []
+
+
+# ---- transitions -------------------------------------------------------------------------------
+
+
+def test_transition_is_compare_and_set(store: Store) -> None:
+    job_id = store.create_job(spec(), T0)
+    assert start(store, job_id, 0)
+    # A second actor still believes the job is queued: it loses and changes nothing.
+    assert not start(store, job_id, 1, at=T0 + 2)
+    assert not store.transition(job_id, JobState.CANCELLED, T0 + 3, "cancel", expect=[JobState.QUEUED])
+    record = store.get_job(job_id)
+    assert record is not None
+    assert record.state is JobState.RUNNING
+    assert record.allocation == allocation("n1", 0)
+    assert record.started_at == T0 + 1
+    assert [e.state for e in store.events(job_id)] == [JobState.QUEUED, JobState.RUNNING]
+
+
+def test_compare_and_set_holds_across_two_store_instances(db: Path, store: Store) -> None:
+    job_id = store.create_job(spec(), T0)
+    other = Store(db)
+    try:
+        stale = other.get_job(job_id)
+        assert stale is not None and stale.state is JobState.QUEUED
+        assert store.transition(job_id, JobState.CANCELLED, T0 + 1, "cancelled", expect=[JobState.QUEUED])
+        assert not start(other, job_id, 0)
+    finally:
+        other.close()
+    record = store.get_job(job_id)
+    assert record is not None and record.state is JobState.CANCELLED
+    assert len(store.events(job_id)) == 2
+
+
+def test_transition_without_expect_allows_any_legal_source(store: Store) -> None:
+    job_id = store.create_job(spec(), T0)
+    assert store.transition(job_id, JobState.CANCELLED, T0 + 1, "cancelled by user while queued")
+    record = store.get_job(job_id)
+    assert record is not None
+    assert record.state is JobState.CANCELLED
+    assert record.ended_at == T0 + 1
+    assert record.reason == "cancelled by user while queued"
+
+
+def test_terminal_transition_sets_ended_at_and_fields(store: Store) -> None:
+    job_id = store.create_job(spec(), T0)
+    start(store, job_id, 0, 1)
+    assert store.transition(job_id, JobState.FAILED, T0 + 9, "exit code 3", exit_code=3)
+    record = store.get_job(job_id)
+    assert record is not None
+    assert (record.state, record.ended_at, record.exit_code, record.reason) == (
+        JobState.FAILED,
+        T0 + 9,
+        3,
+        "exit code 3",
+    )
+    assert store.running_allocations() == []
+
+
+@pytest.mark.parametrize("terminal", sorted(TERMINAL_STATES))
+@pytest.mark.parametrize("target", list(JobState))
+def test_terminal_states_never_move(store: Store, terminal: JobState, target: JobState) -> None:
+    job_id = store.create_job(spec(), T0)
+    start(store, job_id, 0)
+    assert store.transition(job_id, terminal, T0 + 2, f"to {terminal.value}")
+    before = store.get_job(job_id)
+    events_before = store.events(job_id)
+    assert not store.transition(job_id, target, T0 + 3, "late")
+    assert not store.transition(job_id, target, T0 + 3, "late", expect=[terminal])
+    assert store.get_job(job_id) == before
+    assert store.events(job_id) == events_before
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [(s, t) for s in (JobState.QUEUED, JobState.RUNNING) for t in JobState if t not in ALLOWED_TRANSITIONS[s]],
+)
+def test_illegal_transitions_from_live_states_are_refused(store: Store, source: JobState, target: JobState) -> None:
+    job_id = store.create_job(spec(), T0)
+    if source is JobState.RUNNING:
+        start(store, job_id, 0)
+    n = len(store.events(job_id))
+    assert not store.transition(job_id, target, T0 + 5, "illegal", expect=[source])
+    assert not store.transition(job_id, target, T0 + 5, "illegal")
+    record = store.get_job(job_id)
+    assert record is not None and record.state is source
+    assert len(store.events(job_id)) == n
+
+
+def test_requeue_clears_the_allocation(store: Store) -> None:
+    job_id = store.create_job(spec(), T0)
+    start(store, job_id, 3)
+    assert store.transition(
+        job_id, JobState.QUEUED, T0 + 20, "requeued", expect=[JobState.RUNNING], allocation=None, started_at=None
+    )
+    record = store.get_job(job_id)
+    assert record is not None
+    assert record.state is JobState.QUEUED
+    assert record.allocation is None and record.started_at is None and record.ended_at is None
+    assert record.attempt == 1
+    assert [r.job_id for r in store.queued_requests()] == [job_id]
+
+
+def test_update_job_only_in_the_expected_state(store: Store) -> None:
+    job_id = store.create_job(spec(), T0)
+    assert not store.update_job(job_id, JobState.RUNNING, term_sent=True)
+    start(store, job_id, 0)
+    n = len(store.events(job_id))
+    assert store.update_job(job_id, JobState.RUNNING, launch={"pid": 42}, stop_reason="cancel", term_sent=True)
+    record = store.get_job(job_id)
+    assert record is not None
+    assert record.launch == {"pid": 42} and record.stop_reason == "cancel" and record.term_sent
+    assert record.state is JobState.RUNNING
+    assert len(store.events(job_id)) == n  # bookkeeping, not a transition
+
+
+# ---- scheduler views ---------------------------------------------------------------------------
+
+
+def test_queued_requests_and_running_allocations(store: Store) -> None:
+    q1 = store.create_job(spec(gpus=2, gpu_type="A100", priority="low", team="nlp"), T0)
+    r1 = store.create_job(spec(gpus=2), T0 + 1)
+    q2 = store.create_job(spec(), T0 + 2)
+    done = store.create_job(spec(), T0 + 3)
+    start(store, r1, 4, 5)
+    start(store, done, 0)
+    store.transition(done, JobState.SUCCEEDED, T0 + 4, "exit code 0", exit_code=0)
+
+    assert sorted(store.queued_requests(), key=lambda r: r.job_id) == [
+        JobRequest(q1, 2, "A100", Priority.LOW, T0, "nlp"),
+        JobRequest(q2, 1, None, Priority.NORMAL, T0 + 2, "default"),
+    ]
+    assert store.running_allocations() == [(r1, allocation("n1", 4, 5))]
+    assert store.count_jobs() == {"queued": 2, "running": 1, "succeeded": 1}
+
+
+def test_list_jobs_filters(store: Store) -> None:
+    ids = [store.create_job(spec(team="a" if i % 2 else "b"), T0 + i) for i in range(6)]
+    start(store, ids[0], 0)
+    assert [j.id for j in store.list_jobs()] == ids
+    assert [j.id for j in store.list_jobs(states=[JobState.RUNNING])] == [ids[0]]
+    assert [j.id for j in store.list_jobs(team="a")] == [ids[1], ids[3], ids[5]]
+    assert [j.id for j in store.list_jobs(limit=2)] == ids[-2:]  # the newest, in id order
+    assert [j.id for j in store.list_jobs(states=[JobState.QUEUED], team="b", limit=1)] == [ids[4]]
+
+
+def test_set_wait_reasons_leaves_non_queued_jobs_alone(store: Store) -> None:
+    queued = store.create_job(spec(), T0)
+    running = store.create_job(spec(), T0)
+    cancelled = store.create_job(spec(), T0)
+    start(store, running, 0)
+    store.transition(cancelled, JobState.CANCELLED, T0 + 1, "cancelled by user while queued")
+    store.set_wait_reasons({queued: "waiting for 8 free H100", running: "stale", cancelled: "stale", 999: "ghost"})
+    store.set_wait_reasons({})
+    reasons = {j.id: j.reason for j in store.list_jobs()}
+    assert reasons == {
+        queued: "waiting for 8 free H100",
+        running: "started",
+        cancelled: "cancelled by user while queued",
+    }
+    assert len(store.events(queued)) == 1  # a wait reason is not a transition
+
+
+# ---- nodes -------------------------------------------------------------------------------------
+
+
+def test_put_node_inserts_then_replaces(store: Store) -> None:
+    store.put_node(node("b").gpus(2, "A100").build(), virtual=False, now=T0)
+    store.put_node(node("a").gpus(4, "H100").build(), virtual=True, now=T0)
+    store.put_node(node("b").gpus(1, "L4").build(), virtual=True, now=T0 + 1)
+    records = store.nodes()
+    assert [r.node.name for r in records] == ["a", "b"]
+    assert records[0].node == node("a").gpus(4, "H100").build() and records[0].virtual
+    assert records[1].node == node("b").gpus(1, "L4").build() and records[1].virtual
+
+
+# ---- durability --------------------------------------------------------------------------------
+
+
+def test_reopening_the_db_keeps_every_job(db: Path) -> None:
+    first = Store(db)
+    ids = [first.create_job(spec(gpus=1 + i % 4, name=f"j{i}", time_limit=60 * (i + 1)), T0 + i) for i in range(20)]
+    start(first, ids[0], 0)
+    first.update_job(ids[0], JobState.RUNNING, launch={"pid": 7})
+    first.transition(ids[1], JobState.CANCELLED, T0 + 30, "cancelled")
+    first.set_wait_reasons({ids[2]: "waiting"})
+    first.put_node(node("n1").gpus(8, "H100").build(), virtual=True, now=T0)
+    jobs_before = first.list_jobs()
+    events_before = {i: first.events(i) for i in ids}
+    first.close()
+
+    second = Store(db)
+    try:
+        assert second.list_jobs() == jobs_before
+        assert {i: second.events(i) for i in ids} == events_before
+        assert second.nodes()[0].node == node("n1").gpus(8, "H100").build()
+        assert second.running_allocations() == [(ids[0], allocation("n1", 0))]
+        assert second.create_job(spec(), T0 + 100) == ids[-1] + 1
+        assert second.integrity_ok()
+    finally:
+        second.close()
+
+
+def test_ids_are_never_reused(db: Path) -> None:
+    s = Store(db)
+    a = s.create_job(spec(), T0)
+    s.close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("DELETE FROM job_events WHERE job_id = ?", (a,))
+        conn.execute("DELETE FROM jobs WHERE id = ?", (a,))
+    s = Store(db)
+    try:
+        assert s.create_job(spec(), T0) == a + 1
+    finally:
+        s.close()
+
+
+def test_integrity_ok(store: Store) -> None:
+    store.create_job(spec(), T0)
+    assert store.integrity_ok() is True
+
+
+def test_a_newer_schema_is_refused(db: Path) -> None:
+    Store(db).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema'")
+    with pytest.raises(StoreError, match="newer gpucluster"):
+        Store(db)
+
+
+def test_an_unreadable_path_is_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="cannot open the state database"):
+        Store(tmp_path / "missing-dir" / "state.db")
