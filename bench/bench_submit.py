@@ -23,12 +23,15 @@ Client and servers share this machine's cores, so the figures are for this machi
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import math
 import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -273,9 +276,11 @@ def run_gpucluster(args: argparse.Namespace, work: Path) -> Result:
     report: Result = {}
     with Phase(work, "latency", args.gpus, report) as head:
         report["latency"] = gc_latency(head, args.latency_jobs, args.latency_rate, args.seed, args.wait_timeout)
-    for clients in (1, args.clients):
+    log(f"gpucluster: latency: {_brief(report['latency'])}")
+    for clients in sorted({1, args.clients}):
         with Phase(work, f"rate-{clients}", args.gpus, report) as head:
             report[f"rate_{clients}"] = gc_rate(head, args.jobs, clients)
+        log(f"gpucluster: rate_{clients}: {_brief(report[f'rate_{clients}'])}")
     return report
 
 
@@ -305,12 +310,12 @@ def slurm_latency(peer: slurm_peer.SlurmPeer, n: int, rate: float, seed: int, ti
 
 
 def run_slurm(args: argparse.Namespace) -> Result:
-    report: Result = {"jobs": args.slurm_jobs}
+    report: Result = {"jobs": args.slurm_jobs, "version": _slurm_version()}
     phases: list[tuple[str, Callable[[slurm_peer.SlurmPeer], Result]]] = [
         ("latency", lambda p: slurm_latency(p, args.latency_jobs, args.latency_rate, args.seed, args.wait_timeout)),
-        ("rate_1", lambda p: _slurm_rate(p, args.slurm_jobs, 1)),
-        (f"rate_{args.clients}", lambda p: _slurm_rate(p, args.slurm_jobs, args.clients)),
     ]
+    for clients in sorted({1, args.clients}):
+        phases.append((f"rate_{clients}", functools.partial(_slurm_rate, n=args.slurm_jobs, clients=clients)))
     for name, measure in phases:
         log(f"slurm: {name}: starting a fresh Slurm in {args.slurm_dir}")
         peer = slurm_peer.start(args.slurm_dir, args.slurm_nodes, args.gpus // args.slurm_nodes)
@@ -321,6 +326,13 @@ def run_slurm(args: argparse.Namespace) -> Result:
         finally:
             slurm_peer.stop(peer)
     return report
+
+
+def _slurm_version() -> str:
+    try:
+        return subprocess.run(["sbatch", "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return "unknown"
 
 
 def _slurm_rate(peer: slurm_peer.SlurmPeer, n: int, clients: int) -> Result:
@@ -336,6 +348,14 @@ def _slurm_rate(peer: slurm_peer.SlurmPeer, n: int, clients: int) -> Result:
 
 
 # ---- report --------------------------------------------------------------------------------
+
+
+def source_digest() -> str:
+    """sha256 of gpucluster's sources: which head code was measured (it changes under our feet)."""
+    h = hashlib.sha256()
+    for f in sorted((Path(__file__).resolve().parent.parent / "src" / "gpucluster").rglob("*.py")):
+        h.update(f.as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def log(msg: str) -> None:
@@ -368,7 +388,7 @@ def figures(gc: Result | None, sl: Result | None, clients: int) -> list[tuple[st
         rows.append(
             (f"submit->running {q} (s), Slurm from slurmctld.log [1 ms]", g, _get(sl, "latency", "ctld_log", f"{q}_s"))
         )
-    for c in (1, clients):
+    for c in sorted({1, clients}):
         label = "1 client" if c == 1 else f"{c} concurrent clients"
         rows.append(
             (f"submissions/s, {label}", _get(gc, f"rate_{c}", "jobs_per_s"), _get(sl, f"rate_{c}", "jobs_per_s"))
@@ -419,9 +439,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="gpucluster-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    digest = source_digest()
     out: Result = {
         "config": config,
         "cpu_count": os.cpu_count(),
+        "gpucluster_src_sha256": digest,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "errors": [],
     }
@@ -456,10 +478,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"latency jobs: {args.latency_jobs} x `true`, 1 GPU, Poisson arrivals at {args.latency_rate}/s;"
         f" rate runs: gpucluster N={args.jobs}, Slurm N={args.slurm_jobs} x `sleep 1000`, 1 GPU",
     ]
+    if not args.skip_gpucluster and source_digest() != digest:
+        notes.append("gpucluster's sources changed during the run: its phases may have measured different code")
     for system in ("gpucluster", "slurm"):
         peak = _get(out.get(system), "latency", "peak_running")
         if peak is not None and peak >= args.gpus:
-            notes.append(f"{system}: {peak} latency jobs ran at once: some may have waited for a GPU")
+            notes.append(
+                f"{system}: a burst of {peak} latency jobs ran at once (all GPUs): a few may have waited for one"
+            )
     if "head_problems" in out.get("gpucluster", {}):
         notes.append(f"gpucluster head printed errors: see head_problems in the JSON / logs in {work}")
     notes += [f"ERROR {e.splitlines()[0]}" for e in out["errors"]]
