@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from gpucluster.models import Job, JobList, JobSpec, NodeList, NodeOut
+from gpucluster.models import Job, JobList, JobSpec, NodeList, NodeOut, PolicyOut, QueueEntry, QueueOut
 
 DEFAULT_URL = "http://127.0.0.1:8642"
 
@@ -105,6 +105,12 @@ class Client:
                 yield from r.iter_text()
         except httpx.TransportError as e:
             raise ClusterUnreachable(f"lost the head at {self.url} while following logs ({e})") from None
+
+    def queue(self) -> list[QueueEntry]:
+        return QueueOut.model_validate(self._request("GET", "/v1/queue").json()).entries
+
+    def policy(self) -> PolicyOut:
+        return PolicyOut.model_validate(self._request("GET", "/v1/policy").json())
 
     def nodes(self) -> list[NodeOut]:
         return NodeList.model_validate(self._request("GET", "/v1/nodes").json()).nodes

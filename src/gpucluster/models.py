@@ -24,7 +24,24 @@ MAX_ENV_VALUE = 32768
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
-PriorityName = Literal["low", "normal", "high"]
+PriorityName = Literal["low", "normal", "high", "critical"]
+MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(GiB|GB|G|MiB|MB|M)\s*", re.IGNORECASE)
+
+
+def parse_memory_mb(value: str | int | float) -> int:
+    """'80GiB' / '16384MiB' / a number of MiB -> MiB."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        mb = float(value)
+    else:
+        m = MEMORY.fullmatch(str(value))
+        if not m:
+            raise ValueError(f"cannot read memory size {value!r}; use e.g. 10GiB or 16384MiB")
+        mb = float(m.group(1)) * (1024 if m.group(2).upper().startswith("G") else 1)
+    if math.isnan(mb) or mb <= 0 or mb > 16 * 1024 * 1024:
+        raise ValueError(f"memory size {value!r} is out of range")
+    return int(mb)
+
+
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
@@ -38,8 +55,15 @@ class JobSpec(BaseModel):
         description="argv list, run without a shell; with shell=true a single shell command line",
         max_length=MAX_COMMAND_ARGS,
     )
-    gpus: float = Field(1, description="whole GPUs the job needs (1 or more)")
-    gpu_type: str | None = Field(None, max_length=64, description="GPU model, e.g. H100-80GB")
+    gpus: float = Field(1, description="whole GPUs (1 or more), or a share of one GPU (0 < gpus < 1)")
+    gpu_type: str | list[str] | None = Field(
+        None, description="GPU model (e.g. H100-80GB), or a list of acceptable models, most preferred first"
+    )
+    gpu_memory: str | int | None = Field(
+        None, description="share one GPU by memory, e.g. 10GiB (a number means MiB); implies a fraction"
+    )
+    min_gpu_memory: str | int | None = Field(None, description="only GPUs with at least this much memory")
+    nodes: int | None = Field(None, ge=1, le=1024, description="spread over exactly this many nodes, evenly")
     name: Name | None = None
     team: Name = "default"
     priority: PriorityName = "normal"
@@ -74,10 +98,29 @@ class JobSpec(BaseModel):
             raise ValueError("gpus must be at least 1")
         if math.isinf(v):
             raise ValueError(f"gpus must be at most {MAX_GPUS_PER_JOB}")
-        if v != int(v):
-            raise ValueError(f"gpus must be a whole number (got {v}); fractional GPUs are not supported yet")
+        if v > 1 and v != int(v):
+            raise ValueError(f"gpus above 1 must be a whole number (got {v}); a fraction is for one shared GPU")
+        if v < 1 and v < 0.01:
+            raise ValueError(f"a GPU share must be at least 0.01 (got {v})")
         if v > MAX_GPUS_PER_JOB:
             raise ValueError(f"gpus must be at most {MAX_GPUS_PER_JOB} (got {int(v)})")
+        return v
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type(cls, v: str | list[str] | None) -> str | list[str] | None:
+        items = [v] if isinstance(v, str) else (v or [])
+        if isinstance(v, list) and not v:
+            raise ValueError("gpu_type list is empty; leave it out to accept any GPU")
+        if len(items) > 16 or any(not t.strip() or len(t) > 64 for t in items):
+            raise ValueError("gpu_type names are 1-64 characters, at most 16 of them")
+        return v
+
+    @field_validator("gpu_memory", "min_gpu_memory")
+    @classmethod
+    def _memory(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            parse_memory_mb(v)
         return v
 
     @field_validator("time_limit")
@@ -112,14 +155,40 @@ class JobSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _shell(self) -> JobSpec:
+    def _consistent(self) -> JobSpec:
         if self.shell and len(self.command) != 1:
             raise ValueError("with shell=true, command must be a single command line")
+        if self.gpu_memory is not None and self.gpus > 1:
+            raise ValueError("gpu_memory shares one GPU; it cannot be combined with gpus above 1")
+        if self.nodes is not None:
+            if self.gpus < 1 or self.gpu_memory is not None:
+                raise ValueError("nodes needs whole GPUs")
+            if int(self.gpus) % self.nodes:
+                raise ValueError(f"gpus ({int(self.gpus)}) must divide evenly over nodes ({self.nodes})")
         return self
 
     @property
-    def gpu_count(self) -> int:
-        return int(self.gpus)
+    def gpu_types(self) -> tuple[str, ...]:
+        if self.gpu_type is None:
+            return ()
+        return (self.gpu_type,) if isinstance(self.gpu_type, str) else tuple(self.gpu_type)
+
+    @property
+    def fractional(self) -> bool:
+        return self.gpus < 1 or self.gpu_memory is not None
+
+    @property
+    def gpu_memory_mb(self) -> int | None:
+        return None if self.gpu_memory is None else parse_memory_mb(self.gpu_memory)
+
+    @property
+    def min_gpu_memory_mb(self) -> int | None:
+        return None if self.min_gpu_memory is None else parse_memory_mb(self.min_gpu_memory)
+
+    @property
+    def gpu_count(self) -> float:
+        """GPUs the job holds: a whole number, or its share of one GPU."""
+        return self.gpus if self.fractional else float(int(self.gpus))
 
     @property
     def argv(self) -> list[str]:
@@ -129,6 +198,8 @@ class JobSpec(BaseModel):
 class SliceOut(BaseModel):
     node: str
     gpu_indices: list[int]
+    share: float = 1.0
+    memory_mb: int | None = None
 
 
 class JobEvent(BaseModel):
@@ -147,6 +218,8 @@ class Job(BaseModel):
     ended_at: float | None = None
     exit_code: int | None = None
     reason: str = ""
+    wait_reason: str | None = None  # why a queued job waits, as a code; `reason` has the sentence
+    estimated_start: float | None = None
     attempt: int = 0
     allocation: list[SliceOut] = Field(default_factory=list)
     events: list[JobEvent] = Field(default_factory=list)
@@ -177,3 +250,37 @@ class NodeList(BaseModel):
 class ErrorBody(BaseModel):
     error: str
     detail: list[dict[str, object]] = Field(default_factory=list)
+
+
+class QueueEntry(BaseModel):
+    position: int
+    job: Job
+
+
+class QueueOut(BaseModel):
+    entries: list[QueueEntry]
+
+
+class TeamOut(BaseModel):
+    name: str
+    org: str | None
+    weight: float
+    share: float
+    quota: dict[str, float]
+    max_borrow: float | None
+    max_lend: float | None
+    usage_gpu_hours: float
+    running_gpus: float
+
+
+class PolicyOut(BaseModel):
+    source: str
+    error: str | None
+    preemption: bool
+    grace_period_s: float
+    min_runtime_s: float
+    fair_share: bool
+    half_life_s: float
+    backfill: bool
+    default_time_limit_s: float
+    teams: list[TeamOut]

@@ -65,7 +65,8 @@ def test_each_job_sees_only_its_own_gpus(head: HeadProcess) -> None:
 
 def test_jobs_wait_for_gpus_and_start_in_priority_then_fifo_order(head: HeadProcess) -> None:
     with head.client() as c:
-        blocker = c.submit([PY, "-c", "import time; time.sleep(1.5)"], gpus=8).id
+        # high, like the highest waiting job, so this is about queue order and nothing preempts it
+        blocker = c.submit([PY, "-c", "import time; time.sleep(1.5)"], gpus=8, priority="high").id
         running(head, blocker)
         normal = c.submit(["sleep", "0.3"], gpus=8).id
         low = c.submit(["sleep", "0.3"], gpus=8, priority="low").id
@@ -163,6 +164,8 @@ def test_a_job_whose_process_vanished_while_the_head_was_down_is_failed_with_the
     with head.client() as c:
         job = c.submit(["sleep", "300"], gpus=1).id
         running(head, job)
+    # `running` is committed before the launch: wait until the process itself exists
+    wait_for(lambda: head.job_pgids(), what="the job's shim to record its pid")
     head.kill9()
     head.kill_jobs()  # the job and its shim die without a trace
     head2 = head_factory(data, port=head.port).start()
@@ -197,10 +200,14 @@ def test_bad_input_gets_4xx_naming_the_field(head: HeadProcess) -> None:
     cases = [
         ({"command": ["true"], "gpus": 0}, 422, "gpus"),
         ({"command": ["true"], "gpus": -2}, 422, "gpus"),
-        ({"command": ["true"], "gpus": 0.5}, 422, "whole number"),
+        ({"command": ["true"], "gpus": 1.5}, 422, "whole number"),
+        ({"command": ["true"], "gpus": 0.001}, 422, "at least 0.01"),
+        ({"command": ["true"], "gpu_memory": "900GiB"}, 422, "no GPU in this cluster has that much memory"),
+        ({"command": ["true"], "gpus": 4, "nodes": 3}, 422, "divide evenly"),
         ({"command": ["true"], "gpus": 1e9}, 422, "at most"),
         ({"command": ["true"], "gpus": "many"}, 422, "gpus"),
-        ({"command": ["true"], "gpus": 9}, 422, "largest node has 8"),
+        ({"command": ["true"], "gpus": 9}, 422, "can never host"),
+        ({"command": ["true"], "gpus": 4, "nodes": 2}, 422, "can never host"),
         ({"command": ["true"], "gpus": 1, "gpu_type": "Z100"}, 422, "H100-80GB"),
         ({"command": [], "gpus": 1}, 422, "command"),
         ({"command": [""], "gpus": 1}, 422, "command is empty"),
@@ -245,8 +252,8 @@ def test_cli_errors_are_one_message_without_a_traceback(head: HeadProcess, tmp_p
     wrong_field.write_text("name: ok\ncommand: [true]\ngpus: 0\n")
     cases = [
         (["submit", "--gpus", "0", "--", "true"], "gpus"),
-        (["submit", "--gpus", "0.25", "--", "true"], "fractional"),
-        (["submit", "--gpus", "64", "--", "true"], "largest node has 8"),
+        (["submit", "--gpus", "2.5", "--", "true"], "whole number"),
+        (["submit", "--gpus", "64", "--", "true"], "can never host"),
         (["submit", "--gpu-type", "A100", "--", "true"], "unknown GPU type"),
         (["submit", "--gpus", "1"], "no command given"),
         (["submit", "--env", "NOEQUALS", "--", "true"], "KEY=VALUE"),

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpucluster import __version__
 from gpucluster.core.states import JobState
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
-from gpucluster.models import ErrorBody, Job, JobList, JobSpec, NodeList
+from gpucluster.models import ErrorBody, Job, JobList, JobSpec, NodeList, PolicyOut, QueueOut
 
 MAX_BODY_BYTES = 1024 * 1024
 FOLLOW_POLL_S = 0.2
@@ -144,6 +144,16 @@ def create_app(service: ClusterService) -> FastAPI:
         if not follow:
             return PlainTextResponse(_read_from(path, offset) if path else "")
         return StreamingResponse(_follow(service, job_id, attempt, offset), media_type="text/plain")
+
+    @app.get("/v1/queue")
+    def queue() -> QueueOut:
+        """Queued jobs in scheduling order, each with why it waits and, if known, when it starts."""
+        return QueueOut(entries=service.queue())
+
+    @app.get("/v1/policy")
+    def policy() -> PolicyOut:
+        """The policy in force, each team's entitled share, quota, decayed usage and running GPUs."""
+        return service.policy()
 
     @app.get("/v1/nodes")
     def nodes() -> NodeList:

@@ -20,7 +20,7 @@ from rich.table import Table
 from gpucluster.client import ApiError, Client, ClusterUnreachable
 from gpucluster.durations import format_duration
 from gpucluster.jobfile import JobFileError, read_job_file, spec_from_fields
-from gpucluster.models import Job
+from gpucluster.models import Job, parse_memory_mb
 
 app = typer.Typer(
     help="gpucluster: a GPU cluster. Start it with `gpucluster up`, then submit jobs.",
@@ -30,7 +30,7 @@ app = typer.Typer(
 )
 # A pipe gets full-width lines: wrapped table cells are unreadable to grep and to people alike.
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # a file:line must stay on one line
 
 UrlOpt = Annotated[
     str | None,
@@ -89,8 +89,15 @@ def up(
         typer.Option("--gpu-memory", help="memory of each virtual GPU, e.g. 80GiB [default: from --gpu-type]"),
     ] = None,
     grace_period: Annotated[
-        str, typer.Option("--grace-period", help="time between SIGTERM and SIGKILL when stopping a job")
-    ] = "30s",
+        str | None,
+        typer.Option(
+            "--grace-period", help="time between SIGTERM and SIGKILL when stopping a job [default: the policy's, 30s]"
+        ),
+    ] = None,
+    policy: Annotated[
+        Path | None,
+        typer.Option("--policy", help="scheduling policy YAML (teams, quotas, preemption); reloaded when it changes"),
+    ] = None,
     node_name: Annotated[str | None, typer.Option("--node-name", help="this node's name [default: hostname]")] = None,
 ) -> None:
     """Start the head (HTTP API) and a local worker on this machine; runs until Ctrl-C."""
@@ -100,8 +107,8 @@ def up(
     from gpucluster.head.server import StartupError, UpOptions, default_data_dir, run_up
 
     try:
-        grace = parse_duration(grace_period)
-        mem = _parse_memory_mb(gpu_memory) if gpu_memory else None
+        grace = parse_duration(grace_period) if grace_period is not None else None
+        mem = parse_memory_mb(gpu_memory) if gpu_memory else None
     except ValueError as e:
         fail(str(e))
     if gpu_type is not None and not gpu_type.strip():
@@ -115,21 +122,12 @@ def up(
         gpu_memory_mb=mem,
         grace_period_s=grace,
         node_name=node_name or socket.gethostname(),
+        policy_path=policy,
     )
     try:
         run_up(opts)
     except StartupError as e:
         fail(str(e))
-
-
-def _parse_memory_mb(text: str) -> int:
-    import re
-
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(GiB|GB|G|MiB|MB|M)\s*", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"cannot read memory size {text!r}; use e.g. 80GiB or 16384MiB")
-    value, unit = float(m.group(1)), m.group(2).upper()
-    return int(value * 1024) if unit.startswith("G") else int(value)
 
 
 # ---- submit --------------------------------------------------------------------------------
@@ -141,11 +139,23 @@ def submit(
     file: Annotated[
         Path | None, typer.Option("-f", "--file", help="a YAML job file; options given here override it")
     ] = None,
-    gpus: Annotated[float | None, typer.Option(help="GPUs the job needs [default: 1]")] = None,
-    gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="GPU model, e.g. H100-80GB")] = None,
+    gpus: Annotated[
+        float | None, typer.Option(help="GPUs the job needs, or a share of one GPU such as 0.25 [default: 1]")
+    ] = None,
+    gpu_type: Annotated[
+        str | None,
+        typer.Option("--gpu-type", help="GPU model, e.g. H100-80GB, or a preference list: H100-80GB,A100-80GB"),
+    ] = None,
+    gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="share one GPU by memory, e.g. 10GiB")] = None,
+    min_gpu_memory: Annotated[
+        str | None, typer.Option("--min-gpu-memory", help="only GPUs with at least this much memory, e.g. 40GiB")
+    ] = None,
+    nodes: Annotated[
+        int | None, typer.Option(help="spread the GPUs evenly over exactly this many nodes", min=1)
+    ] = None,
     name: Annotated[str | None, typer.Option(help="a name for the job")] = None,
     team: Annotated[str | None, typer.Option(help="the team the job is accounted to")] = None,
-    priority: Annotated[str | None, typer.Option(help="low, normal or high")] = None,
+    priority: Annotated[str | None, typer.Option(help="low, normal, high or critical (never preempted)")] = None,
     time_limit: Annotated[str | None, typer.Option("--time-limit", help="e.g. 30m, 2h, 1d")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="K=V, repeatable")] = None,
     workdir: Annotated[str | None, typer.Option(help="working directory [default: the current one]")] = None,
@@ -166,7 +176,10 @@ def submit(
         fields["command"] = [" ".join(command)] if shell else list(command)
     overrides = {
         "gpus": gpus,
-        "gpu_type": gpu_type,
+        "gpu_type": (gpu_type.split(",") if "," in gpu_type else gpu_type) if gpu_type else None,
+        "gpu_memory": gpu_memory,
+        "min_gpu_memory": min_gpu_memory,
+        "nodes": nodes,
         "name": name,
         "team": team,
         "priority": priority,
@@ -226,7 +239,7 @@ def jobs(
             j.name,
             j.spec.team,
             j.state.value,
-            str(j.spec.gpu_count),
+            f"{j.spec.gpu_count:g}",
             j.spec.priority,
             _ts(j.submitted_at),
             where,
@@ -247,7 +260,7 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         f"job {job.id} ({job.name})",
         f"  state:      {job.state.value} — {job.reason}",
         f"  command:    {' '.join(s.command) if not s.shell else s.command[0] + '   (shell)'}",
-        f"  gpus:       {s.gpu_count}{' x ' + s.gpu_type if s.gpu_type else ''}",
+        f"  gpus:       {s.gpu_count:g}{' x ' + ' or '.join(s.gpu_types) if s.gpu_types else ''}",
         f"  team:       {s.team}   priority: {s.priority}",
         f"  time limit: {format_duration(float(s.time_limit)) if s.time_limit else 'none'}",
         f"  workdir:    {s.workdir or '-'}",
@@ -333,6 +346,121 @@ def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
                 "used" if g.job_id is not None else "free",
                 str(g.job_id) if g.job_id is not None else "-",
             )
+    out.print(table)
+
+
+# ---- scheduling --------------------------------------------------------------------------
+
+
+@app.command()
+def queue(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+    """Queued jobs in scheduling order: position, why each waits, and its estimated start."""
+    with _client(url) as c:
+        entries = _call(c.queue)
+    if as_json:
+        _print_json([e.model_dump(mode="json") for e in entries])
+        return
+    table = Table("POS", "ID", "NAME", "TEAM", "PRIO", "GPUS", "WAITING", "EST. START", "WHY", box=None)
+    for e in entries:
+        j = e.job
+        table.add_row(
+            str(e.position),
+            str(j.id),
+            j.name,
+            j.spec.team,
+            j.spec.priority,
+            f"{j.spec.gpu_count:g}",
+            _ago(j.submitted_at),
+            _ts(j.estimated_start),
+            j.reason,
+        )
+    out.print(table)
+
+
+@app.command()
+def why(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+    """Why a job waits (or what happened to it), and when it is expected to start."""
+    with _client(url) as c:
+        job = _call(c.job, job_id)
+        position = None
+        if job.state.value == "queued":
+            position = next((e.position for e in _call(c.queue) if e.job.id == job_id), None)
+    if as_json:
+        _print_json(
+            {
+                "id": job.id,
+                "state": job.state.value,
+                "wait_reason": job.wait_reason,
+                "reason": job.reason,
+                "estimated_start": job.estimated_start,
+                "position": position,
+            }
+        )
+        return
+    if job.state.value != "queued":
+        out.print(f"job {job.id} is {job.state.value}: {job.reason}", markup=False)
+        return
+    lines = [
+        f"job {job.id} is queued, position {position or '?'} in line",
+        f"  why:   [{job.wait_reason or 'pending'}] {job.reason}",
+    ]
+    lines.append(f"  start: {'about ' + _ts(job.estimated_start) if job.estimated_start else 'no estimate yet'}")
+    out.print("\n".join(lines), markup=False)
+
+
+def _ago(t: float) -> str:
+    from gpucluster.durations import format_duration
+
+    return format_duration(max(time.time() - t, 0))
+
+
+policy_app = typer.Typer(help="Scheduling policies: check a file, show the one in force.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+
+
+@policy_app.command("check")
+def policy_check(file: Annotated[Path, typer.Argument(help="policy YAML file")]) -> None:
+    """Validate a policy file; errors name the line and field. Needs no running head."""
+    from gpucluster.policyfile import PolicyFileError, load_policy
+
+    try:
+        p = load_policy(file)
+    except PolicyFileError as e:
+        fail(str(e))
+    out.print(
+        f"{file}: ok — {len(p.teams)} team(s), preemption {'on' if p.preemption.enabled else 'off'}, "
+        f"fair share {'on' if p.fair_share else 'off'}, backfill {'on' if p.backfill else 'off'}",
+        markup=False,
+    )
+
+
+@policy_app.command("show")
+def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+    """The policy in force: teams with their share, quota, usage and running GPUs."""
+    with _client(url) as c:
+        p = _call(c.policy)
+    if as_json:
+        _print_json(p.model_dump(mode="json"))
+        return
+    out.print(f"policy: {p.source}" + (f"\n[red]last reload failed:[/red] {p.error}" if p.error else ""))
+    out.print(
+        f"preemption {'on' if p.preemption else 'off'} (grace {format_duration(p.grace_period_s)}, "
+        f"min runtime {format_duration(p.min_runtime_s)}); fair share {'on' if p.fair_share else 'off'} "
+        f"(half-life {format_duration(p.half_life_s)}); backfill {'on' if p.backfill else 'off'}",
+        markup=False,
+    )
+    table = Table("TEAM", "ORG", "WEIGHT", "SHARE", "QUOTA", "USAGE (GPU-h, decayed)", "RUNNING GPUS", box=None)
+    for t in p.teams:
+        quota = ", ".join(f"{m}: {n:g}" for m, n in t.quota.items()) or "-"
+        table.add_row(
+            t.name,
+            t.org or "-",
+            f"{t.weight:g}",
+            f"{t.share:.1%}",
+            quota,
+            f"{t.usage_gpu_hours:.2f}",
+            f"{t.running_gpus:g}",
+        )
     out.print(table)
 
 

@@ -1,4 +1,4 @@
-"""Why a job waits: named reasons, each with a sentence a user can act on."""
+"""Why a job waits: a named reason (for programs) beside a sentence (for people)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,9 @@ from enum import StrEnum
 
 
 class WaitReason(StrEnum):
-    RESOURCES = "resources"
-    BEHIND_HIGHER_PRIORITY = "behind_higher_priority"
-
-    def sentence(self, **facts: object) -> str:
-        if self is WaitReason.RESOURCES:
-            return (
-                f"waiting for {facts['gpus']} free {facts['gpu_type'] or 'same-model'} GPU(s) "
-                f"on one node; "
-                f"{facts['free']} free now"
-            )
-        return f"waiting behind job {facts['blocker']}, which is first in line for GPUs"
+    RESOURCES = "resources"  # not enough free GPUs of an acceptable kind
+    RESERVED = "reserved"  # first in line: GPUs are being held for it
+    BEHIND_RESERVATION = "behind_reservation"  # would delay the job first in line
+    PREEMPTING = "preempting"  # lower-priority or borrowing jobs are being stopped for it
+    QUOTA = "quota"  # its team is at its borrowing limit, or others' guaranteed GPUs are idle but protected
+    NO_FIT = "no_fit"  # no node could ever host it as asked

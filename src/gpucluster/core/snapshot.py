@@ -1,11 +1,12 @@
-"""An immutable, indexed view of the cluster for one scheduling cycle.
+"""An immutable view of the cluster for one scheduling cycle.
 
 Built once per cycle from the store (live) or from simulator state; the scheduler reads only this.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from gpucluster.core.types import JobRequest, Node, RunningJob
 
@@ -15,6 +16,7 @@ class Snapshot:
     nodes: tuple[Node, ...]
     running: tuple[RunningJob, ...]
     queued: tuple[JobRequest, ...]
+    usage: Mapping[str, float] = field(default_factory=dict)  # team -> decayed GPU-seconds
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()
@@ -23,6 +25,6 @@ class Snapshot:
         return frozenset(used)
 
     def free_gpus_by_node(self) -> dict[str, list[int]]:
-        """Free GPU indices per node, in index order."""
+        """Wholly free GPU indices per node, in index order."""
         used = self.used_gpus()
         return {node.name: [g.index for g in node.gpus if (node.name, g.index) not in used] for node in self.nodes}

@@ -12,6 +12,7 @@ from enum import StrEnum
 class JobState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
+    PREEMPTED = "preempted"  # stopped to make room; goes straight back to the queue
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -27,7 +28,10 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
     # RUNNING -> QUEUED: an attempt that provably never started (head died between the
     # allocation commit and the process launch) goes back to the queue.
-    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED, JobState.PREEMPTED}
+    ),
+    JobState.PREEMPTED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),

@@ -9,15 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from gpucluster.core.reasons import WaitReason
 from gpucluster.core.states import JobState
 
 
 class Priority(IntEnum):
-    """Priority classes; a larger value is scheduled first."""
+    """Priority classes; a larger value is scheduled first. CRITICAL is never preempted."""
 
     LOW = 0
     NORMAL = 1
     HIGH = 2
+    CRITICAL = 3
 
     @classmethod
     def parse(cls, name: str) -> Priority:
@@ -38,6 +40,8 @@ class Gpu:
     model: str
     memory_mb: int
     uuid: str
+    # GPUs sharing a domain talk fastest (an NVLink/NVSwitch island or a PCIe switch).
+    domain: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,21 +55,23 @@ class Node:
 
 @dataclass(frozen=True)
 class NodeSlice:
-    """The GPUs one job holds on one node."""
+    """The GPUs one job holds on one node; `share` < 1 means a fraction of one GPU."""
 
     node: str
     gpu_indices: tuple[int, ...]
+    share: float = 1.0
+    memory_mb: int | None = None  # GPU memory granted per GPU, for a fractional share
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """Where a job runs: one slice per node (a single slice until multi-node jobs exist)."""
+    """Where a job runs: one slice per node."""
 
     slices: tuple[NodeSlice, ...]
 
     @property
-    def gpu_count(self) -> int:
-        return sum(len(s.gpu_indices) for s in self.slices)
+    def gpu_count(self) -> float:
+        return sum(len(s.gpu_indices) * s.share for s in self.slices)
 
     def gpu_keys(self) -> frozenset[tuple[str, int]]:
         return frozenset((s.node, i) for s in self.slices for i in s.gpu_indices)
@@ -76,17 +82,31 @@ class JobRequest:
     """What the scheduler needs to know about a queued job: its demand and its place in line."""
 
     job_id: int
-    gpus: int
-    gpu_type: str | None
-    priority: Priority
-    submitted_at: float
+    gpus: float  # whole GPUs (1 or more), or a fraction of one GPU (below 1)
+    gpu_types: tuple[str, ...] = ()  # acceptable models, most preferred first; () = any
+    priority: Priority = Priority.NORMAL
+    submitted_at: float = 0.0
     team: str = "default"
+    gpu_memory_mb: int | None = None  # a share of one GPU by memory
+    min_gpu_memory_mb: int | None = None  # only GPUs with at least this much memory
+    time_limit_s: float | None = None
+    nodes: int | None = None  # exactly this many nodes, GPUs split evenly
+
+    @property
+    def fractional(self) -> bool:
+        return self.gpus < 1 or self.gpu_memory_mb is not None
 
 
 @dataclass(frozen=True)
 class RunningJob:
     job_id: int
     allocation: Allocation
+    team: str = "default"
+    priority: Priority = Priority.NORMAL
+    started_at: float = 0.0
+    time_limit_s: float | None = None
+    last_checkpoint_at: float | None = None
+    stopping: bool = False  # a stop (cancel, limit, preemption) is under way: its GPUs free soon
 
 
 @dataclass(frozen=True)
@@ -96,11 +116,26 @@ class Start:
 
 
 @dataclass(frozen=True)
+class Preemption:
+    job_id: int
+    for_job: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    reason: WaitReason
+    message: str
+    estimated_start: float | None = None
+
+
+@dataclass(frozen=True)
 class Plan:
-    """The scheduler's answer for one cycle: jobs to start now, and why every other job waits."""
+    """The scheduler's answer for one cycle: jobs to start, jobs to preempt, why others wait."""
 
     starts: tuple[Start, ...] = ()
-    waiting: dict[int, str] = field(default_factory=dict)
+    preemptions: tuple[Preemption, ...] = ()
+    waiting: dict[int, Wait] = field(default_factory=dict)
 
 
 __all__ = [
@@ -111,7 +146,9 @@ __all__ = [
     "Node",
     "NodeSlice",
     "Plan",
+    "Preemption",
     "Priority",
     "RunningJob",
     "Start",
+    "Wait",
 ]

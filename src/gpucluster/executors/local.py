@@ -22,11 +22,19 @@ SHIM = Path(__file__).with_name("_shim.py")
 
 
 def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or None if there is no such process."""
+    """The process's start time in clock ticks since boot; None if it is gone or a zombie.
+
+    A zombie has exited: only its exit status waits for a parent to collect it. After a head
+    crash the shim's new parent may take a while to reap it, and it must not look alive meanwhile.
+    """
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    try:
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (IndexError, ValueError):
         return None
 
 

@@ -16,13 +16,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from gpucluster.core.fairshare import accrue
+from gpucluster.core.policy import Policy
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Node, RunningJob
+from gpucluster.core.types import Node, Wait
 from gpucluster.durations import format_duration
 from gpucluster.executors.base import Executor, Exited, LaunchError, LaunchSpec, Lost, Status
 from gpucluster.head.paths import DataDir
+from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
 from gpucluster.launch.env import job_env
 from gpucluster.store import JobRecord, Store
@@ -33,6 +36,7 @@ log = logging.getLogger("gpucluster.head")
 LAUNCH_GRACE_S = 10.0
 # Even when nothing seems to change, plan again this often (the safety net for missed events).
 REPLAN_EVERY_S = 1.0
+USAGE_SAVE_EVERY_S = 10.0
 
 
 class Head:
@@ -43,7 +47,8 @@ class Head:
         executor: Executor,
         data_dir: DataDir,
         clock: Callable[[], float],
-        grace_period_s: float = 30.0,
+        grace_period_s: float | None = None,
+        policy: PolicySource | None = None,
         head_url: str = "",
         virtual_gpus: bool = False,
         base_env: Mapping[str, str] | None = None,
@@ -52,27 +57,56 @@ class Head:
         self.executor = executor
         self.data_dir = data_dir
         self.clock = clock
-        self.grace_period_s = grace_period_s
+        self._grace_override = grace_period_s
+        self.policy_source = policy or PolicySource(None)
         self.head_url = head_url
         self.virtual_gpus = virtual_gpus
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.wake = threading.Event()
         self._stop = threading.Event()
         self.cycles = 0
-        self._reasons: dict[int, str] = {}  # last wait reasons written, to write only changes
+        self._reasons: dict[int, Wait] = {}  # last wait reasons written, to write only changes
+        self.queue_order: list[int] = []  # waiting jobs in the order the last plan considered them
+        self.usage, saved_at = store.load_usage()
+        self._usage_at = saved_at if saved_at is not None else clock()
+        self._usage_saved_at = self._usage_at
         self.queue = QueueCache(store)
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
         self._last_plan_at: float | None = None
         self.last_decide_s = 0.0
 
+    @property
+    def policy(self) -> Policy:
+        return self.policy_source.policy
+
+    @property
+    def grace_period_s(self) -> float:
+        return self._grace_override if self._grace_override is not None else self.policy.preemption.grace_period_s
+
     # ---- one cycle --------------------------------------------------------------------------
 
     def tick(self) -> None:
         now = self.clock()
-        for job in self.store.list_jobs(states=[JobState.RUNNING]):
+        if self.policy_source.maybe_reload(now):
+            self._capacity_changed = True
+        running = self.store.list_jobs(states=[JobState.RUNNING])
+        self._accrue_usage(running, now)
+        for job in running:
             self._reconcile(job, now)
         self._schedule(self.clock())
         self.cycles += 1
+
+    def _accrue_usage(self, running: list[JobRecord], now: float) -> None:
+        """Fair-share memory: decay old usage, add the GPU-seconds of running jobs; saved every 10 s."""
+        elapsed = now - self._usage_at
+        if elapsed <= 0:
+            return
+        per_team = [(j.team, j.allocation.gpu_count) for j in running if j.allocation is not None]
+        self.usage = accrue(self.usage, per_team, elapsed, self.policy.fair_share_half_life_s)
+        self._usage_at = now
+        if now - self._usage_saved_at >= USAGE_SAVE_EVERY_S:
+            self.store.save_usage(self.usage, now)
+            self._usage_saved_at = now
 
     def _reconcile(self, job: JobRecord, now: float) -> None:
         handle = job.launch
@@ -123,6 +157,9 @@ class Head:
     def _finish(self, job: JobRecord, status: Status, now: float) -> None:
         self._capacity_changed = True
         job = self._reload(job)
+        if job.stop_reason == "preempt":
+            self._requeue_preempted(job, status, now)
+            return
         code: int | None = None
         if isinstance(status, Lost) and job.kill_sent:
             status = Exited(128 + signal.SIGKILL, signal.SIGKILL)
@@ -148,12 +185,34 @@ class Head:
             state, reason = JobState.FAILED, how
         self.store.transition(job.id, state, now, reason, expect=[JobState.RUNNING], exit_code=code)
 
+    def _requeue_preempted(self, job: JobRecord, status: Status, now: float) -> None:
+        """`preempted`, then straight back to `queued`: same id, next start is a new attempt."""
+        how = f" (exit code {status.exit_code})" if isinstance(status, Exited) else ""
+        message = (job.stop_message or "preempted") + how
+        if self.store.transition(job.id, JobState.PREEMPTED, now, message, expect=[JobState.RUNNING]):
+            self.store.transition(
+                job.id,
+                JobState.QUEUED,
+                now,
+                "requeued after preemption",
+                expect=[JobState.PREEMPTED],
+                allocation=None,
+                launch=None,
+                stop_reason=None,
+                stop_requested_at=None,
+                stop_message=None,
+                term_sent=False,
+                kill_sent=False,
+            )
+            self.queue.invalidate()
+
     # ---- scheduling -------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
-        running = tuple(RunningJob(i, a) for i, a in self.store.running_allocations())
-        return Snapshot(nodes=nodes, running=running, queued=self.queue.requests())
+        return Snapshot(
+            nodes=nodes, running=tuple(self.store.running_jobs()), queued=self.queue.requests(), usage=dict(self.usage)
+        )
 
     def _schedule(self, now: float) -> None:
         queue_changed = self.queue.refresh(now)
@@ -164,13 +223,19 @@ class Head:
         self._last_plan_at = now
         snap = self.snapshot()
         if not snap.queued:
+            self.queue_order = []
             return
         started = time.perf_counter()
-        plan = decide(snap, now)
+        plan = decide(snap, self.policy, now)
         self.last_decide_s = time.perf_counter() - started
+        for p in plan.preemptions:
+            if self.store.request_stop(p.job_id, "preempt", now, message=p.reason):
+                log.info("job %s: %s", p.job_id, p.reason)
+                self.wake.set()
         for start in plan.starts:
             self.queue.remove(start.job_id)
             self._start(start.job_id, start.allocation, now)
+        self.queue_order = list(plan.waiting)
         changed = {k: v for k, v in plan.waiting.items() if self._reasons.get(k) != v}
         self.store.set_wait_reasons(changed)
         self._reasons = dict(plan.waiting)
@@ -214,6 +279,7 @@ class Head:
                 slice_=slice_,
                 head_url=self.head_url,
                 virtual_gpus=self.virtual_gpus,
+                grace_period_s=self.grace_period_s,
             ),
             workdir=job.spec.workdir or self.base_env.get("HOME", "/"),
             run_dir=self.data_dir.attempt_dir(job_id, attempt),

@@ -27,7 +27,9 @@ from gpucluster.discovery.gpus import NoGpus, discover_nvml, virtual_gpus
 from gpucluster.executors.local import LocalExecutor
 from gpucluster.head.loop import Head
 from gpucluster.head.paths import DataDir
+from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.service import ClusterService
+from gpucluster.policyfile import PolicyFileError
 from gpucluster.store import Store, StoreError
 
 DEFAULT_PORT = 8642
@@ -47,8 +49,9 @@ class UpOptions:
     virtual_gpus: int | None
     gpu_type: str | None
     gpu_memory_mb: int | None
-    grace_period_s: float
+    grace_period_s: float | None
     node_name: str
+    policy_path: Path | None = None
 
 
 def default_data_dir() -> Path:
@@ -107,6 +110,10 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     lock = lock_data_dir(data)
     _check_port(opts.host, opts.port)
     try:
+        policy = PolicySource(opts.policy_path)
+    except PolicyFileError as e:
+        raise StartupError(f"invalid policy: {e}") from None
+    try:
         store = Store(data.db)
     except StoreError as e:
         raise StartupError(str(e)) from None
@@ -119,6 +126,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         data_dir=data,
         clock=time.time,
         grace_period_s=opts.grace_period_s,
+        policy=policy,
         head_url=url,
         virtual_gpus=is_virtual,
     )

@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpucluster.core.placement import Capacity
 from gpucluster.core.states import JobState
 from gpucluster.head.loop import Head
 from gpucluster.head.submit_batcher import SubmitBatcher
-from gpucluster.models import GpuOut, Job, JobEvent, JobSpec, NodeOut, SliceOut
+from gpucluster.models import GpuOut, Job, JobEvent, JobSpec, NodeOut, PolicyOut, QueueEntry, SliceOut, TeamOut
 from gpucluster.store import JobRecord
+from gpucluster.store.store import request_from, request_json
 
 
 class NotFound(LookupError):
@@ -36,6 +38,7 @@ class ClusterService:
         self.head = head
         self.store = head.store
         self.batcher = SubmitBatcher(head.store, on_committed=head.wake.set)
+        self._empty: tuple[object, Capacity] | None = None  # an empty cluster, for submit checks
 
     def close(self) -> None:
         self.batcher.close()
@@ -67,23 +70,31 @@ class ClusterService:
         )
 
     def _check_fits(self, spec: JobSpec) -> None:
-        nodes = [r.node for r in self.store.nodes()]
-        models = sorted({g.model for n in nodes for g in n.gpus})
-        if spec.gpu_type is not None and spec.gpu_type not in models:
+        """Refuse at submit what could never run, with the core's own filters on an empty cluster."""
+        policy = self.head.policy
+        if not policy.allow_unknown_teams and spec.team not in policy.teams:
+            raise Rejected("team", f"unknown team {spec.team!r}; the policy lists: {', '.join(sorted(policy.teams))}")
+        nodes = self.store.nodes()
+        if self._empty is None or self._empty[0] is not nodes:
+            self._empty = (nodes, Capacity([r.node for r in nodes], ()))
+        cap = self._empty[1]
+        known = sorted(cap.model_memory)
+        unknown = [t for t in spec.gpu_types if t not in cap.model_memory]
+        if unknown and len(unknown) == len(spec.gpu_types):
             raise Rejected(
-                "gpu_type", f"unknown GPU type {spec.gpu_type!r}; this cluster has: {', '.join(models) or 'no GPUs'}"
+                "gpu_type", f"unknown GPU type {unknown[0]!r}; this cluster has: {', '.join(known) or 'no GPUs'}"
             )
-        per_node = [
-            max((sum(1 for g in n.gpus if g.model == m) for m in models if spec.gpu_type in (None, m)), default=0)
-            for n in nodes
-        ]
-        most = max(per_node, default=0)
-        if spec.gpu_count > most:
-            kind = f"{spec.gpu_type} " if spec.gpu_type else ""
+        request = request_from(0, spec.gpu_count, 0, 0.0, spec.team, request_json(spec))
+        models = cap.acceptable_models(request)
+        if not models:
             raise Rejected(
-                "gpus",
-                f"asks for {spec.gpu_count} {kind}GPUs but the largest node has {most}; a job must fit on one node",
+                "gpu_memory" if spec.gpu_memory is not None else "min_gpu_memory",
+                "no GPU in this cluster has that much memory: "
+                + ", ".join(f"{m} has {cap.model_memory[m] // 1024} GiB" for m in known),
             )
+        if not any(cap.could_ever_fit(request, m) for m in models):
+            sizes = ", ".join(f"{m}: {cap.node_size[m]} per node, {cap.total[m]} in all" for m in models)
+            raise Rejected("gpus", f"asks for {spec.gpu_count:g} GPUs but this cluster can never host that ({sizes})")
 
     def job(self, job_id: int) -> Job:
         record = self.store.get_job(job_id)
@@ -99,9 +110,13 @@ class ClusterService:
         record = self.store.get_job(job_id)
         if record is None:
             raise NotFound(f"no job with id {job_id}")
-        if record.state is JobState.QUEUED:
+        if record.state in (JobState.QUEUED, JobState.PREEMPTED):
             if not self.store.transition(
-                job_id, JobState.CANCELLED, now, "cancelled by user while queued", expect=[JobState.QUEUED]
+                job_id,
+                JobState.CANCELLED,
+                now,
+                "cancelled by user while queued",
+                expect=[JobState.QUEUED, JobState.PREEMPTED],
             ):
                 return self.cancel(job_id)  # it started meanwhile: stop it as a running job
             self.head.queue.remove(job_id)
@@ -122,6 +137,47 @@ class ClusterService:
                 return None, record
             raise NotFound(f"job {job_id} has no attempt {attempt} (it has {record.attempt})")
         return self.head.data_dir.log(job_id, n), record
+
+    def queue(self) -> list[QueueEntry]:
+        """Queued jobs in the order the scheduler last considered them; newer ones after."""
+        queued = {r.id: r for r in self.store.list_jobs(states=[JobState.QUEUED])}
+        order = [i for i in self.head.queue_order if i in queued]
+        seen = set(order)
+        order += [i for i in sorted(queued) if i not in seen]
+        return [QueueEntry(position=n + 1, job=to_wire(queued[i])) for n, i in enumerate(order)]
+
+    def policy(self) -> PolicyOut:
+        source = self.head.policy_source
+        p = source.policy
+        running: dict[str, float] = {}
+        for j in self.store.running_jobs():
+            running[j.team] = running.get(j.team, 0.0) + j.allocation.gpu_count
+        names = sorted(set(p.teams) | set(self.head.usage) | set(running))
+        return PolicyOut(
+            source=str(source.path) if source.path else "built-in default",
+            error=source.error,
+            preemption=p.preemption.enabled,
+            grace_period_s=self.head.grace_period_s,
+            min_runtime_s=p.preemption.min_runtime_s,
+            fair_share=p.fair_share,
+            half_life_s=p.fair_share_half_life_s,
+            backfill=p.backfill,
+            default_time_limit_s=p.default_time_limit_s,
+            teams=[
+                TeamOut(
+                    name=n,
+                    org=p.team(n).org,
+                    weight=p.team(n).weight,
+                    share=p.share(n),
+                    quota=dict(p.team(n).quota),
+                    max_borrow=p.team(n).max_borrow,
+                    max_lend=p.team(n).max_lend,
+                    usage_gpu_hours=self.head.usage.get(n, 0.0) / 3600,
+                    running_gpus=running.get(n, 0.0),
+                )
+                for n in names
+            ],
+        )
 
     def nodes(self) -> list[NodeOut]:
         holder = {
@@ -160,9 +216,11 @@ def to_wire(r: JobRecord, events: Iterable[object] = ()) -> Job:
         ended_at=r.ended_at,
         exit_code=r.exit_code,
         reason=r.reason,
+        wait_reason=r.wait_reason if r.state is JobState.QUEUED else None,
+        estimated_start=r.estimated_start if r.state is JobState.QUEUED else None,
         attempt=r.attempt,
         allocation=[
-            SliceOut(node=s.node, gpu_indices=list(s.gpu_indices))
+            SliceOut(node=s.node, gpu_indices=list(s.gpu_indices), share=s.share, memory_mb=s.memory_mb)
             for s in (r.allocation.slices if r.allocation else ())
         ],
         events=[JobEvent(at=e.at, state=e.state, reason=e.reason) for e in events],  # type: ignore[attr-defined]

@@ -26,6 +26,7 @@ def job_env(
     slice_: NodeSlice,
     head_url: str,
     virtual_gpus: bool,
+    grace_period_s: float = 30.0,
 ) -> dict[str, str]:
     env = {k: v for k, v in base.items() if k not in _NOT_INHERITED}
     env.update(user_env)
@@ -43,6 +44,13 @@ def job_env(
             "GPUCLUSTER_NUM_GPUS": str(len(slice_.gpu_indices)),
             "GPUCLUSTER_URL": head_url,
             "GPUCLUSTER_VIRTUAL_GPUS": "1" if virtual_gpus else "0",
+            "GPUCLUSTER_GRACE_PERIOD_S": f"{grace_period_s:g}",
         }
     )
+    if slice_.share < 1:
+        # A shared GPU: the job is told its share. Frameworks can cap themselves with it (e.g.
+        # torch.cuda.set_per_process_memory_fraction(GPUCLUSTER_GPU_FRACTION)).
+        env["GPUCLUSTER_GPU_FRACTION"] = f"{slice_.share:g}"
+        if slice_.memory_mb is not None:
+            env["GPUCLUSTER_GPU_MEMORY_LIMIT"] = str(slice_.memory_mb * 1024 * 1024)
     return env

@@ -15,7 +15,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: request, wait_reason, estimated_start, stop_message, last_checkpoint_at; team_usage
 
 metadata = MetaData()
 
@@ -34,7 +34,7 @@ jobs = Table(
     Column("team", String(128), nullable=False),
     Column("state", String(16), nullable=False),
     Column("priority", Integer, nullable=False),
-    Column("gpus", Integer, nullable=False),
+    Column("gpus", Float, nullable=False),
     Column("gpu_type", String(64)),
     Column("spec", Text, nullable=False),
     Column("submitted_at", Float, nullable=False),
@@ -51,6 +51,13 @@ jobs = Table(
     Column("stop_requested_at", Float),
     Column("term_sent", Boolean, nullable=False, default=False),
     Column("kill_sent", Boolean, nullable=False, default=False),
+    # The scheduler's view of the spec (types, memory, limit, nodes) as compact JSON, so a full
+    # reload of the queue never parses whole specs.
+    Column("request", Text),
+    Column("wait_reason", String(32)),
+    Column("estimated_start", Float),
+    Column("stop_message", Text),
+    Column("last_checkpoint_at", Float),
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)
@@ -73,5 +80,13 @@ nodes = Table(
     Column("name", String(255), primary_key=True),
     Column("virtual", Boolean, nullable=False),
     Column("gpus", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+team_usage = Table(
+    "team_usage",
+    metadata,
+    Column("team", String(128), primary_key=True),
+    Column("gpu_seconds", Float, nullable=False),  # decayed, as of updated_at
     Column("updated_at", Float, nullable=False),
 )

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, bindparam, create_engine, event, func
 from sqlalchemy.exc import OperationalError
 
 from gpucluster.core.states import JobState, can_transition
-from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, Priority
+from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, Priority, RunningJob, Wait
 from gpucluster.models import JobSpec
 from gpucluster.store import schema
 
@@ -37,7 +37,7 @@ class JobRecord:
     team: str
     state: JobState
     priority: Priority
-    gpus: int
+    gpus: float
     gpu_type: str | None
     spec: JobSpec
     submitted_at: float
@@ -52,16 +52,13 @@ class JobRecord:
     stop_requested_at: float | None
     term_sent: bool
     kill_sent: bool
+    wait_reason: str | None = None
+    estimated_start: float | None = None
+    stop_message: str | None = None
+    last_checkpoint_at: float | None = None
 
     def request(self) -> JobRequest:
-        return JobRequest(
-            job_id=self.id,
-            gpus=self.gpus,
-            gpu_type=self.gpu_type,
-            priority=self.priority,
-            submitted_at=self.submitted_at,
-            team=self.team,
-        )
+        return request_from(self.id, self.gpus, self.priority, self.submitted_at, self.team, request_json(self.spec))
 
 
 @dataclass(frozen=True)
@@ -78,13 +75,59 @@ class NodeRecord:
 
 
 def allocation_to_json(a: Allocation) -> str:
-    return json.dumps([{"node": s.node, "gpu_indices": list(s.gpu_indices)} for s in a.slices])
+    out: list[dict[str, Any]] = []
+    for s in a.slices:
+        d: dict[str, Any] = {"node": s.node, "gpu_indices": list(s.gpu_indices)}
+        if s.share < 1:
+            d["share"] = s.share
+            d["memory_mb"] = s.memory_mb
+        out.append(d)
+    return json.dumps(out)
 
 
 def allocation_from_json(text: str | None) -> Allocation | None:
     if not text:
         return None
-    return Allocation(tuple(NodeSlice(d["node"], tuple(d["gpu_indices"])) for d in json.loads(text)))
+    return Allocation(
+        tuple(
+            NodeSlice(d["node"], tuple(d["gpu_indices"]), d.get("share", 1.0), d.get("memory_mb"))
+            for d in json.loads(text)
+        )
+    )
+
+
+def request_json(spec: JobSpec) -> str:
+    """The scheduler-facing part of a spec, compact: what `queued_requests` needs besides columns."""
+    d: dict[str, Any] = {}
+    if spec.gpu_types:
+        d["t"] = list(spec.gpu_types)
+    if spec.gpu_memory_mb is not None:
+        d["m"] = spec.gpu_memory_mb
+    if spec.min_gpu_memory_mb is not None:
+        d["mm"] = spec.min_gpu_memory_mb
+    if spec.time_limit is not None:
+        d["tl"] = spec.time_limit
+    if spec.nodes is not None:
+        d["n"] = spec.nodes
+    return json.dumps(d, separators=(",", ":"))
+
+
+def request_from(
+    job_id: int, gpus: float, priority: int, submitted_at: float, team: str, request: str | None
+) -> JobRequest:
+    d = json.loads(request) if request else {}
+    return JobRequest(
+        job_id=job_id,
+        gpus=gpus,
+        gpu_types=tuple(d.get("t", ())),
+        priority=Priority(priority),
+        submitted_at=submitted_at,
+        team=team,
+        gpu_memory_mb=d.get("m"),
+        min_gpu_memory_mb=d.get("mm"),
+        time_limit_s=d.get("tl"),
+        nodes=d.get("n"),
+    )
 
 
 class Store:
@@ -128,8 +171,25 @@ class Store:
             row = c.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema")).first()
             if row is None:
                 c.execute(insert(schema.meta).values(key="schema", value=str(schema.SCHEMA_VERSION)))
-            elif int(row[0]) > schema.SCHEMA_VERSION:
-                raise StoreError(f"{self.path} was written by a newer gpucluster (schema {row[0]}); upgrade first")
+                return
+            version = int(row[0])
+            if version > schema.SCHEMA_VERSION:
+                raise StoreError(f"{self.path} was written by a newer gpucluster (schema {version}); upgrade first")
+            if version < schema.SCHEMA_VERSION:
+                self._add_missing_columns(c)
+                c.execute(
+                    update(schema.meta).where(schema.meta.c.key == "schema").values(value=str(schema.SCHEMA_VERSION))
+                )
+
+    @staticmethod
+    def _add_missing_columns(c: Connection) -> None:
+        """Upgrade an older data dir in place: every column added since is nullable or defaulted."""
+        for table in schema.metadata.sorted_tables:
+            have = {r[1] for r in c.exec_driver_sql(f"PRAGMA table_info({table.name})")}
+            for col in table.columns:
+                if col.name not in have:
+                    kind = col.type.compile(dialect=c.dialect)
+                    c.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {kind}")
 
     def close(self) -> None:
         self._writer.dispose()
@@ -186,7 +246,8 @@ class Store:
                 "state": JobState.QUEUED.value,
                 "priority": int(Priority.parse(spec.priority)),
                 "gpus": spec.gpu_count,
-                "gpu_type": spec.gpu_type,
+                "gpu_type": ",".join(spec.gpu_types) or None,
+                "request": request_json(spec),
                 "spec": spec.model_dump_json(),
                 "submitted_at": now,
                 "reason": "submitted",
@@ -236,15 +297,45 @@ class Store:
     def queued_requests(self, after_id: int | None = None) -> list[JobRequest]:
         """The scheduler's view of the queue: only the columns it needs, no spec parsing."""
         j = schema.jobs.c
-        q = select(j.id, j.gpus, j.gpu_type, j.priority, j.submitted_at, j.team).where(j.state == JobState.QUEUED.value)
+        q = select(j.id, j.gpus, j.priority, j.submitted_at, j.team, j.request, j.spec).where(
+            j.state == JobState.QUEUED.value
+        )
         if after_id is not None:
             q = q.where(j.id > after_id)
         with self._read() as c:
             rows = c.execute(q).all()
         return [
-            JobRequest(job_id=r[0], gpus=r[1], gpu_type=r[2], priority=Priority(r[3]), submitted_at=r[4], team=r[5])
+            request_from(r[0], r[1], r[2], r[3], r[4], r[5] if r[5] is not None else _request_of_spec(r[6]))
             for r in rows
         ]
+
+    def running_jobs(self) -> list[RunningJob]:
+        """The scheduler's view of running jobs: where, whose, since when, and whether stopping."""
+        j = schema.jobs.c
+        q = select(
+            j.id, j.allocation, j.team, j.priority, j.started_at, j.request, j.spec, j.last_checkpoint_at, j.stop_reason
+        ).where(j.state == JobState.RUNNING.value)
+        with self._read() as c:
+            rows = c.execute(q).all()
+        out = []
+        for r in rows:
+            allocation = allocation_from_json(r[1])
+            if allocation is None:
+                continue
+            req = json.loads(r[5] if r[5] is not None else _request_of_spec(r[6]))
+            out.append(
+                RunningJob(
+                    job_id=r[0],
+                    allocation=allocation,
+                    team=r[2],
+                    priority=Priority(r[3]),
+                    started_at=r[4] or 0.0,
+                    time_limit_s=req.get("tl"),
+                    last_checkpoint_at=r[7],
+                    stopping=r[8] is not None,
+                )
+            )
+        return out
 
     def running_allocations(self) -> list[tuple[int, Allocation]]:
         j = schema.jobs.c
@@ -252,7 +343,7 @@ class Store:
             rows = c.execute(select(j.id, j.allocation).where(j.state == JobState.RUNNING.value)).all()
         return [(r[0], a) for r in rows if (a := allocation_from_json(r[1])) is not None]
 
-    def set_wait_reasons(self, reasons: dict[int, str]) -> None:
+    def set_wait_reasons(self, reasons: dict[int, Wait]) -> None:
         """Record why queued jobs wait; jobs that left the queue meanwhile are left alone."""
         if not reasons:
             return
@@ -261,10 +352,30 @@ class Store:
             update(schema.jobs)
             .where(j.id == bindparam("jid"))
             .where(j.state == JobState.QUEUED.value)
-            .values(reason=bindparam("r"))
+            .values(reason=bindparam("r"), wait_reason=bindparam("w"), estimated_start=bindparam("e"))
         )
         with self._write() as c:
-            c.execute(stmt, [{"jid": k, "r": v} for k, v in reasons.items()])
+            c.execute(
+                stmt,
+                [{"jid": k, "r": v.message, "w": v.reason.value, "e": v.estimated_start} for k, v in reasons.items()],
+            )
+
+    def load_usage(self) -> tuple[dict[str, float], float | None]:
+        """Decayed GPU-seconds per team and when they were saved."""
+        with self._read() as c:
+            rows = c.execute(select(schema.team_usage)).mappings().all()
+        if not rows:
+            return {}, None
+        return {r["team"]: r["gpu_seconds"] for r in rows}, max(r["updated_at"] for r in rows)
+
+    def save_usage(self, usage: dict[str, float], now: float) -> None:
+        with self._write() as c:
+            c.execute(schema.team_usage.delete())
+            if usage:
+                c.execute(
+                    insert(schema.team_usage),
+                    [{"team": t, "gpu_seconds": v, "updated_at": now} for t, v in usage.items()],
+                )
 
     def count_jobs(self) -> dict[str, int]:
         with self._read() as c:
@@ -321,7 +432,7 @@ class Store:
             c.execute(insert(schema.job_events).values(job_id=job_id, at=now, state=to.value, reason=reason))
         return True
 
-    def request_stop(self, job_id: int, reason: str, now: float) -> bool:
+    def request_stop(self, job_id: int, reason: str, now: float, message: str | None = None) -> bool:
         """Mark a running job to be stopped, unless a stop is already under way.
 
         A second request (a cancel during a time-limit stop) must not restart the grace period,
@@ -334,7 +445,7 @@ class Store:
                 .where(j.id == job_id)
                 .where(j.state == JobState.RUNNING.value)
                 .where(j.stop_reason.is_(None))
-                .values(stop_reason=reason, stop_requested_at=now)
+                .values(stop_reason=reason, stop_requested_at=now, stop_message=message)
             )
         return res.rowcount == 1
 
@@ -355,7 +466,10 @@ class Store:
 
     def put_node(self, node: Node, virtual: bool, now: float) -> None:
         gpus = json.dumps(
-            [{"index": g.index, "model": g.model, "memory_mb": g.memory_mb, "uuid": g.uuid} for g in node.gpus]
+            [
+                {"index": g.index, "model": g.model, "memory_mb": g.memory_mb, "uuid": g.uuid, "domain": g.domain}
+                for g in node.gpus
+            ]
         )
         with self._write() as c:
             res = c.execute(
@@ -407,4 +521,13 @@ def _job(r: Any) -> JobRecord:
         stop_requested_at=r["stop_requested_at"],
         term_sent=bool(r["term_sent"]),
         kill_sent=bool(r["kill_sent"]),
+        wait_reason=r["wait_reason"],
+        estimated_start=r["estimated_start"],
+        stop_message=r["stop_message"],
+        last_checkpoint_at=r["last_checkpoint_at"],
     )
+
+
+def _request_of_spec(spec_json: str) -> str:
+    """For rows written before the request column existed."""
+    return request_json(JobSpec.model_validate_json(spec_json))

@@ -1,0 +1,87 @@
+"""The scheduling policy: teams, organisations, quotas, priority classes, preemption, backfill.
+
+Pure data. The YAML loader with line-precise errors is `gpucluster.policyfile`; the live head
+and the simulator hand the same `Policy` object to `decide`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpucluster.core.types import Priority
+
+DEFAULT_TEAM = "default"
+
+
+@dataclass(frozen=True)
+class Team:
+    name: str
+    weight: float = 1.0
+    org: str | None = None
+    quota: dict[str, float] = field(default_factory=dict)  # GPU model -> guaranteed GPUs
+    max_borrow: float | None = None  # GPUs beyond its quota it may use; None = any idle
+    max_lend: float | None = None  # of its idle guaranteed GPUs, at most this many are lent; None = all
+
+
+@dataclass(frozen=True)
+class Org:
+    name: str
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class Preemption:
+    enabled: bool = True
+    grace_period_s: float = 30.0
+    min_runtime_s: float = 0.0
+    # Classes never preempted, whatever the priority of the job that wants their GPUs.
+    protected_classes: frozenset[Priority] = frozenset({Priority.CRITICAL})
+    reclaim_quota: bool = True  # a team below its guaranteed quota may stop borrowers
+
+
+@dataclass(frozen=True)
+class Policy:
+    teams: dict[str, Team] = field(default_factory=lambda: {DEFAULT_TEAM: Team(DEFAULT_TEAM)})
+    orgs: dict[str, Org] = field(default_factory=dict)
+    preemption: Preemption = field(default_factory=Preemption)
+    fair_share_half_life_s: float = 7 * 86400.0
+    fair_share: bool = True  # off: FIFO within a priority class (a baseline)
+    priorities: bool = True  # off: one class for all (a FIFO baseline)
+    backfill: bool = True
+    default_time_limit_s: float = 3600.0  # for reservations, when a job has no limit
+    starvation_age_s: float = 86400.0  # a job waiting this long goes first in line
+    allow_unknown_teams: bool = True  # unknown teams get weight 1 and no quota
+
+    def team(self, name: str) -> Team:
+        return self.teams.get(name) or Team(name)
+
+    def share(self, team: str) -> float:
+        """The team's entitled fraction of the cluster: org share x team share within its org."""
+        t = self.team(team)
+        known = list(self.teams.values()) if team in self.teams else [*self.teams.values(), t]
+        if t.org is None or t.org not in self.orgs:
+            top = [x for x in known if x.org is None or x.org not in self.orgs]
+            total = sum(x.weight for x in top) + sum(o.weight for o in self.orgs.values())
+            return t.weight / total if total > 0 else 0.0
+        orgs_total = sum(o.weight for o in self.orgs.values()) + sum(
+            x.weight for x in known if x.org is None or x.org not in self.orgs
+        )
+        siblings = sum(x.weight for x in known if x.org == t.org)
+        org_share = self.orgs[t.org].weight / orgs_total if orgs_total > 0 else 0.0
+        return org_share * (t.weight / siblings if siblings > 0 else 0.0)
+
+    def preemptible(self, priority: Priority) -> bool:
+        return priority not in self.preemption.protected_classes
+
+
+def fifo_policy() -> Policy:
+    """Baseline: first come, first served; no priorities, fair share, backfill or preemption."""
+    return Policy(fair_share=False, priorities=False, backfill=False, preemption=Preemption(enabled=False))
+
+
+def priority_policy() -> Policy:
+    """Baseline: strict priority, FIFO within a class; no fair share, backfill or preemption."""
+    return Policy(fair_share=False, backfill=False, preemption=Preemption(enabled=False))
+
+
+BUILTIN_POLICIES = {"fifo": fifo_policy, "priority": priority_policy, "default": Policy}

@@ -1,0 +1,74 @@
+"""Guaranteed quotas and borrowing: who may use idle GPUs beyond their guarantee.
+
+A team below its quota on a GPU model is within its guarantee and may reclaim borrowed GPUs by
+preemption. Above it, the team borrows: only up to its `max_borrow`, and only GPUs that their
+owners lend (a team with `max_lend` keeps the rest of its idle guarantee free for itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpucluster.core.policy import Policy
+from gpucluster.core.types import Allocation, Gpu, RunningJob
+
+
+class QuotaBook:
+    def __init__(self, policy: Policy, running: Iterable[RunningJob], gpus: dict[tuple[str, int], Gpu]) -> None:
+        self.policy = policy
+        self._gpus = gpus
+        self.used: dict[str, dict[str, float]] = {}
+        for job in running:
+            self.add(job.team, job.allocation)
+
+    def add(self, team: str, allocation: Allocation, sign: float = 1.0) -> None:
+        per_team = self.used.setdefault(team, {})
+        for s in allocation.slices:
+            for i in s.gpu_indices:
+                g = self._gpus.get((s.node, i))
+                if g is not None:
+                    per_team[g.model] = per_team.get(g.model, 0.0) + sign * s.share
+
+    def remove(self, team: str, allocation: Allocation) -> None:
+        self.add(team, allocation, -1.0)
+
+    def quota(self, team: str, model: str) -> float:
+        return self.policy.team(team).quota.get(model, 0.0)
+
+    def within_quota(self, team: str, model: str, gpus: float) -> bool:
+        q = self.quota(team, model)
+        return q > 0 and self.used.get(team, {}).get(model, 0.0) + gpus <= q + 1e-9
+
+    def borrowing(self, team: str, model: str) -> bool:
+        return self.used.get(team, {}).get(model, 0.0) > self.quota(team, model) + 1e-9
+
+    def protected(self, model: str, except_team: str) -> float:
+        """Idle guaranteed GPUs of `model` that their teams do not lend to others."""
+        total = 0.0
+        for name, team in self.policy.teams.items():
+            if name == except_team or team.max_lend is None:
+                continue
+            unused = team.quota.get(model, 0.0) - self.used.get(name, {}).get(model, 0.0)
+            total += max(0.0, unused - team.max_lend)
+        return total
+
+    def refusal(self, team: str, model: str, gpus: float, free: int) -> str | None:
+        """Why the team may not take `gpus` more GPUs of `model` now; None if it may."""
+        if self.within_quota(team, model, gpus):
+            return None
+        t = self.policy.team(team)
+        if t.max_borrow is not None:
+            over = sum(
+                max(0.0, used - t.quota.get(m, 0.0)) for m, used in self.used.get(team, {}).items() if m != model
+            )
+            used_m = self.used.get(team, {}).get(model, 0.0)
+            over += max(0.0, used_m + gpus - t.quota.get(model, 0.0))
+            if over > t.max_borrow + 1e-9:
+                return (
+                    f"team {team} would borrow {over:g} GPUs beyond its guaranteed quota; "
+                    f"its borrowing limit is {t.max_borrow:g}"
+                )
+        protected = self.protected(model, team)
+        if protected > 0 and free - protected < gpus - 1e-9:
+            return f"the {free} idle {model} GPUs include {protected:g} guaranteed to other teams that they do not lend"
+        return None

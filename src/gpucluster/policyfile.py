@@ -1,0 +1,171 @@
+"""Policy files (YAML) -> core.policy.Policy, with file:line errors.
+
+    teams:
+      vision: {weight: 2, org: research, quota: {H100-80GB: 16}, max_borrow: 8, max_lend: 4}
+      nlp:    {weight: 1, org: research}
+    orgs:
+      research: {weight: 3}
+    preemption: {enabled: true, grace_period: 30s, min_runtime: 5m, protected_classes: [critical]}
+    fair_share: {enabled: true, half_life: 7d}
+    backfill:   {enabled: true, default_time_limit: 1h}
+    priorities: true
+    starvation_age: 24h
+    unknown_teams: allow        # or reject: submissions must name a team listed here
+
+A name instead of a path selects a shipped baseline: fifo, priority, default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpucluster.core import policy as core
+from gpucluster.core.types import Priority
+from gpucluster.durations import parse_duration
+from gpucluster.yamlfile import YamlFileError, read_yaml, validate
+
+PolicyFileError = YamlFileError
+
+Duration = float | str
+TeamName = str
+
+
+def _seconds(v: Duration, field: str) -> float:
+    s = parse_duration(v) if isinstance(v, str) else float(v)
+    if s < 0:
+        raise ValueError(f"{field} cannot be negative")
+    return s
+
+
+ClassName = Literal["low", "normal", "high", "critical"]
+
+
+def _only_critical() -> list[ClassName]:
+    return ["critical"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TeamIn(_Strict):
+    weight: float = Field(1.0, gt=0, le=1e6)
+    org: str | None = None
+    quota: dict[str, float] = Field(default_factory=dict, description="GPU model -> guaranteed GPUs")
+    max_borrow: float | None = Field(None, ge=0)
+    max_lend: float | None = Field(None, ge=0)
+
+    @field_validator("quota")
+    @classmethod
+    def _quota(cls, v: dict[str, float]) -> dict[str, float]:
+        for model, n in v.items():
+            if n < 0:
+                raise ValueError(f"quota for {model} cannot be negative")
+        return v
+
+
+class OrgIn(_Strict):
+    weight: float = Field(1.0, gt=0, le=1e6)
+
+
+class PreemptionIn(_Strict):
+    enabled: bool = True
+    grace_period: Duration = "30s"
+    min_runtime: Duration = 0
+    protected_classes: list[ClassName] = Field(default_factory=_only_critical)
+    reclaim_quota: bool = True
+
+    @field_validator("grace_period", "min_runtime")
+    @classmethod
+    def _dur(cls, v: Duration) -> Duration:
+        _seconds(v, "duration")
+        return v
+
+
+class FairShareIn(_Strict):
+    enabled: bool = True
+    half_life: Duration = "7d"
+
+    @field_validator("half_life")
+    @classmethod
+    def _dur(cls, v: Duration) -> Duration:
+        if _seconds(v, "half_life") <= 0:
+            raise ValueError("half_life must be positive")
+        return v
+
+
+class BackfillIn(_Strict):
+    enabled: bool = True
+    default_time_limit: Duration = "1h"
+
+    @field_validator("default_time_limit")
+    @classmethod
+    def _dur(cls, v: Duration) -> Duration:
+        if _seconds(v, "default_time_limit") <= 0:
+            raise ValueError("default_time_limit must be positive")
+        return v
+
+
+class PolicyIn(_Strict):
+    teams: dict[TeamName, TeamIn] = Field(default_factory=dict)
+    orgs: dict[str, OrgIn] = Field(default_factory=dict)
+    preemption: PreemptionIn = Field(default_factory=PreemptionIn)
+    fair_share: FairShareIn = Field(default_factory=FairShareIn)
+    backfill: BackfillIn = Field(default_factory=BackfillIn)
+    priorities: bool = True
+    starvation_age: Duration = "24h"
+    unknown_teams: Literal["allow", "reject"] = "allow"
+
+    @model_validator(mode="after")
+    def _orgs_exist(self) -> PolicyIn:
+        for name, team in self.teams.items():
+            if team.org is not None and team.org not in self.orgs:
+                known = ", ".join(sorted(self.orgs)) or "none defined"
+                raise ValueError(f"team {name} names org {team.org!r}, which is not under orgs: ({known})")
+        if self.unknown_teams == "reject" and not self.teams:
+            raise ValueError("unknown_teams: reject needs at least one team under teams:")
+        return self
+
+    def to_policy(self) -> core.Policy:
+        teams = {
+            name: core.Team(name, t.weight, t.org, dict(t.quota), t.max_borrow, t.max_lend)
+            for name, t in self.teams.items()
+        }
+        if not teams:
+            teams = {core.DEFAULT_TEAM: core.Team(core.DEFAULT_TEAM)}
+        p = self.preemption
+        return core.Policy(
+            teams=teams,
+            orgs={name: core.Org(name, o.weight) for name, o in self.orgs.items()},
+            preemption=core.Preemption(
+                enabled=p.enabled,
+                grace_period_s=_seconds(p.grace_period, "grace_period"),
+                min_runtime_s=_seconds(p.min_runtime, "min_runtime"),
+                protected_classes=frozenset(Priority.parse(c) for c in p.protected_classes),
+                reclaim_quota=p.reclaim_quota,
+            ),
+            fair_share_half_life_s=_seconds(self.fair_share.half_life, "half_life"),
+            fair_share=self.fair_share.enabled,
+            priorities=self.priorities,
+            backfill=self.backfill.enabled,
+            default_time_limit_s=_seconds(self.backfill.default_time_limit, "default_time_limit"),
+            starvation_age_s=_seconds(self.starvation_age, "starvation_age"),
+            allow_unknown_teams=self.unknown_teams == "allow",
+        )
+
+
+def load_policy(source: str | Path) -> core.Policy:
+    """A policy from a YAML file, or a shipped baseline by name (fifo, priority, default)."""
+    if isinstance(source, str) and source in core.BUILTIN_POLICIES:
+        return core.BUILTIN_POLICIES[source]()
+    path = Path(source)
+    data, node = read_yaml(path, "policy file")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyFileError(f"{path}: a policy is a mapping (teams:, preemption:, ...), not {type(data).__name__}")
+    parsed: PolicyIn = validate(PolicyIn, data, path, node)
+    return parsed.to_policy()

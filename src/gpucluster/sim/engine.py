@@ -1,0 +1,643 @@
+"""The event loop: replay a workload through the real scheduler on a virtual clock.
+
+Why it is built this way (a million jobs must replay in minutes):
+- Arrivals come from the sorted trace, merged with a small heap of the other events (ends,
+  checkpoints, stops, failures, repairs), so the heap holds only what is in flight.
+- All events at one timestamp are applied, then the scheduler is called once, and only if the
+  queue is not empty and something it could react to changed (a job arrived or came back, GPUs
+  were freed, a node came or went): the head's own rule (head/loop.py).
+- Per event the loop does O(1) Python work plus O(GPUs of the job); the snapshot's tuples are
+  built from dicts kept up to date, at C speed. Stale events (of an interrupted attempt) are
+  skipped by a per-job token instead of being searched for and removed.
+- Failures draw from a stream seeded from the run's seed alone, so every policy of a
+  comparison sees the same failures at the same times.
+
+The plan is checked before it is applied (a queued job; GPUs on a live node with room for the
+share; the GPUs the job asked for): a plan that breaks the rules stops the run with
+SimulationError, so "GPU-seconds used never exceed capacity" holds by construction.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from array import array
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import accumulate, count
+
+from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob, Start
+from gpucluster.sim import scheduling
+from gpucluster.sim.errors import SimulationError
+from gpucluster.sim.runtime import Progress, Timeline, allreduce_slowdown, checkpoint_interval, progress, timeline
+from gpucluster.sim.scheduling import SimPolicy, Usage
+from gpucluster.sim.spec import ClusterSpec, NodeGroup
+from gpucluster.sim.workload import TraceJob
+
+INF = math.inf
+EPS = 1e-9
+
+# event kinds
+_END, _STOPPED, _CKPT, _FAIL, _REPAIR, _REPLAN = range(6)
+# job states
+QUEUED, RUNNING, STOPPING = 0, 1, 2
+# outcomes
+SUCCEEDED, FAILED_TIME_LIMIT, FAILED_RESTARTS, NEVER_STARTED = 0, 1, 2, 3
+# per-team totals: GPU-seconds allocated, money, kWh, GPU-seconds writing periodic checkpoints,
+# lost to failures (work since the last checkpoint + restart time), lost to preemption (the
+# checkpoint written on preemption, work it could not save, restart time)
+USED, COST, ENERGY, CKPT, LOST_FAIL, LOST_PREEMPT = range(6)
+CATEGORY_COUNT = 6
+
+
+class SimJob:
+    """A job of the trace while it is in the system (queued, running or stopping)."""
+
+    __slots__ = (
+        "attempts",
+        "cause",
+        "first_start",
+        "held",
+        "interval",
+        "keys",
+        "plan",
+        "power_w",
+        "price_s",
+        "rate",
+        "request",
+        "restarts",
+        "run_start",
+        "saves_on_stop",
+        "startup",
+        "state",
+        "stop_elapsed",
+        "team",
+        "token",
+        "trace",
+        "work_left",
+    )
+
+    def __init__(self, trace: TraceJob, request: JobRequest, interval: float | None, team: int) -> None:
+        self.trace = trace
+        self.request = request
+        self.interval = interval
+        self.team = team
+        self.state = QUEUED
+        self.token = 0  # bumped whenever this job's scheduled events become stale
+        self.attempts = 0
+        self.restarts = 0
+        self.work_left = trace.duration  # seconds of work at speed 1.0
+        self.first_start = -1.0
+        self.run_start = 0.0
+        self.rate = 1.0
+        self.startup = 0.0
+        self.plan = Timeline(0.0, 0)
+        self.keys: tuple[tuple[str, int, float], ...] = ()  # (node, GPU index, share) held
+        self.held = 0.0  # GPUs held (a fraction for a shared GPU)
+        self.price_s = 0.0
+        self.power_w = 0.0
+        self.cause = LOST_FAIL  # what the next attempt's restart time is charged to
+        self.stop_elapsed = INF  # when stopping: the attempt's elapsed time at which computing stopped
+        self.saves_on_stop = True
+
+
+@dataclass
+class Series:
+    """Time series on a fixed grid of `bin_s` seconds, for plots."""
+
+    bin_s: float
+    busy_gpu_s: list[float] = field(default_factory=list)  # integrated exactly per bin
+    up_gpu_s: list[float] = field(default_factory=list)
+    queued_jobs: list[int] = field(default_factory=list)  # sampled at each bin's end
+    running_jobs: list[int] = field(default_factory=list)
+    jain: list[float] = field(default_factory=list)  # fairness at each bin's end (nan: no contention)
+
+
+@dataclass
+class RunResult:
+    """Everything a finished run knows; metrics.py turns it into numbers."""
+
+    policy: SimPolicy
+    teams: list[str]
+    submit: array[float] = field(default_factory=lambda: array("d"))
+    first_start: array[float] = field(default_factory=lambda: array("d"))
+    end: array[float] = field(default_factory=lambda: array("d"))
+    team: array[int] = field(default_factory=lambda: array("i"))
+    outcome: array[int] = field(default_factory=lambda: array("b"))
+    team_totals: list[list[float]] = field(default_factory=list)  # team -> [USED, COST, ...]
+    group_busy_gpu_s: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> jobs
+    skipped_gpu_s: float = 0.0
+    series: Series = field(default_factory=lambda: Series(3600.0))
+    first_submit: float = 0.0
+    last_end: float = 0.0
+    busy_gpu_s: float = 0.0
+    up_gpu_s: float = 0.0
+    node_failures: int = 0
+    interruptions: int = 0
+    preemptions: int = 0
+    restarts: int = 0
+    # performance, not part of the deterministic metrics
+    events: int = 0
+    decide_calls: int = 0
+    decide_s: float = 0.0
+    decide_queue_max: int = 0
+    decide_queue_sum: int = 0
+    decide_running_max: int = 0
+    decide_times: array[float] = field(default_factory=lambda: array("d"))
+    wall_s: float = 0.0
+
+
+ProgressFn = Callable[[int, int, float], None]
+
+
+class Engine:
+    """One simulation of one policy over one workload on one cluster."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        jobs: list[TraceJob],
+        policy: SimPolicy,
+        seed: int,
+        *,
+        bin_s: float | None = None,
+        on_progress: ProgressFn | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.spec = spec
+        self.jobs = jobs
+        self.policy = policy
+        self.clock = clock  # wall clock, for the performance figures only
+        self.on_progress = on_progress
+        pairs = spec.nodes()
+        self._all_nodes: tuple[Node, ...] = tuple(n for n, _ in pairs)
+        self._group: dict[str, NodeGroup] = {n.name: g for n, g in pairs}
+        self._size: dict[str, int] = {n.name: len(n.gpus) for n in self._all_nodes}
+        self._cum_gpus = list(accumulate(len(n.gpus) for n in self._all_nodes))
+        self._down: set[str] = set()
+        self._nodes: tuple[Node, ...] = self._all_nodes  # the live ones, in spec order
+        self._up_gpus = spec.total_gpus
+        self._queued: dict[int, JobRequest] = {}
+        self._running: dict[int, RunningJob] = {}
+        self._active: dict[int, SimJob] = {}
+        self._used: dict[tuple[str, int], float] = {}  # GPU -> share in use
+        self._busy_gpus = 0.0
+        self._heap: list[tuple[float, int, int, int, int]] = []
+        self._seq = count()
+        self._dirty = False
+        self._replan_pending = False
+        self._repairs_pending = 0
+        self._feasible: dict[tuple[object, ...], str | None] = {}
+        self._intervals: dict[tuple[object, float], float | None] = {}
+        self._usage = Usage(policy) if policy.fair_share else None
+        teams = sorted({j.team for j in jobs})
+        self._team_index = {t: i for i, t in enumerate(teams)}
+        self._team_running = [0.0] * len(teams)
+        self._team_queued = [0.0] * len(teams)
+        self._weights = [policy.entitlement(t) for t in teams]
+        self._fail_rng = random.Random(f"{seed}/failures")
+        self.result = RunResult(policy=policy, teams=teams)
+        self.result.team_totals = [[0.0] * CATEGORY_COUNT for _ in teams]
+        self.result.group_busy_gpu_s = {g.name: 0.0 for g in spec.groups}
+        last_submit = jobs[-1].submit if jobs else 0.0
+        self.result.series = Series(bin_s or nice_bin(last_submit + _p99_duration(jobs)))
+        self._last_t = 0.0
+        self._next_sample = self.result.series.bin_s
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        started = self.clock()
+        res = self.result
+        jobs, heap = self.jobs, self._heap
+        n, i = len(jobs), 0
+        fail_rate = self.spec.failures.gpu_failures_per_day * self.spec.total_gpus / 86400.0
+        if fail_rate > 0 and jobs:
+            self._push(self._fail_rng.expovariate(fail_rate), _FAIL, 0, 0)
+        res.first_submit = jobs[0].submit if jobs else 0.0
+        loops = 0
+        while True:
+            t = jobs[i].submit if i < n else INF
+            if heap and heap[0][0] < t:
+                t = heap[0][0]
+            if t == INF or (i >= n and not self._active):
+                break
+            if i >= n and not self._running and not self._repairs_pending and not self._replan_pending:
+                break  # nothing runs and nothing will change: what is queued can never start
+            self._advance(t)
+            while i < n and jobs[i].submit == t:
+                self._arrive(jobs[i], t)
+                i += 1
+            while heap and heap[0][0] == t:
+                _, _, kind, a, b = heapq.heappop(heap)
+                res.events += 1
+                if kind == _END:
+                    self._on_end(a, b, t)
+                elif kind == _CKPT:
+                    self._on_checkpoint(a, b, t)
+                elif kind == _STOPPED:
+                    self._on_stopped(a, b, t)
+                elif kind == _FAIL:
+                    self._on_failure(t, fail_rate)
+                elif kind == _REPAIR:
+                    self._on_repair(a)
+                else:
+                    self._replan_pending = False
+                    self._dirty = True
+            if self._dirty:
+                self._dirty = False
+                if self._queued:
+                    self._schedule(t)
+            loops += 1
+            if self.on_progress is not None and loops & 1023 == 0:
+                self.on_progress(len(res.end) + sum(res.skipped.values()), n, t)
+        res.events += i
+        for job in list(self._active.values()):
+            self._record(job, -1.0, NEVER_STARTED)
+        self._active.clear()
+        res.last_end = max(res.end) if len(res.end) else res.first_submit
+        self._advance(max(res.last_end, self._last_t))
+        self._close_series()
+        res.wall_s = self.clock() - started
+        if self.on_progress is not None:
+            self.on_progress(n, n, res.last_end)
+        return res
+
+    def _push(self, t: float, kind: int, a: int, b: int) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, a, b))
+
+    # ---- arrivals and the scheduler -----------------------------------------------------------
+
+    def _arrive(self, trace: TraceJob, now: float) -> None:
+        request = scheduling.job_request(trace)
+        why = self._infeasible(request, now)
+        if why is not None:
+            res = self.result
+            res.skipped[why] = res.skipped.get(why, 0) + 1
+            res.skipped_gpu_s += trace.duration * trace.gpus
+            return
+        job = SimJob(trace, request, self._interval(trace), self._team_index[trace.team])
+        self._active[trace.job_id] = job
+        self._enqueue(job)
+
+    def _enqueue(self, job: SimJob) -> None:
+        job.state = QUEUED
+        self._queued[job.trace.job_id] = job.request
+        self._team_queued[job.team] += job.trace.gpus
+        self._dirty = True
+
+    def _infeasible(self, request: JobRequest, now: float) -> str | None:
+        """Why the scheduler could never start this job, asked of the scheduler itself: would it
+        start the job alone on the whole cluster, every node up? Cached per kind of request."""
+        key: tuple[object, ...] = (
+            request.gpus,
+            request.gpu_types,
+            request.gpu_memory_mb,
+            request.min_gpu_memory_mb,
+            request.nodes,
+            request.team if self.policy.has_quotas else "",
+        )
+        if key not in self._feasible:
+            probe = scheduling.snapshot(self._all_nodes, (), (request,), {})
+            plan = scheduling.decide(probe, self.policy, now)
+            if any(s.job_id == request.job_id for s in plan.starts):
+                self._feasible[key] = None
+            else:
+                said = scheduling.wait_message(plan, request.job_id)
+                self._feasible[key] = f"the scheduler would not start it even on the empty cluster: {said}"
+        return self._feasible[key]
+
+    def _interval(self, trace: TraceJob) -> float | None:
+        rule = self.spec.checkpoints.interval if trace.checkpoint == "spec" else trace.checkpoint
+        key = (rule, trace.gpus)
+        if key not in self._intervals:
+            f, c = self.spec.failures, self.spec.checkpoints
+            gpus = max(1.0, trace.gpus)
+            self._intervals[key] = checkpoint_interval(rule, gpus, f.gpu_failures_per_day, c.cost_s)  # type: ignore[arg-type]
+        return self._intervals[key]
+
+    def _schedule(self, now: float) -> None:
+        res = self.result
+        usage = self._usage.at(now) if self._usage is not None else {}
+        snap = scheduling.snapshot(self._nodes, tuple(self._running.values()), tuple(self._queued.values()), usage)
+        t0 = self.clock()
+        plan = scheduling.decide(snap, self.policy, now)
+        spent = self.clock() - t0
+        res.decide_calls += 1
+        res.decide_s += spent
+        res.decide_times.append(spent)
+        res.decide_queue_sum += len(snap.queued)
+        res.decide_queue_max = max(res.decide_queue_max, len(snap.queued))
+        res.decide_running_max = max(res.decide_running_max, len(snap.running))
+        for victim in scheduling.preemptions(plan):
+            self._preempt(victim, now)
+        for start in plan.starts:
+            self._start(start, now)
+        if self.spec.replan_every_s and self._queued and not self._replan_pending:
+            self._replan_pending = True
+            self._push(now + self.spec.replan_every_s, _REPLAN, 0, 0)
+
+    # ---- starting and ending attempts ---------------------------------------------------------
+
+    def _start(self, start: Start, now: float) -> None:
+        job = self._active.get(start.job_id)
+        if job is None or job.state != QUEUED:
+            raise SimulationError(f"t={now}: the plan starts job {start.job_id}, which is not queued")
+        alloc = start.allocation
+        self._claim(job, alloc, now)
+        del self._queued[start.job_id]
+        team = job.team
+        self._team_queued[team] -= job.trace.gpus
+        self._team_running[team] += job.held
+        if self._usage is not None:
+            self._usage.change(job.trace.team, job.held, now)
+        self._running[start.job_id] = scheduling.running_job(job.request, alloc, now)
+        self._busy_gpus += job.held
+        speed, price_s, power_w = INF, 0.0, 0.0
+        for s in alloc.slices:
+            g = self._group[s.node]
+            speed = min(speed, self.spec.speed(g.gpu_model))
+            gpus = len(s.gpu_indices) * s.share
+            price_s += gpus * g.price_per_gpu_hour / 3600.0
+            power_w += gpus * g.power_busy_w
+        if len(alloc.slices) > 1:
+            g = self._group[alloc.slices[0].node]
+            gpus = int(alloc.gpu_count)
+            speed /= allreduce_slowdown(self.spec.allreduce, gpus, len(alloc.slices), g.nvlink_gbps, g.network_gbps)
+        job.state = RUNNING
+        job.price_s = price_s
+        job.power_w = power_w
+        job.rate = speed
+        job.startup = self.spec.checkpoints.restart_s if job.attempts > 0 else 0.0
+        job.attempts += 1
+        job.run_start = now
+        if job.first_start < 0:
+            job.first_start = now
+        cost = self.spec.checkpoints.cost_s
+        job.plan = timeline(job.work_left / speed, job.interval, cost, job.startup)
+        job.token += 1
+        limit = job.trace.time_limit
+        end = now + (job.plan.total_s if limit is None or job.plan.total_s <= limit else limit)
+        self._push(end, _END, start.job_id, job.token)
+        if job.plan.checkpoints and job.interval is not None:
+            self._push(now + job.startup + job.interval + cost, _CKPT, start.job_id, job.token)
+
+    def _claim(self, job: SimJob, alloc: Allocation, now: float) -> None:
+        jid = job.trace.job_id
+        want = job.trace.gpus
+        got = alloc.gpu_count
+        if (want >= 1 and abs(got - want) > EPS) or got <= 0 or got > max(want, 1.0) + EPS:
+            raise SimulationError(f"t={now}: job {jid} asked for {want:g} GPUs and was given {got:g}")
+        keys = []
+        for s in alloc.slices:
+            size = self._size.get(s.node)
+            for i in s.gpu_indices:
+                if size is None or s.node in self._down or not 0 <= i < size:
+                    raise SimulationError(f"t={now}: job {jid} placed on {s.node} GPU {i}, which is not up")
+                used = self._used.get((s.node, i), 0.0) + s.share
+                if used > 1.0 + EPS:
+                    raise SimulationError(f"t={now}: job {jid} placed on {s.node} GPU {i}, which is already in use")
+                keys.append((s.node, i, s.share))
+        for node, i, share in keys:
+            self._used[(node, i)] = self._used.get((node, i), 0.0) + share
+        job.keys = tuple(keys)
+        job.held = got
+
+    def _release(self, job: SimJob, now: float, lost_to: int, saved_all: bool) -> Progress:
+        """Free the job's GPUs and charge the attempt's GPU time to its team, by category.
+
+        `saved_all`: the attempt's work is kept (it ended, or checkpointed when stopped); else
+        the work since its last checkpoint is lost, charged to `lost_to`, as is any time spent
+        on a stop."""
+        jid = job.trace.job_id
+        del self._running[jid]
+        for node, i, share in job.keys:
+            left = self._used[(node, i)] - share
+            if left <= EPS:
+                del self._used[(node, i)]
+            else:
+                self._used[(node, i)] = left
+        held = job.held
+        self._busy_gpus -= held
+        self._team_running[job.team] -= held
+        if self._usage is not None:
+            self._usage.change(job.trace.team, -held, now)
+        elapsed = now - job.run_start
+        computing = min(elapsed, job.stop_elapsed)
+        p = progress(computing, job.plan, job.interval, self.spec.checkpoints.cost_s, job.startup)
+        unsaved = 0.0 if saved_all else p.computed_s - p.saved_s + p.partial_write_s
+        totals = self.result.team_totals[job.team]
+        totals[USED] += elapsed * held
+        totals[COST] += elapsed * job.price_s
+        totals[ENERGY] += elapsed * job.power_w / 3.6e6
+        totals[CKPT] += p.checkpoint_s * held
+        totals[job.cause] += p.startup_s * held
+        totals[lost_to] += (unsaved + elapsed - computing) * held
+        busy = self.result.group_busy_gpu_s
+        for node, _, share in job.keys:
+            busy[self._group[node].name] += elapsed * share
+        job.keys = ()
+        job.held = 0.0
+        job.stop_elapsed = INF
+        return p
+
+    def _on_end(self, job_id: int, token: int, now: float) -> None:
+        job = self._active.get(job_id)
+        if job is None or job.token != token or job.state != RUNNING:
+            return  # an attempt that was interrupted meanwhile
+        timed_out = now - job.run_start < job.plan.total_s - EPS
+        self._release(job, now, LOST_FAIL, saved_all=True)
+        self._dirty = True
+        self._finish(job, now, FAILED_TIME_LIMIT if timed_out else SUCCEEDED)
+
+    def _on_checkpoint(self, job_id: int, token: int, now: float) -> None:
+        """The job finished writing a periodic checkpoint: it reports it, as a live job would."""
+        job = self._active.get(job_id)
+        if job is None or job.token != token or job.state != RUNNING or job.interval is None:
+            return
+        self._running[job_id] = scheduling.checkpointed(self._running[job_id], now)
+        done = round((now - job.run_start - job.startup) / (job.interval + self.spec.checkpoints.cost_s))
+        if done < job.plan.checkpoints:
+            self._push(now + job.interval + self.spec.checkpoints.cost_s, _CKPT, job_id, token)
+
+    def _finish(self, job: SimJob, now: float, outcome: int) -> None:
+        del self._active[job.trace.job_id]
+        self._record(job, now, outcome)
+
+    def _record(self, job: SimJob, now: float, outcome: int) -> None:
+        res = self.result
+        res.submit.append(job.trace.submit)
+        res.first_start.append(job.first_start)
+        res.end.append(now)
+        res.team.append(job.team)
+        res.outcome.append(outcome)
+
+    # ---- interruptions ----------------------------------------------------------------------
+
+    def _preempt(self, job_id: int, now: float) -> None:
+        """The plan stops a running job: like on the live head it gets SIGTERM, writes a
+        checkpoint (if it checkpoints at all and the grace period allows) and exits; its GPUs
+        stay held until then. Then it goes back to the queue."""
+        job = self._active.get(job_id)
+        if job is None or job.state == STOPPING:
+            return
+        if job.state != RUNNING:
+            raise SimulationError(f"t={now}: the plan preempts job {job_id}, which is not running")
+        cost, grace = self.spec.checkpoints.cost_s, self.policy.grace_period_s
+        job.saves_on_stop = job.interval is not None and cost <= grace
+        job.stop_elapsed = now - job.run_start
+        job.state = STOPPING
+        job.token += 1
+        self._running[job_id] = scheduling.stopping(self._running[job_id])
+        self.result.preemptions += 1
+        delay = cost if job.saves_on_stop else (0.0 if job.interval is None else grace)
+        self._push(now + delay, _STOPPED, job_id, job.token)
+
+    def _on_stopped(self, job_id: int, token: int, now: float) -> None:
+        job = self._active.get(job_id)
+        if job is None or job.token != token or job.state != STOPPING:
+            return
+        saves = job.saves_on_stop
+        p = self._release(job, now, LOST_PREEMPT, saved_all=saves)
+        job.work_left = max(0.0, job.work_left - (p.computed_s if saves else p.saved_s) * job.rate)
+        job.cause = LOST_PREEMPT
+        self._dirty = True
+        self._enqueue(job)
+
+    def _on_failure(self, now: float, rate: float) -> None:
+        self._push(now + self._fail_rng.expovariate(rate), _FAIL, 0, 0)
+        gpu = self._fail_rng.randrange(self.spec.total_gpus)
+        index = bisect_right(self._cum_gpus, gpu)
+        node = self._all_nodes[index].name
+        if node in self._down:
+            return  # its node is already down: no new failure (keeps the rate per live GPU)
+        res = self.result
+        res.node_failures += 1
+        self._down.add(node)
+        self._nodes = tuple(n for n in self._all_nodes if n.name not in self._down)
+        self._up_gpus -= self._size[node]
+        self._repairs_pending += 1
+        self._push(now + self.spec.failures.node_repair_s, _REPAIR, index, 0)
+        self._dirty = True
+        hit = [jid for jid, rj in self._running.items() if any(s.node == node for s in rj.allocation.slices)]
+        for jid in hit:
+            res.interruptions += 1
+            self._interrupt(self._active[jid], now)
+
+    def _interrupt(self, job: SimJob, now: float) -> None:
+        """A failure stopped the job: keep its work up to the last checkpoint and requeue it,
+        up to `max_restarts` times (then it fails, as on the live head)."""
+        p = self._release(job, now, LOST_FAIL, saved_all=False)
+        job.work_left = max(0.0, job.work_left - p.saved_s * job.rate)
+        job.token += 1
+        job.cause = LOST_FAIL
+        if job.restarts >= self.spec.failures.max_restarts:
+            self._finish(job, now, FAILED_RESTARTS)
+            return
+        job.restarts += 1
+        self.result.restarts += 1
+        self._enqueue(job)
+
+    def _on_repair(self, node_index: int) -> None:
+        node = self._all_nodes[node_index]
+        self._down.discard(node.name)
+        self._nodes = tuple(n for n in self._all_nodes if n.name not in self._down)
+        self._up_gpus += len(node.gpus)
+        self._repairs_pending -= 1
+        self._dirty = True
+
+    # ---- time series ------------------------------------------------------------------------
+
+    def _advance(self, t: float) -> None:
+        """Integrate busy and live GPU-seconds up to t, taking the samples due on the way."""
+        bin_s = self.result.series.bin_s
+        while self._next_sample <= t:
+            self._integrate(self._next_sample)
+            self._sample()
+            self._next_sample += bin_s
+        self._integrate(t)
+
+    def _integrate(self, t: float) -> None:
+        dt = t - self._last_t
+        if dt <= 0:
+            return
+        res, series = self.result, self.result.series
+        res.busy_gpu_s += self._busy_gpus * dt
+        res.up_gpu_s += self._up_gpus * dt
+        b = int(self._last_t // series.bin_s)
+        while len(series.busy_gpu_s) <= b:
+            series.busy_gpu_s.append(0.0)
+            series.up_gpu_s.append(0.0)
+        series.busy_gpu_s[b] += self._busy_gpus * dt
+        series.up_gpu_s[b] += self._up_gpus * dt
+        self._last_t = t
+
+    def _sample(self) -> None:
+        series = self.result.series
+        series.queued_jobs.append(len(self._queued))
+        series.running_jobs.append(len(self._running))
+        series.jain.append(self._jain())
+
+    def _jain(self) -> float:
+        """Jain's index of each team's GPUs against its fair share of what it asked for.
+
+        Fair shares are the policy's entitlements applied by weighted max-min (water-filling)
+        to the live GPUs, capped by each team's demand (running + queued GPUs); NaN when the
+        demand fits the cluster (no contention, nothing to be fair about)."""
+        demand = [r + q for r, q in zip(self._team_running, self._team_queued, strict=True)]
+        if sum(demand) <= self._up_gpus + EPS:
+            return math.nan
+        active = [k for k, d in enumerate(demand) if d > EPS]
+        fair = water_fill(self._up_gpus, [demand[k] for k in active], [self._weights[k] for k in active])
+        x = [self._team_running[k] / f for k, f in zip(active, fair, strict=True) if f > EPS]
+        squares = sum(v * v for v in x)
+        return sum(x) ** 2 / (len(x) * squares) if x and squares > 0 else 0.0
+
+    def _close_series(self) -> None:
+        series = self.result.series
+        while len(series.queued_jobs) < len(series.busy_gpu_s):
+            self._sample()
+        n = len(series.queued_jobs)
+        for lst in (series.busy_gpu_s, series.up_gpu_s):
+            lst.extend([0.0] * (n - len(lst)))
+
+
+def water_fill(capacity: float, demands: list[float], weights: list[float]) -> list[float]:
+    """Weighted max-min fair shares of `capacity`, none above its demand."""
+    shares = [0.0] * len(demands)
+    left = list(range(len(demands)))
+    cap = float(capacity)
+    while left and cap > EPS:
+        total_w = sum(weights[k] for k in left)
+        if total_w <= 0:
+            break
+        per_w = cap / total_w
+        sated = [k for k in left if demands[k] - shares[k] <= per_w * weights[k]]
+        if not sated:
+            for k in left:
+                shares[k] += per_w * weights[k]
+            break
+        for k in sated:
+            cap -= demands[k] - shares[k]
+            shares[k] = demands[k]
+        left = [k for k in left if k not in sated]
+    return shares
+
+
+def nice_bin(span_s: float) -> float:
+    """A readable bin width giving at most ~1000 points over `span_s`."""
+    for b in (60, 300, 600, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400):
+        if span_s / b <= 1000:
+            return float(b)
+    return float(30 * 86400)
+
+
+def _p99_duration(jobs: list[TraceJob]) -> float:
+    if not jobs:
+        return 0.0
+    durations = sorted(j.duration for j in jobs[:: max(1, len(jobs) // 10000)])
+    return durations[int(0.99 * (len(durations) - 1))]

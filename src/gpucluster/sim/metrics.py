@@ -1,0 +1,238 @@
+"""From a finished run to the numbers a planning team reads (all of metrics.json).
+
+Definitions (also in README.md):
+- JCT (job completion time) = end - submission, over jobs that ended; queueing delay = first
+  start - submission, over jobs that started. Percentiles are nearest-rank on the sorted values.
+- Utilisation = busy GPU-seconds / live GPU-seconds (nodes down for repair excluded) from the
+  first submission to the last end; `of_installed` divides by every installed GPU instead.
+- Fairness: at the end of every plot bin where demand exceeds the live GPUs, Jain's index of
+  x_t = team t's GPUs / its weighted max-min fair share of the live GPUs (capped by its demand);
+  reported as the mean over those contended samples (1 = perfectly fair; 1/n = one team has all).
+- GPU-hours: allocated = held by jobs; lost to failures = work since the last checkpoint plus
+  restart time after a failure; lost to preemption = the checkpoint written on preemption plus
+  restart time after it; checkpoint = periodic checkpoint writes; useful = the rest.
+- Cost: allocated GPU-hours x their group's price, per team; idle = the unallocated GPU-hours of
+  the makespan at the same prices. Energy: busy power x allocated hours per team, idle power x
+  idle hours for the rest.
+Everything is rounded so the same seed gives byte-identical output.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import Any
+
+from gpucluster.sim.engine import (
+    CKPT,
+    COST,
+    ENERGY,
+    FAILED_RESTARTS,
+    FAILED_TIME_LIMIT,
+    LOST_FAIL,
+    LOST_PREEMPT,
+    NEVER_STARTED,
+    SUCCEEDED,
+    USED,
+    RunResult,
+)
+from gpucluster.sim.spec import ClusterSpec
+from gpucluster.sim.workload import Trace
+
+H = 3600.0
+
+
+def r(x: float, digits: int = 3) -> float:
+    """Round for stable, readable JSON (and -0.0 -> 0.0)."""
+    if math.isnan(x) or math.isinf(x):
+        return x
+    return round(x, digits) + 0.0
+
+
+def stats(values: list[float]) -> dict[str, float | int]:
+    """count, mean, median, p90, p99, max; nearest-rank percentiles."""
+    if not values:
+        return {"count": 0}
+    v = sorted(values)
+    n = len(v)
+
+    def pct(p: float) -> float:
+        return v[max(0, math.ceil(p / 100.0 * n) - 1)]
+
+    return {
+        "count": n,
+        "mean": r(math.fsum(v) / n),
+        "median": r(pct(50)),
+        "p90": r(pct(90)),
+        "p99": r(pct(99)),
+        "max": r(v[-1]),
+    }
+
+
+def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
+    """Every number of one policy's run."""
+    ended = [i for i, e in enumerate(res.end) if e >= 0]
+    jct = [res.end[i] - res.submit[i] for i in ended]
+    started = [i for i, s in enumerate(res.first_start) if s >= 0]
+    delay = [res.first_start[i] - res.submit[i] for i in started]
+    makespan = max(0.0, res.last_end - res.first_submit)
+    totals = res.team_totals
+    used = math.fsum(t[USED] for t in totals)
+    ckpt = math.fsum(t[CKPT] for t in totals)
+    lost_f = math.fsum(t[LOST_FAIL] for t in totals)
+    lost_p = math.fsum(t[LOST_PREEMPT] for t in totals)
+    installed = spec.total_gpus * makespan
+    idle_cost = 0.0
+    idle_kwh = 0.0
+    for g in spec.groups:
+        idle_s = max(0.0, g.gpus * makespan - res.group_busy_gpu_s.get(g.name, 0.0))
+        idle_cost += idle_s * g.price_per_gpu_hour / H
+        idle_kwh += idle_s * g.power_idle_w / 3.6e6
+    attributed = math.fsum(t[COST] for t in totals)
+    busy_kwh = math.fsum(t[ENERGY] for t in totals)
+    contended = [j for j in res.series.jain if not math.isnan(j)]
+    outcomes = array("i", [0, 0, 0, 0])
+    for o in res.outcome:
+        outcomes[o] += 1
+    return {
+        "policy": res.policy.name,
+        "policy_source": res.policy.source,
+        "jobs": {
+            "simulated": len(res.outcome),
+            "succeeded": outcomes[SUCCEEDED],
+            "failed_time_limit": outcomes[FAILED_TIME_LIMIT],
+            "failed_too_many_restarts": outcomes[FAILED_RESTARTS],
+            "never_started": outcomes[NEVER_STARTED],
+            "skipped": sum(res.skipped.values()),
+            "skipped_reasons": dict(sorted(res.skipped.items())),
+            "skipped_gpu_hours": r(res.skipped_gpu_s / H),
+        },
+        "jct_s": stats(jct),
+        "queueing_delay_s": stats(delay),
+        "makespan_s": r(makespan),
+        "utilisation": {
+            "mean": r(res.busy_gpu_s / res.up_gpu_s if res.up_gpu_s else 0.0, 4),
+            "of_installed": r(res.busy_gpu_s / installed if installed else 0.0, 4),
+        },
+        "fairness": {
+            "jain_mean_contended": r(math.fsum(contended) / len(contended), 4) if contended else None,
+            "jain_min_contended": r(min(contended), 4) if contended else None,
+            "contended_fraction": r(len(contended) / len(res.series.jain), 4) if res.series.jain else 0.0,
+        },
+        "gpu_hours": {
+            "installed": r(installed / H),
+            "allocated": r(used / H),
+            "useful": r((used - ckpt - lost_f - lost_p) / H),
+            "checkpoint_writes": r(ckpt / H),
+            "lost_to_failures": r(lost_f / H),
+            "lost_to_preemption": r(lost_p / H),
+            "idle": r(max(0.0, installed - used) / H),
+        },
+        "failures": {
+            "node_failures": res.node_failures,
+            "jobs_interrupted": res.interruptions,
+            "restarts": res.restarts,
+        },
+        "preemptions": res.preemptions,
+        "cost": {"attributed": r(attributed, 2), "idle": r(idle_cost, 2), "total": r(attributed + idle_cost, 2)},
+        "energy_kwh": {"busy": r(busy_kwh, 2), "idle": r(idle_kwh, 2), "total": r(busy_kwh + idle_kwh, 2)},
+        "per_team": _per_team(res, jct, delay, ended, started, used),
+        "series": {
+            "bin_s": res.series.bin_s,
+            "utilisation": [
+                r(b / u if u else 0.0, 4) for b, u in zip(res.series.busy_gpu_s, res.series.up_gpu_s, strict=True)
+            ],
+            "queued_jobs": list(res.series.queued_jobs),
+            "running_jobs": list(res.series.running_jobs),
+        },
+    }
+
+
+def _per_team(
+    res: RunResult, jct: list[float], delay: list[float], ended: list[int], started: list[int], used: float
+) -> dict[str, Any]:
+    teams = res.teams
+    jct_by: list[list[float]] = [[] for _ in teams]
+    delay_by: list[list[float]] = [[] for _ in teams]
+    count = [0] * len(teams)
+    for t in res.team:
+        count[t] += 1
+    for i, v in zip(ended, jct, strict=True):
+        jct_by[res.team[i]].append(v)
+    for i, v in zip(started, delay, strict=True):
+        delay_by[res.team[i]].append(v)
+    out: dict[str, Any] = {}
+    for k, team in enumerate(teams):
+        tot = res.team_totals[k]
+        out[team] = {
+            "jobs": count[k],
+            "jct_s": stats(jct_by[k]),
+            "queueing_delay_s": stats(delay_by[k]),
+            "gpu_hours": r(tot[USED] / H),
+            "share_of_gpu_hours": r(tot[USED] / used if used else 0.0, 4),
+            "entitlement": r(res.policy.entitlement(team), 4),
+            "lost_gpu_hours": r((tot[LOST_FAIL] + tot[LOST_PREEMPT]) / H),
+            "cost": r(tot[COST], 2),
+            "energy_kwh": r(tot[ENERGY], 2),
+        }
+    return out
+
+
+def comparison(per_policy: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per policy; `vs_fifo` = FIFO's mean / this policy's mean (> 1: better than FIFO)."""
+    base = next((m for m in per_policy if m["policy"] == "fifo"), per_policy[0] if per_policy else None)
+    rows = []
+    for m in per_policy:
+        jct, qd = m["jct_s"], m["queueing_delay_s"]
+        row = {
+            "policy": m["policy"],
+            "jct_mean_s": jct.get("mean"),
+            "jct_median_s": jct.get("median"),
+            "jct_p99_s": jct.get("p99"),
+            "queueing_delay_mean_s": qd.get("mean"),
+            "queueing_delay_p99_s": qd.get("p99"),
+            "makespan_s": m["makespan_s"],
+            "utilisation": m["utilisation"]["mean"],
+            "jain_mean_contended": m["fairness"]["jain_mean_contended"],
+            "gpu_hours_lost": r(m["gpu_hours"]["lost_to_failures"] + m["gpu_hours"]["lost_to_preemption"]),
+            "cost_total": m["cost"]["total"],
+            "baseline": base["policy"] if base else None,
+        }
+        if base is not None:
+            bj, bq = base["jct_s"].get("mean"), base["queueing_delay_s"].get("mean")
+            row["jct_mean_vs_baseline"] = r(bj / jct["mean"], 3) if bj and jct.get("mean") else None
+            row["queueing_delay_mean_vs_baseline"] = r(bq / qd["mean"], 3) if bq and qd.get("mean") else None
+        rows.append(row)
+    return rows
+
+
+def inputs_metrics(spec: ClusterSpec, trace: Trace, seed: int) -> dict[str, Any]:
+    by_model: dict[str, int] = {}
+    for g in spec.groups:
+        by_model[g.gpu_model] = by_model.get(g.gpu_model, 0) + g.gpus
+    return {
+        "seed": seed,
+        "cluster": {
+            "name": spec.name,
+            "spec": spec.source,
+            "nodes": sum(g.count for g in spec.groups),
+            "gpus": spec.total_gpus,
+            "gpus_by_model": dict(sorted(by_model.items())),
+            "speeds": dict(sorted(spec.speeds.items())),
+            "gpu_failures_per_day": spec.failures.gpu_failures_per_day,
+            "node_repair_s": spec.failures.node_repair_s,
+            "checkpoint_interval": spec.checkpoints.interval,
+            "checkpoint_cost_s": spec.checkpoints.cost_s,
+            "restart_s": spec.checkpoints.restart_s,
+        },
+        "trace": {
+            "path": trace.path,
+            "format": trace.format,
+            "rows": trace.rows,
+            "jobs_read": len(trace.jobs),
+            "malformed_rows": trace.error_count,
+            "malformed_examples": [{"line": e.line, "error": e.message} for e in trace.errors[:50]],
+            "span_s": r(trace.jobs[-1].submit if trace.jobs else 0.0),
+            "gpu_hours_demanded": r(math.fsum(j.duration * j.gpus for j in trace.jobs) / H),
+        },
+    }

@@ -1,0 +1,328 @@
+"""Trace readers: philly, pollux, tiresias and the native CSV/JSONL, into TraceJobs.
+
+Every row that cannot be used is reported with its line number and why; with `strict` the first
+one stops the read (SimInputError naming file:line). Jobs get ids 1..N in submission order (ties
+in file order) and times relative to the first submission. Formats are described in README.md
+in this folder; `detect_format` tells them apart by their header.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shlex
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpucluster.core.types import Priority
+from gpucluster.durations import parse_duration
+from gpucluster.models import MAX_GPUS_PER_JOB, JobSpec
+from gpucluster.sim.errors import SimInputError
+from gpucluster.sim.fill import Filler, FillError
+from gpucluster.sim.spec import ClusterSpec
+from gpucluster.sim.workload import RawJob, Trace, TraceJob
+
+FORMATS = ("philly", "pollux", "tiresias", "native")
+PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
+POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+TIRESIAS_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration", "interval")
+# The simulator's own fields; the rest of a native row is what `POST /v1/jobs` accepts (JobSpec).
+NATIVE_SIM_FIELDS = ("submit_time", "duration", "checkpoint_interval")
+NATIVE_FIELDS = NATIVE_SIM_FIELDS + tuple(JobSpec.model_fields)
+MAX_DURATION_S = 10 * 365 * 86400.0
+
+
+class RowError(ValueError):
+    """One row is unusable; the message says which field and what is allowed."""
+
+
+def detect_format(path: Path) -> str:
+    """The format named by the file's first line (a CSV header, or a JSON object for native)."""
+    try:
+        with path.open(newline="") as f:
+            first = f.readline()
+    except OSError as e:
+        raise SimInputError(f"{path}: cannot read trace: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise SimInputError(f"{path}: not a text file") from None
+    if first.lstrip().startswith("{"):
+        return "native"
+    header = tuple(c.strip() for c in next(csv.reader([first]), []))
+    if header[: len(PHILLY_COLUMNS)] == PHILLY_COLUMNS:
+        return "philly"
+    if header[: len(POLLUX_COLUMNS)] == POLLUX_COLUMNS:
+        return "pollux"
+    if header[: len(TIRESIAS_COLUMNS)] == TIRESIAS_COLUMNS:
+        return "tiresias"
+    if "submit_time" in header and "duration" in header:
+        return "native"
+    raise SimInputError(
+        f"{path}:1: cannot tell the trace format from this header ({first.strip()[:120]!r}); "
+        f"pass --format ({', '.join(FORMATS)}); README.md in gpucluster/sim describes each"
+    )
+
+
+def read_trace(path: Path, spec: ClusterSpec, seed: int, fmt: str | None = None, strict: bool = False) -> Trace:
+    """Parse, fill and number every job of `path`."""
+    fmt = fmt or detect_format(path)
+    if fmt not in FORMATS:
+        raise SimInputError(f"unknown trace format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    trace = Trace(path=str(path), format=fmt)
+    filler = Filler(spec, seed)
+    rows = _ROW_READERS[fmt]
+    jobs: list[TraceJob] = []
+    try:
+        with path.open(newline="") as f:
+            for line, item in rows(path, f):
+                trace.rows += 1
+                try:
+                    if isinstance(item, RowError):
+                        raise item
+                    jobs.append(filler.fill(item))
+                except (RowError, FillError) as e:
+                    if strict:
+                        raise SimInputError(f"{path}:{line}: {e} (--strict stops at the first bad row)") from None
+                    trace.add_error(line, str(e))
+    except OSError as e:
+        raise SimInputError(f"{path}: cannot read trace: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise SimInputError(f"{path}: not a UTF-8 text file ({e.reason})") from None
+    except csv.Error as e:
+        raise SimInputError(f"{path}: not a readable CSV file: {e}") from None
+    jobs.sort(key=lambda j: (j.submit, j.line))
+    t0 = jobs[0].submit if jobs else 0.0
+    trace.jobs = [j._replace(job_id=i, submit=j.submit - t0) for i, j in enumerate(jobs, start=1)]
+    return trace
+
+
+Rows = Iterator[tuple[int, RawJob | RowError]]
+
+
+def _csv_rows(path: Path, f: Any, expected: tuple[str, ...], parse: Callable[[int, dict[str, str]], RawJob]) -> Rows:
+    reader = csv.reader(f)
+    header = next(reader, None)
+    if header is None:
+        return
+    header = [h.strip() for h in header]
+    missing = [c for c in expected if c not in header]
+    if missing:
+        raise SimInputError(f"{path}:1: the header lacks column(s) {', '.join(missing)}; it has {', '.join(header)}")
+    width = len(header)
+    for row in reader:
+        line = reader.line_num
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue  # blank line
+        if len(row) != width:
+            yield line, RowError(f"has {len(row)} fields; the header has {width}")
+            continue
+        try:
+            yield line, parse(line, dict(zip(header, row, strict=True)))
+        except RowError as e:
+            yield line, e
+
+
+# ---- field parsers: one message per kind of mistake ---------------------------------------
+
+
+def _number(row: dict[str, Any], key: str, minimum: float = 0.0, maximum: float = math.inf) -> float:
+    text = row.get(key)
+    if text is None or (isinstance(text, str) and not text.strip()):
+        raise RowError(f"{key} is missing")
+    if isinstance(text, bool):
+        raise RowError(f"{key} must be a number, not {text!r}")
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise RowError(f"{key} must be a number; got {text!r}") from None
+    if not math.isfinite(v) or v < minimum or v > maximum:
+        raise RowError(f"{key} must be between {minimum:g} and {maximum:g}; got {text!r}")
+    return v
+
+
+def _gpus(row: dict[str, Any], key: str) -> int:
+    v = _number(row, key, 0, MAX_GPUS_PER_JOB)
+    if v < 1 or not v.is_integer():
+        raise RowError(f"{key} must be a whole number of GPUs from 1 to {MAX_GPUS_PER_JOB}; got {row[key]!r}")
+    return int(v)
+
+
+def _seconds(row: dict[str, Any], key: str) -> float:
+    text = row.get(key)
+    if isinstance(text, str) and text.strip() and not _is_number(text):
+        try:
+            v = parse_duration(text)
+        except ValueError as e:
+            raise RowError(f"{key}: {e}") from None
+        if v > MAX_DURATION_S:
+            raise RowError(f"{key} must be at most 10 years; got {text!r}")
+        return v
+    return _number(row, key, 0.0, MAX_DURATION_S)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+# ---- philly -------------------------------------------------------------------------------
+
+
+def _philly(path: Path, f: Any) -> Rows:
+    def parse(line: int, row: dict[str, str]) -> RawJob:
+        stamp = row["timestamp"].strip()
+        try:
+            submit = datetime.fromisoformat(stamp).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            raise RowError(f"timestamp must look like 2017-10-03 14:05:09; got {stamp!r}") from None
+        team = row["cluster"].strip() or None
+        return RawJob(
+            line=line,
+            submit=submit,
+            gpus=_gpus(row, "num_gpus"),
+            duration=_number(row, "duration", 0.0, MAX_DURATION_S),
+            team=team,
+        )
+
+    return _csv_rows(path, f, PHILLY_COLUMNS, parse)
+
+
+# ---- pollux -------------------------------------------------------------------------------
+
+
+def _pollux(path: Path, f: Any) -> Rows:
+    def parse(line: int, row: dict[str, str]) -> RawJob:
+        return RawJob(
+            line=line,
+            submit=_number(row, "time", 0.0, MAX_DURATION_S),
+            gpus=_gpus(row, "num_replicas"),
+            name=row["name"].strip() or None,
+            application=row["application"].strip(),
+        )
+
+    return _csv_rows(path, f, POLLUX_COLUMNS, parse)
+
+
+# ---- tiresias -----------------------------------------------------------------------------
+
+
+def _tiresias(path: Path, f: Any) -> Rows:
+    def parse(line: int, row: dict[str, str]) -> RawJob:
+        model = row["model_name"].strip() or "job"
+        return RawJob(
+            line=line,
+            submit=_number(row, "submit_time", 0.0, MAX_DURATION_S),
+            gpus=_gpus(row, "num_gpu"),
+            duration=_number(row, "duration", 0.0, MAX_DURATION_S),
+            name=f"{model}-{row['job_id'].strip()}",
+        )
+
+    return _csv_rows(path, f, TIRESIAS_COLUMNS, parse)
+
+
+# ---- native -------------------------------------------------------------------------------
+
+
+def native_job(row: dict[str, Any]) -> RawJob:
+    """One native record (from CSV text or JSON) -> RawJob; the JobSpec part is validated by
+    the same model the live head's API uses, so a row the head would refuse is refused here."""
+    unknown = sorted(k for k in row if k not in NATIVE_FIELDS)
+    if unknown:
+        raise RowError(f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(NATIVE_FIELDS)}")
+    fields = {k: v for k, v in row.items() if k not in NATIVE_SIM_FIELDS and v is not None and v != ""}
+    if isinstance(fields.get("command"), str):
+        fields["command"] = [fields["command"]] if _truthy(fields.get("shell")) else shlex.split(fields["command"])
+    if isinstance(fields.get("env"), str):
+        try:
+            fields["env"] = json.loads(fields["env"])
+        except json.JSONDecodeError:
+            raise RowError('env must be a JSON object, e.g. {"K": "V"}') from None
+    if isinstance(fields.get("gpu_type"), str) and fields["gpu_type"].lstrip().startswith("["):
+        try:
+            fields["gpu_type"] = json.loads(fields["gpu_type"])
+        except json.JSONDecodeError:
+            raise RowError('gpu_type: a list of models is a JSON list, e.g. ["H100-80GB", "A100-80GB"]') from None
+    fields.setdefault("command", ["true"])
+    try:
+        spec = JobSpec.model_validate(fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "job"
+        raise RowError(f"{where}: {str(first['msg']).removeprefix('Value error, ')}") from None
+    ckpt: Any = "spec"
+    raw_ckpt = row.get("checkpoint_interval")
+    if raw_ckpt is not None and raw_ckpt != "":
+        text = str(raw_ckpt).strip().lower()
+        if text in ("none", "never", "off"):
+            ckpt = None
+        elif text in ("young", "daly"):
+            ckpt = text
+        else:
+            ckpt = _seconds(row, "checkpoint_interval")
+            if ckpt <= 0:
+                raise RowError("checkpoint_interval must be above 0, or none, young or daly")
+    tl = spec.time_limit
+    return RawJob(
+        line=0,
+        submit=_seconds(row, "submit_time"),
+        gpus=spec.gpu_count,
+        duration=_seconds(row, "duration"),
+        team=spec.team if "team" in fields else None,
+        priority=Priority.parse(spec.priority) if "priority" in fields else None,
+        gpu_types=spec.gpu_types if "gpu_type" in fields else None,
+        name=spec.name,
+        time_limit=float(tl) if isinstance(tl, int | float) else None,
+        checkpoint=ckpt,
+        gpu_memory_mb=spec.gpu_memory_mb,
+        min_gpu_memory_mb=spec.min_gpu_memory_mb,
+        nodes=spec.nodes,
+    )
+
+
+def _truthy(v: Any) -> bool:
+    return v is True or (isinstance(v, str) and v.strip().lower() in ("true", "1", "yes"))
+
+
+def _native(path: Path, f: Any) -> Rows:
+    first = f.readline()
+    f.seek(0)
+    if first.lstrip().startswith("{"):
+        return _jsonl(f)
+
+    def parse(line: int, row: dict[str, str]) -> RawJob:
+        return native_job(row)._replace(line=line)
+
+    return _csv_rows(path, f, ("submit_time", "duration"), parse)
+
+
+def _jsonl(f: Any) -> Rows:
+    for line, text in enumerate(f, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            yield line, RowError(f"not valid JSON: {e.msg} at column {e.colno}")
+            continue
+        if not isinstance(obj, dict):
+            yield line, RowError(f"each line must be a JSON object; got {type(obj).__name__}")
+            continue
+        try:
+            yield line, native_job(obj)._replace(line=line)
+        except RowError as e:
+            yield line, e
+
+
+_ROW_READERS: dict[str, Callable[[Path, Any], Rows]] = {
+    "philly": _philly,
+    "pollux": _pollux,
+    "tiresias": _tiresias,
+    "native": _native,
+}

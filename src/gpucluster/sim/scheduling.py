@@ -1,0 +1,157 @@
+"""The simulator's only door into the scheduling core.
+
+Why one module: the simulator must run the very scheduler the head runs, never a copy. Every
+call to `gpucluster.core.scheduler.decide` goes through `decide` here, every JobRequest and
+RunningJob the simulator hands the core is built by `job_request` / `running_job` here, and the
+policy is loaded by the head's own loader (`gpucluster.policyfile.load_policy`) and passed to the
+core untouched. When the core grows new request fields, this file is the one to change.
+
+Policies: `--policy` takes a policy YAML file (the same file `gpucluster up --policy` reads) or a
+shipped baseline name: `fifo`, `priority` or `default` (see gpucluster.core.policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gpucluster.core import policy as core_policy
+from gpucluster.core.fairshare import accrue
+from gpucluster.core.policy import Policy
+from gpucluster.core.scheduler import decide as core_decide
+from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.types import Allocation, JobRequest, Node, Plan, Priority, RunningJob
+from gpucluster.policyfile import PolicyFileError
+from gpucluster.policyfile import load_policy as load_policy_file
+from gpucluster.sim.errors import SimInputError
+from gpucluster.sim.workload import TraceJob
+
+BUILTIN_POLICIES = tuple(core_policy.BUILTIN_POLICIES)
+
+
+@dataclass(frozen=True)
+class SimPolicy:
+    """A policy as the simulator holds it: a label for reports and the core's own object."""
+
+    name: str
+    source: str  # the file it came from, or "built-in"
+    core: Policy
+
+    @property
+    def grace_period_s(self) -> float:
+        return self.core.preemption.grace_period_s
+
+    @property
+    def fair_share(self) -> bool:
+        return self.core.fair_share
+
+    @property
+    def has_quotas(self) -> bool:
+        return any(t.quota or t.max_borrow is not None for t in self.core.teams.values())
+
+    def entitlement(self, team: str) -> float:
+        """The team's entitled fraction of the cluster, as the policy's fair share defines it."""
+        return self.core.share(team)
+
+
+def load_policy(arg: str) -> SimPolicy:
+    """`fifo`, `priority`, `default`, or a policy YAML file, read by the head's own loader."""
+    if arg in BUILTIN_POLICIES:
+        return SimPolicy(name=arg, source="built-in", core=load_policy_file(arg))
+    path = Path(arg)
+    if not path.is_file():
+        raise SimInputError(f"--policy {arg}: no such file, and not a shipped baseline ({', '.join(BUILTIN_POLICIES)})")
+    try:
+        return SimPolicy(name=path.stem, source=str(path), core=load_policy_file(path))
+    except PolicyFileError as e:
+        raise SimInputError(str(e)) from None
+
+
+def job_request(job: TraceJob, priority: Priority | None = None) -> JobRequest:
+    """The queued job as the core sees it; built once per job, when it arrives."""
+    return JobRequest(
+        job_id=job.job_id,
+        gpus=job.gpus,
+        gpu_types=job.gpu_types,
+        priority=job.priority if priority is None else priority,
+        submitted_at=job.submit,
+        team=job.team,
+        gpu_memory_mb=job.gpu_memory_mb,
+        min_gpu_memory_mb=job.min_gpu_memory_mb,
+        time_limit_s=job.time_limit,
+        nodes=job.nodes,
+    )
+
+
+def running_job(request: JobRequest, allocation: Allocation, started_at: float) -> RunningJob:
+    """A running job as the core sees it; built once per start."""
+    return RunningJob(
+        job_id=request.job_id,
+        allocation=allocation,
+        team=request.team,
+        priority=request.priority,
+        started_at=started_at,
+        time_limit_s=request.time_limit_s,
+    )
+
+
+def checkpointed(job: RunningJob, at: float) -> RunningJob:
+    """The same running job after it reported a checkpoint at `at` (preemption picks victims
+    that lose the least work since their last checkpoint)."""
+    return replace(job, last_checkpoint_at=at)
+
+
+def stopping(job: RunningJob) -> RunningJob:
+    """The same running job once a stop (preemption) is under way."""
+    return replace(job, stopping=True)
+
+
+def snapshot(
+    nodes: tuple[Node, ...], running: tuple[RunningJob, ...], queued: tuple[JobRequest, ...], usage: dict[str, float]
+) -> Snapshot:
+    return Snapshot(nodes=nodes, running=running, queued=queued, usage=usage)
+
+
+def decide(snap: Snapshot, policy: SimPolicy, now: float) -> Plan:
+    """One scheduling cycle of the real core."""
+    return core_decide(snap, policy.core, now)
+
+
+def preemptions(plan: Plan) -> tuple[int, ...]:
+    """Job ids the plan stops."""
+    return tuple(p.job_id for p in plan.preemptions)
+
+
+def wait_message(plan: Plan, job_id: int) -> str:
+    wait = plan.waiting.get(job_id)
+    return wait.message if wait is not None else "no reason given"
+
+
+class Usage:
+    """Decayed GPU-seconds per team, the fair-share memory the head keeps (head/loop.py), kept
+    here per team and brought up to date lazily with the core's own `fairshare.accrue`: a team's
+    figure changes only when its running GPUs change or a snapshot needs it."""
+
+    def __init__(self, policy: SimPolicy) -> None:
+        self._half_life = policy.core.fair_share_half_life_s
+        self._value: dict[str, float] = {}
+        self._at: dict[str, float] = {}
+        self._gpus: dict[str, float] = {}
+
+    def _bring(self, team: str, now: float) -> float:
+        at = self._at.get(team, now)
+        if now > at:
+            got = accrue(
+                {team: self._value.get(team, 0.0)}, [(team, self._gpus.get(team, 0.0))], now - at, self._half_life
+            )
+            self._value[team] = got[team]
+        self._at[team] = now
+        return self._value.get(team, 0.0)
+
+    def change(self, team: str, gpus: float, now: float) -> None:
+        """The team's running GPUs change by `gpus` at `now`."""
+        self._bring(team, now)
+        self._gpus[team] = self._gpus.get(team, 0.0) + gpus
+
+    def at(self, now: float) -> dict[str, float]:
+        return {team: self._bring(team, now) for team in sorted(self._at)}

@@ -1,0 +1,317 @@
+"""The cluster spec: what hardware to simulate, and the models around it.
+
+A spec is one YAML file (see examples/clusters/ and README.md in this folder):
+
+  name, node_groups (count, gpus_per_node, gpu_model, gpu_memory, nvlink_gbps, network_gbps,
+  price_per_gpu_hour, power_idle_w, power_busy_w), speeds (relative speed per GPU model),
+  failures, checkpoints, allreduce, trace_fill, scheduler.
+
+Everything but node_groups has a documented default, so a three-line spec works. Errors carry
+file:line of the offending key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from gpucluster.core.types import Gpu, Node, Priority
+from gpucluster.sim.fields import Fields
+from gpucluster.sim.yamlspec import Located, load
+
+# Llama 3 (16,384 H100, 54 days): 419 unexpected interruptions -> ~4.7e-4 failures per GPU-day.
+LLAMA3_GPU_FAILURES_PER_DAY = 4.7e-4
+MAX_NODES = 1_000_000
+MAX_GPUS_PER_NODE = 64
+
+CheckpointRule = float | Literal["young", "daly"] | None
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    name: str
+    count: int
+    gpus_per_node: int
+    gpu_model: str
+    gpu_memory_mb: int
+    nvlink_gbps: float  # per GPU, inside a node
+    network_gbps: float  # per node, between nodes
+    price_per_gpu_hour: float
+    power_idle_w: float
+    power_busy_w: float
+
+    @property
+    def gpus(self) -> int:
+        return self.count * self.gpus_per_node
+
+    def node_names(self) -> list[str]:
+        width = len(str(max(self.count - 1, 0)))
+        return [f"{self.name}-{i:0{width}d}" for i in range(self.count)]
+
+
+@dataclass(frozen=True)
+class FailureModel:
+    """GPU failures as a Poisson process; a failure takes its whole node down for repair."""
+
+    gpu_failures_per_day: float = LLAMA3_GPU_FAILURES_PER_DAY
+    node_repair_s: float = 4 * 3600.0
+    max_restarts: int = 10  # attempts after the first; then the job fails, as on the live head
+
+
+@dataclass(frozen=True)
+class CheckpointModel:
+    """How jobs checkpoint: a fixed interval, the Young or Daly optimum, or never (None)."""
+
+    interval: CheckpointRule = "daly"
+    cost_s: float = 60.0  # writing one checkpoint (the job makes no progress meanwhile)
+    restart_s: float = 120.0  # a restarted attempt loading its checkpoint before progressing
+
+
+@dataclass(frozen=True)
+class AllReduceModel:
+    """Optional slowdown of multi-node jobs by ring all-reduce of the gradients every step."""
+
+    enabled: bool = False
+    model_size_gb: float = 1.0  # gradient bytes all-reduced per step
+    step_time_s: float = 1.0  # compute time of one step on one node
+
+
+@dataclass(frozen=True)
+class FillRules:
+    """What to assume for fields a trace lacks (see fill.py)."""
+
+    team: str = "default"
+    priority_mix: tuple[tuple[Priority, float], ...] = ((Priority.NORMAL, 1.0),)
+    gpu_type: str | None = None  # None: any model; "proportional": drawn by capacity; else a model
+    time_limit_factor: float | None = None  # a limit of factor x the recorded run time; None: no limit
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    groups: tuple[NodeGroup, ...]
+    speeds: dict[str, float]
+    failures: FailureModel = FailureModel()
+    checkpoints: CheckpointModel = CheckpointModel()
+    allreduce: AllReduceModel = AllReduceModel()
+    fill: FillRules = FillRules()
+    replan_every_s: float | None = None  # also plan on a timer (policies whose order ages)
+    source: str = ""
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g.gpus for g in self.groups)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(sorted({g.gpu_model for g in self.groups}))
+
+    def speed(self, model: str) -> float:
+        return self.speeds.get(model, 1.0)
+
+    def nodes(self) -> tuple[tuple[Node, NodeGroup], ...]:
+        """Every node as the core's type, with its group; names are `group-NN`, sorted by group."""
+        out = []
+        for g in self.groups:
+            for name in g.node_names():
+                gpus = tuple(
+                    Gpu(index=i, model=g.gpu_model, memory_mb=g.gpu_memory_mb, uuid=f"SIM-{name}-{i}")
+                    for i in range(g.gpus_per_node)
+                )
+                out.append((Node(name=name, gpus=gpus), g))
+        return tuple(out)
+
+
+_TOP = ("name", "node_groups", "speeds", "failures", "checkpoints", "allreduce", "trace_fill", "scheduler")
+_GROUP = (
+    "name",
+    "count",
+    "gpus_per_node",
+    "gpu_model",
+    "gpu_memory",
+    "nvlink_gbps",
+    "network_gbps",
+    "price_per_gpu_hour",
+    "power_idle_w",
+    "power_busy_w",
+)
+
+
+def load_cluster_spec(path: Path) -> ClusterSpec:
+    """Read and validate a cluster spec; raises SimInputError with file:line on any problem."""
+    doc = load(path)
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "a cluster spec is a mapping with at least node_groups (see examples/clusters/)")
+    top = Fields(doc, (), _TOP)
+    groups = _groups(doc, top)
+    models = {g.gpu_model for g in groups}
+    speeds = _speeds(doc, models)
+    spec = ClusterSpec(
+        name=top.text("name", path.stem),
+        groups=groups,
+        speeds=speeds,
+        failures=_failures(doc),
+        checkpoints=_checkpoints(doc),
+        allreduce=_allreduce(doc),
+        fill=_fill(doc, models),
+        replan_every_s=_scheduler(doc),
+        source=str(path),
+    )
+    return spec
+
+
+def _groups(doc: Located, top: Fields) -> tuple[NodeGroup, ...]:
+    items = top.sequence("node_groups")
+    groups: list[NodeGroup] = []
+    seen: set[str] = set()
+    total_nodes = 0
+    for i, _ in enumerate(items):
+        f = Fields(doc, ("node_groups", i), _GROUP)
+        name = f.text("name", f"group{i}")
+        if name in seen:
+            raise f.fail("name", f"two node groups are named {name!r}; node names must be unique")
+        seen.add(name)
+        model = f.text("gpu_model")
+        idle = f.number("power_idle_w", 50.0)
+        busy = f.number("power_busy_w", 300.0)
+        if busy < idle:
+            raise f.fail("power_busy_w", f"is below power_idle_w ({busy:g} < {idle:g})")
+        g = NodeGroup(
+            name=name,
+            count=f.integer("count", minimum=1, maximum=MAX_NODES),
+            gpus_per_node=f.integer("gpus_per_node", minimum=1, maximum=MAX_GPUS_PER_NODE),
+            gpu_model=model,
+            gpu_memory_mb=f.memory_mb("gpu_memory", "80GiB"),
+            nvlink_gbps=f.number("nvlink_gbps", 300.0, minimum=0.001),
+            network_gbps=f.number("network_gbps", 100.0, minimum=0.001),
+            price_per_gpu_hour=f.number("price_per_gpu_hour", 0.0),
+            power_idle_w=idle,
+            power_busy_w=busy,
+        )
+        total_nodes += g.count
+        if total_nodes > MAX_NODES:
+            raise f.fail("count", f"the spec declares more than {MAX_NODES} nodes in all")
+        groups.append(g)
+    return tuple(groups)
+
+
+def _speeds(doc: Located, models: set[str]) -> dict[str, float]:
+    f = Fields(doc, (), _TOP)
+    raw = f.mapping("speeds")
+    speeds: dict[str, float] = {}
+    for model, value in raw.items():
+        path = ("speeds", model)
+        if str(model) not in models:
+            raise doc.error(path, f"no node group has this GPU model; models here: {', '.join(sorted(models))}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise doc.error(path, f"a relative speed must be a number above 0 (1.0 = as in the trace); got {value!r}")
+        speeds[str(model)] = float(value)
+    return speeds
+
+
+def _failures(doc: Located) -> FailureModel:
+    f = Fields(doc, ("failures",), ("gpu_failures_per_day", "node_repair_time", "max_restarts"))
+    d = FailureModel()
+    return FailureModel(
+        gpu_failures_per_day=f.number("gpu_failures_per_day", d.gpu_failures_per_day),
+        node_repair_s=f.duration("node_repair_time", d.node_repair_s),
+        max_restarts=f.integer("max_restarts", d.max_restarts, maximum=1_000_000),
+    )
+
+
+def _checkpoints(doc: Located) -> CheckpointModel:
+    f = Fields(doc, ("checkpoints",), ("interval", "cost", "restart"))
+    d = CheckpointModel()
+    return CheckpointModel(
+        interval=parse_checkpoint_rule(f, "interval", d.interval),
+        cost_s=f.duration("cost", d.cost_s),
+        restart_s=f.duration("restart", d.restart_s),
+    )
+
+
+def parse_checkpoint_rule(f: Fields, key: str, default: CheckpointRule) -> CheckpointRule:
+    raw = f.raw(key) if key in f.data else default
+    if raw is None or raw is False or (isinstance(raw, str) and raw.strip().lower() in ("none", "never", "off")):
+        return None
+    if isinstance(raw, str) and raw.strip().lower() in ("young", "daly"):
+        return "young" if raw.strip().lower() == "young" else "daly"
+    seconds = f.duration(key, 0)
+    if seconds <= 0:
+        raise f.fail(key, "a checkpoint interval must be above 0; use none to turn checkpoints off")
+    return seconds
+
+
+def _allreduce(doc: Located) -> AllReduceModel:
+    f = Fields(doc, ("allreduce",), ("enabled", "model_size_gb", "step_time"))
+    d = AllReduceModel()
+    step = f.duration("step_time", d.step_time_s)
+    if step <= 0:
+        raise f.fail("step_time", "must be above 0")
+    return AllReduceModel(
+        enabled=f.boolean("enabled", d.enabled),
+        model_size_gb=f.number("model_size_gb", d.model_size_gb),
+        step_time_s=step,
+    )
+
+
+def _fill(doc: Located, models: set[str]) -> FillRules:
+    f = Fields(doc, ("trace_fill",), ("team", "priority", "gpu_type", "time_limit"))
+    d = FillRules()
+    mix = d.priority_mix
+    if f.has("priority"):
+        raw = f.raw("priority")
+        if isinstance(raw, str):
+            try:
+                mix = ((Priority.parse(raw), 1.0),)
+            except ValueError as e:
+                raise f.fail("priority", str(e)) from None
+        else:
+            parts = []
+            for name, weight in f.mapping("priority").items():
+                path = ("trace_fill", "priority", name)
+                try:
+                    p = Priority.parse(str(name))
+                except ValueError as e:
+                    raise doc.error(path, str(e)) from None
+                if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
+                    raise doc.error(path, f"a share must be a number of at least 0; got {weight!r}")
+                parts.append((p, float(weight)))
+            if not parts or sum(w for _, w in parts) <= 0:
+                raise f.fail("priority", "give a share above 0 to at least one priority, e.g. {normal: 1}")
+            mix = tuple(sorted(parts, key=lambda pw: -int(pw[0])))
+    gpu_type: str | None = None
+    if f.has("gpu_type"):
+        text = f.text("gpu_type")
+        if text == "proportional":
+            gpu_type = text
+        elif text != "any":
+            if text not in models:
+                raise f.fail(
+                    "gpu_type", f"no node group has {text!r}; use any, proportional or one of: {sorted(models)}"
+                )
+            gpu_type = text
+    factor: float | None = None
+    if f.has("time_limit"):
+        text = str(f.raw("time_limit")).strip().lower()
+        if text not in ("none", "off"):
+            try:
+                factor = float(text.removesuffix("x"))
+            except ValueError:
+                factor = -1.0
+            if not text.endswith("x") or not factor >= 1.0:
+                raise f.fail(
+                    "time_limit",
+                    f"give none, or a factor of the recorded run time of at least 1, e.g. 2x; got {text!r}",
+                )
+    return FillRules(team=f.text("team", d.team), priority_mix=mix, gpu_type=gpu_type, time_limit_factor=factor)
+
+
+def _scheduler(doc: Located) -> float | None:
+    f = Fields(doc, ("scheduler",), ("replan_every",))
+    if not f.has("replan_every"):
+        return None
+    seconds = f.duration("replan_every", 0)
+    if seconds <= 0:
+        raise f.fail("replan_every", "must be above 0 (leave it out to plan only when something changes)")
+    return seconds

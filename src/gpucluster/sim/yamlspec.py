@@ -1,0 +1,89 @@
+"""YAML documents that remember the line of every key and list item.
+
+Why: a planning team edits cluster specs by hand; "node_groups[2].count: must be at least 1" is
+only useful with the file and line in front of it, the way job files report errors
+(`gpucluster.jobfile`). PyYAML's safe_load drops positions, so the document is composed once
+(which keeps them) and converted here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpucluster.sim.errors import SimInputError
+
+Path_ = tuple[str | int, ...]
+MAX_SPEC_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Located:
+    """A parsed document plus the 1-based line of each key path, to point errors at."""
+
+    source: Path
+    data: Any
+    lines: dict[Path_, int]
+
+    def where(self, path: Path_) -> str:
+        """`file:line` of the nearest enclosing key that has a line."""
+        for cut in range(len(path), -1, -1):
+            line = self.lines.get(path[:cut])
+            if line is not None:
+                return f"{self.source}:{line}"
+        return str(self.source)
+
+    def error(self, path: Path_, message: str) -> SimInputError:
+        return SimInputError(f"{self.where(path)}: {dotted(path)}{': ' if path else ''}{message}")
+
+
+def dotted(path: Path_) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out
+
+
+def load(path: Path) -> Located:
+    """Read and parse `path`; unreadable files and YAML syntax errors become SimInputError."""
+    try:
+        if path.stat().st_size > MAX_SPEC_BYTES:
+            raise SimInputError(f"{path}: larger than {MAX_SPEC_BYTES} bytes; is this the right file?")
+        text = path.read_text()
+    except OSError as e:
+        raise SimInputError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise SimInputError(f"{path}: not a text file") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise SimInputError(f"{path}{where}: not valid YAML: {e.problem}") from None
+    except yaml.YAMLError as e:
+        raise SimInputError(f"{path}: not valid YAML: {e}") from None
+    lines: dict[Path_, int] = {}
+    data = _convert(node, (), lines) if node is not None else None
+    return Located(path, data, lines)
+
+
+def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> Any:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = _scalar(key_node)
+            lines[(*path, key)] = key_node.start_mark.line + 1
+            out[key] = _convert(value_node, (*path, key), lines)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_convert(item, (*path, i), lines) for i, item in enumerate(node.value)]
+    return _scalar(node)
+
+
+def _scalar(node: yaml.Node) -> Any:
+    # The safe constructor gives YAML's own typing of scalars (ints, floats, bools, null).
+    return yaml.SafeLoader(stream="").construct_object(node, deep=True)

@@ -1,0 +1,76 @@
+"""Durable, all-or-nothing file replacement: the building block of a checkpoint that a crash
+cannot corrupt.
+
+A file is written under a temporary name in the same directory, fsynced, renamed over its final
+name (atomic on POSIX within one file system), and then the directory is fsynced so the rename
+itself survives a power loss. A reader therefore sees either the previous file or the complete
+new one, never a torn one; a crash leaves at most a `.tmp-*` file behind, which is never loaded
+and is removed by the next writer.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+TMP_PREFIX = ".tmp-"
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under `root` (for a checkpoint made of many files)."""
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def tmp_path_for(final: Path, tag: str | None = None) -> Path:
+    """A temporary sibling of `final`; unique per writer unless `tag` makes it shared on purpose."""
+    return final.parent / f"{TMP_PREFIX}{final.name}-{tag or uuid.uuid4().hex}"
+
+
+def atomic_write(
+    final: Path, write: Callable[[BinaryIO], None], *, crash_hook: Callable[[Path], None] | None = None
+) -> None:
+    """Write `final` through `write(fileobj)`, all or nothing.
+
+    `crash_hook`, for tests only, is called with the temporary path after the data was written
+    and before the rename; a hook that kills the process simulates a crash mid-save.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path_for(final)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if crash_hook is not None:
+            crash_hook(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(final.parent)
+
+
+def atomic_rename_dir(tmp: Path, final: Path) -> None:
+    """Publish a fully written directory `tmp` as `final` (which must not exist)."""
+    fsync_tree(tmp)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)

@@ -1,0 +1,146 @@
+"""torch.distributed setup and teardown from the torchrun environment, with short timeouts and a
+rendezvous prefix of its own for every attempt.
+
+`init_process_group(init_method="env://")` would rendezvous under fixed keys with 30-minute
+(gloo) or 10-minute (NCCL) timeouts. After a failure that is the trap this module avoids: a new
+attempt must never read the keys of a dead one (peer addresses, NCCL unique ids) from a store
+that outlived it, and a rank whose peer died must fail in seconds, not half an hour, so the
+cluster can restart the job. So the store is built here, exactly as torch's env:// handler builds
+it, and wrapped in a PrefixStore named after the attempt:
+
+* gpucluster (per-GPU launch) sets GPUCLUSTER_RDZV_PREFIX = "gpucluster/job-J/attempt-A/" and
+  rank 0 hosts the TCPStore on MASTER_PORT;
+* under torchrun the elastic agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True) and may
+  keep it across its own restarts, so TORCHELASTIC_RESTART_COUNT is appended to the prefix too.
+
+Timeouts, overridable through the environment:
+GPUCLUSTER_RDZV_TIMEOUT_S (default 60): how long ranks wait for each other to start;
+GPUCLUSTER_COLLECTIVE_TIMEOUT_S (default 120): how long one collective may block. Keep it above
+the slowest legitimate wait, such as rank 0 writing a large checkpoint while the others wait.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# torch.distributed re-exports these without declaring it, which mypy --strict rejects; this is
+# where they are defined in every torch version since 1.x.
+from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+from gpucluster.launch.ranks import ENV_COLLECTIVE_TIMEOUT_S, ENV_RDZV_PREFIX, ENV_RDZV_TIMEOUT_S
+
+DEFAULT_RDZV_TIMEOUT_S = 60.0
+DEFAULT_COLLECTIVE_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Who this process is in the job, and where its tensors live."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    backend: str | None  # None when running as a single plain process
+    device: torch.device
+    store_prefix: str | None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def store_prefix(environ: Mapping[str, str] | None = None) -> str:
+    """The rendezvous key prefix of this attempt (and of this torchrun restart, if any)."""
+    env = os.environ if environ is None else environ
+    base = env.get(ENV_RDZV_PREFIX) or "gpucluster/local/"
+    if not base.endswith("/"):
+        base += "/"
+    return f"{base}restart-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+
+def _seconds(environ: Mapping[str, str], name: str, given: float | None, default: float) -> float:
+    if given is not None:
+        return given
+    raw = environ.get(name)
+    return float(raw) if raw else default
+
+
+def setup(
+    *,
+    backend: str | None = None,
+    rdzv_timeout_s: float | None = None,
+    collective_timeout_s: float | None = None,
+) -> DistContext:
+    """Join the job's process group from the torchrun variables, or run alone if there are none.
+
+    The backend is NCCL when CUDA is available, gloo otherwise (or `backend`). With CUDA, the
+    process's device is `cuda:LOCAL_RANK` among its visible GPUs (`cuda:0` when it sees one).
+    """
+    env = os.environ
+    if "WORLD_SIZE" not in env or "RANK" not in env:
+        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        return DistContext(0, 0, 1, 1, None, device, None)
+
+    rank = int(env["RANK"])
+    world_size = int(env["WORLD_SIZE"])
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    local_world_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    use_cuda = torch.cuda.is_available()
+    chosen = backend or ("nccl" if use_cuda else "gloo")
+    if use_cuda:
+        index = local_rank if local_rank < torch.cuda.device_count() else 0
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
+        # Let NCCL's watchdog abort a timed-out collective instead of hanging (torchrun's default too).
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    else:
+        device = torch.device("cpu")
+
+    rdzv = timedelta(seconds=_seconds(env, ENV_RDZV_TIMEOUT_S, rdzv_timeout_s, DEFAULT_RDZV_TIMEOUT_S))
+    collective = timedelta(
+        seconds=_seconds(env, ENV_COLLECTIVE_TIMEOUT_S, collective_timeout_s, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    )
+    prefix = store_prefix(env)
+    store = _tcp_store(env["MASTER_ADDR"], int(env["MASTER_PORT"]), rank, world_size, rdzv)
+    dist.init_process_group(
+        backend=chosen,
+        store=PrefixStore(prefix, store),
+        rank=rank,
+        world_size=world_size,
+        timeout=collective,
+    )
+    return DistContext(rank, local_rank, world_size, local_world_size, chosen, device, prefix)
+
+
+def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> TCPStore:
+    """The job's TCPStore, built the way torch's env:// rendezvous builds it but with our timeout.
+
+    Under torchrun the agent already hosts it at MASTER_ADDR:MASTER_PORT, so every rank is a
+    client; otherwise rank 0 hosts it.
+    """
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    return TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=(rank == 0 and not agent_hosts_it),
+        timeout=timeout,
+        multi_tenant=True,
+    )
+
+
+def teardown() -> None:
+    """Leave the process group (a no-op when there is none)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

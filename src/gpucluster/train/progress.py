@@ -1,0 +1,127 @@
+"""Progress reports to the head: the current step and the last checkpoint.
+
+The head uses them to pick preemption victims that lose the least work and to show progress in
+`gpucluster show`. Wire format:
+
+    POST {GPUCLUSTER_URL}/v1/jobs/{GPUCLUSTER_JOB_ID}/progress
+    {"step": 1200, "checkpoint_at": 1718000000.5, "checkpoint_step": 1000}
+
+`checkpoint_at` is a Unix time, and both checkpoint fields are null until the first checkpoint.
+
+Reporting must never slow or break training: `report()` only stores the newest values and
+returns; a daemon thread sends them, at most one request per `min_interval_s` (newer values
+replace unsent ones), with a short timeout, and backs off while the head is unreachable. Every
+error is swallowed and logged once. Only one process per job should report (rank 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from gpucluster.train import env as train_env
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 60.0
+
+
+class ProgressReporter:
+    """Rate-limited, non-blocking reporter; a no-op when the job is not run by gpucluster."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        job_id: int | None = None,
+        *,
+        min_interval_s: float = 10.0,
+        timeout_s: float = 2.0,
+        enabled: bool = True,
+    ) -> None:
+        url = url if url is not None else train_env.head_url()
+        job_id = job_id if job_id is not None else train_env.job_id()
+        self.endpoint = f"{url.rstrip('/')}/v1/jobs/{job_id}/progress" if url and job_id is not None else None
+        self.enabled = enabled and self.endpoint is not None
+        self.min_interval_s = min_interval_s
+        self.timeout_s = timeout_s
+        self.sent = 0  # successful requests
+        self.failed = 0  # failed requests
+        self._cond = threading.Condition()
+        self._pending: dict[str, Any] | None = None
+        self._checkpoint_at: float | None = None
+        self._checkpoint_step: int | None = None
+        self._next_send = 0.0  # time.monotonic() before which nothing is sent
+        self._backoff_s = 0.0
+        self._closing = False
+        self._warned = False
+        self._thread: threading.Thread | None = None
+        if self.enabled:
+            self._thread = threading.Thread(target=self._run, name="gpucluster-progress", daemon=True)
+            self._thread.start()
+
+    def report(self, step: int, *, checkpoint_at: float | None = None, checkpoint_step: int | None = None) -> None:
+        """Record the newest progress; returns at once. Checkpoint fields stick until replaced."""
+        if not self.enabled:
+            return
+        with self._cond:
+            if checkpoint_step is not None:
+                self._checkpoint_step = checkpoint_step
+                self._checkpoint_at = checkpoint_at if checkpoint_at is not None else time.time()
+            self._pending = {
+                "step": int(step),
+                "checkpoint_at": self._checkpoint_at,
+                "checkpoint_step": self._checkpoint_step,
+            }
+            self._cond.notify()
+
+    def close(self, flush_timeout_s: float = 2.0) -> None:
+        """Send what is pending (waiting at most `flush_timeout_s`) and stop the thread."""
+        if self._thread is None:
+            return
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(flush_timeout_s)
+        self._thread = None
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=self.timeout_s) as client:
+            while True:
+                with self._cond:
+                    while True:
+                        wait = self._next_send - time.monotonic()
+                        if self._pending is not None and (wait <= 0 or self._closing):
+                            break
+                        if self._closing:
+                            return
+                        self._cond.wait(timeout=wait if self._pending is not None else None)
+                    body, self._pending = self._pending, None
+                    closing = self._closing
+                self._send(client, body)
+                if closing:
+                    return
+
+    def _send(self, client: httpx.Client, body: dict[str, Any]) -> None:
+        assert self.endpoint is not None
+        try:
+            r = client.post(self.endpoint, json=body)
+            r.raise_for_status()
+        except Exception as e:  # the head is down, restarting, or older than this endpoint
+            self.failed += 1
+            self._backoff_s = min(MAX_BACKOFF_S, max(self.min_interval_s, 2 * self._backoff_s))
+            if not self._warned:
+                self._warned = True
+                log.warning("progress report to %s failed (%s); retrying quietly", self.endpoint, e)
+            with self._cond:
+                if self._pending is None:
+                    self._pending = body  # keep the newest values for the retry
+                self._next_send = time.monotonic() + self._backoff_s
+            return
+        self.sent += 1
+        self._backoff_s = 0.0
+        with self._cond:
+            self._next_send = time.monotonic() + self.min_interval_s

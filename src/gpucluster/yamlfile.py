@@ -1,0 +1,74 @@
+"""YAML files users write (job files, policies, cluster specs): parse errors and validation errors
+that name the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+MAX_FILE_BYTES = 1024 * 1024
+
+
+class YamlFileError(ValueError):
+    pass
+
+
+def read_yaml(path: Path, what: str) -> tuple[Any, yaml.Node | None]:
+    """The parsed document and its node tree (for line numbers); errors say file:line:col."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise YamlFileError(f"{path}: {what} is larger than {MAX_FILE_BYTES} bytes")
+        text = path.read_text()
+    except OSError as e:
+        raise YamlFileError(f"{path}: cannot read {what}: {e.strerror}") from None
+    try:
+        return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise YamlFileError(f"{path}{where}: not valid YAML: {e.problem}") from None
+    except yaml.YAMLError as e:
+        raise YamlFileError(f"{path}: not valid YAML: {e}") from None
+
+
+def line_of(node: yaml.Node | None, loc: Sequence[Any]) -> int | None:
+    """1-based line of the deepest node on `loc` that exists in the document."""
+    line = None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(
+                (kv for kv in node.value if isinstance(kv[0], yaml.ScalarNode) and kv[0].value == str(key)), None
+            )
+            if match is None:
+                break
+            line = match[0].start_mark.line + 1
+            node = match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def validation_message(err: ValidationError, source: Path | None, node: yaml.Node | None) -> str:
+    problems = []
+    for e in err.errors():
+        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        field = ".".join(str(p) for p in loc) or "file"
+        line = line_of(node, loc)
+        where = f"{source}:{line}: " if source and line else (f"{source}: " if source else "")
+        problems.append(f"{where}{field}: {str(e['msg']).removeprefix('Value error, ')}")
+    return "\n".join(problems)
+
+
+def validate(model: type[BaseModel], data: Any, source: Path | None, node: yaml.Node | None) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise YamlFileError(validation_message(e, source, node)) from None

@@ -1,0 +1,118 @@
+"""End to end: the scheduler's policy on a live head with real processes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tests.e2e.headproc import HeadProcess, wait_for
+from tests.e2e.test_jobs import PY, finished, run_cli, running
+
+TRAP = """
+import os, signal, sys, time
+attempt = os.environ['GPUCLUSTER_ATTEMPT']
+def term(*_):
+    print(f'attempt {attempt}: got SIGTERM', flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, term)
+print(f'attempt {attempt}: started', flush=True)
+time.sleep(float(sys.argv[1]))
+print(f'attempt {attempt}: done', flush=True)
+"""
+
+
+def test_a_high_priority_job_preempts_a_low_one_which_runs_again_after_it(head: HeadProcess) -> None:
+    with head.client() as c:
+        low = c.submit([PY, "-c", TRAP, "30"], gpus=8, priority="low", name="low").id
+        running(head, low)
+        wait_for(lambda: "started" in c.logs(low), what="the low job to start")
+        high = c.submit([PY, "-c", TRAP, "1"], gpus=8, priority="high", name="high").id
+        h = finished(head, high, timeout=30)
+        assert h.state.value == "succeeded"
+        # the low job came back as attempt 2 after the high one; shorten the wait by cancelling it
+        again = wait_for(lambda: (j := c.job(low)).attempt == 2 and j.state.value == "running" and j, 20)
+        assert again.started_at is not None and h.ended_at is not None and again.started_at >= h.ended_at
+        states = [e.state.value for e in c.job(low).events]
+        assert states == ["queued", "running", "preempted", "queued", "running"], states
+        preempted = next(e for e in c.job(low).events if e.state.value == "preempted")
+        assert f"preempted by job {high}" in preempted.reason
+        assert c.logs(low, attempt=1).splitlines() == ["attempt 1: started", "attempt 1: got SIGTERM"]
+        wait_for(lambda: "attempt 2: started" in c.logs(low), what="attempt 2 to log")
+        c.cancel(low)
+        finished(head, low)
+
+
+def test_queue_and_why_explain_waiting_jobs(head: HeadProcess) -> None:
+    with head.client() as c:
+        big = c.submit(["sleep", "30"], gpus=8, priority="critical", time_limit="10m").id
+        running(head, big)
+        waiting = c.submit(["true"], gpus=4).id
+        behind = c.submit(["true"], gpus=4).id
+        wait_for(lambda: c.job(waiting).wait_reason == "reserved", what="a reservation for the first waiting job")
+        j = c.job(waiting)
+        assert j.estimated_start is not None and abs(j.estimated_start - (c.job(big).started_at or 0) - 600) < 5
+        q = json.loads(run_cli(head, "queue", "--json").stdout)
+        assert [e["job"]["id"] for e in q] == [waiting, behind]
+        assert [e["position"] for e in q] == [1, 2]
+        why = json.loads(run_cli(head, "why", str(behind), "--json").stdout)
+        assert why["position"] == 2 and why["wait_reason"] in ("behind_reservation", "resources")
+        text = run_cli(head, "why", str(waiting)).stdout
+        assert "position 1" in text and "reserved" in text
+        c.cancel(big)
+
+
+def test_policy_check_reports_the_line_and_up_refuses_a_bad_policy(tmp_path: Path, head_factory) -> None:  # type: ignore[no-untyped-def]
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "teams:\n  vision: {weight: 2, quota: {H100-80GB: 4}}\n  nlp: {weight: 1}\npreemption:\n  grace_period: 1s\n"
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("teams:\n  vision:\n    weight: 2\n    quota: {H100-80GB: -4}\n")
+    h = head_factory(tmp_path / "data")
+    ok = run_cli(h, "policy", "check", str(good))
+    assert ok.returncode == 0 and "2 team(s)" in ok.stdout
+    r = run_cli(h, "policy", "check", str(bad))
+    assert r.returncode == 1 and f"{bad}:4: teams.vision.quota" in r.stderr and "Traceback" not in r.stderr
+    h.args += ["--policy", str(bad)]
+    try:
+        h.start(timeout=10)
+        raise AssertionError("a head started with an invalid policy")
+    except RuntimeError as e:
+        assert "invalid policy" in str(e) and "bad.yaml:4" in str(e)
+
+
+def test_the_head_reloads_its_policy_file_without_dropping_jobs(tmp_path: Path, head_factory) -> None:  # type: ignore[no-untyped-def]
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("teams:\n  vision: {weight: 1}\n")
+    h = head_factory(tmp_path / "data")
+    h.args += ["--policy", str(policy)]
+    h.start()
+    with h.client() as c:
+        job = c.submit(["sleep", "30"], gpus=1, team="vision").id
+        running(h, job)
+        assert [t.name for t in c.policy().teams if t.weight == 1.0] == ["vision"]
+        time.sleep(1.1)
+        policy.write_text("teams:\n  vision: {weight: 3}\n  nlp: {weight: 1}\n")
+        wait_for(lambda: {t.name: t.weight for t in c.policy().teams}.get("vision") == 3.0, what="the reload")
+        policy.write_text("teams:\n  vision: {weight: -1}\n")
+        wait_for(lambda: c.policy().error is not None, what="the failed reload to be reported")
+        p = c.policy()
+        assert "policy.yaml:2" in (p.error or "") and {t.name: t.weight for t in p.teams}["vision"] == 3.0
+        assert c.job(job).state.value == "running"
+        c.cancel(job)
+
+
+def test_fractional_jobs_share_one_gpu_and_are_told_their_share(head: HeadProcess) -> None:
+    with head.client() as c:
+        show = "import os; e = os.environ; print(e['CUDA_VISIBLE_DEVICES'], e['GPUCLUSTER_GPU_FRACTION'], e['GPUCLUSTER_GPU_MEMORY_LIMIT']); import time; time.sleep(1)"
+        ids = [c.submit([PY, "-c", show], gpus=0.25).id for _ in range(4)]
+        ids.append(c.submit([PY, "-c", show], gpu_memory="40GiB").id)
+        done = [finished(head, i) for i in ids]
+        assert all(j.state.value == "succeeded" for j in done)
+        quarter = [c.logs(i).split() for i in ids[:4]]
+        assert {q[0] for q in quarter} == {quarter[0][0]}  # all four on one GPU
+        assert {q[1] for q in quarter} == {"0.25"} and int(quarter[0][2]) == 20 * 1024**3
+        half = c.logs(ids[4]).split()
+        assert half[1] == "0.5" and int(half[2]) == 40 * 1024**3
+        assert all(j.allocation[0].share in (0.25, 0.5) for j in done)
