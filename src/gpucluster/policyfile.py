@@ -20,12 +20,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpucluster.core import policy as core
 from gpucluster.core.types import Priority
 from gpucluster.durations import parse_duration
-from gpucluster.yamlfile import YamlFileError, read_yaml, validate
+from gpucluster.yamlfile import YamlFileError, line_of, read_yaml, validate
 
 PolicyFileError = YamlFileError
 
@@ -119,15 +119,25 @@ class PolicyIn(_Strict):
     starvation_age: Duration = "24h"
     unknown_teams: Literal["allow", "reject"] = "allow"
 
-    @model_validator(mode="after")
-    def _orgs_exist(self) -> PolicyIn:
+    @field_validator("starvation_age")
+    @classmethod
+    def _age(cls, v: Duration) -> Duration:
+        if _seconds(v, "starvation_age") <= 0:
+            raise ValueError("starvation_age must be positive")
+        return v
+
+    def problems(self) -> list[tuple[list[str], str]]:
+        """Cross-field mistakes, each with the path of the field to point at."""
+        out: list[tuple[list[str], str]] = []
         for name, team in self.teams.items():
             if team.org is not None and team.org not in self.orgs:
                 known = ", ".join(sorted(self.orgs)) or "none defined"
-                raise ValueError(f"team {name} names org {team.org!r}, which is not under orgs: ({known})")
+                out.append(
+                    (["teams", name, "org"], f"team {name} names org {team.org!r}, which is not under orgs: ({known})")
+                )
         if self.unknown_teams == "reject" and not self.teams:
-            raise ValueError("unknown_teams: reject needs at least one team under teams:")
-        return self
+            out.append((["unknown_teams"], "reject needs at least one team under teams:"))
+        return out
 
     def to_policy(self) -> core.Policy:
         teams = {
@@ -168,4 +178,9 @@ def load_policy(source: str | Path) -> core.Policy:
     if not isinstance(data, dict):
         raise PolicyFileError(f"{path}: a policy is a mapping (teams:, preemption:, ...), not {type(data).__name__}")
     parsed: PolicyIn = validate(PolicyIn, data, path, node)
+    problems = parsed.problems()
+    if problems:
+        raise PolicyFileError(
+            "\n".join(f"{path}:{line_of(node, loc) or 0}: {'.'.join(loc)}: {msg}" for loc, msg in problems)
+        )
     return parsed.to_policy()

@@ -131,7 +131,7 @@ def test_kill_9_of_the_head_loses_nothing_and_runs_nothing_twice(head_factory, t
     marker = tmp_path / "starts"
     count = f"open({str(marker)!r}, 'a').write('x');"
     with head.client() as c:
-        long = c.submit([PY, "-c", f"{count} import time; time.sleep(3); print('long done')"], gpus=4).id
+        long = c.submit([PY, "-c", f"{count} import time; time.sleep(10); print('long done')"], gpus=4).id
         quick_fail = c.submit([PY, "-c", f"{count} import time, sys; time.sleep(1); sys.exit(7)"], gpus=4).id
         queued = c.submit([PY, "-c", f"{count} print('queued ran')"], gpus=8).id
         running(head, long)
@@ -144,9 +144,9 @@ def test_kill_9_of_the_head_loses_nothing_and_runs_nothing_twice(head_factory, t
         assert c.job(long).state.value == "running"  # re-adopted, still running
         j_fail = finished(head2, quick_fail)
         assert j_fail.state.value == "failed" and j_fail.exit_code == 7
-        j_long = finished(head2, long)
+        j_long = finished(head2, long, timeout=40)
         assert j_long.state.value == "succeeded" and c.logs(long).strip() == "long done"
-        j_q = finished(head2, queued)
+        j_q = finished(head2, queued, timeout=40)
         assert j_q.state.value == "succeeded" and c.logs(queued).strip() == "queued ran"
         # Each job ran exactly once, and the 8-GPU job never overlapped the others.
         assert marker.read_text() == "xxx"

@@ -105,7 +105,11 @@ def test_the_head_reloads_its_policy_file_without_dropping_jobs(tmp_path: Path, 
 
 def test_fractional_jobs_share_one_gpu_and_are_told_their_share(head: HeadProcess) -> None:
     with head.client() as c:
-        show = "import os; e = os.environ; print(e['CUDA_VISIBLE_DEVICES'], e['GPUCLUSTER_GPU_FRACTION'], e['GPUCLUSTER_GPU_MEMORY_LIMIT']); import time; time.sleep(1)"
+        show = (
+            "import os, time; e = os.environ; "
+            "print(e['CUDA_VISIBLE_DEVICES'], e['GPUCLUSTER_GPU_FRACTION'], e['GPUCLUSTER_GPU_MEMORY_LIMIT']); "
+            "time.sleep(1)"
+        )
         ids = [c.submit([PY, "-c", show], gpus=0.25).id for _ in range(4)]
         ids.append(c.submit([PY, "-c", show], gpu_memory="40GiB").id)
         done = [finished(head, i) for i in ids]

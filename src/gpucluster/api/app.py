@@ -107,9 +107,21 @@ def create_app(service: ClusterService) -> FastAPI:
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"error": str(exc), "detail": []}, status_code=409)
 
-    @app.get("/v1/health")
-    def health() -> dict[str, Any]:
-        return {"status": "ok", "version": __version__, "jobs": service.store.count_jobs()}
+    @app.get("/v1/health", responses={503: {"description": "the scheduling loop is failing or stalled"}})
+    def health() -> JSONResponse:
+        """200 when the scheduling loop runs; 503 with the reason when it fails or has stalled."""
+        head = service.head
+        age = None if head.last_cycle_at is None else head.clock() - head.last_cycle_at
+        problem = head.last_error or (f"no scheduling cycle for {age:.0f} s" if age is not None and age > 10 else None)
+        body = {
+            "status": "degraded" if problem else "ok",
+            "problem": problem,
+            "version": __version__,
+            "jobs": service.store.count_jobs(),
+            "last_cycle_age_s": age,
+            "last_decide_s": head.last_decide_s,
+        }
+        return JSONResponse(body, status_code=503 if problem else 200)
 
     @app.post("/v1/jobs", status_code=201, responses=ERRORS, response_model=Job)
     async def submit(spec: JobSpec) -> Response:

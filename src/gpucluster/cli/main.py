@@ -464,6 +464,13 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     out.print(table)
 
 
+# ---- simulate (issue 5) --------------------------------------------------------------------
+
+from gpucluster.cli.simulate import simulate  # noqa: E402
+
+app.command()(simulate)
+
+
 def main() -> None:
     app()
 

@@ -43,6 +43,8 @@ class Capacity:
                 self.node_size[model] = max(self.node_size.get(model, 0), n)
                 self.total[model] = self.total.get(model, 0) + n
         self.models_by_memory = sorted(self.model_memory, key=lambda m: (self.model_memory[m], m))
+        self.version = 0  # bumped whenever free GPUs change, for caches of derived facts
+        self._most: dict[str, tuple[int, int]] = {}
 
         self.used_share: dict[tuple[str, int], float] = {}
         self.used_mem: dict[tuple[str, int], int] = {}
@@ -235,6 +237,7 @@ class Capacity:
                     self.partial[model][key] = None
 
     def _move(self, model: str, node: str, remove: int | None = None, add: int | None = None) -> None:
+        self.version += 1
         idxs = self.free[model].setdefault(node, [])
         del self.buckets[model][len(idxs)][node]
         if remove is not None:
@@ -252,3 +255,12 @@ class Capacity:
 
     def free_count(self, model: str) -> int:
         return self.total_free[model]
+
+    def most_free_on_a_node(self, model: str) -> int:
+        cached = self._most.get(model)
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
+        buckets = self.buckets[model]
+        most = next((k for k in range(len(buckets) - 1, -1, -1) if buckets[k]), 0)
+        self._most[model] = (self.version, most)
+        return most

@@ -41,7 +41,11 @@ def choose_victims(
     stopping: Sequence[RunningJob],
     cost: Callable[[RunningJob], CostKey],
 ) -> VictimChoice | None:
-    """The victims that make room for `job` on `model`, or None if no set of candidates does."""
+    """The victims that make room for `job` on `model`, or None if no set of candidates does.
+
+    `candidates` must already be limited to jobs on `model`; only nodes holding candidates,
+    stopping jobs or free GPUs are looked at, so the cost is O(candidates + such nodes).
+    """
     n = int(job.gpus)
     ranked = sorted(candidates, key=cost)
     if n > cap.node_size[model] or job.nodes:
@@ -53,16 +57,23 @@ def choose_victims(
         chosen = _prefix(ranked, have, n, lambda j: _whole_gpus(j, None, model, cap))
         return None if chosen is None else VictimChoice(tuple(chosen), None)
 
+    by_node: dict[str, list[RunningJob]] = {}
+    for j in ranked:
+        for nd in dict.fromkeys(s.node for s in j.allocation.slices):
+            by_node.setdefault(nd, []).append(j)
+    releasing: dict[str, int] = {}
+    for j in stopping:
+        for s in j.allocation.slices:
+            if s.share >= 1 and cap.gpus[(s.node, s.gpu_indices[0])].model == model:
+                releasing[s.node] = releasing.get(s.node, 0) + len(s.gpu_indices)
     best: tuple[int, list[CostKey], str, list[RunningJob]] | None = None
-    nodes = [nd for nd, models in cap.node_models.items() if model in models]
-    for node in nodes:
+    for node in sorted(set(by_node) | set(releasing)):
         if cap.node_model_count.get((node, model), 0) < n:
             continue
-        have = len(cap.free[model].get(node, [])) + sum(_whole_gpus(j, node, model, cap) for j in stopping)
+        have = len(cap.free[model].get(node, [])) + releasing.get(node, 0)
         if have >= n:
             return VictimChoice((), node)
-        on_node = [j for j in ranked if any(s.node == node for s in j.allocation.slices)]
-        chosen = _prefix(on_node, have, n, lambda j, nd=node: _whole_gpus(j, nd, model, cap))  # type: ignore[misc]
+        chosen = _prefix(by_node.get(node, []), have, n, lambda j, nd=node: _whole_gpus(j, nd, model, cap))  # type: ignore[misc]
         if chosen is None:
             continue
         key = (len(chosen), sorted(cost(j) for j in chosen), node, chosen)

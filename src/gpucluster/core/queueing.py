@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from gpucluster.core.policy import Policy
 from gpucluster.core.types import JobRequest
@@ -20,16 +20,26 @@ CHARGE_HORIZON_S = 3600.0
 
 
 class TeamQueues:
-    def __init__(self, queued: Iterable[JobRequest], policy: Policy, usage: Mapping[str, float], now: float) -> None:
+    def __init__(
+        self,
+        queued: Iterable[JobRequest],
+        policy: Policy,
+        usage: Mapping[str, float],
+        now: float,
+        guaranteed: Callable[[JobRequest], bool] = lambda _: False,
+    ) -> None:
+        """`guaranteed`: jobs that fit within their team's guaranteed quota go before any
+        borrower of the same class, so a guarantee is met in the cycle its demand appears."""
         self.policy = policy
         self.usage = dict(usage)
         aged: list[JobRequest] = []
         levels: dict[int, dict[str, deque[JobRequest]]] = {}
         for job in sorted(queued, key=lambda j: (j.submitted_at, j.job_id)):
-            if now - job.submitted_at >= policy.starvation_age_s:
+            entered = job.queued_at if job.queued_at is not None else job.submitted_at
+            if now - entered >= policy.starvation_age_s:
                 aged.append(job)
                 continue
-            level = int(job.priority) if policy.priorities else 0
+            level = 2 * (int(job.priority) if policy.priorities else 0) + (1 if guaranteed(job) else 0)
             levels.setdefault(level, {}).setdefault(job.team, deque()).append(job)
         self._aged = deque(aged)
         self._levels = [levels[k] for k in sorted(levels, reverse=True)]

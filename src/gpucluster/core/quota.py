@@ -18,8 +18,26 @@ class QuotaBook:
         self.policy = policy
         self._gpus = gpus
         self.used: dict[str, dict[str, float]] = {}
+        self.has_quotas = any(t.quota for t in policy.teams.values())
+        # Idle guarantee each lend-capped team keeps for itself, per model, kept up to date by
+        # `add` so `protected` costs O(1) per job rather than O(teams).
+        self._lenders = {name: t for name, t in policy.teams.items() if t.max_lend is not None}
+        self._kept: dict[str, dict[str, float]] = {}
+        self._kept_total: dict[str, float] = {}
+        for name, t in self._lenders.items():
+            for model in t.quota:
+                self._set_kept(name, model)
         for job in running:
             self.add(job.team, job.allocation)
+
+    def _set_kept(self, team: str, model: str) -> None:
+        t = self._lenders[team]
+        assert t.max_lend is not None
+        unused = t.quota.get(model, 0.0) - self.used.get(team, {}).get(model, 0.0)
+        kept = max(0.0, unused - t.max_lend)
+        per_model = self._kept.setdefault(model, {})
+        self._kept_total[model] = self._kept_total.get(model, 0.0) - per_model.get(team, 0.0) + kept
+        per_model[team] = kept
 
     def add(self, team: str, allocation: Allocation, sign: float = 1.0) -> None:
         per_team = self.used.setdefault(team, {})
@@ -28,6 +46,8 @@ class QuotaBook:
                 g = self._gpus.get((s.node, i))
                 if g is not None:
                     per_team[g.model] = per_team.get(g.model, 0.0) + sign * s.share
+                    if team in self._lenders:
+                        self._set_kept(team, g.model)
 
     def remove(self, team: str, allocation: Allocation) -> None:
         self.add(team, allocation, -1.0)
@@ -44,13 +64,7 @@ class QuotaBook:
 
     def protected(self, model: str, except_team: str) -> float:
         """Idle guaranteed GPUs of `model` that their teams do not lend to others."""
-        total = 0.0
-        for name, team in self.policy.teams.items():
-            if name == except_team or team.max_lend is None:
-                continue
-            unused = team.quota.get(model, 0.0) - self.used.get(name, {}).get(model, 0.0)
-            total += max(0.0, unused - team.max_lend)
-        return total
+        return self._kept_total.get(model, 0.0) - self._kept.get(model, {}).get(except_team, 0.0)
 
     def refusal(self, team: str, model: str, gpus: float, free: int) -> str | None:
         """Why the team may not take `gpus` more GPUs of `model` now; None if it may."""

@@ -46,12 +46,16 @@ class _Cycle:
         self.preemptions: list[Preemption] = []
         self.waiting: dict[int, Wait] = {}
         self.stopping = [j for j in snapshot.running if j.stopping]
-        self._candidates: list[RunningJob] | None = None
+        self._candidates: dict[str, list[RunningJob]] | None = None
+        self._preempted: set[int] = set()
+        self._fits: dict[tuple[object, ...], list[str]] = {}
+        self._waits: dict[tuple[object, ...], Wait] = {}
+        self._shared_end: dict[tuple[str, int], tuple[str, float]] = {}
         self._ends: EndTimes | None = None
         self._fair_ratio: dict[str, float] = {}
 
     def run(self) -> Plan:
-        queues = TeamQueues(self.s.queued, self.policy, self.s.usage, self.now)
+        queues = TeamQueues(self.s.queued, self.policy, self.s.usage, self.now, self._guaranteed)
         while (job := queues.pop()) is not None:
             started = self._consider(job)
             queues.done(job, started)
@@ -59,11 +63,30 @@ class _Cycle:
 
     # ---- one job ----------------------------------------------------------------------------
 
+    def _guaranteed(self, job: JobRequest) -> bool:
+        return bool(self.quotas.has_quotas) and any(
+            self.quotas.within_quota(job.team, m, job.gpus) for m in self._models(job)
+        )
+
+    def _models(self, job: JobRequest) -> list[str]:
+        """Models that could ever host the job; many jobs share a shape, so cached per cycle."""
+        key = (job.gpus, job.gpu_types, job.gpu_memory_mb, job.min_gpu_memory_mb, job.nodes)
+        models = self._fits.get(key)
+        if models is None:
+            models = [m for m in self.cap.acceptable_models(job) if self.cap.could_ever_fit(job, m)]
+            self._fits[key] = models
+        return models
+
     def _consider(self, job: JobRequest) -> bool:
-        models = self.cap.acceptable_models(job)
-        fits_ever = [m for m in models if self.cap.could_ever_fit(job, m)]
+        fits_ever = self._models(job)
         if not fits_ever:
             self._wait(job, WaitReason.NO_FIT, self._no_fit_message(job))
+            return False
+        if job.gpus >= 1 and job.gpu_memory_mb is None and all(self.cap.total_free[m] < job.gpus for m in fits_ever):
+            # Fast path, same outcome as below: nothing could be placed, whatever quota and
+            # reservations say, so go straight to preempting, reserving or waiting.
+            if not self._try_preempt(job, fits_ever):
+                self._reserve_or_wait(job, fits_ever, None)
             return False
         refusal: str | None = None
         blocked_by: Reservation | None = None
@@ -74,10 +97,10 @@ class _Cycle:
                 continue
             res = self.reservations.get(model)
             exclude: frozenset[str] = frozenset()
+            if res is not None and not self.policy.backfill:
+                blocked_by = blocked_by or res  # strict order: nothing passes the first in line
+                continue
             if res is not None and not self._ends_before(job, res):
-                if not self.policy.backfill:
-                    blocked_by = blocked_by or res
-                    continue
                 exclude = res.nodes
             allocation = self.cap.place(job, model, exclude)
             if allocation is not None:
@@ -113,28 +136,39 @@ class _Cycle:
     # ---- preemption -------------------------------------------------------------------------
 
     def _try_preempt(self, job: JobRequest, models: list[str]) -> bool:
+        """Preempt for the job if it is first in line for a GPU model and cheaper jobs hold it.
+
+        One preemptor per GPU model per cycle (like one reservation per model): the GPUs being
+        freed are held for it, and later jobs preempt in the cycles after, once it has started.
+        """
         pre = self.policy.preemption
-        if not pre.enabled or job.fractional:
+        if not pre.enabled or job.fractional or len(self.reservations) == len(self.cap.model_memory):
             return False
+        pool = self._victim_pool()
         for model in models:
+            if model in self.reservations:
+                continue
+            if self.quotas.refusal(job.team, model, job.gpus, self.cap.total[model]) is not None:
+                continue  # its quota would refuse it even on an idle cluster: stopping others gains nothing
             reclaim = pre.reclaim_quota and self.quotas.within_quota(job.team, model, job.gpus)
             candidates = [
                 v
-                for v in self._victim_pool()
-                if self.cap.model_of(v.allocation) == model
+                for v in pool.get(model, ())
+                if v.job_id not in self._preempted
                 and (
                     (self.policy.priorities and v.priority < job.priority)
                     or (reclaim and v.team != job.team and self.quotas.borrowing(v.team, model))
                 )
             ]
-            if not candidates and not self.stopping:
+            stopping = [j for j in self.stopping if self.cap.model_of(j.allocation) == model]
+            if not candidates and not stopping:
                 continue
-            choice = choose_victims(job, model, self.cap, candidates, self.stopping, self._victim_cost)
+            choice = choose_victims(job, model, self.cap, candidates, stopping, self._victim_cost)
             if choice is None:
                 continue
             if not choice.victims:
-                if not candidates and not any(self.cap.model_of(j.allocation) == model for j in self.stopping):
-                    continue
+                if not candidates:
+                    continue  # nothing it may preempt; what is stopping is not being freed for it
                 self._wait(job, WaitReason.PREEMPTING, f"waiting for stopping jobs to release {model} GPUs")
             else:
                 names = ", ".join(str(v.job_id) for v in choice.victims)
@@ -147,26 +181,27 @@ class _Cycle:
                     )
                     self.preemptions.append(Preemption(v.job_id, job.job_id, why))
                     self.quotas.remove(v.team, v.allocation)
-                assert self._candidates is not None
-                gone = {v.job_id for v in choice.victims}
-                self._candidates = [c for c in self._candidates if c.job_id not in gone]
+                    self._preempted.add(v.job_id)
                 self.stopping = [*self.stopping, *choice.victims]
             nodes = frozenset({choice.node}) if choice.node else frozenset(self.cap.node_models)
-            self.reservations.setdefault(model, Reservation(job.job_id, model, self.now + pre.grace_period_s, nodes))
+            self.reservations[model] = Reservation(job.job_id, model, self.now + pre.grace_period_s, nodes)
             return True
         return False
 
-    def _victim_pool(self) -> list[RunningJob]:
+    def _victim_pool(self) -> dict[str, list[RunningJob]]:
+        """Preemptible running jobs by GPU model, built once per cycle."""
         if self._candidates is None:
             pre = self.policy.preemption
-            self._candidates = [
-                j
-                for j in self.s.running
-                if not j.stopping
-                and self.policy.preemptible(j.priority)
-                and self.now - j.started_at >= pre.min_runtime_s
-                and all(s.share >= 1 for s in j.allocation.slices)
-            ]
+            self._candidates = {}
+            for j in self.s.running:
+                if (
+                    not j.stopping
+                    and self.policy.preemptible(j.priority)
+                    and self.now - j.started_at >= pre.min_runtime_s
+                    and all(s.share >= 1 for s in j.allocation.slices)
+                    and (j.allocation.slices[0].node, j.allocation.slices[0].gpu_indices[0]) in self.cap.gpus
+                ):
+                    self._candidates.setdefault(self.cap.model_of(j.allocation), []).append(j)
         return self._candidates
 
     def _victim_cost(self, v: RunningJob) -> CostKey:
@@ -189,7 +224,7 @@ class _Cycle:
                 f"(its estimated start: {_fmt_time(blocked_by.shadow)})",
             )
             return
-        if not job.fractional:
+        if not job.fractional and len(self.reservations) < len(self.cap.model_memory):
             for model in models:
                 if model in self.reservations:
                     continue
@@ -205,14 +240,17 @@ class _Cycle:
                     )
                     return
         model = models[0]
-        most = max((len(v) for v in self.cap.free[model].values()), default=0)
-        where = "on one node" if not job.fractional and int(job.gpus) <= self.cap.node_size[model] else "in all"
-        self._wait(
-            job,
-            WaitReason.RESOURCES,
-            f"needs {job.gpus:g} free {model} GPU(s) {where}; {self.cap.free_count(model)} free now "
-            f"(at most {most} on one node)",
-        )
+        most = self.cap.most_free_on_a_node(model)
+        key = (model, job.gpus, self.cap.free_count(model), most)
+        wait = self._waits.get(key)
+        if wait is None:
+            where = "on one node" if not job.fractional and int(job.gpus) <= self.cap.node_size[model] else "in all"
+            wait = self._waits[key] = Wait(
+                WaitReason.RESOURCES,
+                f"needs {job.gpus:g} free {model} GPU(s) {where}; {self.cap.free_count(model)} free now "
+                f"(at most {most} on one node)",
+            )
+        self.waiting[job.job_id] = wait
 
     def _no_fit_message(self, job: JobRequest) -> str:
         kinds = ", ".join(job.gpu_types) if job.gpu_types else "any model"
@@ -239,14 +277,19 @@ class _Cycle:
                 self._add_end(j.job_id, j.allocation, max(end, self.now))
             for st in self.starts:
                 self._add_end(st.job_id, st.allocation, self.now + self.policy.default_time_limit_s)
+            for (node, _), (model, end) in self._shared_end.items():
+                self._ends.add(model, node, end, 1)
         return self._ends
 
     def _add_end(self, job_id: int, allocation: Allocation, end: float) -> None:
         assert self._ends is not None
         for s in allocation.slices:
-            if s.share < 1:
-                continue
             model = self.cap.gpus[(s.node, s.gpu_indices[0])].model
+            if s.share < 1:
+                # A shared GPU comes back whole when its last sharer ends.
+                key = (s.node, s.gpu_indices[0])
+                self._shared_end[key] = (model, max(self._shared_end.get(key, (model, end))[1], end))
+                continue
             self._ends.add(model, s.node, end, len(s.gpu_indices))
 
 

@@ -91,6 +91,9 @@ class JobRequest:
     min_gpu_memory_mb: int | None = None  # only GPUs with at least this much memory
     time_limit_s: float | None = None
     nodes: int | None = None  # exactly this many nodes, GPUs split evenly
+    # When it last entered the queue (a preempted job re-enters): starvation is measured from
+    # here, so a job that just ran cannot age past the job that preempted it.
+    queued_at: float | None = None
 
     @property
     def fractional(self) -> bool:

@@ -74,6 +74,8 @@ class Head:
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
         self._last_plan_at: float | None = None
         self.last_decide_s = 0.0
+        self.last_cycle_at: float | None = None  # end of the last cycle that succeeded
+        self.last_error: str | None = None  # why the last cycle failed, if it did
 
     @property
     def policy(self) -> Policy:
@@ -122,6 +124,7 @@ class Head:
                         now,
                         "requeued: the head stopped before the process was launched",
                         expect=[JobState.RUNNING],
+                        queued_at=now,
                         allocation=None,
                         started_at=None,
                     )
@@ -196,6 +199,7 @@ class Head:
                 now,
                 "requeued after preemption",
                 expect=[JobState.PREEMPTED],
+                queued_at=now,
                 allocation=None,
                 launch=None,
                 stop_reason=None,
@@ -312,8 +316,12 @@ class Head:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except Exception:  # keep the head alive; the store is the truth and the next tick retries
+            except Exception as e:  # keep the head alive; the store is the truth and the next tick retries
                 log.exception("head cycle failed; retrying")
+                self.last_error = f"{type(e).__name__}: {e}"
+            else:
+                self.last_error = None
+                self.last_cycle_at = self.clock()
             self._stop.wait(max(batch_s, 4 * self.last_decide_s))
             self.wake.wait(interval_s)
             self.wake.clear()

@@ -45,7 +45,7 @@ class PolicySource:
         self._mtime = mtime
         try:
             self.policy = load_policy(self.path)
-        except PolicyFileError as e:
+        except (PolicyFileError, ValueError, OSError) as e:
             self.error = str(e)
             log.error("policy file changed but is invalid; keeping the running policy:\n%s", e)
             return False

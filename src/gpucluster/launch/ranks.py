@@ -28,6 +28,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from gpucluster.core.types import NodeSlice
 
@@ -178,6 +179,7 @@ def launcher_commands(
     job_id: int,
     attempt: int,
     torchrun: Sequence[str] | None = None,
+    rdzv_timeout_s: int = 60,
 ) -> tuple[LauncherCommand, ...]:
     """One torchrun command per node, with the job's own command after torchrun's options.
 
@@ -185,7 +187,8 @@ def launcher_commands(
     (`python train.py ...`, `python -m pkg ...`, `python -u train.py` via --no-python) is handed
     to that same interpreter's `-m torch.distributed.run`, so the torchrun used is the one installed next to the job's
     torch; anything else runs through `torchrun --no-python`. `torchrun` overrides the launcher
-    prefix (e.g. `("torchrun",)`).
+    prefix (e.g. `("torchrun",)`). `rdzv_timeout_s` bounds how long node 0's torchrun waits for
+    the other nodes (torchrun's static rendezvous waits 600 s by default).
 
     --max-restarts=0: the head restarts the whole job as a new attempt (fresh port, fresh store
     prefix), never torchrun, whose in-place restarts reuse its store. The static rendezvous
@@ -212,6 +215,7 @@ def launcher_commands(
             f"--master-addr={addr}",
             f"--master-port={master_port}",
             "--max-restarts=0",
+            f"--rdzv-conf=timeout={rdzv_timeout_s}",
         )
         env = {
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in s.gpu_indices),
@@ -220,6 +224,33 @@ def launcher_commands(
         }
         out.append(LauncherCommand(s.node, node_rank, (*launcher, *opts, *script), env))
     return tuple(out)
+
+
+class AttemptOutcome(Enum):
+    """How one attempt of a multi-process job ended, from its processes' exit codes."""
+
+    SUCCEEDED = "succeeded"  # every process exited 0
+    REQUEUE = "requeue"  # the job checkpointed and asked to run again (REQUEUE_EXIT_CODE)
+    FAILED = "failed"  # anything else: a crash, a lost peer, a kill
+
+
+def attempt_outcome(exit_codes: Sequence[int]) -> AttemptOutcome:
+    """Classify an attempt once all of its processes have ended.
+
+    REQUEUE needs every process to have ended with 0 or REQUEUE_EXIT_CODE and at least one with
+    the latter: `gpucluster.train` makes all ranks agree before they stop, so a mix with any
+    other code means a rank died and the checkpoint may be missing. Signals count as failures
+    whichever way they are reported (-N from Popen, 128+N from a shell). The head still knows
+    better when it sent SIGTERM itself: a torchrun launcher (launcher mode) exits 1 after
+    forwarding SIGTERM to its workers, however cleanly they checkpointed.
+    """
+    if not exit_codes:
+        raise ValueError("no exit codes")
+    if all(c == 0 for c in exit_codes):
+        return AttemptOutcome.SUCCEEDED
+    if all(c in (0, REQUEUE_EXIT_CODE) for c in exit_codes):
+        return AttemptOutcome.REQUEUE
+    return AttemptOutcome.FAILED
 
 
 def _torchrun_split(argv: Sequence[str], torchrun: Sequence[str] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:

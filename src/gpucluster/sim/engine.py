@@ -122,6 +122,7 @@ class RunResult:
 
     policy: SimPolicy
     teams: list[str]
+    job_id: array[int] = field(default_factory=lambda: array("q"))
     submit: array[float] = field(default_factory=lambda: array("d"))
     first_start: array[float] = field(default_factory=lambda: array("d"))
     end: array[float] = field(default_factory=lambda: array("d"))
@@ -143,6 +144,7 @@ class RunResult:
     # performance, not part of the deterministic metrics
     events: int = 0
     decide_calls: int = 0
+    decide_skipped: int = 0  # calls saved: no GPU free and no preemption (see scheduling.py)
     decide_s: float = 0.0
     decide_queue_max: int = 0
     decide_queue_sum: int = 0
@@ -250,8 +252,10 @@ class Engine:
                     self._dirty = True
             if self._dirty:
                 self._dirty = False
-                if self._queued:
+                if self._queued and scheduling.can_change_anything(self.policy, self._up_gpus - self._busy_gpus):
                     self._schedule(t)
+                elif self._queued:
+                    res.decide_skipped += 1
             loops += 1
             if self.on_progress is not None and loops & 1023 == 0:
                 self.on_progress(len(res.end) + sum(res.skipped.values()), n, t)
@@ -434,7 +438,7 @@ class Engine:
         totals[USED] += elapsed * held
         totals[COST] += elapsed * job.price_s
         totals[ENERGY] += elapsed * job.power_w / 3.6e6
-        totals[CKPT] += p.checkpoint_s * held
+        totals[CKPT] += (p.checkpoint_s + (p.partial_write_s if saved_all else 0.0)) * held
         totals[job.cause] += p.startup_s * held
         totals[lost_to] += (unsaved + elapsed - computing) * held
         busy = self.result.group_busy_gpu_s
@@ -470,6 +474,7 @@ class Engine:
 
     def _record(self, job: SimJob, now: float, outcome: int) -> None:
         res = self.result
+        res.job_id.append(job.trace.job_id)
         res.submit.append(job.trace.submit)
         res.first_start.append(job.first_start)
         res.end.append(now)

@@ -6,6 +6,8 @@ reported through callbacks, so this module never draws anything.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -13,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpucluster.sim.engine import Engine, RunResult
+from gpucluster.sim.engine import Engine, ProgressFn, RunResult
 from gpucluster.sim.metrics import comparison, inputs_metrics, run_metrics
 from gpucluster.sim.readers import read_trace
 from gpucluster.sim.scheduling import SimPolicy, load_policy
 from gpucluster.sim.spec import ClusterSpec, load_cluster_spec
-from gpucluster.sim.workload import Trace
+from gpucluster.sim.workload import Trace, TraceJob
 
 
 @dataclass(frozen=True)
@@ -66,21 +68,18 @@ def simulate(
     on_phase: PhaseFn | None = None,
     on_progress: PolicyProgressFn | None = None,
     write: bool = True,
+    workers: int | None = None,
 ) -> Outcome:
+    """Run every policy of `opts` and (with `write`) write the report to `opts.out`."""
     t0 = time.perf_counter()
     say = on_phase or (lambda _text: None)
     say("reading inputs")
     spec, trace, policies = load_inputs(opts)
     read_s = time.perf_counter() - t0
-    results: list[RunResult] = []
-    for policy in policies:
-        say(f"simulating {policy.name}")
-        cb = None
-        if on_progress is not None:
-            report = on_progress
-            name = policy.name
-            cb = lambda done, total, t, _n=name: report(_n, done, total, t)  # noqa: E731
-        results.append(Engine(spec, trace.jobs, policy, opts.seed, on_progress=cb).run())
+    say(f"simulating {', '.join(p.name for p in policies)}")
+    workers = workers if workers is not None else min(len(policies), os.cpu_count() or 1)
+    results = run_policies(spec, trace.jobs, policies, opts.seed, workers, on_progress)
+    say("computing metrics")
     per_policy = [run_metrics(res, spec) for res in results]
     metrics = {
         "inputs": inputs_metrics(spec, trace, opts.seed),
@@ -93,8 +92,60 @@ def simulate(
         from gpucluster.sim.report import write_report
 
         say("writing the report")
-        outcome.files = write_report(opts.out, metrics, performance)
+        outcome.files = write_report(opts.out, metrics, performance, results)
     return outcome
+
+
+def run_policies(
+    spec: ClusterSpec,
+    jobs: list[TraceJob],
+    policies: list[SimPolicy],
+    seed: int,
+    workers: int,
+    on_progress: PolicyProgressFn | None,
+) -> list[RunResult]:
+    """One Engine per policy; with workers > 1, policies run in parallel forked processes.
+
+    Why fork: the workload (a million jobs) is inherited, not pickled; each child only sends
+    its RunResult back. Progress crosses over through a shared array the parent polls."""
+    if workers <= 1 or len(policies) <= 1 or "fork" not in mp.get_all_start_methods():
+        return [Engine(spec, jobs, p, seed, on_progress=_named(on_progress, p.name)).run() for p in policies]
+    global _SHARED
+    ctx = mp.get_context("fork")
+    progress = ctx.Array("d", 2 * len(policies), lock=False)
+    _SHARED = (spec, jobs, policies, seed, progress)
+    try:
+        with ctx.Pool(processes=min(workers, len(policies))) as pool:
+            pending = [pool.apply_async(_run_forked, (k,)) for k in range(len(policies))]
+            while not all(p.ready() for p in pending):
+                time.sleep(0.2)
+                if on_progress is not None:
+                    for k, pol in enumerate(policies):
+                        on_progress(pol.name, int(progress[2 * k]), len(jobs), progress[2 * k + 1])
+            return [p.get() for p in pending]
+    finally:
+        _SHARED = None
+
+
+def _named(on_progress: PolicyProgressFn | None, name: str) -> ProgressFn | None:
+    if on_progress is None:
+        return None
+    report = on_progress
+    return lambda done, total, t: report(name, done, total, t)
+
+
+_SHARED: tuple[ClusterSpec, list[TraceJob], list[SimPolicy], int, Any] | None = None
+
+
+def _run_forked(k: int) -> RunResult:
+    assert _SHARED is not None
+    spec, jobs, policies, seed, progress = _SHARED
+
+    def cb(done: int, total: int, t: float) -> None:
+        progress[2 * k] = done
+        progress[2 * k + 1] = t
+
+    return Engine(spec, jobs, policies[k], seed, on_progress=cb).run()
 
 
 def performance_figures(results: list[RunResult], read_s: float, total_s: float) -> dict[str, Any]:
@@ -108,6 +159,7 @@ def performance_figures(results: list[RunResult], read_s: float, total_s: float)
             "events": res.events,
             "events_per_s": round(res.events / res.wall_s) if res.wall_s else None,
             "decide_calls": res.decide_calls,
+            "decide_skipped_cluster_full": res.decide_skipped,
             "decide_s": round(res.decide_s, 3),
             "decide_share": round(res.decide_s / res.wall_s, 3) if res.wall_s else None,
             "decide_median_ms": round(times[n // 2] * 1e3, 4) if n else None,
@@ -120,6 +172,13 @@ def performance_figures(results: list[RunResult], read_s: float, total_s: float)
     return {
         "read_s": round(read_s, 3),
         "total_s": round(total_s, 3),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mib": round(_peak_rss_kib() / 1024, 1),
         "policies": per,
     }
+
+
+def _peak_rss_kib() -> int:
+    """Peak resident memory of this process or, if larger, of any finished child (a worker)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children)

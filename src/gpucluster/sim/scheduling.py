@@ -112,6 +112,13 @@ def snapshot(
     return Snapshot(nodes=nodes, running=running, queued=queued, usage=usage)
 
 
+def can_change_anything(policy: SimPolicy, free_gpus: float) -> bool:
+    """False when a plan could hold no start and no preemption, so the call can be skipped
+    without changing any decision: no GPU has any share free, and the policy never preempts.
+    (The simulator does not need the wait reasons such a plan would carry.)"""
+    return free_gpus > 1e-9 or policy.core.preemption.enabled
+
+
 def decide(snap: Snapshot, policy: SimPolicy, now: float) -> Plan:
     """One scheduling cycle of the real core."""
     return core_decide(snap, policy.core, now)

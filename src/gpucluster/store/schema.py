@@ -58,6 +58,7 @@ jobs = Table(
     Column("estimated_start", Float),
     Column("stop_message", Text),
     Column("last_checkpoint_at", Float),
+    Column("queued_at", Float),  # when it last entered the queue (submit or requeue)
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)

@@ -113,7 +113,13 @@ def request_json(spec: JobSpec) -> str:
 
 
 def request_from(
-    job_id: int, gpus: float, priority: int, submitted_at: float, team: str, request: str | None
+    job_id: int,
+    gpus: float,
+    priority: int,
+    submitted_at: float,
+    team: str,
+    request: str | None,
+    queued_at: float | None = None,
 ) -> JobRequest:
     d = json.loads(request) if request else {}
     return JobRequest(
@@ -127,6 +133,7 @@ def request_from(
         min_gpu_memory_mb=d.get("mm"),
         time_limit_s=d.get("tl"),
         nodes=d.get("n"),
+        queued_at=queued_at,
     )
 
 
@@ -250,6 +257,7 @@ class Store:
                 "request": request_json(spec),
                 "spec": spec.model_dump_json(),
                 "submitted_at": now,
+                "queued_at": now,
                 "reason": "submitted",
                 "attempt": 0,
                 "term_sent": False,
@@ -297,7 +305,7 @@ class Store:
     def queued_requests(self, after_id: int | None = None) -> list[JobRequest]:
         """The scheduler's view of the queue: only the columns it needs, no spec parsing."""
         j = schema.jobs.c
-        q = select(j.id, j.gpus, j.priority, j.submitted_at, j.team, j.request, j.spec).where(
+        q = select(j.id, j.gpus, j.priority, j.submitted_at, j.team, j.request, j.spec, j.queued_at).where(
             j.state == JobState.QUEUED.value
         )
         if after_id is not None:
@@ -305,7 +313,7 @@ class Store:
         with self._read() as c:
             rows = c.execute(q).all()
         return [
-            request_from(r[0], r[1], r[2], r[3], r[4], r[5] if r[5] is not None else _request_of_spec(r[6]))
+            request_from(r[0], r[1], r[2], r[3], r[4], r[5] if r[5] is not None else _request_of_spec(r[6]), r[7])
             for r in rows
         ]
 
@@ -436,7 +444,7 @@ class Store:
         """Mark a running job to be stopped, unless a stop is already under way.
 
         A second request (a cancel during a time-limit stop) must not restart the grace period,
-        nor change why the job is ending.
+        nor change why the job is ending; only a cancel during a preemption changes the outcome.
         """
         j = schema.jobs.c
         with self._write() as c:
@@ -447,6 +455,16 @@ class Store:
                 .where(j.stop_reason.is_(None))
                 .values(stop_reason=reason, stop_requested_at=now, stop_message=message)
             )
+            if res.rowcount == 0 and reason == "cancel":
+                # A user's cancel outranks a preemption already under way (the job must not be
+                # requeued), but keeps its grace timer.
+                res = c.execute(
+                    update(schema.jobs)
+                    .where(j.id == job_id)
+                    .where(j.state == JobState.RUNNING.value)
+                    .where(j.stop_reason == "preempt")
+                    .values(stop_reason=reason, stop_message=message)
+                )
         return res.rowcount == 1
 
     def update_job(self, job_id: int, expect: JobState, **fields: Any) -> bool:

@@ -85,7 +85,12 @@ def _broadcast_from_rank0(value: str | None) -> str | None:
 
 
 class CheckpointManager:
-    """Saves, finds, loads and rotates the checkpoints of one job."""
+    """Saves, finds, loads and rotates the checkpoints of one job.
+
+    Create it on every rank after `gpucluster.train.setup()` (construction is collective: rank 0
+    creates the directory and removes a crashed attempt's half-written files while the others
+    wait). `directory` defaults to `gpucluster.train.checkpoint_dir()`.
+    """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, *, keep: int = 3) -> None:
         if keep < 1:

@@ -21,6 +21,7 @@ the slowest legitimate wait, such as rank 0 writing a large checkpoint while the
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,12 +82,21 @@ def setup(
     backend: str | None = None,
     rdzv_timeout_s: float | None = None,
     collective_timeout_s: float | None = None,
+    freeze_gc: bool = True,
 ) -> DistContext:
     """Join the job's process group from the torchrun variables, or run alone if there are none.
 
     The backend is NCCL when CUDA is available, gloo otherwise (or `backend`). With CUDA, the
     process's device is `cuda:LOCAL_RANK` among its visible GPUs (`cuda:0` when it sees one).
+
+    `freeze_gc` calls `gc.freeze()` first: the objects that exist by now — mostly torch's own
+    modules — leave the cyclic collector's reach, so full collections during training and the
+    final ones at exit no longer walk them. A torch process then exits in about 0.5 s instead of
+    1.2-1.6 s here, which is how fast the survivors of a failed rank get out of the way for the
+    restart. The cost: a reference cycle among objects created before this call is never freed.
     """
+    if freeze_gc:
+        gc.freeze()
     env = os.environ
     if "WORLD_SIZE" not in env or "RANK" not in env:
         device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")

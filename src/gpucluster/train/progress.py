@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from gpucluster.train import env as train_env
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class ProgressReporter:
         self._thread = None
 
     def _run(self) -> None:
+        import httpx  # here, not at module level: every rank imports this module, one reports
+
         with httpx.Client(timeout=self.timeout_s) as client:
             while True:
                 with self._cond:
