@@ -83,16 +83,16 @@ def start(gpus: int, data_dir: Path, log_path: Path, timeout: float = 60) -> Hea
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise HeadError(f"gpucluster up exited with {proc.returncode}:\n{_tail(log_path)}")
+            raise HeadError(f"gpucluster up exited with {proc.returncode}:\n{tail(log_path)}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{head.url}/v1/health", timeout=2).status_code == 200:
                 return head
         time.sleep(0.1)
     head.stop()
-    raise HeadError(f"head not healthy after {timeout:.0f}s:\n{_tail(log_path)}")
+    raise HeadError(f"head not healthy after {timeout:.0f}s:\n{tail(log_path)}")
 
 
-def _tail(path: Path, n: int = 30) -> str:
+def tail(path: Path, n: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:

@@ -15,9 +15,13 @@ one node with 8 virtual GPUs; Slurm: 2 nodes x 4 fake GPUs, /work/shared/peers/s
    truncated), and to the millisecond "sched: Allocate JobId=N" line of slurmctld.log.
 2. submissions accepted per second: N jobs asking for 1 GPU and running `sleep 1000`, so all but
    8 just queue; from one client, then from --clients threads (each its own HTTP connection for
-   gpucluster, its own sbatch processes for Slurm). Running jobs are cancelled afterwards.
+   gpucluster, its own sbatch processes for Slurm). Afterwards Slurm's queue is scancel'ed; the
+   head is stopped and the 8 jobs it leaves running (gpucluster jobs outlive their head by design)
+   are ended through their process groups.
 
-Client and servers share this machine's cores, so the figures are for this machine only.
+Client and servers share this machine's cores, so the figures are for this machine only. Each
+phase records how many cores other processes kept busy meanwhile (from /proc/stat) and the
+output flags figures taken on a busy machine. Ratios are gpucluster/Slurm.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ import math
 import os
 import random
 import shutil
+import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -73,11 +77,16 @@ def peak_concurrency(intervals: Sequence[tuple[float, float]]) -> int:
     return peak
 
 
-def poisson_submit(n: int, rate: float, seed: int, submit: Callable[[], tuple[int, float]]) -> list[tuple[int, float]]:
+def poisson_submit(
+    n: int, rate: float, seed: int, submit: Callable[[], tuple[int, float]], load: Result
+) -> list[tuple[int, float]]:
     """Call submit() n times at Poisson arrival times; returns (job id, submit wall time) pairs.
 
     Arrival times are absolute, so a slow submit call does not stretch the whole schedule.
+    Stores in `load` how many cores the whole machine kept busy meanwhile (the benchmark itself
+    needs only a few percent at these rates, so much more means other work disturbed it).
     """
+    t0, busy0 = time.monotonic(), machine_busy_s()
     rng = random.Random(seed)
     due = time.monotonic()
     out = []
@@ -87,6 +96,7 @@ def poisson_submit(n: int, rate: float, seed: int, submit: Callable[[], tuple[in
         if delay > 0:
             time.sleep(delay)
         out.append(submit())
+    load["machine_cores_busy"] = round((machine_busy_s() - busy0) / (time.monotonic() - t0), 2)
     return out
 
 
@@ -100,6 +110,13 @@ def proc_cpu_s(pid: int | None) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all processes on this machine have used (/proc/stat), to see who else ran."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def client_cpu_s() -> float:
@@ -117,6 +134,7 @@ class RateRun:
     errors: list[str]
     client_cpu_s: float
     server_cpu_s: float | None
+    machine_cpu_s: float
 
     def result(self) -> Result:
         ok = len(self.call_ms)
@@ -133,6 +151,10 @@ class RateRun:
             # cores busy on average during the run; this machine has os.cpu_count() of them
             "client_cores_busy": round(self.client_cpu_s / self.seconds, 2),
             "server_cores_busy": None if self.server_cpu_s is None else round(self.server_cpu_s / self.seconds, 2),
+            # cores busy with anything else on the machine: well above 0 means the run was disturbed
+            "other_cores_busy": round(
+                (self.machine_cpu_s - self.client_cpu_s - (self.server_cpu_s or 0)) / self.seconds, 2
+            ),
         }
 
 
@@ -147,12 +169,15 @@ def submit_rate(
     call_ms: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
+    stop = threading.Event()  # set when the main thread is interrupted, so workers quit early
 
     def worker(count: int) -> None:
         submit = make_submit()
         mine: list[float] = []
         barrier.wait()
         for _ in range(count):
+            if stop.is_set():
+                return
             t = time.perf_counter()
             try:
                 submit()
@@ -168,13 +193,17 @@ def submit_rate(
     with ThreadPoolExecutor(clients) as pool:
         futures = [pool.submit(worker, k) for k in shares]
         barrier.wait()
-        t0, cpu0, srv0 = time.perf_counter(), client_cpu_s(), proc_cpu_s(server_pid)
-        for f in futures:
-            f.result()
+        t0, cpu0, srv0, all0 = time.perf_counter(), client_cpu_s(), proc_cpu_s(server_pid), machine_busy_s()
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            stop.set()
+            raise
         seconds = time.perf_counter() - t0
-        cpu, srv1 = client_cpu_s() - cpu0, proc_cpu_s(server_pid)
+        cpu, srv1, all1 = client_cpu_s() - cpu0, proc_cpu_s(server_pid), machine_busy_s()
     srv = None if srv0 is None or srv1 is None else srv1 - srv0
-    return RateRun(n, clients, seconds, call_ms, errors, cpu, srv)
+    return RateRun(n, clients, seconds, call_ms, errors, cpu, srv, all1 - all0)
 
 
 def latency_summary(lat: Sequence[float]) -> Result:
@@ -203,21 +232,48 @@ class Phase:
         self.head = _head.start(self.gpus, data, self.work / f"head-{self.name}.log")
         return self.head
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        died = self.head.proc.poll()  # None while the head runs, as it should until we stop it
         self.head.stop()
         problems = self.head.log_problems()
         self.report.setdefault("jobs_ended_after_head_stop", {})[self.name] = self.head.jobs_left_running
-        if problems or self.head.unkillable:
+        if problems or self.head.unkillable or died is not None:
             self.report.setdefault("head_problems", {})[self.name] = {
                 "log": str(self.head.log_path),
+                "exited_by_itself_with": died,
                 "lines": problems,
                 "job_groups_surviving_sigkill": self.head.unkillable,
             }
         shutil.rmtree(self.head.data_dir, ignore_errors=True)
+        if died is not None and exc is not None:
+            how = f"killed by signal {-died}" if died < 0 else f"exit code {died}"
+            raise _head.HeadError(
+                f"the head died during the {self.name} phase ({how}; {type(exc).__name__}: {exc});"
+                f" its output ({self.head.log_path}):\n{_head.tail(self.head.log_path)}"
+            ) from exc
+
+
+def gc_smoke(c: httpx.Client, head: _head.Head, timeout: float = 30) -> None:
+    """One job end to end before measuring, so a head that cannot start jobs fails in seconds."""
+    r = c.post("/v1/jobs", json={"command": ["true"], "gpus": 1})
+    if r.status_code != 201:
+        raise _head.HeadError(f"POST /v1/jobs answered {r.status_code}: {r.text[:300]}")
+    deadline = time.monotonic() + timeout
+    while (job := c.get(f"/v1/jobs/{r.json()['id']}").json())["state"] not in TERMINAL:
+        if time.monotonic() > deadline:
+            problems = "\n".join(head.log_problems(8)) or "(nothing in its output)"
+            raise _head.HeadError(
+                f"smoke job did not finish in {timeout:.0f}s (state {job['state']}, {job.get('reason')!r});"
+                f" head output ({head.log_path}):\n{problems}"
+            )
+        time.sleep(0.1)
+    if job["state"] != "succeeded":
+        raise _head.HeadError(f"smoke job `true` ended {job['state']}: {job.get('reason')!r}")
 
 
 def gc_latency(head: _head.Head, n: int, rate: float, seed: int, timeout: float) -> Result:
     with httpx.Client(base_url=head.url, timeout=30) as c:
+        gc_smoke(c, head)
 
         def submit() -> tuple[int, float]:
             t = time.time()
@@ -226,7 +282,8 @@ def gc_latency(head: _head.Head, n: int, rate: float, seed: int, timeout: float)
                 raise _head.HeadError(f"POST /v1/jobs answered {r.status_code}: {r.text[:300]}")
             return int(r.json()["id"]), t
 
-        subs = poisson_submit(n, rate, seed, submit)
+        load: Result = {}
+        subs = poisson_submit(n, rate, seed, submit, load)
         jobs: dict[int, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout
         for jid, _ in subs:  # started_at is kept after the job ends, so reading afterwards is exact
@@ -242,7 +299,7 @@ def gc_latency(head: _head.Head, n: int, rate: float, seed: int, timeout: float)
                 time.sleep(0.05)
             jobs[jid] = job
     lat = [jobs[j]["started_at"] - t for j, t in subs]
-    res = latency_summary(lat)
+    res = latency_summary(lat) | load
     res["peak_running"] = peak_concurrency([(j["started_at"], j["ended_at"]) for j in jobs.values()])
     res["not_succeeded"] = sum(1 for j in jobs.values() if j["state"] != "succeeded")
     return res
@@ -288,7 +345,14 @@ def run_gpucluster(args: argparse.Namespace, work: Path) -> Result:
 
 
 def slurm_latency(peer: slurm_peer.SlurmPeer, n: int, rate: float, seed: int, timeout: float) -> Result:
-    subs = poisson_submit(n, rate, seed, lambda: peer.submit("true"))
+    smoke, _ = peer.submit("true")  # one job end to end first, as for gpucluster
+    deadline = time.monotonic() + 30
+    while smoke not in peer.read_jobcomp():
+        if time.monotonic() > deadline:
+            raise slurm_peer.SlurmError(f"smoke job {smoke} not in {peer.jobcomp_path} after 30s")
+        time.sleep(0.2)
+    load: Result = {}
+    subs = poisson_submit(n, rate, seed, lambda: peer.submit("true"), load)
     deadline = time.monotonic() + timeout
     while True:
         comp = peer.read_jobcomp()
@@ -299,7 +363,7 @@ def slurm_latency(peer: slurm_peer.SlurmPeer, n: int, rate: float, seed: int, ti
             raise slurm_peer.SlurmError(f"{len(missing)} jobs not in {peer.jobcomp_path}, e.g. {missing[:5]}")
         time.sleep(0.5)
     starts, ends = peer.read_ctld_times()
-    res: Result = {"jobcomp": latency_summary([comp[j].start - t for j, t in subs])}
+    res: Result = {"jobcomp": latency_summary([comp[j].start - t for j, t in subs]), **load}
     res["jobcomp"]["resolution"] = "1 s (Slurm StartTime is truncated to whole seconds)"
     if all(j in starts for j, _ in subs):
         res["ctld_log"] = latency_summary([starts[j] - t for j, t in subs])
@@ -310,7 +374,7 @@ def slurm_latency(peer: slurm_peer.SlurmPeer, n: int, rate: float, seed: int, ti
 
 
 def run_slurm(args: argparse.Namespace) -> Result:
-    report: Result = {"jobs": args.slurm_jobs, "version": _slurm_version()}
+    report: Result = {"jobs": args.slurm_jobs}
     phases: list[tuple[str, Callable[[slurm_peer.SlurmPeer], Result]]] = [
         ("latency", lambda p: slurm_latency(p, args.latency_jobs, args.latency_rate, args.seed, args.wait_timeout)),
     ]
@@ -320,19 +384,13 @@ def run_slurm(args: argparse.Namespace) -> Result:
         log(f"slurm: {name}: starting a fresh Slurm in {args.slurm_dir}")
         peer = slurm_peer.start(args.slurm_dir, args.slurm_nodes, args.gpus // args.slurm_nodes)
         try:
+            report.setdefault("version", peer.version())
             report[name] = measure(peer)
             log(f"slurm: {name}: {_brief(report[name])}")
             peer.cancel_all()
         finally:
             slurm_peer.stop(peer)
     return report
-
-
-def _slurm_version() -> str:
-    try:
-        return subprocess.run(["sbatch", "--version"], capture_output=True, text=True, check=False).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 def _slurm_rate(peer: slurm_peer.SlurmPeer, n: int, clients: int) -> Result:
@@ -397,16 +455,20 @@ def figures(gc: Result | None, sl: Result | None, clients: int) -> list[tuple[st
 
 
 def print_table(rows: list[tuple[str, float | None, float | None]], notes: list[str]) -> None:
-    def cell(v: float | None) -> str:
-        return "-" if v is None else f"{v:.3f}" if v < 100 else f"{v:.1f}"
+    def cell(v: float | None, name: str) -> str:
+        return "-" if v is None else f"{v:.1f}" if name.startswith("submissions") else f"{v:.3f}"
 
     w = max(len(r[0]) for r in rows)
     print(f"\n{'metric':<{w}}  {'gpucluster':>11}  {'slurm':>11}  {'gpucluster/slurm':>16}")
     for name, g, s in rows:
         ratio = f"{g / s:.3f}" if g is not None and s else "-"
-        print(f"{name:<{w}}  {cell(g):>11}  {cell(s):>11}  {ratio:>16}")
+        print(f"{name:<{w}}  {cell(g, name):>11}  {cell(s, name):>11}  {ratio:>16}")
     for n in notes:
         print(f"note: {n}")
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -430,6 +492,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1, help="seed of the Poisson arrivals (same for both systems)")
     p.add_argument("--out", type=Path, help="also write all figures as JSON here")
     args = p.parse_args(argv)
+    # SIGTERM/SIGINT unwind through the finally blocks, which stop the heads and Slurm (a shell's
+    # background job otherwise starts with SIGINT ignored, and SIGTERM would kill us outright).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     args.slurm_jobs = args.slurm_jobs or args.jobs
     if min(args.jobs, args.slurm_jobs, args.latency_jobs, args.clients, args.latency_rate) <= 0:
         p.error("--jobs, --slurm-jobs, --latency-jobs, --clients and --latency-rate must be positive")
@@ -481,6 +547,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_gpucluster and source_digest() != digest:
         notes.append("gpucluster's sources changed during the run: its phases may have measured different code")
     for system in ("gpucluster", "slurm"):
+        for phase, r in (out.get(system) or {}).items():
+            other = r.get("other_cores_busy") if isinstance(r, dict) else None
+            busy = r.get("machine_cores_busy") if isinstance(r, dict) else None
+            if (other or 0) > 0.3 or (busy or 0) > 0.5:
+                what = f"{other} cores used by other processes" if other else f"{busy} cores busy machine-wide"
+                notes.append(f"{system} {phase}: {what} during the run: this figure is disturbed by other work")
         peak = _get(out.get(system), "latency", "peak_running")
         if peak is not None and peak >= args.gpus:
             notes.append(

@@ -60,6 +60,9 @@ class SlurmPeer:
     def ctld_log_path(self) -> Path:
         return self.dir / "log" / "slurmctld.log"
 
+    def version(self) -> str:
+        return self._run("sbatch", "--version").strip()
+
     def ctld_pid(self) -> int | None:
         """slurmctld's pid (from its pid file), to read its CPU time."""
         try:

@@ -6,8 +6,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, pytest" # fail fast if the install did not take
+# torch: the CPU build, asked for by exact version (this machine kind serves 2.13.0 as a local CPU
+# wheel); an open `torch` requirement would pull a multi-GB CUDA build. The package itself accepts
+# any torch >= 2.1 (extra `train`).
+.venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q -e '.[test,train]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, pytest, torch, sklearn" # fail fast if an install did not take
 echo "== ruff"; .venv/bin/ruff check src tests bench
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"

@@ -1,0 +1,138 @@
+"""launch/ranks.py: the torchrun environment and command for every process of an allocation."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from gpucluster.core.types import NodeSlice
+from gpucluster.launch.ranks import (
+    ENV_RDZV_PREFIX,
+    REQUEUE_EXIT_CODE,
+    AttemptOutcome,
+    attempt_outcome,
+    launcher_commands,
+    per_gpu_envs,
+    pick_free_port,
+    placements,
+    rendezvous_prefix,
+)
+
+TWO_NODES = (NodeSlice("a", (4, 5)), NodeSlice("b", (0, 1)))
+ADDRS = {"a": "10.0.0.1", "b": "10.0.0.2"}
+
+
+def test_ranks_are_node_major_in_allocation_order() -> None:
+    got = [(p.rank, p.local_rank, p.node_rank, p.node, p.gpu_index) for p in placements(TWO_NODES)]
+    assert got == [(0, 0, 0, "a", 4), (1, 1, 0, "a", 5), (2, 0, 1, "b", 0), (3, 1, 1, "b", 1)]
+
+
+def test_per_gpu_env_is_torchruns() -> None:
+    envs = per_gpu_envs(TWO_NODES, ADDRS, 29500, job_id=7, attempt=3)
+    assert [e.env["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    third = envs[2].env
+    assert third["LOCAL_RANK"] == "0"
+    assert third["WORLD_SIZE"] == "4"
+    assert third["LOCAL_WORLD_SIZE"] == "2"
+    assert third["NODE_RANK"] == third["GROUP_RANK"] == "1"
+    assert third["GROUP_WORLD_SIZE"] == "2"
+    assert third["MASTER_ADDR"] == "10.0.0.1"  # rank 0's node, for every rank
+    assert third["MASTER_PORT"] == "29500"
+    assert third["CUDA_VISIBLE_DEVICES"] == "0,1"  # node-local list, device = cuda:LOCAL_RANK
+    assert envs[1].env["CUDA_VISIBLE_DEVICES"] == "4,5"
+    assert {e.env[ENV_RDZV_PREFIX] for e in envs} == {"gpucluster/job-7/attempt-3/"}
+
+
+def test_isolated_gpus_show_one_device_as_local_rank_zero() -> None:
+    envs = per_gpu_envs(TWO_NODES, ADDRS, 29500, job_id=1, attempt=1, isolate_gpus=True)
+    assert [(e.env["CUDA_VISIBLE_DEVICES"], e.env["LOCAL_RANK"]) for e in envs] == [
+        ("4", "0"),
+        ("5", "0"),
+        ("0", "0"),
+        ("1", "0"),
+    ]
+
+
+def test_defaults_yield_to_the_jobs_own_env_and_rank_vars_do_not() -> None:
+    (pe,) = per_gpu_envs((NodeSlice("a", (0,)),), ADDRS, 1234, job_id=1, attempt=1)
+    assert "OMP_NUM_THREADS" not in pe.defaults  # one process per node: torchrun leaves it alone
+    pe4 = per_gpu_envs((NodeSlice("a", (0, 1, 2, 3)),), ADDRS, 1234, job_id=1, attempt=1)[0]
+    merged = pe4.apply({"OMP_NUM_THREADS": "8", "RANK": "99", "PATH": "/bin"})
+    assert merged["OMP_NUM_THREADS"] == "8"
+    assert merged["RANK"] == "0"
+    assert merged["PATH"] == "/bin"
+    assert pe4.apply({})["OMP_NUM_THREADS"] == "1"
+
+
+def test_every_attempt_has_its_own_prefix() -> None:
+    prefixes = {rendezvous_prefix(j, a) for j in (1, 2) for a in (1, 2, 3)}
+    assert len(prefixes) == 6
+    with pytest.raises(ValueError):
+        rendezvous_prefix(1, 0)
+
+
+def test_launcher_mode_runs_one_torchrun_per_node() -> None:
+    cmds = launcher_commands(TWO_NODES, ADDRS, 29400, ["python3", "train.py", "--lr", "1"], job_id=2, attempt=1)
+    assert [c.node for c in cmds] == ["a", "b"]
+    assert cmds[1].argv == (
+        "python3",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--nproc-per-node=2",
+        "--master-addr=10.0.0.1",
+        "--master-port=29400",
+        "--max-restarts=0",
+        "--rdzv-conf=timeout=60",
+        "train.py",
+        "--lr",
+        "1",
+    )
+    assert cmds[1].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert cmds[0].env[ENV_RDZV_PREFIX] == "gpucluster/job-2/attempt-1/"
+
+
+@pytest.mark.parametrize(
+    ("argv", "tail"),
+    [
+        (["python", "-m", "pkg.train", "x"], ("--module", "pkg.train", "x")),
+        (["python", "-u", "t.py"], ("--no-python", "python", "-u", "t.py")),
+        (["./run.sh", "x"], ("--no-python", "./run.sh", "x")),
+    ],
+)
+def test_launcher_mode_keeps_any_command(argv: list[str], tail: tuple[str, ...]) -> None:
+    (cmd,) = launcher_commands((NodeSlice("a", (0,)),), ADDRS, 1, argv, job_id=1, attempt=1)
+    assert cmd.argv[-len(tail) :] == tail
+
+
+def test_bad_allocations_are_refused() -> None:
+    with pytest.raises(ValueError, match="same number of GPUs"):
+        launcher_commands((NodeSlice("a", (0, 1)), NodeSlice("b", (0,))), ADDRS, 1, ["x"], job_id=1, attempt=1)
+    with pytest.raises(ValueError, match="no address"):
+        per_gpu_envs((NodeSlice("zz", (0,)),), ADDRS, 1, job_id=1, attempt=1)
+    with pytest.raises(ValueError, match="twice"):
+        placements((NodeSlice("a", (0,)), NodeSlice("a", (1,))))
+    with pytest.raises(ValueError, match="port"):
+        per_gpu_envs((NodeSlice("a", (0,)),), ADDRS, 70000, job_id=1, attempt=1)
+
+
+def test_free_port_can_be_bound() -> None:
+    port = pick_free_port("127.0.0.1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_requeue_code_means_nothing_else() -> None:
+    assert REQUEUE_EXIT_CODE not in (0, 1, 2, 120, 255) and not 64 <= REQUEUE_EXIT_CODE <= 78
+    assert REQUEUE_EXIT_CODE < 124  # not a shell code, not 128 + signal
+
+
+def test_attempt_outcome() -> None:
+    assert attempt_outcome([0, 0, 0, 0]) is AttemptOutcome.SUCCEEDED
+    assert attempt_outcome([REQUEUE_EXIT_CODE] * 4) is AttemptOutcome.REQUEUE
+    assert attempt_outcome([REQUEUE_EXIT_CODE, 0]) is AttemptOutcome.REQUEUE
+    assert attempt_outcome([REQUEUE_EXIT_CODE, 1, REQUEUE_EXIT_CODE]) is AttemptOutcome.FAILED
+    assert attempt_outcome([0, -9, 1, 1]) is AttemptOutcome.FAILED
+    assert attempt_outcome([143]) is AttemptOutcome.FAILED
