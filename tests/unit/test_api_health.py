@@ -14,7 +14,9 @@ from gpucluster.store import Store
 
 def test_health_is_503_with_the_reason_when_the_scheduling_loop_fails(tmp_path: Path) -> None:
     now = [1000.0]
-    head = Head(store=Store(tmp_path / "s.db"), executor=FakeExecutor(), data_dir=DataDir(tmp_path), clock=lambda: now[0])
+    head = Head(
+        store=Store(tmp_path / "s.db"), executor=FakeExecutor(), data_dir=DataDir(tmp_path), clock=lambda: now[0]
+    )
     service = ClusterService(head)
     try:
         client = TestClient(create_app(service))

@@ -194,7 +194,12 @@ def test_finished_job_frees_its_gpus_for_the_next(cluster: Cluster) -> None:
     assert cluster.state(big1) is JobState.RUNNING
     assert cluster.state(big2) is JobState.QUEUED
     waiting = cluster.store.get_job(big2)
-    assert waiting is not None and waiting.reason.startswith("waiting for 8 free")
+    assert waiting is not None
+    assert waiting.wait_reason == "reserved"  # first in line: n1 is held for it
+    assert waiting.reason.startswith("first in line: 8 H100 GPUs on n1")
+    assert waiting.estimated_start == T0 + 3600  # big1 started at T0 with the default 1 h limit
+    wire = cluster.service.job(big2)
+    assert (wire.wait_reason, wire.estimated_start) == ("reserved", T0 + 3600)
     cluster.fake.finish(big1, 0)
     cluster.tick_at(T0 + 1)  # reconcile frees the GPUs before scheduling in the same cycle
     assert cluster.state(big1) is JobState.SUCCEEDED
@@ -474,14 +479,20 @@ def test_service_rejects_unknown_gpu_type(cluster: Cluster) -> None:
     assert cluster.store.list_jobs() == []
 
 
-def test_service_rejects_more_gpus_than_the_largest_node(cluster: Cluster) -> None:
+def test_service_rejects_more_gpus_than_the_cluster_can_ever_host(cluster: Cluster) -> None:
     cluster.store.put_node(node("n2").gpus(4, "H100").build(), virtual=True, now=T0)
     with pytest.raises(Rejected) as e:
-        cluster.service.submit(spec(gpus=9))
+        cluster.service.submit(spec(gpus=13))
     assert e.value.field == "gpus"
-    assert "largest node has 8" in e.value.message
+    assert "can never host" in e.value.message
+    assert "H100: 8 per node, 12 in all" in e.value.message
+    with pytest.raises(Rejected, match="can never host"):
+        cluster.service.submit(spec(gpus=16, nodes=2))  # 8 per node, but only n1 has 8
     assert cluster.store.list_jobs() == []
-    assert cluster.service.submit(spec(gpus=8)).state is JobState.QUEUED
+    # Multi-node jobs exist now: 9 GPUs span n1 and n2 (it used to be refused as > the largest node).
+    assert cluster.service.submit(spec(gpus=9)).state is JobState.QUEUED
+    assert cluster.service.submit(spec(gpus=8, nodes=2)).state is JobState.QUEUED
+    assert cluster.service.submit(spec(gpus=12)).state is JobState.QUEUED
 
 
 def test_service_counts_one_gpu_model_per_node(cluster: Cluster) -> None:
@@ -489,7 +500,7 @@ def test_service_counts_one_gpu_model_per_node(cluster: Cluster) -> None:
     with pytest.raises(Rejected) as e:
         cluster.service.submit(spec(gpus=5, gpu_type="A100"))
     assert e.value.field == "gpus"
-    assert "largest node has 4" in e.value.message
+    assert "can never host" in e.value.message and "A100: 4 per node, 4 in all" in e.value.message
     with pytest.raises(Rejected):
         cluster.service.submit(spec(gpus=9))  # 10 GPUs on "mixed", but never 9 of one model
     assert cluster.service.submit(spec(gpus=6, gpu_type="L4")).state is JobState.QUEUED

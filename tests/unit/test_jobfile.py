@@ -47,12 +47,14 @@ def test_a_valid_job_file(tmp_path: Path) -> None:
     assert s.workdir == "/data/run"
 
 
-def test_read_records_key_lines_and_spec_from_fields_consumes_them(tmp_path: Path) -> None:
+def test_read_keeps_positions_and_spec_from_fields_consumes_them(tmp_path: Path) -> None:
     p = write(tmp_path, "# a comment\n\ncommand: [run.sh]\ngpus: 2\n")
     fields = read_job_file(p)
-    assert fields["__lines__"] == {"command": 3, "gpus": 4}
-    assert spec_from_fields(fields, p).gpu_count == 2
-    assert "__lines__" not in fields
+    assert spec_from_fields(dict(fields), p).gpu_count == 2
+    assert "__node__" not in spec_from_fields(fields, p).model_dump()
+    bad = read_job_file(write(tmp_path, "# a comment\n\ncommand: [run.sh]\ngpus: -1\n"))
+    with pytest.raises(JobFileError, match=r":4: gpus"):
+        spec_from_fields(bad, p)
 
 
 def test_overrides_merged_before_validation(tmp_path: Path) -> None:

@@ -38,7 +38,15 @@ def test_defaults() -> None:
 def test_whole_gpu_counts_are_accepted(gpus: Any) -> None:
     s = make(gpus=gpus)
     assert s.gpu_count == int(float(gpus))
-    assert isinstance(s.gpu_count, int)
+    assert float(s.gpu_count).is_integer()  # a whole count (a float since fractions exist)
+    assert not s.fractional
+
+
+@pytest.mark.parametrize("gpus", [0.01, 0.25, 0.5, "0.75", 0.999])
+def test_a_share_of_one_gpu_is_accepted(gpus: Any) -> None:
+    s = make(gpus=gpus)
+    assert s.gpu_count == float(gpus)
+    assert s.fractional
 
 
 @pytest.mark.parametrize(
@@ -49,8 +57,10 @@ def test_whole_gpu_counts_are_accepted(gpus: Any) -> None:
         (-0.5, "at least 1"),
         (float("nan"), "at least 1"),
         (float("-inf"), "at least 1"),
-        (0.5, "whole number"),
+        (0.005, "at least 0.01"),
+        (0.0099, "at least 0.01"),
         (1.5, "whole number"),
+        (2.25, "whole number"),
         (MAX_GPUS_PER_JOB + 1, f"at most {MAX_GPUS_PER_JOB}"),
         (1e300, f"at most {MAX_GPUS_PER_JOB}"),
         ("two", "valid number"),
@@ -67,6 +77,49 @@ def test_bad_gpu_counts_are_refused(gpus: Any, words: str) -> None:
 def test_infinite_gpus_are_refused_with_a_validation_error(gpus: Any) -> None:
     err = refused(gpus=gpus)
     assert err.errors()[0]["loc"] == ("gpus",)
+
+
+# ---- GPU type, memory, nodes -------------------------------------------------------------------
+
+
+def test_gpu_type_is_one_model_or_a_preference_list() -> None:
+    assert make().gpu_types == ()
+    assert make(gpu_type="H100").gpu_types == ("H100",)
+    assert make(gpu_type=["H100", "A100"]).gpu_types == ("H100", "A100")
+
+
+@pytest.mark.parametrize("gpu_type", [[], [""], ["  "], ["x" * 65], [f"M{i}" for i in range(17)]])
+def test_bad_gpu_type_lists_are_refused(gpu_type: Any) -> None:
+    assert refused(gpu_type=gpu_type).errors()[0]["loc"] == ("gpu_type",)
+
+
+@pytest.mark.parametrize(
+    ("given", "mb"), [("10GiB", 10240), ("10G", 10240), ("16384MiB", 16384), ("512M", 512), (2048, 2048)]
+)
+def test_gpu_memory_forms(given: Any, mb: int) -> None:
+    s = make(gpu_memory=given, min_gpu_memory=given)
+    assert s.gpu_memory_mb == mb and s.min_gpu_memory_mb == mb
+    assert s.fractional  # a memory share is a fraction of one GPU
+    assert not make(min_gpu_memory=given).fractional  # a minimum only filters GPUs
+
+
+@pytest.mark.parametrize("given", ["ten gigs", "10TB", "0GiB", -1, 0, "99999999GiB"])
+def test_bad_gpu_memory_is_refused(given: Any) -> None:
+    assert refused(gpu_memory=given).errors()[0]["loc"] == ("gpu_memory",)
+    assert refused(min_gpu_memory=given).errors()[0]["loc"] == ("min_gpu_memory",)
+
+
+def test_gpu_memory_with_several_gpus_is_refused() -> None:
+    assert "cannot be combined" in str(refused(gpus=2, gpu_memory="10GiB"))
+    assert make(gpus=1, gpu_memory="10GiB").fractional
+
+
+def test_nodes_split_whole_gpus_evenly() -> None:
+    assert make(gpus=16, nodes=2).nodes == 2
+    assert "divide evenly" in str(refused(gpus=4, nodes=3))
+    assert "whole GPUs" in str(refused(gpus=0.5, nodes=1))
+    assert "whole GPUs" in str(refused(gpu_memory="1GiB", nodes=1))
+    assert refused(nodes=0).errors()[0]["loc"] == ("nodes",)
 
 
 # ---- command -----------------------------------------------------------------------------------
@@ -152,10 +205,11 @@ def test_bad_names_are_refused(name: str) -> None:
 
 def test_priority_must_be_known() -> None:
     assert make(priority="high").priority == "high"
+    assert make(priority="critical").priority == "critical"
     assert refused(priority="urgent").errors()[0]["loc"] == ("priority",)
 
 
-@pytest.mark.parametrize("field", ["gpu", "time-limit", "nodes", "timelimit"])
+@pytest.mark.parametrize("field", ["gpu", "time-limit", "node", "timelimit", "gpu-type", "memory"])
 def test_unknown_fields_are_refused(field: str) -> None:
     err = refused(**{field: 1})
     assert err.errors()[0]["loc"] == (field,)

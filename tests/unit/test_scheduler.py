@@ -1,18 +1,35 @@
-"""core.scheduler.decide: table-driven cases, then a property test over random clusters."""
+"""core.scheduler.decide: the first issue's table-driven cases, ported to the issue-3 scheduler.
+
+What changed on purpose, and how the cases follow it:
+- A blocked job no longer holds back every later job of its GPU models: the first one in line
+  gets a reservation (EASY backfill) and later jobs wait `behind_reservation` only if they would
+  delay it; a job of another model, or one that keeps off the reserved node, passes.
+- The default policy preempts: a blocked higher-priority job stops lower-priority running jobs.
+- A job larger than one node may span nodes (fewest nodes); one that no set of nodes can ever host
+  waits with `no_fit` (the API refuses it at submit).
+- Wait reasons are `Wait(reason, message, estimated_start)`, not bare sentences.
+
+The rules of issue 3 have their own tables in test_scheduler_rules.py; the random-cluster
+properties (which replace this file's old strict-order property) are in test_scheduler_properties.py.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from gpucluster.core.scheduler import decide, queue_order
+from gpucluster.core.policy import Policy
+from gpucluster.core.queueing import TeamQueues
+from gpucluster.core.reasons import WaitReason
+from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import JobRequest, Node, Priority, RunningJob
 
-from .builders import job, node, running, snapshot
+from .builders import job, no_preemption, node, policy, running, snapshot
+
+R = WaitReason
+NOW = 1000.0
+NO_PREEMPT = policy(preemption=no_preemption())
 
 # ---- table-driven cases ------------------------------------------------------------------------
 
@@ -23,8 +40,10 @@ class Case:
     snap: Snapshot
     # job id -> (node, GPU indices) for every job that must start, and nothing else
     starts: dict[int, tuple[str, tuple[int, ...]]]
-    # job id -> substrings its wait reason must contain; every other queued job must start
-    waits: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    # job id -> (reason, substrings of its message); every other queued job must start
+    waits: dict[int, tuple[WaitReason, tuple[str, ...]]] = field(default_factory=dict)
+    preempted: frozenset[int] = frozenset()
+    policy: Policy | None = None
 
 
 CASES = [
@@ -35,7 +54,7 @@ CASES = [
             queued=[job(1).gpus(8).at(1.0), job(2).gpus(8).priority("high").at(2.0)],
         ),
         starts={2: ("n1", (0, 1, 2, 3, 4, 5, 6, 7))},
-        waits={1: ("waiting for 8 free", "0 free now")},
+        waits={1: (R.RESERVED, ("first in line: 8 H100 GPUs on n1",))},
     ),
     Case(
         "low priority goes after normal",
@@ -44,7 +63,7 @@ CASES = [
             queued=[job(1).gpus(4).priority("low").at(0.0), job(2).gpus(4).priority("normal").at(9.0)],
         ),
         starts={2: ("n1", (0, 1, 2, 3))},
-        waits={1: ("waiting for 4 free",)},
+        waits={1: (R.RESERVED, ("4 H100 GPUs on n1",))},
     ),
     Case(
         "same priority: first come first served",
@@ -53,7 +72,7 @@ CASES = [
             queued=[job(1).gpus(8).at(5.0), job(2).gpus(8).at(1.0)],
         ),
         starts={2: ("n1", tuple(range(8)))},
-        waits={1: ("waiting for 8 free",)},
+        waits={1: (R.RESERVED, ())},
     ),
     Case(
         "same priority and submit time: lower id first",
@@ -62,50 +81,82 @@ CASES = [
             queued=[job(9).gpus(2).at(3.0), job(4).gpus(2).at(3.0)],
         ),
         starts={4: ("n1", (0, 1))},
-        waits={9: ("waiting for 2 free",)},
+        waits={9: (R.RESERVED, ())},
     ),
     Case(
-        "a job that does not fit holds back later jobs of its GPU model, not of another model",
+        "a job that does not fit holds back later jobs that would delay it, not jobs of another model",
         snapshot(
             nodes=[node("h").gpus(4, "H100"), node("a").gpus(4, "A100")],
             running=[running(100, "h", 0, 1)],
             queued=[
-                job(1).gpus(4).gpu_type("H100").at(1.0),  # 2 H100 free: does not fit
-                job(2).gpus(1).gpu_type("H100").at(2.0),  # would fit, but must not overtake job 1
+                job(1).gpus(4).gpu_type("H100").at(1.0),  # 2 H100 free: does not fit, gets h reserved
+                job(2).gpus(1).gpu_type("H100").at(2.0),  # would fit, but would delay job 1
                 job(3).gpus(2).gpu_type("A100").at(3.0),  # other model: passes
             ],
         ),
         starts={3: ("a", (0, 1))},
-        waits={1: ("waiting for 4 free H100", "2 free now"), 2: ("waiting behind job 1",)},
+        waits={
+            1: (R.RESERVED, ("first in line: 4 H100 GPUs on h",)),
+            2: (R.BEHIND_RESERVATION, ("would delay job 1", "H100")),
+        },
     ),
     Case(
-        "a blocked high-priority job holds back lower-priority jobs of the same model",
+        "a blocked high-priority job holds back lower-priority jobs of the same model (no preemption)",
         snapshot(
             nodes=[node("n1").gpus(8, "H100")],
             running=[running(100, "n1", 0)],
             queued=[job(1).gpus(1).at(0.0), job(2).gpus(8).priority("high").at(5.0)],
         ),
         starts={},
-        waits={2: ("waiting for 8 free", "7 free now"), 1: ("waiting behind job 2",)},
+        waits={2: (R.RESERVED, ("8 H100 GPUs on n1",)), 1: (R.BEHIND_RESERVATION, ("would delay job 2",))},
+        policy=NO_PREEMPT,
     ),
     Case(
-        "a blocked untyped job holds back jobs of every model",
+        "a blocked high-priority job preempts the lower-priority one in its way (the default policy)",
+        snapshot(
+            nodes=[node("n1").gpus(8, "H100")],
+            running=[running(100, "n1", 0)],
+            queued=[job(2).gpus(8).priority("high").at(5.0)],
+        ),
+        starts={},
+        waits={2: (R.PREEMPTING, ("preempting job(s) 100",))},
+        preempted=frozenset({100}),
+    ),
+    Case(
+        "a blocked untyped job reserves one model and holds back only the jobs that would delay it",
         snapshot(
             nodes=[node("h").gpus(8, "H100"), node("a").gpus(8, "A100")],
             running=[running(100, "h", 0), running(101, "a", 0)],
-            queued=[job(1).gpus(8).at(1.0), job(2).gpus(1).gpu_type("A100").at(2.0)],
+            queued=[
+                job(1).gpus(8).at(1.0),
+                job(2).gpus(1).gpu_type("A100").at(2.0),
+                job(3).gpus(1).gpu_type("H100").at(3.0),
+            ],
         ),
-        starts={},
-        waits={1: ("waiting for 8 free same-model GPU(s)", "14 free now"), 2: ("waiting behind job 1",)},
+        # models of equal memory are tried by name: A100 first, so the A100 node is held
+        starts={3: ("h", (1,))},
+        waits={1: (R.RESERVED, ("8 A100 GPUs on a",)), 2: (R.BEHIND_RESERVATION, ("would delay job 1",))},
+        policy=NO_PREEMPT,
     ),
     Case(
-        "a blocked typed job holds back a later untyped job, which could take that model",
+        "an untyped job passes a blocked typed job on a model nobody reserved",
         snapshot(
             nodes=[node("h").gpus(2, "H100"), node("a").gpus(2, "A100")],
-            queued=[job(1).gpus(3).gpu_type("H100").at(1.0), job(2).gpus(1).at(2.0)],
+            running=[running(100, "h", 0, priority="high")],
+            queued=[job(1).gpus(2).gpu_type("H100").at(1.0), job(2).gpus(1).at(2.0)],
+        ),
+        starts={2: ("a", (0,))},
+        waits={1: (R.RESERVED, ("2 H100 GPUs on h",))},
+    ),
+    Case(
+        "an untyped job that fits only on the reserved model waits behind the reservation",
+        snapshot(
+            nodes=[node("h").gpus(2, "H100"), node("a").gpus(2, "A100")],
+            running=[running(100, "h", 0, priority="high"), running(101, "a", 0, 1, priority="high")],
+            queued=[job(1).gpus(2).gpu_type("H100").at(1.0), job(2).gpus(1).at(2.0)],
         ),
         starts={},
-        waits={1: ("waiting for 3 free H100",), 2: ("waiting behind job 1",)},
+        waits={1: (R.RESERVED, ()), 2: (R.BEHIND_RESERVATION, ("would delay job 1",))},
     ),
     Case(
         "best fit: a small job goes to the fullest node that still fits, keeping a whole node free",
@@ -140,7 +191,7 @@ CASES = [
             queued=[job(1).gpus(3).at(1.0)],
         ),
         starts={},
-        waits={1: ("waiting for 3 free same-model GPU(s)", "4 free now")},
+        waits={1: (R.NO_FIT, ("can host 3 GPUs of any model", "A100: 2 per node, 2 in all"))},
     ),
     Case(
         "an untyped job takes GPUs of a single model when it fits",
@@ -168,13 +219,13 @@ CASES = [
         starts={1: ("l", (0, 1))},
     ),
     Case(
-        "a GPU type no node has waits (and only holds back that type)",
+        "a GPU type no node has can never run (and holds nothing back)",
         snapshot(
             nodes=[node("a").gpus(8, "A100")],
             queued=[job(1).gpus(1).gpu_type("B200").at(1.0), job(2).gpus(1).gpu_type("A100").at(2.0)],
         ),
         starts={2: ("a", (0,))},
-        waits={1: ("waiting for 1 free B200", "0 free now")},
+        waits={1: (R.NO_FIT, ("of B200", "A100: 8 per node"))},
     ),
     Case(
         "no GPU is handed out twice in one cycle",
@@ -183,7 +234,7 @@ CASES = [
             queued=[job(i).gpus(1).at(float(i)) for i in range(1, 6)],
         ),
         starts={1: ("n1", (0,)), 2: ("n1", (1,)), 3: ("n1", (2,)), 4: ("n1", (3,))},
-        waits={5: ("waiting for 1 free", "0 free now")},
+        waits={5: (R.RESERVED, ("1 H100 GPUs on n1",))},
     ),
     Case(
         "GPUs held by running jobs are not handed out",
@@ -193,7 +244,7 @@ CASES = [
             queued=[job(1).gpus(2).at(1.0), job(2).gpus(1).at(2.0)],
         ),
         starts={1: ("n1", (1, 3))},
-        waits={2: ("waiting for 1 free", "0 free now")},
+        waits={2: (R.RESERVED, ())},
     ),
     Case(
         "an empty queue starts nothing",
@@ -201,26 +252,29 @@ CASES = [
         starts={},
     ),
     Case(
-        "no nodes: every job waits",
+        "no nodes: every job waits, and says nothing could ever host it",
         snapshot(queued=[job(1).gpus(1).at(1.0), job(2).gpus(1).gpu_type("H100").at(2.0)]),
         starts={},
-        waits={1: ("waiting for 1 free",), 2: ("waiting for 1 free H100",)},
+        waits={1: (R.NO_FIT, ("no GPUs",)), 2: (R.NO_FIT, ("of H100",))},
     ),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_decide(case: Case) -> None:
-    plan = decide(case.snap, now=1000.0)
+    plan = decide(case.snap, case.policy, now=NOW)
     got = {s.job_id: s.allocation for s in plan.starts}
-    assert set(got) == set(case.starts), f"started {sorted(got)}, expected {sorted(case.starts)}"
+    assert set(got) == set(case.starts), f"started {sorted(got)}, expected {sorted(case.starts)}: {plan.waiting}"
     for job_id, (node_name, indices) in case.starts.items():
         slices = got[job_id].slices
         assert [(s.node, s.gpu_indices) for s in slices] == [(node_name, indices)]
     assert set(plan.waiting) == set(case.waits)
-    for job_id, needles in case.waits.items():
+    for job_id, (reason, needles) in case.waits.items():
+        wait = plan.waiting[job_id]
+        assert wait.reason is reason, wait
         for needle in needles:
-            assert needle in plan.waiting[job_id], plan.waiting[job_id]
+            assert needle in wait.message, wait
+    assert {p.job_id for p in plan.preemptions} == case.preempted
 
 
 def test_starts_come_out_in_queue_order() -> None:
@@ -233,135 +287,34 @@ def test_starts_come_out_in_queue_order() -> None:
             job(4).gpus(1).at(1.0),
         ],
     )
-    assert [s.job_id for s in decide(snap, 0.0).starts] == [3, 4, 2, 1]
+    assert [s.job_id for s in decide(snap, now=0.0).starts] == [3, 4, 2, 1]
 
 
-def test_decide_does_not_depend_on_now_or_input_order() -> None:
-    queued = [job(i).gpus(1 + i % 3).gpu_type(("H100", "A100", None)[i % 3]).at(float(i % 4)).build() for i in range(9)]
+def test_decide_does_not_depend_on_input_order() -> None:
+    queued = [
+        job(i).gpus(1 + i % 3).gpu_type(("H100", "A100", None)[i % 3]).at(float(i % 4)).team(("a", "b")[i % 2]).build()
+        for i in range(12)
+    ]
     nodes = [node("h").gpus(4, "H100").build(), node("a").gpus(4, "A100").build()]
-    a = decide(Snapshot(tuple(nodes), (), tuple(queued)), now=0.0)
-    b = decide(Snapshot(tuple(reversed(nodes)), (), tuple(reversed(queued))), now=1e9)
+    runs = [running(100, "h", 0, started_at=-10.0), running(101, "a", 3, started_at=-20.0, priority="low")]
+    a = decide(Snapshot(tuple(nodes), tuple(runs), tuple(queued)), now=0.0)
+    b = decide(Snapshot(tuple(reversed(nodes)), tuple(reversed(runs)), tuple(reversed(queued))), now=0.0)
     assert a.starts == b.starts
+    assert a.preemptions == b.preemptions
     assert a.waiting == b.waiting
 
 
-def test_queue_order_key() -> None:
+def test_queue_order_without_fair_share_is_priority_then_submission_then_id() -> None:
     jobs = [
         job(5).priority("normal").at(1.0).build(),
         job(2).priority("high").at(7.0).build(),
         job(3).priority("normal").at(1.0).build(),
         job(1).priority("low").at(0.0).build(),
+        job(4).priority("critical").at(9.0).build(),
     ]
-    assert [j.job_id for j in sorted(jobs, key=queue_order)] == [2, 3, 5, 1]
-
-
-# ---- property test -----------------------------------------------------------------------------
-
-MODELS = ("H100", "A100", "L4")
-
-
-@st.composite
-def clusters(draw: st.DrawFn) -> Snapshot:
-    nodes: list[Node] = []
-    for n in range(draw(st.integers(0, 4))):
-        b = node(f"n{n}")
-        for _ in range(draw(st.integers(1, 3))):
-            b.gpus(draw(st.integers(1, 8)), draw(st.sampled_from(MODELS)))
-        nodes.append(b.build())
-
-    # Running jobs: disjoint groups of GPUs, one node each.
-    runs: list[RunningJob] = []
-    next_id = 1000
-    for nd in nodes:
-        idxs = [g.index for g in nd.gpus]
-        used = draw(st.lists(st.sampled_from(idxs), unique=True, max_size=len(idxs)))
-        while used:
-            k = draw(st.integers(1, len(used)))
-            runs.append(running(next_id, nd.name, *used[:k]))
-            used = used[k:]
-            next_id += 1
-
-    queued: list[JobRequest] = []
-    for jid in range(1, draw(st.integers(0, 12)) + 1):
-        queued.append(
-            JobRequest(
-                job_id=jid,
-                gpus=draw(st.integers(1, 10)),
-                gpu_type=draw(st.sampled_from((*MODELS, None, "B200"))),
-                priority=draw(st.sampled_from(list(Priority))),
-                submitted_at=float(draw(st.integers(0, 5))),  # small range: plenty of ties
-            )
-        )
-    return Snapshot(tuple(nodes), tuple(runs), tuple(draw(st.permutations(queued))))
-
-
-def _model(nd: Node, index: int) -> str:
-    return next(g.model for g in nd.gpus if g.index == index)
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(clusters())
-def test_decide_invariants(snap: Snapshot) -> None:
-    plan = decide(snap, now=0.0)
-    nodes = {n.name: n for n in snap.nodes}
-    queued = {j.job_id: j for j in snap.queued}
-    all_models = frozenset(g.model for n in snap.nodes for g in n.gpus)
-
-    def wanted(j: JobRequest) -> frozenset[str]:
-        return frozenset({j.gpu_type}) if j.gpu_type else all_models
-
-    # Every queued job is either started or told why it waits, never both.
-    started = [s.job_id for s in plan.starts]
-    assert len(started) == len(set(started))
-    assert set(started).isdisjoint(plan.waiting)
-    assert set(started) | set(plan.waiting) == set(queued)
-    assert all(reason for reason in plan.waiting.values())
-
-    # No GPU is in two allocations, counting running jobs and new starts.
-    taken: set[tuple[str, int]] = set()
-    for r in snap.running:
-        taken |= r.allocation.gpu_keys()
-    for s in plan.starts:
-        j = queued[s.job_id]
-        keys = s.allocation.gpu_keys()
-        # gang: all or nothing, on one node
-        assert s.allocation.gpu_count == j.gpus == len(keys)
-        assert len(s.allocation.slices) == 1
-        for name, idx in keys:
-            assert name in nodes, f"job {j.job_id} placed on unknown node {name}"
-            assert idx in {g.index for g in nodes[name].gpus}, f"GPU {name}:{idx} does not exist"
-        assert not keys & taken, f"job {j.job_id} got GPUs already in use: {sorted(keys & taken)}"
-        taken |= keys
-        models = {_model(nodes[n], i) for n, i in keys}
-        assert len(models) == 1, f"job {j.job_id} mixes GPU models {models}"
-        if j.gpu_type is not None:
-            assert models == {j.gpu_type}
-
-    # A job that waits for resources really cannot fit in what is left after this cycle.
-    free_left: dict[str, list[int]] = {
-        n.name: [g.index for g in n.gpus if (n.name, g.index) not in taken] for n in snap.nodes
-    }
-    resource_waiters = {jid for jid, r in plan.waiting.items() if not r.startswith("waiting behind job")}
-    for jid in resource_waiters:
-        j = queued[jid]
-        for name, idxs in free_left.items():
-            for m in wanted(j):
-                fit = sum(1 for i in idxs if _model(nodes[name], i) == m)
-                assert fit < j.gpus, f"job {jid} waits but {fit} free {m} on {name} would fit it"
-
-    # Strict order within a GPU pool: no started job overtook an earlier job that could not fit
-    # and wants some of the same GPU models.
-    for s in plan.starts:
-        x = queued[s.job_id]
-        for jid in resource_waiters:
-            y = queued[jid]
-            if queue_order(y) < queue_order(x):
-                assert not wanted(x) & wanted(y), f"job {x.job_id} overtook job {y.job_id}"
-
-    # A held-back job names an earlier blocker that could not fit and competes for its models.
-    for jid, reason in plan.waiting.items():
-        if reason.startswith("waiting behind job"):
-            blocker = int(reason.removeprefix("waiting behind job ").split(",")[0])
-            assert blocker in resource_waiters
-            assert queue_order(queued[blocker]) < queue_order(queued[jid])
-            assert wanted(queued[blocker]) & wanted(queued[jid])
+    queues = TeamQueues(jobs, Policy(fair_share=False), {}, now=10.0)
+    order = []
+    while (j := queues.pop()) is not None:
+        order.append(j.job_id)
+        queues.done(j, started=False)
+    assert order == [4, 2, 3, 5, 1]

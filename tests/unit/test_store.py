@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from gpucluster.core.reasons import WaitReason
 from gpucluster.core.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
-from gpucluster.core.types import JobRequest, Priority
+from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob, Wait
 from gpucluster.store import Store, StoreError
 
 from .builders import allocation, node, spec
@@ -53,7 +55,8 @@ def test_create_job(store: Store) -> None:
     assert (ra.gpus, ra.gpu_type, ra.priority, ra.team) == (2, "H100", Priority.HIGH, "vision")
     assert ra.attempt == 0 and ra.allocation is None and ra.launch is None
     assert ra.spec.gpu_type == "H100"
-    assert ra.request() == JobRequest(a, 2, "H100", Priority.HIGH, T0, "vision")
+    assert ra.request() == JobRequest(a, 2, ("H100",), Priority.HIGH, T0, "vision")
+    assert {r.job_id: r.queued_at for r in store.queued_requests()} == {a: T0, b: T0 + 1}
     assert [(e.at, e.state, e.reason) for e in store.events(a)] == [(T0, JobState.QUEUED, "submitted")]
     assert store.get_job(999) is None
     assert store.events(999) == []
@@ -186,8 +189,8 @@ def test_queued_requests_and_running_allocations(store: Store) -> None:
     store.transition(done, JobState.SUCCEEDED, T0 + 4, "exit code 0", exit_code=0)
 
     assert sorted(store.queued_requests(), key=lambda r: r.job_id) == [
-        JobRequest(q1, 2, "A100", Priority.LOW, T0, "nlp"),
-        JobRequest(q2, 1, None, Priority.NORMAL, T0 + 2, "default"),
+        JobRequest(q1, 2, ("A100",), Priority.LOW, T0, "nlp", queued_at=T0),
+        JobRequest(q2, 1, (), Priority.NORMAL, T0 + 2, "default", queued_at=T0 + 2),
     ]
     assert store.running_allocations() == [(r1, allocation("n1", 4, 5))]
     assert store.count_jobs() == {"queued": 2, "running": 1, "succeeded": 1}
@@ -209,15 +212,121 @@ def test_set_wait_reasons_leaves_non_queued_jobs_alone(store: Store) -> None:
     cancelled = store.create_job(spec(), T0)
     start(store, running, 0)
     store.transition(cancelled, JobState.CANCELLED, T0 + 1, "cancelled by user while queued")
-    store.set_wait_reasons({queued: "waiting for 8 free H100", running: "stale", cancelled: "stale", 999: "ghost"})
+    store.set_wait_reasons(
+        {
+            queued: Wait(WaitReason.RESERVED, "first in line for 8 H100", 900.0),
+            running: Wait(WaitReason.RESOURCES, "stale"),
+            cancelled: Wait(WaitReason.RESOURCES, "stale"),
+            999: Wait(WaitReason.RESOURCES, "ghost"),
+        }
+    )
     store.set_wait_reasons({})
-    reasons = {j.id: j.reason for j in store.list_jobs()}
+    reasons = {j.id: (j.reason, j.wait_reason, j.estimated_start) for j in store.list_jobs()}
     assert reasons == {
-        queued: "waiting for 8 free H100",
-        running: "started",
-        cancelled: "cancelled by user while queued",
+        queued: ("first in line for 8 H100", "reserved", 900.0),
+        running: ("started", None, None),
+        cancelled: ("cancelled by user while queued", None, None),
     }
     assert len(store.events(queued)) == 1  # a wait reason is not a transition
+
+
+def test_queued_requests_carry_the_scheduler_fields_of_the_spec(store: Store) -> None:
+    a = store.create_job(
+        spec(gpus=8, gpu_type=["H100", "A100"], min_gpu_memory="40GiB", time_limit="2h", nodes=2, team="t"), T0
+    )
+    b = store.create_job(spec(gpus=0.25, priority="critical"), T0 + 1)
+    c = store.create_job(spec(gpu_memory="10GiB"), T0 + 2)
+    got = {r.job_id: r for r in store.queued_requests()}
+    assert got[a] == JobRequest(
+        a,
+        8,
+        ("H100", "A100"),
+        Priority.NORMAL,
+        T0,
+        "t",
+        min_gpu_memory_mb=40960,
+        time_limit_s=7200.0,
+        nodes=2,
+        queued_at=T0,
+    )
+    assert got[b] == JobRequest(b, 0.25, (), Priority.CRITICAL, T0 + 1, queued_at=T0 + 1)
+    assert got[b].fractional
+    assert got[c] == JobRequest(c, 1, (), Priority.NORMAL, T0 + 2, gpu_memory_mb=10240, queued_at=T0 + 2)
+    assert got[c].fractional
+    assert [r.job_id for r in store.queued_requests(after_id=a)] == [b, c]
+    record = store.get_job(a)
+    assert record is not None and record.request() == replace(got[a], queued_at=None)
+
+
+def test_running_jobs_view(store: Store) -> None:
+    a = store.create_job(spec(gpus=2, team="vision", priority="low", time_limit=600), T0)
+    b = store.create_job(spec(gpus=0.5), T0)
+    queued = store.create_job(spec(), T0)
+    start(store, a, 0, 1, at=T0 + 5)
+    shared = Allocation((NodeSlice("n1", (2,), 0.5, 40960),))
+    assert store.transition(b, JobState.RUNNING, T0 + 6, "started", allocation=shared, attempt=1, started_at=T0 + 6)
+    assert store.request_stop(a, "preempt", T0 + 7, message="preempted by job 9")
+    assert not store.request_stop(a, "time_limit", T0 + 8), "a second stop must not replace the first"
+    assert not store.request_stop(queued, "cancel", T0 + 8), "only running jobs are stopped"
+    jobs = {j.job_id: j for j in store.running_jobs()}
+    assert set(jobs) == {a, b}
+    assert jobs[a] == RunningJob(
+        a, allocation("n1", 0, 1), "vision", Priority.LOW, T0 + 5, time_limit_s=600.0, stopping=True
+    )
+    assert jobs[b] == RunningJob(b, shared, "default", Priority.NORMAL, T0 + 6)
+    record = store.get_job(a)
+    assert record is not None
+    assert (record.stop_reason, record.stop_requested_at, record.stop_message) == (
+        "preempt",
+        T0 + 7,
+        "preempted by job 9",
+    )
+    again = store.get_job(b)
+    assert again is not None and again.allocation == shared  # share and memory survive the JSON
+
+
+def test_a_cancel_outranks_a_preemption_under_way_but_keeps_its_grace_timer(store: Store) -> None:
+    a = store.create_job(spec(), T0)
+    start(store, a, 0)
+    assert store.request_stop(a, "preempt", T0 + 7, message="preempted by job 9")
+    assert store.request_stop(a, "cancel", T0 + 20)
+    record = store.get_job(a)
+    assert record is not None and (record.stop_reason, record.stop_requested_at) == ("cancel", T0 + 7)
+    assert not store.request_stop(a, "preempt", T0 + 30), "a preemption never replaces a cancel"
+    assert not store.request_stop(a, "cancel", T0 + 30)
+    record = store.get_job(a)
+    assert record is not None and (record.stop_reason, record.stop_requested_at) == ("cancel", T0 + 7)
+
+
+def test_usage_is_saved_and_loaded(db: Path) -> None:
+    first = Store(db)
+    assert first.load_usage() == ({}, None)
+    first.save_usage({"vision": 7200.0, "nlp": 0.5}, T0)
+    first.save_usage({"vision": 3600.0}, T0 + 10)  # a save replaces the table
+    first.close()
+    second = Store(db)
+    try:
+        assert second.load_usage() == ({"vision": 3600.0}, T0 + 10)
+    finally:
+        second.close()
+
+
+def test_preempted_goes_back_to_the_queue_keeping_the_attempt(store: Store) -> None:
+    job_id = store.create_job(spec(), T0)
+    start(store, job_id, 0)
+    assert not store.transition(job_id, JobState.RUNNING, T0 + 2, "x", expect=[JobState.PREEMPTED])
+    assert store.transition(job_id, JobState.PREEMPTED, T0 + 2, "preempted", expect=[JobState.RUNNING])
+    assert not store.transition(job_id, JobState.RUNNING, T0 + 3, "illegal")
+    assert not store.transition(job_id, JobState.SUCCEEDED, T0 + 3, "illegal")
+    assert store.transition(job_id, JobState.QUEUED, T0 + 3, "requeued", expect=[JobState.PREEMPTED], allocation=None)
+    record = store.get_job(job_id)
+    assert record is not None and record.state is JobState.QUEUED and record.attempt == 1
+    assert [e.state for e in store.events(job_id)] == [
+        JobState.QUEUED,
+        JobState.RUNNING,
+        JobState.PREEMPTED,
+        JobState.QUEUED,
+    ]
 
 
 # ---- nodes -------------------------------------------------------------------------------------
@@ -242,7 +351,7 @@ def test_reopening_the_db_keeps_every_job(db: Path) -> None:
     start(first, ids[0], 0)
     first.update_job(ids[0], JobState.RUNNING, launch={"pid": 7})
     first.transition(ids[1], JobState.CANCELLED, T0 + 30, "cancelled")
-    first.set_wait_reasons({ids[2]: "waiting"})
+    first.set_wait_reasons({ids[2]: Wait(WaitReason.RESOURCES, "waiting")})
     first.put_node(node("n1").gpus(8, "H100").build(), virtual=True, now=T0)
     jobs_before = first.list_jobs()
     events_before = {i: first.events(i) for i in ids}

@@ -29,7 +29,7 @@ class TeamQueues:
         guaranteed: Callable[[JobRequest], bool] = lambda _: False,
     ) -> None:
         """`guaranteed`: jobs that fit within their team's guaranteed quota go before any
-        borrower of the same class, so a guarantee is met in the cycle its demand appears."""
+        borrower, so a guarantee is met in the cycle its demand appears."""
         self.policy = policy
         self.usage = dict(usage)
         aged: list[JobRequest] = []
@@ -39,7 +39,9 @@ class TeamQueues:
             if now - entered >= policy.starvation_age_s:
                 aged.append(job)
                 continue
-            level = 2 * (int(job.priority) if policy.priorities else 0) + (1 if guaranteed(job) else 0)
+            # Guaranteed demand first (quota is reclaimed from borrowers whatever their class),
+            # then priority class within each.
+            level = (10 if guaranteed(job) else 0) + (int(job.priority) if policy.priorities else 0)
             levels.setdefault(level, {}).setdefault(job.team, deque()).append(job)
         self._aged = deque(aged)
         self._levels = [levels[k] for k in sorted(levels, reverse=True)]

@@ -66,22 +66,33 @@ class QuotaBook:
         """Idle guaranteed GPUs of `model` that their teams do not lend to others."""
         return self._kept_total.get(model, 0.0) - self._kept.get(model, {}).get(except_team, 0.0)
 
-    def refusal(self, team: str, model: str, gpus: float, free: int) -> str | None:
-        """Why the team may not take `gpus` more GPUs of `model` now; None if it may."""
+    def borrow_refusal(self, team: str, model: str, gpus: float) -> str | None:
+        """Why the team's own borrowing limit refuses `gpus` more GPUs of `model` now, if it does.
+
+        Freeing other teams' GPUs cannot change this, so it is also a reason never to preempt.
+        """
         if self.within_quota(team, model, gpus):
             return None
         t = self.policy.team(team)
-        if t.max_borrow is not None:
-            over = sum(
-                max(0.0, used - t.quota.get(m, 0.0)) for m, used in self.used.get(team, {}).items() if m != model
+        if t.max_borrow is None:
+            return None
+        over = sum(max(0.0, used - t.quota.get(m, 0.0)) for m, used in self.used.get(team, {}).items() if m != model)
+        used_m = self.used.get(team, {}).get(model, 0.0)
+        over += max(0.0, used_m + gpus - t.quota.get(model, 0.0))
+        if over > t.max_borrow + 1e-9:
+            return (
+                f"team {team} would borrow {over:g} GPUs beyond its guaranteed quota; "
+                f"its borrowing limit is {t.max_borrow:g}"
             )
-            used_m = self.used.get(team, {}).get(model, 0.0)
-            over += max(0.0, used_m + gpus - t.quota.get(model, 0.0))
-            if over > t.max_borrow + 1e-9:
-                return (
-                    f"team {team} would borrow {over:g} GPUs beyond its guaranteed quota; "
-                    f"its borrowing limit is {t.max_borrow:g}"
-                )
+        return None
+
+    def refusal(self, team: str, model: str, gpus: float, free: int) -> str | None:
+        """Why the team may not take `gpus` more GPUs of `model` now, with `free` idle; None if it may."""
+        if self.within_quota(team, model, gpus):
+            return None
+        limit = self.borrow_refusal(team, model, gpus)
+        if limit is not None:
+            return limit
         protected = self.protected(model, team)
         if protected > 0 and free - protected < gpus - 1e-9:
             return f"the {free} idle {model} GPUs include {protected:g} guaranteed to other teams that they do not lend"

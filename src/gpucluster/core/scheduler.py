@@ -43,6 +43,7 @@ class _Cycle:
         self.quotas = QuotaBook(policy, snapshot.running, self.cap.gpus)
         self.reservations: dict[str, Reservation] = {}
         self.starts: list[Start] = []
+        self._start_ends: list[float] = []  # expected end of each start, by its own time limit
         self.preemptions: list[Preemption] = []
         self.waiting: dict[int, Wait] = {}
         self.stopping = [j for j in snapshot.running if j.stopping]
@@ -81,6 +82,11 @@ class _Cycle:
         fits_ever = self._models(job)
         if not fits_ever:
             self._wait(job, WaitReason.NO_FIT, self._no_fit_message(job))
+            return False
+        limits = [self.quotas.borrow_refusal(job.team, m, job.gpus) for m in fits_ever]
+        if all(r is not None for r in limits):
+            # Its team's borrowing limit refuses it whatever is free: say so, and never preempt for it.
+            self._wait(job, WaitReason.QUOTA, str(limits[0]))
             return False
         if job.gpus >= 1 and job.gpu_memory_mb is None and all(self.cap.total_free[m] < job.gpus for m in fits_ever):
             # Fast path, same outcome as below: nothing could be placed, whatever quota and
@@ -130,8 +136,10 @@ class _Cycle:
         self.cap.take(allocation)
         self.quotas.add(job.team, allocation)
         self.starts.append(Start(job.job_id, allocation))
+        end = self.now + (job.time_limit_s or self.policy.default_time_limit_s)
+        self._start_ends.append(end)
         if self._ends is not None:
-            self._add_end(job.job_id, allocation, self.now + (job.time_limit_s or self.policy.default_time_limit_s))
+            self._add_end(job.job_id, allocation, end)
 
     # ---- preemption -------------------------------------------------------------------------
 
@@ -148,8 +156,8 @@ class _Cycle:
         for model in models:
             if model in self.reservations:
                 continue
-            if self.quotas.refusal(job.team, model, job.gpus, self.cap.total[model]) is not None:
-                continue  # its quota would refuse it even on an idle cluster: stopping others gains nothing
+            if self.quotas.borrow_refusal(job.team, model, job.gpus) is not None:
+                continue  # its own team's borrowing limit refuses it: stopping others gains nothing
             reclaim = pre.reclaim_quota and self.quotas.within_quota(job.team, model, job.gpus)
             candidates = [
                 v
@@ -275,8 +283,8 @@ class _Cycle:
                     else j.started_at + (j.time_limit_s or self.policy.default_time_limit_s)
                 )
                 self._add_end(j.job_id, j.allocation, max(end, self.now))
-            for st in self.starts:
-                self._add_end(st.job_id, st.allocation, self.now + self.policy.default_time_limit_s)
+            for st, end in zip(self.starts, self._start_ends, strict=True):
+                self._add_end(st.job_id, st.allocation, end)
             for (node, _), (model, end) in self._shared_end.items():
                 self._ends.add(model, node, end, 1)
         return self._ends
