@@ -43,3 +43,32 @@ def test_without_a_driver_up_says_so_in_one_line_and_declares_virtual_gpus(tmp_p
     assert is_virtual and len(node.gpus) == 8
     lines = say.getvalue().splitlines()
     assert len(lines) == 1 and "using 8 virtual GPUs" in lines[0]
+
+
+def test_virtual_gpus_can_declare_topology_domains() -> None:
+    gpus = virtual_gpus(8, "H100-80GB", None, "n1", per_domain=4)
+    assert [g.domain for g in gpus] == ["domain0"] * 4 + ["domain1"] * 4
+
+
+class _FakeNvml:
+    """Just enough of pynvml for the topology grouping: GPUs 0-1 and 2-3 share a PCIe switch."""
+
+    NVML_TOPOLOGY_MULTIPLE = 20
+    NVML_TOPOLOGY_SYSTEM = 50
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
+        return self.NVML_TOPOLOGY_MULTIPLE if a // 2 == b // 2 else self.NVML_TOPOLOGY_SYSTEM
+
+
+def test_nvml_topology_groups_gpus_under_a_common_switch() -> None:
+    from gpucluster.discovery.gpus import _with_nvml_domains
+
+    gpus = virtual_gpus(4, "H100-80GB", None, "n1")
+    grouped = _with_nvml_domains(_FakeNvml(), gpus)
+    assert grouped[0].domain == grouped[1].domain != grouped[2].domain == grouped[3].domain
