@@ -86,17 +86,37 @@ class Client:
     def cancel(self, job_id: int) -> Job:
         return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel").json())
 
-    def logs(self, job_id: int, offset: int = 0, attempt: int | None = None) -> str:
+    def requeue(self, job_id: int) -> Job:
+        """Checkpoint and requeue a running job (SIGTERM, grace, back in the queue, new attempt)."""
+        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/requeue").json())
+
+    def report_progress(
+        self,
+        job_id: int,
+        step: int | None = None,
+        checkpoint_at: float | None = None,
+        checkpoint_step: int | None = None,
+    ) -> None:
+        """What gpucluster.train.ProgressReporter sends from a running job."""
+        body = {"step": step, "checkpoint_at": checkpoint_at, "checkpoint_step": checkpoint_step}
+        self._request("POST", f"/v1/jobs/{job_id}/progress", json=body)
+
+    def logs(self, job_id: int, offset: int = 0, attempt: int | None = None, rank: int | None = None) -> str:
+        """A job's output; for a distributed job, rank 0's unless `rank` is given."""
         params: dict[str, Any] = {"offset": offset}
         if attempt is not None:
             params["attempt"] = attempt
+        if rank is not None:
+            params["rank"] = rank
         return self._request("GET", f"/v1/jobs/{job_id}/logs", params=params).text
 
-    def follow_logs(self, job_id: int, attempt: int | None = None) -> Iterator[str]:
+    def follow_logs(self, job_id: int, attempt: int | None = None, rank: int | None = None) -> Iterator[str]:
         """Yield the log as it grows, until the job's attempt ends."""
         params: dict[str, Any] = {"follow": True}
         if attempt is not None:
             params["attempt"] = attempt
+        if rank is not None:
+            params["rank"] = rank
         try:
             with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as r:
                 if r.status_code >= 400:

@@ -16,6 +16,8 @@ from gpucluster.core.states import JobState
 from gpucluster.durations import parse_duration
 
 MAX_GPUS_PER_JOB = 4096
+MAX_RESTARTS = 1000
+GPU_RANGE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")
 MAX_TIME_LIMIT_S = 366 * 86400
 MAX_COMMAND_ARGS = 4096
 MAX_ARG_BYTES = 65536
@@ -71,6 +73,44 @@ class JobSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = Field(None, max_length=4096, description="absolute path")
     shell: bool = Field(False, description="run command[0] through /bin/sh -c")
+    min_gpus: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_GPUS_PER_JOB,
+        description="elastic: start on as few as this many GPUs when `gpus` are not free "
+        "(the largest size that fits now is used); `gpus: 4..8` says the same",
+    )
+    per_gpu: bool = Field(
+        False,
+        description="run one process per GPU with torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, "
+        "MASTER_ADDR, MASTER_PORT, ...)",
+    )
+    launcher: Literal["torchrun"] | None = Field(
+        None, description="run one launcher per node (torchrun with --nnodes/--node-rank/... filled in)"
+    )
+    max_restarts: int = Field(
+        0, ge=0, le=MAX_RESTARTS, description="after a failure, restart the job up to this many times, with backoff"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_range(cls, data: object) -> object:
+        """`gpus: "4..8"` -> gpus 8, min_gpus 4."""
+        if not isinstance(data, dict) or not isinstance(data.get("gpus"), str):
+            return data
+        m = GPU_RANGE.fullmatch(data["gpus"])
+        if m is None or data.get("min_gpus") is not None:
+            return data  # the field validator below says what is wrong, at the field
+        return {**data, "gpus": int(m.group(2)), "min_gpus": int(m.group(1))}
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _not_a_range(cls, v: object) -> object:
+        if isinstance(v, str) and ".." in v:
+            if GPU_RANGE.fullmatch(v):
+                raise ValueError("give either a range (4..8) or min_gpus, not both")
+            raise ValueError(f"cannot read the range {v!r}; write MIN..MAX in whole GPUs, e.g. 4..8")
+        return v
 
     @field_validator("command")
     @classmethod
@@ -165,6 +205,21 @@ class JobSpec(BaseModel):
                 raise ValueError("nodes needs whole GPUs")
             if int(self.gpus) % self.nodes:
                 raise ValueError(f"gpus ({int(self.gpus)}) must divide evenly over nodes ({self.nodes})")
+        if self.min_gpus is not None:
+            if self.fractional:
+                raise ValueError("an elastic GPU range (min_gpus) needs whole GPUs")
+            if self.min_gpus > self.gpus:
+                raise ValueError(f"min_gpus ({self.min_gpus}) must be at most gpus ({int(self.gpus)})")
+            if self.nodes is not None:
+                raise ValueError("an elastic GPU range (min_gpus) cannot be combined with nodes")
+            if self.min_gpus == self.gpus:
+                self.min_gpus = None
+        if self.per_gpu and self.launcher is not None:
+            raise ValueError("per_gpu and launcher are two ways to start a distributed job; choose one")
+        if (self.per_gpu or self.launcher is not None) and self.fractional:
+            raise ValueError("per_gpu and launcher need whole GPUs (one process per GPU)")
+        if self.launcher is not None and self.shell:
+            raise ValueError("launcher runs the command under torchrun; it cannot be combined with shell")
         return self
 
     @property
@@ -194,6 +249,16 @@ class JobSpec(BaseModel):
     def argv(self) -> list[str]:
         return ["/bin/sh", "-c", self.command[0]] if self.shell else list(self.command)
 
+    @property
+    def gpus_label(self) -> str:
+        """'2', '0.25', or '4..8' for an elastic job."""
+        return f"{self.min_gpus}..{int(self.gpus)}" if self.min_gpus is not None else f"{self.gpu_count:g}"
+
+    @property
+    def distributed(self) -> bool:
+        """Several processes per attempt (one per GPU, or one launcher per node)."""
+        return self.per_gpu or self.launcher is not None
+
 
 class SliceOut(BaseModel):
     node: str
@@ -206,6 +271,44 @@ class JobEvent(BaseModel):
     at: float
     state: JobState
     reason: str
+
+
+class ProgressIn(BaseModel):
+    """What a running job reports (POST /v1/jobs/{id}/progress), e.g. from gpucluster.train."""
+
+    model_config = ConfigDict(extra="ignore")  # newer reporters may send more
+
+    step: int | None = Field(None, ge=0, description="the training step reached")
+    checkpoint_at: float | None = Field(None, ge=0, description="Unix time of the newest complete checkpoint")
+    checkpoint_step: int | None = Field(None, ge=0, description="the step the newest checkpoint holds")
+
+    @field_validator("checkpoint_at")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("checkpoint_at must be a finite Unix time")
+        return v
+
+
+class Progress(BaseModel):
+    step: int | None = None
+    reported_at: float | None = None  # when the head last heard from the job
+    checkpoint_at: float | None = None
+    checkpoint_step: int | None = None
+
+
+class Attempt(BaseModel):
+    """One run of a job: every start is a new attempt (after a preemption, requeue or failure)."""
+
+    attempt: int
+    started_at: float | None = None
+    ended_at: float | None = None  # None while it runs
+    allocation: list[SliceOut] = Field(default_factory=list)
+    gpus: float = 0  # GPUs it ran on (an elastic job's size as launched)
+    outcome: str = "running"  # running, succeeded, failed, preempted, cancelled, not_started
+    reason: str = ""
+    exit_codes: list[int | None] = Field(default_factory=list)  # per process (rank); None: lost
+    work_lost_s: float | None = None  # time since its last checkpoint (or start) at the interruption
 
 
 class Job(BaseModel):
@@ -223,6 +326,10 @@ class Job(BaseModel):
     attempt: int = 0
     allocation: list[SliceOut] = Field(default_factory=list)
     events: list[JobEvent] = Field(default_factory=list)
+    restarts: int = 0  # restarts after failures so far (of spec.max_restarts)
+    not_before: float | None = None  # a queued restart waits out its backoff until then
+    progress: Progress | None = None
+    attempts: list[Attempt] = Field(default_factory=list)  # filled by GET /v1/jobs/{id}, as events
 
 
 class JobList(BaseModel):
@@ -234,6 +341,7 @@ class GpuOut(BaseModel):
     model: str
     memory_mb: int
     uuid: str
+    domain: str | None = None
     job_id: int | None = None
 
 

@@ -1,7 +1,7 @@
 """Start and stop a real `gpucluster up` process for end-to-end tests.
 
 Everything started is stopped by PID even when a test fails: the head itself, and every job
-process group recorded by the job shims under the data dir.
+process group recorded by the job shims under the data dir (one per rank for a distributed job).
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ def free_port() -> int:
 
 class HeadProcess:
     def __init__(
-        self, data_dir: Path, gpus: int = 8, gpu_type: str = "H100-80GB", grace: str = "1s", port: int | None = None
+        self,
+        data_dir: Path,
+        gpus: int = 8,
+        gpu_type: str = "H100-80GB",
+        grace: str = "1s",
+        port: int | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
@@ -51,6 +57,7 @@ class HeadProcess:
             grace,
             "--node-name",
             "node0",
+            *extra_args,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"head-{self.port}.log"
@@ -91,7 +98,11 @@ class HeadProcess:
 
     def job_pgids(self) -> list[int]:
         out = []
-        for f in self.data_dir.glob("jobs/*/attempt-*/shim.json"):
+        shims = [
+            *self.data_dir.glob("jobs/*/attempt-*/shim.json"),
+            *self.data_dir.glob("jobs/*/attempt-*/rank-*/shim.json"),
+        ]
+        for f in shims:
             with contextlib.suppress(ValueError, KeyError, OSError):
                 out.append(int(json.loads(f.read_text())["pgid"]))
         return out
@@ -100,6 +111,20 @@ class HeadProcess:
         for pgid in self.job_pgids():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+        # Distributed jobs' processes that left their group (torchrun's workers) carry their
+        # attempt's directory in their environment.
+        needle = f"\0GPUCLUSTER_ATTEMPT_DIR={self.data_dir}/".encode()
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/environ", "rb") as f:
+                    environ = b"\0" + f.read()
+            except OSError:
+                continue
+            if needle in environ:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry.name), signal.SIGKILL)
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]

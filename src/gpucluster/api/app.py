@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpucluster import __version__
 from gpucluster.core.states import JobState
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
-from gpucluster.models import ErrorBody, Job, JobList, JobSpec, NodeList, PolicyOut, QueueOut
+from gpucluster.models import ErrorBody, Job, JobList, JobSpec, NodeList, PolicyOut, ProgressIn, QueueOut
 
 MAX_BODY_BYTES = 1024 * 1024
 FOLLOW_POLL_S = 0.2
@@ -145,17 +145,30 @@ def create_app(service: ClusterService) -> FastAPI:
     def cancel(job_id: int) -> Job:
         return service.cancel(job_id)
 
+    @app.post("/v1/jobs/{job_id}/requeue", responses=ERRORS)
+    def requeue(job_id: int) -> Job:
+        """Checkpoint and requeue a running job: SIGTERM, the grace period, `preempted`, back in
+        the queue with the same id; its next start is a new attempt (409 if it is not running)."""
+        return service.requeue(job_id)
+
+    @app.post("/v1/jobs/{job_id}/progress", status_code=204, responses=ERRORS)
+    def progress(job_id: int, report: ProgressIn) -> Response:
+        """A running job reports its step and newest checkpoint (gpucluster.train does, from rank 0)."""
+        service.progress(job_id, report)
+        return Response(status_code=204)
+
     @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses=ERRORS)
     def logs(
         job_id: int,
         offset: Annotated[int, Query(ge=0)] = 0,
         attempt: Annotated[int | None, Query(ge=1)] = None,
+        rank: Annotated[int | None, Query(ge=0, description="a distributed job's process [default: 0]")] = None,
         follow: bool = False,
     ) -> Any:
-        path, _ = service.log_path(job_id, attempt)
+        path, _ = service.log_path(job_id, attempt, rank)
         if not follow:
             return PlainTextResponse(_read_from(path, offset) if path else "")
-        return StreamingResponse(_follow(service, job_id, attempt, offset), media_type="text/plain")
+        return StreamingResponse(_follow(service, job_id, attempt, offset, rank), media_type="text/plain")
 
     @app.get("/v1/queue")
     def queue() -> QueueOut:
@@ -183,11 +196,13 @@ def _read_from(path: Any, offset: int) -> str:
         return ""
 
 
-def _follow(service: ClusterService, job_id: int, attempt: int | None, offset: int) -> Iterator[bytes]:
+def _follow(
+    service: ClusterService, job_id: int, attempt: int | None, offset: int, rank: int | None = None
+) -> Iterator[bytes]:
     """Stream the log as it grows until the attempt has ended and everything was sent."""
     pos = offset
     while True:
-        path, record = service.log_path(job_id, attempt)
+        path, record = service.log_path(job_id, attempt, rank)
         attempt_over = record.state.terminal or (attempt is not None and attempt < record.attempt)
         if path is not None:
             try:

@@ -67,6 +67,22 @@ def _gpus(job: Job) -> str:
     return "; ".join(f"{s.node}:{','.join(map(str, s.gpu_indices))}" for s in job.allocation) or "-"
 
 
+def _gpu_count(job: Job) -> str:
+    """GPUs asked for; an elastic job's range, with the size it runs at."""
+    if job.spec.min_gpus is not None and job.allocation:
+        return f"{sum(len(s.gpu_indices) for s in job.allocation)} of {job.spec.gpus_label}"
+    return job.spec.gpus_label
+
+
+def _mode(job: Job) -> str:
+    s = job.spec
+    if s.per_gpu:
+        return "one process per GPU (--per-gpu)"
+    if s.launcher:
+        return f"one {s.launcher} launcher per node"
+    return "one process"
+
+
 # ---- up ------------------------------------------------------------------------------------
 
 
@@ -99,6 +115,19 @@ def up(
         typer.Option("--policy", help="scheduling policy YAML (teams, quotas, preemption); reloaded when it changes"),
     ] = None,
     node_name: Annotated[str | None, typer.Option("--node-name", help="this node's name [default: hostname]")] = None,
+    restart_backoff: Annotated[
+        str | None,
+        typer.Option(
+            "--restart-backoff",
+            help="wait before a failed job's first restart; doubles with each restart, at most 5m [default: 5s]",
+        ),
+    ] = None,
+    gpus_per_domain: Annotated[
+        int | None,
+        typer.Option(
+            "--gpus-per-domain", min=1, help="virtual GPUs: declare NVLink/PCIe domains of this many consecutive GPUs"
+        ),
+    ] = None,
 ) -> None:
     """Start the head (HTTP API) and a local worker on this machine; runs until Ctrl-C."""
     import socket
@@ -108,6 +137,7 @@ def up(
 
     try:
         grace = parse_duration(grace_period) if grace_period is not None else None
+        backoff = parse_duration(restart_backoff) if restart_backoff is not None else None
         mem = parse_memory_mb(gpu_memory) if gpu_memory else None
     except ValueError as e:
         fail(str(e))
@@ -123,6 +153,8 @@ def up(
         grace_period_s=grace,
         node_name=node_name or socket.gethostname(),
         policy_path=policy,
+        restart_backoff_s=backoff,
+        gpus_per_domain=gpus_per_domain,
     )
     try:
         run_up(opts)
@@ -140,7 +172,11 @@ def submit(
         Path | None, typer.Option("-f", "--file", help="a YAML job file; options given here override it")
     ] = None,
     gpus: Annotated[
-        float | None, typer.Option(help="GPUs the job needs, or a share of one GPU such as 0.25 [default: 1]")
+        str | None,
+        typer.Option(
+            help="GPUs the job needs, a share of one GPU such as 0.25, or an elastic range such as 4..8 "
+            "(started on as many as are free, at least 4) [default: 1]"
+        ),
     ] = None,
     gpu_type: Annotated[
         str | None,
@@ -160,6 +196,20 @@ def submit(
     env: Annotated[list[str] | None, typer.Option("--env", help="K=V, repeatable")] = None,
     workdir: Annotated[str | None, typer.Option(help="working directory [default: the current one]")] = None,
     shell: Annotated[bool, typer.Option("--shell", help="run the command line through /bin/sh -c")] = False,
+    per_gpu: Annotated[
+        bool,
+        typer.Option(
+            "--per-gpu", help="one process per GPU with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, ...)"
+        ),
+    ] = False,
+    launcher: Annotated[
+        str | None,
+        typer.Option("--launcher", help="one launcher per node instead: torchrun (--nnodes/--node-rank filled in)"),
+    ] = None,
+    max_restarts: Annotated[
+        int | None,
+        typer.Option("--max-restarts", min=0, help="restart after a failure up to N times, with backoff [default: 0]"),
+    ] = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -184,10 +234,14 @@ def submit(
         "team": team,
         "priority": priority,
         "time_limit": time_limit,
+        "launcher": launcher,
+        "max_restarts": max_restarts,
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
     if shell:
         fields["shell"] = True
+    if per_gpu:
+        fields["per_gpu"] = True
     if env:
         merged = dict(fields.get("env") or {})
         for item in env:
@@ -239,7 +293,7 @@ def jobs(
             j.name,
             j.spec.team,
             j.state.value,
-            f"{j.spec.gpu_count:g}",
+            _gpu_count(j),
             j.spec.priority,
             _ts(j.submitted_at),
             where,
@@ -256,20 +310,43 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         _print_json(job.model_dump(mode="json"))
         return
     s = job.spec
+    restarts = f"   restarts: {job.restarts} of {s.max_restarts}" if s.max_restarts else ""
     lines = [
         f"job {job.id} ({job.name})",
         f"  state:      {job.state.value} — {job.reason}",
         f"  command:    {' '.join(s.command) if not s.shell else s.command[0] + '   (shell)'}",
-        f"  gpus:       {s.gpu_count:g}{' x ' + ' or '.join(s.gpu_types) if s.gpu_types else ''}",
+        f"  gpus:       {s.gpus_label}{' x ' + ' or '.join(s.gpu_types) if s.gpu_types else ''}   ({_mode(job)})",
         f"  team:       {s.team}   priority: {s.priority}",
         f"  time limit: {format_duration(float(s.time_limit)) if s.time_limit else 'none'}",
         f"  workdir:    {s.workdir or '-'}",
         f"  allocation: {_gpus(job)}",
-        f"  attempt:    {job.attempt}",
+        f"  attempt:    {job.attempt}{restarts}",
         f"  exit code:  {job.exit_code if job.exit_code is not None else '-'}",
         f"  submitted:  {_ts(job.submitted_at)}   started: {_ts(job.started_at)}   ended: {_ts(job.ended_at)}",
-        "  history:",
     ]
+    p = job.progress
+    if p is not None:
+        step = f"step {p.step}" if p.step is not None else "no step reported"
+        heard = f" (reported {_ago(p.reported_at)} ago)" if p.reported_at else ""
+        ckpt = (
+            f"last checkpoint {_ts(p.checkpoint_at)}"
+            + (f" at step {p.checkpoint_step}" if p.checkpoint_step is not None else "")
+            + (f", {_ago(p.checkpoint_at)} ago" if job.state.value == "running" else "")
+            if p.checkpoint_at
+            else "no checkpoint yet"
+        )
+        lines.append(f"  progress:   {step}{heard}; {ckpt}")
+    if job.attempts:
+        lines.append("  attempts:")
+        for a in job.attempts:
+            lost = f"   work lost {a.work_lost_s:.1f}s" if a.work_lost_s is not None else ""
+            shown = ",".join("-" if c is None else str(c) for c in a.exit_codes)
+            codes = f"   exit codes {shown}" if a.exit_codes else ""
+            lines.append(
+                f"    #{a.attempt}  {_ts(a.started_at)} .. {_ts(a.ended_at) if a.ended_at else 'running':<19}  "
+                f"{a.gpus:g} GPUs  {a.outcome:<11} {a.reason}{codes}{lost}"
+            )
+    lines.append("  history:")
     lines += [f"    {_ts(e.at)}  {e.state.value:<10} {e.reason}" for e in job.events]
     out.print("\n".join(lines), markup=False)
 
@@ -281,13 +358,17 @@ def logs(
         bool, typer.Option("--follow", "-f", help="keep printing as the log grows, until the job ends")
     ] = False,
     attempt: Annotated[int | None, typer.Option(help="an earlier attempt's log [default: the latest]", min=1)] = None,
+    rank: Annotated[
+        int | None,
+        typer.Option(help="a distributed job's process: rank R (--per-gpu) or node R's launcher [default: 0]", min=0),
+    ] = None,
     url: UrlOpt = None,
 ) -> None:
-    """Print a job's output (stdout and stderr)."""
+    """Print a job's output (stdout and stderr); of rank 0 for a distributed job, unless --rank."""
     with _client(url) as c:
         if follow:
             try:
-                for chunk in c.follow_logs(job_id, attempt):
+                for chunk in c.follow_logs(job_id, attempt, rank):
                     sys.stdout.write(chunk)
                     sys.stdout.flush()
             except (ApiError, ClusterUnreachable) as e:
@@ -295,7 +376,7 @@ def logs(
             except KeyboardInterrupt:
                 raise typer.Exit(130) from None
         else:
-            sys.stdout.write(_call(c.logs, job_id, attempt=attempt))
+            sys.stdout.write(_call(c.logs, job_id, attempt=attempt, rank=rank))
 
 
 @app.command()
@@ -328,6 +409,35 @@ def cancel(
 
 
 @app.command()
+def requeue(
+    job_ids: Annotated[list[int], typer.Argument(help="job id(s)")],
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Checkpoint and requeue running jobs: SIGTERM, the grace period, then back in the queue with
+    the same id; each restarts later as a new attempt (from its checkpoint, if it wrote one)."""
+    results = []
+    failed = False
+    with _client(url) as c:
+        for job_id in job_ids:
+            try:
+                job = c.requeue(job_id)
+            except ApiError as e:
+                failed = True
+                err.print(f"[red]error:[/red] {e}")
+                continue
+            except ClusterUnreachable as e:
+                fail(str(e))
+            results.append(job)
+            if not as_json:
+                out.print(f"job {job.id}: requeueing (SIGTERM sent; back in the queue once it exits)")
+    if as_json:
+        _print_json([j.model_dump(mode="json") for j in results])
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
 def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     """Nodes and their GPUs: model, memory, and which job holds each."""
     with _client(url) as c:
@@ -335,7 +445,7 @@ def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         _print_json([n.model_dump(mode="json") for n in listing])
         return
-    table = Table("NODE", "GPU", "MODEL", "MEMORY", "STATE", "JOB", box=None)
+    table = Table("NODE", "GPU", "MODEL", "MEMORY", "DOMAIN", "STATE", "JOB", box=None)
     for n in listing:
         for g in n.gpus:
             table.add_row(
@@ -343,6 +453,7 @@ def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
                 str(g.index),
                 g.model,
                 f"{g.memory_mb // 1024} GiB",
+                g.domain or "-",
                 "used" if g.job_id is not None else "free",
                 str(g.job_id) if g.job_id is not None else "-",
             )
@@ -369,7 +480,7 @@ def queue(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
             j.name,
             j.spec.team,
             j.spec.priority,
-            f"{j.spec.gpu_count:g}",
+            j.spec.gpus_label,
             _ago(j.submitted_at),
             _ts(j.estimated_start),
             j.reason,

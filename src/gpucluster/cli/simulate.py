@@ -12,11 +12,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gpucluster.sim.errors import SimInputError, SimulationError
-from gpucluster.sim.readers import FORMATS
+from gpucluster.sim.formats import FORMATS
 
 _err = Console(stderr=True, highlight=False)
 _out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
@@ -77,6 +76,8 @@ class _Bar:
     """A rich progress bar per policy (jobs done of jobs in the trace, and the simulated day)."""
 
     def __init__(self, enabled: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         self.enabled = enabled
         self.progress = Progress(
             TextColumn("{task.description:<12}"),
@@ -87,7 +88,7 @@ class _Bar:
             console=_err,
             transient=False,
         )
-        self.tasks: dict[str, TaskID] = {}
+        self.tasks: dict[str, Any] = {}  # policy -> rich TaskID
 
     def __enter__(self) -> _Bar:
         if self.enabled:

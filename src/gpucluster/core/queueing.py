@@ -33,8 +33,12 @@ class TeamQueues:
         self.policy = policy
         self.usage = dict(usage)
         aged: list[JobRequest] = []
+        self.held: list[JobRequest] = []  # not to be considered yet (`not_before` in the future)
         levels: dict[int, dict[str, deque[JobRequest]]] = {}
         for job in sorted(queued, key=lambda j: (j.submitted_at, j.job_id)):
+            if job.not_before is not None and job.not_before > now:
+                self.held.append(job)
+                continue
             entered = job.queued_at if job.queued_at is not None else job.submitted_at
             if now - entered >= policy.starvation_age_s:
                 aged.append(job)

@@ -12,3 +12,4 @@ class WaitReason(StrEnum):
     PREEMPTING = "preempting"  # lower-priority or borrowing jobs are being stopped for it
     QUOTA = "quota"  # its team is at its borrowing limit, or others' guaranteed GPUs are idle but protected
     NO_FIT = "no_fit"  # no node could ever host it as asked
+    BACKOFF = "backoff"  # a restart after a failure, held back until its backoff has passed

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time as _time
 from collections.abc import Mapping
+from dataclasses import replace
 
 from gpucluster.core.backfill import EndTimes, Reservation, reserve
 from gpucluster.core.placement import Capacity
@@ -60,6 +61,10 @@ class _Cycle:
         while (job := queues.pop()) is not None:
             started = self._consider(job)
             queues.done(job, started)
+        for job in queues.held:  # last in line: they may not start yet
+            assert job.not_before is not None
+            until = _time.strftime("%H:%M:%S", _time.localtime(job.not_before))
+            self._wait(job, WaitReason.BACKOFF, f"restart held back until {until} (backoff)", job.not_before)
         return Plan(starts=tuple(self.starts), preemptions=tuple(self.preemptions), waiting=self.waiting)
 
     # ---- one job ----------------------------------------------------------------------------
@@ -79,6 +84,8 @@ class _Cycle:
         return models
 
     def _consider(self, job: JobRequest) -> bool:
+        if job.min_gpus is not None and job.min_gpus < job.gpus:
+            return self._consider_elastic(job, job.min_gpus)
         fits_ever = self._models(job)
         if not fits_ever:
             self._wait(job, WaitReason.NO_FIT, self._no_fit_message(job))
@@ -94,9 +101,27 @@ class _Cycle:
             if not self._try_preempt(job, fits_ever):
                 self._reserve_or_wait(job, fits_ever, None)
             return False
+        started, refusal, blocked_by = self._place_now(job, fits_ever)
+        if started:
+            return True
+        if refusal is not None and blocked_by is None and not self._any_model_free_for(job, fits_ever):
+            refusal = None  # the real obstacle is that the GPUs are busy, not the quota
+        if refusal is not None:
+            self._wait(job, WaitReason.QUOTA, refusal)
+            return False
+        if self._try_preempt(job, fits_ever):
+            return False
+        self._reserve_or_wait(job, fits_ever, blocked_by)
+        return False
+
+    def _place_now(self, job: JobRequest, models: list[str]) -> tuple[bool, str | None, Reservation | None]:
+        """Start the job now if a model has room that its quota and the reservations allow.
+
+        Returns (started, the first quota refusal, the reservation that blocked it).
+        """
         refusal: str | None = None
         blocked_by: Reservation | None = None
-        for model in fits_ever:
+        for model in models:
             why = self.quotas.refusal(job.team, model, job.gpus, self.cap.free_count(model))
             if why is not None:
                 refusal = refusal or why
@@ -111,19 +136,24 @@ class _Cycle:
             allocation = self.cap.place(job, model, exclude)
             if allocation is not None:
                 self._start(job, allocation)
-                return True
+                return True, None, None
             # The reservation is the obstacle only if the job would fit without it.
             if exclude and blocked_by is None and self.cap.place(job, model) is not None:
                 blocked_by = res
-        if refusal is not None and blocked_by is None and not self._any_model_free_for(job, fits_ever):
-            refusal = None  # the real obstacle is that the GPUs are busy, not the quota
-        if refusal is not None:
-            self._wait(job, WaitReason.QUOTA, refusal)
-            return False
-        if self._try_preempt(job, fits_ever):
-            return False
-        self._reserve_or_wait(job, fits_ever, blocked_by)
-        return False
+        return False, refusal, blocked_by
+
+    def _consider_elastic(self, job: JobRequest, min_gpus: int) -> bool:
+        """An elastic job starts at the largest size, from `gpus` down, that can start now.
+
+        If none can, it is considered as a job of its minimum size: that is what it waits,
+        preempts and holds a reservation for, so it never stops more work than it needs.
+        """
+        for n in range(int(job.gpus), min_gpus, -1):
+            sized = replace(job, gpus=float(n), min_gpus=None)
+            models = self._models(sized)
+            if any(self.cap.total_free[m] >= n for m in models) and self._place_now(sized, models)[0]:
+                return True
+        return self._consider(replace(job, gpus=float(min_gpus), min_gpus=None))
 
     def _ends_before(self, job: JobRequest, res: Reservation) -> bool:
         limit = job.time_limit_s or self.policy.default_time_limit_s

@@ -94,6 +94,11 @@ class JobRequest:
     # When it last entered the queue (a preempted job re-enters): starvation is measured from
     # here, so a job that just ran cannot age past the job that preempted it.
     queued_at: float | None = None
+    # Elastic: the job may start on as few as `min_gpus` whole GPUs when `gpus` are not free;
+    # the scheduler starts it at the largest size that fits now.
+    min_gpus: int | None = None
+    # Not to be considered before this time (a restart waiting out its backoff).
+    not_before: float | None = None
 
     @property
     def fractional(self) -> bool:

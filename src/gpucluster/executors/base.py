@@ -2,6 +2,10 @@
 
 A handle is a plain JSON-able dict: the head stores it with the job, so after a head restart the
 executor can find, poll and signal a process it did not start in this life.
+
+An attempt is one process, or several (`LaunchSpec.processes`: one per GPU, or one launcher per
+node), which the handle describes together: signals and cleanup reach all of them, and
+`poll_ranks` tells how each one is doing, so the head can stop the others when one fails.
 """
 
 from __future__ import annotations
@@ -14,6 +18,16 @@ Handle = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class ProcessSpec:
+    """One process of a multi-process attempt: a rank (per-GPU mode) or a node's launcher."""
+
+    argv: list[str]
+    env: dict[str, str]
+    run_dir: Path  # this process's own records, inside the attempt's run_dir
+    log_path: Path
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     job_id: int
     attempt: int
@@ -22,6 +36,12 @@ class LaunchSpec:
     workdir: str
     run_dir: Path  # per-attempt directory: the executor's own records (pid, exit code)
     log_path: Path
+    # Several processes, in rank order: they replace the one process of argv/env/log_path.
+    processes: tuple[ProcessSpec, ...] = ()
+    # "NAME=VALUE" that every process of the attempt has in its environment and no other
+    # process has: finds those that left their process group (torchrun starts its workers in
+    # sessions of their own) so a kill or a cleanup still reaches them.
+    marker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +63,16 @@ class Lost:
 Status = Running | Exited | Lost
 
 
+def combined(statuses: list[Status]) -> Status:
+    """One status for several processes: running while any runs, else the first failure, else 0."""
+    if any(isinstance(s, Running) for s in statuses):
+        return Running()
+    for s in statuses:
+        if isinstance(s, Lost) or (isinstance(s, Exited) and s.exit_code != 0):
+            return s
+    return statuses[0] if statuses else Lost("no processes")
+
+
 class LaunchError(RuntimeError):
     """The job could not be started at all (missing workdir, unknown program)."""
 
@@ -57,8 +87,26 @@ class Executor(Protocol):
     def poll(self, handle: Handle) -> Status:
         """Whether the process runs, exited (with its code), or is gone without a trace."""
 
+    def poll_ranks(self, handle: Handle) -> list[Status]:
+        """The status of each process of the attempt, in rank order (one for a single process).
+
+        A multi-process handle recovered after a head crash may hold fewer processes than were
+        meant to start (`handle["expected"]`); the missing ones are reported Lost.
+        """
+
     def signal(self, handle: Handle, signum: int) -> None:
-        """Deliver `signum` to the job's whole process group; a vanished group is not an error."""
+        """Deliver `signum` to the job's whole process group (every process's, for several);
+        a vanished group is not an error."""
 
     def cleanup(self, handle: Handle) -> None:
-        """Kill whatever is left of a finished job's process group (background children)."""
+        """Kill whatever is left of a finished job's process groups (background children)."""
+
+
+def expected_processes(handle: Handle) -> int:
+    """How many processes the attempt of `handle` was meant to run."""
+    return int(handle.get("expected", len(handle["ranks"]))) if "ranks" in handle else 1
+
+
+def complete(handle: Handle) -> bool:
+    """Whether every process of the attempt started (a recovered handle may lack some)."""
+    return "ranks" not in handle or len(handle["ranks"]) >= expected_processes(handle)

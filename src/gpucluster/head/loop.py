@@ -5,16 +5,31 @@ the process is launched, and the launch handle is committed after; a head that d
 finds, on restart, either the shim's own pid file (the job started: adopt it) or nothing after a
 grace period (it never started: back to the queue). A job can therefore never run twice at once,
 and a running job is never forgotten. Time is injected (`clock`) so tests drive it.
+
+A distributed job's attempt is several processes (one per GPU, or one launcher per node). The
+executor records how many before starting the first, so a head that died halfway through
+starting them finds, on restart, an incomplete set: after the grace period it kills those that
+did start and requeues the job. While an attempt runs, a process that fails (an exit code other
+than 0 or REQUEUE_EXIT_CODE, or gone without a trace) gets the others SIGKILLed at once, and
+the reason is made durable first (stop_reason "failure"). An ended attempt is recorded in the
+same transaction as the state change that ends it. A failed job with restarts left
+(`max_restarts`) goes back to the queue with a backoff (`not_before`); a requeue (`gpucluster
+requeue`) is a preemption the user asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import Policy
@@ -23,12 +38,31 @@ from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Node, Wait
 from gpucluster.durations import format_duration
-from gpucluster.executors.base import Executor, Exited, LaunchError, LaunchSpec, Lost, Status
+from gpucluster.executors.base import (
+    Executor,
+    Exited,
+    Handle,
+    LaunchError,
+    LaunchSpec,
+    Lost,
+    ProcessSpec,
+    Running,
+    Status,
+    complete,
+)
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
 from gpucluster.launch.env import job_env
-from gpucluster.store import JobRecord, Store
+from gpucluster.launch.ranks import (
+    REQUEUE_EXIT_CODE,
+    AttemptOutcome,
+    attempt_outcome,
+    launcher_commands,
+    per_gpu_envs,
+    pick_free_port,
+)
+from gpucluster.store import AttemptRecord, JobRecord, Store
 
 log = logging.getLogger("gpucluster.head")
 
@@ -37,6 +71,15 @@ LAUNCH_GRACE_S = 10.0
 # Even when nothing seems to change, plan again this often (the safety net for missed events).
 REPLAN_EVERY_S = 1.0
 USAGE_SAVE_EVERY_S = 10.0
+# Restarts after failures wait 5 s, 10 s, 20 s, ... at most 5 minutes (`gpucluster up
+# --restart-backoff` sets the first wait): a job that keeps failing backs off. The simulator
+# uses the same numbers.
+RESTART_BACKOFF_S = 5.0
+MAX_RESTART_BACKOFF_S = 300.0
+# Every process of a distributed attempt has this in its environment (the attempt's run dir, so
+# unique to one data dir, job and attempt): the executor finds by it the processes that left
+# their process group, such as torchrun's workers.
+ENV_ATTEMPT_MARKER = "GPUCLUSTER_ATTEMPT_DIR"
 
 
 class Head:
@@ -52,6 +95,8 @@ class Head:
         head_url: str = "",
         virtual_gpus: bool = False,
         base_env: Mapping[str, str] | None = None,
+        restart_backoff_s: float = RESTART_BACKOFF_S,
+        node_addresses: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -62,6 +107,10 @@ class Head:
         self.head_url = head_url
         self.virtual_gpus = virtual_gpus
         self.base_env = dict(os.environ if base_env is None else base_env)
+        self.restart_backoff_s = restart_backoff_s
+        # Where each node's processes reach rank 0 (MASTER_ADDR); the local executor runs
+        # every process on this machine.
+        self.node_addresses = dict(node_addresses or {})
         self.wake = threading.Event()
         self._stop = threading.Event()
         self.cycles = 0
@@ -114,28 +163,58 @@ class Head:
         handle = job.launch
         if handle is None:
             handle = self.executor.recover(self.data_dir.attempt_dir(job.id, job.attempt))
+            overdue = job.started_at is not None and now - job.started_at > LAUNCH_GRACE_S
+            if handle is not None and not complete(handle):
+                # The head stopped while starting the processes: the missing ones never will.
+                if overdue:
+                    self.executor.signal(handle, signal.SIGKILL)
+                    self.executor.cleanup(handle)
+                    self._requeue_unlaunched(job, now, "the head stopped while starting the job's processes")
+                return
             if handle is None:
-                if job.started_at is not None and now - job.started_at > LAUNCH_GRACE_S:
-                    self.queue.invalidate()
-                    self._capacity_changed = True
-                    self.store.transition(
-                        job.id,
-                        JobState.QUEUED,
-                        now,
-                        "requeued: the head stopped before the process was launched",
-                        expect=[JobState.RUNNING],
-                        queued_at=now,
-                        allocation=None,
-                        started_at=None,
-                    )
+                if overdue:
+                    self._requeue_unlaunched(job, now, "the head stopped before the process was launched")
                 return
             self.store.update_job(job.id, JobState.RUNNING, launch=handle)
-        status = self.executor.poll(handle)
-        if isinstance(status, Exited | Lost):
+        statuses = self.executor.poll_ranks(handle)
+        if not any(isinstance(s, Running) for s in statuses):
             self.executor.cleanup(handle)
-            self._finish(job, status, now)
+            self._finish(job, handle, statuses, now)
+            return
+        if self._stop_on_rank_failure(job, handle, statuses, now):
             return
         self._enforce_stop(job, handle, now)
+
+    def _requeue_unlaunched(self, job: JobRecord, now: float, why: str) -> None:
+        self.queue.invalidate()
+        self._capacity_changed = True
+        self.store.transition(
+            job.id,
+            JobState.QUEUED,
+            now,
+            f"requeued: {why}",
+            expect=[JobState.RUNNING],
+            ended_attempt=self._attempt_record(job, now, "not_started", why, ()),
+            queued_at=now,
+            allocation=None,
+            started_at=None,
+        )
+
+    def _stop_on_rank_failure(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> bool:
+        """One process of a multi-process attempt failed: SIGKILL the others now. True if so."""
+        if "ranks" not in handle or job.kill_sent:
+            return False
+        failed = next(((r, s) for r, s in enumerate(statuses) if _failed(s)), None)
+        if failed is None:
+            return False
+        message = f"{_unit(job)} {failed[0]} {_how(failed[1])}"
+        # Durable before the kill, so the outcome names the rank that failed even if the head
+        # dies now; a stop already under way (a preemption, a cancel) keeps its own outcome.
+        if self.store.request_stop(job.id, "failure", now, message=message):
+            log.info("job %s: %s; stopping the other processes", job.id, message)
+        self.executor.signal(handle, signal.SIGKILL)
+        self.store.update_job(job.id, JobState.RUNNING, term_sent=True, kill_sent=True)
+        return True
 
     def _enforce_stop(self, job: JobRecord, handle: dict[str, object], now: float) -> None:
         limit = job.spec.time_limit
@@ -157,42 +236,116 @@ class Head:
         assert fresh is not None
         return fresh
 
-    def _finish(self, job: JobRecord, status: Status, now: float) -> None:
+    def _finish(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> None:
         self._capacity_changed = True
         job = self._reload(job)
+        if job.kill_sent:  # a process that vanished after our SIGKILL was killed by it
+            statuses = [Exited(128 + signal.SIGKILL, signal.SIGKILL) if isinstance(s, Lost) else s for s in statuses]
         if job.stop_reason == "preempt":
-            self._requeue_preempted(job, status, now)
+            self._requeue_preempted(job, statuses, now)
             return
-        code: int | None = None
-        if isinstance(status, Lost) and job.kill_sent:
-            status = Exited(128 + signal.SIGKILL, signal.SIGKILL)
-        if isinstance(status, Exited):
-            code = status.exit_code
-            how = f"killed by {signal.Signals(status.signal).name}" if status.signal else f"exit code {code}"
+        multi = "ranks" in handle
+        codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
+        first_bad = next((s for s in statuses if _failed(s)), None)
+        if job.stop_reason in ("failure", "cancel") and job.stop_message and (m := _RANK.match(job.stop_message)):
+            first_bad = statuses[int(m.group(1))]  # the rank that failed first; the others were killed
+        status = first_bad or statuses[0]
+        code = status.exit_code if isinstance(status, Exited) else None
+        how = _describe_end(statuses, _unit(job)) if multi else _how(status)
+        ended = self._ended_attempt(job, now, codes)
         if job.stop_reason == "cancel":
-            state, reason = (
-                JobState.CANCELLED,
-                f"cancelled by user ({how})" if code is not None else "cancelled by user",
-            )
+            if job.stop_message and _RANK.match(job.stop_message):
+                how = job.stop_message  # cancelled while a failed rank was being handled
+            reason = f"cancelled by user ({how})" if code is not None else "cancelled by user"
+            state = JobState.CANCELLED
         elif job.stop_reason == "time_limit":
             limit = format_duration(float(job.spec.time_limit or 0))
-            state, reason = (
-                JobState.FAILED,
-                f"time limit {limit} exceeded ({how})" if code is not None else f"time limit {limit} exceeded",
-            )
-        elif isinstance(status, Lost):
-            state, reason = JobState.FAILED, f"process lost: {status.reason}"
-        elif code == 0:
-            state, reason = JobState.SUCCEEDED, "exit code 0"
+            reason = f"time limit {limit} exceeded ({how})" if code is not None else f"time limit {limit} exceeded"
+            state = JobState.FAILED
         else:
-            state, reason = JobState.FAILED, how
-        self.store.transition(job.id, state, now, reason, expect=[JobState.RUNNING], exit_code=code)
+            outcome = AttemptOutcome.FAILED if first_bad is not None else attempt_outcome([c or 0 for c in codes])
+            if outcome is AttemptOutcome.SUCCEEDED:
+                state, reason = JobState.SUCCEEDED, how
+            elif outcome is AttemptOutcome.REQUEUE:
+                # It checkpointed and asked to run again without being asked to stop (someone
+                # else sent SIGTERM): requeued like a preemption, after a backoff.
+                self._requeue_preempted(
+                    job, statuses, now, message="the job asked to be requeued", backoff_s=self.restart_backoff_s
+                )
+                return
+            else:
+                if job.stop_reason == "failure" and job.stop_message:
+                    how = job.stop_message  # the process that failed first, not those killed after
+                elif isinstance(status, Lost) and not multi:
+                    how = f"process lost: {status.reason}"
+                self._fail_or_restart(job, how, code, ended, now)
+                return
+        self.store.transition(
+            job.id,
+            state,
+            now,
+            reason,
+            expect=[JobState.RUNNING],
+            ended_attempt=ended(state.value, reason),
+            exit_code=code,
+        )
 
-    def _requeue_preempted(self, job: JobRecord, status: Status, now: float) -> None:
+    def _fail_or_restart(
+        self, job: JobRecord, how: str, code: int | None, ended: Callable[[str, str], AttemptRecord], now: float
+    ) -> None:
+        """A failed attempt: back to the queue after a backoff while restarts are left, else failed."""
+        limit = job.spec.max_restarts
+        if job.restarts >= limit:
+            reason = how if not limit else f"{how}; no restarts left ({job.restarts} of {limit} used)"
+            self.store.transition(
+                job.id,
+                JobState.FAILED,
+                now,
+                reason,
+                expect=[JobState.RUNNING],
+                ended_attempt=ended("failed", how),
+                exit_code=code,
+            )
+            return
+        n = job.restarts + 1
+        delay = min(self.restart_backoff_s * 2 ** (n - 1), MAX_RESTART_BACKOFF_S)
+        if self.store.transition(
+            job.id,
+            JobState.QUEUED,
+            now,
+            f"{how}; restart {n} of {limit} in {format_duration(delay)}",
+            expect=[JobState.RUNNING],
+            ended_attempt=ended("failed", how),
+            exit_code=code,
+            restarts=n,
+            queued_at=now,
+            not_before=now + delay,
+            **_REQUEUED,
+        ):
+            log.info("job %s: %s; restart %s of %s in %.0f s", job.id, how, n, limit, delay)
+            self.queue.invalidate()
+
+    def _requeue_preempted(
+        self,
+        job: JobRecord,
+        statuses: list[Status],
+        now: float,
+        message: str | None = None,
+        backoff_s: float | None = None,
+    ) -> None:
         """`preempted`, then straight back to `queued`: same id, next start is a new attempt."""
-        how = f" (exit code {status.exit_code})" if isinstance(status, Exited) else ""
-        message = (job.stop_message or "preempted") + how
-        if self.store.transition(job.id, JobState.PREEMPTED, now, message, expect=[JobState.RUNNING]):
+        codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
+        how = _codes(codes, _unit(job))
+        message = (message or job.stop_message or "preempted") + (f" ({how})" if how else "")
+        ended = self._ended_attempt(job, now, codes)
+        if self.store.transition(
+            job.id,
+            JobState.PREEMPTED,
+            now,
+            message,
+            expect=[JobState.RUNNING],
+            ended_attempt=ended("preempted", message),
+        ):
             self.store.transition(
                 job.id,
                 JobState.QUEUED,
@@ -200,15 +353,33 @@ class Head:
                 "requeued after preemption",
                 expect=[JobState.PREEMPTED],
                 queued_at=now,
-                allocation=None,
-                launch=None,
-                stop_reason=None,
-                stop_requested_at=None,
-                stop_message=None,
-                term_sent=False,
-                kill_sent=False,
+                not_before=now + backoff_s if backoff_s else None,
+                **_REQUEUED,
             )
             self.queue.invalidate()
+
+    def _ended_attempt(
+        self, job: JobRecord, now: float, codes: tuple[int | None, ...]
+    ) -> Callable[[str, str], AttemptRecord]:
+        return lambda outcome, reason: self._attempt_record(job, now, outcome, reason, codes)
+
+    def _attempt_record(
+        self, job: JobRecord, now: float, outcome: str, reason: str, codes: tuple[int | None, ...]
+    ) -> AttemptRecord:
+        lost = None
+        if outcome not in ("succeeded", "not_started"):
+            lost = work_lost(job, now, _newest_entry(self.data_dir.checkpoints(job.id)))
+        return AttemptRecord(
+            job_id=job.id,
+            attempt=job.attempt,
+            started_at=job.started_at,
+            ended_at=now,
+            allocation=job.allocation,
+            outcome=outcome,
+            reason=reason,
+            exit_codes=codes,
+            work_lost_s=lost,
+        )
 
     # ---- scheduling -------------------------------------------------------------------------
 
@@ -261,49 +432,99 @@ class Head:
             launch=None,
             stop_reason=None,
             stop_requested_at=None,
+            stop_message=None,
             term_sent=False,
             kill_sent=False,
+            not_before=None,
         )
         if not ok:
             return  # cancelled between snapshot and start
         job = self._reload(job)
-        assert job.allocation is not None
-        slice_ = job.allocation.slices[0]
-        spec = LaunchSpec(
-            job_id=job_id,
-            attempt=attempt,
-            argv=job.spec.argv,
-            env=job_env(
-                base=self.base_env,
-                user_env=job.spec.env,
-                job_id=job_id,
-                job_name=job.name,
-                team=job.team,
-                attempt=attempt,
-                slice_=slice_,
-                head_url=self.head_url,
-                virtual_gpus=self.virtual_gpus,
-                grace_period_s=self.grace_period_s,
-            ),
-            workdir=job.spec.workdir or self.base_env.get("HOME", "/"),
-            run_dir=self.data_dir.attempt_dir(job_id, attempt),
-            log_path=self.data_dir.log(job_id, attempt),
-        )
         try:
-            handle = self.executor.launch(spec)
+            handle = self.executor.launch(self._launch_spec(job))
         except (LaunchError, OSError) as e:
+            reason = f"could not start: {e}"
             self.store.transition(
-                job_id, JobState.FAILED, self.clock(), f"could not start: {e}", expect=[JobState.RUNNING]
+                job_id,
+                JobState.FAILED,
+                self.clock(),
+                reason,
+                expect=[JobState.RUNNING],
+                ended_attempt=self._attempt_record(job, self.clock(), "failed", reason, ()),
             )
             return
         self.store.update_job(job_id, JobState.RUNNING, launch=handle)
 
+    def _launch_spec(self, job: JobRecord) -> LaunchSpec:
+        """What to start for the job's current attempt: one process, or one per rank."""
+        assert job.allocation is not None
+        slices = job.allocation.slices
+        attempt = job.attempt
+        checkpoints = self.data_dir.checkpoints(job.id)
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        envs = {
+            s.node: job_env(
+                base=self.base_env,
+                user_env=job.spec.env,
+                job_id=job.id,
+                job_name=job.name,
+                team=job.team,
+                attempt=attempt,
+                slice_=s,
+                head_url=self.head_url,
+                virtual_gpus=self.virtual_gpus,
+                grace_period_s=self.grace_period_s,
+                checkpoint_dir=str(checkpoints),
+            )
+            for s in slices
+        }
+        run_dir = self.data_dir.attempt_dir(job.id, attempt)
+        spec = LaunchSpec(
+            job_id=job.id,
+            attempt=attempt,
+            argv=job.spec.argv,
+            env=envs[slices[0].node],
+            workdir=job.spec.workdir or self.base_env.get("HOME", "/"),
+            run_dir=run_dir,
+            log_path=self.data_dir.log(job.id, attempt),
+        )
+        if not job.spec.distributed:
+            return spec
+        marker = f"{ENV_ATTEMPT_MARKER}={run_dir}"
+        for env in envs.values():
+            env[ENV_ATTEMPT_MARKER] = str(run_dir)
+        addresses = {s.node: self.node_addresses.get(s.node, "127.0.0.1") for s in slices}
+        port = pick_free_port()  # a fresh one every attempt: a dead attempt's store is never dialled
+        argvs: list[tuple[str, list[str], dict[str, str]]]
+        try:
+            if job.spec.per_gpu:
+                argvs = [
+                    (pe.placement.node, job.spec.argv, pe.apply(envs[pe.placement.node]))
+                    for pe in per_gpu_envs(slices, addresses, port, job_id=job.id, attempt=attempt)
+                ]
+            else:
+                argvs = [
+                    (c.node, list(c.argv), {**envs[c.node], **c.env})
+                    for c in launcher_commands(slices, addresses, port, job.spec.argv, job_id=job.id, attempt=attempt)
+                ]
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
+        processes = tuple(
+            ProcessSpec(argv, env, self.data_dir.rank_dir(job.id, attempt, r), self.data_dir.log(job.id, attempt, r))
+            for r, (_, argv, env) in enumerate(argvs)
+        )
+        return replace(spec, processes=processes, marker=marker)
+
     # ---- lifecycle --------------------------------------------------------------------------
 
-    def request_stop(self, job_id: int, reason: str) -> None:
-        """Ask the loop to stop a running job (SIGTERM now, SIGKILL after the grace period)."""
-        self.store.request_stop(job_id, reason, self.clock())
+    def request_stop(self, job_id: int, reason: str, message: str | None = None) -> bool:
+        """Ask the loop to stop a running job (SIGTERM now, SIGKILL after the grace period).
+
+        False if the job is not running or another stop is already under way.
+        """
+        ok = self.store.request_stop(job_id, reason, self.clock(), message=message)
         self.wake.set()
+        return ok
 
     def run(self, interval_s: float = 0.1, batch_s: float = 0.01) -> None:
         """Cycle every `interval_s`, or sooner when woken.
@@ -329,6 +550,100 @@ class Head:
     def stop(self) -> None:
         self._stop.set()
         self.wake.set()
+
+
+_RANK = re.compile(r"(?:rank|node) (\d+) ")  # the start of a failure's stop_message
+
+
+def _unit(job: JobRecord) -> str:
+    """What one process of a distributed job is: a rank, or a node's launcher."""
+    return "node" if job.spec.launcher else "rank"
+
+
+# Fields reset when a job goes back to the queue.
+_REQUEUED: dict[str, Any] = {
+    "allocation": None,
+    "launch": None,
+    "stop_reason": None,
+    "stop_requested_at": None,
+    "stop_message": None,
+    "term_sent": False,
+    "kill_sent": False,
+}
+
+
+def work_lost(job: JobRecord, now: float, checkpoint_at: float | None = None) -> float | None:
+    """Seconds of work an interrupted attempt lost: from its last checkpoint (or its start, if it
+    made none since) to the interruption. A checkpoint written after the head asked the job to
+    stop (preemption, requeue) saved everything: nothing is lost.
+
+    The last checkpoint is the newer of the job's own report and `checkpoint_at` (what the head
+    sees in the job's checkpoint directory): reports come at most every 10 s, the files do not lie.
+    """
+    if job.started_at is None:
+        return None
+    known = [t for t in (job.last_checkpoint_at, checkpoint_at) if t is not None]
+    ckpt = max(known) if known else None
+    asked = job.stop_requested_at if job.stop_reason not in (None, "failure") else None
+    if ckpt is not None and asked is not None and ckpt >= asked:
+        return 0.0
+    # A failure is noticed when its first process dies; the others are killed only after.
+    interrupted = job.stop_requested_at if job.stop_reason == "failure" and job.stop_requested_at else now
+    since = max(job.started_at, ckpt) if ckpt is not None else job.started_at
+    return max(0.0, interrupted - since)
+
+
+def _newest_entry(directory: Path) -> float | None:
+    """When the newest complete entry of a checkpoint directory was written (names starting with
+    '.' are writes in progress, by gpucluster.train's convention and most others')."""
+    newest = None
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                if not e.name.startswith("."):
+                    with contextlib.suppress(OSError):
+                        t = e.stat(follow_symlinks=False).st_mtime
+                        newest = t if newest is None else max(newest, t)
+    except OSError:
+        return None
+    return newest
+
+
+def _failed(s: Status) -> bool:
+    """A process that ended in a way that dooms its attempt (a rank's 0 or 79 does not)."""
+    return isinstance(s, Lost) or (isinstance(s, Exited) and s.exit_code not in (0, REQUEUE_EXIT_CODE))
+
+
+def _how(s: Status) -> str:
+    if isinstance(s, Lost):
+        return f"lost: {s.reason}"
+    if isinstance(s, Exited):
+        return f"killed by {signal.Signals(s.signal).name}" if s.signal else f"exit code {s.exit_code}"
+    return "running"
+
+
+def _describe_end(statuses: list[Status], unit: str = "rank") -> str:
+    """How a multi-process attempt ended: 'exit code 0 on all 4 ranks', 'rank 2 killed by SIGKILL'."""
+    bad = [(r, s) for r, s in enumerate(statuses) if _failed(s)]
+    if bad:
+        return f"{unit} {bad[0][0]} {_how(bad[0][1])}"
+    hows = {_how(s) for s in statuses}
+    if len(statuses) == 1:
+        return hows.pop()
+    if len(hows) == 1:
+        return f"{hows.pop()} on all {len(statuses)} {unit}s"
+    return ", ".join(f"{unit} {r} {_how(s)}" for r, s in enumerate(statuses))
+
+
+def _codes(codes: tuple[int | None, ...], unit: str = "rank") -> str:
+    known = [c for c in codes if c is not None]
+    if not known:
+        return ""
+    if len(codes) == 1:
+        return f"exit code {known[0]}"
+    if len(set(codes)) == 1:
+        return f"exit code {known[0]} on all {len(codes)} {unit}s"
+    return "exit codes " + ", ".join("lost" if c is None else str(c) for c in codes)
 
 
 def _describe(allocation: object) -> str:

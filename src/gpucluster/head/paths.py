@@ -21,5 +21,16 @@ class DataDir:
     def attempt_dir(self, job_id: int, attempt: int) -> Path:
         return self.root / "jobs" / str(job_id) / f"attempt-{attempt}"
 
-    def log(self, job_id: int, attempt: int) -> Path:
-        return self.attempt_dir(job_id, attempt) / "output.log"
+    def log(self, job_id: int, attempt: int, rank: int | None = None) -> Path:
+        """An attempt's log; with `rank`, that process's log of a multi-process attempt."""
+        if rank is None:
+            return self.attempt_dir(job_id, attempt) / "output.log"
+        return self.rank_dir(job_id, attempt, rank) / "output.log"
+
+    def rank_dir(self, job_id: int, attempt: int, rank: int) -> Path:
+        """One process of a multi-process attempt: a rank (per-GPU), or a node's launcher."""
+        return self.attempt_dir(job_id, attempt) / f"rank-{rank}"
+
+    def checkpoints(self, job_id: int) -> Path:
+        """The job's checkpoint directory, the same for every attempt (GPUCLUSTER_CHECKPOINT_DIR)."""
+        return self.root / "jobs" / str(job_id) / "checkpoints"

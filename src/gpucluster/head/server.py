@@ -25,7 +25,7 @@ from gpucluster.api.app import create_app
 from gpucluster.core.types import Node
 from gpucluster.discovery.gpus import NoGpus, discover_nvml, virtual_gpus
 from gpucluster.executors.local import LocalExecutor
-from gpucluster.head.loop import Head
+from gpucluster.head.loop import RESTART_BACKOFF_S, Head
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.service import ClusterService
@@ -52,6 +52,8 @@ class UpOptions:
     grace_period_s: float | None
     node_name: str
     policy_path: Path | None = None
+    restart_backoff_s: float | None = None
+    gpus_per_domain: int | None = None
 
 
 def default_data_dir() -> Path:
@@ -89,7 +91,9 @@ def local_node(opts: UpOptions, say: IO[str]) -> tuple[Node, bool]:
             say.write(f"{e}; using {count} virtual GPUs of type {opts.gpu_type or DEFAULT_VIRTUAL_TYPE}\n")
     else:
         count = opts.virtual_gpus
-    gpus = virtual_gpus(count, opts.gpu_type or DEFAULT_VIRTUAL_TYPE, opts.gpu_memory_mb, opts.node_name)
+    gpus = virtual_gpus(
+        count, opts.gpu_type or DEFAULT_VIRTUAL_TYPE, opts.gpu_memory_mb, opts.node_name, opts.gpus_per_domain
+    )
     return Node(opts.node_name, tuple(gpus)), True
 
 
@@ -129,6 +133,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         policy=policy,
         head_url=url,
         virtual_gpus=is_virtual,
+        restart_backoff_s=opts.restart_backoff_s if opts.restart_backoff_s is not None else RESTART_BACKOFF_S,
     )
     head.tick()  # re-adopt or settle jobs left by a previous head before taking requests
     loop = threading.Thread(target=head.run, name="head-loop", daemon=True)

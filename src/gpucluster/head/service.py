@@ -1,4 +1,4 @@
-"""What the API may ask of the head: submit, read, cancel, logs, nodes.
+"""What the API may ask of the head: submit, read, cancel, requeue, progress, logs, nodes.
 
 Checks that need the cluster's inventory (does this GPU type exist, could the job ever fit)
 live here, so a job that can never run is refused at submit rather than queued forever.
@@ -11,11 +11,27 @@ from pathlib import Path
 
 from gpucluster.core.placement import Capacity
 from gpucluster.core.states import JobState
+from gpucluster.core.types import Allocation
 from gpucluster.head.loop import Head
 from gpucluster.head.submit_batcher import SubmitBatcher
-from gpucluster.models import GpuOut, Job, JobEvent, JobSpec, NodeOut, PolicyOut, QueueEntry, SliceOut, TeamOut
-from gpucluster.store import JobRecord
+from gpucluster.models import (
+    Attempt,
+    GpuOut,
+    Job,
+    JobEvent,
+    JobSpec,
+    NodeOut,
+    PolicyOut,
+    Progress,
+    ProgressIn,
+    QueueEntry,
+    SliceOut,
+    TeamOut,
+)
+from gpucluster.store import AttemptRecord, JobRecord
 from gpucluster.store.store import request_from, request_json
+
+REQUEUED_BY_USER = "requeued by user"
 
 
 class NotFound(LookupError):
@@ -84,7 +100,8 @@ class ClusterService:
             raise Rejected(
                 "gpu_type", f"unknown GPU type {unknown[0]!r}; this cluster has: {', '.join(known) or 'no GPUs'}"
             )
-        request = request_from(0, spec.gpu_count, 0, 0.0, spec.team, request_json(spec))
+        # An elastic job must fit at its smallest size.
+        request = request_from(0, spec.min_gpus or spec.gpu_count, 0, 0.0, spec.team, request_json(spec))
         models = cap.acceptable_models(request)
         if not models:
             raise Rejected(
@@ -94,13 +111,13 @@ class ClusterService:
             )
         if not any(cap.could_ever_fit(request, m) for m in models):
             sizes = ", ".join(f"{m}: {cap.node_size[m]} per node, {cap.total[m]} in all" for m in models)
-            raise Rejected("gpus", f"asks for {spec.gpu_count:g} GPUs but this cluster can never host that ({sizes})")
+            raise Rejected("gpus", f"asks for {spec.gpus_label} GPUs but this cluster can never host that ({sizes})")
 
     def job(self, job_id: int) -> Job:
         record = self.store.get_job(job_id)
         if record is None:
             raise NotFound(f"no job with id {job_id}")
-        return to_wire(record, self.store.events(job_id))
+        return to_wire(record, self.store.events(job_id), self.store.attempts(job_id))
 
     def jobs(self, states: Iterable[JobState] | None, team: str | None, limit: int | None) -> list[Job]:
         return [to_wire(r) for r in self.store.list_jobs(states=states, team=team, limit=limit)]
@@ -127,7 +144,33 @@ class ClusterService:
             raise Conflict(f"job {job_id} already ended ({record.state.value})")
         return self.job(job_id)
 
-    def log_path(self, job_id: int, attempt: int | None) -> tuple[Path | None, JobRecord]:
+    def requeue(self, job_id: int) -> Job:
+        """Checkpoint-and-requeue a running job: the preemption path, asked for by a user."""
+        record = self.store.get_job(job_id)
+        if record is None:
+            raise NotFound(f"no job with id {job_id}")
+        if record.state is not JobState.RUNNING:
+            raise Conflict(f"job {job_id} is {record.state.value}; only a running job can be requeued")
+        if record.stop_reason != "preempt" and not self.head.request_stop(job_id, "preempt", REQUEUED_BY_USER):
+            fresh = self.store.get_job(job_id)
+            if fresh is None or fresh.state is not JobState.RUNNING:
+                raise Conflict(f"job {job_id} ended meanwhile")
+            if fresh.stop_reason != "preempt":
+                raise Conflict(f"job {job_id} is already stopping ({fresh.stop_reason})")
+        return self.job(job_id)
+
+    def progress(self, job_id: int, report: ProgressIn) -> None:
+        """A running job's progress report (step, newest checkpoint)."""
+        now = self.head.clock()
+        if self.store.record_progress(job_id, now, report.step, report.checkpoint_at, report.checkpoint_step):
+            return
+        record = self.store.get_job(job_id)
+        if record is None:
+            raise NotFound(f"no job with id {job_id}")
+        raise Conflict(f"job {job_id} is {record.state.value}, not running; its report was not recorded")
+
+    def log_path(self, job_id: int, attempt: int | None, rank: int | None = None) -> tuple[Path | None, JobRecord]:
+        """The log of an attempt (default: the latest); of one rank for a distributed job (default 0)."""
         record = self.store.get_job(job_id)
         if record is None:
             raise NotFound(f"no job with id {job_id}")
@@ -136,7 +179,16 @@ class ClusterService:
             if attempt is None:
                 return None, record
             raise NotFound(f"job {job_id} has no attempt {attempt} (it has {record.attempt})")
-        return self.head.data_dir.log(job_id, n), record
+        if not record.spec.distributed:
+            if rank not in (None, 0):
+                raise NotFound(f"job {job_id} runs one process; it has no rank {rank}")
+            return self.head.data_dir.log(job_id, n), record
+        path = self.head.data_dir.log(job_id, n, rank or 0)
+        if rank and not path.parent.is_dir():
+            ranks = len(list(self.head.data_dir.attempt_dir(job_id, n).glob("rank-*")))
+            if ranks:
+                raise NotFound(f"job {job_id} attempt {n} has no rank {rank} (it ran ranks 0..{ranks - 1})")
+        return path, record
 
     def queue(self) -> list[QueueEntry]:
         """Queued jobs in the order the scheduler last considered them; newer ones after."""
@@ -196,6 +248,7 @@ class ClusterService:
                         model=g.model,
                         memory_mb=g.memory_mb,
                         uuid=g.uuid,
+                        domain=g.domain,
                         job_id=holder.get((r.node.name, g.index)),
                     )
                     for g in r.node.gpus
@@ -205,7 +258,43 @@ class ClusterService:
         ]
 
 
-def to_wire(r: JobRecord, events: Iterable[object] = ()) -> Job:
+def _slices(a: Allocation | None) -> list[SliceOut]:
+    return [
+        SliceOut(node=s.node, gpu_indices=list(s.gpu_indices), share=s.share, memory_mb=s.memory_mb)
+        for s in (a.slices if a else ())
+    ]
+
+
+def _attempts(r: JobRecord, ended: Iterable[AttemptRecord]) -> list[Attempt]:
+    out = [
+        Attempt(
+            attempt=a.attempt,
+            started_at=a.started_at,
+            ended_at=a.ended_at,
+            allocation=_slices(a.allocation),
+            gpus=a.allocation.gpu_count if a.allocation else 0,
+            outcome=a.outcome,
+            reason=a.reason,
+            exit_codes=list(a.exit_codes),
+            work_lost_s=a.work_lost_s,
+        )
+        for a in ended
+    ]
+    if r.state is JobState.RUNNING and all(a.attempt != r.attempt for a in out):
+        out.append(
+            Attempt(
+                attempt=r.attempt,
+                started_at=r.started_at,
+                allocation=_slices(r.allocation),
+                gpus=r.allocation.gpu_count if r.allocation else 0,
+                reason=r.reason,
+            )
+        )
+    return out
+
+
+def to_wire(r: JobRecord, events: Iterable[object] = (), attempts: Iterable[AttemptRecord] | None = None) -> Job:
+    """The wire form of a job; `events` and `attempts` only for a single job's detail."""
     return Job(
         id=r.id,
         name=r.name,
@@ -219,9 +308,17 @@ def to_wire(r: JobRecord, events: Iterable[object] = ()) -> Job:
         wait_reason=r.wait_reason if r.state is JobState.QUEUED else None,
         estimated_start=r.estimated_start if r.state is JobState.QUEUED else None,
         attempt=r.attempt,
-        allocation=[
-            SliceOut(node=s.node, gpu_indices=list(s.gpu_indices), share=s.share, memory_mb=s.memory_mb)
-            for s in (r.allocation.slices if r.allocation else ())
-        ],
+        allocation=_slices(r.allocation),
         events=[JobEvent(at=e.at, state=e.state, reason=e.reason) for e in events],  # type: ignore[attr-defined]
+        restarts=r.restarts,
+        not_before=r.not_before if r.state is JobState.QUEUED else None,
+        progress=Progress(
+            step=r.progress_step,
+            reported_at=r.progress_at,
+            checkpoint_at=r.last_checkpoint_at,
+            checkpoint_step=r.checkpoint_step,
+        )
+        if r.progress_at is not None or r.last_checkpoint_at is not None
+        else None,
+        attempts=_attempts(r, attempts) if attempts is not None else [],
     )

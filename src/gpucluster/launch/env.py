@@ -27,6 +27,7 @@ def job_env(
     head_url: str,
     virtual_gpus: bool,
     grace_period_s: float = 30.0,
+    checkpoint_dir: str | None = None,
 ) -> dict[str, str]:
     env = {k: v for k, v in base.items() if k not in _NOT_INHERITED}
     env.update(user_env)
@@ -47,6 +48,8 @@ def job_env(
             "GPUCLUSTER_GRACE_PERIOD_S": f"{grace_period_s:g}",
         }
     )
+    if checkpoint_dir is not None:
+        env["GPUCLUSTER_CHECKPOINT_DIR"] = checkpoint_dir  # kept across every attempt of the job
     if slice_.share < 1:
         # A shared GPU: the job is told its share. Frameworks can cap themselves with it (e.g.
         # torch.cuda.set_per_process_memory_fraction(GPUCLUSTER_GPU_FRACTION)).

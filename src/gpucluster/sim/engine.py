@@ -28,13 +28,14 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate, count
+from typing import cast
 
 from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob, Start
 from gpucluster.sim import scheduling
 from gpucluster.sim.errors import SimulationError
 from gpucluster.sim.runtime import Progress, Timeline, allreduce_slowdown, checkpoint_interval, progress, timeline
 from gpucluster.sim.scheduling import SimPolicy, Usage
-from gpucluster.sim.spec import ClusterSpec, NodeGroup
+from gpucluster.sim.spec import CheckpointRule, ClusterSpec, NodeGroup
 from gpucluster.sim.workload import TraceJob
 
 INF = math.inf
@@ -150,7 +151,12 @@ class RunResult:
     decide_queue_sum: int = 0
     decide_running_max: int = 0
     decide_times: array[float] = field(default_factory=lambda: array("d"))
+    decide_queues: array[int] = field(default_factory=lambda: array("i"))
     wall_s: float = 0.0
+    truncated: bool = False  # stopped by wall_budget_s: the metrics cover only part of the trace
+    truncated_at: float = 0.0
+    starts: list[tuple[float, int, Allocation]] = field(default_factory=list)  # with keep_starts
+    interruptions_log: list[tuple[float, int, str]] = field(default_factory=list)  # with keep_starts
 
 
 ProgressFn = Callable[[int, int, float], None]
@@ -169,8 +175,12 @@ class Engine:
         bin_s: float | None = None,
         on_progress: ProgressFn | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        keep_starts: bool = False,
+        wall_budget_s: float | None = None,
     ) -> None:
         self.spec = spec
+        self.keep_starts = keep_starts  # record every start with its allocation (RunResult.starts)
+        self.wall_budget_s = wall_budget_s  # stop early (RunResult.truncated): for benchmarks
         self.jobs = jobs
         self.policy = policy
         self.clock = clock  # wall clock, for the performance figures only
@@ -191,7 +201,8 @@ class Engine:
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = count()
         self._dirty = False
-        self._replan_pending = False
+        self._replan_pending = False  # a periodic replan (scheduler.replan_every) is scheduled
+        self._timers = 0  # replans pending (periodic, or the end of a restart's backoff)
         self._repairs_pending = 0
         self._feasible: dict[tuple[object, ...], str | None] = {}
         self._intervals: dict[tuple[object, float], float | None] = {}
@@ -228,7 +239,7 @@ class Engine:
                 t = heap[0][0]
             if t == INF or (i >= n and not self._active):
                 break
-            if i >= n and not self._running and not self._repairs_pending and not self._replan_pending:
+            if i >= n and not self._running and not self._repairs_pending and not self._timers:
                 break  # nothing runs and nothing will change: what is queued can never start
             self._advance(t)
             while i < n and jobs[i].submit == t:
@@ -248,7 +259,9 @@ class Engine:
                 elif kind == _REPAIR:
                     self._on_repair(a)
                 else:
-                    self._replan_pending = False
+                    self._timers -= 1
+                    if a == 1:
+                        self._replan_pending = False
                     self._dirty = True
             if self._dirty:
                 self._dirty = False
@@ -257,8 +270,13 @@ class Engine:
                 elif self._queued:
                     res.decide_skipped += 1
             loops += 1
-            if self.on_progress is not None and loops & 1023 == 0:
-                self.on_progress(len(res.end) + sum(res.skipped.values()), n, t)
+            if loops & 255 == 0:
+                if self.on_progress is not None:
+                    self.on_progress(len(res.end) + sum(res.skipped.values()), n, t)
+                if self.wall_budget_s is not None and self.clock() - started > self.wall_budget_s:
+                    res.truncated = True
+                    res.truncated_at = t
+                    break
         res.events += i
         for job in list(self._active.values()):
             self._record(job, -1.0, NEVER_STARTED)
@@ -273,6 +291,11 @@ class Engine:
 
     def _push(self, t: float, kind: int, a: int, b: int) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, a, b))
+
+    def _wake(self, t: float, periodic: bool = False) -> None:
+        """Plan again at t (a periodic replan, or when a restart's backoff ends)."""
+        self._timers += 1
+        self._push(t, _REPLAN, 1 if periodic else 0, 0)
 
     # ---- arrivals and the scheduler -----------------------------------------------------------
 
@@ -316,12 +339,11 @@ class Engine:
         return self._feasible[key]
 
     def _interval(self, trace: TraceJob) -> float | None:
-        rule = self.spec.checkpoints.interval if trace.checkpoint == "spec" else trace.checkpoint
+        rule = self.spec.checkpoints.interval if trace.checkpoint == "spec" else cast(CheckpointRule, trace.checkpoint)
         key = (rule, trace.gpus)
         if key not in self._intervals:
             f, c = self.spec.failures, self.spec.checkpoints
-            gpus = max(1.0, trace.gpus)
-            self._intervals[key] = checkpoint_interval(rule, gpus, f.gpu_failures_per_day, c.cost_s)  # type: ignore[arg-type]
+            self._intervals[key] = checkpoint_interval(rule, max(1.0, trace.gpus), f.gpu_failures_per_day, c.cost_s)
         return self._intervals[key]
 
     def _schedule(self, now: float) -> None:
@@ -334,6 +356,7 @@ class Engine:
         res.decide_calls += 1
         res.decide_s += spent
         res.decide_times.append(spent)
+        res.decide_queues.append(len(snap.queued))
         res.decide_queue_sum += len(snap.queued)
         res.decide_queue_max = max(res.decide_queue_max, len(snap.queued))
         res.decide_running_max = max(res.decide_running_max, len(snap.running))
@@ -343,7 +366,7 @@ class Engine:
             self._start(start, now)
         if self.spec.replan_every_s and self._queued and not self._replan_pending:
             self._replan_pending = True
-            self._push(now + self.spec.replan_every_s, _REPLAN, 0, 0)
+            self._wake(now + self.spec.replan_every_s, periodic=True)
 
     # ---- starting and ending attempts ---------------------------------------------------------
 
@@ -353,6 +376,8 @@ class Engine:
             raise SimulationError(f"t={now}: the plan starts job {start.job_id}, which is not queued")
         alloc = start.allocation
         self._claim(job, alloc, now)
+        if self.keep_starts:
+            self.result.starts.append((now, start.job_id, alloc))
         del self._queued[start.job_id]
         team = job.team
         self._team_queued[team] -= job.trace.gpus
@@ -372,6 +397,8 @@ class Engine:
             g = self._group[alloc.slices[0].node]
             gpus = int(alloc.gpu_count)
             speed /= allreduce_slowdown(self.spec.allreduce, gpus, len(alloc.slices), g.nvlink_gbps, g.network_gbps)
+        if job.trace.gpus >= 1 and job.held < job.trace.gpus:
+            speed *= job.held / job.trace.gpus  # elastic, started smaller: the same work takes longer
         job.state = RUNNING
         job.price_s = price_s
         job.power_w = power_w
@@ -393,8 +420,9 @@ class Engine:
     def _claim(self, job: SimJob, alloc: Allocation, now: float) -> None:
         jid = job.trace.job_id
         want = job.trace.gpus
+        least = job.trace.min_gpus or want  # an elastic job may get fewer
         got = alloc.gpu_count
-        if (want >= 1 and abs(got - want) > EPS) or got <= 0 or got > max(want, 1.0) + EPS:
+        if (want >= 1 and not least - EPS <= got <= want + EPS) or got <= 0 or got > max(want, 1.0) + EPS:
             raise SimulationError(f"t={now}: job {jid} asked for {want:g} GPUs and was given {got:g}")
         keys = []
         for s in alloc.slices:
@@ -508,8 +536,11 @@ class Engine:
             return
         saves = job.saves_on_stop
         p = self._release(job, now, LOST_PREEMPT, saved_all=saves)
+        if self.keep_starts:
+            self.result.interruptions_log.append((now, job_id, "preemption"))
         job.work_left = max(0.0, job.work_left - (p.computed_s if saves else p.saved_s) * job.rate)
         job.cause = LOST_PREEMPT
+        job.request = scheduling.job_request(job.trace, queued_at=now)  # as the head requeues it
         self._dirty = True
         self._enqueue(job)
 
@@ -535,16 +566,22 @@ class Engine:
 
     def _interrupt(self, job: SimJob, now: float) -> None:
         """A failure stopped the job: keep its work up to the last checkpoint and requeue it,
-        up to `max_restarts` times (then it fails, as on the live head)."""
+        after the head's backoff, up to `max_restarts` times (then it fails), as the live head does."""
         p = self._release(job, now, LOST_FAIL, saved_all=False)
+        if self.keep_starts:
+            self.result.interruptions_log.append((now, job.trace.job_id, "failure"))
         job.work_left = max(0.0, job.work_left - p.saved_s * job.rate)
         job.token += 1
         job.cause = LOST_FAIL
-        if job.restarts >= self.spec.failures.max_restarts:
+        limit = job.trace.max_restarts
+        if job.restarts >= (self.spec.failures.max_restarts if limit is None else limit):
             self._finish(job, now, FAILED_RESTARTS)
             return
         job.restarts += 1
         self.result.restarts += 1
+        wake = now + scheduling.restart_delay(job.restarts)
+        job.request = scheduling.job_request(job.trace, queued_at=now, not_before=wake)
+        self._wake(wake)
         self._enqueue(job)
 
     def _on_repair(self, node_index: int) -> None:

@@ -82,6 +82,8 @@ class Filler:
             gpu_memory_mb=raw.gpu_memory_mb,
             min_gpu_memory_mb=raw.min_gpu_memory_mb,
             nodes=raw.nodes,
+            min_gpus=raw.min_gpus,
+            max_restarts=raw.max_restarts,
         )
 
     def _priority(self) -> Priority:

@@ -139,9 +139,11 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
         "per_team": _per_team(res, jct, delay, ended, started, used),
         "series": {
             "bin_s": res.series.bin_s,
+            # busy / live GPU-seconds per bin; null while every node is down
             "utilisation": [
-                r(b / u if u else 0.0, 4) for b, u in zip(res.series.busy_gpu_s, res.series.up_gpu_s, strict=True)
+                r(b / u, 4) if u > 0 else None for b, u in zip(res.series.busy_gpu_s, res.series.up_gpu_s, strict=True)
             ],
+            "live_fraction": [r(u / (spec.total_gpus * res.series.bin_s), 4) for u in res.series.up_gpu_s],
             "queued_jobs": list(res.series.queued_jobs),
             "running_jobs": list(res.series.running_jobs),
         },
@@ -161,6 +163,8 @@ def _per_team(
         jct_by[res.team[i]].append(v)
     for i, v in zip(started, delay, strict=True):
         delay_by[res.team[i]].append(v)
+    # the policy's shares, normalised over the teams that submit work
+    total_share = math.fsum(res.policy.entitlement(t) for t in teams) or 1.0
     out: dict[str, Any] = {}
     for k, team in enumerate(teams):
         tot = res.team_totals[k]
@@ -170,7 +174,7 @@ def _per_team(
             "queueing_delay_s": stats(delay_by[k]),
             "gpu_hours": r(tot[USED] / H),
             "share_of_gpu_hours": r(tot[USED] / used if used else 0.0, 4),
-            "entitlement": r(res.policy.entitlement(team), 4),
+            "entitlement": r(res.policy.entitlement(team) / total_share, 4),
             "lost_gpu_hours": r((tot[LOST_FAIL] + tot[LOST_PREEMPT]) / H),
             "cost": r(tot[COST], 2),
             "energy_kwh": r(tot[ENERGY], 2),

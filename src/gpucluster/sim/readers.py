@@ -24,10 +24,10 @@ from gpucluster.durations import parse_duration
 from gpucluster.models import MAX_GPUS_PER_JOB, JobSpec
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.fill import Filler, FillError
+from gpucluster.sim.formats import FORMATS
 from gpucluster.sim.spec import ClusterSpec
 from gpucluster.sim.workload import RawJob, Trace, TraceJob
 
-FORMATS = ("philly", "pollux", "tiresias", "native")
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 TIRESIAS_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration", "interval")
@@ -283,6 +283,8 @@ def native_job(row: dict[str, Any]) -> RawJob:
         gpu_memory_mb=spec.gpu_memory_mb,
         min_gpu_memory_mb=spec.min_gpu_memory_mb,
         nodes=spec.nodes,
+        min_gpus=spec.min_gpus,
+        max_restarts=spec.max_restarts if "max_restarts" in fields else None,
     )
 
 

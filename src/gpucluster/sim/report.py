@@ -6,6 +6,7 @@ inputs); wall times and memory go to performance.json, which report.html also sh
 
 from __future__ import annotations
 
+import csv
 import html
 import json
 import math
@@ -16,6 +17,7 @@ from gpucluster.sim.engine import RunResult
 from gpucluster.sim.errors import SimInputError
 
 DAY = 86400.0
+OUTCOME = ("succeeded", "failed_time_limit", "failed_too_many_restarts", "never_started")
 
 
 def write_report(
@@ -30,6 +32,7 @@ def write_report(
     files = [
         _write(out / "metrics.json", json.dumps(metrics, indent=1, sort_keys=False, allow_nan=False) + "\n"),
         _write(out / "performance.json", json.dumps(performance, indent=1) + "\n"),
+        write_jobs(out / "jobs.csv", results),
     ]
     plots = write_plots(out, metrics, results)
     files += plots
@@ -40,6 +43,25 @@ def write_report(
 def _write(path: Path, text: str) -> Path:
     try:
         path.write_text(text)
+    except OSError as e:
+        raise SimInputError(f"{path}: cannot write: {e.strerror or e}") from None
+    return path
+
+
+def write_jobs(path: Path, results: list[RunResult]) -> Path:
+    """One row per job and policy: when it was submitted, first started and ended, and how.
+    Times in seconds from the first submission; -1 = never."""
+    try:
+        with path.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["policy", "job_id", "team", "submit_s", "first_start_s", "end_s", "outcome"])
+            for res in results:
+                name = res.policy.name
+                for jid, team, sub, start, end, outcome in zip(
+                    res.job_id, res.team, res.submit, res.first_start, res.end, res.outcome, strict=True
+                ):
+                    times = (f"{sub:.3f}", f"{start:.3f}", f"{end:.3f}")
+                    w.writerow([name, jid, res.teams[team], *times, OUTCOME[outcome]])
     except OSError as e:
         raise SimInputError(f"{path}: cannot write: {e.strerror or e}") from None
     return path
@@ -68,7 +90,7 @@ def write_plots(out: Path, metrics: dict[str, Any], results: list[RunResult]) ->
     for name, m in policies.items():
         s = m["series"]
         xs = [(i + 0.5) * s["bin_s"] / DAY for i in range(len(s["utilisation"]))]
-        ax.plot(xs, [100 * u for u in s["utilisation"]], label=name, linewidth=1)
+        ax.plot(xs, [100 * u if u is not None else math.nan for u in s["utilisation"]], label=name, linewidth=1)
     ax.set(xlabel="days since the first submission", ylabel="GPUs busy (% of live)", title="GPU utilisation")
     ax.set_ylim(0, 105)
     ax.legend(loc="lower right")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster.sim.engine import Engine, ProgressFn, RunResult
+from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.metrics import comparison, inputs_metrics, run_metrics
 from gpucluster.sim.readers import read_trace
 from gpucluster.sim.scheduling import SimPolicy, load_policy
@@ -55,10 +56,11 @@ def load_inputs(opts: SimulateOptions) -> tuple[ClusterSpec, Trace, list[SimPoli
     names = [p.name for p in policies]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        from gpucluster.sim.errors import SimInputError
-
         raise SimInputError(f"--policy: two policies are named {dupes[0]!r}; give each file its own name")
     trace = read_trace(opts.trace, spec, opts.seed, opts.fmt, opts.strict)
+    if not trace.jobs:
+        first = f"; line {trace.errors[0].line}: {trace.errors[0].message}" if trace.errors else ""
+        raise SimInputError(f"{opts.trace}: no usable job in {trace.rows} row(s){first}")
     return spec, trace, policies
 
 
@@ -103,17 +105,21 @@ def run_policies(
     seed: int,
     workers: int,
     on_progress: PolicyProgressFn | None,
+    wall_budget_s: float | None = None,
 ) -> list[RunResult]:
     """One Engine per policy; with workers > 1, policies run in parallel forked processes.
 
     Why fork: the workload (a million jobs) is inherited, not pickled; each child only sends
     its RunResult back. Progress crosses over through a shared array the parent polls."""
     if workers <= 1 or len(policies) <= 1 or "fork" not in mp.get_all_start_methods():
-        return [Engine(spec, jobs, p, seed, on_progress=_named(on_progress, p.name)).run() for p in policies]
+        return [
+            Engine(spec, jobs, p, seed, on_progress=_named(on_progress, p.name), wall_budget_s=wall_budget_s).run()
+            for p in policies
+        ]
     global _SHARED
     ctx = mp.get_context("fork")
     progress = ctx.Array("d", 2 * len(policies), lock=False)
-    _SHARED = (spec, jobs, policies, seed, progress)
+    _SHARED = (spec, jobs, policies, seed, progress, wall_budget_s)
     try:
         with ctx.Pool(processes=min(workers, len(policies))) as pool:
             pending = [pool.apply_async(_run_forked, (k,)) for k in range(len(policies))]
@@ -134,18 +140,21 @@ def _named(on_progress: PolicyProgressFn | None, name: str) -> ProgressFn | None
     return lambda done, total, t: report(name, done, total, t)
 
 
-_SHARED: tuple[ClusterSpec, list[TraceJob], list[SimPolicy], int, Any] | None = None
+_SHARED: tuple[ClusterSpec, list[TraceJob], list[SimPolicy], int, Any, float | None] | None = None
 
 
 def _run_forked(k: int) -> RunResult:
     assert _SHARED is not None
-    spec, jobs, policies, seed, progress = _SHARED
+    spec, jobs, policies, seed, progress, budget = _SHARED
+    parent = os.getppid()
 
     def cb(done: int, total: int, t: float) -> None:
         progress[2 * k] = done
         progress[2 * k + 1] = t
+        if os.getppid() != parent:  # the parent was killed (SIGTERM/SIGKILL): do not run on alone
+            os._exit(1)
 
-    return Engine(spec, jobs, policies[k], seed, on_progress=cb).run()
+    return Engine(spec, jobs, policies[k], seed, on_progress=cb, wall_budget_s=budget).run()
 
 
 def performance_figures(results: list[RunResult], read_s: float, total_s: float) -> dict[str, Any]:
@@ -168,6 +177,7 @@ def performance_figures(results: list[RunResult], read_s: float, total_s: float)
             "queue_at_decide_mean": round(res.decide_queue_sum / n, 1) if n else 0,
             "queue_at_decide_max": res.decide_queue_max,
             "running_at_decide_max": res.decide_running_max,
+            "truncated_at_s": round(res.truncated_at, 1) if res.truncated else None,
         }
     return {
         "read_s": round(read_s, 3),

@@ -36,7 +36,7 @@ def daly_interval(cost_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * cost_s * mtbf_s) * (1.0 + math.sqrt(r) / 3.0 + r / 9.0) - cost_s
 
 
-def checkpoint_interval(rule: CheckpointRule, gpus: int, gpu_failures_per_day: float, cost_s: float) -> float | None:
+def checkpoint_interval(rule: CheckpointRule, gpus: float, gpu_failures_per_day: float, cost_s: float) -> float | None:
     """Seconds of compute between checkpoints for a job of `gpus` GPUs, or None for never.
 
     A job fails when any of its GPUs does, so its MTBF is 1 / (gpus x per-GPU rate)."""

@@ -20,7 +20,7 @@ from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import Policy
 from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Allocation, JobRequest, Node, Plan, Priority, RunningJob
+from gpucluster.core.types import Allocation, JobRequest, Node, Plan, RunningJob
 from gpucluster.policyfile import PolicyFileError
 from gpucluster.policyfile import load_policy as load_policy_file
 from gpucluster.sim.errors import SimInputError
@@ -50,7 +50,9 @@ class SimPolicy:
         return any(t.quota or t.max_borrow is not None for t in self.core.teams.values())
 
     def entitlement(self, team: str) -> float:
-        """The team's entitled fraction of the cluster, as the policy's fair share defines it."""
+        """The team's fair-share entitlement as the policy defines it (`Policy.share`); relative:
+        callers normalise over the teams present (an unlisted team's share is computed against
+        the listed teams and itself alone)."""
         return self.core.share(team)
 
 
@@ -67,20 +69,33 @@ def load_policy(arg: str) -> SimPolicy:
         raise SimInputError(str(e)) from None
 
 
-def job_request(job: TraceJob, priority: Priority | None = None) -> JobRequest:
-    """The queued job as the core sees it; built once per job, when it arrives."""
+def job_request(job: TraceJob, queued_at: float | None = None, not_before: float | None = None) -> JobRequest:
+    """The queued job as the core sees it; built when it arrives and when it is requeued (with
+    when it re-entered the queue and, after a failure, the end of its backoff, as the head does)."""
     return JobRequest(
         job_id=job.job_id,
         gpus=job.gpus,
         gpu_types=job.gpu_types,
-        priority=job.priority if priority is None else priority,
+        priority=job.priority,
+        queued_at=queued_at,
+        not_before=not_before,
         submitted_at=job.submit,
         team=job.team,
         gpu_memory_mb=job.gpu_memory_mb,
         min_gpu_memory_mb=job.min_gpu_memory_mb,
         time_limit_s=job.time_limit,
         nodes=job.nodes,
+        min_gpus=job.min_gpus,
     )
+
+
+def restart_delay(restart: int) -> float:
+    """How long the `restart`-th restart after a failure waits: the live head's rule and numbers
+    (head/loop.py: 5 s, 10 s, 20 s, ... at most 300 s). Read from the head so they cannot drift
+    apart; it belongs in the core, and should be imported from there once it moves."""
+    from gpucluster.head.loop import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
+
+    return float(min(RESTART_BACKOFF_S * 2 ** (restart - 1), MAX_RESTART_BACKOFF_S))
 
 
 def running_job(request: JobRequest, allocation: Allocation, started_at: float) -> RunningJob:

@@ -33,6 +33,8 @@ class RawJob(NamedTuple):
     gpu_memory_mb: int | None = None
     min_gpu_memory_mb: int | None = None
     nodes: int | None = None
+    min_gpus: int | None = None  # elastic: may start on as few whole GPUs
+    max_restarts: int | None = None  # None: the cluster spec's failures.max_restarts
 
 
 class TraceJob(NamedTuple):
@@ -52,6 +54,8 @@ class TraceJob(NamedTuple):
     gpu_memory_mb: int | None = None
     min_gpu_memory_mb: int | None = None
     nodes: int | None = None
+    min_gpus: int | None = None  # elastic: may start on as few whole GPUs
+    max_restarts: int | None = None  # None: the cluster spec's failures.max_restarts
 
 
 @dataclass(frozen=True)

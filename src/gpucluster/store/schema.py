@@ -15,7 +15,9 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 2  # 2: request, wait_reason, estimated_start, stop_message, last_checkpoint_at; team_usage
+# 2: request, wait_reason, estimated_start, stop_message, last_checkpoint_at; team_usage
+# 3: not_before, restarts, progress_step, progress_at, checkpoint_step; attempts
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -59,6 +61,13 @@ jobs = Table(
     Column("stop_message", Text),
     Column("last_checkpoint_at", Float),
     Column("queued_at", Float),  # when it last entered the queue (submit or requeue)
+    # A restart after a failure waits in the queue until then (backoff).
+    Column("not_before", Float),
+    Column("restarts", Integer),  # restarts after failures so far; NULL reads as 0
+    # The job's own progress reports (gpucluster.train): step, when heard, newest checkpoint.
+    Column("progress_step", Integer),
+    Column("progress_at", Float),
+    Column("checkpoint_step", Integer),
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)
@@ -90,4 +99,20 @@ team_usage = Table(
     Column("team", String(128), primary_key=True),
     Column("gpu_seconds", Float, nullable=False),  # decayed, as of updated_at
     Column("updated_at", Float, nullable=False),
+)
+
+# One row per ended attempt of a job (the running one lives in `jobs`), written in the same
+# transaction as the state change that ends it.
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id"), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("started_at", Float),
+    Column("ended_at", Float, nullable=False),
+    Column("allocation", Text),
+    Column("outcome", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("exit_codes", Text, nullable=False),  # JSON list, one per process; null: lost
+    Column("work_lost_s", Float),
 )

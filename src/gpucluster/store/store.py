@@ -56,9 +56,37 @@ class JobRecord:
     estimated_start: float | None = None
     stop_message: str | None = None
     last_checkpoint_at: float | None = None
+    not_before: float | None = None
+    restarts: int = 0
+    progress_step: int | None = None
+    progress_at: float | None = None
+    checkpoint_step: int | None = None
 
     def request(self) -> JobRequest:
-        return request_from(self.id, self.gpus, self.priority, self.submitted_at, self.team, request_json(self.spec))
+        return request_from(
+            self.id,
+            self.gpus,
+            self.priority,
+            self.submitted_at,
+            self.team,
+            request_json(self.spec),
+            not_before=self.not_before,
+        )
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """An ended attempt: when and where it ran, how it ended, and the work it lost."""
+
+    job_id: int
+    attempt: int
+    started_at: float | None
+    ended_at: float
+    allocation: Allocation | None
+    outcome: str  # succeeded, failed, preempted, cancelled, not_started
+    reason: str
+    exit_codes: tuple[int | None, ...]
+    work_lost_s: float | None
 
 
 @dataclass(frozen=True)
@@ -109,6 +137,8 @@ def request_json(spec: JobSpec) -> str:
         d["tl"] = spec.time_limit
     if spec.nodes is not None:
         d["n"] = spec.nodes
+    if spec.min_gpus is not None:
+        d["mn"] = spec.min_gpus
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -120,6 +150,7 @@ def request_from(
     team: str,
     request: str | None,
     queued_at: float | None = None,
+    not_before: float | None = None,
 ) -> JobRequest:
     d = json.loads(request) if request else {}
     return JobRequest(
@@ -134,6 +165,8 @@ def request_from(
         time_limit_s=d.get("tl"),
         nodes=d.get("n"),
         queued_at=queued_at,
+        min_gpus=d.get("mn"),
+        not_before=not_before,
     )
 
 
@@ -305,15 +338,15 @@ class Store:
     def queued_requests(self, after_id: int | None = None) -> list[JobRequest]:
         """The scheduler's view of the queue: only the columns it needs, no spec parsing."""
         j = schema.jobs.c
-        q = select(j.id, j.gpus, j.priority, j.submitted_at, j.team, j.request, j.spec, j.queued_at).where(
-            j.state == JobState.QUEUED.value
-        )
+        q = select(
+            j.id, j.gpus, j.priority, j.submitted_at, j.team, j.request, j.spec, j.queued_at, j.not_before
+        ).where(j.state == JobState.QUEUED.value)
         if after_id is not None:
             q = q.where(j.id > after_id)
         with self._read() as c:
             rows = c.execute(q).all()
         return [
-            request_from(r[0], r[1], r[2], r[3], r[4], r[5] if r[5] is not None else _request_of_spec(r[6]), r[7])
+            request_from(r[0], r[1], r[2], r[3], r[4], r[5] if r[5] is not None else _request_of_spec(r[6]), r[7], r[8])
             for r in rows
         ]
 
@@ -331,15 +364,19 @@ class Store:
             if allocation is None:
                 continue
             req = json.loads(r[5] if r[5] is not None else _request_of_spec(r[6]))
+            started = r[4] or 0.0
+            # A checkpoint older than this attempt's start (a restart resumed from it) saves this
+            # attempt nothing: its work counts from the start.
+            checkpoint = r[7] if r[7] is not None and r[7] >= started else None
             out.append(
                 RunningJob(
                     job_id=r[0],
                     allocation=allocation,
                     team=r[2],
                     priority=Priority(r[3]),
-                    started_at=r[4] or 0.0,
+                    started_at=started,
                     time_limit_s=req.get("tl"),
-                    last_checkpoint_at=r[7],
+                    last_checkpoint_at=checkpoint,
                     stopping=r[8] is not None,
                 )
             )
@@ -410,12 +447,15 @@ class Store:
         now: float,
         reason: str,
         expect: Iterable[JobState] | None = None,
+        ended_attempt: AttemptRecord | None = None,
         **fields: Any,
     ) -> bool:
         """Move a job to `to` if its state is one of `expect` (default: any that may move there).
 
         Returns False, changing nothing, when the job is not in such a state: the caller lost a
         race (the job was cancelled, finished, or moved by someone else) and must not act.
+        `ended_attempt`, the record of the attempt this change ends, is written in the same
+        transaction, so an attempt is recorded exactly when its job leaves it.
         """
         allowed = [s for s in (expect or JobState) if can_transition(s, to)]
         values: dict[str, Any] = {"state": to.value, "reason": reason}
@@ -438,7 +478,62 @@ class Store:
             if res.rowcount != 1:
                 return False
             c.execute(insert(schema.job_events).values(job_id=job_id, at=now, state=to.value, reason=reason))
+            if ended_attempt is not None:
+                a = ended_attempt
+                c.execute(
+                    insert(schema.attempts)
+                    .values(
+                        job_id=a.job_id,
+                        attempt=a.attempt,
+                        started_at=a.started_at,
+                        ended_at=a.ended_at,
+                        allocation=allocation_to_json(a.allocation) if a.allocation else None,
+                        outcome=a.outcome,
+                        reason=a.reason,
+                        exit_codes=json.dumps(list(a.exit_codes)),
+                        work_lost_s=a.work_lost_s,
+                    )
+                    .prefix_with("OR REPLACE")
+                )
         return True
+
+    def attempts(self, job_id: int) -> list[AttemptRecord]:
+        """The ended attempts of a job, oldest first."""
+        a = schema.attempts.c
+        with self._read() as c:
+            rows = c.execute(select(schema.attempts).where(a.job_id == job_id).order_by(a.attempt)).mappings().all()
+        return [
+            AttemptRecord(
+                job_id=r["job_id"],
+                attempt=r["attempt"],
+                started_at=r["started_at"],
+                ended_at=r["ended_at"],
+                allocation=allocation_from_json(r["allocation"]),
+                outcome=r["outcome"],
+                reason=r["reason"],
+                exit_codes=tuple(json.loads(r["exit_codes"])),
+                work_lost_s=r["work_lost_s"],
+            )
+            for r in rows
+        ]
+
+    def record_progress(
+        self,
+        job_id: int,
+        now: float,
+        step: int | None,
+        checkpoint_at: float | None,
+        checkpoint_step: int | None,
+    ) -> bool:
+        """Store a running job's progress report; False if the job is not running."""
+        values: dict[str, Any] = {"progress_at": now}
+        if step is not None:
+            values["progress_step"] = step
+        if checkpoint_at is not None:
+            values["last_checkpoint_at"] = checkpoint_at
+        if checkpoint_step is not None:
+            values["checkpoint_step"] = checkpoint_step
+        return self.update_job(job_id, JobState.RUNNING, **values)
 
     def request_stop(self, job_id: int, reason: str, now: float, message: str | None = None) -> bool:
         """Mark a running job to be stopped, unless a stop is already under way.
@@ -464,6 +559,16 @@ class Store:
                     .where(j.state == JobState.RUNNING.value)
                     .where(j.stop_reason == "preempt")
                     .values(stop_reason=reason, stop_message=message)
+                )
+            if res.rowcount == 0 and reason == "cancel":
+                # ... and a failure being handled (the job must not be restarted); the message
+                # still names the process that failed.
+                res = c.execute(
+                    update(schema.jobs)
+                    .where(j.id == job_id)
+                    .where(j.state == JobState.RUNNING.value)
+                    .where(j.stop_reason == "failure")
+                    .values(stop_reason=reason)
                 )
         return res.rowcount == 1
 
@@ -543,6 +648,11 @@ def _job(r: Any) -> JobRecord:
         estimated_start=r["estimated_start"],
         stop_message=r["stop_message"],
         last_checkpoint_at=r["last_checkpoint_at"],
+        not_before=r["not_before"],
+        restarts=r["restarts"] or 0,
+        progress_step=r["progress_step"],
+        progress_at=r["progress_at"],
+        checkpoint_step=r["checkpoint_step"],
     )
 
 
