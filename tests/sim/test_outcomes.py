@@ -188,7 +188,7 @@ def test_failures_restart_from_the_last_checkpoint_up_to_max_restarts(tmp_path: 
 
 def test_a_restart_waits_out_the_heads_backoff(tmp_path: Path) -> None:
     # Two 1-GPU nodes, frequent failures, quick repairs: after its n-th failure the job starts
-    # again exactly 5 s x 2^(n-1) (at most 300 s) later if a node is up then, as the head does.
+    # again exactly 1 s x 2^(n-1) (at most 300 s) later if a node is up then, as the head does.
     from gpucluster.sim.engine import Engine
     from gpucluster.sim.readers import read_trace
     from gpucluster.sim.scheduling import load_policy, restart_delay
@@ -207,7 +207,7 @@ def test_a_restart_waits_out_the_heads_backoff(tmp_path: Path) -> None:
     failures = [at for at, _, why in res.interruptions_log if why == "failure"]
     starts = [at for at, _, _ in res.starts]
     assert len(failures) >= 3 and len(starts) == len(failures) + 1
-    assert [restart_delay(n) for n in (1, 2, 3, 10)] == [5.0, 10.0, 20.0, 300.0]
+    assert [restart_delay(n) for n in (1, 2, 3, 10)] == [1.0, 2.0, 4.0, 300.0]
     for n, (failed_at, next_start) in enumerate(zip(failures, starts[1:], strict=True), start=1):
         assert next_start >= failed_at + restart_delay(n) - 1e-9
     assert any(

@@ -119,7 +119,7 @@ def up(
         str | None,
         typer.Option(
             "--restart-backoff",
-            help="wait before a failed job's first restart; doubles with each restart, at most 5m [default: 5s]",
+            help="wait before a failed job's first restart; doubles with each restart, at most 5m [default: 1s]",
         ),
     ] = None,
     gpus_per_domain: Annotated[

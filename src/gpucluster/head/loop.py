@@ -74,7 +74,7 @@ USAGE_SAVE_EVERY_S = 10.0
 # Restarts after failures wait 5 s, 10 s, 20 s, ... at most 5 minutes (`gpucluster up
 # --restart-backoff` sets the first wait): a job that keeps failing backs off. The simulator
 # uses the same numbers.
-RESTART_BACKOFF_S = 5.0
+RESTART_BACKOFF_S = 1.0  # doubling per restart; 1 s keeps a killed rank to training again under 10 s
 MAX_RESTART_BACKOFF_S = 300.0
 # Every process of a distributed attempt has this in its environment (the attempt's run dir, so
 # unique to one data dir, job and attempt): the executor finds by it the processes that left
