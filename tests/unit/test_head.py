@@ -4,83 +4,33 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from gpucluster.core.states import JobState
 from gpucluster.executors.base import Exited, Lost, Running
-from gpucluster.executors.fake import FakeExecutor, FakeProcess
 from gpucluster.head.loop import LAUNCH_GRACE_S, Head
-from gpucluster.head.paths import DataDir
-from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
+from gpucluster.head.service import Conflict, NotFound, Rejected
 from gpucluster.store import Store
 
 from .builders import allocation, node, spec
+from .headkit import T0, Cluster, make_cluster
 
-T0 = 1000.0
 GRACE = 30.0
 SIGTERM, SIGKILL = int(signal.SIGTERM), int(signal.SIGKILL)
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> float:
-        self.t += dt
-        return self.t
-
-
-@dataclass
-class Cluster:
-    store: Store
-    fake: FakeExecutor
-    head: Head
-    service: ClusterService
-    clock: Clock
-    data_dir: DataDir
-
-    def submit(self, **fields: object) -> int:
-        return self.service.submit(spec(**fields)).id
-
-    def state(self, job_id: int) -> JobState:
-        record = self.store.get_job(job_id)
-        assert record is not None
-        return record.state
-
-    def proc(self, job_id: int, attempt: int = 1) -> FakeProcess:
-        return self.fake.processes[(job_id, attempt)]
-
-    def tick_at(self, t: float) -> None:
-        self.clock.t = t
-        self.head.tick()
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    store = Store(tmp_path / "state.db")
-    store.put_node(node("n1").gpus(8, "H100").build(), virtual=True, now=T0)
-    fake = FakeExecutor()
-    clock = Clock()
-    data_dir = DataDir(tmp_path)
-    head = Head(
-        store=store,
-        executor=fake,
-        data_dir=data_dir,
-        clock=clock,
+    c = make_cluster(
+        tmp_path,
         grace_period_s=GRACE,
         head_url="http://head:8080",
         base_env={"HOME": "/home/alice", "PATH": "/usr/bin:/bin", "GPUCLUSTER_TOKEN": "s3cret"},
     )
-    yield Cluster(store, fake, head, ClusterService(head), clock, data_dir)
-    store.close()
+    yield c
+    c.close()
 
 
 # ---- submit -> run -> finish -------------------------------------------------------------------

@@ -8,92 +8,44 @@ from __future__ import annotations
 import signal
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from gpucluster.core.states import JobState
 from gpucluster.executors.base import Exited, Running
-from gpucluster.executors.fake import FakeExecutor, FakeProcess
-from gpucluster.head.loop import LAUNCH_GRACE_S, Head, work_lost
-from gpucluster.head.paths import DataDir
-from gpucluster.head.service import ClusterService, Conflict, NotFound
+from gpucluster.executors.fake import FakeProcess
+from gpucluster.head.loop import LAUNCH_GRACE_S, work_lost
+from gpucluster.head.service import Conflict, NotFound
 from gpucluster.launch.ranks import REQUEUE_EXIT_CODE
 from gpucluster.models import ProgressIn
-from gpucluster.store import JobRecord, Store
+from gpucluster.store import Store
 
-from .builders import allocation, node, spec
+from .builders import allocation, spec
+from .headkit import T0, Cluster, make_cluster
 
-T0 = 1000.0
 GRACE = 30.0
 BACKOFF = 1.0
 SIGTERM, SIGKILL = int(signal.SIGTERM), int(signal.SIGKILL)
 KILLED = Exited(128 + SIGKILL, SIGKILL)
 
 
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@dataclass
-class Cluster:
-    store: Store
-    fake: FakeExecutor
-    head: Head
-    service: ClusterService
-    clock: Clock
-    data_dir: DataDir
-
-    def submit(self, **fields: object) -> int:
-        fields.setdefault("command", ["python", "train.py"])
-        return self.service.submit(spec(**fields)).id
-
-    def record(self, job_id: int) -> JobRecord:
-        r = self.store.get_job(job_id)
-        assert r is not None
-        return r
-
-    def state(self, job_id: int) -> JobState:
-        return self.record(job_id).state
-
-    def proc(self, job_id: int, attempt: int = 1) -> FakeProcess:
-        return self.fake.processes[(job_id, attempt)]
-
-    def tick_at(self, t: float) -> None:
-        self.clock.t = t
-        self.head.tick()
-
-
 def make(tmp_path: Path) -> Cluster:
-    store = Store(tmp_path / "state.db")
-    store.put_node(node("n1").gpus(8, "H100").build(), virtual=True, now=T0)
-    fake = FakeExecutor()
-    clock = Clock()
-    data_dir = DataDir(tmp_path)
-    head = Head(
-        store=store,
-        executor=fake,
-        data_dir=data_dir,
-        clock=clock,
+    return make_cluster(
+        tmp_path,
+        default_command=["python", "train.py"],
         grace_period_s=GRACE,
         head_url="http://head:8080",
         base_env={"HOME": "/home/alice", "PATH": "/usr/bin"},
         restart_backoff_s=BACKOFF,
     )
-    return Cluster(store, fake, head, ClusterService(head), clock, data_dir)
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = make(tmp_path)
     yield c
-    c.service.close()
-    c.store.close()
+    c.close()
 
 
 # ---- launching ---------------------------------------------------------------------------------

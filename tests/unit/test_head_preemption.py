@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,78 +13,25 @@ import pytest
 from gpucluster.core.fairshare import decay
 from gpucluster.core.states import JobState
 from gpucluster.executors.base import Exited
-from gpucluster.executors.fake import FakeExecutor, FakeProcess
 from gpucluster.head.loop import USAGE_SAVE_EVERY_S, Head
-from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
-from gpucluster.head.service import ClusterService
-from gpucluster.store import Store
 
-from .builders import node, spec
+from .headkit import T0, Cluster, make_cluster
 
-T0 = 1000.0
 SIGTERM, SIGKILL = int(signal.SIGTERM), int(signal.SIGKILL)
 WEEK = 7 * 86400.0
 
 
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@dataclass
-class Cluster:
-    store: Store
-    fake: FakeExecutor
-    head: Head
-    service: ClusterService
-    clock: Clock
-    data_dir: DataDir
-    tmp: Path
-
-    def submit(self, **fields: object) -> int:
-        return self.service.submit(spec(**fields)).id
-
-    def record(self, job_id: int):  # type: ignore[no-untyped-def]
-        r = self.store.get_job(job_id)
-        assert r is not None
-        return r
-
-    def state(self, job_id: int) -> JobState:
-        return self.record(job_id).state
-
-    def proc(self, job_id: int, attempt: int = 1) -> FakeProcess:
-        return self.fake.processes[(job_id, attempt)]
-
-    def tick_at(self, t: float) -> None:
-        self.clock.t = t
-        self.head.tick()
-
-    def new_head(self, policy: PolicySource | None = None) -> Head:
-        return Head(
-            store=self.store, executor=self.fake, data_dir=self.data_dir, clock=self.clock, policy=policy, base_env={}
-        )
-
-
-def make_cluster(tmp_path: Path, policy: PolicySource | None = None, gpus: int = 8) -> Cluster:
-    store = Store(tmp_path / "state.db")
-    store.put_node(node("n1").gpus(gpus, "H100").build(), virtual=True, now=T0)
-    fake = FakeExecutor()
-    clock = Clock()
-    data_dir = DataDir(tmp_path)
-    head = Head(store=store, executor=fake, data_dir=data_dir, clock=clock, policy=policy, base_env={"HOME": "/h"})
-    return Cluster(store, fake, head, ClusterService(head), clock, data_dir, tmp_path)
+def new_head(c: Cluster, policy: PolicySource | None = None) -> Head:
+    """A second head on the same store, as after a restart."""
+    return Head(store=c.store, executor=c.fake, data_dir=c.data_dir, clock=c.clock, policy=policy, base_env={})
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = make_cluster(tmp_path)
     yield c
-    c.service.close()
-    c.store.close()
+    c.close()
 
 
 # ---- preemption --------------------------------------------------------------------------------
@@ -240,8 +186,7 @@ def policy_cluster(tmp_path: Path) -> Iterator[tuple[Cluster, Path]]:
     path.write_text(POLICY_V1)
     c = make_cluster(tmp_path, policy=PolicySource(path))
     yield c, path
-    c.service.close()
-    c.store.close()
+    c.close()
 
 
 def test_a_changed_policy_file_is_reloaded_without_dropping_jobs(policy_cluster: tuple[Cluster, Path]) -> None:
@@ -337,7 +282,7 @@ def test_usage_accrues_per_team_and_survives_a_new_head(cluster: Cluster) -> Non
     cluster.fake.finish(a, 0)
     cluster.tick_at(T0 + USAGE_SAVE_EVERY_S + 1)  # a's last second still counts: it ended during it
 
-    restarted = cluster.new_head()  # e.g. after a head restart: usage comes back from the store
+    restarted = new_head(cluster)  # e.g. after a head restart: usage comes back from the store
     assert restarted.usage == pytest.approx(expected)
     cluster.head = restarted
     cluster.tick_at(T0 + 2 * USAGE_SAVE_EVERY_S)
@@ -348,7 +293,7 @@ def test_usage_accrues_per_team_and_survives_a_new_head(cluster: Cluster) -> Non
 
 def test_usage_decides_which_team_goes_first(cluster: Cluster) -> None:
     cluster.store.save_usage({"heavy": 1e6, "light": 10.0}, T0)
-    cluster.head = cluster.new_head()
+    cluster.head = new_head(cluster)
     blocker = cluster.submit(gpus=8, priority="critical")
     cluster.tick_at(T0)
     heavy = cluster.submit(gpus=8, team="heavy")

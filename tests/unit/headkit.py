@@ -1,0 +1,81 @@
+"""A head driven by hand: real store, fake executor, a clock the test moves. Shared by the
+head's unit tests so each only states the settings it cares about."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpucluster.core.states import JobState
+from gpucluster.executors.fake import FakeExecutor, FakeProcess
+from gpucluster.head.loop import Head
+from gpucluster.head.paths import DataDir
+from gpucluster.head.service import ClusterService
+from gpucluster.store import JobRecord, Store
+
+from .builders import node, spec
+
+T0 = 1000.0
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> float:
+        self.t += dt
+        return self.t
+
+
+@dataclass
+class Cluster:
+    store: Store
+    fake: FakeExecutor
+    head: Head
+    service: ClusterService
+    clock: Clock
+    data_dir: DataDir
+    tmp: Path
+    default_command: list[str] | None = None
+
+    def submit(self, **fields: object) -> int:
+        if self.default_command is not None:
+            fields.setdefault("command", self.default_command)
+        return self.service.submit(spec(**fields)).id
+
+    def record(self, job_id: int) -> JobRecord:
+        r = self.store.get_job(job_id)
+        assert r is not None
+        return r
+
+    def state(self, job_id: int) -> JobState:
+        return self.record(job_id).state
+
+    def proc(self, job_id: int, attempt: int = 1) -> FakeProcess:
+        return self.fake.processes[(job_id, attempt)]
+
+    def tick_at(self, t: float) -> None:
+        self.clock.t = t
+        self.head.tick()
+
+    def close(self) -> None:
+        self.service.close()
+        self.store.close()
+
+
+def make_cluster(tmp_path: Path, gpus: int = 8, default_command: list[str] | None = None, **head: Any) -> Cluster:
+    """One node `n1` with `gpus` H100s; `head` keywords go to Head (policy, grace_period_s, ...)."""
+    store = Store(tmp_path / "state.db")
+    store.put_node(node("n1").gpus(gpus, "H100").build(), virtual=True, now=T0)
+    fake = FakeExecutor()
+    clock = Clock()
+    data_dir = DataDir(tmp_path)
+    head.setdefault("base_env", {"HOME": "/h"})
+    h = Head(store=store, executor=fake, data_dir=data_dir, clock=clock, **head)
+    return Cluster(store, fake, h, ClusterService(h), clock, data_dir, tmp_path, default_command)
