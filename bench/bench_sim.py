@@ -13,7 +13,8 @@
    same ~85% load with a tenth of the queue), which the policies can run to the end.
 2. Synthetic: --synthetic-jobs jobs resampled from Philly's (GPUs, run time) pairs, Poisson
    arrivals at 80% load, 50 teams, on --synthetic-gpus GPUs (8 per node), --synthetic-policy
-   (default: the full default policy). Goal: 1,000,000
+   (default: the full default policy), planning at every event or, with --synthetic-cycle,
+   in fixed cycles (scheduler.cycle). Goal: 1,000,000
    jobs on 100,000 GPUs in under 15 minutes and 4 GiB. A run stopped by --synthetic-budget reports
    how far it got and extrapolates linearly in jobs done (say so when quoting it).
 3. Where the time goes: the scheduler core's decide() per call, by the queue length it was given,
@@ -162,6 +163,7 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
             f"name: synthetic-{gpus}\n"
             f"node_groups:\n  - {{name: n, count: {gpus // 8}, gpus_per_node: 8, gpu_model: H100-80GB, "
             "price_per_gpu_hour: 2.5, power_idle_w: 70, power_busy_w: 700}\n"
+            + (f"scheduler: {{cycle: {args.synthetic_cycle}}}\n" if args.synthetic_cycle else "")
         )
         spec = load_cluster_spec(cluster)
         shape = read_trace(PHILLY, spec, SEED).jobs if PHILLY.is_file() else None
@@ -182,6 +184,7 @@ def synthetic(args: argparse.Namespace) -> dict[str, Any]:
     per_job = res.wall_s / max(1, done)
     return {
         "policy": args.synthetic_policy,
+        "cycle": args.synthetic_cycle,
         "jobs": n,
         "gpus": gpus,
         "generate_s": round(gen_s, 1),
@@ -219,6 +222,9 @@ def main() -> None:
     ap.add_argument("--synthetic-jobs", type=int, default=1_000_000)
     ap.add_argument("--synthetic-gpus", type=int, default=100_000)
     ap.add_argument("--synthetic-policy", default="default")
+    ap.add_argument(
+        "--synthetic-cycle", default=None, help="plan at most every this long, e.g. 60s (default: per event)"
+    )
     ap.add_argument("--synthetic-budget", type=float, default=900.0, help="stop the synthetic run after S seconds")
     ap.add_argument("--sample-every", type=int, default=10, help="also every N-th Philly job (0: no) ...")
     ap.add_argument("--sample-nodes", type=int, default=6, help="... on this many 8-GPU nodes (same load)")
@@ -245,7 +251,8 @@ def print_figures(out: dict[str, Any]) -> None:
             _print_philly(out[key])
     s = out.get("synthetic")
     if s:
-        print(f"\n== Synthetic: {s['jobs']:,} jobs on {s['gpus']:,} GPUs, policy {s['policy']}")
+        cycle = f", scheduling cycle {s['cycle']}" if s["cycle"] else ", planning at every event"
+        print(f"\n== Synthetic: {s['jobs']:,} jobs on {s['gpus']:,} GPUs, policy {s['policy']}{cycle}")
         print(
             f"generate {s['generate_s']} s, read {s['read_s']} s (RSS {s['rss_after_read_mib']} MiB), "
             f"simulate {s['sim_wall_s']} s: {s['jobs_done']:,} jobs done, simulated day {s['sim_days_reached']}, "

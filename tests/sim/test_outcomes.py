@@ -207,9 +207,22 @@ def test_a_restart_waits_out_the_heads_backoff(tmp_path: Path) -> None:
     failures = [at for at, _, why in res.interruptions_log if why == "failure"]
     starts = [at for at, _, _ in res.starts]
     assert len(failures) >= 3 and len(starts) == len(failures) + 1
-    assert [restart_delay(n) for n in (1, 2, 3, 10)] == [1.0, 2.0, 4.0, 300.0]
+    from gpucluster.head.loop import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
+
+    base, cap = RESTART_BACKOFF_S, MAX_RESTART_BACKOFF_S
+    assert [restart_delay(n) for n in (1, 2, 3, 30)] == [base, 2 * base, 4 * base, cap]
     for n, (failed_at, next_start) in enumerate(zip(failures, starts[1:], strict=True), start=1):
         assert next_start >= failed_at + restart_delay(n) - 1e-9
     assert any(
         abs(s - (f + restart_delay(n))) < 1e-9 for n, (f, s) in enumerate(zip(failures, starts[1:], strict=True), 1)
     )
+
+
+def test_a_fixed_scheduling_cycle_batches_decisions(tmp_path: Path) -> None:
+    # scheduler.cycle 10s: plans happen only at t = 0, 10, 20, ... A starts at once (t=0 is a
+    # tick); B waits for A's GPU, freed at the tick 10; C, blocked behind B by FIFO, is seen
+    # after B ends at 15 only at the next tick, 20.
+    c = cluster_yaml(tmp_path / "c.yaml", gpus=2, extra=QUIET + "scheduler: {cycle: 10s}\n")
+    r = run(c, three_jobs(tmp_path), "fifo")
+    assert r.start == {1: 0.0, 2: 10.0, 3: 20.0}
+    assert r.end == {1: 10.0, 2: 15.0, 3: 23.0}

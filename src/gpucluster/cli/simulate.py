@@ -136,6 +136,8 @@ def _summary(metrics: dict[str, Any], perf: dict[str, Any], files: list[str]) ->
         "wall s",
         box=None,
     )
+    table.columns[0].no_wrap = True  # policy names whole, even in a narrow terminal
+    table.columns[0].min_width = max(len(r["policy"]) for r in metrics["comparison"]) if metrics["comparison"] else 6
     for row in metrics["comparison"]:
         m = metrics["policies"][row["policy"]]
         ratio = row.get("jct_mean_vs_baseline")

@@ -43,6 +43,7 @@ EPS = 1e-9
 
 # event kinds
 _END, _STOPPED, _CKPT, _FAIL, _REPAIR, _REPLAN = range(6)
+_BACKOFF, _PERIODIC, _CYCLE = 0, 1, 2  # why a _REPLAN
 # job states
 QUEUED, RUNNING, STOPPING = 0, 1, 2
 # outcomes
@@ -202,7 +203,9 @@ class Engine:
         self._seq = count()
         self._dirty = False
         self._replan_pending = False  # a periodic replan (scheduler.replan_every) is scheduled
-        self._timers = 0  # replans pending (periodic, or the end of a restart's backoff)
+        self._timers = 0  # replans pending (backoff ends, periodic replans, cycle ticks)
+        self._cycle_pending = False
+        self.cycle_s = spec.cycle_s
         self._repairs_pending = 0
         self._feasible: dict[tuple[object, ...], str | None] = {}
         self._intervals: dict[tuple[object, float], float | None] = {}
@@ -245,6 +248,7 @@ class Engine:
             while i < n and jobs[i].submit == t:
                 self._arrive(jobs[i], t)
                 i += 1
+            at_cycle = False
             while heap and heap[0][0] == t:
                 _, _, kind, a, b = heapq.heappop(heap)
                 res.events += 1
@@ -260,10 +264,18 @@ class Engine:
                     self._on_repair(a)
                 else:
                     self._timers -= 1
-                    if a == 1:
+                    if a == _PERIODIC:
                         self._replan_pending = False
+                    elif a == _CYCLE:
+                        self._cycle_pending = False
+                        at_cycle = True
                     self._dirty = True
-            if self._dirty:
+            tick = math.ceil(t / self.cycle_s) * self.cycle_s if self.cycle_s else t
+            if self._dirty and self._queued and tick > t and not at_cycle:
+                if not self._cycle_pending:  # a fixed cycle: plan at its next tick, not now
+                    self._cycle_pending = True
+                    self._wake(tick, _CYCLE)
+            elif self._dirty:
                 self._dirty = False
                 if self._queued and scheduling.can_change_anything(self.policy, self._up_gpus - self._busy_gpus):
                     self._schedule(t)
@@ -286,16 +298,18 @@ class Engine:
         self._close_series()
         res.wall_s = self.clock() - started
         if self.on_progress is not None:
-            self.on_progress(n, n, res.last_end)
+            done = len(res.end) + sum(res.skipped.values())
+            self.on_progress(done if res.truncated else n, n, res.truncated_at if res.truncated else res.last_end)
         return res
 
     def _push(self, t: float, kind: int, a: int, b: int) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, a, b))
 
-    def _wake(self, t: float, periodic: bool = False) -> None:
-        """Plan again at t (a periodic replan, or when a restart's backoff ends)."""
+    def _wake(self, t: float, why: int = 0) -> None:
+        """Plan again at t: when a restart's backoff ends (0), a periodic replan (_PERIODIC), or
+        the next tick of a fixed cycle (_CYCLE)."""
         self._timers += 1
-        self._push(t, _REPLAN, 1 if periodic else 0, 0)
+        self._push(t, _REPLAN, why, 0)
 
     # ---- arrivals and the scheduler -----------------------------------------------------------
 
@@ -366,7 +380,7 @@ class Engine:
             self._start(start, now)
         if self.spec.replan_every_s and self._queued and not self._replan_pending:
             self._replan_pending = True
-            self._wake(now + self.spec.replan_every_s, periodic=True)
+            self._wake(now + self.spec.replan_every_s, _PERIODIC)
 
     # ---- starting and ending attempts ---------------------------------------------------------
 

@@ -91,8 +91,9 @@ def job_request(job: TraceJob, queued_at: float | None = None, not_before: float
 
 def restart_delay(restart: int) -> float:
     """How long the `restart`-th restart after a failure waits: the live head's rule and numbers
-    (head/loop.py: 5 s, 10 s, 20 s, ... at most 300 s). Read from the head so they cannot drift
-    apart; it belongs in the core, and should be imported from there once it moves."""
+    (head/loop.py: RESTART_BACKOFF_S doubling per restart, at most MAX_RESTART_BACKOFF_S). Read
+    from the head so they cannot drift apart; the rule belongs in the core, and should be
+    imported from there once it moves."""
     from gpucluster.head.loop import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
 
     return float(min(RESTART_BACKOFF_S * 2 ** (restart - 1), MAX_RESTART_BACKOFF_S))

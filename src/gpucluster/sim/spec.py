@@ -97,6 +97,7 @@ class ClusterSpec:
     allreduce: AllReduceModel = AllReduceModel()
     fill: FillRules = FillRules()
     replan_every_s: float | None = None  # also plan on a timer (policies whose order ages)
+    cycle_s: float | None = None  # plan only at multiples of this (a fixed scheduling cycle)
     source: str = ""
 
     @property
@@ -147,6 +148,7 @@ def load_cluster_spec(path: Path) -> ClusterSpec:
     groups = _groups(doc, top)
     models = {g.gpu_model for g in groups}
     speeds = _speeds(doc, models)
+    replan_every, cycle = _scheduler(doc)
     spec = ClusterSpec(
         name=top.text("name", path.stem),
         groups=groups,
@@ -155,7 +157,8 @@ def load_cluster_spec(path: Path) -> ClusterSpec:
         checkpoints=_checkpoints(doc),
         allreduce=_allreduce(doc),
         fill=_fill(doc, models),
-        replan_every_s=_scheduler(doc),
+        replan_every_s=replan_every,
+        cycle_s=cycle,
         source=str(path),
     )
     return spec
@@ -307,11 +310,16 @@ def _fill(doc: Located, models: set[str]) -> FillRules:
     return FillRules(team=f.text("team", d.team), priority_mix=mix, gpu_type=gpu_type, time_limit_factor=factor)
 
 
-def _scheduler(doc: Located) -> float | None:
-    f = Fields(doc, ("scheduler",), ("replan_every",))
-    if not f.has("replan_every"):
-        return None
-    seconds = f.duration("replan_every", 0)
-    if seconds <= 0:
-        raise f.fail("replan_every", "must be above 0 (leave it out to plan only when something changes)")
-    return seconds
+def _scheduler(doc: Located) -> tuple[float | None, float | None]:
+    """(replan_every, cycle) in seconds; None when not set."""
+    f = Fields(doc, ("scheduler",), ("replan_every", "cycle"))
+    out: list[float | None] = []
+    for key in ("replan_every", "cycle"):
+        if not f.has(key):
+            out.append(None)
+            continue
+        seconds = f.duration(key, 0)
+        if seconds <= 0:
+            raise f.fail(key, "must be above 0 (leave it out to plan whenever something changes)")
+        out.append(seconds)
+    return out[0], out[1]
