@@ -20,20 +20,36 @@ class YamlFileError(ValueError):
 
 def read_yaml(path: Path, what: str) -> tuple[Any, yaml.Node | None]:
     """The parsed document and its node tree (for line numbers); errors say file:line:col."""
+    node = compose_file(path, what)
+    return (construct(node) if node is not None else None), node
+
+
+def compose_file(path: Path, what: str, max_bytes: int = MAX_FILE_BYTES) -> yaml.Node | None:
+    """The YAML node tree of `path` (None for an empty file), which keeps every line number.
+
+    Reading, size limit and syntax errors live here once, for every YAML file users write.
+    """
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise YamlFileError(f"{path}: {what} is larger than {MAX_FILE_BYTES} bytes")
+        if path.stat().st_size > max_bytes:
+            raise YamlFileError(f"{path}: {what} is larger than {max_bytes} bytes; is this the right file?")
         text = path.read_text()
     except OSError as e:
-        raise YamlFileError(f"{path}: cannot read {what}: {e.strerror}") from None
+        raise YamlFileError(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise YamlFileError(f"{path}: {what} is not a text file") from None
     try:
-        return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         raise YamlFileError(f"{path}{where}: not valid YAML: {e.problem}") from None
     except yaml.YAMLError as e:
         raise YamlFileError(f"{path}: not valid YAML: {e}") from None
+
+
+def construct(node: yaml.Node) -> Any:
+    """Python values of a composed node, with YAML's own typing of scalars (safe types only)."""
+    return yaml.SafeLoader(stream="").construct_document(node)
 
 
 def line_of(node: yaml.Node | None, loc: Sequence[Any]) -> int | None:

@@ -207,7 +207,7 @@ def test_a_restart_waits_out_the_heads_backoff(tmp_path: Path) -> None:
     failures = [at for at, _, why in res.interruptions_log if why == "failure"]
     starts = [at for at, _, _ in res.starts]
     assert len(failures) >= 3 and len(starts) == len(failures) + 1
-    from gpucluster.head.loop import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
+    from gpucluster.core.restarts import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
 
     base, cap = RESTART_BACKOFF_S, MAX_RESTART_BACKOFF_S
     assert [restart_delay(n) for n in (1, 2, 3, 30)] == [base, 2 * base, 4 * base, cap]

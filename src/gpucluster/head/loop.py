@@ -33,6 +33,7 @@ from typing import Any
 
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import Policy
+from gpucluster.core.restarts import RESTART_BACKOFF_S, restart_backoff
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.states import JobState
@@ -74,8 +75,6 @@ USAGE_SAVE_EVERY_S = 10.0
 # Restarts after failures wait 5 s, 10 s, 20 s, ... at most 5 minutes (`gpucluster up
 # --restart-backoff` sets the first wait): a job that keeps failing backs off. The simulator
 # uses the same numbers.
-RESTART_BACKOFF_S = 1.0  # doubling per restart; 1 s keeps a killed rank to training again under 10 s
-MAX_RESTART_BACKOFF_S = 300.0
 # Every process of a distributed attempt has this in its environment (the attempt's run dir, so
 # unique to one data dir, job and attempt): the executor finds by it the processes that left
 # their process group, such as torchrun's workers.
@@ -308,7 +307,7 @@ class Head:
             )
             return
         n = job.restarts + 1
-        delay = min(self.restart_backoff_s * 2 ** (n - 1), MAX_RESTART_BACKOFF_S)
+        delay = restart_backoff(n, self.restart_backoff_s)
         if self.store.transition(
             job.id,
             JobState.QUEUED,

@@ -22,10 +22,11 @@ from typing import IO
 import uvicorn
 
 from gpucluster.api.app import create_app
+from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.types import Node
 from gpucluster.discovery.gpus import NoGpus, discover_nvml, virtual_gpus
 from gpucluster.executors.local import LocalExecutor
-from gpucluster.head.loop import RESTART_BACKOFF_S, Head
+from gpucluster.head.loop import Head
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.service import ClusterService

@@ -18,6 +18,7 @@ from pathlib import Path
 from gpucluster.core import policy as core_policy
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import Policy
+from gpucluster.core.restarts import restart_backoff
 from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Node, Plan, RunningJob
@@ -90,13 +91,8 @@ def job_request(job: TraceJob, queued_at: float | None = None, not_before: float
 
 
 def restart_delay(restart: int) -> float:
-    """How long the `restart`-th restart after a failure waits: the live head's rule and numbers
-    (head/loop.py: RESTART_BACKOFF_S doubling per restart, at most MAX_RESTART_BACKOFF_S). Read
-    from the head so they cannot drift apart; the rule belongs in the core, and should be
-    imported from there once it moves."""
-    from gpucluster.head.loop import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
-
-    return float(min(RESTART_BACKOFF_S * 2 ** (restart - 1), MAX_RESTART_BACKOFF_S))
+    """How long the `restart`-th restart after a failure waits: the live head's rule (core/restarts.py)."""
+    return restart_backoff(restart)
 
 
 def running_job(request: JobRequest, allocation: Allocation, started_at: float) -> RunningJob:

@@ -3,7 +3,8 @@
 Why: a planning team edits cluster specs by hand; "node_groups[2].count: must be at least 1" is
 only useful with the file and line in front of it, the way job files report errors
 (`gpucluster.jobfile`). PyYAML's safe_load drops positions, so the document is composed once
-(which keeps them) and converted here.
+(`gpucluster.yamlfile`, shared with job and policy files, which keeps them) and converted here
+into plain data plus a line for every key path.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import yaml
 
 from gpucluster.sim.errors import SimInputError
+from gpucluster.yamlfile import YamlFileError, compose_file, construct
 
 Path_ = tuple[str | int, ...]
 MAX_SPEC_BYTES = 4 * 1024 * 1024
@@ -50,21 +52,9 @@ def dotted(path: Path_) -> str:
 def load(path: Path) -> Located:
     """Read and parse `path`; unreadable files and YAML syntax errors become SimInputError."""
     try:
-        if path.stat().st_size > MAX_SPEC_BYTES:
-            raise SimInputError(f"{path}: larger than {MAX_SPEC_BYTES} bytes; is this the right file?")
-        text = path.read_text()
-    except OSError as e:
-        raise SimInputError(f"{path}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise SimInputError(f"{path}: not a text file") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        raise SimInputError(f"{path}{where}: not valid YAML: {e.problem}") from None
-    except yaml.YAMLError as e:
-        raise SimInputError(f"{path}: not valid YAML: {e}") from None
+        node = compose_file(path, "cluster spec", MAX_SPEC_BYTES)
+    except YamlFileError as e:
+        raise SimInputError(str(e)) from None
     lines: dict[Path_, int] = {}
     data = _convert(node, (), lines) if node is not None else None
     return Located(path, data, lines)
@@ -85,5 +75,4 @@ def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> Any:
 
 
 def _scalar(node: yaml.Node) -> Any:
-    # The safe constructor gives YAML's own typing of scalars (ints, floats, bools, null).
-    return yaml.SafeLoader(stream="").construct_object(node, deep=True)
+    return construct(node)
