@@ -72,9 +72,8 @@ LAUNCH_GRACE_S = 10.0
 # Even when nothing seems to change, plan again this often (the safety net for missed events).
 REPLAN_EVERY_S = 1.0
 USAGE_SAVE_EVERY_S = 10.0
-# Restarts after failures wait 5 s, 10 s, 20 s, ... at most 5 minutes (`gpucluster up
-# --restart-backoff` sets the first wait): a job that keeps failing backs off. The simulator
-# uses the same numbers.
+# Restarts after failures back off by core/restarts.py's rule (1 s doubling, at most 5 minutes;
+# `gpucluster up --restart-backoff` sets the first wait), the rule the simulator uses too.
 # Every process of a distributed attempt has this in its environment (the attempt's run dir, so
 # unique to one data dir, job and attempt): the executor finds by it the processes that left
 # their process group, such as torchrun's workers.
