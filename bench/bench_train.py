@@ -3,11 +3,13 @@
   .venv/bin/python bench/bench_train.py [--repeats 6] [--epochs 40] [--recoveries 2] [--out results.json]
 
 1. Throughput: examples/ddp_classifier (4 processes, gloo on CPU here) under plain torchrun
-   vs 4 processes started with the environment from `gpucluster.launch.ranks.per_gpu_envs`,
-   as the head's per-GPU launch will start them. Runs alternate (A, B, A, B, ...) so drifting
-   machine load hits both alike. The figure is the example's own training steps/s (first to
-   last step, startup excluded); the ratio gpucluster / torchrun (goal >= 0.98) is taken per
-   back-to-back pair, and the median of the pairs is reported. Rank 0's CPU time per step (which
+   vs the same script submitted through a real head (`gpucluster up --virtual-gpus 4`, then
+   `submit --gpus 4 --per-gpu`: the shims, the per-rank environment, log capture and the
+   head's polling all included), and vs 4 processes started directly with the environment from
+   `gpucluster.launch.ranks.per_gpu_envs` (the launch alone, without the head). Runs rotate
+   (A B C, B C A, C A B, ...) so drifting machine load hits all alike. The figure is the
+   example's own training steps/s (first to last step, startup excluded); the ratio to torchrun
+   (goal >= 0.98) is taken per round of runs, and the median of the pairs is reported. Rank 0's CPU time per step (which
    other load on the machine hardly moves) and the wall time from launch to exit are shown too.
 2. Recovery: kill -9 of one rank (rank 2, then rank 0 which hosts the store) right after a
    checkpoint, then, once every process has exited, an immediate relaunch as attempt n+1, as
@@ -41,8 +43,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpucluster.client import Client
 from gpucluster.core.types import NodeSlice
 from gpucluster.launch.ranks import per_gpu_envs, pick_free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _head  # bench/ is not a package
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ddp_classifier" / "train.py"
@@ -88,10 +94,50 @@ class Attempt:
             p.wait()
 
 
+class HeadRun:
+    """One job submitted through a real head: its exit and rank 0's events come from the API."""
+
+    def __init__(self, client: Client, job_id: int) -> None:
+        self.client, self.job_id = client, job_id
+        self.out = f"job {job_id} (gpucluster logs {job_id} --rank 0)"
+
+    def wait(self, timeout: float = 300.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.client.job(self.job_id)
+            if job.state in ("succeeded", "failed", "cancelled"):
+                return [0 if job.state == "succeeded" else 1]
+            time.sleep(0.05)
+        raise RuntimeError(f"job {self.job_id} did not end in {timeout:.0f} s")
+
+    def wait_for(self, pred: Callable[[Event], bool], timeout: float = 120.0) -> Event:
+        for line in self.client.logs(self.job_id, rank=0).splitlines():
+            if line.startswith('{"event"'):
+                with contextlib.suppress(json.JSONDecodeError):
+                    e = json.loads(line)
+                    if pred(e):
+                        return dict(e)
+        raise RuntimeError(f"event not seen in the log of {self.out}")
+
+
 class Bench:
     def __init__(self, workdir: Path, args: list[str]) -> None:
         self.workdir, self.args, self.n = workdir, args, 0
         self.live: list[Attempt] = []
+        self.head: _head.Head | None = None
+        self.client: Client | None = None
+
+    def start_head(self) -> None:
+        """A head with exactly WORLD virtual GPUs, so each job gets all of them, like torchrun."""
+        self.head = _head.start(WORLD, self.workdir / "head-data", self.workdir / "head.log")
+        self.client = Client(self.head.url)
+
+    def through_head(self) -> HeadRun:
+        assert self.client is not None
+        job = self.client.submit(
+            [sys.executable, str(EXAMPLE), *self.args], gpus=WORLD, per_gpu=True, name="bench-train"
+        )
+        return HeadRun(self.client, job.id)
 
     def _env(self, ckpt: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUCLUSTER_", "TORCHELASTIC_"))}
@@ -138,27 +184,39 @@ class Bench:
     def stop_all(self) -> None:
         for a in self.live:
             a.stop()
+        if self.client is not None:
+            self.client.close()
+        if self.head is not None:
+            self.head.stop()
 
 
 def throughput(bench: Bench, repeats: int) -> dict[str, Any]:
-    """Alternate torchrun and gpucluster runs; compare each pair run back to back.
+    """Rotate torchrun, head and direct-launch runs; compare each run with the torchrun next to it.
 
     Other load on the machine drifts over minutes, so the ratio is taken per adjacent pair and
     the median of those is reported, with rank 0's CPU time per step as a figure that load
     does not move.
     """
-    runs: dict[str, list[dict[str, float]]] = {"torchrun": [], "gpucluster": []}
+    kinds = ("torchrun", "head", "gpucluster")
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     for i in range(repeats):
-        order = ("torchrun", "gpucluster") if i % 2 == 0 else ("gpucluster", "torchrun")
+        order = kinds[i % 3 :] + kinds[: i % 3]
         for kind in order:
             ckpt = bench.workdir / f"tp-{kind}-{i}"
             load = os.getloadavg()[0]
             cpu_before = _children_cpu_s()
             started = time.monotonic()
-            a = bench.torchrun(ckpt) if kind == "torchrun" else bench.gpucluster(ckpt)
+            a: Attempt | HeadRun
+            if kind == "torchrun":
+                a = bench.torchrun(ckpt)
+            elif kind == "head":
+                a = bench.through_head()
+            else:
+                a = bench.gpucluster(ckpt)
             codes = a.wait()
             wall = time.monotonic() - started
-            cpu_total = _children_cpu_s() - cpu_before
+            # the head's jobs are not this script's children: their CPU time is not seen here
+            cpu_total = _children_cpu_s() - cpu_before if kind != "head" else float("nan")
             if any(codes):
                 raise RuntimeError(f"{kind} run failed: {codes}; log {a.out}")
             done = a.wait_for(lambda e: e["event"] == "done")
@@ -176,6 +234,7 @@ def throughput(bench: Bench, repeats: int) -> dict[str, Any]:
                 flush=True,
             )
     pairs = [g["steps_per_s"] / t["steps_per_s"] for t, g in zip(runs["torchrun"], runs["gpucluster"], strict=True)]
+    head_pairs = [h["steps_per_s"] / t["steps_per_s"] for t, h in zip(runs["torchrun"], runs["head"], strict=True)]
 
     def med(kind: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[kind])
@@ -184,6 +243,8 @@ def throughput(bench: Bench, repeats: int) -> dict[str, Any]:
         "runs": runs,
         "pair_ratios": pairs,
         "ratio": statistics.median(pairs),
+        "head_pair_ratios": head_pairs,
+        "head_ratio": statistics.median(head_pairs),
         "median": {
             k: {key: med(k, key) for key in ("steps_per_s", "cpu_ms_per_step", "wall_s", "cpu_s_total")} for k in runs
         },
@@ -256,10 +317,15 @@ def main() -> int:
             if not a.skip_throughput:
                 steps = a.epochs * 10
                 print(f"== throughput: {WORLD} processes, gloo on CPU, {steps} steps per run, {os.cpu_count()} cores")
+                bench.start_head()
                 tp = throughput(bench, a.repeats)
                 m = tp["median"]
                 print(
-                    f"steps/s ratio gpucluster/torchrun: median of pairs {tp['ratio']:.3f} "
+                    f"steps/s ratio through the head / torchrun: median of pairs {tp['head_ratio']:.3f} "
+                    f"(pairs {min(tp['head_pair_ratios']):.3f}..{max(tp['head_pair_ratios']):.3f}); "
+                    f"median steps/s through the head {m['head']['steps_per_s']:.1f}, "
+                    f"launch-to-exit {m['head']['wall_s']:.1f} s\n"
+                    f"steps/s ratio direct launch / torchrun: median of pairs {tp['ratio']:.3f} "
                     f"(pairs {min(tp['pair_ratios']):.3f}..{max(tp['pair_ratios']):.3f})\n"
                     f"median steps/s: torchrun {m['torchrun']['steps_per_s']:.1f}, "
                     f"gpucluster {m['gpucluster']['steps_per_s']:.1f}; rank 0 CPU-ms/step: torchrun "

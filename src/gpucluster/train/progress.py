@@ -17,6 +17,7 @@ error is swallowed and logged once. Only one process per job should report (rank
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ class ProgressReporter:
         min_interval_s: float = 10.0,
         timeout_s: float = 2.0,
         enabled: bool = True,
+        token: str | None = None,
     ) -> None:
         url = url if url is not None else train_env.head_url()
         job_id = job_id if job_id is not None else train_env.job_id()
@@ -49,6 +51,10 @@ class ProgressReporter:
         self.enabled = enabled and self.endpoint is not None
         self.min_interval_s = min_interval_s
         self.timeout_s = timeout_s
+        # The job's own token (the head puts it in every job's environment): it may report
+        # this job's progress and nothing else.
+        token = token if token is not None else os.environ.get("GPUCLUSTER_JOB_TOKEN")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.sent = 0  # successful requests
         self.failed = 0  # failed requests
         self._cond = threading.Condition()
@@ -61,7 +67,13 @@ class ProgressReporter:
         self._warned = False
         self._thread: threading.Thread | None = None
         if self.enabled:
-            self._thread = threading.Thread(target=self._run, name="gpucluster-progress", daemon=True)
+            # httpx is imported and its client (SSL context included, ~0.3 CPU-s) built here, at
+            # startup, not in the thread: done there it competed with the first training steps
+            # and measurably slowed them on a busy machine. Only the reporting rank pays it.
+            import httpx
+
+            client = httpx.Client(timeout=self.timeout_s, headers=self._headers)
+            self._thread = threading.Thread(target=self._run, args=(client,), name="gpucluster-progress", daemon=True)
             self._thread.start()
 
     def report(self, step: int, *, checkpoint_at: float | None = None, checkpoint_step: int | None = None) -> None:
@@ -89,10 +101,8 @@ class ProgressReporter:
         self._thread.join(flush_timeout_s)
         self._thread = None
 
-    def _run(self) -> None:
-        import httpx  # here, not at module level: every rank imports this module, one reports
-
-        with httpx.Client(timeout=self.timeout_s) as client:
+    def _run(self, client: httpx.Client) -> None:
+        with client:
             while True:
                 with self._cond:
                     while True:
