@@ -23,6 +23,8 @@ from typing import IO
 
 import httpx
 
+from gpucluster import userconfig
+
 GPUCLUSTER = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpucluster"
 _PROBLEM = re.compile(r"Traceback|Exception|\bERROR\b|\bCRITICAL\b|failed", re.IGNORECASE)
 
@@ -47,6 +49,12 @@ class Head:
     log_path: Path
     jobs_left_running: int = 0  # job process groups alive after the head stopped (expected)
     unkillable: list[int] = field(default_factory=list)  # pgids that survived SIGKILL (a problem)
+    token: str = ""  # the head's first cluster admin token (not rate limited)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """For httpx clients: every API call but /v1/health needs the token."""
+        return {"Authorization": f"Bearer {self.token}"}
 
     def log_problems(self, limit: int = 20) -> list[str]:
         """Lines of the head's output that look like errors, for the report."""
@@ -68,7 +76,10 @@ class Head:
 
 
 def start(gpus: int, data_dir: Path, log_path: Path, timeout: float = 60) -> Head:
-    """Start `gpucluster up` in its own session and wait until GET /v1/health answers 200."""
+    """Start `gpucluster up` in its own session and wait until GET /v1/health answers 200.
+
+    The head writes its admin token to a config file next to the data dir (GPUCLUSTER_CONFIG),
+    never to the user's own ~/.config."""
     if not GPUCLUSTER.exists():
         raise HeadError(f"{GPUCLUSTER} not found; install the project into .venv (pip install -e .)")
     port = free_port()
@@ -76,9 +87,11 @@ def start(gpus: int, data_dir: Path, log_path: Path, timeout: float = 60) -> Hea
         str(GPUCLUSTER), "up", "--virtual-gpus", str(gpus), "--gpu-type", "H100-80GB",
         "--port", str(port), "--data-dir", str(data_dir), "--grace-period", "2s",
     ]  # fmt: skip
+    config = data_dir.parent / "gpucluster-config.yaml"
+    env = {**os.environ, userconfig.ENV_PATH: str(config)}
     log: IO[bytes]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     head = Head(proc, f"http://127.0.0.1:{port}", data_dir, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,6 +99,7 @@ def start(gpus: int, data_dir: Path, log_path: Path, timeout: float = 60) -> Hea
             raise HeadError(f"gpucluster up exited with {proc.returncode}:\n{tail(log_path)}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{head.url}/v1/health", timeout=2).status_code == 200:
+                head.token = userconfig.load(config).token_for(head.url) or ""
                 return head
         time.sleep(0.1)
     head.stop()

@@ -272,7 +272,7 @@ def gc_smoke(c: httpx.Client, head: _head.Head, timeout: float = 30) -> None:
 
 
 def gc_latency(head: _head.Head, n: int, rate: float, seed: int, timeout: float) -> Result:
-    with httpx.Client(base_url=head.url, timeout=30) as c:
+    with httpx.Client(base_url=head.url, timeout=30, headers=head.headers) as c:
         gc_smoke(c, head)
 
         def submit() -> tuple[int, float]:
@@ -309,7 +309,7 @@ def gc_rate(head: _head.Head, n: int, clients: int) -> Result:
     clients_made: list[httpx.Client] = []
 
     def make_submit() -> Callable[[], None]:
-        c = httpx.Client(base_url=head.url, timeout=60)
+        c = httpx.Client(base_url=head.url, timeout=60, headers=head.headers)
         clients_made.append(c)
 
         def submit() -> None:

@@ -107,7 +107,7 @@ class HeadRun:
             job = self.client.job(self.job_id)
             if job.state in ("succeeded", "failed", "cancelled"):
                 return [0 if job.state == "succeeded" else 1]
-            time.sleep(0.05)
+            time.sleep(0.5)  # the steps/s figure is the job's own; polling faster only loads the head
         raise RuntimeError(f"job {self.job_id} did not end in {timeout:.0f} s")
 
     def wait_for(self, pred: Callable[[Event], bool], timeout: float = 120.0) -> Event:
@@ -130,7 +130,7 @@ class Bench:
     def start_head(self) -> None:
         """A head with exactly WORLD virtual GPUs, so each job gets all of them, like torchrun."""
         self.head = _head.start(WORLD, self.workdir / "head-data", self.workdir / "head.log")
-        self.client = Client(self.head.url)
+        self.client = Client(self.head.url, token=self.head.token)
 
     def through_head(self) -> HeadRun:
         assert self.client is not None
@@ -205,6 +205,7 @@ def throughput(bench: Bench, repeats: int) -> dict[str, Any]:
             ckpt = bench.workdir / f"tp-{kind}-{i}"
             load = os.getloadavg()[0]
             cpu_before = _children_cpu_s()
+            head_cpu_before = _cpu_s(bench.head.proc.pid) if bench.head is not None else 0.0
             started = time.monotonic()
             a: Attempt | HeadRun
             if kind == "torchrun":
@@ -215,8 +216,10 @@ def throughput(bench: Bench, repeats: int) -> dict[str, Any]:
                 a = bench.gpucluster(ckpt)
             codes = a.wait()
             wall = time.monotonic() - started
-            # the head's jobs are not this script's children: their CPU time is not seen here
+            # the head's jobs are not this script's children: their CPU time is not seen here; the
+            # head's own CPU time while the job ran is (scheduling loop, API, log capture)
             cpu_total = _children_cpu_s() - cpu_before if kind != "head" else float("nan")
+            head_cpu = _cpu_s(bench.head.proc.pid) - head_cpu_before if bench.head is not None else 0.0
             if any(codes):
                 raise RuntimeError(f"{kind} run failed: {codes}; log {a.out}")
             done = a.wait_for(lambda e: e["event"] == "done")
@@ -226,11 +229,13 @@ def throughput(bench: Bench, repeats: int) -> dict[str, Any]:
                 "wall_s": wall,
                 "cpu_s_total": cpu_total,
                 "load_before": load,
+                "head_cpu_s": head_cpu,
             }
             runs[kind].append(r)
             print(
                 f"  {kind:10s} run {i + 1}: {r['steps_per_s']:6.1f} steps/s, rank 0 {r['cpu_ms_per_step']:.2f} "
-                f"CPU-ms/step, launch-to-exit {wall:5.1f} s, {cpu_total:5.1f} CPU-s in all (load avg {load:.1f})",
+                f"CPU-ms/step, launch-to-exit {wall:5.1f} s, {cpu_total:5.1f} CPU-s in all, head process "
+                f"{head_cpu:4.2f} CPU-s (load avg {load:.1f})",
                 flush=True,
             )
     pairs = [g["steps_per_s"] / t["steps_per_s"] for t, g in zip(runs["torchrun"], runs["gpucluster"], strict=True)]
@@ -246,9 +251,45 @@ def throughput(bench: Bench, repeats: int) -> dict[str, Any]:
         "head_pair_ratios": head_pairs,
         "head_ratio": statistics.median(head_pairs),
         "median": {
-            k: {key: med(k, key) for key in ("steps_per_s", "cpu_ms_per_step", "wall_s", "cpu_s_total")} for k in runs
+            k: {key: med(k, key) for key in ("steps_per_s", "cpu_ms_per_step", "wall_s", "cpu_s_total", "head_cpu_s")}
+            for k in runs
         },
     }
+
+
+def side_by_side(bench: Bench, repeats: int) -> dict[str, Any]:
+    """torchrun and the head's job running at the same time, `repeats` rounds.
+
+    On a machine whose other load swings from run to run (other users' work), runs one after the
+    other compare different machines. Two runs at the same time share whatever load there is,
+    so their steps/s ratio isolates the launcher's own cost (the head's polling, log capture and
+    shims included). Each rank has its own session in both, so the kernel shares CPU between
+    them alike. Which one starts first alternates.
+    """
+    ratios: list[float] = []
+    pairs: list[dict[str, float]] = []
+    for i in range(repeats):
+        ckpt = bench.workdir / f"sbs-{i}"
+        load = os.getloadavg()[0]
+        if i % 2 == 0:
+            t = bench.torchrun(ckpt / "t")
+            h = bench.through_head()
+        else:
+            h = bench.through_head()
+            t = bench.torchrun(ckpt / "t")
+        codes = t.wait() + h.wait()
+        if any(codes):
+            raise RuntimeError(f"a side-by-side run failed: {codes}")
+        td = t.wait_for(lambda e: e["event"] == "done")
+        hd = h.wait_for(lambda e: e["event"] == "done")
+        ratios.append(hd["steps_per_s"] / td["steps_per_s"])
+        pairs.append({"torchrun": td["steps_per_s"], "head": hd["steps_per_s"], "load_before": load})
+        print(
+            f"  round {i + 1}: torchrun {td['steps_per_s']:6.1f} steps/s, through the head "
+            f"{hd['steps_per_s']:6.1f} steps/s, ratio {ratios[-1]:.3f} (load avg {load:.1f})",
+            flush=True,
+        )
+    return {"pairs": pairs, "ratios": ratios, "ratio": statistics.median(ratios)}
 
 
 def recovery(bench: Bench, victim: int, trial: int, head_kills: bool) -> dict[str, float]:
@@ -308,23 +349,29 @@ def main() -> int:
     p.add_argument("--recoveries", type=int, default=2, help="kill -9 trials per victim rank")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
     p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--side-by-side", type=int, default=6, help="rounds of torchrun and the head's job at once")
     a = p.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         bench = Bench(Path(tmp), ["--epochs", str(a.epochs), "--log-every", "1000"])
         try:
             tp: dict[str, Any] = {}
+            sbs: dict[str, Any] = {}
+            if not a.skip_throughput or a.side_by_side:
+                bench.start_head()
             if not a.skip_throughput:
                 steps = a.epochs * 10
                 print(f"== throughput: {WORLD} processes, gloo on CPU, {steps} steps per run, {os.cpu_count()} cores")
-                bench.start_head()
                 tp = throughput(bench, a.repeats)
                 m = tp["median"]
                 print(
                     f"steps/s ratio through the head / torchrun: median of pairs {tp['head_ratio']:.3f} "
                     f"(pairs {min(tp['head_pair_ratios']):.3f}..{max(tp['head_pair_ratios']):.3f}); "
                     f"median steps/s through the head {m['head']['steps_per_s']:.1f}, "
-                    f"launch-to-exit {m['head']['wall_s']:.1f} s\n"
+                    f"launch-to-exit {m['head']['wall_s']:.1f} s, "
+                    f"rank 0 CPU-ms/step {m['head']['cpu_ms_per_step']:.2f}, "
+                    f"head process CPU while its job ran {m['head']['head_cpu_s']:.2f} s "
+                    f"(vs {m['torchrun']['head_cpu_s']:.2f} s idle during torchrun runs)\n"
                     f"steps/s ratio direct launch / torchrun: median of pairs {tp['ratio']:.3f} "
                     f"(pairs {min(tp['pair_ratios']):.3f}..{max(tp['pair_ratios']):.3f})\n"
                     f"median steps/s: torchrun {m['torchrun']['steps_per_s']:.1f}, "
@@ -333,6 +380,13 @@ def main() -> int:
                     f"launch-to-exit: torchrun {m['torchrun']['wall_s']:.1f} s, "
                     f"gpucluster {m['gpucluster']['wall_s']:.1f} s; CPU-s per run (startup included): "
                     f"torchrun {m['torchrun']['cpu_s_total']:.1f}, gpucluster {m['gpucluster']['cpu_s_total']:.1f}"
+                )
+            if a.side_by_side:
+                print(f"== side by side: torchrun and the head's job at the same time, {a.side_by_side} rounds")
+                sbs = side_by_side(bench, a.side_by_side)
+                print(
+                    f"steps/s ratio through the head / torchrun, run at the same time: median {sbs['ratio']:.3f} "
+                    f"(rounds {min(sbs['ratios']):.3f}..{max(sbs['ratios']):.3f})"
                 )
             bench.args = ["--epochs", "30", "--log-every", "1000"]
             print("== recovery: kill -9 of one rank right after the step-100 checkpoint, immediate relaunch")
@@ -363,7 +417,7 @@ def main() -> int:
         finally:
             bench.stop_all()
     if a.out:
-        a.out.write_text(json.dumps({"throughput": tp, "recovery": rec}, indent=2))
+        a.out.write_text(json.dumps({"throughput": tp, "side_by_side": sbs, "recovery": rec}, indent=2))
     return 0
 
 

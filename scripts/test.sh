@@ -10,8 +10,19 @@ PY=${PYTHON:-python3}
 # wheel); an open `torch` requirement would pull a multi-GB CUDA build. The package itself accepts
 # any torch >= 2.1 (extra `train`).
 .venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q -e '.[test,train]' 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, pytest, torch, sklearn" # fail fast if an install did not take
+.venv/bin/python -m pip install -q -e '.[test,train,ray]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, pytest, torch, sklearn, ray.cluster_utils" # fail fast if an install did not take
+# The dashboard's browser tests drive Debian's chromium through its chromedriver (no browser
+# download: only package registries are reachable). Installed here when missing, as root.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing chromium and chromium-driver (apt)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
+      >/dev/null || echo "apt-get could not install chromium: the dashboard browser tests will be skipped" >&2
+  else
+    echo "chromium/chromedriver missing and cannot apt-get them: the dashboard browser tests will be skipped" >&2
+  fi
+fi
 echo "== ruff"; .venv/bin/ruff check src tests bench
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"

@@ -5,10 +5,28 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
-from gpucluster.models import Job, JobList, JobSpec, NodeList, NodeOut, PolicyOut, QueueEntry, QueueOut
+from gpucluster import userconfig
+from gpucluster.admin_client import AdminCalls
+from gpucluster.models import (
+    BudgetList,
+    BudgetOut,
+    GpuSampleList,
+    GpuSampleOut,
+    Job,
+    JobList,
+    JobSpec,
+    NodeList,
+    NodeOut,
+    PolicyOut,
+    QueueEntry,
+    QueueOut,
+    UsageOut,
+)
+from gpucluster.userconfig import UserConfig
 
 DEFAULT_URL = "http://127.0.0.1:8642"
 
@@ -26,16 +44,34 @@ class ClusterUnreachable(RuntimeError):
     pass
 
 
-def resolve_url(url: str | None = None) -> str:
-    return (url or os.environ.get("GPUCLUSTER_URL") or DEFAULT_URL).rstrip("/")
+def resolve_url(url: str | None = None, config: UserConfig | None = None) -> str:
+    configured = config.url if config is not None else None
+    return (url or os.environ.get("GPUCLUSTER_URL") or configured or DEFAULT_URL).rstrip("/")
 
 
-class Client:
-    """`Client(url).submit(["python", "train.py"], gpus=2)`; url defaults to $GPUCLUSTER_URL."""
+def resolve_token(url: str, token: str | None = None, config: UserConfig | None = None) -> str | None:
+    """--token, else $GPUCLUSTER_TOKEN, else the config file's token for this head (or its default)."""
+    return token or os.environ.get("GPUCLUSTER_TOKEN") or (config.token_for(url) if config is not None else None)
 
-    def __init__(self, url: str | None = None, timeout: float = 30.0) -> None:
-        self.url = resolve_url(url)
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+
+class Client(AdminCalls):
+    """`Client(url).submit(["python", "train.py"], gpus=2)`.
+
+    url: else $GPUCLUSTER_URL, else the config file's `url`, else http://127.0.0.1:8642.
+    token: else $GPUCLUSTER_TOKEN, else the config file's token for that head (see
+    `gpucluster.userconfig`; the first `gpucluster up` writes its admin token there).
+    """
+
+    def __init__(
+        self, url: str | None = None, timeout: float = 30.0, token: str | None = None, verify: bool | str = True
+    ) -> None:
+        config = userconfig.load()
+        self.url = resolve_url(url, config)
+        self.config_path = config.path
+        token = resolve_token(self.url, token, config)
+        self.has_token = token is not None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers, verify=verify)
 
     def close(self) -> None:
         self._http.close()
@@ -59,6 +95,11 @@ class Client:
                 message = r.json().get("error") or r.text
             except ValueError:
                 message = r.text or r.reason_phrase
+            if r.status_code == 401 and not self.has_token:
+                message = (
+                    f"no token for {self.url}: pass --token, set GPUCLUSTER_TOKEN, or add it to "
+                    f"{self.config_path} (heads: {{{self.url}: TOKEN}})"
+                )
             raise ApiError(r.status_code, str(message))
         return r
 
@@ -66,6 +107,8 @@ class Client:
         """Submit a job: a JobSpec, or a command list plus JobSpec fields (gpus=2, team=...)."""
         if isinstance(command, JobSpec):
             body = command.model_dump(exclude_none=True)
+            if "team" not in command.model_fields_set:
+                body.pop("team", None)  # the head picks the caller's default team
         else:
             body = {"command": command, **fields} if command is not None else dict(fields)
         return Job.model_validate(self._request("POST", "/v1/jobs", json=body).json())
@@ -134,6 +177,35 @@ class Client:
 
     def nodes(self) -> list[NodeOut]:
         return NodeList.model_validate(self._request("GET", "/v1/nodes").json()).nodes
+
+    def drain(self, node: str, reason: str | None = None) -> NodeOut:
+        """No new jobs on `node`; its running jobs go on (cluster admins)."""
+        body = {"reason": reason} if reason else None
+        r = self._request("POST", f"/v1/nodes/{quote(node, safe='')}/drain", json=body)
+        return NodeOut.model_validate(r.json())
+
+    def undrain(self, node: str) -> NodeOut:
+        """Back to scheduling, forgetting the node's health problems (cluster admins)."""
+        return NodeOut.model_validate(self._request("POST", f"/v1/nodes/{quote(node, safe='')}/undrain").json())
+
+    def gpu_samples(self, **query: Any) -> list[GpuSampleOut]:
+        """Stored GPU samples: node=, gpu=, job=, since=, until=, level=, limit= (see the API)."""
+        params = {k: v for k, v in query.items() if v is not None}
+        return GpuSampleList.model_validate(self._request("GET", "/v1/telemetry/samples", params=params).json()).samples
+
+    def usage(self, by: str = "team", since: str = "30d", until: str | None = None) -> UsageOut:
+        """GPU-hours, cost, energy, utilisation and lost work of your teams, grouped `by` team, user,
+        job or gpu-model, since a duration ago (30d), a date (2025-01-31) or all."""
+        params = {"by": by, "since": since, **({"until": until} if until is not None else {})}
+        return UsageOut.model_validate(self._request("GET", "/v1/usage", params=params).json())
+
+    def budgets(self) -> list[BudgetOut]:
+        """Your teams' budgets in their current periods."""
+        return BudgetList.model_validate(self._request("GET", "/v1/budgets").json()).budgets
+
+    def metrics(self) -> str:
+        """The Prometheus text of /metrics."""
+        return self._request("GET", "/metrics").text
 
     def health(self) -> dict[str, Any]:
         return dict(self._request("GET", "/v1/health").json())

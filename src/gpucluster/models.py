@@ -15,7 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpucluster.core.states import JobState
 from gpucluster.durations import parse_duration
 
-MAX_GPUS_PER_JOB = 4096
+# The largest training runs use 16,000+ GPUs (Llama 3) and planners simulate 100,000-GPU
+# clusters: the bound only catches typos, not real jobs.
+MAX_GPUS_PER_JOB = 131_072
+MAX_NODES_PER_JOB = 16_384
 MAX_RESTARTS = 1000
 GPU_RANGE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")
 MAX_TIME_LIMIT_S = 366 * 86400
@@ -65,7 +68,9 @@ class JobSpec(BaseModel):
         None, description="share one GPU by memory, e.g. 10GiB (a number means MiB); implies a fraction"
     )
     min_gpu_memory: str | int | None = Field(None, description="only GPUs with at least this much memory")
-    nodes: int | None = Field(None, ge=1, le=1024, description="spread over exactly this many nodes, evenly")
+    nodes: int | None = Field(
+        None, ge=1, le=MAX_NODES_PER_JOB, description="spread over exactly this many nodes, evenly"
+    )
     name: Name | None = None
     team: Name = "default"
     priority: PriorityName = "normal"
@@ -90,6 +95,13 @@ class JobSpec(BaseModel):
     )
     max_restarts: int = Field(
         0, ge=0, le=MAX_RESTARTS, description="after a failure, restart the job up to this many times, with backoff"
+    )
+    max_cost: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="stop the job (failed) before its cost over all its attempts would exceed this much money "
+        "(prices per GPU-hour are the head's)",
     )
 
     @model_validator(mode="before")
@@ -281,6 +293,9 @@ class ProgressIn(BaseModel):
     step: int | None = Field(None, ge=0, description="the training step reached")
     checkpoint_at: float | None = Field(None, ge=0, description="Unix time of the newest complete checkpoint")
     checkpoint_step: int | None = Field(None, ge=0, description="the step the newest checkpoint holds")
+    # Its load, for virtual GPUs' synthetic telemetry (real GPUs are read through NVML).
+    gpu_utilization: float | None = Field(None, ge=0, le=100, description="percent of its GPUs it keeps busy")
+    gpu_memory_mb: float | None = Field(None, ge=0, le=1e9, description="MiB of GPU memory used on each of its GPUs")
 
     @field_validator("checkpoint_at")
     @classmethod
@@ -311,6 +326,22 @@ class Attempt(BaseModel):
     work_lost_s: float | None = None  # time since its last checkpoint (or start) at the interruption
 
 
+class JobFlagOut(BaseModel):
+    flag: str  # idle
+    since: float
+    message: str
+
+
+class GpuUseOut(BaseModel):
+    """One GPU of a running job, as telemetry last read it."""
+
+    node: str
+    gpu: int
+    utilization: float | None = None  # percent, the whole GPU's
+    memory_mb: float | None = None  # the job's own processes on it, where attributable
+    at: float
+
+
 class Job(BaseModel):
     id: int
     name: str
@@ -330,6 +361,9 @@ class Job(BaseModel):
     not_before: float | None = None  # a queued restart waits out its backoff until then
     progress: Progress | None = None
     attempts: list[Attempt] = Field(default_factory=list)  # filled by GET /v1/jobs/{id}, as events
+    owner: str | None = None  # the user who submitted it (jobs from before identities: none)
+    flags: list[JobFlagOut] = Field(default_factory=list)  # telemetry's findings (idle), in GET /v1/jobs/{id}
+    gpu_usage: list[GpuUseOut] = Field(default_factory=list)  # its GPUs now, in GET /v1/jobs/{id}
 
 
 class JobList(BaseModel):
@@ -343,12 +377,56 @@ class GpuOut(BaseModel):
     uuid: str
     domain: str | None = None
     job_id: int | None = None
+    healthy: bool = True
+    problem: str | None = None  # why telemetry found it unhealthy
+    utilization: float | None = None  # percent, from the latest telemetry
+    memory_used_mb: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
 
 
 class NodeOut(BaseModel):
     name: str
     virtual: bool
     gpus: list[GpuOut]
+    drained: bool = False  # no new jobs go there; running ones go on
+    drain_reason: str | None = None
+    drained_by: str | None = None  # user or health
+    drained_since: float | None = None
+    problem: str | None = None  # a problem of the whole node (it stopped reporting)
+    last_report_at: float | None = None  # its latest telemetry
+    # Nodes from a Ray cluster (`gpucluster up --ray`) come and go; the local node is always up.
+    up: bool = True
+    down_reason: str | None = None
+    down_since: float | None = None
+    address: str | None = None  # where its processes listen (MASTER_ADDR for rank 0 there)
+
+
+class DrainIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(None, max_length=500, description="why, shown by `gpucluster nodes`")
+
+
+class GpuSampleOut(BaseModel):
+    """A telemetry sample: covers [at, at + seconds); level 0 raw, 1 minute means, 2 hour means."""
+
+    node: str
+    gpu: int
+    at: float
+    seconds: float
+    level: int
+    jobs: list[int]
+    utilization: float | None = None
+    memory_used_mb: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    memory_clock_mhz: float | None = None
+
+
+class GpuSampleList(BaseModel):
+    samples: list[GpuSampleOut]
 
 
 class NodeList(BaseModel):
@@ -392,3 +470,53 @@ class PolicyOut(BaseModel):
     backfill: bool
     default_time_limit_s: float
     teams: list[TeamOut]
+
+
+# ---- accounting (GET /v1/usage, GET /v1/budgets) ----------------------------------------------
+
+
+class UsageRowOut(BaseModel):
+    """One group's use of the cluster in a window: GPU time, money, energy, how well it was used,
+    and the work lost to failures and preemption (from the attempts' records)."""
+
+    key: str  # the group: a team, a user, a job id or a GPU model ("total" for the sum)
+    team: str | None = None
+    user: str | None = None
+    job_id: int | None = None
+    name: str | None = None  # the job's name, grouping by job
+    gpu_model: str | None = None
+    gpu_hours: float  # GPU time held, fractions by their share
+    cost: float  # money, at the prices per GPU-hour in force as it accrued
+    energy_kwh: float  # integrated power of the GPUs held (telemetry), by share
+    utilization: float | None  # percent: GPU-seconds used / allocated, where telemetry sampled them
+    lost_gpu_hours_failures: float  # work lost (GPU-hours since the last checkpoint) to failed attempts
+    lost_gpu_hours_preemption: float  # ... and to preemptions (requeues included)
+    attempts: int
+    jobs: int
+
+
+class UsageOut(BaseModel):
+    by: str
+    since: float | None
+    until: float
+    rows: list[UsageRowOut]
+    total: UsageRowOut
+
+
+class BudgetOut(BaseModel):
+    team: str
+    period: str  # as written in the policy file: 30d, month, ...
+    period_start: float
+    period_end: float  # when it rolls over and held jobs are released
+    money_limit: float | None
+    money_spent: float
+    gpu_hours_limit: float | None
+    gpu_hours_spent: float
+    on_exceed: str  # finish | stop: what the team's running jobs do once over
+    over: bool
+    held: str | None  # why the team's new jobs are held, when over
+    held_jobs: int
+
+
+class BudgetList(BaseModel):
+    budgets: list[BudgetOut]

@@ -11,6 +11,11 @@
     priorities: true
     starvation_age: 24h
     unknown_teams: allow        # or reject: submissions must name a team listed here
+    idle:   {after: 30m, threshold: 1, action: notify}     # or requeue, stop
+    health: {max_temperature: 90, node_timeout: 60s, drain_on_ecc: true, drain_on_xid: true}
+    prices: {H100-80GB: 3.60}   # money per GPU-hour per GPU model (accounting)
+    budgets:
+      vision: {period: 30d, money: 1000, on_exceed: finish}   # or gpu_hours: 500; period: month; stop
 
 A name instead of a path selects a shipped baseline: fifo, priority, default.
 """
@@ -23,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpucluster.core import policy as core
+from gpucluster.core.accounting import MONTH, Accounting, Budget
 from gpucluster.core.types import Priority
 from gpucluster.durations import parse_duration
 from gpucluster.yamlfile import YamlFileError, line_of, read_yaml, validate
@@ -109,6 +115,80 @@ class BackfillIn(_Strict):
         return v
 
 
+class IdleIn(_Strict):
+    after: Duration = "30m"
+    threshold: float = 1.0  # percent GPU utilisation at or under which a GPU is idle
+    action: Literal["notify", "requeue", "stop"] = "notify"
+
+    @field_validator("after")
+    @classmethod
+    def _dur(cls, v: Duration) -> Duration:
+        if _seconds(v, "after") <= 0:
+            raise ValueError("after must be positive")
+        return v
+
+    @field_validator("threshold")
+    @classmethod
+    def _pct(cls, v: float) -> float:
+        if not 0 <= v <= 100:
+            raise ValueError("threshold is a percentage, 0 to 100")
+        return v
+
+
+class HealthIn(_Strict):
+    max_temperature: float = 90.0  # degrees Celsius
+    node_timeout: Duration = "60s"
+    drain_on_ecc: bool = True
+    drain_on_xid: bool = True
+    fatal_xids: list[int] | None = None
+
+    @field_validator("max_temperature")
+    @classmethod
+    def _temp(cls, v: float) -> float:
+        if not 0 < v <= 200:
+            raise ValueError("max_temperature is in degrees Celsius, above 0 and at most 200")
+        return v
+
+    @field_validator("node_timeout")
+    @classmethod
+    def _dur(cls, v: Duration) -> Duration:
+        if _seconds(v, "node_timeout") <= 0:
+            raise ValueError("node_timeout must be positive")
+        return v
+
+
+class BudgetIn(_Strict):
+    period: Duration = "30d"  # a duration (periods counted from the Unix epoch, UTC) or "month"
+    money: float | None = Field(None, ge=0, allow_inf_nan=False)
+    gpu_hours: float | None = Field(None, ge=0, allow_inf_nan=False)
+    on_exceed: Literal["finish", "stop"] = "finish"  # what the team's running jobs do once over
+
+    @field_validator("period")
+    @classmethod
+    def _period(cls, v: Duration) -> Duration:
+        if v == MONTH:
+            return v
+        if _seconds(v, "period") < 60:
+            raise ValueError("period is a duration of at least 1m (e.g. 1d, 30d) or 'month'")
+        return v
+
+    def to_budget(self, team: str) -> Budget:
+        if self.period == MONTH:
+            return Budget(team, MONTH, None, self.money, self.gpu_hours, self.on_exceed)
+        s = _seconds(self.period, "period")
+        label = self.period if isinstance(self.period, str) else f"{s:g}s"
+        return Budget(team, label, s, self.money, self.gpu_hours, self.on_exceed)
+
+
+def _prices(v: dict[str, float]) -> dict[str, float]:
+    for model, price in v.items():
+        if not model.strip():
+            raise ValueError("a price needs a GPU model name")
+        if not 0 <= price < float("inf"):
+            raise ValueError(f"price for {model} must be a number, 0 or more (money per GPU-hour)")
+    return v
+
+
 class PolicyIn(_Strict):
     teams: dict[TeamName, TeamIn] = Field(default_factory=dict)
     orgs: dict[str, OrgIn] = Field(default_factory=dict)
@@ -118,6 +198,12 @@ class PolicyIn(_Strict):
     priorities: bool = True
     starvation_age: Duration = "24h"
     unknown_teams: Literal["allow", "reject"] = "allow"
+    idle: IdleIn = Field(default_factory=IdleIn)
+    health: HealthIn = Field(default_factory=HealthIn)
+    prices: dict[str, float] = Field(default_factory=dict, description="GPU model -> money per GPU-hour")
+    budgets: dict[TeamName, BudgetIn] = Field(default_factory=dict)
+
+    _check_prices = field_validator("prices")(_prices)
 
     @field_validator("starvation_age")
     @classmethod
@@ -135,6 +221,9 @@ class PolicyIn(_Strict):
                 out.append(
                     (["teams", name, "org"], f"team {name} names org {team.org!r}, which is not under orgs: ({known})")
                 )
+        for name, budget in self.budgets.items():
+            if budget.money is None and budget.gpu_hours is None:
+                out.append((["budgets", name], f"budget of team {name} needs money: or gpu_hours: (or both)"))
         if self.unknown_teams == "reject" and not self.teams:
             out.append((["unknown_teams"], "reject needs at least one team under teams:"))
         return out
@@ -164,13 +253,34 @@ class PolicyIn(_Strict):
             default_time_limit_s=_seconds(self.backfill.default_time_limit, "default_time_limit"),
             starvation_age_s=_seconds(self.starvation_age, "starvation_age"),
             allow_unknown_teams=self.unknown_teams == "allow",
+            idle=core.IdlePolicy(
+                after_s=_seconds(self.idle.after, "after"), threshold=self.idle.threshold, action=self.idle.action
+            ),
+            health=core.HealthPolicy(
+                max_temperature_c=self.health.max_temperature,
+                node_timeout_s=_seconds(self.health.node_timeout, "node_timeout"),
+                drain_on_ecc=self.health.drain_on_ecc,
+                drain_on_xid=self.health.drain_on_xid,
+                fatal_xids=frozenset(self.health.fatal_xids) if self.health.fatal_xids is not None else None,
+            ),
         )
+
+    def to_accounting(self) -> Accounting:
+        return Accounting(dict(self.prices), {t: b.to_budget(t) for t, b in self.budgets.items()})
 
 
 def load_policy(source: str | Path) -> core.Policy:
     """A policy from a YAML file, or a shipped baseline by name (fifo, priority, default)."""
+    return load_policy_file(source)[0]
+
+
+def load_policy_file(source: str | Path) -> tuple[core.Policy, Accounting]:
+    """The scheduling policy and the accounting section (prices, budgets) of one policy file.
+
+    Accounting is not part of `core.Policy`, which `decide` reads: prices and budgets are applied
+    by the head (holding a team's jobs takes them out of the snapshot), not by the scheduler."""
     if isinstance(source, str) and source in core.BUILTIN_POLICIES:
-        return core.BUILTIN_POLICIES[source]()
+        return core.BUILTIN_POLICIES[source](), Accounting()
     path = Path(source)
     data, node = read_yaml(path, "policy file")
     if data is None:
@@ -183,4 +293,4 @@ def load_policy(source: str | Path) -> core.Policy:
         raise PolicyFileError(
             "\n".join(f"{path}:{line_of(node, loc) or 0}: {'.'.join(loc)}: {msg}" for loc, msg in problems)
         )
-    return parsed.to_policy()
+    return parsed.to_policy(), parsed.to_accounting()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from gpucluster import userconfig
 from gpucluster.client import Client
 
 
@@ -39,7 +40,8 @@ class HeadProcess:
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.tls = "--tls-cert" in extra_args
+        self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
         self.args = [
             sys.executable,
             "-m",
@@ -72,7 +74,7 @@ class HeadProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"head exited with {self.proc.returncode}: {self.log_path.read_text()}")
             try:
-                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/v1/health", timeout=1, verify=not self.tls).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
@@ -80,7 +82,22 @@ class HeadProcess:
         raise RuntimeError(f"head did not come up: {self.log_path.read_text()}")
 
     def client(self) -> Client:
-        return Client(self.url)
+        return Client(self.url, token=self.token)
+
+    @property
+    def token(self) -> str | None:
+        """The head's first cluster admin token, which it wrote to $GPUCLUSTER_CONFIG (tests/conftest.py)."""
+        return userconfig.load().token_for(self.url)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """For raw httpx calls: the admin token."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment for a `gpucluster` CLI subprocess talking to this head as its admin."""
+        return {**os.environ, "GPUCLUSTER_URL": self.url}
 
     def kill9(self) -> None:
         assert self.proc is not None

@@ -196,7 +196,7 @@ def test_missing_program_and_workdir_fail_with_a_reason(head: HeadProcess) -> No
 
 
 def test_bad_input_gets_4xx_naming_the_field(head: HeadProcess) -> None:
-    url = head.url
+    url, auth = head.url, head.headers
     cases = [
         ({"command": ["true"], "gpus": 0}, 422, "gpus"),
         ({"command": ["true"], "gpus": -2}, 422, "gpus"),
@@ -220,18 +220,18 @@ def test_bad_input_gets_4xx_naming_the_field(head: HeadProcess) -> None:
         ({"command": ["true"], "workdir": "relative/dir"}, 422, "absolute"),
     ]
     for body, status, needle in cases:
-        r = httpx.post(f"{url}/v1/jobs", json=body)
+        r = httpx.post(f"{url}/v1/jobs", json=body, headers=auth)
         assert r.status_code == status, (body, r.text)
         assert needle in r.json()["error"], (body, r.json())
-    r = httpx.post(f"{url}/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    r = httpx.post(f"{url}/v1/jobs", content=b"{not json", headers={**auth, "content-type": "application/json"})
     assert r.status_code == 422
-    r = httpx.post(f"{url}/v1/jobs", json={"command": ["x" * 1000] * 2000})
+    r = httpx.post(f"{url}/v1/jobs", json={"command": ["x" * 1000] * 2000}, headers=auth)
     assert r.status_code == 413 and "larger than" in r.json()["error"]
-    r = httpx.get(f"{url}/v1/jobs/424242")
+    r = httpx.get(f"{url}/v1/jobs/424242", headers=auth)
     assert r.status_code == 404 and r.json()["error"] == "no job with id 424242"
-    r = httpx.get(f"{url}/v1/jobs?state=sleeping")
+    r = httpx.get(f"{url}/v1/jobs?state=sleeping", headers=auth)
     assert r.status_code == 422 and "state" in r.json()["error"]
-    assert httpx.get(f"{url}/v1/jobs").json()["jobs"] == []  # nothing was created
+    assert httpx.get(f"{url}/v1/jobs", headers=auth).json()["jobs"] == []  # nothing was created
 
 
 def run_cli(head: HeadProcess, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -49,12 +49,21 @@ def test_queue_and_why_explain_waiting_jobs(head: HeadProcess) -> None:
         running(head, big)
         waiting = c.submit(["true"], gpus=4).id
         behind = c.submit(["true"], gpus=4).id
+        third = c.submit(["true"], gpus=8).id
         wait_for(lambda: c.job(waiting).wait_reason == "reserved", what="a reservation for the first waiting job")
         j = c.job(waiting)
-        assert j.estimated_start is not None and abs(j.estimated_start - (c.job(big).started_at or 0) - 600) < 5
+        big_ends = (c.job(big).started_at or 0) + 600
+        assert j.estimated_start is not None and abs(j.estimated_start - big_ends) < 5
+        # Every job gets an estimate (refreshed every few seconds): the 3rd in line after the
+        # first (no limit: the default hour) ends.
+        wait_for(lambda: c.job(third).estimated_start is not None, what="an estimate for the 3rd in line")
         q = json.loads(run_cli(head, "queue", "--json").stdout)
-        assert [e["job"]["id"] for e in q] == [waiting, behind]
-        assert [e["position"] for e in q] == [1, 2]
+        assert [e["job"]["id"] for e in q] == [waiting, behind, third]
+        assert [e["position"] for e in q] == [1, 2, 3]
+        assert abs(q[2]["job"]["estimated_start"] - (big_ends + 3600)) < 5
+        table = run_cli(head, "queue").stdout
+        est = time.strftime("%Y-%m-%d %H:%M", time.localtime(q[2]["job"]["estimated_start"]))
+        assert est in table
         why = json.loads(run_cli(head, "why", str(behind), "--json").stdout)
         assert why["position"] == 2 and why["wait_reason"] in ("behind_reservation", "resources")
         text = run_cli(head, "why", str(waiting)).stdout

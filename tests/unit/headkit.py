@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastapi.testclient import TestClient
+
+from gpucluster.api.app import create_app
+from gpucluster.auth.control import AccessControl
 from gpucluster.core.states import JobState
 from gpucluster.executors.fake import FakeExecutor, FakeProcess
 from gpucluster.head.loop import Head
@@ -79,3 +83,12 @@ def make_cluster(tmp_path: Path, gpus: int = 8, default_command: list[str] | Non
     head.setdefault("base_env", {"HOME": "/h"})
     h = Head(store=store, executor=fake, data_dir=data_dir, clock=clock, **head)
     return Cluster(store, fake, h, ClusterService(h), clock, data_dir, tmp_path, default_command)
+
+
+def api_client(service: ClusterService, user: str = "admin") -> TestClient:
+    """A TestClient of the service's API with a cluster admin's token (created on first use)."""
+    access = AccessControl(service.store, service.head.clock, run_as_submitter=False)  # nothing really runs
+    token = access.bootstrap(user, None)
+    if token is None:
+        token, _ = access.issue_token(user, None, "test")
+    return TestClient(create_app(service, access), headers={"Authorization": f"Bearer {token}"})

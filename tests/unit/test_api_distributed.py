@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpucluster.api.app import create_app
 from gpucluster.executors.base import Exited
 from gpucluster.executors.fake import FakeExecutor
 from gpucluster.head.loop import Head
@@ -17,6 +16,7 @@ from gpucluster.head.service import ClusterService
 from gpucluster.store import Store
 
 from .builders import node
+from .headkit import api_client
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def api(tmp_path: Path) -> Iterator[tuple[TestClient, Head, FakeExecutor]]:
     head = Head(store=store, executor=fake, data_dir=DataDir(tmp_path), clock=lambda: 1000.0, base_env={})
     service = ClusterService(head)
     try:
-        yield TestClient(create_app(service)), head, fake
+        yield api_client(service), head, fake
     finally:
         service.close()
         store.close()

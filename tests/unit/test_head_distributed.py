@@ -19,7 +19,7 @@ from gpucluster.head.loop import LAUNCH_GRACE_S, work_lost
 from gpucluster.head.service import Conflict, NotFound
 from gpucluster.launch.ranks import REQUEUE_EXIT_CODE
 from gpucluster.models import ProgressIn
-from gpucluster.store import Store
+from gpucluster.store import Store, schema
 
 from .builders import allocation, spec
 from .headkit import T0, Cluster, make_cluster
@@ -466,7 +466,7 @@ def test_a_schema_2_data_dir_is_upgraded_in_place(tmp_path: Path) -> None:
     finally:
         store.close()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("3",)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (str(schema.SCHEMA_VERSION),)
 
 
 def test_a_cancel_while_a_failed_rank_is_handled_wins_over_the_restart(cluster: Cluster) -> None:

@@ -171,3 +171,44 @@ def test_a_policy_must_be_a_mapping(tmp_path: Path) -> None:
 def test_a_missing_file_is_a_policy_file_error(tmp_path: Path) -> None:
     with pytest.raises(PolicyFileError, match="cannot read policy file"):
         load_policy(tmp_path / "nope.yaml")
+
+
+def test_prices_and_budgets_load_beside_the_policy(tmp_path: Path) -> None:
+    from gpucluster.core.accounting import Budget
+    from gpucluster.policyfile import load_policy_file
+
+    text = (
+        "prices: {H100-80GB: 3.6}\n"
+        "budgets:\n  vision: {period: month, money: 1000}\n  nlp: {gpu_hours: 50, on_exceed: stop}\n"
+    )
+    _, acct = load_policy_file(write(tmp_path, text))
+    assert acct.prices == {"H100-80GB": 3.6}
+    assert acct.budgets == {
+        "vision": Budget("vision", "month", None, money=1000),
+        "nlp": Budget("nlp", "30d", 30 * 86400.0, gpu_hours=50, on_exceed="stop"),
+    }
+    assert acct.with_prices({"H100-80GB": 9.0, "A100": 2.0}).prices == {"H100-80GB": 3.6, "A100": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("budgets:\n  vision: {period: 30d}\n", "policy.yaml:2: budgets.vision: budget of team vision needs money:"),
+        ("budgets:\n  vision: {money: -1}\n", "policy.yaml:2: budgets.vision.money: "),
+        ("budgets:\n  vision: {money: 1, period: 10s}\n", "at least 1m"),
+        ("budgets:\n  vision: {money: 1, on_exceed: kill}\n", "on_exceed"),
+        ("prices: {H100: -3}\n", "price for H100 must be a number, 0 or more"),
+    ],
+)
+def test_bad_budgets_and_prices_are_refused_at_their_line(tmp_path: Path, text: str, words: str) -> None:
+    msg = error(tmp_path, text)
+    assert words in msg, msg
+
+
+def test_price_options_of_up() -> None:
+    from gpucluster.cli.usage import parse_prices
+
+    assert parse_prices(["H100-80GB=3.60", "A100=0"]) == {"H100-80GB": 3.6, "A100": 0.0}
+    for bad in ("H100", "=3", "H100=cheap", "H100=-1", "H100=inf"):
+        with pytest.raises(ValueError, match="write it as MODEL=PRICE"):
+            parse_prices([bad])

@@ -11,9 +11,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy, Preemption, Team, fifo_policy, priority_policy
+from gpucluster.core.queueing import CHARGE_HORIZON_S, TeamQueues
 from gpucluster.core.reasons import WaitReason
-from gpucluster.core.scheduler import decide
+from gpucluster.core.scheduler import _Cycle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Plan, Priority, RunningJob
 
@@ -319,6 +321,122 @@ def test_a_plan_is_deterministic_and_independent_of_input_order(scenario: tuple[
     b = decide(Snapshot(snap.nodes, snap.running, tuple(reversed(snap.queued)), snap.usage), policy, now=NOW)
     assert a.starts == b.starts
     assert a.waiting == b.waiting
+
+
+# ---- shortcuts that must not change a plan -----------------------------------------------------
+
+
+@st.composite
+def repetitive(draw: st.DrawFn) -> tuple[Snapshot, Policy]:
+    """Like `scenarios`, but most queued jobs copy one of a few requests (new ids, ages, some
+    held back or aged), as at scale, where the scheduler answers repeats from earlier waits."""
+    cluster = draw(nodes(max_nodes=6))
+    runs = draw(running_jobs(cluster))
+    templates = draw(requests(draw(st.integers(1, 5))))
+    copies = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(templates),
+                st.sampled_from([0.0, 1.0, 7.0]),
+                st.sampled_from([None, None, None, NOW + 50, NOW - 50]),
+                st.sampled_from([None, None, NOW - 5000]),
+                st.sampled_from([None, None, None, None, 300.0, 20000.0]),  # another time limit
+                st.sampled_from([None, None, None, None, *TEAMS]),  # another team
+            ),
+            max_size=60,
+        )
+    )
+    queued = [
+        replace(
+            t,
+            job_id=100 + k,
+            submitted_at=t.submitted_at + dt,
+            not_before=held,
+            queued_at=entered,
+            time_limit_s=limit or t.time_limit_s,
+            team=team or t.team,
+        )
+        for k, (t, dt, held, entered, limit, team) in enumerate(copies)
+    ]
+    queued += draw(requests(draw(st.integers(0, 6)), first_id=50))
+    usage = {t: draw(st.sampled_from([0.0, 100.0, 1e5])) for t in TEAMS}
+    snap = Snapshot(cluster, runs, tuple(draw(st.permutations(queued))), usage)
+    return snap, draw(policies())
+
+
+class _EveryJobConsidered(_Cycle):
+    share_waits = False
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(repetitive())
+def test_answering_repeated_requests_from_earlier_waits_changes_no_plan(scenario: tuple[Snapshot, Policy]) -> None:
+    snap, policy = scenario
+    fast = decide(snap, policy, now=NOW)
+    slow = _EveryJobConsidered(snap, policy, NOW).run()
+    assert fast.starts == slow.starts
+    assert fast.preemptions == slow.preemptions
+    assert list(fast.waiting.items()) == list(slow.waiting.items())  # the same waits, in the same order
+
+
+@FAST
+@given(scenarios())
+def test_fits_says_whether_place_would_find_room(scenario: tuple[Snapshot, Policy]) -> None:
+    snap, _ = scenario
+    cap = Capacity(snap.nodes, snap.running)
+    for j in snap.queued:
+        for model in cap.model_memory:
+            assert cap.fits(j, model) == (cap.place(j, model) is not None)
+
+
+def _reference_order(queued: list[JobRequest], policy: Policy, usage: dict[str, float], starts: set[int]) -> list[int]:
+    """The documented order, the slow way, for jobs none of which has aged: by class, each
+    time the team with the lowest usage / share, then the oldest head job; a started job
+    charges its team at once. Jobs held back come last."""
+    level_of = {j.job_id: int(j.priority) if policy.priorities else 0 for j in queued}
+    usage = dict(usage)
+    by_age = sorted(queued, key=lambda j: (j.submitted_at, j.job_id))
+    held = [j for j in by_age if j.not_before is not None and j.not_before > NOW]
+    left = [j for j in by_age if j not in held]
+    order: list[int] = []
+    while left:
+        top = max(level_of[j.job_id] for j in left)
+        heads: dict[str, JobRequest] = {}
+        for j in left:
+            if level_of[j.job_id] == top:
+                heads.setdefault(j.team, j)
+
+        def rank(head: JobRequest) -> tuple[float, float, int]:
+            ratio = usage.get(head.team, 0.0) / max(policy.share(head.team), 1e-9) if policy.fair_share else 0.0
+            return (ratio, head.submitted_at, head.job_id)
+
+        picked = min(heads.values(), key=rank)
+        left.remove(picked)
+        order.append(picked.job_id)
+        if picked.job_id in starts:
+            charge = picked.gpus * min(picked.time_limit_s or CHARGE_HORIZON_S, CHARGE_HORIZON_S)
+            usage[picked.team] = usage.get(picked.team, 0.0) + charge
+    return order + [j.job_id for j in held]
+
+
+@FAST
+@given(repetitive(), st.sets(st.integers(100, 160)))
+def test_team_queues_follow_the_documented_order(scenario: tuple[Snapshot, Policy], starts: set[int]) -> None:
+    snap, policy = scenario
+    # Without aged jobs: their charges reach a team's place in line only once that team is
+    # next popped (so it was before this fast path too), which the reference does not model.
+    queued = [
+        j
+        for j in snap.queued
+        if NOW - (j.submitted_at if j.queued_at is None else j.queued_at) < policy.starvation_age_s
+    ]
+    queues = TeamQueues(queued, policy, snap.usage, now=NOW)
+    order = []
+    while (j := queues.pop()) is not None:
+        order.append(j.job_id)
+        queues.done(j, started=j.job_id in starts)
+    order += [j.job_id for j in queues.held]
+    assert order == _reference_order(queued, policy, dict(snap.usage), starts)
 
 
 # ---- guaranteed quota within one cycle ---------------------------------------------------------

@@ -966,6 +966,16 @@ BACKFILL = [
         waits={1: R.RESERVED, 2: (R.BEHIND_RESERVATION, "would delay job 1")},
     ),
     Rule(
+        "the same request with a shorter limit still backfills right after one that waits",
+        snapshot(
+            nodes=BACKFILL_NODES,
+            running=BACKFILL_RUNNING,
+            queued=[job(1).gpus(8), job(2).gpus(2).limit(1001), job(3).gpus(2).limit(1000)],
+        ),
+        starts={3: "a"},
+        waits={1: R.RESERVED, 2: R.BEHIND_RESERVATION},
+    ),
+    Rule(
         "a job without a limit counts with the policy's default time limit",
         snapshot(nodes=BACKFILL_NODES, running=BACKFILL_RUNNING, queued=[job(1).gpus(8), job(2).gpus(2)]),
         starts={2: "a"},

@@ -15,7 +15,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpucluster import __version__
+from gpucluster import __version__, dashboard
+from gpucluster.api.accounting_routes import add_accounting_routes
+from gpucluster.api.admin import add_admin_routes
+from gpucluster.api.telemetry_routes import add_telemetry_routes
+from gpucluster.auth import rules
+from gpucluster.auth.control import AccessControl
+from gpucluster.auth.identity import Denied
+from gpucluster.auth.rules import Caller, Rule, allow
 from gpucluster.core.states import JobState
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.models import ErrorBody, Job, JobList, JobSpec, NodeList, PolicyOut, ProgressIn, QueueOut
@@ -24,6 +31,8 @@ MAX_BODY_BYTES = 1024 * 1024
 FOLLOW_POLL_S = 0.2
 
 ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody},
+    403: {"model": ErrorBody},
     404: {"model": ErrorBody},
     409: {"model": ErrorBody},
     413: {"model": ErrorBody},
@@ -79,12 +88,17 @@ def _message(msg: str) -> str:
     return msg.removeprefix("Value error, ")
 
 
-def create_app(service: ClusterService) -> FastAPI:
+def create_app(service: ClusterService, access: AccessControl | None = None) -> FastAPI:
+    """The API; every route needs a token unless its rule says otherwise (see auth/rules.py)."""
     app = FastAPI(
         title="gpucluster",
         version=__version__,
-        description="Submit, watch and cancel GPU jobs; see nodes and GPUs.",
+        description="Submit, watch and cancel GPU jobs; see nodes and GPUs. Every call needs "
+        "`Authorization: Bearer <token>`; each operation's `x-access` says who may make it.",
     )
+    access = access or AccessControl(service.store, service.head.clock)
+    app.state.service = service
+    rules.install(app, access)  # before any route: the guard covers every route added after
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -107,9 +121,16 @@ def create_app(service: ClusterService) -> FastAPI:
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"error": str(exc), "detail": []}, status_code=409)
 
-    @app.get("/v1/health", responses={503: {"description": "the scheduling loop is failing or stalled"}})
+    @app.get(
+        "/v1/health",
+        responses={503: {"description": "the scheduling loop is failing or stalled"}},
+        openapi_extra=allow(Rule.PUBLIC),
+    )
     def health() -> JSONResponse:
-        """200 when the scheduling loop runs; 503 with the reason when it fails or has stalled."""
+        """200 when the scheduling loop runs; 503 with the reason when it fails or has stalled.
+
+        Public so that probes and load balancers need no token; it tells job counts, nothing
+        about any job."""
         head = service.head
         age = None if head.last_cycle_at is None else head.clock() - head.last_cycle_at
         problem = head.last_error or (f"no scheduling cycle for {age:.0f} s" if age is not None and age > 10 else None)
@@ -123,41 +144,63 @@ def create_app(service: ClusterService) -> FastAPI:
         }
         return JSONResponse(body, status_code=503 if problem else 200)
 
-    @app.post("/v1/jobs", status_code=201, responses=ERRORS, response_model=Job)
-    async def submit(spec: JobSpec) -> Response:
-        job = await service.submit_async(spec)
+    @app.post(
+        "/v1/jobs",
+        status_code=201,
+        responses=ERRORS,
+        response_model=Job,
+        openapi_extra=allow(Rule.SIGNED_IN, audit=False),
+    )
+    async def submit(spec: JobSpec, who: Caller) -> Response:
+        """Submit to one of your teams (`team`, default: your first); the job is yours."""
+        team = who.submit_team(spec.team if "team" in spec.model_fields_set else None)
+        access.check_can_run(who)
+        if team != spec.team:
+            spec = spec.model_copy(update={"team": team})
+        job = await service.submit_async(spec, owner=who.user)
         # Serialised directly: FastAPI would re-validate a Job we just built from validated data.
         return Response(job.model_dump_json(), status_code=201, media_type="application/json")
 
-    @app.get("/v1/jobs", responses=ERRORS)
+    @app.get("/v1/jobs", responses=ERRORS, openapi_extra=allow(Rule.SIGNED_IN))
     def list_jobs(
+        who: Caller,
         state: Annotated[list[JobState] | None, Query(description="repeat to match several")] = None,
         team: Annotated[str | None, Query(max_length=128)] = None,
         limit: Annotated[int | None, Query(ge=1, le=100_000, description="newest N")] = None,
     ) -> JobList:
-        return JobList(jobs=service.jobs(state, team, limit))
+        """Jobs of your teams (a cluster admin: all jobs), oldest first."""
+        if team is not None and not who.can_see(team):
+            raise Denied(f"team: you ({who.user}) are not in team {team!r}; your teams: {who.describe_teams()}")
+        return JobList(jobs=service.jobs(state, team, limit, teams=who.visible_teams()))
 
-    @app.get("/v1/jobs/{job_id}", responses=ERRORS)
+    @app.get("/v1/jobs/{job_id}", responses=ERRORS, openapi_extra=allow(Rule.JOB_VIEW))
     def get_job(job_id: int) -> Job:
         return service.job(job_id)
 
-    @app.post("/v1/jobs/{job_id}/cancel", responses=ERRORS)
+    @app.post("/v1/jobs/{job_id}/cancel", responses=ERRORS, openapi_extra=allow(Rule.JOB_OPERATE))
     def cancel(job_id: int) -> Job:
         return service.cancel(job_id)
 
-    @app.post("/v1/jobs/{job_id}/requeue", responses=ERRORS)
+    @app.post("/v1/jobs/{job_id}/requeue", responses=ERRORS, openapi_extra=allow(Rule.JOB_OPERATE))
     def requeue(job_id: int) -> Job:
         """Checkpoint and requeue a running job: SIGTERM, the grace period, `preempted`, back in
         the queue with the same id; its next start is a new attempt (409 if it is not running)."""
         return service.requeue(job_id)
 
-    @app.post("/v1/jobs/{job_id}/progress", status_code=204, responses=ERRORS)
+    @app.post(
+        "/v1/jobs/{job_id}/progress",
+        status_code=204,
+        responses=ERRORS,
+        openapi_extra=allow(Rule.JOB_REPORT, audit=False),
+    )
     def progress(job_id: int, report: ProgressIn) -> Response:
         """A running job reports its step and newest checkpoint (gpucluster.train does, from rank 0)."""
         service.progress(job_id, report)
         return Response(status_code=204)
 
-    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses=ERRORS)
+    @app.get(
+        "/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses=ERRORS, openapi_extra=allow(Rule.JOB_VIEW)
+    )
     def logs(
         job_id: int,
         offset: Annotated[int, Query(ge=0)] = 0,
@@ -170,21 +213,33 @@ def create_app(service: ClusterService) -> FastAPI:
             return PlainTextResponse(_read_from(path, offset) if path else "")
         return StreamingResponse(_follow(service, job_id, attempt, offset, rank), media_type="text/plain")
 
-    @app.get("/v1/queue")
-    def queue() -> QueueOut:
-        """Queued jobs in scheduling order, each with why it waits and, if known, when it starts."""
-        return QueueOut(entries=service.queue())
+    @app.get("/v1/queue", openapi_extra=allow(Rule.SIGNED_IN))
+    def queue(who: Caller) -> QueueOut:
+        """Queued jobs in scheduling order, each with why it waits and, if known, when it starts.
 
-    @app.get("/v1/policy")
+        Only your teams' jobs are listed, at their positions in the whole queue: a gap in the
+        positions is other teams' jobs ahead of yours, which are not shown."""
+        entries = service.queue()
+        if not who.cluster_admin:
+            entries = [e for e in entries if who.can_see(e.job.spec.team)]
+        return QueueOut(entries=entries)
+
+    @app.get("/v1/policy", openapi_extra=allow(Rule.SIGNED_IN))
     def policy() -> PolicyOut:
         """The policy in force, each team's entitled share, quota, decayed usage and running GPUs."""
         return service.policy()
 
-    @app.get("/v1/nodes")
+    @app.get("/v1/nodes", openapi_extra=allow(Rule.SIGNED_IN))
     def nodes() -> NodeList:
+        """Nodes and GPUs; a busy GPU names its job's id (never its name, team or command)."""
         return NodeList(nodes=service.nodes())
 
-    return BodyLimit(app, MAX_BODY_BYTES)  # type: ignore[return-value]
+    add_admin_routes(app, access, ERRORS)
+    add_telemetry_routes(app, service, ERRORS)  # drain/undrain, GPU samples, /metrics
+    add_accounting_routes(app, service, ERRORS)  # usage, budgets
+    dashboard.mount(app)  # the web UI at `/`: static files that read this API like any client
+
+    return BodyLimit(rules.AuditLog(app, access), MAX_BODY_BYTES)  # type: ignore[return-value]
 
 
 def _read_from(path: Any, offset: int) -> str:

@@ -44,8 +44,29 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+@app.callback()
+def _global(
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            help="your token (default: $GPUCLUSTER_TOKEN, else the config file's token for the head; "
+            "see `gpucluster whoami`)",
+        ),
+    ] = None,
+) -> None:
+    """gpucluster: a GPU cluster. Start it with `gpucluster up`, then submit jobs."""
+    if token is not None:
+        os.environ["GPUCLUSTER_TOKEN"] = token  # where Client looks; jobs never inherit it
+
+
 def _client(url: str | None) -> Client:
-    return Client(url)
+    from gpucluster.userconfig import ConfigError
+
+    try:
+        return Client(url)
+    except ConfigError as e:
+        fail(str(e))
 
 
 def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -128,21 +149,72 @@ def up(
             "--gpus-per-domain", min=1, help="virtual GPUs: declare NVLink/PCIe domains of this many consecutive GPUs"
         ),
     ] = None,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="serve HTTPS with this certificate (PEM)")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="the certificate's private key (PEM)")] = None,
+    allow_plain_http: Annotated[
+        bool,
+        typer.Option(
+            "--allow-plain-http", help="listen on a non-loopback address without TLS (a TLS proxy is in front)"
+        ),
+    ] = False,
+    rate_limit: Annotated[
+        float,
+        typer.Option(
+            "--rate-limit", min=0, help="API requests per second per token, bursts of twice that; 0: no limit "
+            "(cluster admins are never limited)"
+        ),
+    ] = 100.0,
+    telemetry_interval: Annotated[
+        str,
+        typer.Option("--telemetry-interval", help="how often GPUs are sampled (NVML, or synthetic for virtual GPUs)"),
+    ] = "5s",
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="run jobs on the nodes of this Ray cluster (HOST:PORT of its head, or 'auto') instead of this "
+            "machine; needs pip install 'gpucluster[ray]'",
+        ),
+    ] = None,
+    price: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--price",
+            help="MODEL=PRICE: money per GPU-hour of a GPU model, for accounting (repeatable; a policy file's "
+            "prices: override it)",
+        ),
+    ] = None,
 ) -> None:
-    """Start the head (HTTP API) and a local worker on this machine; runs until Ctrl-C."""
+    """Start the head (HTTP API) and a local worker on this machine, or use a Ray cluster's nodes; runs until Ctrl-C."""
     import socket
 
     from gpucluster.durations import parse_duration
+    from gpucluster.head.security import SecurityOptions
     from gpucluster.head.server import StartupError, UpOptions, default_data_dir, run_up
 
     try:
         grace = parse_duration(grace_period) if grace_period is not None else None
         backoff = parse_duration(restart_backoff) if restart_backoff is not None else None
         mem = parse_memory_mb(gpu_memory) if gpu_memory else None
+        sample_every = parse_duration(telemetry_interval)
     except ValueError as e:
         fail(str(e))
+    if not 0.1 <= sample_every <= 3600:
+        fail(f"--telemetry-interval must be between 0.1s and 1h, not {telemetry_interval}")
     if gpu_type is not None and not gpu_type.strip():
         fail("--gpu-type must not be empty")
+    try:
+        prices = parse_prices(price or [])
+    except ValueError as e:
+        fail(str(e))
+    if ray is not None:
+        local = {"--virtual-gpus": virtual_gpus, "--gpu-type": gpu_type, "--gpu-memory": gpu_memory,
+                 "--gpus-per-domain": gpus_per_domain, "--node-name": node_name}  # fmt: skip
+        given = [k for k, v in local.items() if v is not None]
+        if given:
+            fail(f"--ray takes its nodes and GPUs from Ray; drop {', '.join(given)} (declare GPUs with ray start)")
+        if not ray.strip():
+            fail("--ray needs an address: HOST:PORT of the Ray head, or auto")
     opts = UpOptions(
         host=host,
         port=port,
@@ -155,6 +227,12 @@ def up(
         policy_path=policy,
         restart_backoff_s=backoff,
         gpus_per_domain=gpus_per_domain,
+        telemetry_interval_s=sample_every,
+        ray_address=ray,
+        prices=prices,
+        security=SecurityOptions(
+            tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
+        ),
     )
     try:
         run_up(opts)
@@ -210,6 +288,10 @@ def submit(
         int | None,
         typer.Option("--max-restarts", min=0, help="restart after a failure up to N times, with backoff [default: 0]"),
     ] = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option("--max-cost", help="stop the job before its cost (all attempts) would exceed this much money"),
+    ] = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -236,6 +318,7 @@ def submit(
         "time_limit": time_limit,
         "launcher": launcher,
         "max_restarts": max_restarts,
+        "max_cost": max_cost,
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
     if shell:
@@ -336,6 +419,11 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
             else "no checkpoint yet"
         )
         lines.append(f"  progress:   {step}{heard}; {ckpt}")
+    if job.gpu_usage:
+        from gpucluster.cli.drain import job_usage_line
+
+        lines.append(job_usage_line(job))
+    lines += [f"  flagged:    {f.flag} since {_ts(f.since)}: {f.message}" for f in job.flags]
     if job.attempts:
         lines.append("  attempts:")
         for a in job.attempts:
@@ -439,25 +527,40 @@ def requeue(
 
 @app.command()
 def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
-    """Nodes and their GPUs: model, memory, and which job holds each."""
+    """Nodes and their GPUs: model, memory, which job holds each, live readings, health and drains."""
     with _client(url) as c:
         listing = _call(c.nodes)
     if as_json:
         _print_json([n.model_dump(mode="json") for n in listing])
         return
-    table = Table("NODE", "GPU", "MODEL", "MEMORY", "DOMAIN", "STATE", "JOB", box=None)
+    from gpucluster.cli.drain import gpu_readings, node_notes
+
+    table = Table("NODE", "GPU", "MODEL", "MEMORY", "DOMAIN", "STATE", "JOB", "UTIL", "MEM USED", "TEMP", box=None)
     for n in listing:
         for g in n.gpus:
+            state = "used" if g.job_id is not None else "free"
+            if not n.up:
+                state = "down"
+            elif not g.healthy:
+                state = "unhealthy"
+            elif n.drained and g.job_id is None:
+                state = "drained"
             table.add_row(
                 n.name + (" (virtual)" if n.virtual else ""),
                 str(g.index),
                 g.model,
                 f"{g.memory_mb // 1024} GiB",
                 g.domain or "-",
-                "used" if g.job_id is not None else "free",
+                state,
                 str(g.job_id) if g.job_id is not None else "-",
+                *gpu_readings(g),
             )
     out.print(table)
+    for line in node_notes(listing):
+        out.print(line, markup=False)
+    for n in listing:
+        if not n.up:
+            out.print(f"{n.name} is down since {_ts(n.down_since)}: {n.down_reason}", markup=False)
 
 
 # ---- scheduling --------------------------------------------------------------------------
@@ -580,6 +683,33 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
 from gpucluster.cli.simulate import simulate  # noqa: E402
 
 app.command()(simulate)
+
+# ---- telemetry and health (issue 7) -------------------------------------------------------
+
+from gpucluster.cli.drain import drain, undrain  # noqa: E402
+
+app.command()(drain)
+app.command()(undrain)
+
+# ---- identity and access (issue 8) ---------------------------------------------------------
+
+from gpucluster.cli.admin import admin_app, whoami  # noqa: E402
+
+app.add_typer(admin_app, name="admin")
+app.command()(whoami)
+
+# ---- web dashboard (issue 7) ----------------------------------------------------------------
+
+from gpucluster.cli.dashboard import dashboard  # noqa: E402
+
+app.command()(dashboard)
+
+# ---- accounting (issue 7) -------------------------------------------------------------------
+
+from gpucluster.cli.usage import budgets, parse_prices, usage  # noqa: E402
+
+app.command()(usage)
+app.command()(budgets)
 
 
 def main() -> None:

@@ -18,6 +18,20 @@ from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, 
 EPS = 1e-9
 
 
+def acceptable_models(job: JobRequest, model_memory: dict[str, int], models_by_memory: list[str]) -> list[str]:
+    """GPU models that may host the job, best first: its stated preference, else smallest memory.
+
+    `model_memory`: each model's smallest GPU memory; `models_by_memory`: models by that, ascending.
+    """
+    models = list(job.gpu_types) if job.gpu_types else models_by_memory
+    out = [m for m in models if m in model_memory]
+    if job.min_gpu_memory_mb is not None:
+        out = [m for m in out if model_memory[m] >= job.min_gpu_memory_mb]
+    if job.gpu_memory_mb is not None:
+        out = [m for m in out if model_memory[m] >= job.gpu_memory_mb]
+    return out
+
+
 class Capacity:
     """Free capacity for one scheduling cycle; `take` updates it as the plan grows."""
 
@@ -29,8 +43,13 @@ class Capacity:
         self.total: dict[str, int] = {}
         self.node_models: dict[str, list[str]] = {}
         self.node_model_count: dict[tuple[str, str], int] = {}
+        # GPU index -> topology domain, for nodes with more than one domain (the others need no
+        # choosing): `_slice` runs once per start and looked each GPU up by (node, index).
+        self.domains: dict[str, dict[int, str | None]] = {}
         for node in nodes:
             counts: dict[str, int] = {}
+            if len({g.domain for g in node.gpus}) > 1:
+                self.domains[node.name] = {g.index: g.domain for g in node.gpus}
             for g in node.gpus:
                 self.gpus[(node.name, g.index)] = g
                 counts[g.model] = counts.get(g.model, 0) + 1
@@ -71,25 +90,65 @@ class Capacity:
                 self.free[g.model].setdefault(name, []).append(idx)
             elif used < 1 - EPS:
                 self.partial[g.model][(name, idx)] = None
+        self._model_nodes: dict[str, list[str]] = {m: [] for m in self.model_memory}  # by name
+        for name in sorted(self.node_models):
+            for model in self.node_models[name]:
+                self._model_nodes[model].append(name)
+        self._gpu_pos: dict[tuple[str, int], int] | None = None  # inventory order, for `fork`
         for model, per_node in self.free.items():
-            for name in sorted(self.node_models):
-                if model in self.node_models[name]:
-                    idxs = per_node.setdefault(name, [])
-                    idxs.sort()
-                    self.buckets[model][len(idxs)][name] = None
-                    self.total_free[model] += len(idxs)
+            for name in self._model_nodes[model]:
+                idxs = per_node.setdefault(name, [])
+                idxs.sort()
+                self.total_free[model] += len(idxs)
+        self._fill_buckets()
+
+    def _fill_buckets(self) -> None:
+        """Nodes into buckets by free count, in name order: the order best fit breaks ties in,
+        the same however the free counts were reached."""
+        for model, names in self._model_nodes.items():
+            buckets = self.buckets[model]
+            free = self.free[model]
+            for name in names:
+                buckets[len(free[name])][name] = None
+
+    def fork(self) -> Capacity:
+        """A working copy for one cycle, exactly as `Capacity(nodes, running)` would build it
+        for the running jobs this one holds: the inventory is shared (it is never changed),
+        the free state is copied, and bucket and shared-GPU order are put back into the
+        canonical order, so a plan never depends on the order jobs came and went in."""
+        c = Capacity.__new__(Capacity)
+        c.gpus = self.gpus
+        c.models_by_memory = self.models_by_memory
+        c.model_memory = self.model_memory
+        c.node_size = self.node_size
+        c.total = self.total
+        c.node_models = self.node_models
+        c.node_model_count = self.node_model_count
+        c.domains = self.domains
+        c._model_nodes = self._model_nodes
+        c._gpu_pos = None
+        c.version = 0
+        c._most = {}
+        c.used_share = dict(self.used_share)
+        c.used_mem = dict(self.used_mem)
+        c.free = {m: {name: list(idxs) for name, idxs in per.items()} for m, per in self.free.items()}
+        c.buckets = {m: [{} for _ in range(self.node_size[m] + 1)] for m in self.model_memory}
+        c.total_free = dict(self.total_free)
+        c._fill_buckets()
+        c.partial = {}
+        for m, keys in self.partial.items():
+            if len(keys) > 1:
+                if self._gpu_pos is None:
+                    self._gpu_pos = {key: i for i, key in enumerate(self.gpus)}
+                keys = dict.fromkeys(sorted(keys, key=self._gpu_pos.__getitem__))
+            c.partial[m] = dict(keys)
+        return c
 
     # ---- filters ----------------------------------------------------------------------------
 
     def acceptable_models(self, job: JobRequest) -> list[str]:
         """GPU models that may host the job, best first: its stated preference, else smallest memory."""
-        models = list(job.gpu_types) if job.gpu_types else self.models_by_memory
-        out = [m for m in models if m in self.model_memory]
-        if job.min_gpu_memory_mb is not None:
-            out = [m for m in out if self.model_memory[m] >= job.min_gpu_memory_mb]
-        if job.gpu_memory_mb is not None:
-            out = [m for m in out if self.model_memory[m] >= job.gpu_memory_mb]
-        return out
+        return acceptable_models(job, self.model_memory, self.models_by_memory)
 
     def could_ever_fit(self, job: JobRequest, model: str) -> bool:
         if job.fractional:
@@ -116,6 +175,23 @@ class Capacity:
             node = self._best_fit_node(model, n, exclude)
             return None if node is None else Allocation((self._slice(model, node, n),))
         return self._place_fewest_nodes(model, n, exclude)
+
+    def fits(self, job: JobRequest, model: str) -> bool:
+        """`place(job, model) is not None`, without building the allocation: for whole GPUs
+        it only counts nodes in the free-count buckets (asked ~15,000 times a cycle at scale,
+        each time some GPUs were taken since the last answer)."""
+        if job.fractional:
+            return self._place_fraction(job, model, frozenset()) is not None
+        n = int(job.gpus)
+        if n > self.total_free[model]:
+            return False
+        buckets = self.buckets[model]
+        if job.nodes:
+            per = n // job.nodes
+            return sum(len(buckets[k]) for k in range(per, len(buckets))) >= job.nodes
+        if n <= self.node_size[model]:
+            return any(buckets[k] for k in range(n, len(buckets)))
+        return True  # the fewest nodes: any `n` free GPUs will do, and `n` are free
 
     def _best_fit_node(self, model: str, n: int, exclude: frozenset[str]) -> str | None:
         buckets = self.buckets[model]
@@ -157,9 +233,16 @@ class Capacity:
     def _slice(self, model: str, node: str, n: int) -> NodeSlice:
         """n free GPUs on node, preferring a topology domain that holds them all (best fit)."""
         idxs = self.free[model][node]
+        domains = self.domains.get(node)
+        if domains is None:
+            return NodeSlice(node, tuple(idxs[:n]))  # one domain (or none): any free GPUs
         by_domain: dict[str | None, list[int]] = {}
         for i in idxs:
-            by_domain.setdefault(self.gpus[(node, i)].domain, []).append(i)
+            group = by_domain.get(domains[i])
+            if group is None:
+                by_domain[domains[i]] = [i]
+            else:
+                group.append(i)
         if len(by_domain) <= 1:
             return NodeSlice(node, tuple(idxs[:n]))
         fitting = [d for d in by_domain.values() if len(d) >= n]
@@ -200,21 +283,29 @@ class Capacity:
     # ---- bookkeeping ------------------------------------------------------------------------
 
     def take(self, allocation: Allocation) -> None:
+        used_share, used_mem = self.used_share, self.used_mem
         for s in allocation.slices:
             for i in s.gpu_indices:
                 key = (s.node, i)
-                model = self.gpus[key].model
-                was_free = self.used_share.get(key, 0.0) <= EPS
-                self.used_share[key] = self.used_share.get(key, 0.0) + s.share
-                self.used_mem[key] = self.used_mem.get(key, 0) + (
-                    s.memory_mb if s.memory_mb is not None else self.gpus[key].memory_mb
-                )
-                if was_free:
-                    self._move(model, s.node, remove=i)
-                if self.used_share[key] < 1 - EPS:
-                    self.partial[model][key] = None
+                g = self.gpus[key]
+                was = used_share.get(key, 0.0)
+                now = used_share[key] = was + s.share
+                used_mem[key] = used_mem.get(key, 0) + (s.memory_mb if s.memory_mb is not None else g.memory_mb)
+                if was <= EPS:
+                    self._move(g.model, s.node, remove=i)
+                if now < 1 - EPS:
+                    self.partial[g.model][key] = None
                 else:
-                    self.partial[model].pop(key, None)
+                    self.partial[g.model].pop(key, None)
+
+    def occupy(self, allocation: Allocation) -> None:
+        """`take` for a job already running: GPUs that left the inventory are skipped."""
+        known = tuple(
+            NodeSlice(s.node, kept, s.share, s.memory_mb)
+            for s in allocation.slices
+            if (kept := tuple(i for i in s.gpu_indices if (s.node, i) in self.gpus))
+        )
+        self.take(Allocation(known))
 
     def release(self, allocation: Allocation) -> None:
         """Give back an allocation's GPUs (used to ask 'would it fit if these jobs stopped?')."""

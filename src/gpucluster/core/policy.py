@@ -40,6 +40,33 @@ class Preemption:
 
 
 @dataclass(frozen=True)
+class IdlePolicy:
+    """What to do with a job that holds GPUs it does not use (telemetry, issue 7).
+
+    A job whose every GPU stays at or under `threshold` percent utilisation for `after_s` is
+    flagged idle; `action` then says what happens: notify (the flag only), requeue (checkpoint
+    and back to the queue, like a preemption) or stop (it ends `failed` with that reason).
+    """
+
+    after_s: float = 1800.0
+    threshold: float = 1.0
+    action: str = "notify"  # notify | requeue | stop
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    """When telemetry marks a GPU or a node unhealthy, which drains its node (issue 7)."""
+
+    max_temperature_c: float = 90.0
+    # A node that reported telemetry and then stays silent this long is unhealthy.
+    node_timeout_s: float = 60.0
+    drain_on_ecc: bool = True
+    drain_on_xid: bool = True
+    # XIDs that mean the GPU needs a reset; None: gpucluster.telemetry.health.FATAL_XIDS.
+    fatal_xids: frozenset[int] | None = None
+
+
+@dataclass(frozen=True)
 class Policy:
     teams: dict[str, Team] = field(default_factory=lambda: {DEFAULT_TEAM: Team(DEFAULT_TEAM)})
     orgs: dict[str, Org] = field(default_factory=dict)
@@ -51,9 +78,20 @@ class Policy:
     default_time_limit_s: float = 3600.0  # for reservations, when a job has no limit
     starvation_age_s: float = 86400.0  # a job waiting this long goes first in line
     allow_unknown_teams: bool = True  # unknown teams get weight 1 and no quota
+    idle: IdlePolicy = field(default_factory=IdlePolicy)
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+
+    # Teams not listed, made on first use: `team()` is called per queued job per cycle, and a
+    # new Team each time cost ~1 us x millions of calls at scale.
+    _unlisted: dict[str, Team] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def team(self, name: str) -> Team:
-        return self.teams.get(name) or Team(name)
+        t = self.teams.get(name)
+        if t is None:
+            t = self._unlisted.get(name)
+            if t is None:
+                t = self._unlisted[name] = Team(name)
+        return t
 
     def share(self, team: str) -> float:
         """The team's entitled fraction of the cluster: org share x team share within its org."""

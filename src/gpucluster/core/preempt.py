@@ -3,8 +3,9 @@
 Candidates are preemptible jobs past their minimum runtime that either have a lower priority
 class, or belong to a team borrowing GPUs that the preempting job's team is guaranteed. They are
 ranked lowest class first, then furthest over fair share, then least work since their last
-checkpoint. On each node the cheapest prefix that frees enough GPUs is taken and then pruned of
-any victim not needed; the node needing the fewest, cheapest victims wins. Jobs already stopping
+checkpoint. When one victim is enough, a scan in cost order stops at the cheapest that frees
+enough on its node; otherwise, on each node the cheapest prefix that frees enough GPUs is taken
+and then pruned of any victim not needed; the node needing the fewest, cheapest victims wins. Jobs already stopping
 count as free GPUs first, so a job never asks for more victims while earlier ones are exiting.
 """
 
@@ -40,32 +41,39 @@ def choose_victims(
     candidates: Sequence[RunningJob],
     stopping: Sequence[RunningJob],
     cost: Callable[[RunningJob], CostKey],
+    ranked: bool = False,
 ) -> VictimChoice | None:
     """The victims that make room for `job` on `model`, or None if no set of candidates does.
 
     `candidates` must already be limited to jobs on `model`; only nodes holding candidates,
     stopping jobs or free GPUs are looked at, so the cost is O(candidates + such nodes).
+    `ranked`: the candidates are already in `cost` order (the caller ranks its pool once a cycle).
     """
     n = int(job.gpus)
-    ranked = sorted(candidates, key=cost)
+    ranked_jobs = list(candidates) if ranked else sorted(candidates, key=cost)
     if n > cap.node_size[model] or job.nodes:
         if job.nodes:
             return None  # exact node counts are not preempted for; they wait for free nodes
         have = cap.free_count(model) + sum(_whole_gpus(j, None, model, cap) for j in stopping)
         if have >= n:
             return VictimChoice((), None)
-        chosen = _prefix(ranked, have, n, lambda j: _whole_gpus(j, None, model, cap))
+        chosen = _prefix([(j, _whole_gpus(j, None, model, cap)) for j in ranked_jobs], have, n)
         return None if chosen is None else VictimChoice(tuple(chosen), None)
 
-    by_node: dict[str, list[RunningJob]] = {}
-    for j in ranked:
-        for nd in dict.fromkeys(s.node for s in j.allocation.slices):
-            by_node.setdefault(nd, []).append(j)
     releasing: dict[str, int] = {}
     for j in stopping:
         for s in j.allocation.slices:
             if s.share >= 1 and cap.gpus[(s.node, s.gpu_indices[0])].model == model:
                 releasing[s.node] = releasing.get(s.node, 0) + len(s.gpu_indices)
+    single = _single_victim(n, model, cap, ranked_jobs, releasing, cost)
+    if single is not None:
+        return single
+    # Each candidate's whole GPUs of `model` per node, worked out once (not once per node tried).
+    by_node: dict[str, list[tuple[RunningJob, int]]] = {}
+    for j in ranked_jobs:
+        for s in j.allocation.slices:
+            if s.share >= 1 and cap.gpus[(s.node, s.gpu_indices[0])].model == model:
+                by_node.setdefault(s.node, []).append((j, len(s.gpu_indices)))
     best: tuple[int, list[CostKey], str, list[RunningJob]] | None = None
     for node in sorted(set(by_node) | set(releasing)):
         if cap.node_model_count.get((node, model), 0) < n:
@@ -73,8 +81,8 @@ def choose_victims(
         have = len(cap.free[model].get(node, [])) + releasing.get(node, 0)
         if have >= n:
             return VictimChoice((), node)
-        chosen = _prefix(by_node.get(node, []), have, n, lambda j, nd=node: _whole_gpus(j, nd, model, cap))  # type: ignore[misc]
-        if chosen is None:
+        chosen = _prefix(by_node.get(node, []), have, n)
+        if chosen is None or (best is not None and len(chosen) > best[0]):
             continue
         key = (len(chosen), sorted(cost(j) for j in chosen), node, chosen)
         if best is None or key[:3] < best[:3]:
@@ -82,24 +90,60 @@ def choose_victims(
     return None if best is None else VictimChoice(tuple(best[3]), best[2])
 
 
-def _prefix(
-    ranked: Sequence[RunningJob], have: int, need: int, gpus_of: Callable[[RunningJob], int]
-) -> list[RunningJob] | None:
-    chosen: list[RunningJob] = []
+def _single_victim(
+    n: int,
+    model: str,
+    cap: Capacity,
+    ranked: Sequence[RunningJob],
+    releasing: dict[str, int],
+    cost: Callable[[RunningJob], CostKey],
+) -> VictimChoice | None:
+    """The answer when no victim or one victim is enough, found without grouping every
+    candidate by node: a scan in cost order stops at the first victim that frees enough.
+
+    Gives what the full search would: no victims beats one; among single victims the cheapest,
+    then the first node by name. None: the full search must decide (two or more victims).
+    """
+    free = cap.free[model]
+    ready = [nd for nd, r in releasing.items() if len(free.get(nd, ())) + r >= n]
+    if any(cap.buckets[model][k] for k in range(n, len(cap.buckets[model]))):
+        return None  # a node has room without victims (quota kept the job off it): full search
+    if ready:
+        return VictimChoice((), min(ready))
+    found: tuple[CostKey, str, RunningJob] | None = None
     for j in ranked:
-        g = gpus_of(j)
+        c = cost(j)
+        if found is not None and c != found[0]:
+            break
+        for s in j.allocation.slices:
+            nd = s.node
+            if (
+                s.share >= 1
+                and cap.gpus[(nd, s.gpu_indices[0])].model == model
+                and cap.node_model_count.get((nd, model), 0) >= n
+                and len(free.get(nd, ())) + releasing.get(nd, 0) + len(s.gpu_indices) >= n
+                and (found is None or nd < found[1])
+            ):
+                found = (c, nd, j)
+    return None if found is None else VictimChoice((found[2],), found[1])
+
+
+def _prefix(ranked: Sequence[tuple[RunningJob, int]], have: int, need: int) -> list[RunningJob] | None:
+    """The cheapest prefix of (job, GPUs it frees) that brings `have` up to `need`, pruned of
+    any victim not needed after all."""
+    chosen: list[tuple[RunningJob, int]] = []
+    for j, g in ranked:
         if g == 0:
             continue
-        chosen.append(j)
+        chosen.append((j, g))
         have += g
         if have >= need:
             break
     if have < need:
         return None
     # Prune: drop the most expensive victims that turn out not to be needed.
-    for j in reversed(list(chosen)):
-        g = gpus_of(j)
-        if have - g >= need:
-            chosen.remove(j)
-            have -= g
-    return chosen
+    for pair in reversed(list(chosen)):
+        if have - pair[1] >= need:
+            chosen.remove(pair)
+            have -= pair[1]
+    return [j for j, _ in chosen]

@@ -19,6 +19,12 @@ class QuotaBook:
         self._gpus = gpus
         self.used: dict[str, dict[str, float]] = {}
         self.has_quotas = any(t.quota for t in policy.teams.values())
+        # Flat lookups: quota checks run for every queued job on every model it accepts.
+        self._quota = {(name, m): q for name, t in policy.teams.items() for m, q in t.quota.items()}
+        self._max_borrow = {name: t.max_borrow for name, t in policy.teams.items() if t.max_borrow is not None}
+        # Nothing to check at all: `refusal` is always None without borrowing and lending
+        # limits (a quota alone refuses nothing; it only ranks and reclaims).
+        self.unlimited = not (self._max_borrow or any(t.max_lend is not None for t in policy.teams.values()))
         # Idle guarantee each lend-capped team keeps for itself, per model, kept up to date by
         # `add` so `protected` costs O(1) per job rather than O(teams).
         self._lenders = {name: t for name, t in policy.teams.items() if t.max_lend is not None}
@@ -27,8 +33,22 @@ class QuotaBook:
         for name, t in self._lenders.items():
             for model in t.quota:
                 self._set_kept(name, model)
+        # What the running jobs hold (60,000 of them at scale, every cycle): `add`, inlined for
+        # teams without a lending cap, whose sums are all it changes (same order, same floats).
+        used = self.used
         for job in running:
-            self.add(job.team, job.allocation)
+            if job.team in self._lenders:
+                self.add(job.team, job.allocation)
+                continue
+            per_team = used.get(job.team)
+            if per_team is None:
+                per_team = used[job.team] = {}
+            for s in job.allocation.slices:
+                node, share = s.node, s.share
+                for i in s.gpu_indices:
+                    g = gpus.get((node, i))
+                    if g is not None:
+                        per_team[g.model] = per_team.get(g.model, 0.0) + share
 
     def _set_kept(self, team: str, model: str) -> None:
         t = self._lenders[team]
@@ -53,11 +73,15 @@ class QuotaBook:
         self.add(team, allocation, -1.0)
 
     def quota(self, team: str, model: str) -> float:
-        return self.policy.team(team).quota.get(model, 0.0)
+        return self._quota.get((team, model), 0.0)
 
     def within_quota(self, team: str, model: str, gpus: float) -> bool:
-        q = self.quota(team, model)
+        q = self._quota.get((team, model), 0.0)
         return q > 0 and self.used.get(team, {}).get(model, 0.0) + gpus <= q + 1e-9
+
+    def limits_borrowing(self, team: str) -> bool:
+        """Whether the team has a borrowing limit at all (most do not: skip the check)."""
+        return team in self._max_borrow
 
     def borrowing(self, team: str, model: str) -> bool:
         return self.used.get(team, {}).get(model, 0.0) > self.quota(team, model) + 1e-9
@@ -71,11 +95,10 @@ class QuotaBook:
 
         Freeing other teams' GPUs cannot change this, so it is also a reason never to preempt.
         """
-        if self.within_quota(team, model, gpus):
+        if team not in self._max_borrow or self.within_quota(team, model, gpus):
             return None
         t = self.policy.team(team)
-        if t.max_borrow is None:
-            return None
+        assert t.max_borrow is not None
         over = sum(max(0.0, used - t.quota.get(m, 0.0)) for m, used in self.used.get(team, {}).items() if m != model)
         used_m = self.used.get(team, {}).get(model, 0.0)
         over += max(0.0, used_m + gpus - t.quota.get(model, 0.0))
@@ -88,6 +111,8 @@ class QuotaBook:
 
     def refusal(self, team: str, model: str, gpus: float, free: int) -> str | None:
         """Why the team may not take `gpus` more GPUs of `model` now, with `free` idle; None if it may."""
+        if self.unlimited:
+            return None
         if self.within_quota(team, model, gpus):
             return None
         limit = self.borrow_refusal(team, model, gpus)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.types import JobRequest, Node, RunningJob
 
 
@@ -17,6 +18,9 @@ class Snapshot:
     running: tuple[RunningJob, ...]
     queued: tuple[JobRequest, ...]
     usage: Mapping[str, float] = field(default_factory=dict)  # team -> decayed GPU-seconds
+    # Optional: an index the caller keeps across cycles so free capacity is updated, not
+    # rebuilt (see capacity_index.py); the plan is the same with or without it.
+    capacity: CapacityIndex | None = field(default=None, compare=False, repr=False)
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()

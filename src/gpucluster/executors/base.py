@@ -42,6 +42,9 @@ class LaunchSpec:
     # process has: finds those that left their process group (torchrun starts its workers in
     # sessions of their own) so a kill or a cleanup still reaches them.
     marker: str | None = None
+    # The Unix account to run every process as (a root head runs jobs as their submitters);
+    # None: the head's own. The shim stays the head's, to record exit codes in the run dir.
+    user: str | None = None
 
 
 @dataclass(frozen=True)

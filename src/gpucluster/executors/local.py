@@ -95,24 +95,42 @@ def marked_pids(marker: str) -> list[int]:
     return found
 
 
+def give_checkpoints_to(user: str, checkpoint_dir: str | None) -> None:
+    """A job run as `user` must write its checkpoints: hand it the job's checkpoint directory."""
+    import pwd
+
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:
+        raise LaunchError(f"there is no Unix account {user!r} on this node to run the job as") from None
+    if checkpoint_dir and os.path.isdir(checkpoint_dir):
+        os.chown(checkpoint_dir, account.pw_uid, account.pw_gid)
+
+
 class LocalExecutor:
-    def __init__(self) -> None:
+    def __init__(self, die_with_parent: bool = False) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
+        # Jobs die with this process (the Ray node agent), instead of outliving it (the head).
+        self._shim_opts = ["--die-with-parent"] if die_with_parent else []
 
     def launch(self, spec: LaunchSpec) -> Handle:
         if not os.path.isdir(spec.workdir):
             raise LaunchError(f"workdir {spec.workdir} does not exist on this node")
+        if spec.user is not None:
+            give_checkpoints_to(spec.user, spec.env.get("GPUCLUSTER_CHECKPOINT_DIR"))
         if spec.processes:
             return self._launch_ranks(spec)
-        return self._launch_one(ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path), spec.workdir)
+        return self._launch_one(ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path), spec.workdir, spec.user)
 
-    def _launch_one(self, p: ProcessSpec, workdir: str) -> Handle:
+    def _launch_one(self, p: ProcessSpec, workdir: str, user: str | None = None) -> Handle:
         p.run_dir.mkdir(parents=True, exist_ok=True)
         p.log_path.parent.mkdir(parents=True, exist_ok=True)
+        as_user = ["--user", user] if user is not None else []
+        shim = [sys.executable, "-I", "-S", str(SHIM), str(p.run_dir), workdir, *self._shim_opts, *as_user]
         with open(p.log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(SHIM), str(p.run_dir), workdir, "--", *p.argv],
+                [*shim, "--", *p.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -136,7 +154,7 @@ class LocalExecutor:
             handle["marker"] = spec.marker
         try:
             for rank, p in enumerate(spec.processes):
-                handle["ranks"].append({"rank": rank, **self._launch_one(p, spec.workdir)})
+                handle["ranks"].append({"rank": rank, **self._launch_one(p, spec.workdir, spec.user)})
         except OSError as e:
             self.signal(handle, signal.SIGKILL)
             self.cleanup(handle)

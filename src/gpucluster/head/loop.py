@@ -29,8 +29,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import Policy
 from gpucluster.core.restarts import RESTART_BACKOFF_S, restart_backoff
@@ -51,6 +52,9 @@ from gpucluster.executors.base import (
     Status,
     complete,
 )
+from gpucluster.head.accounting import Accountant
+from gpucluster.head.estimates import EstimateRefresher
+from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
@@ -64,6 +68,12 @@ from gpucluster.launch.ranks import (
     pick_free_port,
 )
 from gpucluster.store import AttemptRecord, JobRecord, Store
+from gpucluster.store.telemetry import TelemetryStore
+from gpucluster.telemetry.drain import schedulable
+from gpucluster.telemetry.loopstats import LoopStats
+
+if TYPE_CHECKING:
+    from gpucluster.auth.jobs import JobIdentity
 
 log = logging.getLogger("gpucluster.head")
 
@@ -95,6 +105,7 @@ class Head:
         base_env: Mapping[str, str] | None = None,
         restart_backoff_s: float = RESTART_BACKOFF_S,
         node_addresses: Mapping[str, str] | None = None,
+        prices: Mapping[str, float] | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -118,11 +129,19 @@ class Head:
         self._usage_at = saved_at if saved_at is not None else clock()
         self._usage_saved_at = self._usage_at
         self.queue = QueueCache(store)
+        self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
+        self.estimates = EstimateRefresher()
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
         self._last_plan_at: float | None = None
         self.last_decide_s = 0.0
         self.last_cycle_at: float | None = None  # end of the last cycle that succeeded
         self.last_error: str | None = None  # why the last cycle failed, if it did
+        self.identity: JobIdentity | None = None  # set by `gpucluster up`: jobs' own tokens, Unix accounts
+        self.inventory: NodeInventory | None = None  # set by `gpucluster up --ray`: nodes join and leave
+        self.telemetry = TelemetryStore(store)  # drain state (read every plan), samples, health
+        self.stats = LoopStats()  # cycle time and waits, for /metrics
+        # GPU time, cost and energy per attempt; budgets and max cost (head/accounting.py)
+        self.accounting = Accountant(self, prices)
 
     @property
     def policy(self) -> Policy:
@@ -135,15 +154,27 @@ class Head:
     # ---- one cycle --------------------------------------------------------------------------
 
     def tick(self) -> None:
+        started = time.perf_counter()
         now = self.clock()
         if self.policy_source.maybe_reload(now):
             self._capacity_changed = True
+        if self.inventory is not None and self.inventory.refresh(now):
+            self._capacity_changed = True
         running = self.store.list_jobs(states=[JobState.RUNNING])
+        if self.inventory is not None:
+            running = stop_jobs_on_lost_nodes(self, self.inventory, running, now)
         self._accrue_usage(running, now)
         for job in running:
             self._reconcile(job, now)
+        self.accounting.step(running, now)
         self._schedule(self.clock())
         self.cycles += 1
+        self.stats.cycle(time.perf_counter() - started)
+
+    def nodes_changed(self) -> None:
+        """A node was drained, undrained or changed: plan again now."""
+        self._capacity_changed = True
+        self.wake.set()
 
     def _accrue_usage(self, running: list[JobRecord], now: float) -> None:
         """Fair-share memory: decay old usage, add the GPU-seconds of running jobs; saved every 10 s."""
@@ -259,6 +290,10 @@ class Head:
         elif job.stop_reason == "time_limit":
             limit = format_duration(float(job.spec.time_limit or 0))
             reason = f"time limit {limit} exceeded ({how})" if code is not None else f"time limit {limit} exceeded"
+            state = JobState.FAILED
+        elif job.stop_reason == "policy":  # telemetry (over its memory share, idle) or accounting
+            what = job.stop_message or "stopped by policy"
+            reason = f"{what} ({how})" if code is not None else what
             state = JobState.FAILED
         else:
             outcome = AttemptOutcome.FAILED if first_bad is not None else attempt_outcome([c or 0 for c in codes])
@@ -383,9 +418,15 @@ class Head:
 
     def snapshot(self) -> Snapshot:
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
-        return Snapshot(
-            nodes=nodes, running=tuple(self.store.running_jobs()), queued=self.queue.requests(), usage=dict(self.usage)
+        snap = Snapshot(
+            nodes=nodes,
+            running=tuple(self.store.running_jobs()),
+            queued=self.accounting.admit(self.queue.requests()),  # not the jobs held for a budget
+            usage=dict(self.usage),
+            capacity=self.capacity_index,
         )
+        down = self.inventory.down() if self.inventory is not None else frozenset()
+        return schedulable(snap, self.telemetry.drained() | down)  # drained and down nodes get no new jobs
 
     def _schedule(self, now: float) -> None:
         queue_changed = self.queue.refresh(now)
@@ -408,10 +449,18 @@ class Head:
         for start in plan.starts:
             self.queue.remove(start.job_id)
             self._start(start.job_id, start.allocation, now)
+        if plan.starts:
+            self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)
-        changed = {k: v for k, v in plan.waiting.items() if self._reasons.get(k) != v}
+        waiting = self.estimates.waits(snap, self.policy, now, plan)  # every job's estimated start
+        changed = {k: v for k, v in waiting.items() if self._reasons.get(k) != v}
         self.store.set_wait_reasons(changed)
-        self._reasons = dict(plan.waiting)
+        self._reasons = waiting
+
+    def _observe_waits(self, snap: Snapshot, started: set[int], now: float) -> None:
+        for r in snap.queued:
+            if r.job_id in started:
+                self.stats.started(r.team, r.priority.label, now - (r.queued_at or r.submitted_at))
 
     def _start(self, job_id: int, allocation: object, now: float) -> None:
         job = self.store.get_job(job_id)
@@ -476,6 +525,10 @@ class Head:
             )
             for s in slices
         }
+        if self.identity is not None:
+            extra = self.identity.job_env(job)
+            for env in envs.values():
+                env.update(extra)
         run_dir = self.data_dir.attempt_dir(job.id, attempt)
         spec = LaunchSpec(
             job_id=job.id,
@@ -485,14 +538,16 @@ class Head:
             workdir=job.spec.workdir or self.base_env.get("HOME", "/"),
             run_dir=run_dir,
             log_path=self.data_dir.log(job.id, attempt),
+            user=self.identity.run_as(job.owner) if self.identity is not None else None,
         )
         if not job.spec.distributed:
             return spec
         marker = f"{ENV_ATTEMPT_MARKER}={run_dir}"
         for env in envs.values():
             env[ENV_ATTEMPT_MARKER] = str(run_dir)
-        addresses = {s.node: self.node_addresses.get(s.node, "127.0.0.1") for s in slices}
-        port = pick_free_port()  # a fresh one every attempt: a dead attempt's store is never dialled
+        addresses = {s.node: self._node_address(s.node) for s in slices}
+        # A fresh port every attempt (a dead attempt's store is never dialled), free on rank 0's node.
+        port = self.inventory.free_port(slices[0].node) if self.inventory is not None else pick_free_port()
         argvs: list[tuple[str, list[str], dict[str, str]]]
         try:
             if job.spec.per_gpu:
@@ -512,6 +567,10 @@ class Head:
             for r, (_, argv, env) in enumerate(argvs)
         )
         return replace(spec, processes=processes, marker=marker)
+
+    def _node_address(self, node: str) -> str:
+        known = self.inventory.address(node) if self.inventory is not None else None
+        return known or self.node_addresses.get(node, "127.0.0.1")
 
     # ---- lifecycle --------------------------------------------------------------------------
 

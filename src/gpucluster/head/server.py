@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -24,14 +24,18 @@ import uvicorn
 from gpucluster.api.app import create_app
 from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.types import Node
+from gpucluster.dashboard.link import announce as announce_dashboard
 from gpucluster.discovery.gpus import NoGpus, discover_nvml, virtual_gpus
 from gpucluster.executors.local import LocalExecutor
 from gpucluster.head.loop import Head
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
+from gpucluster.head.security import SecurityError, SecurityOptions, check_listen, client_url, setup_access, ssl_options
 from gpucluster.head.service import ClusterService
 from gpucluster.policyfile import PolicyFileError
 from gpucluster.store import Store, StoreError
+from gpucluster.telemetry.setup import DEFAULT_INTERVAL_S as DEFAULT_TELEMETRY_INTERVAL_S
+from gpucluster.telemetry.setup import start_telemetry
 
 DEFAULT_PORT = 8642
 DEFAULT_VIRTUAL_GPUS = 8
@@ -55,6 +59,10 @@ class UpOptions:
     policy_path: Path | None = None
     restart_backoff_s: float | None = None
     gpus_per_domain: int | None = None
+    security: SecurityOptions = field(default_factory=SecurityOptions)
+    telemetry_interval_s: float = DEFAULT_TELEMETRY_INTERVAL_S
+    ray_address: str | None = None  # run jobs on a Ray cluster's nodes (head/ray_up.py)
+    prices: dict[str, float] = field(default_factory=dict)  # --price: money per GPU-hour per model
 
 
 def default_data_dir() -> Path:
@@ -111,6 +119,10 @@ def _check_port(host: str, port: int) -> None:
 
 def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        check_listen(opts.host, opts.security)
+    except SecurityError as e:
+        raise StartupError(str(e)) from None
     data = DataDir(opts.data_dir.expanduser().resolve())
     lock = lock_data_dir(data)
     _check_port(opts.host, opts.port)
@@ -122,12 +134,24 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         store = Store(data.db)
     except StoreError as e:
         raise StartupError(str(e)) from None
-    node, is_virtual = local_node(opts, say)
-    store.put_node(node, is_virtual, time.time())
-    url = f"http://{opts.host}:{opts.port}"
+    ray_mode = None
+    if opts.ray_address is not None:
+        from gpucluster.head.ray_up import RayStartupError, start_ray
+
+        try:
+            ray_mode = start_ray(opts.ray_address, data, store, say)
+        except RayStartupError as e:
+            raise StartupError(str(e)) from None
+        is_virtual = ray_mode.all_virtual
+    else:
+        node, is_virtual = local_node(opts, say)
+        store.put_node(node, is_virtual, time.time())
+    url = client_url(opts.host, opts.port, opts.security)
+    access = setup_access(store, time.time, opts.security, url, say)
+    policy.on_change = lambda what: access.record("policy-file", "policy", str(opts.policy_path), what)
     head = Head(
         store=store,
-        executor=LocalExecutor(),
+        executor=ray_mode.executor if ray_mode is not None else LocalExecutor(),
         data_dir=data,
         clock=time.time,
         grace_period_s=opts.grace_period_s,
@@ -135,19 +159,41 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         head_url=url,
         virtual_gpus=is_virtual,
         restart_backoff_s=opts.restart_backoff_s if opts.restart_backoff_s is not None else RESTART_BACKOFF_S,
+        prices=opts.prices,
     )
+    head.identity = access  # each job's own token, and its Unix account under a root head
+    head.inventory = ray_mode.inventory if ray_mode is not None else None
     head.tick()  # re-adopt or settle jobs left by a previous head before taking requests
     loop = threading.Thread(target=head.run, name="head-loop", daemon=True)
     loop.start()
     service = ClusterService(head)
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host=opts.host, port=opts.port, log_level="warning"))
+    if ray_mode is not None:
+        from gpucluster.head.ray_up import ray_telemetry
+
+        monitor, sampler = ray_telemetry(service, opts.telemetry_interval_s)
+    else:
+        monitor, sampler = start_telemetry(service, node, is_virtual, opts.telemetry_interval_s)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(service, access),
+            host=opts.host,
+            port=opts.port,
+            log_level="warning",
+            **ssl_options(opts.security),
+        )
+    )
     say.write(f"gpucluster head listening on {url} (data dir {data.root}); Ctrl-C stops it, jobs keep running\n")
+    announce_dashboard(url, say)
     say.flush()
     try:
         server.run()
     finally:
         service.close()
         head.stop()
+        monitor.stop()
         loop.join(timeout=5)
+        sampler.join(timeout=5)
+        if ray_mode is not None:
+            ray_mode.close()
         store.close()
         lock.close()

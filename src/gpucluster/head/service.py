@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpucluster.core.placement import Capacity
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation
+from gpucluster.head.inventory import with_presence
 from gpucluster.head.loop import Head
 from gpucluster.head.submit_batcher import SubmitBatcher
 from gpucluster.models import (
@@ -30,6 +32,10 @@ from gpucluster.models import (
 )
 from gpucluster.store import AttemptRecord, JobRecord
 from gpucluster.store.store import request_from, request_json
+from gpucluster.telemetry.view import describe_job, describe_nodes
+
+if TYPE_CHECKING:
+    from gpucluster.telemetry.monitor import TelemetryMonitor
 
 REQUEUED_BY_USER = "requeued by user"
 
@@ -55,25 +61,26 @@ class ClusterService:
         self.store = head.store
         self.batcher = SubmitBatcher(head.store, on_committed=head.wake.set)
         self._empty: tuple[object, Capacity] | None = None  # an empty cluster, for submit checks
+        self.telemetry: TelemetryMonitor | None = None  # set when the head samples its GPUs
 
     def close(self) -> None:
         self.batcher.close()
 
-    def submit(self, spec: JobSpec) -> Job:
+    def submit(self, spec: JobSpec, owner: str | None = None) -> Job:
         self._check_fits(spec)
         now = self.head.clock()
-        job_id = self.store.create_job(spec, now)
+        job_id = self.store.create_job(spec, now, owner)
         self.head.wake.set()
-        return self._queued(job_id, spec, now)
+        return self._queued(job_id, spec, now, owner)
 
-    async def submit_async(self, spec: JobSpec) -> Job:
+    async def submit_async(self, spec: JobSpec, owner: str | None = None) -> Job:
         """As `submit`, for the event loop: the commit is batched by the writer thread."""
         self._check_fits(spec)
         now = self.head.clock()
-        job_id = await self.batcher.submit(spec, now)
-        return self._queued(job_id, spec, now)
+        job_id = await self.batcher.submit(spec, now, owner)
+        return self._queued(job_id, spec, now, owner)
 
-    def _queued(self, job_id: int, spec: JobSpec, now: float) -> Job:
+    def _queued(self, job_id: int, spec: JobSpec, now: float, owner: str | None = None) -> Job:
         # Built from what was just committed: a re-read would cost a third of the submit.
         return Job(
             id=job_id,
@@ -83,6 +90,7 @@ class ClusterService:
             submitted_at=now,
             reason="submitted",
             events=[JobEvent(at=now, state=JobState.QUEUED, reason="submitted")],
+            owner=owner,
         )
 
     def _check_fits(self, spec: JobSpec) -> None:
@@ -117,10 +125,18 @@ class ClusterService:
         record = self.store.get_job(job_id)
         if record is None:
             raise NotFound(f"no job with id {job_id}")
-        return to_wire(record, self.store.events(job_id), self.store.attempts(job_id))
+        job = to_wire(record, self.store.events(job_id), self.store.attempts(job_id))
+        return describe_job(job, self.head.telemetry, self.telemetry)
 
-    def jobs(self, states: Iterable[JobState] | None, team: str | None, limit: int | None) -> list[Job]:
-        return [to_wire(r) for r in self.store.list_jobs(states=states, team=team, limit=limit)]
+    def jobs(
+        self,
+        states: Iterable[JobState] | None,
+        team: str | None,
+        limit: int | None,
+        teams: Iterable[str] | None = None,
+    ) -> list[Job]:
+        """Jobs, oldest first; `teams` limits them to what the caller may see."""
+        return [to_wire(r) for r in self.store.list_jobs(states=states, team=team, limit=limit, teams=teams)]
 
     def cancel(self, job_id: int) -> Job:
         now = self.head.clock()
@@ -163,6 +179,8 @@ class ClusterService:
         """A running job's progress report (step, newest checkpoint)."""
         now = self.head.clock()
         if self.store.record_progress(job_id, now, report.step, report.checkpoint_at, report.checkpoint_step):
+            if self.telemetry is not None and (report.gpu_utilization is not None or report.gpu_memory_mb is not None):
+                self.telemetry.report_load(job_id, report.gpu_utilization, report.gpu_memory_mb)
             return
         record = self.store.get_job(job_id)
         if record is None:
@@ -232,6 +250,10 @@ class ClusterService:
         )
 
     def nodes(self) -> list[NodeOut]:
+        nodes = with_presence(self._nodes(), self.head.inventory)  # up or down (Ray)
+        return describe_nodes(nodes, self.head.telemetry, self.telemetry)
+
+    def _nodes(self) -> list[NodeOut]:
         holder = {
             (s.node, i): job_id
             for job_id, a in self.store.running_allocations()
@@ -321,4 +343,5 @@ def to_wire(r: JobRecord, events: Iterable[object] = (), attempts: Iterable[Atte
         if r.progress_at is not None or r.last_checkpoint_at is not None
         else None,
         attempts=_attempts(r, attempts) if attempts is not None else [],
+        owner=r.owner,
     )

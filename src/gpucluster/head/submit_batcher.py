@@ -22,19 +22,19 @@ class SubmitBatcher:
     def __init__(self, store: Store, on_committed: Callable[[], None]) -> None:
         self._store = store
         self._on_committed = on_committed
-        self._pending: list[tuple[JobSpec, float, asyncio.Future[int], asyncio.AbstractEventLoop]] = []
+        self._pending: list[tuple[JobSpec, float, str | None, asyncio.Future[int], asyncio.AbstractEventLoop]] = []
         self._cond = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="submit-writer", daemon=True)
         self._thread.start()
 
-    async def submit(self, spec: JobSpec, now: float) -> int:
+    async def submit(self, spec: JobSpec, now: float, owner: str | None = None) -> int:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         with self._cond:
             if self._stopped:
                 raise RuntimeError("the head is shutting down")
-            self._pending.append((spec, now, fut, loop))
+            self._pending.append((spec, now, owner, fut, loop))
             self._cond.notify()
         return await fut
 
@@ -47,13 +47,13 @@ class SubmitBatcher:
                     return
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             try:
-                ids = self._store.create_jobs([(spec, now) for spec, now, _, _ in batch])
+                ids = self._store.create_jobs([(s, t) for s, t, _, _, _ in batch], [o for _, _, o, _, _ in batch])
             except Exception as e:
-                for _, _, fut, loop in batch:
+                for _, _, _, fut, loop in batch:
                     loop.call_soon_threadsafe(_fail, fut, e)
                 continue
             self._on_committed()
-            for job_id, (_, _, fut, loop) in zip(ids, batch, strict=True):
+            for job_id, (_, _, _, fut, loop) in zip(ids, batch, strict=True):
                 loop.call_soon_threadsafe(_resolve, fut, job_id)
 
     def close(self) -> None:

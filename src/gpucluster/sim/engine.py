@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate, count
 from typing import cast
 
+from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob, Start
 from gpucluster.sim import scheduling
 from gpucluster.sim.errors import SimulationError
@@ -207,6 +208,7 @@ class Engine:
         self._cycle_pending = False
         self.cycle_s = spec.cycle_s
         self._repairs_pending = 0
+        self._capacity = CapacityIndex()  # free GPUs kept across scheduler calls, as the head does
         self._feasible: dict[tuple[object, ...], str | None] = {}
         self._intervals: dict[tuple[object, float], float | None] = {}
         self._usage = Usage(policy) if policy.fair_share else None
@@ -363,7 +365,9 @@ class Engine:
     def _schedule(self, now: float) -> None:
         res = self.result
         usage = self._usage.at(now) if self._usage is not None else {}
-        snap = scheduling.snapshot(self._nodes, tuple(self._running.values()), tuple(self._queued.values()), usage)
+        snap = scheduling.snapshot(
+            self._nodes, tuple(self._running.values()), tuple(self._queued.values()), usage, self._capacity
+        )
         t0 = self.clock()
         plan = scheduling.decide(snap, self.policy, now)
         spent = self.clock() - t0

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpucluster.core import policy as core_policy
+from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import Policy
 from gpucluster.core.restarts import restart_backoff
@@ -119,9 +120,15 @@ def stopping(job: RunningJob) -> RunningJob:
 
 
 def snapshot(
-    nodes: tuple[Node, ...], running: tuple[RunningJob, ...], queued: tuple[JobRequest, ...], usage: dict[str, float]
+    nodes: tuple[Node, ...],
+    running: tuple[RunningJob, ...],
+    queued: tuple[JobRequest, ...],
+    usage: dict[str, float],
+    capacity: CapacityIndex | None = None,
 ) -> Snapshot:
-    return Snapshot(nodes=nodes, running=running, queued=queued, usage=usage)
+    """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
+    one, so free GPUs are updated from the jobs that changed rather than rebuilt."""
+    return Snapshot(nodes=nodes, running=running, queued=queued, usage=usage, capacity=capacity)
 
 
 def can_change_anything(policy: SimPolicy, free_gpus: float) -> bool:

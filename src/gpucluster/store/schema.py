@@ -17,7 +17,8 @@ from sqlalchemy import (
 
 # 2: request, wait_reason, estimated_start, stop_message, last_checkpoint_at; team_usage
 # 3: not_before, restarts, progress_step, progress_at, checkpoint_step; attempts
-SCHEMA_VERSION = 3
+# 4: jobs.owner; users, memberships, tokens, audit (identity and access, store/access.py)
+SCHEMA_VERSION = 4
 
 metadata = MetaData()
 
@@ -68,6 +69,7 @@ jobs = Table(
     Column("progress_step", Integer),
     Column("progress_at", Float),
     Column("checkpoint_step", Integer),
+    Column("owner", String(128)),  # the user who submitted it; NULL for jobs from before identities
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)
@@ -116,3 +118,158 @@ attempts = Table(
     Column("exit_codes", Text, nullable=False),  # JSON list, one per process; null: lost
     Column("work_lost_s", Float),
 )
+
+# ---- identity and access (store/access.py) ---------------------------------------------------
+
+users = Table(
+    "users",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("cluster_admin", Boolean, nullable=False, default=False),
+    # The Unix account a root head runs this user's jobs as; NULL: the user's own name.
+    Column("unix_user", String(64)),
+    Column("created_at", Float, nullable=False),
+)
+
+memberships = Table(
+    "memberships",
+    metadata,
+    Column("user", String(128), ForeignKey("users.name"), primary_key=True),
+    Column("team", String(128), primary_key=True),
+    Column("role", String(16), nullable=False),  # member | team-admin
+    Column("position", Integer, nullable=False, default=0),  # the lowest is the default team
+)
+
+# Only the SHA-256 of a token is kept: a copy of the database gives no one a usable token.
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user", String(128), ForeignKey("users.name"), nullable=False),
+    Column("sha256", String(64), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float),
+    Column("revoked_at", Float),
+    Column("note", String(256), nullable=False, default=""),
+    sqlite_autoincrement=True,
+)
+Index("ix_tokens_user", tokens.c.user)
+
+# Who changed what, and when. Submissions are not copied here: a job's owner and submitted_at
+# say the same, durably, without a second write on the hot path (the audit view joins them in).
+audit = Table(
+    "audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("user", String(128), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", String(256), nullable=False, default=""),
+    Column("detail", Text, nullable=False, default=""),
+    sqlite_autoincrement=True,
+)
+Index("ix_audit_at", audit.c.at)
+
+# ---- telemetry and health (issue 7); new tables, so `create_all` adds them to older data dirs --
+
+# GPU samples, downsampled with age (gpucluster.store.telemetry): level 0 raw, 1 one-minute
+# means, 2 one-hour means. A row covers [at, at + seconds): energy = power_w * seconds, and means
+# are weighted by `seconds`. `jobs` names the jobs holding the GPU then (",3,7,"; "" when free),
+# and rows of different holders are never merged, so a job's samples stay its own.
+gpu_samples = Table(
+    "gpu_samples",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("node", String(255), nullable=False),
+    Column("gpu", Integer, nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("at", Float, nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("jobs", String(255), nullable=False),
+    Column("utilization", Float),  # percent
+    Column("memory_used_mb", Float),
+    Column("temperature_c", Float),
+    Column("power_w", Float),
+    Column("sm_clock_mhz", Float),
+    Column("memory_clock_mhz", Float),
+)
+Index("ix_gpu_samples_level_at", gpu_samples.c.level, gpu_samples.c.at)
+Index("ix_gpu_samples_node_gpu_at", gpu_samples.c.node, gpu_samples.c.gpu, gpu_samples.c.at)
+
+# A drained node gets no new jobs; its running jobs continue. `source`: user or health.
+node_states = Table(
+    "node_states",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("drained", Boolean, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("source", String(16), nullable=False),
+    Column("since", Float, nullable=False),
+)
+
+# Why telemetry found a GPU unhealthy (a row per unhealthy GPU; gpu -1: the whole node). `kind`:
+# ecc, xid, temperature, silent; ecc and xid stay until an undrain, the others clear by themselves.
+gpu_health = Table(
+    "gpu_health",
+    metadata,
+    Column("node", String(255), primary_key=True),
+    Column("gpu", Integer, primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("problem", Text, nullable=False),
+    Column("since", Float, nullable=False),
+)
+
+# Facts telemetry found about a running job (flag "idle": its GPUs sat unused since `since`).
+job_flags = Table(
+    "job_flags",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id"), primary_key=True),
+    Column("flag", String(16), primary_key=True),
+    Column("since", Float, nullable=False),
+    Column("message", Text, nullable=False),
+)
+
+# ---- node presence (issue 6, store/presence.py): nodes that join and leave (Ray) -------------
+
+# A node the head learnt from a distributed engine: where it is, which incarnation (a Ray node
+# id: a node that rejoins gets a new one) and whether it is up. A node without a row is up.
+node_presence = Table(
+    "node_presence",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("address", String(255), nullable=False),
+    Column("incarnation", String(128), nullable=False),
+    Column("up", Boolean, nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("since", Float, nullable=False),
+)
+
+# ---- accounting (issue 7, store/accounting.py): GPU time, money and energy per job attempt ----
+
+# One row per attempt, accrued every few seconds while it runs (`accrued_until`) and made final
+# (`final`) when it ends, so a head that dies loses at most the last few seconds. GPU-seconds and
+# cost grow linearly over [started_at, accrued_until], so a window's part of a row is its share
+# of that interval. Energy and utilisation come from telemetry samples as they are stored.
+job_usage = Table(
+    "job_usage",
+    metadata,
+    Column("job_id", Integer, primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("team", String(128), nullable=False),
+    Column("owner", String(128)),
+    Column("gpu_model", String(255), nullable=False),
+    Column("gpus", Float, nullable=False),  # GPUs held, a fraction for a share of one
+    Column("allocation", Text),
+    Column("started_at", Float, nullable=False),
+    Column("accrued_until", Float, nullable=False),
+    Column("gpu_seconds", Float, nullable=False, default=0.0),
+    Column("cost", Float, nullable=False, default=0.0),
+    Column("energy_j", Float, nullable=False, default=0.0),
+    Column("used_gpu_seconds", Float, nullable=False, default=0.0),  # utilisation x seconds x share
+    Column("sampled_gpu_seconds", Float, nullable=False, default=0.0),  # seconds x share with a reading
+    Column("final", Boolean, nullable=False, default=False),
+    Column("outcome", String(16)),
+    Column("work_lost_s", Float),
+)
+Index("ix_job_usage_until", job_usage.c.accrued_until)
+Index("ix_job_usage_team_until", job_usage.c.team, job_usage.c.accrued_until)

@@ -61,6 +61,7 @@ class JobRecord:
     progress_step: int | None = None
     progress_at: float | None = None
     checkpoint_step: int | None = None
+    owner: str | None = None  # who submitted it (None: before identities existed)
 
     def request(self) -> JobRequest:
         return request_from(
@@ -178,7 +179,7 @@ class Store:
         self._reader = self._engine(url, "BEGIN")
         self._write_lock = threading.Lock()
         self._pending_lock = threading.Lock()
-        self._pending: list[tuple[JobSpec, float, Future[int]]] = []
+        self._pending: list[tuple[JobSpec, float, str | None, Future[int]]] = []
         self._nodes: list[NodeRecord] | None = None  # one head per store: its own writes are all
         try:
             schema.metadata.create_all(self._writer)
@@ -249,7 +250,7 @@ class Store:
 
     # ---- jobs -------------------------------------------------------------------------------
 
-    def create_job(self, spec: JobSpec, now: float) -> int:
+    def create_job(self, spec: JobSpec, now: float, owner: str | None = None) -> int:
         """Insert a queued job; returns its id once the insert is durable.
 
         Group commit: submissions that arrive while another commit is in flight wait for the
@@ -258,27 +259,27 @@ class Store:
         """
         ticket: Future[int] = Future()
         with self._pending_lock:
-            self._pending.append((spec, now, ticket))
+            self._pending.append((spec, now, owner, ticket))
         with self._write_lock:
             if not ticket.done():
                 with self._pending_lock:
                     batch, self._pending = self._pending, []
                 try:
-                    ids = self._insert_jobs([(spec, now) for spec, now, _ in batch])
+                    ids = self._insert_jobs([(spec, now) for spec, now, _, _ in batch], [o for _, _, o, _ in batch])
                 except Exception as e:
-                    for _, _, t in batch:
+                    for _, _, _, t in batch:
                         t.set_exception(e)
                 else:
-                    for job_id, (_, _, t) in zip(ids, batch, strict=True):
+                    for job_id, (_, _, _, t) in zip(ids, batch, strict=True):
                         t.set_result(job_id)
         return ticket.result()
 
-    def create_jobs(self, items: list[tuple[JobSpec, float]]) -> list[int]:
+    def create_jobs(self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None) -> list[int]:
         """Insert queued jobs in one transaction; their ids, in order, once durable."""
         with self._write_lock:
-            return self._insert_jobs(items)
+            return self._insert_jobs(items, owners)
 
-    def _insert_jobs(self, items: list[tuple[JobSpec, float]]) -> list[int]:
+    def _insert_jobs(self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None) -> list[int]:
         rows = [
             {
                 "name": spec.name or "",  # unnamed jobs read back as job-<id>
@@ -295,8 +296,9 @@ class Store:
                 "attempt": 0,
                 "term_sent": False,
                 "kill_sent": False,
+                "owner": owners[n] if owners else None,
             }
-            for spec, now in items
+            for n, (spec, now) in enumerate(items)
         ]
         with self._writer.begin() as c:
             ids = [
@@ -322,12 +324,16 @@ class Store:
         states: Iterable[JobState] | None = None,
         team: str | None = None,
         limit: int | None = None,
+        teams: Iterable[str] | None = None,
     ) -> list[JobRecord]:
+        """Jobs, oldest first; `teams` keeps only those teams' jobs (what a member may see)."""
         q = select(schema.jobs).order_by(schema.jobs.c.id)
         if states is not None:
             q = q.where(schema.jobs.c.state.in_([s.value for s in states]))
         if team is not None:
             q = q.where(schema.jobs.c.team == team)
+        if teams is not None:
+            q = q.where(schema.jobs.c.team.in_(list(teams)))
         if limit is not None:
             q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit)
         with self._read() as c:
@@ -653,6 +659,7 @@ def _job(r: Any) -> JobRecord:
         progress_step=r["progress_step"],
         progress_at=r["progress_at"],
         checkpoint_step=r["checkpoint_step"],
+        owner=r["owner"],
     )
 
 

@@ -1,0 +1,108 @@
+"""Routes of telemetry and health: drain / undrain a node, read GPU samples, Prometheus /metrics.
+
+Their own module so the rest of the API stays as it was; `create_app` adds them with one call.
+Who may call what is declared per route (gpucluster.auth.rules): draining is a cluster admin's
+act; /metrics is public like /v1/health (a Prometheus scrape needs no token; it tells GPU
+readings, counts per team and state, never a job's name or command).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, FastAPI, Path, Query
+from fastapi.responses import Response
+
+from gpucluster.auth.rules import Rule, allow
+from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
+from gpucluster.models import DrainIn, GpuSampleList, GpuSampleOut, NodeOut
+from gpucluster.telemetry.metrics import CONTENT_TYPE, metrics_registry, render_metrics
+
+MAX_SAMPLES = 100_000
+NodeName = Annotated[str, Path(min_length=1, max_length=255)]
+
+
+def add_telemetry_routes(app: FastAPI, service: ClusterService, errors: dict[int | str, dict[str, Any]]) -> None:
+    router = APIRouter()
+    registry = metrics_registry(service)
+
+    def node_out(name: str) -> NodeOut:
+        for n in service.nodes():
+            if n.name == name:
+                return n
+        known = ", ".join(r.node.name for r in service.store.nodes()) or "none"
+        raise NotFound(f"no node named {name!r}; nodes: {known}")
+
+    @router.post("/v1/nodes/{name}/drain", responses=errors, openapi_extra=allow(Rule.CLUSTER_ADMIN))
+    def drain(name: NodeName, body: DrainIn | None = None) -> NodeOut:
+        """Take a node out of scheduling: no new jobs go there; its running jobs go on."""
+        node_out(name)
+        reason = (body.reason if body is not None else None) or "drained by user"
+        if service.head.telemetry.set_drained(name, True, reason, "user", service.head.clock()):
+            service.head.nodes_changed()
+        return node_out(name)
+
+    @router.post("/v1/nodes/{name}/undrain", responses=errors, openapi_extra=allow(Rule.CLUSTER_ADMIN))
+    def undrain(name: NodeName) -> NodeOut:
+        """Return a drained node to scheduling, forgetting its health problems (an ECC error or a
+        fatal XID stays until this); one still present drains it again at the next sample."""
+        node = node_out(name)
+        if not node.drained:
+            raise Conflict(f"node {name} is not drained")
+        now = service.head.clock()
+        if service.telemetry is not None:
+            service.telemetry.undrain(name, now)
+        else:
+            store = service.head.telemetry
+            store.clear_problems([k for k in store.problems() if k[0] == name])
+            store.set_drained(name, False, "undrained by user", "user", now)
+        service.head.nodes_changed()
+        return node_out(name)
+
+    @router.get("/v1/telemetry/samples", responses=errors, openapi_extra=allow(Rule.SIGNED_IN))
+    def samples(
+        node: Annotated[str | None, Query(max_length=255)] = None,
+        gpu: Annotated[int | None, Query(ge=0)] = None,
+        job: Annotated[int | None, Query(ge=1, description="only while this job held the GPU")] = None,
+        since: Annotated[float | None, Query(ge=0, description="Unix time")] = None,
+        until: Annotated[float | None, Query(ge=0, description="Unix time")] = None,
+        level: Annotated[int | None, Query(ge=0, le=2, description="0 raw, 1 minute means, 2 hour means")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_SAMPLES, description="newest N")] = 10_000,
+    ) -> GpuSampleList:
+        """Stored GPU samples, oldest first: each covers [at, at + seconds), so energy in joules
+        is the sum of power_w x seconds. Written in batches: the newest ~10 s may be missing."""
+        if since is not None and until is not None and until < since:
+            raise Rejected("until", "must not be before since")
+        rows = service.head.telemetry.samples(node=node, gpu=gpu, since=since, until=until, job_id=job, level=level)
+        return GpuSampleList(
+            samples=[
+                GpuSampleOut(
+                    node=s.node,
+                    gpu=s.gpu,
+                    at=s.at,
+                    seconds=s.seconds,
+                    level=s.level,
+                    jobs=list(s.jobs),
+                    utilization=s.utilization,
+                    memory_used_mb=s.memory_used_mb,
+                    temperature_c=s.temperature_c,
+                    power_w=s.power_w,
+                    sm_clock_mhz=s.sm_clock_mhz,
+                    memory_clock_mhz=s.memory_clock_mhz,
+                )
+                for s in rows[-limit:]
+            ]
+        )
+
+    @router.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}},
+        openapi_extra=allow(Rule.PUBLIC),
+    )
+    def metrics() -> Response:
+        """GPU readings, queue length and waits per team and priority, cycle time, jobs by state."""
+        return Response(render_metrics(registry), media_type=CONTENT_TYPE)
+
+    app.include_router(router)
+

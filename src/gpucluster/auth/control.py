@@ -1,0 +1,237 @@
+"""The head's access control: authenticate a bearer token, manage users and tokens, audit.
+
+Identities are cached in memory by token digest: every API call needs one, and this head is the
+only writer of the store, so every change (a new user, a role, a revocation) goes through here
+and clears the cache at once. Expiry is checked on every call, cached or not.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpucluster.auth import tokens as tok
+from gpucluster.auth import unix
+from gpucluster.auth.identity import CLUSTER_ADMIN, Denied, Identity, RateLimited, Unauthorized
+from gpucluster.auth.ratelimit import RateLimiter
+from gpucluster.head.service import Rejected
+from gpucluster.store import JobRecord, Store
+from gpucluster.store.access import (
+    MEMBER,
+    TEAM_ADMIN,
+    AccessConflict,
+    AccessStore,
+    AuditRecord,
+    TokenRecord,
+    UserRecord,
+)
+
+log = logging.getLogger("gpucluster.auth")
+
+DEFAULT_RATE_PER_S = 100.0  # per token; cluster admins are not limited
+JOB_KEY = "job_token_key"
+JOB_TOKEN_ENV = "GPUCLUSTER_JOB_TOKEN"
+
+
+@dataclass(frozen=True)
+class _Cached:
+    identity: Identity
+    expires_at: float | None
+
+
+class AccessControl:
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], float],
+        *,
+        rate_per_s: float = DEFAULT_RATE_PER_S,
+        burst: float | None = None,
+        run_as_submitter: bool | None = None,
+    ) -> None:
+        self.store = AccessStore(store)
+        self.clock = clock
+        self.limiter = RateLimiter(rate_per_s, burst, clock)
+        # A root head runs each job as its submitter's Unix account; any other runs them as itself.
+        self.run_as_submitter = unix.head_is_root() if run_as_submitter is None else run_as_submitter
+        self._job_key = self.store.secret(JOB_KEY)
+        self._cache: dict[str, _Cached] = {}
+        self._lock = threading.Lock()
+
+    # ---- who is calling ---------------------------------------------------------------------
+
+    def authenticate(self, token: str | None) -> Identity:
+        """The caller behind a bearer token; Unauthorized if none or not (any more) valid."""
+        if not token:
+            raise Unauthorized(
+                "no token: send `Authorization: Bearer <token>` (the CLI and SDK take --token, "
+                "GPUCLUSTER_TOKEN, or the config file `gpucluster up` writes)"
+            )
+        if len(token) > tok.MAX_TOKEN_LENGTH:
+            raise Unauthorized("token is not valid")
+        if token.startswith(tok.JOB_PREFIX):
+            job_id = tok.job_of_token(self._job_key, token)
+            if job_id is None:
+                raise Unauthorized("job token is not valid")
+            return Identity(user=f"job-{job_id}", job_id=job_id)
+        key = tok.digest(token)
+        now = self.clock()
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is None:
+            hit = self._load(key)
+        if hit.expires_at is not None and now >= hit.expires_at:
+            raise Unauthorized(f"token {hit.identity.token_id} expired; ask a cluster admin for a new one")
+        return hit.identity
+
+    def _load(self, key: str) -> _Cached:
+        record = self.store.token_by_hash(key)
+        if record is None:
+            raise Unauthorized("token is not valid (unknown)")
+        if record.revoked_at is not None:
+            raise Unauthorized(f"token {record.id} was revoked; ask a cluster admin for a new one")
+        user = self.store.user(record.user)
+        if user is None:
+            raise Unauthorized("token is not valid (its user is gone)")
+        identity = Identity(
+            user=user.name,
+            cluster_admin=user.cluster_admin,
+            teams=dict(user.teams),
+            token_id=record.id,
+            unix_user=user.unix_user,
+        )
+        cached = _Cached(identity, record.expires_at)
+        with self._lock:
+            self._cache[key] = cached
+        return cached
+
+    def _changed(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    def check_rate(self, who: Identity) -> None:
+        """RateLimited when the caller's token has spent its budget (cluster admins have none)."""
+        if who.cluster_admin:
+            return
+        key = f"job:{who.job_id}" if who.is_job else f"token:{who.token_id}"
+        wait = self.limiter.take(key)
+        if wait > 0:
+            raise RateLimited(
+                f"rate limit: more than {self.limiter.rate:g} requests/s with this token; retry in {wait:.2f} s",
+                wait,
+            )
+
+    def job_token(self, job_id: int) -> str:
+        return tok.job_token(self._job_key, job_id)
+
+    def job_env(self, job: JobRecord) -> dict[str, str]:
+        """A job's own token, for its progress reports (gpucluster.train sends it)."""
+        return {JOB_TOKEN_ENV: self.job_token(job.id)}
+
+    # ---- running jobs as their users ----------------------------------------------------------
+
+    def run_as(self, owner: str | None) -> str | None:
+        """The Unix account a job of `owner` runs as; None: the head's own."""
+        if not self.run_as_submitter or owner is None:
+            return None
+        user = self.store.user(owner)
+        return unix.account_for(owner, user.unix_user if user else None)
+
+    def check_can_run(self, who: Identity) -> None:
+        """Refuse a submission whose job could not run as its submitter."""
+        if not self.run_as_submitter:
+            return
+        account = unix.account_for(who.user, who.unix_user)
+        if not unix.account_exists(account):
+            raise Denied(
+                f"the head runs jobs as their submitter's Unix account, and there is no account {account!r} "
+                f"on it; a cluster admin can map you to one: gpucluster admin add-user ... --unix-user NAME"
+            )
+
+    def jobs_run_as(self, who: Identity) -> str:
+        if not self.run_as_submitter:
+            return unix.head_account()
+        return unix.account_for(who.user, who.unix_user)
+
+    # ---- users and tokens ---------------------------------------------------------------------
+
+    def bootstrap(self, name: str, unix_user: str | None) -> str | None:
+        """On a store with no users, create cluster admin `name` and return its token."""
+        if self.store.has_users():
+            return None
+        user = self.store.add_user(name, [], cluster_admin=True, unix_user=unix_user, now=self.clock())
+        token, _ = self.issue_token(user.name, None, "created by the first `gpucluster up`")
+        self.record(name, "add-user", f"user {name}", "cluster-admin (first start)")
+        return token
+
+    def add_user(
+        self,
+        name: str,
+        teams: list[str],
+        role: str,
+        unix_user: str | None,
+        expires_in_s: float | None,
+    ) -> tuple[UserRecord, str, int]:
+        if role != CLUSTER_ADMIN and not teams:
+            raise Rejected("teams", "a member or team admin needs at least one team (--team)")
+        if unix_user is not None and not unix.account_exists(unix_user):
+            raise Rejected("unix_user", f"there is no Unix account {unix_user!r} on the head")
+        team_role = TEAM_ADMIN if role in (TEAM_ADMIN, CLUSTER_ADMIN) else MEMBER
+        user = self.store.add_user(
+            name,
+            [(t, team_role) for t in teams],
+            cluster_admin=role == CLUSTER_ADMIN,
+            unix_user=unix_user,
+            now=self.clock(),
+        )
+        token, token_id = self.issue_token(name, expires_in_s, "")
+        self._changed()
+        return user, token, token_id
+
+    def set_membership(self, name: str, team: str, role: str | None) -> UserRecord:
+        user = self.store.set_membership(name, team, role)
+        self._changed()
+        return user
+
+    def issue_token(self, user: str, expires_in_s: float | None, note: str) -> tuple[str, int]:
+        if self.store.user(user) is None:
+            raise AccessConflict(f"no user {user!r}; see `gpucluster admin users`")
+        now = self.clock()
+        token = tok.new_token()
+        token_id = self.store.add_token(
+            user, tok.digest(token), now, now + expires_in_s if expires_in_s is not None else None, note
+        )
+        return token, token_id
+
+    def revoke(self, token_id: int) -> TokenRecord | None:
+        record = self.store.revoke(token_id, self.clock())
+        self._changed()
+        return record
+
+    def users(self) -> list[UserRecord]:
+        return self.store.users()
+
+    def user(self, name: str) -> UserRecord | None:
+        return self.store.user(name)
+
+    def tokens(self, user: str | None = None) -> list[TokenRecord]:
+        return self.store.tokens(user)
+
+    def token_status(self, t: TokenRecord) -> str:
+        if t.revoked_at is not None:
+            return "revoked"
+        if t.expires_at is not None and self.clock() >= t.expires_at:
+            return "expired"
+        return "active"
+
+    # ---- audit ------------------------------------------------------------------------------
+
+    def record(self, user: str, action: str, target: str = "", detail: str = "") -> None:
+        self.store.add_audit(self.clock(), user, action, target, detail)
+
+    def audit(
+        self, limit: int = 100, since: float | None = None, user: str | None = None, action: str | None = None
+    ) -> list[AuditRecord]:
+        return self.store.audit(limit=limit, since=since, user=user, action=action)

@@ -1,0 +1,128 @@
+"""Wire format of the admin API (users, tokens, audit), shared by the API, the client and the CLI."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpucluster.durations import parse_duration
+from gpucluster.models import Name
+
+Role = Literal["member", "team-admin", "cluster-admin"]
+MAX_EXPIRY_S = 10 * 366 * 86400
+
+
+def _expiry(value: float | str | None) -> float | None:
+    if value is None:
+        return None
+    seconds = parse_duration(value) if isinstance(value, str) else float(value)
+    if not 0 < seconds <= MAX_EXPIRY_S:
+        raise ValueError("must be between 1s and 10 years")
+    return seconds
+
+
+class UserIn(BaseModel):
+    """A new user: their teams (the first is their default), role, and Unix account."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    teams: list[Name] = Field(default_factory=list, max_length=64)
+    role: Role = "member"
+    unix_user: str | None = Field(
+        None, max_length=32, pattern=r"^[a-z_][a-z0-9_.-]*\$?$", description="[default: the user's name]"
+    )
+    expires_in: float | str | None = Field(None, description="the first token's lifetime, e.g. 90d [default: none]")
+
+    @field_validator("expires_in")
+    @classmethod
+    def _check_expiry(cls, v: float | str | None) -> float | None:
+        return _expiry(v)
+
+    @field_validator("teams")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("a team is listed twice")
+        return v
+
+
+class MembershipIn(BaseModel):
+    """Put a user in a team with a role, change it, or (role null) take them out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    team: Name
+    role: Literal["member", "team-admin"] | None = "member"
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expires_in: float | str | None = Field(None, description="e.g. 90d [default: never]")
+    note: str = Field("", max_length=256)
+
+    @field_validator("expires_in")
+    @classmethod
+    def _check_expiry(cls, v: float | str | None) -> float | None:
+        return _expiry(v)
+
+
+class TeamRole(BaseModel):
+    team: str
+    role: str
+
+
+class UserOut(BaseModel):
+    name: str
+    cluster_admin: bool
+    unix_user: str | None
+    created_at: float
+    teams: list[TeamRole]
+
+
+class TokenOut(BaseModel):
+    id: int
+    user: str
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    note: str
+    status: Literal["active", "expired", "revoked"]
+
+
+class NewToken(BaseModel):
+    """A token is shown here once; the head keeps only its SHA-256."""
+
+    token: str
+    token_id: int
+    user: UserOut
+
+
+class UserList(BaseModel):
+    users: list[UserOut]
+
+
+class TokenList(BaseModel):
+    tokens: list[TokenOut]
+
+
+class AuditEntry(BaseModel):
+    at: float
+    user: str
+    action: str
+    target: str
+    detail: str
+
+
+class AuditList(BaseModel):
+    entries: list[AuditEntry]
+
+
+class WhoAmI(BaseModel):
+    user: str
+    cluster_admin: bool
+    teams: list[TeamRole]
+    token_id: int | None
+    runs_jobs_as: str

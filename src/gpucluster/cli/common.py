@@ -1,0 +1,51 @@
+"""What CLI command modules other than main.py share (main.py keeps its own copies: importing
+it from a command module would be circular when run as `python -m gpucluster.cli.main`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from gpucluster.client import ApiError, Client, ClusterUnreachable
+from gpucluster.userconfig import ConfigError
+
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", envvar="GPUCLUSTER_URL", help="the head's URL [default: http://127.0.0.1:8642]"),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JSON only")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def client(url: str | None) -> Client:
+    try:
+        return Client(url)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except (ApiError, ClusterUnreachable) as e:
+        fail(str(e))
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def ts(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"

@@ -1,0 +1,301 @@
+"""An estimated start for every queued job: the queue replayed against a reservation profile.
+
+`decide` gives an estimate only to the job first in line per GPU model (its backfill
+reservation). Users want one for every job ("when will mine start?"), so after a plan is made
+the queue is replayed in the plan's scheduling order against when GPUs come back: running jobs
+end at their time limit (the policy's default without one; jobs stopping or being preempted
+after the grace period), jobs the plan starts run from now for their limit. Job by job, each
+is given the earliest time enough GPUs of a model it accepts are free on a node (or on the
+fewest nodes, for jobs larger than a node) and those GPUs are reserved for its time limit.
+
+This is conservative backfill over a simplified profile, so no reserved job is ever delayed by
+a later one: each GPU is free from one moment on (a heap per model and GPU count finds the node
+whose k-th GPU frees first in O(log nodes)), and the gaps a reservation leaves before it (GPUs
+idle until the reserved job can start) are kept per node, so a short single-node job further
+back can start in them, as backfill would start it. What it leaves out, knowingly: quotas and
+borrowing limits (the wait reason says when a quota holds a job), jobs that end before their
+limit (estimates are upper bounds on that account), and sharing: a fractional job is counted
+as one whole GPU.
+
+Only the first `limit` jobs in line are replayed; for the rest the replay's final state gives
+a lower bound ("not before"), because reservations only ever push free times later.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right, insort
+from collections.abc import Mapping
+from dataclasses import dataclass
+from operator import attrgetter
+
+from gpucluster.core.placement import acceptable_models
+from gpucluster.core.policy import Policy
+from gpucluster.core.reasons import WaitReason
+from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.types import Allocation, JobRequest, Plan
+
+DEFAULT_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class Estimate:
+    start: float | None  # None: no set of nodes can ever host the job as asked
+    exact: bool = True  # False: the job is past the replayed part of the queue; `start` is a lower bound
+
+
+# (free-from time, node, version of that node's times when pushed)
+_Entry = tuple[float, str, int]
+GAP_SCAN = 32  # gaps looked at per job at most, earliest first: bounds the cost per job
+
+
+@dataclass(slots=True)
+class _Gap:
+    """`gpus` GPUs of one node idle from `start` until a reservation takes them at `until`."""
+
+    start: float
+    until: float
+    gpus: int
+    node: str
+
+
+_GAP_START = attrgetter("start")
+
+
+class _Profile:
+    """For each GPU model and node, when each GPU is free from, sorted; and per model and
+    count k a heap of nodes by the time their k-th GPU is free (stale entries skipped)."""
+
+    def __init__(self, snapshot: Snapshot, free_from: dict[tuple[str, int], float]) -> None:
+        self.times: dict[tuple[str, str], list[float]] = {}
+        self.version: dict[tuple[str, str], int] = {}
+        self.model_memory: dict[str, int] = {}
+        self.node_size: dict[str, int] = {}
+        for node in snapshot.nodes:
+            for g in node.gpus:
+                self.times.setdefault((g.model, node.name), []).append(free_from[(node.name, g.index)])
+                mem = self.model_memory.get(g.model)
+                self.model_memory[g.model] = g.memory_mb if mem is None else min(mem, g.memory_mb)
+        self.models_by_memory = sorted(self.model_memory, key=lambda m: (self.model_memory[m], m))
+        self.heaps: dict[str, list[list[_Entry]]] = {}
+        self.gaps: dict[str, list[_Gap]] = {}  # per model, by `start`
+        for (model, name), ts in self.times.items():
+            ts.sort()
+            self.version[(model, name)] = 0
+            self.node_size[model] = max(self.node_size.get(model, 0), len(ts))
+        for model, size in self.node_size.items():
+            self.heaps[model] = [[] for _ in range(size + 1)]
+        for (model, name), ts in self.times.items():
+            levels = self.heaps[model]
+            for k in range(1, len(ts) + 1):
+                levels[k].append((ts[k - 1], name, 0))
+        for levels in self.heaps.values():
+            for h in levels:
+                heapq.heapify(h)
+
+    def _valid(self, model: str, entry: _Entry) -> bool:
+        return self.version[(model, entry[1])] == entry[2]
+
+    def peek(self, model: str, k: int) -> _Entry | None:
+        """The node whose k-th GPU of `model` is free soonest."""
+        h = self.heaps[model][k]
+        while h and not self._valid(model, h[0]):
+            heapq.heappop(h)
+        return h[0] if h else None
+
+    def pop(self, model: str, k: int, count: int) -> list[_Entry]:
+        """The `count` nodes (fewer if there are not so many) whose k-th GPU is free soonest."""
+        h = self.heaps[model][k]
+        out: list[_Entry] = []
+        while h and len(out) < count:
+            e = heapq.heappop(h)
+            if self._valid(model, e):
+                out.append(e)
+        return out
+
+    def find_gap(self, model: str, n: int, duration: float, earliest: float, before: float) -> _Gap | None:
+        """The gap, starting before `before`, where `n` GPUs of one node are idle for
+        `duration` soonest; None if none of the first GAP_SCAN looked at serves."""
+        gaps = self.gaps.get(model)
+        if not gaps:
+            return None
+        if gaps[0].until <= earliest:  # stretches over before anyone could use them
+            gaps[:] = [g for g in gaps if g.until > earliest]
+        for scanned, g in enumerate(gaps):
+            start = g.start if g.start > earliest else earliest
+            if start >= before or scanned >= GAP_SCAN:
+                return None
+            if g.gpus >= n and start + duration <= g.until:
+                return g
+        return None
+
+    def take_gap(self, model: str, gap: _Gap, n: int) -> None:
+        gap.gpus -= n  # the rest of the gap stays open for others
+        if gap.gpus == 0:
+            self.gaps[model].remove(gap)
+
+    def push_back(self, model: str, k: int, entries: list[_Entry]) -> None:
+        for e in entries:
+            heapq.heappush(self.heaps[model][k], e)
+
+    def reserve(self, model: str, node: str, gpus: int, start: float, end: float) -> None:
+        """Hold `gpus` GPUs of the node from `start` to `end`: those free latest by `start`,
+        so GPUs free earlier stay open for jobs further back."""
+        key = (model, node)
+        ts = self.times[key]
+        j = bisect_right(ts, start)
+        idle: dict[float, int] = {}
+        for t in ts[j - gpus : j]:
+            if t < start:
+                idle[t] = idle.get(t, 0) + 1
+        gaps = self.gaps.setdefault(model, [])
+        for t, count in idle.items():
+            insort(gaps, _Gap(t, start, count, node), key=_GAP_START)
+        del ts[j - gpus : j]
+        for _ in range(gpus):
+            ts.insert(bisect_right(ts, end), end)
+        ver = self.version[key] = self.version[key] + 1
+        levels = self.heaps[model]
+        for k in range(1, len(ts) + 1):
+            heapq.heappush(levels[k], (ts[k - 1], node, ver))
+
+
+def _demand(job: JobRequest) -> int:
+    """Whole GPUs the job waits for: its minimum size if elastic; one for a fraction."""
+    if job.min_gpus is not None and job.min_gpus < job.gpus:
+        return job.min_gpus
+    return max(1, int(job.gpus))
+
+
+def _free_from(snapshot: Snapshot, policy: Policy, now: float, plan: Plan) -> dict[tuple[str, int], float]:
+    """When each GPU is expected back: running jobs' ends and the plan's starts' ends."""
+    free = {(n.name, g.index): now for n in snapshot.nodes for g in n.gpus}
+    grace = policy.preemption.grace_period_s
+    stopping = {p.job_id for p in plan.preemptions}
+
+    def hold(allocation: Allocation, until: float) -> None:
+        for s in allocation.slices:
+            for i in s.gpu_indices:
+                key = (s.node, i)
+                if key in free and until > free[key]:
+                    free[key] = until
+
+    for j in snapshot.running:
+        if j.stopping or j.job_id in stopping:
+            end = now + grace
+        else:
+            end = j.started_at + (j.time_limit_s or policy.default_time_limit_s)
+        hold(j.allocation, max(end, now))
+    limits = {q.job_id: q.time_limit_s for q in snapshot.queued}
+    for st in plan.starts:
+        hold(st.allocation, now + (limits.get(st.job_id) or policy.default_time_limit_s))
+    return free
+
+
+def estimate_starts(
+    snapshot: Snapshot, policy: Policy, now: float, plan: Plan, limit: int = DEFAULT_LIMIT
+) -> dict[int, Estimate]:
+    """An estimate for every job `plan` has waiting, replaying at most `limit` of them exactly.
+
+    Pure: the same snapshot, policy, time and plan always give the same estimates.
+    """
+    profile = _Profile(snapshot, _free_from(snapshot, policy, now, plan))
+    queued: Mapping[int, JobRequest] = {q.job_id: q for q in snapshot.queued}
+    out: dict[int, Estimate] = {}
+    bounds: dict[tuple[object, ...], float | None] = {}
+    kinds: dict[tuple[object, ...], list[str]] = {}  # models a kind of request accepts
+    replayed = 0
+    for job_id, wait in plan.waiting.items():
+        job = queued.get(job_id)
+        if job is None:
+            continue
+        if wait.reason is WaitReason.NO_FIT:
+            out[job_id] = Estimate(None)
+            continue
+        earliest = max(now, job.not_before or now, wait.estimated_start or now)
+        kind = (job.gpu_types, job.gpu_memory_mb, job.min_gpu_memory_mb)
+        models = kinds.get(kind)
+        if models is None:
+            models = kinds[kind] = acceptable_models(job, profile.model_memory, profile.models_by_memory)
+        n = _demand(job)
+        if replayed >= limit:
+            key = (tuple(models), n, job.nodes)
+            if key not in bounds:
+                bounds[key] = _lower_bound(profile, models, n, job.nodes)
+            bound = bounds[key]
+            out[job_id] = Estimate(None if bound is None else max(bound, earliest), exact=False)
+            continue
+        replayed += 1
+        out[job_id] = Estimate(_replay(profile, job, models, n, earliest, policy))
+    return out
+
+
+def _lower_bound(profile: _Profile, models: list[str], n: int, nodes: int | None) -> float | None:
+    best: float | None = None
+    for model in models:
+        k = _level(profile, model, n, nodes)
+        e = None if k is None else profile.peek(model, k)
+        if e is not None and (best is None or e[0] < best):
+            best = e[0]
+    return best
+
+
+def _level(profile: _Profile, model: str, n: int, nodes: int | None) -> int | None:
+    """Which per-node GPU count the job's shape is looked up by on `model`; None: never fits."""
+    size = profile.node_size[model]
+    if nodes:
+        per = n // nodes
+        return per if 1 <= per <= size else None
+    return n if n <= size else size
+
+
+def _replay(
+    profile: _Profile, job: JobRequest, models: list[str], n: int, earliest: float, policy: Policy
+) -> float | None:
+    """The earliest start of `job` on the models it accepts (earlier preference wins ties),
+    reserving its GPUs there for its time limit; None if no model can host it."""
+    best: tuple[float, str, int, list[tuple[str, int]], list[_Entry]] | None = None
+    popped: list[tuple[str, int, list[_Entry]]] = []
+    for model in models:
+        k = _level(profile, model, n, job.nodes)
+        if k is None:
+            continue
+        size = profile.node_size[model]
+        if job.nodes is None and n <= size:
+            e = profile.peek(model, k)
+            if e is None:
+                continue
+            slot, picks, taken = e[0], [(e[1], n)], []
+        else:
+            count = job.nodes if job.nodes else -(-n // size)
+            taken = profile.pop(model, k, count)
+            popped.append((model, k, taken))
+            if len(taken) < count:
+                continue
+            slot = max(e[0] for e in taken)
+            picks = [(e[1], k) for e in taken]
+            if not job.nodes:
+                picks[-1] = (picks[-1][0], n - k * (count - 1))
+        if best is None or slot < best[0]:
+            best = (slot, model, k, picks, taken)
+    for model, k, taken in popped:
+        if best is None or taken is not best[4]:
+            profile.push_back(model, k, taken)
+    if best is None:
+        return None
+    start = max(best[0], earliest)
+    duration = job.time_limit_s or policy.default_time_limit_s
+    if job.nodes is None:
+        hole: tuple[float, str, _Gap] | None = None
+        for model in models:
+            if n <= profile.node_size[model]:
+                gap = profile.find_gap(model, n, duration, earliest, start if hole is None else hole[0])
+                if gap is not None:
+                    hole = (max(gap.start, earliest), model, gap)
+        if hole is not None:
+            profile.take_gap(hole[1], hole[2], n)
+            return hole[0]  # backfilled into a gap: nothing else to reserve
+    end = start + duration
+    for node, gpus in best[3]:
+        profile.reserve(best[1], node, gpus, start, end)
+    return start

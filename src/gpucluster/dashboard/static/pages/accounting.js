@@ -1,0 +1,119 @@
+// The accounting panel of the usage page: GPU-hours, cost, energy, utilisation and lost work per
+// team over the last 30 days (GET /v1/usage), and each budget against what its team spent in the
+// current period (GET /v1/budgets). A head without these endpoints gets "no accounting data yet".
+
+import { barChart } from "../charts.js";
+import { fmtNumber, fmtTime, h, table } from "../ui.js";
+
+// Accounting endpoints, found in the head's OpenAPI document (GET, no path parameters).
+export const ACCOUNTING_PATH = /^\/v1\/(usage|budgets?|accounting|costs?)(\/[^{}]*)?$/;
+
+const num = (v, digits = 2) => h("td", { class: "num" }, v === null || v === undefined ? "-" : fmtNumber(v, digits));
+
+function usageRow(r, isTotal) {
+  return h(
+    "tr",
+    { "data-usage": r.key, class: isTotal ? "total" : "" },
+    h("td", {}, isTotal ? "total" : r.key),
+    num(r.gpu_hours),
+    num(r.cost),
+    num(r.energy_kwh, 3),
+    h("td", { class: "num" }, r.utilization === null || r.utilization === undefined ? "-" : `${fmtNumber(r.utilization, 0)}%`),
+    num(r.lost_gpu_hours_failures),
+    num(r.lost_gpu_hours_preemption),
+    num(r.jobs, 0),
+  );
+}
+
+/** GET /v1/usage: {by, since, until, rows: [{key, gpu_hours, cost, energy_kwh, utilization, ...}], total}. */
+function usageSection(body) {
+  const rows = body.rows || [];
+  const since = body.since ? `since ${fmtTime(body.since)}` : "all time";
+  const out = [h("h3", {}, `GPU time and cost by ${body.by || "team"}, ${since}`)];
+  if (!rows.length) return [...out, h("p", { class: "empty" }, "No usage recorded yet.")];
+  const priced = rows.some((r) => r.cost > 0);
+  out.push(
+    barChart(
+      rows.map((r) => ({ label: r.key, values: [priced ? r.cost : r.gpu_hours] })),
+      [priced ? "cost" : "GPU-hours"],
+      { testid: "usage-chart" },
+    ),
+  );
+  out.push(
+    table(
+      [body.by || "team", "GPU-hours", "cost", "energy kWh", "utilisation", "lost to failures (GPU-h)", "lost to preemption (GPU-h)", "jobs"],
+      [...rows.map((r) => usageRow(r, false)), ...(body.total ? [usageRow(body.total, true)] : [])],
+      { testid: "usage", empty: "No rows." },
+    ),
+  );
+  return out;
+}
+
+function spentOf(b, what) {
+  const limit = b[`${what}_limit`];
+  return limit === null || limit === undefined ? "-" : `${fmtNumber(b[`${what}_spent`], 2)} of ${fmtNumber(limit, 2)}`;
+}
+
+/** GET /v1/budgets: {budgets: [{team, period, period_end, money_limit, money_spent, gpu_hours_*, over, held, held_jobs}]}. */
+function budgetSection(body) {
+  const rows = body.budgets || [];
+  const out = [h("h3", {}, "Budgets")];
+  if (!rows.length) return [...out, h("p", { class: "empty" }, "No budgets are set.")];
+  out.push(
+    barChart(
+      rows.map((b) => {
+        const money = b.money_limit !== null && b.money_limit !== undefined;
+        return {
+          label: `${b.team} (${money ? "money" : "GPU-h"})`,
+          values: [money ? b.money_spent : b.gpu_hours_spent],
+          limit: money ? b.money_limit : b.gpu_hours_limit,
+        };
+      }),
+      ["spent this period (line: budget)"],
+      { testid: "budget-chart" },
+    ),
+  );
+  out.push(
+    table(
+      ["team", "period", "rolls over", "money", "GPU-hours", "when over", "state"],
+      rows.map((b) =>
+        h(
+          "tr",
+          { "data-budget": b.team },
+          h("td", {}, b.team),
+          h("td", {}, b.period),
+          h("td", {}, fmtTime(b.period_end)),
+          h("td", { class: "num" }, spentOf(b, "money")),
+          h("td", { class: "num" }, spentOf(b, "gpu_hours")),
+          h("td", {}, b.on_exceed === "stop" ? "running jobs stopped" : "running jobs finish"),
+          h("td", { class: b.over ? "bad" : "", title: b.held || "" }, b.over ? `over: ${b.held_jobs} job(s) held` : "ok"),
+        ),
+      ),
+      { testid: "budgets", empty: "No budgets are set." },
+    ),
+  );
+  return out;
+}
+
+/** The panel's elements for `data` ({path: body}), or the empty state for null. */
+export function accountingPanel(data) {
+  const title = h("h2", {}, "Cost and budgets");
+  if (!data) {
+    return [
+      title,
+      h("p", { class: "empty", "data-testid": "no-accounting" },
+        "No accounting data yet: this head does not report GPU-hours, cost or budgets."),
+    ];
+  }
+  const out = [title];
+  for (const [path, body] of Object.entries(data).sort(([a], [b]) => (a.includes("usage") ? -1 : b.includes("usage") ? 1 : 0))) {
+    if (body && body.error && body.status) {
+      out.push(h("p", { class: "flash bad" }, `${path}: ${body.error}`));
+    } else if (path.includes("budget")) {
+      out.push(...budgetSection(body || {}));
+    } else {
+      out.push(...usageSection(body || {}));
+    }
+  }
+  return out;
+}

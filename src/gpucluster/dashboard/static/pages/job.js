@@ -1,0 +1,243 @@
+// One job: its spec, state and why, every state change, every attempt with what it lost, its
+// progress, and its log following live. Cancel and requeue go through the same API as the CLI.
+
+import { api, ApiError, hasEndpoint } from "../api.js";
+import { lineChart } from "../charts.js";
+import { LogTail } from "../logtail.js";
+import {
+  fmtAllocation,
+  fmtDuration,
+  fmtMemory,
+  fmtNumber,
+  fmtTime,
+  gpusLabel,
+  fill,
+  h,
+  relative,
+  stateBadge,
+  table,
+  tick,
+  unchanged,
+  utilColour,
+} from "../ui.js";
+
+const TERMINAL = ["succeeded", "failed", "cancelled"];
+
+function field(label, ...value) {
+  return [h("dt", {}, label), h("dd", {}, ...value)];
+}
+
+function specFields(job) {
+  const s = job.spec;
+  const mode = s.per_gpu ? "one process per GPU" : s.launcher ? `${s.launcher} per node` : "one process";
+  return h(
+    "dl",
+    { class: "fields" },
+    field("team", s.team),
+    field("priority", s.priority),
+    field("GPUs", gpusLabel(s), s.gpu_type ? ` × ${[s.gpu_type].flat().join(" or ")}` : ""),
+    s.nodes ? field("nodes", s.nodes) : null,
+    field("mode", mode),
+    field("command", h("code", {}, s.shell ? s.command[0] : s.command.map(quote).join(" "))),
+    s.workdir ? field("workdir", h("code", {}, s.workdir)) : null,
+    field("time limit", s.time_limit ? fmtDuration(s.time_limit) : "none"),
+    field("restarts", `${job.restarts} of ${s.max_restarts}`),
+    field("submitted", fmtTime(job.submitted_at)),
+    job.started_at ? field("started", fmtTime(job.started_at)) : null,
+    job.ended_at ? field("ended", fmtTime(job.ended_at)) : null,
+    job.started_at ? field("ran", fmtDuration((job.ended_at ?? Date.now() / 1000) - job.started_at)) : null,
+    job.exit_code !== null ? field("exit code", job.exit_code) : null,
+    job.allocation.length ? field("GPUs held", h("code", {}, fmtAllocation(job.allocation))) : null,
+    job.estimated_start ? field("estimated start", relative(job.estimated_start)) : null,
+    job.not_before && job.state === "queued" ? field("restart not before", relative(job.not_before)) : null,
+  );
+}
+
+function quote(arg) {
+  return /^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replaceAll("'", "'\\''")}'`;
+}
+
+function progressFields(progress) {
+  if (!progress) return null;
+  return h(
+    "dl",
+    { class: "fields" },
+    progress.step !== null ? field("step", fmtNumber(progress.step, 0)) : null,
+    progress.reported_at ? field("reported", relative(progress.reported_at)) : null,
+    progress.checkpoint_at ? field("last checkpoint", relative(progress.checkpoint_at)) : null,
+    progress.checkpoint_step !== null ? field("checkpoint step", fmtNumber(progress.checkpoint_step, 0)) : null,
+  );
+}
+
+function eventRows(job) {
+  return job.events.map((e) =>
+    h("tr", {}, h("td", {}, fmtTime(e.at)), h("td", {}, stateBadge(e.state)), h("td", { class: "reason" }, e.reason)),
+  );
+}
+
+function attemptRows(job) {
+  return job.attempts.map((a) =>
+    h(
+      "tr",
+      { "data-attempt": a.attempt },
+      h("td", { class: "num" }, a.attempt),
+      h("td", {}, fmtTime(a.started_at)),
+      h("td", {}, a.started_at ? fmtDuration((a.ended_at ?? Date.now() / 1000) - a.started_at) : ""),
+      h("td", { class: "num" }, fmtNumber(a.gpus, 2)),
+      h("td", { class: "mono" }, fmtAllocation(a.allocation)),
+      h("td", {}, stateBadge(a.outcome)),
+      h("td", { class: "reason" }, a.reason),
+      h("td", { class: "mono" }, a.exit_codes.map((c) => (c === null ? "lost" : c)).join(" ")),
+      h("td", {}, a.work_lost_s !== null ? fmtDuration(a.work_lost_s) : ""),
+    ),
+  );
+}
+
+const SAMPLES = "/v1/telemetry/samples";
+const SAMPLE_WINDOW_S = 3600;
+
+/** Utilisation of the job's GPUs over (at most) the last hour of its latest attempt, per GPU. */
+async function utilisationSeries(job) {
+  const end = job.ended_at ?? Date.now() / 1000;
+  const since = Math.max(job.started_at, end - SAMPLE_WINDOW_S);
+  const body = await api(`${SAMPLES}?job=${job.id}&since=${since}&limit=2000`);
+  const byGpu = new Map();
+  for (const s of body.samples) {
+    if (s.utilization === null || s.utilization === undefined) continue;
+    const key = `${s.node} GPU ${s.gpu}`;
+    if (!byGpu.has(key)) byGpu.set(key, []);
+    byGpu.get(key).push([s.at, s.utilization]);
+  }
+  return [...byGpu].map(([name, points]) => ({ name, points }));
+}
+
+function telemetrySection(job, series) {
+  const now = job.gpu_usage.map((u) =>
+    h("span", {
+      class: "chip",
+      title: `read ${fmtTime(u.at)}`,
+      style: u.utilization !== null ? { background: utilColour(u.utilization) } : undefined,
+    }, `${u.node}:${u.gpu} `,
+      u.utilization !== null ? `${fmtNumber(u.utilization, 0)}%` : "?",
+      u.memory_mb !== null ? ` · ${fmtMemory(u.memory_mb)}` : ""),
+  );
+  if (!now.length && !(series && series.length)) return [];
+  return [
+    h("h2", {}, "GPU utilisation"),
+    now.length ? h("p", { "data-testid": "gpu-usage" }, "now: ", now) : null,
+    series ? lineChart(series, { max: 100, format: (v) => `${fmtNumber(v, 0)}%`, testid: "utilisation-chart" }) : null,
+  ];
+}
+
+export function jobPage(root, id) {
+  const log = new LogTail(id);
+  const head = h("div");
+  const details = h("div");
+  const telemetry = h("div");
+  let samplesDone = false; // an ended attempt's samples are fetched once
+  const attemptSelect = h("select", { "aria-label": "attempt" });
+  const rankInput = h("input", { type: "number", min: 0, value: 0, "aria-label": "rank", class: "rank" });
+  const rankLabel = h("label", { hidden: true }, " rank ", rankInput);
+  const flash = h("p", { class: "flash", hidden: true });
+  let job = null;
+  let chosenAttempt = "latest";
+
+  async function refreshTelemetry() {
+    const running = job.state === "running";
+    if (!job.started_at || (!running && samplesDone) || job.gpu_usage === undefined) return;
+    const series = (await hasEndpoint(SAMPLES)) ? await utilisationSeries(job) : null;
+    samplesDone = !running;
+    if (!unchanged(telemetry, [job.gpu_usage, series])) fill(telemetry, telemetrySection(job, series));
+  }
+
+  async function act(action) {
+    flash.hidden = true;
+    try {
+      await api(`/v1/jobs/${id}/${action}`, { method: "POST" });
+    } catch (e) {
+      flash.textContent = `${action}: ${e.message}`;
+      flash.className = "flash bad";
+      flash.hidden = false;
+    }
+  }
+
+  function followLog() {
+    const latest = job.attempt;
+    const attempt = chosenAttempt === "latest" ? latest : Number(chosenAttempt);
+    const distributed = job.spec.per_gpu || Boolean(job.spec.launcher);
+    rankLabel.hidden = !distributed;
+    log.follow(attempt, distributed ? Math.max(0, Number(rankInput.value) || 0) : null);
+  }
+
+  attemptSelect.addEventListener("change", () => {
+    chosenAttempt = attemptSelect.value;
+    followLog();
+  });
+  rankInput.addEventListener("change", followLog);
+
+  fill(root,
+    head,
+    flash,
+    details,
+    telemetry,
+    h("h2", {}, "Log ", h("span", { class: "controls" }, h("label", {}, "attempt ", attemptSelect), rankLabel)),
+    log.el,
+  );
+
+  return {
+    title: `Job ${id}`,
+    async refresh() {
+      try {
+        job = await api(`/v1/jobs/${id}`);
+      } catch (e) {
+        if (!(e instanceof ApiError && e.status === 404)) throw e;
+        if (!unchanged(head, "missing")) fill(head, h("h1", {}, `Job ${id}`), h("p", { class: "flash bad" }, e.message));
+        return;
+      }
+      const live = !TERMINAL.includes(job.state);
+      if (!unchanged(head, [job.name, job.state, job.reason, job.flags])) {
+        fill(head,
+          h("h1", { "data-testid": "job-title" }, `Job ${job.id}: ${job.name} `, stateBadge(job.state)),
+          h("p", { class: "reason", "data-testid": "job-reason" }, job.reason),
+          (job.flags || []).map((f) => h("p", { class: "flash bad", "data-flag": f.flag }, `${f.flag}: ${f.message}`)),
+          h(
+            "div",
+            { class: "actions" },
+            live ? h("button", { type: "button", onclick: () => act("cancel") }, "Cancel") : null,
+            job.state === "running"
+              ? h("button", { type: "button", onclick: () => act("requeue"), title: "checkpoint and requeue" }, "Requeue")
+              : null,
+          ),
+        );
+      }
+      if (!unchanged(details, job)) {
+        fill(details,
+          specFields(job),
+          job.progress ? h("h2", {}, "Progress") : null,
+          progressFields(job.progress),
+          h("h2", {}, "State history"),
+          table(["at", "state", "reason"], eventRows(job), { testid: "events" }),
+          h("h2", {}, "Attempts"),
+          table(
+            ["#", "started", "ran", "GPUs", "where", "outcome", "reason", "exit codes", "work lost"],
+            attemptRows(job),
+            { empty: "Not started yet.", testid: "attempts" },
+          ),
+        );
+      }
+      if (attemptSelect.options.length !== job.attempt + 1) {
+        fill(attemptSelect,
+          h("option", { value: "latest" }, "latest"),
+          ...Array.from({ length: job.attempt }, (_, i) => h("option", { value: i + 1 }, String(i + 1))),
+        );
+        attemptSelect.value = chosenAttempt;
+      }
+      followLog();
+      await refreshTelemetry();
+      tick(root);
+    },
+    dispose() {
+      log.stop();
+    },
+  };
+}

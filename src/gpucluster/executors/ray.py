@@ -1,0 +1,315 @@
+"""Runs jobs on the nodes of a Ray cluster, each process exactly where the scheduler placed it.
+
+The scheduler picked nodes and GPU indices; this executor hands each node's share of an attempt
+to that node's agent (`ray_agent.NodeAgent`, a detached actor pinned to the node), which starts
+the processes with the local executor's shim: same environment, sessions, signals (SIGTERM,
+grace, SIGKILL), exit records. Which node a process belongs to is its GPUCLUSTER_NODE.
+
+Logs: a monitor thread asks every agent, every SYNC_EVERY_S, for the state of its attempts and
+their new output from the head's offsets (one call per node), and appends it to the head's log
+files, so `gpucluster logs` follows remote output live. A process reads as ended only once its
+output has been copied in full.
+
+Handle: {"ray": [{"node", "node_id", "actor", "handle" (the agent's local handle), "run_dir"
+(on the node), "ranks" (global rank of each local process), "logs" (head side), "remote_logs"}],
+"run_dir": head run dir} plus, for several processes, "ranks"/"expected"/"marker" as the local
+executor's. `RUN_DIR/ray-launch.json` is written before the first agent call, so `recover`
+finds the agents of an attempt whose launch the head did not live to record.
+
+A node's death is the inventory's business (the head stops its jobs as "node down" first); a
+process there reads Lost only once the inventory knows the node is gone, or when its agent has
+not answered for AGENT_SILENT_S while Ray still calls the node alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal as signals
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from gpucluster.executors.base import (
+    Handle,
+    LaunchError,
+    LaunchSpec,
+    Lost,
+    ProcessSpec,
+    Running,
+    Status,
+    combined,
+    expected_processes,
+)
+from gpucluster.executors.ray_agent import LOG_CHUNK
+from gpucluster.executors.ray_nodes import CALL_TIMEOUT_S, RayInventory
+
+log = logging.getLogger("gpucluster.ray")
+
+SYNC_EVERY_S = 0.25
+AGENT_SILENT_S = 15.0  # an agent on a node Ray calls alive that does not answer for this long
+MANIFEST = "ray-launch.json"
+LAUNCH_TIMEOUT_S = 60.0
+
+
+class RayExecutor:
+    def __init__(self, inventory: RayInventory, sync_every_s: float = SYNC_EVERY_S) -> None:
+        self.inventory = inventory
+        self._every = sync_every_s
+        self._lock = threading.Lock()
+        self._watched: dict[str, Handle] = {}  # head run dir -> handle
+        self._status: dict[tuple[str, int], list[Status]] = {}  # (run dir, entry) -> per local process
+        self._silent_since: dict[str, float] = {}  # Ray node id -> first unanswered sync
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._monitor, name="ray-monitor", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    # ---- Executor ---------------------------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec) -> Handle:
+        multi = bool(spec.processes)
+        procs = list(spec.processes) or [ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path)]
+        by_node: dict[str, list[tuple[int, ProcessSpec]]] = defaultdict(list)
+        for rank, p in enumerate(procs):
+            node = p.env.get("GPUCLUSTER_NODE")
+            if not node:
+                raise LaunchError(f"process {rank} has no GPUCLUSTER_NODE: nowhere to run it")
+            by_node[node].append((rank, p))
+        entries: list[dict[str, Any]] = []
+        local_specs = []
+        for node, members in by_node.items():
+            agent = self.inventory.agent(node)
+            if agent is None:
+                raise LaunchError(f"node {node} is not up in the Ray cluster")
+            local_run = Path(agent.root) / "jobs" / str(spec.job_id) / f"attempt-{spec.attempt}"
+            if multi:
+                local_procs = tuple(
+                    ProcessSpec(p.argv, p.env, local_run / f"rank-{i}", local_run / f"rank-{i}" / "output.log")
+                    for i, (_, p) in enumerate(members)
+                )
+                local = LaunchSpec(
+                    spec.job_id, spec.attempt, spec.argv, members[0][1].env, spec.workdir, local_run,
+                    local_run / "output.log", processes=local_procs, marker=spec.marker, user=spec.user,
+                )  # fmt: skip
+            else:
+                local = LaunchSpec(
+                    spec.job_id, spec.attempt, spec.argv, spec.env, spec.workdir, local_run,
+                    local_run / "output.log", user=spec.user,
+                )  # fmt: skip
+            entries.append(
+                {
+                    "node": node,
+                    "node_id": agent.node_id,
+                    "actor": agent.actor,
+                    "run_dir": str(local_run),
+                    "ranks": [r for r, _ in members],
+                    "logs": [str(p.log_path) for _, p in members],
+                    "remote_logs": [str(lp.log_path) for lp in (local.processes or (local,))],
+                }
+            )
+            local_specs.append(local)
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        for p in procs:
+            p.log_path.parent.mkdir(parents=True, exist_ok=True)
+            p.log_path.touch()
+        public = [{k: v for k, v in e.items() if k != "actor"} for e in entries]
+        manifest = {"multi": multi, "expected": len(procs), "marker": spec.marker, "nodes": public}
+        _write_json(spec.run_dir / MANIFEST, manifest)  # before any process exists: `recover` reads it
+        refs = [e["actor"].launch.remote(local) for e, local in zip(entries, local_specs, strict=True)]
+        handles: list[Handle | None] = []
+        error: str | None = None
+        for e, ref in zip(entries, refs, strict=True):
+            try:
+                handles.append(ray.get(ref, timeout=LAUNCH_TIMEOUT_S))
+            except LaunchError as ex:  # Ray re-raises the agent's exception as its own type too
+                handles.append(None)
+                error = error or _cause(ex)
+            except (ray.exceptions.RayError, OSError) as ex:
+                handles.append(None)
+                error = error or f"node {e['node']}: {_cause(ex)}"
+        handle: Handle = {
+            "ray": [{**pub, "handle": h} for pub, h in zip(public, handles, strict=True) if h is not None],
+            "run_dir": str(spec.run_dir),
+        }
+        if multi:
+            handle.update(
+                ranks=[{"rank": r} for e in handle["ray"] for r in e["ranks"]], expected=len(procs), marker=spec.marker
+            )
+        if error is not None:
+            self.signal(handle, signals.SIGKILL)
+            self.cleanup(handle)
+            raise LaunchError(error)
+        self._watch(handle)
+        return handle
+
+    def recover(self, run_dir: Path) -> Handle | None:
+        try:
+            manifest = json.loads((run_dir / MANIFEST).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        entries = []
+        found: list[int] = []
+        for e in manifest["nodes"]:
+            agent = self.inventory.agent(e["node"])
+            if agent is None or agent.node_id != e["node_id"]:
+                continue
+            try:
+                local = ray.get(agent.actor.recover.remote(e["run_dir"]), timeout=CALL_TIMEOUT_S)
+            except ray.exceptions.RayError:
+                continue
+            if local is None:
+                continue
+            entries.append({**e, "handle": local})
+            found += [e["ranks"][int(r["rank"])] for r in local["ranks"]] if "ranks" in local else e["ranks"]
+        if not entries:
+            return None
+        handle: Handle = {"ray": entries, "run_dir": str(run_dir)}
+        if manifest["multi"]:
+            handle.update(ranks=[{"rank": r} for r in sorted(found)], expected=int(manifest["expected"]))
+            if manifest.get("marker"):
+                handle["marker"] = manifest["marker"]
+        self._watch(handle)
+        return handle
+
+    def poll(self, handle: Handle) -> Status:
+        return combined(self.poll_ranks(handle))
+
+    def poll_ranks(self, handle: Handle) -> list[Status]:
+        self._watch(handle)
+        out: list[Status] = [Lost("this rank was never started")] * expected_processes(handle)
+        for i, e in enumerate(handle["ray"]):
+            statuses = self._entry_status(handle, i, e)
+            for local_i, rank in enumerate(e["ranks"]):
+                if local_i < len(statuses):
+                    out[rank] = statuses[local_i]
+        return out
+
+    def signal(self, handle: Handle, signum: int) -> None:
+        self._call_all(handle, lambda actor, e: actor.signal.remote(e["handle"], signum))
+
+    def cleanup(self, handle: Handle) -> None:
+        self._call_all(handle, lambda actor, e: actor.cleanup.remote(e["handle"], e["run_dir"]))
+        run_dir = str(handle["run_dir"])
+        with self._lock:
+            self._watched.pop(run_dir, None)
+            for i in range(len(handle["ray"])):
+                self._status.pop((run_dir, i), None)
+
+    # ---- state of an attempt ----------------------------------------------------------------
+
+    def _entry_status(self, handle: Handle, i: int, e: dict[str, Any]) -> list[Status]:
+        n = len(e["ranks"])
+        agent = self.inventory.agent(e["node"])
+        if agent is None or agent.node_id != e["node_id"]:
+            if self.inventory.starting(e["node_id"]):
+                return [Running()] * n  # its agent is being found again after a head restart
+            return [Lost(f"node {e['node']} is down")] * n
+        silent = self._silent_since.get(agent.node_id)
+        if silent is not None and time.monotonic() - silent > AGENT_SILENT_S:
+            return [Lost(f"the gpucluster agent on node {e['node']} does not answer")] * n
+        with self._lock:
+            cached = self._status.get((str(handle["run_dir"]), i))
+        return cached if cached is not None else [Running()] * n  # the first sync comes shortly
+
+    def _watch(self, handle: Handle) -> None:
+        with self._lock:
+            self._watched.setdefault(str(handle["run_dir"]), handle)
+
+    def _call_all(self, handle: Handle, call: Any) -> None:
+        """Call every live agent of the attempt at once; a dead node has nothing left to reach."""
+        refs = []
+        for e in handle["ray"]:
+            agent = self.inventory.agent(e["node"])
+            if agent is not None and agent.node_id == e["node_id"]:
+                refs.append(call(agent.actor, e))
+        for ref in refs:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(ref, timeout=CALL_TIMEOUT_S)
+
+    # ---- the monitor: states and logs of every watched attempt -------------------------------
+
+    def _monitor(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self.sync_once()
+            except Exception:  # keep watching; the next round retries
+                log.exception("ray monitor round failed")
+
+    def sync_once(self) -> None:
+        """One round: per agent, one call for the states and new output of all its attempts."""
+        with self._lock:
+            watched = list(self._watched.items())
+        calls: dict[str, tuple[Any, list[tuple[str, int, dict[str, Any]]]]] = {}
+        for run_dir, handle in watched:
+            for i, e in enumerate(handle["ray"]):
+                agent = self.inventory.agent(e["node"])
+                if agent is None or agent.node_id != e["node_id"]:
+                    continue
+                calls.setdefault(agent.node_id, (agent.actor, []))[1].append((run_dir, i, e))
+        if not calls:
+            return
+        refs = {}
+        for node_id, (actor, items) in calls.items():
+            args = [(e["handle"], [(r, _size(h)) for r, h in zip(e["remote_logs"], e["logs"], strict=True)])
+                    for _, _, e in items]  # fmt: skip
+            refs[node_id] = actor.sync.remote(args)
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=CALL_TIMEOUT_S)
+        done = set(ready)
+        for node_id, ref in refs.items():
+            if ref not in done:
+                self._silent_since.setdefault(node_id, time.monotonic())
+                continue
+            try:
+                results = ray.get(ref)
+            except ray.exceptions.RayError:
+                self._silent_since.setdefault(node_id, time.monotonic())
+                continue
+            self._silent_since.pop(node_id, None)
+            for (run_dir, i, e), (statuses, chunks) in zip(calls[node_id][1], results, strict=True):
+                statuses = list(statuses)
+                for k, (path, chunk) in enumerate(zip(e["logs"], chunks, strict=True)):
+                    if chunk:
+                        with open(path, "ab") as f:
+                            f.write(chunk)
+                    if len(chunk) >= LOG_CHUNK and k < len(statuses) and not isinstance(statuses[k], Running):
+                        statuses[k] = Running()  # ended, but its output is not all here yet
+                with self._lock:
+                    if run_dir in self._watched:
+                        self._status[(run_dir, i)] = statuses
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _cause(e: BaseException) -> str:
+    """The agent's own message, without Ray's traceback wrapping."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException):
+        return str(cause)
+    return str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+__all__ = ["RayExecutor"]

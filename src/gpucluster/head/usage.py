@@ -1,0 +1,132 @@
+"""Usage reports: accounting rows of a window grouped by team, user, job or GPU model.
+
+Why apart from the accountant: a report only reads (any thread, any window) and its arithmetic is
+the same for the API, the dashboard and the CLI. A row that straddles the window counts for the
+part of its accrued interval inside it (GPU-seconds and cost accrue linearly, so this is exact;
+energy and utilisation are spread evenly over the interval). Work lost counts in the window
+where its attempt ended.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpucluster.core.accounting import overlap
+from gpucluster.durations import parse_duration
+from gpucluster.models import UsageOut, UsageRowOut
+from gpucluster.store.accounting import UsageRow
+
+GROUPS = ("team", "user", "job", "gpu-model")
+_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+
+
+def parse_since(text: str, now: float) -> float | None:
+    """`30d` (that long ago), `2025-01-01` (UTC midnight) or `all`; ValueError says what is allowed."""
+    s = text.strip().lower()
+    if s == "all":
+        return None
+    m = _DATE.fullmatch(s)
+    if m:
+        try:
+            return float(calendar.timegm(time.strptime(s, "%Y-%m-%d")))
+        except ValueError:
+            raise ValueError(f"{text!r} is not a date") from None
+    try:
+        ago = parse_duration(s)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r}; give a duration (30d, 12h), a date (2025-01-31) or all") from None
+    return now - ago
+
+
+@dataclass
+class _Sum:
+    gpu_s: float = 0.0
+    cost: float = 0.0
+    energy_j: float = 0.0
+    used_s: float = 0.0
+    sampled_s: float = 0.0
+    lost_fail_s: float = 0.0
+    lost_preempt_s: float = 0.0
+    attempts: int = 0
+    jobs: set[int] = field(default_factory=set)
+
+    def add(self, row: UsageRow, since: float | None, until: float) -> None:
+        f = overlap(row.started_at, row.accrued_until, since, until)
+        ended_inside = row.final and (since is None or row.accrued_until >= since) and row.accrued_until <= until
+        if f <= 0 and not ended_inside:
+            return
+        self.gpu_s += row.gpu_seconds * f
+        self.cost += row.cost * f
+        self.energy_j += row.energy_j * f
+        self.used_s += row.used_gpu_seconds * f
+        self.sampled_s += row.sampled_gpu_seconds * f
+        if ended_inside and row.work_lost_s:
+            lost = row.work_lost_s * row.gpus
+            if row.outcome == "failed":
+                self.lost_fail_s += lost
+            elif row.outcome == "preempted":
+                self.lost_preempt_s += lost
+        self.attempts += 1
+        self.jobs.add(row.job_id)
+
+    def out(self, key: str, **labels: object) -> UsageRowOut:
+        return UsageRowOut(
+            key=key,
+            gpu_hours=self.gpu_s / 3600.0,
+            cost=self.cost,
+            energy_kwh=self.energy_j / 3.6e6,
+            utilization=100.0 * self.used_s / self.sampled_s if self.sampled_s > 0 else None,
+            lost_gpu_hours_failures=self.lost_fail_s / 3600.0,
+            lost_gpu_hours_preemption=self.lost_preempt_s / 3600.0,
+            attempts=self.attempts,
+            jobs=len(self.jobs),
+            **labels,  # type: ignore[arg-type]
+        )
+
+
+def _key(row: UsageRow, by: str) -> str:
+    if by == "team":
+        return row.team
+    if by == "user":
+        return row.owner or "-"
+    if by == "job":
+        return str(row.job_id)
+    return row.gpu_model
+
+
+def report(
+    rows: Iterable[UsageRow], by: str, since: float | None, until: float, names: dict[int, str] | None = None
+) -> UsageOut:
+    """Rows grouped by `by` (one of GROUPS), largest cost first (then GPU-hours, then key)."""
+    if by not in GROUPS:
+        raise ValueError(f"by must be one of {', '.join(GROUPS)}")
+    groups: dict[str, _Sum] = {}
+    first: dict[str, UsageRow] = {}
+    total = _Sum()
+    for row in rows:
+        k = _key(row, by)
+        groups.setdefault(k, _Sum()).add(row, since, until)
+        first.setdefault(k, row)
+        total.add(row, since, until)
+    out = []
+    for k, g in groups.items():
+        if not g.attempts:
+            continue
+        r = first[k]
+        labels: dict[str, object] = {}
+        if by == "team":
+            labels = {"team": k}
+        elif by == "user":
+            labels = {"user": r.owner}
+        elif by == "job":
+            labels = {"job_id": r.job_id, "team": r.team, "user": r.owner, "name": (names or {}).get(r.job_id)}
+            labels["gpu_model"] = r.gpu_model
+        else:
+            labels = {"gpu_model": k}
+        out.append(g.out(k, **labels))
+    out.sort(key=lambda x: (-x.cost, -x.gpu_hours, x.key))
+    return UsageOut(by=by, since=since, until=until, rows=out, total=total.out("total"))

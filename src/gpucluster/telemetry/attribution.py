@@ -1,0 +1,84 @@
+"""Which job a GPU process belongs to: NVML gives pids, the executor's handles give process groups.
+
+Every job process runs under a shim that leads its own session and process group (the handle's
+`pgid`, one per rank for a distributed job). A pid belongs to a job when it, or one of its
+ancestors, is in one of the job's groups or sessions: that also covers workers a launcher
+(torchrun) started in sessions of their own. A process orphaned out of its tree is still found
+by the `GPUCLUSTER_JOB_ID` in its environment (readable for processes of the head's user).
+
+Known limit: NVML reports pids as the host sees them; a head in a different pid namespace than
+its jobs (a container) cannot attribute them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+MAX_DEPTH = 32
+
+
+def job_groups(running: Iterable[tuple[int, Mapping[str, Any] | None]]) -> dict[int, int]:
+    """pgid -> job id, from the (job id, launch handle) of each running job."""
+    out: dict[int, int] = {}
+    for job_id, handle in running:
+        if not handle:
+            continue
+        for part in handle.get("ranks", [handle]):
+            pgid = part.get("pgid")
+            if pgid is not None:
+                out[int(pgid)] = job_id
+    return out
+
+
+class PidResolver:
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.proc_root = proc_root
+
+    def _stat(self, pid: int) -> tuple[int, int, int] | None:
+        """(ppid, pgrp, session) of a live process."""
+        try:
+            with open(f"{self.proc_root}/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return int(fields[1]), int(fields[2]), int(fields[3])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def _env_job(self, pid: int) -> int | None:
+        try:
+            with open(f"{self.proc_root}/{pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            return None
+        for item in env.split(b"\0"):
+            if item.startswith(b"GPUCLUSTER_JOB_ID="):
+                try:
+                    return int(item.split(b"=", 1)[1])
+                except ValueError:
+                    return None
+        return None
+
+    def job_of(self, pid: int, groups: Mapping[int, int]) -> int | None:
+        p = pid
+        for _ in range(MAX_DEPTH):
+            st = self._stat(p)
+            if st is None:
+                break
+            ppid, pgrp, sid = st
+            for g in (pgrp, sid):
+                if g in groups:
+                    return groups[g]
+            if ppid <= 1:
+                break
+            p = ppid
+        job = self._env_job(pid)
+        return job if job is not None and job in groups.values() else None
+
+    def resolve(self, pids: Iterable[int], groups: Mapping[int, int]) -> dict[int, int]:
+        """pid -> job id for the pids that belong to a running job."""
+        out = {}
+        for pid in pids:
+            job = self.job_of(pid, groups)
+            if job is not None:
+                out[pid] = job
+        return out

@@ -1,0 +1,104 @@
+"""The user's client configuration: which head to talk to, and the token to show it.
+
+Where: $GPUCLUSTER_CONFIG, else $XDG_CONFIG_HOME/gpucluster/config.yaml, else
+~/.config/gpucluster/config.yaml. The file holds credentials, so it is written with mode 0600
+(its directory 0700). Format:
+
+    url: https://head.example:8642     # the default head (optional)
+    token: gc_...                      # the token for any head not listed under `heads`
+    heads:                             # a token per head URL; the first `gpucluster up` adds its own
+      http://127.0.0.1:8642: gc_...
+
+Tokens per head let one user (or one test) talk to several clusters without a token meant for
+one being sent to another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_PATH = "GPUCLUSTER_CONFIG"
+
+
+class ConfigError(RuntimeError):
+    """The config file exists but cannot be used; the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    path: Path
+    url: str | None = None
+    token: str | None = None
+    heads: dict[str, str] = field(default_factory=dict)
+
+    def token_for(self, url: str) -> str | None:
+        return self.heads.get(url.rstrip("/")) or self.token
+
+
+def config_path() -> Path:
+    explicit = os.environ.get(ENV_PATH)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "gpucluster" / "config.yaml"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must be a mapping (url:, token:, heads:)")
+    return data
+
+
+def load(path: Path | None = None) -> UserConfig:
+    path = path or config_path()
+    data = _read(path)
+    heads = data.get("heads") or {}
+    if not isinstance(heads, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in heads.items()):
+        raise ConfigError(f"{path}: heads must map head URLs to tokens")
+    for key in ("url", "token"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ConfigError(f"{path}: {key} must be a string")
+    return UserConfig(
+        path=path, url=data.get("url"), token=data.get("token"), heads={k.rstrip("/"): v for k, v in heads.items()}
+    )
+
+
+def save_head_token(url: str, token: str, path: Path | None = None) -> Path:
+    """Record `token` for the head at `url`, keeping the rest of the file; mode 0600."""
+    path = path or config_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two heads starting at once must not lose an entry
+        data = _read(path)
+        found = data.get("heads")
+        heads: dict[str, Any] = found if isinstance(found, dict) else {}
+        heads[url.rstrip("/")] = token
+        data["heads"] = heads
+        tmp = path.with_name(path.name + ".tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("# gpucluster client configuration (holds tokens: keep it private)\n")
+            yaml.safe_dump(data, f, sort_keys=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return path

@@ -1,0 +1,196 @@
+"""Identity and access through the API: teams from identity, tokens, limits, job tokens, audit."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpucluster.auth import tokens
+from gpucluster.auth.control import AccessControl
+from gpucluster.models import JobSpec
+from gpucluster.store import Store
+
+from .authkit import World, make_world
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = make_world(tmp_path)
+    try:
+        yield w
+    finally:
+        w.cluster.close()
+
+
+def test_the_team_comes_from_identity_and_cannot_be_forged(world: World) -> None:
+    r = world.app.post("/v1/jobs", json={"command": ["true"]}, headers=world.as_("alice"))
+    assert r.status_code == 201 and r.json()["spec"]["team"] == "vision" and r.json()["owner"] == "alice"
+    r = world.app.post("/v1/jobs", json={"command": ["true"], "team": "nlp"}, headers=world.as_("alice"))
+    assert r.status_code == 403
+    assert r.json()["error"] == "team: you (alice) are not a member of team 'nlp'; your teams: vision"
+    r = world.app.post("/v1/jobs", json={"command": ["true"], "team": "nlp"}, headers=world.as_("root"))
+    assert r.status_code == 201 and r.json()["spec"]["team"] == "nlp" and r.json()["owner"] == "root"
+    r = world.app.get("/v1/jobs?team=vision", headers=world.as_("bob"))
+    assert r.status_code == 403 and "not in team 'vision'" in r.json()["error"]
+
+
+def test_denials_say_why(world: World) -> None:
+    r = world.app.post(f"/v1/jobs/{world.own}/cancel", headers=world.as_("dave"))
+    assert r.status_code == 403
+    assert "submitted by alice; only they, an admin of its team, or a cluster admin" in r.json()["error"]
+    r = world.app.get(f"/v1/jobs/{world.own}/logs", headers=world.as_("bob"))
+    assert r.status_code == 403 and r.json()["error"] == f"job {world.own} is not in your teams (nlp)"
+    r = world.app.get("/v1/admin/users", headers=world.as_("carol"))
+    assert r.status_code == 403 and "for cluster admins; you (carol) are not one" in r.json()["error"]
+    r = world.app.get("/v1/jobs")
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert "Authorization: Bearer" in r.json()["error"]
+    r = world.app.get("/v1/jobs", headers={"Authorization": "Bearer gc_nonsense"})
+    assert r.status_code == 401 and "not valid" in r.json()["error"]
+
+
+def test_a_team_admin_acts_on_the_team_and_everything_is_audited(world: World) -> None:
+    r = world.app.post(f"/v1/jobs/{world.own}/cancel", headers=world.as_("carol"))
+    assert r.status_code == 200
+    world.app.post(f"/v1/jobs/{world.other}/cancel", headers=world.as_("carol"))  # denied: not audited
+    assert world.app.post(f"/v1/admin/tokens/{world.spare_token}/revoke", headers=world.as_("root")).status_code == 200
+    entries = world.app.get("/v1/admin/audit", headers=world.as_("root")).json()["entries"]
+    seen = [(e["user"], e["action"], e["target"]) for e in entries]
+    assert ("carol", "cancel", f"job {world.own}") in seen
+    assert ("alice", "submit", f"job {world.own}") in seen and ("bob", "submit", f"job {world.other}") in seen
+    assert ("root", "revoke", f"token_id {world.spare_token}") in seen
+    assert not any(u == "carol" and t == f"job {world.other}" for u, _, t in seen)
+    only = world.app.get("/v1/admin/audit?action=cancel", headers=world.as_("root")).json()["entries"]
+    assert [(e["user"], e["target"]) for e in only] == [("carol", f"job {world.own}")]
+
+
+def test_revoked_and_expired_tokens_are_refused_at_once(world: World) -> None:
+    assert world.app.get("/v1/whoami", headers=world.as_("alice")).status_code == 200
+    alice_token = world.access.tokens("alice")[0].id
+    world.app.post(f"/v1/admin/tokens/{alice_token}/revoke", headers=world.as_("root"))
+    r = world.app.get("/v1/whoami", headers=world.as_("alice"))
+    assert (
+        r.status_code == 401
+        and r.json()["error"] == f"token {alice_token} was revoked; ask a cluster admin for a new one"
+    )
+    r = world.app.post("/v1/admin/users/bob/tokens", json={"expires_in": "1h"}, headers=world.as_("root"))
+    assert r.status_code == 201
+    short = {"Authorization": f"Bearer {r.json()['token']}"}
+    assert world.app.get("/v1/whoami", headers=short).json()["user"] == "bob"
+    world.cluster.clock.advance(3601)
+    r = world.app.get("/v1/whoami", headers=short)
+    assert r.status_code == 401 and "expired" in r.json()["error"]
+    listed = {
+        t["id"]: t["status"] for t in world.app.get("/v1/admin/tokens", headers=world.as_("root")).json()["tokens"]
+    }
+    assert listed[alice_token] == "revoked" and listed[max(t.id for t in world.access.tokens("bob"))] == "expired"
+
+
+def test_a_new_membership_counts_at_once(world: World) -> None:
+    assert world.app.get(f"/v1/jobs/{world.own}", headers=world.as_("bob")).status_code == 403
+    r = world.app.put("/v1/admin/users/bob/membership", json={"team": "vision"}, headers=world.as_("root"))
+    assert r.status_code == 200 and [t["team"] for t in r.json()["teams"]] == ["nlp", "vision"]
+    assert world.app.get(f"/v1/jobs/{world.own}", headers=world.as_("bob")).status_code == 200
+    world.app.put("/v1/admin/users/bob/membership", json={"team": "vision", "role": None}, headers=world.as_("root"))
+    assert world.app.get(f"/v1/jobs/{world.own}", headers=world.as_("bob")).status_code == 403
+
+
+def test_admin_input_is_validated(world: World) -> None:
+    root = world.as_("root")
+    r = world.app.post("/v1/admin/users", json={"name": "alice", "teams": ["x"]}, headers=root)
+    assert r.status_code == 409 and "exists already" in r.json()["error"]
+    r = world.app.post("/v1/admin/users", json={"name": "eve"}, headers=root)
+    assert r.status_code == 422 and r.json()["error"].startswith("teams:")
+    r = world.app.post("/v1/admin/users", json={"name": "eve", "teams": ["t"], "role": "boss"}, headers=root)
+    assert r.status_code == 422 and r.json()["error"].startswith("role:")
+    r = world.app.post(
+        "/v1/admin/users", json={"name": "eve", "teams": ["t"], "unix_user": "no-such-acct"}, headers=root
+    )
+    assert r.status_code == 422 and "no Unix account 'no-such-acct'" in r.json()["error"]
+    r = world.app.post("/v1/admin/users", json={"name": "eve", "teams": ["t"], "expires_in": "soon"}, headers=root)
+    assert r.status_code == 422 and r.json()["error"].startswith("expires_in:")
+    r = world.app.post("/v1/admin/tokens/999/revoke", headers=root)
+    assert r.status_code == 404
+    r = world.app.put("/v1/admin/users/nobody-here/membership", json={"team": "t"}, headers=root)
+    assert r.status_code == 404
+
+
+def test_the_queue_shows_only_your_teams_jobs_at_their_true_positions(world: World) -> None:
+    for who in ("alice", "bob", "alice"):
+        world.app.post("/v1/jobs", json={"command": ["true"], "gpus": 8}, headers=world.as_(who))
+    world.cluster.tick_at(world.cluster.clock.t + 1)
+    everyone = world.app.get("/v1/queue", headers=world.as_("root")).json()["entries"]
+    mine = world.app.get("/v1/queue", headers=world.as_("bob")).json()["entries"]
+    assert len(everyone) == 3 and len(mine) == 1
+    assert mine[0]["job"]["owner"] == "bob"
+    assert mine[0]["position"] == next(e["position"] for e in everyone if e["job"]["owner"] == "bob")
+
+
+def test_a_job_token_reports_its_own_progress_and_nothing_else(world: World) -> None:
+    env = world.cluster.proc(world.own).spec.env
+    token = env["GPUCLUSTER_JOB_TOKEN"]
+    assert token == world.access.job_token(world.own) and world.cluster.proc(world.own).spec.user is None
+    auth = {"Authorization": f"Bearer {token}"}
+    assert world.app.post(f"/v1/jobs/{world.own}/progress", json={"step": 5}, headers=auth).status_code == 204
+    r = world.app.post(f"/v1/jobs/{world.other}/progress", json={"step": 5}, headers=auth)
+    assert r.status_code == 403 and "belongs to job" in r.json()["error"]
+    r = world.app.get(f"/v1/jobs/{world.own}", headers=auth)
+    assert r.status_code == 403 and "only report" in r.json()["error"]
+    forged = tokens.JOB_PREFIX + f"{world.other}_" + token.rsplit("_", 1)[1]
+    r = world.app.post(
+        f"/v1/jobs/{world.other}/progress", json={"step": 5}, headers={"Authorization": f"Bearer {forged}"}
+    )
+    assert r.status_code == 401
+
+
+def test_rate_limits_answer_429_with_when_to_retry(tmp_path: Path) -> None:
+    w = make_world(tmp_path, rate_per_s=1.0)  # bursts of 2
+    try:
+        codes = [w.app.get("/v1/whoami", headers=w.as_("dave")).status_code for _ in range(3)]
+        assert codes == [200, 200, 429]
+        r = w.app.get("/v1/whoami", headers=w.as_("dave"))
+        assert r.headers["retry-after"] == "1" and "rate limit: more than 1 requests/s" in r.json()["error"]
+        assert w.app.get("/v1/whoami", headers=w.as_("alice")).status_code == 200  # per token
+        assert all(w.app.get("/v1/whoami", headers=w.as_("root")).status_code == 200 for _ in range(5))
+        w.cluster.clock.advance(1.0)
+        assert w.app.get("/v1/whoami", headers=w.as_("dave")).status_code == 200
+    finally:
+        w.cluster.close()
+
+
+def test_a_root_head_refuses_a_submitter_without_a_unix_account(world: World) -> None:
+    strict = AccessControl(world.cluster.store, world.cluster.clock, run_as_submitter=True)
+    me = strict.authenticate(world.tokens["alice"])
+    with pytest.raises(PermissionError, match="no account 'alice' on it"):
+        strict.check_can_run(me)
+    assert strict.run_as("alice") == "alice" and strict.run_as(None) is None
+
+
+def test_only_token_digests_are_stored(world: World) -> None:
+    db = world.cluster.store.path
+    raw = db.read_bytes() + (db.parent / (db.name + "-wal")).read_bytes()
+    assert world.tokens["alice"].encode() not in raw
+    with sqlite3.connect(db) as c:
+        digests = {r[0] for r in c.execute("SELECT sha256 FROM tokens")}
+    assert tokens.digest(world.tokens["alice"]) in digests
+
+
+def test_a_schema_3_data_dir_gains_users_and_job_owners(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    Store(db).close()
+    with sqlite3.connect(db) as conn:
+        for table in ("users", "memberships", "tokens", "audit"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute("ALTER TABLE jobs DROP COLUMN owner")
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema'")
+    store = Store(db)
+    try:
+        access = AccessControl(store, lambda: 1.0, run_as_submitter=False)
+        assert access.bootstrap("root", None) is not None
+        record = store.get_job(store.create_job(JobSpec(command=["x"]), 1.0))
+        assert record is not None and record.owner is None
+    finally:
+        store.close()
