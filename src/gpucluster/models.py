@@ -503,6 +503,27 @@ class UsageOut(BaseModel):
     total: UsageRowOut
 
 
+class UsageSeriesOut(BaseModel):
+    """One group's GPU-hours, cost and energy in each bucket of `UsageSeries.buckets`."""
+
+    key: str  # a team, a user, a job id or a GPU model
+    gpu_hours: list[float]
+    cost: list[float]
+    energy_kwh: list[float]
+
+
+class UsageSeries(BaseModel):
+    """Usage over time (GET /v1/usage/series): buckets of `step` seconds aligned on the Unix
+    epoch (UTC days for 1d), the first and last clipped to [since, until]."""
+
+    by: str
+    since: float
+    until: float
+    step: float
+    buckets: list[float]  # each bucket's start (clipped to since)
+    series: list[UsageSeriesOut]  # largest cost over the window first
+
+
 class BudgetOut(BaseModel):
     team: str
     period: str  # as written in the policy file: 30d, month, ...

@@ -130,6 +130,11 @@ def test_every_page_loads_without_console_errors(signed_in: Dashboard) -> None:
                 panel = wait(driver, "the accounting panel", lambda d: text_of(d, "[data-testid=accounting]"))
                 # "No accounting data yet" exactly when the head has no accounting endpoint.
                 assert ("No accounting data yet" in panel) == (not accounting_paths(signed_in)), panel
+                if "/v1/usage/series" in accounting_paths(signed_in):
+                    # The trainer's GPU-hours per day, charted once accrued (every 5 s, and at its end).
+                    css = "[data-testid=usage-series-gpu_hours] svg path"
+                    wait(driver, "usage over time", lambda d, css=css: d.find_elements(By.CSS_SELECTOR, css))
+                    assert "default" in text_of(driver, "[data-testid=usage-series-gpu_hours] figcaption")
             time.sleep(2 * POLL_MS / 1000)  # a couple of live refreshes, which must not log errors either
             signed_in.screenshot(name)
             assert console_errors(driver) == [], f"{name} page logged errors"

@@ -119,7 +119,11 @@ class RayHead(HeadProcess):
     """`gpucluster up --ray ADDRESS`: its nodes and GPUs come from Ray, not from flags."""
 
     def __init__(self, data_dir: Path, address: str, grace: str = "1s") -> None:
-        super().__init__(data_dir, grace=grace, extra_args=("--ray", address, "--restart-backoff", "0.2s"))
+        super().__init__(
+            data_dir,
+            grace=grace,
+            extra_args=("--ray", address, "--restart-backoff", "0.2s", "--telemetry-interval", "1s"),
+        )
         args: list[str] = []
         skip = False
         for a in self.args:

@@ -12,6 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from gpucluster.client import Client
 from gpucluster.models import Job
 from tests.e2e.headproc import wait_for
@@ -71,6 +74,40 @@ def test_nodes_come_from_ray(ray_head: RayHead, ray_cluster: RayCluster) -> None
         n = nodes[ip]
         assert n.up and n.address == ip and n.virtual
         assert [(g.index, g.model, g.memory_mb) for g in n.gpus] == [(i, "H100-80GB", 80 * 1024) for i in (0, 1)]
+
+
+def test_ray_nodes_gpus_are_sampled_by_their_agents(ray_head: RayHead, tmp_path: Path) -> None:
+    """Each node's agent samples its (virtual, so synthetic) GPUs; the head's monitor gets them."""
+    with ray_head.client() as c:
+        job = c.submit(["sleep", "300"], gpus=1, workdir=str(tmp_path), name="busy")
+        try:
+            slot = _state(c, job.id, "running").allocation[0]
+            node, held = slot.node, slot.gpu_indices[0]
+            r = httpx.post(
+                f"{ray_head.url}/v1/jobs/{job.id}/progress", json={"gpu_utilization": 40}, headers=ray_head.headers
+            )
+            assert r.status_code == 204, r.text
+
+            def readings() -> dict[tuple[str, int], tuple[float | None, float | None]] | None:
+                out = {(n.name, g.index): (g.utilization, g.power_w) for n in c.nodes() for g in n.gpus}
+                return out if out.get((node, held), (None,))[0] == 40 else None
+
+            seen = wait_for(readings, timeout=30, interval=0.5, what="the job's load in its node's readings")
+            # Synthetic readings: utilisation x share; power 60 W idle to 700 W at full load.
+            assert seen[(node, held)] == (40, 60 + 640 * 0.4)
+            assert all(u == 0 and p == 60 for k, (u, p) in seen.items() if k != (node, held)), seen
+            text = httpx.get(f"{ray_head.url}/metrics", timeout=10).text
+            util = {
+                (s.labels["node"], s.labels["gpu"]): s.value
+                for f in text_string_to_metric_families(text)
+                if f.name == "gpucluster_gpu_utilization_ratio"
+                for s in f.samples
+            }
+            assert util[(node, str(held))] == 0.4
+            assert {n for n, _ in util} == {n.name for n in c.nodes()}
+        finally:
+            c.cancel(job.id)
+            _state(c, job.id, "cancelled")
 
 
 def test_gang_job_all_reduces_across_two_nodes(ray_head: RayHead, tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ EXPECTED: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/nodes/{name}/undrain"): Rule.CLUSTER_ADMIN,
     ("GET", "/v1/telemetry/samples"): Rule.SIGNED_IN,  # GPU readings name job ids only
     ("GET", "/v1/usage"): Rule.SIGNED_IN,  # rows of the caller's teams only
+    ("GET", "/v1/usage/series"): Rule.SIGNED_IN,  # series of the caller's teams only
     ("GET", "/v1/budgets"): Rule.SIGNED_IN,  # budgets of the caller's teams only
     ("GET", "/metrics"): Rule.PUBLIC,  # Prometheus scrapes; labels are nodes, GPUs, teams: no job names
 }

@@ -11,9 +11,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, FastAPI, Query
 
 from gpucluster.auth.rules import Caller, Rule, allow
+from gpucluster.durations import parse_duration
 from gpucluster.head.service import ClusterService, Rejected
-from gpucluster.head.usage import parse_since, report
-from gpucluster.models import BudgetList, BudgetOut, UsageOut
+from gpucluster.head.usage import parse_since, report, series
+from gpucluster.models import BudgetList, BudgetOut, UsageOut, UsageSeries
 
 Group = Literal["team", "user", "job", "gpu-model"]
 
@@ -48,6 +49,44 @@ def add_accounting_routes(app: FastAPI, service: ClusterService, errors: dict[in
         rows = usage.window(start, end, teams=who.visible_teams())
         names = usage.job_names(r.job_id for r in rows) if by == "job" else None
         return report(rows, by, start, end, names)
+
+    @router.get("/v1/usage/series", responses=errors, openapi_extra=allow(Rule.SIGNED_IN))
+    def usage_series(
+        who: Caller,
+        by: Annotated[Group, Query(description="group by team, user, job or gpu-model")] = "team",
+        since: Annotated[
+            str, Query(max_length=32, description="a duration ago (30d, 12h) or a date (2025-01-31, UTC)")
+        ] = "30d",
+        until: Annotated[str | None, Query(max_length=32, description="as since [default: now]")] = None,
+        step: Annotated[str, Query(max_length=32, description="bucket length (1d, 6h, 1h), aligned on UTC")] = "1d",
+    ) -> UsageSeries:
+        """GPU-hours, cost and energy per group and time bucket, of your teams' jobs (a cluster
+        admin: all): the dashboard's usage-over-time charts."""
+        now = service.head.clock()
+        try:
+            start = parse_since(since, now)
+        except ValueError as e:
+            raise Rejected("since", str(e)) from None
+        if start is None:
+            raise Rejected("since", "a series needs a start: give a duration (30d) or a date (2025-01-31)")
+        try:
+            end = parse_since(until, now) if until is not None else now
+        except ValueError as e:
+            raise Rejected("until", str(e)) from None
+        try:
+            length = parse_duration(step)
+        except ValueError:
+            raise Rejected("step", f"cannot read {step!r}; give a duration (1d, 6h, 1h)") from None
+        end = now if end is None else end
+        if end <= start:
+            raise Rejected("until", "must be after since")
+        if length < 60:
+            raise Rejected("step", "must be at least 1m")
+        rows = service.head.accounting.usage.window(start, end, teams=who.visible_teams())
+        try:
+            return series(rows, by, start, end, length)
+        except ValueError as e:
+            raise Rejected("step", str(e)) from None
 
     @router.get("/v1/budgets", responses=errors, openapi_extra=allow(Rule.SIGNED_IN))
     def budgets(who: Caller) -> BudgetList:

@@ -24,8 +24,10 @@ from gpucluster.auth.control import AccessControl
 from gpucluster.auth.identity import Denied
 from gpucluster.auth.rules import Caller, Rule, allow
 from gpucluster.core.states import JobState
+from gpucluster.executors.logfile import read_log
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.models import ErrorBody, Job, JobList, JobSpec, NodeList, PolicyOut, ProgressIn, QueueOut
+from gpucluster.store import DataDirUnwritable
 
 MAX_BODY_BYTES = 1024 * 1024
 FOLLOW_POLL_S = 0.2
@@ -37,6 +39,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody},
     413: {"model": ErrorBody},
     422: {"model": ErrorBody},
+    503: {"model": ErrorBody, "description": "the data dir is read-only: nothing was changed"},
+    507: {"model": ErrorBody, "description": "the data dir is full: nothing was changed"},
 }
 
 
@@ -112,6 +116,11 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
         return JSONResponse(
             {"error": str(exc), "detail": [{"field": exc.field, "message": exc.message}]}, status_code=422
         )
+
+    @app.exception_handler(DataDirUnwritable)
+    async def _unwritable(_: Request, exc: DataDirUnwritable) -> JSONResponse:
+        # 507 Insufficient Storage when full, 503 when read-only: nothing was changed, retry later.
+        return JSONResponse({"error": str(exc), "detail": []}, status_code=507 if exc.full else 503)
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
@@ -243,12 +252,7 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
 
 
 def _read_from(path: Any, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-    except FileNotFoundError:
-        return ""
+    return read_log(path, offset)[0].decode(errors="replace")
 
 
 def _follow(
@@ -260,14 +264,8 @@ def _follow(
         path, record = service.log_path(job_id, attempt, rank)
         attempt_over = record.state.terminal or (attempt is not None and attempt < record.attempt)
         if path is not None:
-            try:
-                with open(path, "rb") as f:
-                    f.seek(pos)
-                    chunk = f.read()
-            except FileNotFoundError:
-                chunk = b""
+            chunk, pos = read_log(path, pos)  # offsets count rotated bytes too (executors/logfile.py)
             if chunk:
-                pos += len(chunk)
                 yield chunk
                 continue
         if attempt_over:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -106,6 +107,17 @@ def _mode(job: Job) -> str:
 
 # ---- up ------------------------------------------------------------------------------------
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """'100MiB' / '64KiB' / '1GiB' / a number of bytes -> bytes (binary units: logs are files)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"cannot read size {text!r}; use e.g. 100MiB, 64KiB or 1GiB")
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
 
 @app.command()
 def up(
@@ -184,6 +196,22 @@ def up(
             "prices: override it)",
         ),
     ] = None,
+    on_shutdown: Annotated[
+        str,
+        typer.Option(
+            "--on-shutdown",
+            help="what SIGTERM/Ctrl-C to the head does to running jobs: keep (they run on, the next head "
+            "adopts them) or stop (SIGTERM, grace period, SIGKILL, then requeued)",
+        ),
+    ] = "keep",
+    max_log_size: Annotated[
+        str,
+        typer.Option(
+            "--max-log-size",
+            help="cap on each job process's log (per attempt, per rank); past it the oldest output is rotated "
+            "away, keeping the newest; 0: no cap",
+        ),
+    ] = "1GiB",
 ) -> None:
     """Start the head (HTTP API) and a local worker on this machine, or use a Ray cluster's nodes; runs until Ctrl-C."""
     import socket
@@ -199,6 +227,14 @@ def up(
         sample_every = parse_duration(telemetry_interval)
     except ValueError as e:
         fail(str(e))
+    if on_shutdown not in ("keep", "stop"):
+        fail(f"--on-shutdown must be keep or stop, not {on_shutdown!r}")
+    try:
+        log_cap = parse_size(max_log_size)
+    except ValueError as e:
+        fail(f"--max-log-size: {e}")
+    if 0 < log_cap < 4096:
+        fail(f"--max-log-size must be at least 4KiB (or 0 for no cap), not {max_log_size}")
     if not 0.1 <= sample_every <= 3600:
         fail(f"--telemetry-interval must be between 0.1s and 1h, not {telemetry_interval}")
     if gpu_type is not None and not gpu_type.strip():
@@ -230,6 +266,8 @@ def up(
         telemetry_interval_s=sample_every,
         ray_address=ray,
         prices=prices,
+        on_shutdown=on_shutdown,
+        max_log_bytes=log_cap,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
         ),

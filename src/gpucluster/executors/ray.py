@@ -16,6 +16,10 @@ Handle: {"ray": [{"node", "node_id", "actor", "handle" (the agent's local handle
 executor's. `RUN_DIR/ray-launch.json` is written before the first agent call, so `recover`
 finds the agents of an attempt whose launch the head did not live to record.
 
+Telemetry: when a `RemoteFeed` is set (`telemetry`), the same round also asks every answering
+agent, once per telemetry interval, for a reading of its GPUs (`NodeAgent.sample`, one call per
+node, waited on with the sync calls) and hands it to the head's telemetry monitor.
+
 A node's death is the inventory's business (the head stops its jobs as "node down" first); a
 process there reads Lost only once the inventory knows the node is gone, or when its agent has
 not answered for AGENT_SILENT_S while Ray still calls the node alive.
@@ -32,7 +36,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -50,6 +54,9 @@ from gpucluster.executors.base import (
 from gpucluster.executors.ray_agent import LOG_CHUNK
 from gpucluster.executors.ray_nodes import CALL_TIMEOUT_S, RayInventory
 
+if TYPE_CHECKING:
+    from gpucluster.telemetry.remote import RemoteFeed
+
 log = logging.getLogger("gpucluster.ray")
 
 SYNC_EVERY_S = 0.25
@@ -66,6 +73,8 @@ class RayExecutor:
         self._watched: dict[str, Handle] = {}  # head run dir -> handle
         self._status: dict[tuple[str, int], list[Status]] = {}  # (run dir, entry) -> per local process
         self._silent_since: dict[str, float] = {}  # Ray node id -> first unanswered sync
+        self.telemetry: RemoteFeed | None = None  # set once the head's telemetry monitor exists
+        self._last_sample = -1e18  # monotonic time of the last telemetry pull
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._monitor, name="ray-monitor", daemon=True)
         self._thread.start()
@@ -256,15 +265,18 @@ class RayExecutor:
                 if agent is None or agent.node_id != e["node_id"]:
                     continue
                 calls.setdefault(agent.node_id, (agent.actor, []))[1].append((run_dir, i, e))
-        if not calls:
+        samples = self._ask_samples()
+        if not calls and not samples:
             return
         refs = {}
         for node_id, (actor, items) in calls.items():
             args = [(e["handle"], [(r, _size(h)) for r, h in zip(e["remote_logs"], e["logs"], strict=True)])
                     for _, _, e in items]  # fmt: skip
             refs[node_id] = actor.sync.remote(args)
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=CALL_TIMEOUT_S)
+        waited = list(refs.values()) + list(samples.values())
+        ready, _ = ray.wait(waited, num_returns=len(waited), timeout=CALL_TIMEOUT_S)
         done = set(ready)
+        self._deliver_samples(samples, done)
         for node_id, ref in refs.items():
             if ref not in done:
                 self._silent_since.setdefault(node_id, time.monotonic())
@@ -286,6 +298,33 @@ class RayExecutor:
                 with self._lock:
                     if run_dir in self._watched:
                         self._status[(run_dir, i)] = statuses
+
+    def _ask_samples(self) -> dict[str, Any]:
+        """node name -> ObjectRef of its agent's GPU reading, when a telemetry pull is due."""
+        feed = self.telemetry
+        if feed is None or time.monotonic() - self._last_sample < feed.interval_s:
+            return {}
+        self._last_sample = time.monotonic()
+        agents = {a.node: a for a in self.inventory.agents()}
+        asks = feed.asks((a.node, a.gpus, a.virtual) for a in agents.values())
+        refs = {}
+        for node, ask in asks.items():
+            try:
+                refs[node] = agents[node].actor.sample.remote(ask)
+            except AttributeError:  # a detached agent left by an older gpucluster: no readings
+                log.debug("node %s: its agent cannot sample telemetry", node)
+        return refs
+
+    def _deliver_samples(self, samples: dict[str, Any], done: set[Any]) -> None:
+        """Readings that came back in time go to the monitor; a missing one is the silence rule's."""
+        feed = self.telemetry
+        for node, ref in samples.items():
+            if feed is None or ref not in done:
+                continue
+            try:
+                feed.deliver(node, ray.get(ref))
+            except ray.exceptions.RayError as e:
+                log.warning("node %s: no telemetry reading (%s)", node, _cause(e))
 
 
 def _size(path: str) -> int:

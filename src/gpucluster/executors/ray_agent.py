@@ -11,6 +11,14 @@ them elsewhere.
 
 Files live under the node's own directory (`root`): each attempt's run dir and logs. The head
 pulls the logs by offset (`sync`), so `gpucluster logs` shows remote output live.
+
+Telemetry: the head's monitor round also asks each agent, at the telemetry interval, for one
+reading of its node's GPUs (`sample`), taken here with the reader the head uses on its own
+machine: NVML on real GPUs (a GPU process is attributed to its job here, where its pid means
+something), the synthetic source on virtual ones (from the holders and job load reports the
+head sends along, since jobs report their load to the head). The head feeds the readings to
+its `TelemetryMonitor`, so health, draining, idle and memory-share checks, energy and /metrics
+cover the node.
 """
 
 from __future__ import annotations
@@ -19,11 +27,19 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpucluster.core.types import Gpu, Node
 from gpucluster.executors.base import Handle, LaunchSpec, Status
 from gpucluster.executors.local import LocalExecutor
 from gpucluster.launch.ranks import pick_free_port
+from gpucluster.telemetry.attribution import PidResolver
+from gpucluster.telemetry.nvml import NvmlSource
+from gpucluster.telemetry.readings import NodeReading
+from gpucluster.telemetry.synthetic import LoadBook, SyntheticSource
 
 # At most this much of one log per sync: a chatty job cannot stall the head's monitor.
 LOG_CHUNK = 1 << 20
@@ -35,6 +51,22 @@ def node_root(cluster: str, node_id: str) -> Path:
     return Path(base) / "gpucluster-node" / f"{cluster}-{node_id[:16]}"
 
 
+@dataclass(frozen=True)
+class SampleAsk:
+    """What the head sends with a telemetry pull: the node's name and GPUs, and what only the
+    head knows about the jobs on them (who holds each GPU, their reported loads, their groups)."""
+
+    node: str
+    gpus: tuple[Gpu, ...]
+    virtual: bool
+    # GPU index -> (job id, share) of each job holding it
+    holders: Mapping[int, Sequence[tuple[int, float]]] = field(default_factory=dict)
+    # job id -> its last reported (utilization %, memory MiB): the synthetic source's input
+    loads: Mapping[int, tuple[float | None, float | None]] = field(default_factory=dict)
+    # process group id -> job id, of the job processes on this node (NVML pid attribution)
+    groups: Mapping[int, int] = field(default_factory=dict)
+
+
 class NodeAgent:
     """Runs as a Ray actor (see `gpucluster.executors.ray`); plain methods, so it is testable alone."""
 
@@ -42,6 +74,8 @@ class NodeAgent:
         self.root = node_root(cluster, node_id)
         self.root.mkdir(parents=True, exist_ok=True)
         self.local = LocalExecutor(die_with_parent=True)
+        self._nvml: NvmlSource | None = None  # opened at the first sample of a real node
+        self._resolver = PidResolver()
 
     def ready(self) -> dict[str, object]:
         return {"root": str(self.root), "pid": os.getpid()}
@@ -67,6 +101,29 @@ class NodeAgent:
             statuses = self.local.poll_ranks(handle)
             out.append((statuses, [_read(path, offset) for path, offset in logs]))
         return out
+
+    def sample(self, ask: SampleAsk) -> NodeReading:
+        """One reading of this node's GPUs; a reader that fails gives a reading with its error
+        (the head's health rules judge a node that keeps failing as silent)."""
+        now = time.time()
+        try:
+            if ask.virtual:
+                loads = LoadBook()
+                for job_id, (util, mem) in ask.loads.items():
+                    loads.report(job_id, util, mem, now)
+                return SyntheticSource(Node(ask.node, ask.gpus), loads).read(now, ask.holders)
+            if self._nvml is None:
+                self._nvml = NvmlSource(ask.node)
+            reading = self._nvml.read(now)
+        except Exception as e:  # NVML missing or failing: reported, never raised into the head
+            return NodeReading(ask.node, now, error=f"{type(e).__name__}: {e}")
+        pids = [p.pid for g in reading.gpus for p in g.processes if p.pid is not None and p.job_id is None]
+        owner = self._resolver.resolve(pids, ask.groups) if pids and ask.groups else {}
+        gpus = tuple(
+            replace(g, processes=tuple(replace(p, job_id=owner[p.pid]) if p.pid in owner else p for p in g.processes))
+            for g in reading.gpus
+        )
+        return replace(reading, node=ask.node, gpus=gpus)
 
     def signal(self, handle: Handle, signum: int) -> None:
         self.local.signal(handle, signum)

@@ -64,6 +64,8 @@ class Agent:
     address: str
     actor: Any  # ray.actor.ActorHandle of a NodeAgent
     root: str  # the agent's directory on its node
+    gpus: tuple[Gpu, ...] = ()  # as declared to Ray (what telemetry samples there)
+    virtual: bool = True  # no GPU Ray detected: telemetry there is synthetic
 
 
 def node_from_ray(info: Mapping[str, Any]) -> RayNode | None:
@@ -223,6 +225,10 @@ class RayInventory:
     def agent(self, node: str) -> Agent | None:
         return self._agents.get(node)
 
+    def agents(self) -> list[Agent]:
+        """Every answering agent now (what telemetry samples)."""
+        return list(self._agents.values())
+
     def starting(self, node_id: str) -> bool:
         """Whether the Ray node is alive and its agent not answering yet (after a head restart)."""
         return node_id in self._pending
@@ -262,4 +268,4 @@ class RayInventory:
         name = p.node.name
         if name in self._agents and self._agents[name].node_id != p.node.node_id:
             name = f"{name}-{p.node.node_id[:8]}"  # two Ray nodes of one name at once
-        return Agent(name, p.node.node_id, p.node.address, p.actor, str(info["root"]))
+        return Agent(name, p.node.node_id, p.node.address, p.actor, str(info["root"]), p.node.gpus, p.node.virtual)

@@ -67,7 +67,7 @@ from gpucluster.launch.ranks import (
     per_gpu_envs,
     pick_free_port,
 )
-from gpucluster.store import AttemptRecord, JobRecord, Store
+from gpucluster.store import AttemptRecord, DataDirUnwritable, JobRecord, Store
 from gpucluster.store.telemetry import TelemetryStore
 from gpucluster.telemetry.drain import schedulable
 from gpucluster.telemetry.loopstats import LoopStats
@@ -109,6 +109,8 @@ class Head:
     ) -> None:
         self.store = store
         self.executor = executor
+        # Set by a head shutting down with `--on-shutdown stop`: start nothing while it stops jobs.
+        self.hold_starts = False
         self.data_dir = data_dir
         self.clock = clock
         self._grace_override = grace_period_s
@@ -429,6 +431,8 @@ class Head:
         return schedulable(snap, self.telemetry.drained() | down)  # drained and down nodes get no new jobs
 
     def _schedule(self, now: float) -> None:
+        if self.hold_starts:
+            return
         queue_changed = self.queue.refresh(now)
         due = self._last_plan_at is None or now - self._last_plan_at >= REPLAN_EVERY_S
         if not (queue_changed or self._capacity_changed or due):
@@ -594,6 +598,10 @@ class Head:
         while not self._stop.is_set():
             try:
                 self.tick()
+            except DataDirUnwritable as e:  # said once per change, not a stack trace every cycle
+                if self.last_error != str(e):
+                    log.error("head cycle failed: %s; retrying", e)
+                self.last_error = str(e)
             except Exception as e:  # keep the head alive; the store is the truth and the next tick retries
                 log.exception("head cycle failed; retrying")
                 self.last_error = f"{type(e).__name__}: {e}"

@@ -100,9 +100,14 @@ def _check_reachable(address: str) -> None:
 
 
 def ray_telemetry(service: ClusterService, interval_s: float) -> tuple[TelemetryMonitor, threading.Thread]:
-    """The telemetry monitor without local sources: Ray nodes are not sampled (yet)."""
+    """The telemetry monitor without local sources: each Ray node's agent samples its own GPUs,
+    and the Ray executor's monitor round pulls the readings in (`telemetry/remote.py`)."""
+    from gpucluster.executors.ray import RayExecutor
     from gpucluster.telemetry.monitor import TelemetryMonitor
+    from gpucluster.telemetry.remote import RemoteFeed
 
     monitor = TelemetryMonitor(service.head, [], interval_s=interval_s, flush_s=max(10.0, interval_s))
     service.telemetry = monitor
+    if isinstance(service.head.executor, RayExecutor):
+        service.head.executor.telemetry = RemoteFeed(monitor)
     return monitor, monitor.start()

@@ -11,6 +11,7 @@ import errno
 import fcntl
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -23,6 +24,7 @@ import uvicorn
 
 from gpucluster.api.app import create_app
 from gpucluster.core.restarts import RESTART_BACKOFF_S
+from gpucluster.core.states import JobState
 from gpucluster.core.types import Node
 from gpucluster.dashboard.link import announce as announce_dashboard
 from gpucluster.discovery.gpus import NoGpus, discover_nvml, virtual_gpus
@@ -40,6 +42,11 @@ from gpucluster.telemetry.setup import start_telemetry
 DEFAULT_PORT = 8642
 DEFAULT_VIRTUAL_GPUS = 8
 DEFAULT_VIRTUAL_TYPE = "VGPU-80GB"
+DEFAULT_MAX_LOG_BYTES = 1024**3  # per attempt per rank: a chatty job cannot fill the disk
+# `--on-shutdown stop` waits this long past the grace period for the stopped jobs to be recorded.
+SHUTDOWN_SLACK_S = 15.0
+
+log = logging.getLogger("gpucluster.head")
 
 
 class StartupError(RuntimeError):
@@ -63,6 +70,8 @@ class UpOptions:
     telemetry_interval_s: float = DEFAULT_TELEMETRY_INTERVAL_S
     ray_address: str | None = None  # run jobs on a Ray cluster's nodes (head/ray_up.py)
     prices: dict[str, float] = field(default_factory=dict)  # --price: money per GPU-hour per model
+    on_shutdown: str = "keep"  # "keep": running jobs outlive the head; "stop": stopped and requeued
+    max_log_bytes: int = DEFAULT_MAX_LOG_BYTES  # each job process's log; 0: no cap
 
 
 def default_data_dir() -> Path:
@@ -151,7 +160,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     policy.on_change = lambda what: access.record("policy-file", "policy", str(opts.policy_path), what)
     head = Head(
         store=store,
-        executor=ray_mode.executor if ray_mode is not None else LocalExecutor(),
+        executor=ray_mode.executor if ray_mode is not None else LocalExecutor(max_log_bytes=opts.max_log_bytes),
         data_dir=data,
         clock=time.time,
         grace_period_s=opts.grace_period_s,
@@ -182,13 +191,19 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
             **ssl_options(opts.security),
         )
     )
-    say.write(f"gpucluster head listening on {url} (data dir {data.root}); Ctrl-C stops it, jobs keep running\n")
+    then = "jobs keep running" if opts.on_shutdown == "keep" else "running jobs are stopped and requeued"
+    say.write(f"gpucluster head listening on {url} (data dir {data.root}); Ctrl-C stops it, {then}\n")
     announce_dashboard(url, say)
     say.flush()
+    # uvicorn stops on SIGTERM/SIGINT, then re-raises the signal to the handler it found: make
+    # that one a no-op, so the shutdown below runs instead of the default action killing us.
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, lambda *_: None)
     try:
         server.run()
     finally:
         service.close()
+        shut_down(head, opts.on_shutdown)
         head.stop()
         monitor.stop()
         loop.join(timeout=5)
@@ -197,3 +212,30 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
             ray_mode.close()
         store.close()
         lock.close()
+
+
+def shut_down(head: Head, on_shutdown: str) -> None:
+    """What a stopping head does to running jobs, said in one log line.
+
+    "keep": nothing: each job runs on under its shim and the next head on this data dir adopts it.
+    "stop": no new starts, then every running job is preempted through the loop (SIGTERM, the
+    grace period, SIGKILL) and requeued, so no process is left holding GPUs unseen.
+    """
+    running = head.store.list_jobs(states=[JobState.RUNNING])
+    if on_shutdown != "stop":
+        log.info("head shutting down: %d running job(s) keep running; the next head adopts them", len(running))
+        return
+    log.info(
+        "head shutting down: stopping %d running job(s) (SIGTERM, %.0fs grace, SIGKILL) and requeueing them",
+        len(running),
+        head.grace_period_s,
+    )
+    head.hold_starts = True
+    for job in running:
+        head.request_stop(job.id, "preempt", "the head shut down (--on-shutdown stop)")
+    deadline = time.monotonic() + head.grace_period_s + SHUTDOWN_SLACK_S
+    while time.monotonic() < deadline and head.store.list_jobs(states=[JobState.RUNNING]):
+        time.sleep(0.2)
+    left = head.store.list_jobs(states=[JobState.RUNNING])
+    if left:
+        log.warning("head shutting down: %d job(s) still running after the grace period", len(left))

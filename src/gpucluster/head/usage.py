@@ -10,6 +10,7 @@ where its attempt ended.
 from __future__ import annotations
 
 import calendar
+import math
 import re
 import time
 from collections.abc import Iterable
@@ -17,10 +18,11 @@ from dataclasses import dataclass, field
 
 from gpucluster.core.accounting import overlap
 from gpucluster.durations import parse_duration
-from gpucluster.models import UsageOut, UsageRowOut
+from gpucluster.models import UsageOut, UsageRowOut, UsageSeries, UsageSeriesOut
 from gpucluster.store.accounting import UsageRow
 
 GROUPS = ("team", "user", "job", "gpu-model")
+MAX_BUCKETS = 1000  # a chart's worth; more is asked by mistake (step 1m over 30 days)
 _DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
 
 
@@ -130,3 +132,46 @@ def report(
         out.append(g.out(k, **labels))
     out.sort(key=lambda x: (-x.cost, -x.gpu_hours, x.key))
     return UsageOut(by=by, since=since, until=until, rows=out, total=total.out("total"))
+
+
+def series(rows: Iterable[UsageRow], by: str, since: float, until: float, step: float) -> UsageSeries:
+    """GPU-hours, cost and energy per group (one of GROUPS) and time bucket: for the dashboard's
+    charts of usage over time. Buckets are `step` long and aligned on the Unix epoch, so days are
+    UTC days whatever `since` is; the first starts at `since` and the last ends at `until`. Each
+    attempt counts in a bucket for the part of its accrued interval inside it, as in `report`, so
+    a group's buckets add up to its row of `report` over the same window. ValueError says why a
+    request cannot be answered."""
+    if by not in GROUPS:
+        raise ValueError(f"by must be one of {', '.join(GROUPS)}")
+    if step <= 0:
+        raise ValueError("step must be positive")
+    first = math.floor(since / step)
+    n = max(1, math.ceil(until / step) - first)
+    if n > MAX_BUCKETS:
+        raise ValueError(
+            f"{n} buckets of {step:g} s between since and until; at most {MAX_BUCKETS}: take a longer step"
+        )
+    edges = [max(since, (first + i) * step) for i in range(n)] + [until]
+    sums: dict[str, list[list[float]]] = {}  # key -> [gpu_s, cost, energy_j] per bucket
+    for row in rows:
+        lo = max(0, math.floor(row.started_at / step) - first)
+        hi = min(n - 1, math.floor(row.accrued_until / step) - first)
+        for i in range(lo, hi + 1):
+            f = overlap(row.started_at, row.accrued_until, edges[i], edges[i + 1])
+            if f <= 0:
+                continue
+            acc = sums.setdefault(_key(row, by), [[0.0] * n, [0.0] * n, [0.0] * n])
+            acc[0][i] += row.gpu_seconds * f
+            acc[1][i] += row.cost * f
+            acc[2][i] += row.energy_j * f
+    out = [
+        UsageSeriesOut(
+            key=k,
+            gpu_hours=[v / 3600.0 for v in gpu_s],
+            cost=cost,
+            energy_kwh=[v / 3.6e6 for v in energy],
+        )
+        for k, (gpu_s, cost, energy) in sums.items()
+    ]
+    out.sort(key=lambda x: (-sum(x.cost), -sum(x.gpu_hours), x.key))
+    return UsageSeries(by=by, since=since, until=until, step=step, buckets=edges[:-1], series=out)

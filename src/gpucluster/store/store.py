@@ -8,7 +8,9 @@ API acknowledges it.
 
 from __future__ import annotations
 
+import errno
 import json
+import shutil
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
@@ -28,6 +30,45 @@ from gpucluster.store import schema
 
 class StoreError(RuntimeError):
     """The store cannot be used (locked by another head, unreadable, newer schema)."""
+
+
+class DataDirUnwritable(StoreError):
+    """A write failed because the data dir is full or read-only.
+
+    SQLite rolled the transaction back, so the store keeps its last good state, and the next
+    write succeeds once space (or write access) is back: callers answer with this message (the
+    API: 507 when full, 503 when read-only) instead of failing with a stack trace.
+    """
+
+    def __init__(self, message: str, full: bool) -> None:
+        super().__init__(message)
+        self.full = full
+
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def unwritable(data_dir: Path, e: BaseException) -> DataDirUnwritable | None:
+    """`e` as a DataDirUnwritable if it says the disk is full or read-only; else None."""
+    cause = getattr(e, "orig", None) or e
+    text = str(cause)
+    low = text.lower()
+    code = cause.errno if isinstance(cause, OSError) else None
+    if code in _FULL_ERRNOS or "disk is full" in low:
+        full = True
+    elif code in _READ_ONLY_ERRNOS or "readonly" in low or "read-only" in low:
+        full = False
+    elif "disk i/o error" in low:  # what SQLite says for either; the free space tells which
+        try:
+            full = shutil.disk_usage(data_dir).free < 1024 * 1024
+        except OSError:
+            full = False
+    else:
+        return None
+    what = "full" if full else "read-only"
+    todo = "free some space" if full else "make it writable"
+    return DataDirUnwritable(f"the data dir {data_dir} is {what}: {text}; nothing was changed, {todo} and retry", full)
 
 
 @dataclass(frozen=True)
@@ -240,8 +281,19 @@ class Store:
     def _write(self) -> Iterator[Connection]:
         # Writers queue on a Python lock, not on SQLite's busy handler, which sleeps 1-100 ms
         # between retries and cut submit throughput by 4x under concurrent clients.
-        with self._write_lock, self._writer.begin() as conn:
+        with self._write_lock, self._unwritable_as_error(), self._writer.begin() as conn:
             yield conn
+
+    @contextmanager
+    def _unwritable_as_error(self) -> Iterator[None]:
+        """A full or read-only data dir becomes a DataDirUnwritable (the transaction is rolled back)."""
+        try:
+            yield
+        except (OperationalError, OSError) as e:
+            clear = unwritable(self.path.parent, e)
+            if clear is None:
+                raise
+            raise clear from e
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -300,7 +352,7 @@ class Store:
             }
             for n, (spec, now) in enumerate(items)
         ]
-        with self._writer.begin() as c:
+        with self._unwritable_as_error(), self._writer.begin() as c:
             ids = [
                 int(r[0])
                 for r in c.execute(insert(schema.jobs).returning(schema.jobs.c.id, sort_by_parameter_order=True), rows)

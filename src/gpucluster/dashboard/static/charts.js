@@ -53,8 +53,11 @@ export function barChart(rows, keys, { max, format = (v) => fmtNumber(v, 2), tes
   );
 }
 
-/** Lines over time: series [{name, points: [[unixSeconds, value], ...]}]. */
-export function lineChart(series, { format = (v) => fmtNumber(v, 2), testid, height = 180, max } = {}) {
+/**
+ * Lines over time: series [{name, points: [[unixSeconds, value], ...]}]. `timeFormat` labels the
+ * time axis (default hours:minutes; days for charts of many days).
+ */
+export function lineChart(series, { format = (v) => fmtNumber(v, 2), testid, height = 180, max, timeFormat = timeLabel } = {}) {
   const width = 560;
   const pad = { l: 48, r: 12, t: 10, b: 22 };
   const pts = series.flatMap((s) => s.points);
@@ -68,8 +71,8 @@ export function lineChart(series, { format = (v) => fmtNumber(v, 2), testid, hei
     svg("line", { x1: pad.l, x2: width - pad.r, y1: height - pad.b, y2: height - pad.b, class: "chart-axis" }),
     svg("text", { x: pad.l - 4, y: pad.t + 8, "text-anchor": "end", class: "chart-value" }, format(vmax)),
     svg("text", { x: pad.l - 4, y: height - pad.b, "text-anchor": "end", class: "chart-value" }, "0"),
-    svg("text", { x: pad.l, y: height - 6, class: "chart-value" }, timeLabel(t0)),
-    svg("text", { x: width - pad.r, y: height - 6, "text-anchor": "end", class: "chart-value" }, timeLabel(t1)),
+    svg("text", { x: pad.l, y: height - 6, class: "chart-value" }, timeFormat(t0)),
+    svg("text", { x: width - pad.r, y: height - 6, "text-anchor": "end", class: "chart-value" }, timeFormat(t1)),
   ];
   series.forEach((s, i) => {
     if (!s.points.length) return;
@@ -82,6 +85,11 @@ export function lineChart(series, { format = (v) => fmtNumber(v, 2), testid, hei
     svg("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img" }, parts),
     legend(series.map((s) => s.name)),
   );
+}
+
+/** A day's label, for charts whose points are days apart. */
+export function dayLabel(unix) {
+  return new Date(unix * 1000).toLocaleDateString([], { month: "short", day: "numeric" });
 }
 
 function timeLabel(unix) {

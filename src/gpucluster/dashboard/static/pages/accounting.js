@@ -1,8 +1,9 @@
 // The accounting panel of the usage page: GPU-hours, cost, energy, utilisation and lost work per
-// team over the last 30 days (GET /v1/usage), and each budget against what its team spent in the
-// current period (GET /v1/budgets). A head without these endpoints gets "no accounting data yet".
+// team over the last 30 days (GET /v1/usage), the same per team and day as charts over time
+// (GET /v1/usage/series), and each budget against what its team spent in the current period
+// (GET /v1/budgets). A head without these endpoints gets "no accounting data yet".
 
-import { barChart } from "../charts.js";
+import { barChart, dayLabel, lineChart } from "../charts.js";
 import { fmtNumber, fmtTime, h, table } from "../ui.js";
 
 // Accounting endpoints, found in the head's OpenAPI document (GET, no path parameters).
@@ -46,6 +47,31 @@ function usageSection(body) {
       { testid: "usage", empty: "No rows." },
     ),
   );
+  return out;
+}
+
+/**
+ * GET /v1/usage/series (its defaults: by team, 30 days, a bucket a day): {by, step, buckets:
+ * [unix...], series: [{key, gpu_hours: [...], cost: [...], energy_kwh: [...]}]}. One chart per
+ * measure, a line per team; cost and energy only where some bucket has any.
+ */
+function seriesSection(body) {
+  const series = body.series || [];
+  const buckets = body.buckets || [];
+  const step = body.step || 86400;
+  const per = step >= 86400 ? (step === 86400 ? "day" : `${fmtNumber(step / 86400, 1)} days`) : `${fmtNumber(step / 3600, 1)} h`;
+  const out = [h("h3", {}, `Usage over time by ${body.by || "team"}, per ${per}`)];
+  if (!series.length) return [...out, h("p", { class: "empty", "data-testid": "usage-series-empty" }, "No usage recorded yet.")];
+  const timeFormat = step >= 86400 ? dayLabel : undefined;
+  const lines = (field) => series.map((s) => ({ name: s.key, points: buckets.map((t, i) => [t, (s[field] || [])[i] ?? 0]) }));
+  const any = (field) => series.some((s) => (s[field] || []).some((v) => v > 0));
+  for (const [field, title, digits] of [["cost", "cost", 2], ["gpu_hours", "GPU-hours", 2], ["energy_kwh", "energy (kWh)", 3]]) {
+    if (field !== "gpu_hours" && !any(field)) continue;
+    out.push(
+      h("h4", {}, title),
+      lineChart(lines(field), { format: (v) => fmtNumber(v, v > 0 && v < 0.1 ? 4 : digits), testid: `usage-series-${field}`, timeFormat }),
+    );
+  }
   return out;
 }
 
@@ -106,11 +132,15 @@ export function accountingPanel(data) {
     ];
   }
   const out = [title];
-  for (const [path, body] of Object.entries(data).sort(([a], [b]) => (a.includes("usage") ? -1 : b.includes("usage") ? 1 : 0))) {
+  // The usage table, then its charts over time, then budgets.
+  const rank = (p) => (p.endsWith("/series") ? 1 : p.includes("usage") ? 0 : 2);
+  for (const [path, body] of Object.entries(data).sort(([a], [b]) => rank(a) - rank(b))) {
     if (body && body.error && body.status) {
       out.push(h("p", { class: "flash bad" }, `${path}: ${body.error}`));
     } else if (path.includes("budget")) {
       out.push(...budgetSection(body || {}));
+    } else if (path.endsWith("/series")) {
+      out.push(...seriesSection(body || {}));
     } else {
       out.push(...usageSection(body || {}));
     }

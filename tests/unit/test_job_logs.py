@@ -1,0 +1,76 @@
+"""The shim's capped log (rotation) and read_log's offsets, on real files with a real shim
+process; and a job whose log cannot be written (a full tmpfs) still runs to its end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpucluster.executors.local import SHIM
+from gpucluster.executors.logfile import read_log
+
+LINE = 21  # bytes in "line NNNNNNNNN......\n"
+WRITE = "import sys\nfor i in range({n}): sys.stdout.write(f'line {{i:09d}}......\\n')\n"
+
+
+def _run_shim(run_dir: Path, log: Path, cap: int, script: str) -> dict[str, object]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-I", "-S", str(SHIM), str(run_dir), str(run_dir)]
+    argv += ["--log", str(log), "--max-log-bytes", str(cap), "--", sys.executable, "-c", script]
+    subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=60, check=False)
+    return dict(json.loads((run_dir / "exit.json").read_text()))
+
+
+def test_the_log_keeps_the_newest_bytes_under_the_cap_and_offsets_count_every_byte(tmp_path: Path) -> None:
+    log = tmp_path / "output.log"
+    assert _run_shim(tmp_path, log, 8192, WRITE.format(n=3000))["exit_code"] == 0
+    total = 3000 * LINE
+    kept = log.stat().st_size + Path(f"{log}.1").stat().st_size
+    assert kept <= 8192
+    dropped = int(Path(f"{log}.dropped").read_text())
+    assert dropped + kept == total
+    data, end = read_log(log, 0)  # rotated away: from the oldest byte kept
+    assert end == total and len(data) == kept and data.endswith(b"line 000002999......\n")
+    assert read_log(log, (2999) * LINE) == (b"line 000002999......\n", total)
+    assert read_log(log, total) == (b"", total)
+    # Read in pieces from any kept offset: the pieces join into exactly the kept bytes.
+    pos, pieces = dropped, []
+    while pos < total:
+        chunk, _ = read_log(log, pos)
+        pieces.append(chunk[:100])
+        pos += len(chunk[:100])
+    assert b"".join(pieces) == data
+
+
+def test_an_uncapped_log_reads_as_the_plain_file(tmp_path: Path) -> None:
+    log = tmp_path / "output.log"
+    log.write_bytes(b"hello\nworld\n")
+    assert read_log(log, 0) == (b"hello\nworld\n", 12)
+    assert read_log(log, 6) == (b"world\n", 12)
+    assert read_log(tmp_path / "missing.log", 0) == (b"", 0)
+
+
+@pytest.fixture
+def full_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_a_job_whose_log_disk_is_full_still_runs_to_its_end(tmp_path: Path, full_tmpfs: Path) -> None:
+    # 2 MB of output into a 1 MB filesystem with a cap above it: the disk fills, not the cap.
+    record = _run_shim(tmp_path / "run", full_tmpfs / "output.log", 64 * 1024**2, WRITE.format(n=100_000))
+    assert record["exit_code"] == 0
+    data, _ = read_log(full_tmpfs / "output.log", 0)
+    assert data.startswith(b"line 000000000......\n") and len(data) < 100_000 * LINE

@@ -1,0 +1,141 @@
+"""A full or read-only data dir: a clear DataDirUnwritable, the last good state kept, and the
+store writable again once space returns. Real SQLite files: a real SQLITE_FULL (the database's
+page limit), a real ENOSPC (a tiny tmpfs, where this machine lets us mount one), and the
+translation of injected OSErrors at the write boundary (read-only: a tmpfs with the database open
+for writing cannot be remounted read-only, and root ignores chmod)."""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpucluster.core.states import JobState
+from gpucluster.store import DataDirUnwritable, Store
+from gpucluster.store.store import unwritable
+
+from .builders import spec
+
+
+def _integrity(db: Path) -> str:
+    with sqlite3.connect(db) as c:
+        return str(c.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def _cap_pages(store: Store, pages: int) -> None:
+    """SQLite's own size limit: writes past it fail exactly as on a full disk (SQLITE_FULL)."""
+    with store._writer.connect() as c:  # the pool's one writer connection keeps the pragma
+        c.exec_driver_sql(f"PRAGMA max_page_count={pages}")
+
+
+def test_a_full_database_refuses_writes_clearly_keeps_its_state_and_recovers(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    store = Store(db)
+    try:
+        first = store.create_job(spec(gpus=1), now=1.0)
+        with store._writer.connect() as c:
+            pages = int(c.exec_driver_sql("PRAGMA page_count").scalar() or 0)
+        _cap_pages(store, pages)
+        big = spec(gpus=1, command=["echo", *["x" * 60_000] * 4])  # needs pages the database may not grow by
+        with pytest.raises(DataDirUnwritable, match=rf"the data dir {tmp_path} is full: .*free some space") as e:
+            store.create_job(big, now=2.0)
+        assert e.value.full
+        assert [j.id for j in store.list_jobs()] == [first]
+        assert store.get_job(first) is not None and store.get_job(first).state is JobState.QUEUED  # type: ignore[union-attr]
+        _cap_pages(store, 1_000_000_000)  # space is back
+        second = store.create_job(big, now=3.0)
+        assert [j.id for j in store.list_jobs()] == [first, second]
+    finally:
+        store.close()
+    assert _integrity(db) == "ok"
+
+
+@pytest.mark.parametrize(
+    ("err", "full"),
+    [(errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EROFS, False), (errno.EACCES, False)],
+)
+def test_oserrors_at_the_write_boundary_become_clear_errors(tmp_path: Path, err: int, full: bool) -> None:
+    store = Store(tmp_path / "state.db")
+    try:
+        kept = store.create_job(spec(gpus=1), now=1.0)
+        with pytest.raises(DataDirUnwritable) as e, store._write() as c:
+            c.exec_driver_sql("UPDATE jobs SET reason = 'half-done'")
+            raise OSError(err, "injected")
+        assert e.value.full is full
+        assert ("is full" if full else "is read-only") in str(e.value) and str(tmp_path) in str(e.value)
+        job = store.get_job(kept)
+        assert job is not None and job.reason == "submitted"  # rolled back
+    finally:
+        store.close()
+
+
+def test_other_errors_are_not_mistaken_for_a_full_or_read_only_disk(tmp_path: Path) -> None:
+    assert unwritable(tmp_path, OSError(errno.EBADF, "bad fd")) is None
+    assert unwritable(tmp_path, ValueError("no such column")) is None
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_a_really_full_disk_refuses_writes_and_recovers_when_space_returns(tiny_tmpfs: Path) -> None:
+    db = tiny_tmpfs / "state.db"
+    store = Store(db)
+    filler = tiny_tmpfs / "filler"
+    try:
+        first = store.create_job(spec(gpus=1), now=1.0)
+        with open(filler, "wb") as f:  # take every free byte
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+        big = spec(gpus=1, command=["echo", *["x" * 60_000] * 4])
+        with pytest.raises(DataDirUnwritable, match="is full") as e:
+            for n in range(5):  # the WAL may still hold a little free room
+                store.create_job(big, now=2.0 + n)
+        assert e.value.full
+        assert first in [j.id for j in store.list_jobs()]
+        filler.unlink()  # space is back
+        again = store.create_job(spec(gpus=1), now=10.0)
+        assert store.get_job(again) is not None
+        last = store.create_job(spec(gpus=1), now=12.0)
+        assert [j.id for j in store.list_jobs()] == [first, again, last]
+    finally:
+        store.close()
+    assert _integrity(db) == "ok"
+
+
+def test_the_api_answers_a_submission_to_a_full_data_dir_with_507_and_the_reason(tmp_path: Path) -> None:
+    from .headkit import api_client, make_cluster
+
+    cluster = make_cluster(tmp_path)
+    try:
+        client = api_client(cluster.service)
+        body = {"command": ["echo", *["x" * 60_000] * 4], "gpus": 1}
+        assert client.post("/v1/jobs", json={"command": ["true"], "gpus": 1}).status_code == 201
+        with cluster.store._writer.connect() as c:
+            pages = int(c.exec_driver_sql("PRAGMA page_count").scalar() or 0)
+        _cap_pages(cluster.store, pages)
+        r = client.post("/v1/jobs", json=body)
+        assert r.status_code == 507, r.text
+        assert r.json()["error"].startswith(f"the data dir {tmp_path} is full: database or disk is full")
+        assert len(client.get("/v1/jobs").json()["jobs"]) == 1  # reads still work: the last good state
+        _cap_pages(cluster.store, 1_000_000_000)
+        assert client.post("/v1/jobs", json=body).status_code == 201
+    finally:
+        cluster.close()
