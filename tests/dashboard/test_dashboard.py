@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -34,12 +35,31 @@ def go(driver: WebDriver, route: str) -> None:
 
 
 def wait(driver: WebDriver, what: str, predicate: Callable[[WebDriver], Any], timeout: float = 15) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(predicate, message=f"waiting for {what}")
+    # The page re-renders every poll: an element found a moment ago may be gone (stale); try again.
+    return WebDriverWait(
+        driver, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(predicate, message=f"waiting for {what}")
 
 
 def text_of(driver: WebDriver, css: str) -> str:
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    """The element's text; found again if a re-render replaced it between finding and reading."""
+    for _ in range(20):
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        try:
+            return found[0].text if found else ""
+        except StaleElementReferenceException:
+            continue
+    return ""
+
+
+def click(driver: WebDriver, css: str) -> None:
+    """Click the element, finding it again if a re-render replaced it first."""
+
+    def clicked(d: WebDriver) -> bool:
+        d.find_element(By.CSS_SELECTOR, css).click()
+        return True
+
+    wait(driver, f"a click on {css}", clicked)
 
 
 def console_errors(driver: WebDriver) -> list[str]:
@@ -163,7 +183,7 @@ def test_submitted_job_moves_through_states_without_reload(signed_in: Dashboard)
     c.cancel(blocker.id)
     seen.append(wait(driver, "running on screen", lambda d: text_of(d, row) == "running" and "running", timeout=20))
     # Open its page by clicking: the log follows while it runs.
-    driver.find_element(By.CSS_SELECTOR, f"a[href='#/jobs/{job.id}']").click()
+    click(driver, f"a[href='#/jobs/{job.id}']")
     wait(driver, "the log line", lambda d: "hello from the dashboard test" in text_of(d, "[data-testid=log]"))
     seen.append(
         wait(
