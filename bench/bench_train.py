@@ -265,6 +265,11 @@ def side_by_side(bench: Bench, repeats: int) -> dict[str, Any]:
     so their steps/s ratio isolates the launcher's own cost (the head's polling, log capture and
     shims included). Each rank has its own session in both, so the kernel shares CPU between
     them alike. Which one starts first alternates.
+
+    Caveat, measured: the direct launch, with no head at all, also gets ~0.9 of torchrun here
+    on two cores, so this mode shows how the kernel splits CPU between two jobs (by session
+    group), not the launcher's cost. A diagnostic; the back-to-back figure on a quiet machine
+    is the one to quote.
     """
     ratios: list[float] = []
     pairs: list[dict[str, float]] = []
