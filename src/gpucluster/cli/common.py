@@ -1,5 +1,6 @@
-"""What CLI command modules other than main.py share (main.py keeps its own copies: importing
-it from a command module would be circular when run as `python -m gpucluster.cli.main`)."""
+"""What every CLI command module shares, main.py included: the consoles, the common options, and
+one-line errors instead of tracebacks. Here rather than in main.py because command modules
+importing main.py would be circular when it runs as `python -m gpucluster.cli.main`."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from rich.console import Console
 from gpucluster.client import ApiError, Client, ClusterUnreachable
 from gpucluster.userconfig import ConfigError
 
+# A pipe gets full-width lines: wrapped table cells are unreadable to grep and to people alike.
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # a file:line must stay on one line
 
 UrlOpt = Annotated[
     str | None,

@@ -23,7 +23,7 @@ def dashboard(
 ) -> None:
     """The web dashboard's URL; with a token known to this CLI, a signed-in link (`URL/#token=...`:
     the fragment never reaches the server; the page keeps the token and strips it)."""
-    from gpucluster.cli.main import fail, out
+    from gpucluster.cli.common import fail, out
 
     try:
         head = resolve_url(url, userconfig.load())

@@ -40,7 +40,9 @@ def drain(
     url: Annotated[str | None, typer.Option("--url", envvar="GPUCLUSTER_URL", help="the head's URL")] = None,
 ) -> None:
     """Take a node out of scheduling: no new jobs go there; its running jobs go on."""
-    from gpucluster.cli.main import _call, _client, out
+    from gpucluster.cli.common import call as _call
+    from gpucluster.cli.common import client as _client
+    from gpucluster.cli.common import out
 
     with _client(url) as c:
         n = _call(c.drain, node, reason)
@@ -52,7 +54,9 @@ def undrain(
     url: Annotated[str | None, typer.Option("--url", envvar="GPUCLUSTER_URL", help="the head's URL")] = None,
 ) -> None:
     """Return a drained node to scheduling (also forgets its health problems, e.g. after a GPU reset)."""
-    from gpucluster.cli.main import _call, _client, out
+    from gpucluster.cli.common import call as _call
+    from gpucluster.cli.common import client as _client
+    from gpucluster.cli.common import out
 
     with _client(url) as c:
         n = _call(c.undrain, node)

@@ -6,18 +6,22 @@ command takes --json and then prints JSON only.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out
+from gpucluster.cli.common import call as _call
+from gpucluster.cli.common import client as _client
+from gpucluster.cli.common import print_json as _print_json
+from gpucluster.cli.common import ts as _ts
 from gpucluster.client import ApiError, Client, ClusterUnreachable
 from gpucluster.durations import format_duration
 from gpucluster.jobfile import JobFileError, read_job_file, spec_from_fields
@@ -29,21 +33,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# A pipe gets full-width lines: wrapped table cells are unreadable to grep and to people alike.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # a file:line must stay on one line
-
-UrlOpt = Annotated[
-    str | None,
-    typer.Option("--url", envvar="GPUCLUSTER_URL", help="the head's URL [default: http://127.0.0.1:8642]"),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JSON only")]
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
-    raise typer.Exit(code)
-
 
 @app.callback()
 def _global(
@@ -59,30 +48,6 @@ def _global(
     """gpucluster: a GPU cluster. Start it with `gpucluster up`, then submit jobs."""
     if token is not None:
         os.environ["GPUCLUSTER_TOKEN"] = token  # where Client looks; jobs never inherit it
-
-
-def _client(url: str | None) -> Client:
-    from gpucluster.userconfig import ConfigError
-
-    try:
-        return Client(url)
-    except ConfigError as e:
-        fail(str(e))
-
-
-def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except (ApiError, ClusterUnreachable) as e:
-        fail(str(e))
-
-
-def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _ts(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
 def _gpus(job: Job) -> str:
@@ -512,12 +477,30 @@ def cancel(
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel jobs: queued ones at once, running ones with SIGTERM, then SIGKILL after the grace period."""
+    _for_each_job(
+        job_ids,
+        url,
+        as_json,
+        lambda c, job_id: c.cancel(job_id),
+        lambda job: "cancelled" if job.state.value == "cancelled" else "stopping (SIGTERM sent)",
+    )
+
+
+def _for_each_job(
+    job_ids: list[int],
+    url: str | None,
+    as_json: bool,
+    act: Callable[[Client, int], Job],
+    says: Callable[[Job], str],
+) -> None:
+    """Apply `act` to each job: a refused job is reported and the rest still go; exit 1 if any
+    was refused; an unreachable head stops at once."""
     results = []
     failed = False
     with _client(url) as c:
         for job_id in job_ids:
             try:
-                job = c.cancel(job_id)
+                job = act(c, job_id)
             except ApiError as e:
                 failed = True
                 err.print(f"[red]error:[/red] {e}")
@@ -526,8 +509,7 @@ def cancel(
                 fail(str(e))
             results.append(job)
             if not as_json:
-                note = "cancelled" if job.state.value == "cancelled" else "stopping (SIGTERM sent)"
-                out.print(f"job {job.id}: {note}")
+                out.print(f"job {job.id}: {says(job)}")
     if as_json:
         _print_json([j.model_dump(mode="json") for j in results])
     if failed:
@@ -542,25 +524,13 @@ def requeue(
 ) -> None:
     """Checkpoint and requeue running jobs: SIGTERM, the grace period, then back in the queue with
     the same id; each restarts later as a new attempt (from its checkpoint, if it wrote one)."""
-    results = []
-    failed = False
-    with _client(url) as c:
-        for job_id in job_ids:
-            try:
-                job = c.requeue(job_id)
-            except ApiError as e:
-                failed = True
-                err.print(f"[red]error:[/red] {e}")
-                continue
-            except ClusterUnreachable as e:
-                fail(str(e))
-            results.append(job)
-            if not as_json:
-                out.print(f"job {job.id}: requeueing (SIGTERM sent; back in the queue once it exits)")
-    if as_json:
-        _print_json([j.model_dump(mode="json") for j in results])
-    if failed:
-        raise typer.Exit(1)
+    _for_each_job(
+        job_ids,
+        url,
+        as_json,
+        lambda c, job_id: c.requeue(job_id),
+        lambda _: "requeueing (SIGTERM sent; back in the queue once it exits)",
+    )
 
 
 @app.command()

@@ -44,7 +44,7 @@ def simulate(
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
 ) -> None:
     """Replay a workload trace on a simulated cluster through the real scheduler; compare policies."""
-    from gpucluster.cli.main import fail
+    from gpucluster.cli.common import fail
     from gpucluster.sim.run import SimulateOptions
     from gpucluster.sim.run import simulate as run_simulation
 
