@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,6 @@ from gpucluster.models import JobSpec
 from gpucluster.store import Store
 
 from .authkit import World, make_world
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = make_world(tmp_path)
-    try:
-        yield w
-    finally:
-        w.cluster.close()
 
 
 def test_the_team_comes_from_identity_and_cannot_be_forged(world: World) -> None:

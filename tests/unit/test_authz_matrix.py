@@ -6,15 +6,11 @@ access rule, or without a line in EXPECTED below, fails here with its name and w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from gpucluster.auth.rules import ACCESS_KEY, Rule
 
-from .authkit import SECRETS, World, make_world
+from .authkit import SECRETS, World
 
 # What each route must require. A new route goes here with the rule it needs.
 EXPECTED: dict[tuple[str, str], Rule] = {
@@ -56,15 +52,6 @@ ALLOWED: dict[Rule, set[str | None]] = {
     Rule.JOB_REPORT: {"job", "alice", "carol", "root"},
     Rule.CLUSTER_ADMIN: {"root"},
 }
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = make_world(tmp_path)
-    try:
-        yield w
-    finally:
-        w.cluster.close()
 
 
 def endpoints(world: World) -> list[tuple[str, str, dict[str, Any]]]:

@@ -6,15 +6,12 @@ accrued inside it, and a group's buckets must add up to its row of /v1/usage ove
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from gpucluster.head.usage import report, series
 from gpucluster.store.accounting import UsageRow
 
-from .authkit import World, make_world
+from .authkit import World
 
 H = 3600.0
 DAY0 = 20_000 * 86400.0  # a UTC midnight: hour buckets are aligned on it
@@ -65,15 +62,6 @@ def test_day_buckets_are_utc_days_and_too_many_buckets_are_refused() -> None:
     assert out.series[0].gpu_hours == pytest.approx([6.0, 18.0])
     with pytest.raises(ValueError, match="at most 1000"):
         series(rows, "team", DAY0, DAY0 + 30 * 86400, 60.0)
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = make_world(tmp_path)
-    try:
-        yield w
-    finally:
-        w.cluster.close()
 
 
 def test_api_shows_members_their_teams_only_and_refuses_bad_requests(world: World) -> None:

@@ -36,7 +36,7 @@ from gpucluster.core.accounting import (
 )
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation, JobRequest
+from gpucluster.core.types import Allocation, JobRequest, Wait
 from gpucluster.store import JobRecord
 from gpucluster.store.accounting import ATTEMPTS_MARK, SAMPLES_MARK, RawSample, UsageRow, UsageStore
 
@@ -48,7 +48,6 @@ log = logging.getLogger("gpucluster.accounting")
 ACCRUE_EVERY_S = 5.0
 # Attempts are looked for this far before the last step's time too (a clock that stepped back).
 ATTEMPT_SLACK_S = 60.0
-BUDGET_WAIT = WaitReason.BUDGET.value  # the wait_reason code of a job held for its team's budget
 
 
 class Accountant:
@@ -297,7 +296,7 @@ class Accountant:
             count[r.team] = count.get(r.team, 0) + 1
             if self._held_jobs.get(r.job_id) != why:
                 write[r.job_id] = why
-        self.usage.hold(write, BUDGET_WAIT)
+        self.head.store.set_wait_reasons({job_id: Wait(WaitReason.BUDGET, why) for job_id, why in write.items()})
         for job_id in write:
             # The loop writes a wait reason only when it changes from the last it wrote: forget
             # that one, so a released job gets its scheduler's reason again even if unchanged.

@@ -11,9 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Index, and_, bindparam, func, insert, select, text, update
+from sqlalchemy import Index, and_, func, insert, select, text
 
-from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation
 from gpucluster.store import schema
 from gpucluster.store.store import AttemptRecord, Store, allocation_from_json, allocation_to_json
@@ -231,16 +230,3 @@ class UsageStore:
             rows = c.execute(q).all()
         return {(r[0], r[1]): (float(r[2]), float(r[3]), float(r[4])) for r in rows}
 
-    def hold(self, reasons: dict[int, str], code: str) -> None:
-        """Record why queued jobs are held outside the scheduler (a team over its budget)."""
-        if not reasons:
-            return
-        j = schema.jobs.c
-        stmt = (
-            update(schema.jobs)
-            .where(j.id == bindparam("jid"))
-            .where(j.state == JobState.QUEUED.value)
-            .values(reason=bindparam("r"), wait_reason=code, estimated_start=None)
-        )
-        with self.store._write() as c:
-            c.execute(stmt, [{"jid": k, "r": v} for k, v in reasons.items()])
