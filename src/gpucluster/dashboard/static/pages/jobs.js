@@ -36,14 +36,21 @@ function utilisationChips(job, byGpu) {
   return chips.length ? chips : null;
 }
 
-function runningRow(job, byGpu) {
-  return h(
-    "tr",
-    { "data-job-id": job.id },
+// The first columns of every table on this page: id, name, team, state.
+function leadCells(job) {
+  return [
     h("td", {}, jobLink(job.id)),
     h("td", {}, job.name),
     h("td", {}, job.spec.team),
     h("td", {}, stateBadge(job.state)),
+  ];
+}
+
+function runningRow(job, byGpu) {
+  return h(
+    "tr",
+    { "data-job-id": job.id },
+    ...leadCells(job),
     h("td", { class: "num" }, fmtNumber(job.allocation.reduce((n, s) => n + s.gpu_indices.length * s.share, 0), 2)),
     h("td", { class: "mono" }, fmtAllocation(job.allocation)),
     h("td", {}, utilisationChips(job, byGpu) ?? h("span", { class: "muted" }, "n/a")),
@@ -57,10 +64,7 @@ function waitingRow(job) {
   return h(
     "tr",
     { "data-job-id": job.id },
-    h("td", {}, jobLink(job.id)),
-    h("td", {}, job.name),
-    h("td", {}, job.spec.team),
-    h("td", {}, stateBadge(job.state)),
+    ...leadCells(job),
     h("td", { class: "num" }, gpusLabel(job.spec)),
     h("td", {}, since(job.submitted_at)),
     h("td", { class: "reason" }, job.reason),
@@ -71,10 +75,7 @@ function endedRow(job) {
   return h(
     "tr",
     { "data-job-id": job.id },
-    h("td", {}, jobLink(job.id)),
-    h("td", {}, job.name),
-    h("td", {}, job.spec.team),
-    h("td", {}, stateBadge(job.state)),
+    ...leadCells(job),
     h("td", { class: "num" }, gpusLabel(job.spec)),
     h("td", {}, relative(job.ended_at)),
     h("td", {}, job.started_at && job.ended_at ? fmtDuration(job.ended_at - job.started_at) : ""),
