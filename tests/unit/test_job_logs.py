@@ -14,6 +14,8 @@ import pytest
 from gpucluster.executors.local import SHIM
 from gpucluster.executors.logfile import read_log
 
+from .tmpfs import mounted_tmpfs
+
 LINE = 21  # bytes in "line NNNNNNNNN......\n"
 WRITE = "import sys\nfor i in range({n}): sys.stdout.write(f'line {{i:09d}}......\\n')\n"
 
@@ -57,15 +59,8 @@ def test_an_uncapped_log_reads_as_the_plain_file(tmp_path: Path) -> None:
 
 @pytest.fixture
 def full_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def test_a_job_whose_log_disk_is_full_still_runs_to_its_end(tmp_path: Path, full_tmpfs: Path) -> None:

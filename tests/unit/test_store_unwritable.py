@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import sqlite3
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from gpucluster.store import DataDirUnwritable, Store
 from gpucluster.store.store import unwritable
 
 from .builders import spec
+from .tmpfs import mounted_tmpfs
 
 
 def _integrity(db: Path) -> str:
@@ -80,15 +80,8 @@ def test_other_errors_are_not_mistaken_for_a_full_or_read_only_disk(tmp_path: Pa
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", "2m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def test_a_really_full_disk_refuses_writes_and_recovers_when_space_returns(tiny_tmpfs: Path) -> None:
