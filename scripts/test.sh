@@ -11,7 +11,7 @@ PY=${PYTHON:-python3}
 # any torch >= 2.1 (extra `train`).
 .venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q -e '.[test,train,ray]' 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, pytest, torch, sklearn, ray.cluster_utils" # fail fast if an install did not take
+.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, alembic, psycopg, schemathesis, pytest, torch, sklearn, ray.cluster_utils" # fail fast if an install did not take
 # The dashboard's browser tests drive Debian's chromium through its chromedriver (no browser
 # download: only package registries are reachable). Installed here when missing, as root.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
@@ -21,6 +21,18 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
       >/dev/null || echo "apt-get could not install chromium: the dashboard browser tests will be skipped" >&2
   else
     echo "chromium/chromedriver missing and cannot apt-get them: the dashboard browser tests will be skipped" >&2
+  fi
+fi
+# The store's tests run on SQLite and on a real PostgreSQL server (tests/pgserver.py starts a
+# private one from Debian's binaries). Installed here when missing, as root; the package's own
+# cluster is not started (the tests run initdb into a temp dir).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing postgresql (apt)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; } \
+      >/dev/null || echo "apt-get could not install postgresql: the PostgreSQL tests will be skipped" >&2
+  else
+    echo "postgresql missing and cannot apt-get it: the PostgreSQL tests will be skipped" >&2
   fi
 fi
 echo "== ruff"; .venv/bin/ruff check src tests bench

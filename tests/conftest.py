@@ -13,6 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.pgserver import postgres_server, postgres_url  # noqa: F401 - PostgreSQL for the store's tests
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "backends(*names): the store backends (sqlite, postgresql) a test runs on (tests/unit/conftest.py)"
+    )
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _client_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:

@@ -22,7 +22,6 @@ from gpucluster.models import (
     NodeList,
     NodeOut,
     PolicyOut,
-    QueueEntry,
     QueueOut,
     UsageOut,
 )
@@ -169,8 +168,11 @@ class Client(AdminCalls):
         except httpx.TransportError as e:
             raise ClusterUnreachable(f"lost the head at {self.url} while following logs ({e})") from None
 
-    def queue(self) -> list[QueueEntry]:
-        return QueueOut.model_validate(self._request("GET", "/v1/queue").json()).entries
+    def queue(self, limit: int | None = None, job_id: int | None = None) -> QueueOut:
+        """The front of the queue (the head's default page when `limit` is None) and its length;
+        with `job_id`, that job alone at its position (no entry when it is not queued)."""
+        params = {k: v for k, v in (("limit", limit), ("job", job_id)) if v is not None}
+        return QueueOut.model_validate(self._request("GET", "/v1/queue", params=params).json())
 
     def policy(self) -> PolicyOut:
         return PolicyOut.model_validate(self._request("GET", "/v1/policy").json())

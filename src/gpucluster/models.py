@@ -11,6 +11,7 @@ import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from gpucluster.core.states import JobState
 from gpucluster.durations import parse_duration
@@ -20,6 +21,7 @@ from gpucluster.durations import parse_duration
 MAX_GPUS_PER_JOB = 131_072
 MAX_NODES_PER_JOB = 16_384
 MAX_RESTARTS = 1000
+MAX_SQL_INT = 2**63 - 1  # the largest integer the store can hold (SQLite INTEGER, PostgreSQL BIGINT)
 GPU_RANGE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")
 MAX_TIME_LIMIT_S = 366 * 86400
 MAX_COMMAND_ARGS = 4096
@@ -49,6 +51,16 @@ def parse_memory_mb(value: str | int | float) -> int:
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
+# What the validators below accept, said in the OpenAPI document too (JSON Schema keywords apply
+# only to values of their type: `pattern` to the string form of a field, `minimum` to its number).
+DURATION_PATTERN = r"^\s*(\d+(\.\d+)?|(\d+(\.\d+)?[dhmsDHMS])+)\s*$"
+_MEMORY_SCHEMA: JsonDict = {
+    "minimum": 1,
+    "maximum": 16 * 1024 * 1024,
+    "pattern": r"^\s*\d+(\.\d+)?\s*([GgMm]([Ii]?[Bb])?)\s*$",
+}
+_GPU_TYPE: JsonDict = {"minLength": 1, "maxLength": 64, "pattern": r"\S"}
+
 
 class JobSpec(BaseModel):
     """What a user submits. Unknown fields are rejected so a typo never silently does nothing."""
@@ -59,24 +71,47 @@ class JobSpec(BaseModel):
         ...,
         description="argv list, run without a shell; with shell=true a single shell command line",
         max_length=MAX_COMMAND_ARGS,
+        json_schema_extra={"minItems": 1},
     )
-    gpus: float = Field(1, description="whole GPUs (1 or more), or a share of one GPU (0 < gpus < 1)")
+    gpus: float = Field(
+        1,
+        description="whole GPUs (1 or more), or a share of one GPU (0 < gpus < 1)",
+        json_schema_extra={"minimum": 0.01, "maximum": MAX_GPUS_PER_JOB},
+    )
     gpu_type: str | list[str] | None = Field(
-        None, description="GPU model (e.g. H100-80GB), or a list of acceptable models, most preferred first"
+        None,
+        description="GPU model (e.g. H100-80GB), or a list of acceptable models, most preferred first",
+        json_schema_extra={
+            **_GPU_TYPE,
+            "minItems": 1,
+            "maxItems": 16,
+            "items": {"type": "string", **_GPU_TYPE},
+        },
     )
     gpu_memory: str | int | None = Field(
-        None, description="share one GPU by memory, e.g. 10GiB (a number means MiB); implies a fraction"
+        None,
+        description="share one GPU by memory, e.g. 10GiB (a number means MiB); implies a fraction",
+        json_schema_extra=_MEMORY_SCHEMA,
     )
-    min_gpu_memory: str | int | None = Field(None, description="only GPUs with at least this much memory")
+    min_gpu_memory: str | int | None = Field(
+        None, description="only GPUs with at least this much memory", json_schema_extra=_MEMORY_SCHEMA
+    )
     nodes: int | None = Field(
         None, ge=1, le=MAX_NODES_PER_JOB, description="spread over exactly this many nodes, evenly"
     )
     name: Name | None = None
     team: Name = "default"
     priority: PriorityName = "normal"
-    time_limit: float | str | None = Field(None, description="seconds, or a duration such as 90s, 30m, 2h, 1h30m, 1d")
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = Field(None, max_length=4096, description="absolute path")
+    time_limit: float | str | None = Field(
+        None,
+        description="seconds, or a duration such as 90s, 30m, 2h, 1h30m, 1d",
+        json_schema_extra={"minimum": 1, "maximum": MAX_TIME_LIMIT_S, "pattern": DURATION_PATTERN},
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={"maxProperties": MAX_ENV_VARS, "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"}},
+    )
+    workdir: str | None = Field(None, max_length=4096, description="absolute path", json_schema_extra={"pattern": "^/"})
     shell: bool = Field(False, description="run command[0] through /bin/sh -c")
     min_gpus: int | None = Field(
         None,
@@ -290,9 +325,9 @@ class ProgressIn(BaseModel):
 
     model_config = ConfigDict(extra="ignore")  # newer reporters may send more
 
-    step: int | None = Field(None, ge=0, description="the training step reached")
+    step: int | None = Field(None, ge=0, le=MAX_SQL_INT, description="the training step reached")
     checkpoint_at: float | None = Field(None, ge=0, description="Unix time of the newest complete checkpoint")
-    checkpoint_step: int | None = Field(None, ge=0, description="the step the newest checkpoint holds")
+    checkpoint_step: int | None = Field(None, ge=0, le=MAX_SQL_INT, description="the step the newest checkpoint holds")
     # Its load, for virtual GPUs' synthetic telemetry (real GPUs are read through NVML).
     gpu_utilization: float | None = Field(None, ge=0, le=100, description="percent of its GPUs it keeps busy")
     gpu_memory_mb: float | None = Field(None, ge=0, le=1e9, description="MiB of GPU memory used on each of its GPUs")
@@ -438,6 +473,17 @@ class ErrorBody(BaseModel):
     detail: list[dict[str, object]] = Field(default_factory=list)
 
 
+class HealthOut(BaseModel):
+    """GET /v1/health: 200 when the scheduling loop runs, 503 with the problem when not."""
+
+    status: Literal["ok", "degraded"]
+    problem: str | None
+    version: str
+    jobs: dict[str, int] = Field(description="jobs by state")
+    last_cycle_age_s: float | None
+    last_decide_s: float | None
+
+
 class QueueEntry(BaseModel):
     position: int
     job: Job
@@ -445,6 +491,8 @@ class QueueEntry(BaseModel):
 
 class QueueOut(BaseModel):
     entries: list[QueueEntry]
+    # How many queued jobs the caller may see, listed or not (a `limit` lists the front only).
+    total: int = 0
 
 
 class TeamOut(BaseModel):

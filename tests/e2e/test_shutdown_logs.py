@@ -24,8 +24,10 @@ def _sigterm(head: HeadProcess) -> None:
 def test_sigterm_keeps_running_jobs_and_the_next_head_adopts_them(head_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     data = tmp_path / "data"
     head = head_factory(data).start()
+    go = tmp_path / "go"  # the job ends when the test says so, not after a sleep a slow restart outlasts
+    script = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nprint('adopted done')"
     with head.client() as c:
-        job = c.submit([PY, "-c", "import time; time.sleep(4); print('adopted done')"], gpus=2).id
+        job = c.submit([PY, "-c", script], gpus=2).id
         running(head, job)
     pgids = wait_for(head.job_pgids, what="the job's shim to record its pid")
     _sigterm(head)
@@ -35,6 +37,7 @@ def test_sigterm_keeps_running_jobs_and_the_next_head_adopts_them(head_factory, 
     head2 = head_factory(data, port=head.port).start()
     with head2.client() as c:
         assert c.job(job).state.value == "running"
+        go.touch()
         done = finished(head2, job, timeout=30)
         assert done.state.value == "succeeded" and done.attempt == 1, done.reason
         assert c.logs(job).strip() == "adopted done"

@@ -122,7 +122,11 @@ class RayHead(HeadProcess):
         super().__init__(
             data_dir,
             grace=grace,
-            extra_args=("--ray", address, "--restart-backoff", "0.2s", "--telemetry-interval", "1s"),
+            # A small log cap: test_ray_cluster.py's log test writes past it (the others stay far below).
+            extra_args=(
+                *("--ray", address, "--restart-backoff", "0.2s", "--telemetry-interval", "1s"),
+                *("--max-log-size", "256KiB"),
+            ),
         )
         args: list[str] = []
         skip = False

@@ -205,3 +205,35 @@ def test_head_restart_reconnects_and_adopts_running_jobs(ray_head: RayHead, tmp_
             ["rank 0 up", "rank 0 done"],
             ["rank 1 up", "rank 1 done"],
         ]
+
+
+def test_a_ray_jobs_log_is_capped_on_its_node_and_on_the_head_and_serves_its_tail(
+    ray_head: RayHead, ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """The head runs with --max-log-size 256KiB (conftest): a job writing 1.5 MB keeps at most
+    the cap on its node while it runs and in the head's copy, and the API serves the newest bytes
+    at the offsets the job wrote them (rotated bytes counted)."""
+    cap, line, n = 256 * 1024, 21, 70_000
+    total = n * line
+    write = f"import sys, time\nfor i in range({n}): sys.stdout.write(f'line {{i:09d}}......\\n')\n"
+    write += "sys.stdout.flush(); time.sleep(3)\n"
+    with ray_head.client() as c:
+        job = c.submit([sys.executable, "-c", write], gpus=1, workdir=str(tmp_path), name="chatty")
+        _state(c, job.id, "running")
+        node_log = wait_for(
+            lambda: next(iter(ray_cluster.tmp.glob(f"gpucluster-node/*/jobs/{job.id}/attempt-1/output.log")), None),
+            timeout=30, what="the job's log on its node",
+        )  # fmt: skip
+        wait_for(lambda: c.logs(job.id, offset=total - line) != "", timeout=30, what="the last line at the head")
+        on_node = [p.stat().st_size for p in node_log.parent.glob("output.log*") if p.suffix in (".log", ".1")]
+        done = _state(c, job.id, "succeeded", "failed", timeout=60)
+        assert done.state.value == "succeeded", done.reason
+        tail = c.logs(job.id)
+        last = c.logs(job.id, offset=total - line)
+    assert sum(on_node) <= cap, on_node
+    head_log = ray_head.data_dir / "jobs" / str(job.id) / "attempt-1" / "output.log"
+    kept = sum(p.stat().st_size for p in (head_log, Path(f"{head_log}.1")) if p.exists())
+    assert kept <= cap and int(Path(f"{head_log}.dropped").read_text()) + kept == total
+    assert last == f"line {n - 1:09d}......\n"
+    written = "".join(f"line {i:09d}......\n" for i in range(n))
+    assert tail == written[-kept:]  # the newest bytes (segments are cut at byte counts, not lines)

@@ -40,8 +40,8 @@ class World:
         return self.app.request(method, path, headers=self.as_(who), **kw).status_code  # type: ignore[arg-type]
 
 
-def make_world(tmp_path: Path, rate_per_s: float = 0.0) -> World:
-    cluster = make_cluster(tmp_path, default_command=["true"])
+def make_world(tmp_path: Path, rate_per_s: float = 0.0, store_target: Path | str | None = None) -> World:
+    cluster = make_cluster(tmp_path, default_command=["true"], store_target=store_target)
     access = AccessControl(cluster.store, cluster.clock, rate_per_s=rate_per_s, run_as_submitter=False)
     root = access.bootstrap("root", None)
     assert root is not None

@@ -73,9 +73,16 @@ class Cluster:
         self.store.close()
 
 
-def make_cluster(tmp_path: Path, gpus: int = 8, default_command: list[str] | None = None, **head: Any) -> Cluster:
-    """One node `n1` with `gpus` H100s; `head` keywords go to Head (policy, grace_period_s, ...)."""
-    store = Store(tmp_path / "state.db")
+def make_cluster(
+    tmp_path: Path,
+    gpus: int = 8,
+    default_command: list[str] | None = None,
+    store_target: Path | str | None = None,
+    **head: Any,
+) -> Cluster:
+    """One node `n1` with `gpus` H100s; `head` keywords go to Head (policy, grace_period_s, ...).
+    `store_target`: the store's file or PostgreSQL URL (default: state.db in tmp_path)."""
+    store = Store(store_target or tmp_path / "state.db")
     store.put_node(node("n1").gpus(gpus, "H100").build(), virtual=True, now=T0)
     fake = FakeExecutor()
     clock = Clock()

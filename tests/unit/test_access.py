@@ -14,6 +14,8 @@ from gpucluster.store import Store
 
 from .authkit import World, make_world
 
+STORE_BACKENDS = ("sqlite", "postgresql")  # the `world` fixture's store: tests/unit/conftest.py
+
 
 def test_the_team_comes_from_identity_and_cannot_be_forged(world: World) -> None:
     r = world.app.post("/v1/jobs", json={"command": ["true"]}, headers=world.as_("alice"))
@@ -119,6 +121,26 @@ def test_the_queue_shows_only_your_teams_jobs_at_their_true_positions(world: Wor
     assert mine[0]["position"] == next(e["position"] for e in everyone if e["job"]["owner"] == "bob")
 
 
+def test_the_queue_lists_a_page_from_the_front_counts_the_rest_and_finds_one_job(world: World) -> None:
+    for who in ("alice", "bob", "alice", "alice", "bob"):
+        world.app.post("/v1/jobs", json={"command": ["true"], "gpus": 8}, headers=world.as_(who))
+    world.cluster.tick_at(world.cluster.clock.t + 1)
+    everyone = world.app.get("/v1/queue", headers=world.as_("root")).json()
+    front = world.app.get("/v1/queue?limit=2", headers=world.as_("root")).json()
+    assert everyone["total"] == front["total"] == len(everyone["entries"]) == 5
+    assert front["entries"] == everyone["entries"][:2]
+    bobs = world.app.get("/v1/queue?limit=1", headers=world.as_("bob")).json()
+    assert bobs["total"] == 2 and [e["job"]["owner"] for e in bobs["entries"]] == ["bob"]
+    last = everyone["entries"][-1]
+    one = world.app.get(f"/v1/queue?job={last['job']['id']}", headers=world.as_("root")).json()
+    assert one["entries"] == [last]
+    alices = next(e for e in everyone["entries"] if e["job"]["owner"] == "alice")
+    hidden = world.app.get(f"/v1/queue?job={alices['job']['id']}", headers=world.as_("bob")).json()
+    assert hidden["entries"] == []  # another team's job is not placed for you
+    r = world.app.get("/v1/queue?limit=0", headers=world.as_("root"))
+    assert r.status_code == 422 and "limit" in r.json()["error"]
+
+
 def test_a_job_token_reports_its_own_progress_and_nothing_else(world: World) -> None:
     env = world.cluster.proc(world.own).spec.env
     token = env["GPUCLUSTER_JOB_TOKEN"]
@@ -159,6 +181,7 @@ def test_a_root_head_refuses_a_submitter_without_a_unix_account(world: World) ->
     assert strict.run_as("alice") == "alice" and strict.run_as(None) is None
 
 
+@pytest.mark.backends("sqlite")  # reads the database file itself
 def test_only_token_digests_are_stored(world: World) -> None:
     db = world.cluster.store.path
     raw = db.read_bytes() + (db.parent / (db.name + "-wal")).read_bytes()

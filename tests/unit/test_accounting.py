@@ -26,9 +26,12 @@ from .headkit import T0, Cluster, api_client, make_cluster
 PRICE = {"H100": 3.60}
 
 
+STORE_BACKENDS = ("sqlite", "postgresql")  # tests/unit/conftest.py
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = make_cluster(tmp_path, default_command=["train"], prices=PRICE, grace_period_s=5.0)
+def cluster(tmp_path: Path, store_target: Path | str) -> Iterator[Cluster]:
+    c = make_cluster(tmp_path, default_command=["train"], prices=PRICE, grace_period_s=5.0, store_target=store_target)
     yield c
     c.close()
 
@@ -169,7 +172,7 @@ def test_a_team_over_budget_has_new_jobs_held_until_the_budget_grows_or_the_peri
         r = c.record(held)
         assert r.wait_reason == "budget"
         assert r.reason.startswith("held: team vision spent 0.18 of its 0.18 money budget for this 1d period")
-        assert [e.job.id for e in c.service.queue()] == [held]
+        assert [e.job.id for e in c.service.queue().entries] == [held]
         with api_client(c.service) as api:
             [b] = api.get("/v1/budgets").json()["budgets"]
             assert (b["team"], b["over"], b["held_jobs"]) == ("vision", True, 1)

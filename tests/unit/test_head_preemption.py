@@ -168,6 +168,79 @@ def test_cancelling_a_job_while_it_is_being_preempted_cancels_it(cluster: Cluste
     assert (low, 2) not in cluster.fake.processes
 
 
+def test_a_victim_that_finishes_before_its_sigterm_is_sent_succeeded_and_is_not_run_again(cluster: Cluster) -> None:
+    """Found by tests/e2e/test_crash_consistency.py: it was requeued and ran a second time."""
+    low = cluster.submit(gpus=8, priority="low")
+    cluster.tick_at(T0)
+    high = cluster.submit(gpus=8, priority="high")
+    cluster.tick_at(T0 + 1)  # the preemption is requested; no signal yet
+    assert cluster.record(low).stop_reason == "preempt" and cluster.proc(low).signals == []
+    cluster.fake.finish(low, 0)  # it ends on its own first
+    cluster.tick_at(T0 + 2)
+    done = cluster.record(low)
+    assert (done.state, done.attempt, done.exit_code) == (JobState.SUCCEEDED, 1, 0)
+    assert cluster.proc(low).signals == []
+    assert [a.outcome for a in cluster.store.attempts(low)] == ["succeeded"]
+    assert cluster.state(high) is JobState.RUNNING
+    cluster.tick_at(T0 + 3)
+    assert (low, 2) not in cluster.fake.processes
+
+
+def test_a_victim_that_exits_0_after_its_sigterm_is_requeued_as_the_head_intended(cluster: Cluster) -> None:
+    low = cluster.submit(gpus=8, priority="low")
+    cluster.tick_at(T0)
+    cluster.submit(gpus=8, priority="high")
+    cluster.tick_at(T0 + 1)
+    cluster.tick_at(T0 + 2)
+    assert cluster.proc(low).signals == [SIGTERM]
+    cluster.fake.finish(low, 0)
+    cluster.tick_at(T0 + 3)
+    assert [e.state for e in cluster.store.events(low)][-2:] == [JobState.PREEMPTED, JobState.QUEUED]
+
+
+def test_a_job_left_preempted_by_a_head_that_died_before_requeueing_it_is_requeued_by_the_next(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by tests/e2e/test_crash_consistency.py: `preempted` and `queued` are two commits."""
+    low = cluster.submit(gpus=8, priority="low")
+    cluster.tick_at(T0)
+    high = cluster.submit(gpus=8, priority="high")
+    cluster.tick_at(T0 + 1)  # preemption requested
+    cluster.fake.exit_on_signal[SIGTERM] = 128 + SIGTERM
+    cluster.tick_at(T0 + 2)  # SIGTERM: the process exits
+
+    class HeadDied(Exception):
+        pass
+
+    def die(*_: object) -> None:
+        raise HeadDied
+
+    monkeypatch.setattr(cluster.head, "_requeue_after_preemption", die)
+    with pytest.raises(HeadDied):
+        cluster.tick_at(T0 + 3)  # `preempted` is committed; the head dies before `queued`
+    assert cluster.state(low) is JobState.PREEMPTED
+
+    head = new_head(cluster)
+    cluster.clock.t = T0 + 4
+    head.tick()
+    assert cluster.state(low) is JobState.QUEUED
+    assert cluster.record(low).allocation is None
+    assert [e.state for e in cluster.store.events(low)] == [
+        JobState.QUEUED,
+        JobState.RUNNING,
+        JobState.PREEMPTED,
+        JobState.QUEUED,
+    ]
+    assert cluster.state(high) is JobState.RUNNING
+    cluster.fake.finish(high)
+    cluster.clock.t = T0 + 5
+    head.tick()
+    cluster.clock.t = T0 + 6
+    head.tick()
+    again = cluster.record(low)
+    assert (again.state, again.attempt) == (JobState.RUNNING, 2)
+
+
 # ---- policy reload -----------------------------------------------------------------------------
 
 POLICY_V1 = "teams:\n  a: {weight: 1}\n  b: {weight: 1}\npreemption: {grace_period: 30s}\n"

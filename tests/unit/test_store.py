@@ -1,8 +1,8 @@
-"""store.Store on a real SQLite file: compare-and-set transitions, scheduler views, durability."""
+"""store.Store on a real SQLite file and a real PostgreSQL database (each test runs on both):
+compare-and-set transitions, scheduler views, durability, schema versions."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -12,20 +12,23 @@ import pytest
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
 from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob, Wait
-from gpucluster.store import Store, StoreError
+from gpucluster.store import DataDirUnwritable, Store, StoreError
 
 from .builders import allocation, node, spec
+from .storekit import run_sql
+
+STORE_BACKENDS = ("sqlite", "postgresql")  # tests/unit/conftest.py
 
 T0 = 500.0
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "state.db"
+def db(store_target: Path | str) -> Path | str:
+    return store_target
 
 
 @pytest.fixture
-def store(db: Path) -> Iterator[Store]:
+def store(db: Path | str) -> Iterator[Store]:
     s = Store(db)
     yield s
     s.close()
@@ -79,7 +82,7 @@ def test_transition_is_compare_and_set(store: Store) -> None:
     assert [e.state for e in store.events(job_id)] == [JobState.QUEUED, JobState.RUNNING]
 
 
-def test_compare_and_set_holds_across_two_store_instances(db: Path, store: Store) -> None:
+def test_compare_and_set_holds_across_two_store_instances(db: Path | str, store: Store) -> None:
     job_id = store.create_job(spec(), T0)
     other = Store(db)
     try:
@@ -298,7 +301,7 @@ def test_a_cancel_outranks_a_preemption_under_way_but_keeps_its_grace_timer(stor
     assert record is not None and (record.stop_reason, record.stop_requested_at) == ("cancel", T0 + 7)
 
 
-def test_usage_is_saved_and_loaded(db: Path) -> None:
+def test_usage_is_saved_and_loaded(db: Path | str) -> None:
     first = Store(db)
     assert first.load_usage() == ({}, None)
     first.save_usage({"vision": 7200.0, "nlp": 0.5}, T0)
@@ -345,7 +348,7 @@ def test_put_node_inserts_then_replaces(store: Store) -> None:
 # ---- durability --------------------------------------------------------------------------------
 
 
-def test_reopening_the_db_keeps_every_job(db: Path) -> None:
+def test_reopening_the_db_keeps_every_job(db: Path | str) -> None:
     first = Store(db)
     ids = [first.create_job(spec(gpus=1 + i % 4, name=f"j{i}", time_limit=60 * (i + 1)), T0 + i) for i in range(20)]
     start(first, ids[0], 0)
@@ -369,13 +372,11 @@ def test_reopening_the_db_keeps_every_job(db: Path) -> None:
         second.close()
 
 
-def test_ids_are_never_reused(db: Path) -> None:
+def test_ids_are_never_reused(db: Path | str) -> None:
     s = Store(db)
     a = s.create_job(spec(), T0)
     s.close()
-    with sqlite3.connect(db) as conn:
-        conn.execute("DELETE FROM job_events WHERE job_id = ?", (a,))
-        conn.execute("DELETE FROM jobs WHERE id = ?", (a,))
+    run_sql(db, f"DELETE FROM job_events WHERE job_id = {a}", f"DELETE FROM jobs WHERE id = {a}")
     s = Store(db)
     try:
         assert s.create_job(spec(), T0) == a + 1
@@ -388,14 +389,51 @@ def test_integrity_ok(store: Store) -> None:
     assert store.integrity_ok() is True
 
 
-def test_a_newer_schema_is_refused(db: Path) -> None:
+def test_a_newer_schema_is_refused(db: Path | str) -> None:
     Store(db).close()
-    with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema'")
+    run_sql(db, "UPDATE meta SET value = '99' WHERE key = 'schema'")
     with pytest.raises(StoreError, match="newer gpucluster"):
         Store(db)
 
 
-def test_an_unreadable_path_is_a_store_error(tmp_path: Path) -> None:
+@pytest.mark.backends("sqlite")
+def test_an_unreadable_path_is_a_store_error(tmp_path: Path, store_target: Path | str) -> None:
     with pytest.raises(StoreError, match="cannot open the state database"):
         Store(tmp_path / "missing-dir" / "state.db")
+
+
+@pytest.mark.backends("postgresql")
+def test_a_read_only_postgresql_database_refuses_writes_clearly_and_keeps_its_state(db: Path | str) -> None:
+    s = Store(db)
+    kept = s.create_job(spec(name="kept"), T0)
+    s.close()
+    server, name = str(db).rsplit("/", 1)
+    run_sql(f"{server}/postgres", f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    s = Store(db)
+    try:
+        with pytest.raises(DataDirUnwritable, match=r"the database .* is read-only: .*make it writable and retry") as e:
+            s.create_job(spec(), T0 + 1)
+        assert e.value.full is False
+        assert [j.name for j in s.list_jobs()] == ["kept"] and s.get_job(kept) is not None
+    finally:
+        s.close()
+    run_sql(f"{server}/postgres", f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+    s = Store(db)
+    try:
+        assert s.create_job(spec(), T0 + 2) == kept + 1
+        assert s.integrity_ok()
+    finally:
+        s.close()
+
+
+def test_integrity_problems_are_named(store: Store) -> None:
+    a = store.create_job(spec(), T0)
+    b = store.create_job(spec(), T0)
+    assert start(store, a, 0, 1)
+    assert store.integrity_problems() == []
+    # Behind the store's back: a second job on GPU 1, and a running job without an allocation.
+    store.transition(b, JobState.RUNNING, T0 + 2, "forced", allocation=allocation("n1", 1, 2), attempt=1)
+    assert store.integrity_problems() == ["GPU 1 of n1 is handed out beyond all of it (jobs 1, 2)"]
+    store.update_job(a, JobState.RUNNING, allocation=None)
+    assert store.integrity_problems() == ["job 1 is running without an allocation"]
+    assert not store.integrity_ok()

@@ -1,13 +1,14 @@
 """A full or read-only data dir: a clear DataDirUnwritable, the last good state kept, and the
 store writable again once space returns. Real SQLite files: a real SQLITE_FULL (the database's
-page limit), a real ENOSPC (a tiny tmpfs, where this machine lets us mount one), and the
-translation of injected OSErrors at the write boundary (read-only: a tmpfs with the database open
-for writing cannot be remounted read-only, and root ignores chmod)."""
+page limit), a real ENOSPC (a tiny tmpfs, where this machine lets us mount one), a real EROFS (a
+tmpfs remounted read-only under the head's API, then read-write again), and the translation of
+injected OSErrors at the write boundary (root ignores chmod, so EACCES is injected only)."""
 
 from __future__ import annotations
 
 import errno
 import sqlite3
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,3 +133,57 @@ def test_the_api_answers_a_submission_to_a_full_data_dir_with_507_and_the_reason
         assert client.post("/v1/jobs", json=body).status_code == 201
     finally:
         cluster.close()
+
+
+def _remount(mnt: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], capture_output=True, text=True)
+
+
+@pytest.fixture
+def ro_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    with mounted_tmpfs(tmp_path / "tmpfs", "16m") as mnt:
+        yield mnt
+        _remount(mnt, "rw")  # a failed test must not leave it read-only
+
+
+def test_a_really_read_only_data_dir_answers_503_changes_nothing_and_recovers(ro_tmpfs: Path) -> None:
+    """A real EROFS: the data dir's tmpfs remounted read-only under a running head (its API).
+
+    Linux refuses to remount a filesystem read-only while a file on it is open for writing
+    (EBUSY), and SQLite keeps its database open for writing: the store's connections are
+    released first (Store.close(); its engines open new ones on demand, as its pools do), then
+    the remount succeeds and every new connection meets the read-only filesystem."""
+    from .headkit import api_client, make_cluster
+
+    cluster = make_cluster(ro_tmpfs)
+    try:
+        client = api_client(cluster.service)
+        first = client.post("/v1/jobs", json={"command": ["true"], "gpus": 1})
+        assert first.status_code == 201, first.text
+        cluster.head.tick()
+        before = client.get("/v1/jobs").json()["jobs"]
+        busy = _remount(ro_tmpfs, "ro")
+        assert busy.returncode != 0 and "busy" in busy.stderr, busy  # the open database holds it
+        cluster.store.close()
+        ro = _remount(ro_tmpfs, "ro")
+        assert ro.returncode == 0, ro.stderr
+        r = client.post("/v1/jobs", json={"command": ["true"], "gpus": 1})
+        assert r.status_code == 503, r.text
+        assert r.json()["error"].startswith(f"the data dir {ro_tmpfs} is read-only"), r.text
+        for path in ("/v1/jobs", f"/v1/jobs/{first.json()['id']}", "/v1/queue"):
+            r = client.get(path)
+            assert r.status_code in (200, 503), (path, r.status_code, r.text)
+            if r.status_code == 503:
+                assert str(ro_tmpfs) in r.json()["error"], r.text
+        with pytest.raises(DataDirUnwritable, match="is read-only"):
+            cluster.head.tick()
+        assert _remount(ro_tmpfs, "rw").returncode == 0
+        assert client.get("/v1/jobs").json()["jobs"] == before  # nothing changed meanwhile
+        again = client.post("/v1/jobs", json={"command": ["true"], "gpus": 1})
+        assert again.status_code == 201, again.text
+        cluster.head.tick()
+        ids = [j["id"] for j in client.get("/v1/jobs").json()["jobs"]]
+        assert ids == [j["id"] for j in before] + [again.json()["id"]]
+    finally:
+        cluster.close()
+    assert _integrity(ro_tmpfs / "state.db") == "ok"

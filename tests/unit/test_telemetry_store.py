@@ -13,9 +13,12 @@ from gpucluster.store.telemetry import HOUR, MINUTE, RAW, GpuSample, TelemetrySt
 DAY = 86400.0
 
 
+STORE_BACKENDS = ("sqlite", "postgresql")  # tests/unit/conftest.py
+
+
 @pytest.fixture
-def ts(tmp_path: Path) -> Iterator[TelemetryStore]:
-    store = Store(tmp_path / "state.db")
+def ts(store_target: Path | str) -> Iterator[TelemetryStore]:
+    store = Store(store_target)
     yield TelemetryStore(store)
     store.close()
 

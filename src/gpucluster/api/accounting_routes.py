@@ -6,7 +6,7 @@ Any signed-in user may call them and gets only their teams' rows (a cluster admi
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, FastAPI, Query
 
@@ -19,10 +19,10 @@ from gpucluster.models import BudgetList, BudgetOut, UsageOut, UsageSeries
 Group = Literal["team", "user", "job", "gpu-model"]
 
 
-def add_accounting_routes(app: FastAPI, service: ClusterService, errors: dict[int | str, dict[str, Any]]) -> None:
+def add_accounting_routes(app: FastAPI, service: ClusterService) -> None:
     router = APIRouter()
 
-    @router.get("/v1/usage", responses=errors, openapi_extra=allow(Rule.SIGNED_IN))
+    @router.get("/v1/usage", openapi_extra=allow(Rule.SIGNED_IN))
     def usage(
         who: Caller,
         by: Annotated[Group, Query(description="group by team, user, job or gpu-model")] = "team",
@@ -50,7 +50,7 @@ def add_accounting_routes(app: FastAPI, service: ClusterService, errors: dict[in
         names = usage.job_names(r.job_id for r in rows) if by == "job" else None
         return report(rows, by, start, end, names)
 
-    @router.get("/v1/usage/series", responses=errors, openapi_extra=allow(Rule.SIGNED_IN))
+    @router.get("/v1/usage/series", openapi_extra=allow(Rule.SIGNED_IN))
     def usage_series(
         who: Caller,
         by: Annotated[Group, Query(description="group by team, user, job or gpu-model")] = "team",
@@ -88,7 +88,7 @@ def add_accounting_routes(app: FastAPI, service: ClusterService, errors: dict[in
         except ValueError as e:
             raise Rejected("step", str(e)) from None
 
-    @router.get("/v1/budgets", responses=errors, openapi_extra=allow(Rule.SIGNED_IN))
+    @router.get("/v1/budgets", openapi_extra=allow(Rule.SIGNED_IN))
     def budgets(who: Caller) -> BudgetList:
         """Each budget of your teams (a cluster admin: all) in its current period: limits, what was
         spent, and whether the team's new jobs are held."""

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
 
+from gpucluster.api.errors import Id
 from gpucluster.auth.control import AccessControl
 from gpucluster.auth.rules import Caller, Rule, allow, note_audit
 from gpucluster.auth.wire import (
@@ -37,7 +38,7 @@ def user_out(u: UserRecord) -> UserOut:
     )
 
 
-def add_admin_routes(app: FastAPI, control: AccessControl, errors: dict[int | str, dict[str, object]]) -> None:
+def add_admin_routes(app: FastAPI, control: AccessControl) -> None:
     def token_out(t: TokenRecord) -> TokenOut:
         return TokenOut(
             id=t.id,
@@ -70,7 +71,7 @@ def add_admin_routes(app: FastAPI, control: AccessControl, errors: dict[int | st
     def users() -> UserList:
         return UserList(users=[user_out(u) for u in control.users()])
 
-    @app.post("/v1/admin/users", status_code=201, responses=errors, openapi_extra=allow(Rule.CLUSTER_ADMIN))
+    @app.post("/v1/admin/users", status_code=201, openapi_extra=allow(Rule.CLUSTER_ADMIN))
     def add_user(body: UserIn, request: Request) -> NewToken:
         """Create a user with a first token; the token is in this answer only."""
         note_audit(request, f"user {body.name}", f"{body.role} of {', '.join(body.teams) or 'no team'}")
@@ -86,16 +87,14 @@ def add_admin_routes(app: FastAPI, control: AccessControl, errors: dict[int | st
             raise Conflict(str(e)) from None
         return NewToken(token=token, token_id=token_id, user=user_out(user))
 
-    @app.put("/v1/admin/users/{name}/membership", responses=errors, openapi_extra=allow(Rule.CLUSTER_ADMIN))
+    @app.put("/v1/admin/users/{name}/membership", openapi_extra=allow(Rule.CLUSTER_ADMIN))
     def set_membership(name: Name, body: MembershipIn, request: Request) -> UserOut:
         """Put a user in a team with a role, change the role, or (role null) take them out."""
         note_audit(request, f"user {name}", f"team {body.team}: {body.role or 'removed'}")
         _user(name)
         return user_out(control.set_membership(name, body.team, body.role))
 
-    @app.post(
-        "/v1/admin/users/{name}/tokens", status_code=201, responses=errors, openapi_extra=allow(Rule.CLUSTER_ADMIN)
-    )
+    @app.post("/v1/admin/users/{name}/tokens", status_code=201, openapi_extra=allow(Rule.CLUSTER_ADMIN))
     def new_token(name: Name, body: TokenIn, request: Request) -> NewToken:
         """Another token for a user (their old ones stay valid until revoked or expired)."""
         user = _user(name)
@@ -108,8 +107,8 @@ def add_admin_routes(app: FastAPI, control: AccessControl, errors: dict[int | st
         """Every token (never the token itself): whose, when made, expiry, revoked or not."""
         return TokenList(tokens=[token_out(t) for t in control.tokens(user)])
 
-    @app.post("/v1/admin/tokens/{token_id}/revoke", responses=errors, openapi_extra=allow(Rule.CLUSTER_ADMIN))
-    def revoke(token_id: int, who: Caller) -> TokenOut:
+    @app.post("/v1/admin/tokens/{token_id}/revoke", openapi_extra=allow(Rule.CLUSTER_ADMIN))
+    def revoke(token_id: Id, who: Caller) -> TokenOut:
         """Revoke a token at once: its next call gets 401."""
         if who.token_id == token_id and sum(1 for u in control.users() if u.cluster_admin) <= 1:
             active = [t for t in control.tokens(who.user) if control.token_status(t) == "active"]

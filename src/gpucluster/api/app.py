@@ -13,11 +13,13 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpucluster import __version__, dashboard
 from gpucluster.api.accounting_routes import add_accounting_routes
 from gpucluster.api.admin import add_admin_routes
+from gpucluster.api.errors import MAX_ID, Id, document_errors
 from gpucluster.api.telemetry_routes import add_telemetry_routes
 from gpucluster.auth import rules
 from gpucluster.auth.control import AccessControl
@@ -26,22 +28,15 @@ from gpucluster.auth.rules import Caller, Rule, allow
 from gpucluster.core.states import JobState
 from gpucluster.executors.logfile import read_log
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
-from gpucluster.models import ErrorBody, Job, JobList, JobSpec, NodeList, PolicyOut, ProgressIn, QueueOut
+from gpucluster.models import HealthOut, Job, JobList, JobSpec, NodeList, PolicyOut, ProgressIn, QueueOut
 from gpucluster.store import DataDirUnwritable
 
 MAX_BODY_BYTES = 1024 * 1024
 FOLLOW_POLL_S = 0.2
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody},
-    403: {"model": ErrorBody},
-    404: {"model": ErrorBody},
-    409: {"model": ErrorBody},
-    413: {"model": ErrorBody},
-    422: {"model": ErrorBody},
-    503: {"model": ErrorBody, "description": "the data dir is read-only: nothing was changed"},
-    507: {"model": ErrorBody, "description": "the data dir is full: nothing was changed"},
-}
+# The queue is listed from the front, a page at a time: nobody reads 10,000 rows, and building
+# them all cost the head a second of CPU per call (bench/bench_load.py).
+DEFAULT_QUEUE_PAGE = 1000
+MAX_QUEUE_PAGE = 100_000
 
 
 class BodyLimit:
@@ -126,13 +121,19 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
         return JSONResponse({"error": str(exc), "detail": []}, status_code=404)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own: a body that is not readable JSON (400), no such path (404), method (405).
+        return JSONResponse({"error": str(exc.detail), "detail": []}, status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(Conflict)
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"error": str(exc), "detail": []}, status_code=409)
 
     @app.get(
         "/v1/health",
-        responses={503: {"description": "the scheduling loop is failing or stalled"}},
+        response_model=HealthOut,
+        responses={503: {"model": HealthOut, "description": "the scheduling loop is failing or stalled"}},
         openapi_extra=allow(Rule.PUBLIC),
     )
     def health() -> JSONResponse:
@@ -156,7 +157,6 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
     @app.post(
         "/v1/jobs",
         status_code=201,
-        responses=ERRORS,
         response_model=Job,
         openapi_extra=allow(Rule.SIGNED_IN, audit=False),
     )
@@ -170,7 +170,7 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
         # Serialised directly: FastAPI would re-validate a Job we just built from validated data.
         return Response(job.model_dump_json(), status_code=201, media_type="application/json")
 
-    @app.get("/v1/jobs", responses=ERRORS, openapi_extra=allow(Rule.SIGNED_IN))
+    @app.get("/v1/jobs", openapi_extra=allow(Rule.SIGNED_IN))
     def list_jobs(
         who: Caller,
         state: Annotated[list[JobState] | None, Query(description="repeat to match several")] = None,
@@ -182,16 +182,16 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
             raise Denied(f"team: you ({who.user}) are not in team {team!r}; your teams: {who.describe_teams()}")
         return JobList(jobs=service.jobs(state, team, limit, teams=who.visible_teams()))
 
-    @app.get("/v1/jobs/{job_id}", responses=ERRORS, openapi_extra=allow(Rule.JOB_VIEW))
-    def get_job(job_id: int) -> Job:
+    @app.get("/v1/jobs/{job_id}", openapi_extra=allow(Rule.JOB_VIEW))
+    def get_job(job_id: Id) -> Job:
         return service.job(job_id)
 
-    @app.post("/v1/jobs/{job_id}/cancel", responses=ERRORS, openapi_extra=allow(Rule.JOB_OPERATE))
-    def cancel(job_id: int) -> Job:
+    @app.post("/v1/jobs/{job_id}/cancel", openapi_extra=allow(Rule.JOB_OPERATE))
+    def cancel(job_id: Id) -> Job:
         return service.cancel(job_id)
 
-    @app.post("/v1/jobs/{job_id}/requeue", responses=ERRORS, openapi_extra=allow(Rule.JOB_OPERATE))
-    def requeue(job_id: int) -> Job:
+    @app.post("/v1/jobs/{job_id}/requeue", openapi_extra=allow(Rule.JOB_OPERATE))
+    def requeue(job_id: Id) -> Job:
         """Checkpoint and requeue a running job: SIGTERM, the grace period, `preempted`, back in
         the queue with the same id; its next start is a new attempt (409 if it is not running)."""
         return service.requeue(job_id)
@@ -199,22 +199,21 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
     @app.post(
         "/v1/jobs/{job_id}/progress",
         status_code=204,
-        responses=ERRORS,
         openapi_extra=allow(Rule.JOB_REPORT, audit=False),
     )
-    def progress(job_id: int, report: ProgressIn) -> Response:
+    def progress(job_id: Id, report: ProgressIn) -> Response:
         """A running job reports its step and newest checkpoint (gpucluster.train does, from rank 0)."""
         service.progress(job_id, report)
         return Response(status_code=204)
 
-    @app.get(
-        "/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses=ERRORS, openapi_extra=allow(Rule.JOB_VIEW)
-    )
+    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, openapi_extra=allow(Rule.JOB_VIEW))
     def logs(
-        job_id: int,
-        offset: Annotated[int, Query(ge=0)] = 0,
-        attempt: Annotated[int | None, Query(ge=1)] = None,
-        rank: Annotated[int | None, Query(ge=0, description="a distributed job's process [default: 0]")] = None,
+        job_id: Id,
+        offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+        attempt: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+        rank: Annotated[
+            int | None, Query(ge=0, le=MAX_ID, description="a distributed job's process [default: 0]")
+        ] = None,
         follow: bool = False,
     ) -> Any:
         path, _ = service.log_path(job_id, attempt, rank)
@@ -223,15 +222,19 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
         return StreamingResponse(_follow(service, job_id, attempt, offset, rank), media_type="text/plain")
 
     @app.get("/v1/queue", openapi_extra=allow(Rule.SIGNED_IN))
-    def queue(who: Caller) -> QueueOut:
+    def queue(
+        who: Caller,
+        limit: Annotated[int, Query(ge=1, le=MAX_QUEUE_PAGE, description="list at most this many, from the front")] = (
+            DEFAULT_QUEUE_PAGE
+        ),
+        job: Annotated[int | None, Query(ge=1, le=MAX_ID, description="list only this job, at its position")] = None,
+    ) -> QueueOut:
         """Queued jobs in scheduling order, each with why it waits and, if known, when it starts.
 
         Only your teams' jobs are listed, at their positions in the whole queue: a gap in the
-        positions is other teams' jobs ahead of yours, which are not shown."""
-        entries = service.queue()
-        if not who.cluster_admin:
-            entries = [e for e in entries if who.can_see(e.job.spec.team)]
-        return QueueOut(entries=entries)
+        positions is other teams' jobs ahead of yours, which are not shown. `total` counts all
+        the queued jobs you may see; `limit` lists only the first of them."""
+        return service.queue(None if who.cluster_admin else who.can_see, limit, job)
 
     @app.get("/v1/policy", openapi_extra=allow(Rule.SIGNED_IN))
     def policy() -> PolicyOut:
@@ -243,9 +246,10 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
         """Nodes and GPUs; a busy GPU names its job's id (never its name, team or command)."""
         return NodeList(nodes=service.nodes())
 
-    add_admin_routes(app, access, ERRORS)
-    add_telemetry_routes(app, service, ERRORS)  # drain/undrain, GPU samples, /metrics
-    add_accounting_routes(app, service, ERRORS)  # usage, budgets
+    add_admin_routes(app, access)
+    add_telemetry_routes(app, service)  # drain/undrain, GPU samples, /metrics
+    add_accounting_routes(app, service)  # usage, budgets
+    document_errors(app)  # every route's error answers in the OpenAPI document (api/errors.py)
     dashboard.mount(app)  # the web UI at `/`: static files that read this API like any client
 
     return BodyLimit(rules.AuditLog(app, access), MAX_BODY_BYTES)  # type: ignore[return-value]
@@ -256,7 +260,7 @@ def _read_from(path: Any, offset: int) -> str:
 
 
 def _follow(
-    service: ClusterService, job_id: int, attempt: int | None, offset: int, rank: int | None = None
+    service: ClusterService, job_id: Id, attempt: int | None, offset: int, rank: int | None = None
 ) -> Iterator[bytes]:
     """Stream the log as it grows until the attempt has ended and everything was sent."""
     pos = offset

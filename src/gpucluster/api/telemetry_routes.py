@@ -8,11 +8,12 @@ readings, counts per team and state, never a job's name or command).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, Path, Query
 from fastapi.responses import Response
 
+from gpucluster.api.errors import MAX_ID
 from gpucluster.auth.rules import Rule, allow
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.models import DrainIn, GpuSampleList, GpuSampleOut, NodeOut
@@ -22,7 +23,7 @@ MAX_SAMPLES = 100_000
 NodeName = Annotated[str, Path(min_length=1, max_length=255)]
 
 
-def add_telemetry_routes(app: FastAPI, service: ClusterService, errors: dict[int | str, dict[str, Any]]) -> None:
+def add_telemetry_routes(app: FastAPI, service: ClusterService) -> None:
     router = APIRouter()
     registry = metrics_registry(service)
 
@@ -33,7 +34,7 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, errors: dict[int
         known = ", ".join(r.node.name for r in service.store.nodes()) or "none"
         raise NotFound(f"no node named {name!r}; nodes: {known}")
 
-    @router.post("/v1/nodes/{name}/drain", responses=errors, openapi_extra=allow(Rule.CLUSTER_ADMIN))
+    @router.post("/v1/nodes/{name}/drain", openapi_extra=allow(Rule.CLUSTER_ADMIN))
     def drain(name: NodeName, body: DrainIn | None = None) -> NodeOut:
         """Take a node out of scheduling: no new jobs go there; its running jobs go on."""
         node_out(name)
@@ -42,7 +43,7 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, errors: dict[int
             service.head.nodes_changed()
         return node_out(name)
 
-    @router.post("/v1/nodes/{name}/undrain", responses=errors, openapi_extra=allow(Rule.CLUSTER_ADMIN))
+    @router.post("/v1/nodes/{name}/undrain", openapi_extra=allow(Rule.CLUSTER_ADMIN))
     def undrain(name: NodeName) -> NodeOut:
         """Return a drained node to scheduling, forgetting its health problems (an ECC error or a
         fatal XID stays until this); one still present drains it again at the next sample."""
@@ -59,11 +60,11 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, errors: dict[int
         service.head.nodes_changed()
         return node_out(name)
 
-    @router.get("/v1/telemetry/samples", responses=errors, openapi_extra=allow(Rule.SIGNED_IN))
+    @router.get("/v1/telemetry/samples", openapi_extra=allow(Rule.SIGNED_IN))
     def samples(
         node: Annotated[str | None, Query(max_length=255)] = None,
-        gpu: Annotated[int | None, Query(ge=0)] = None,
-        job: Annotated[int | None, Query(ge=1, description="only while this job held the GPU")] = None,
+        gpu: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
+        job: Annotated[int | None, Query(ge=1, le=MAX_ID, description="only while this job held the GPU")] = None,
         since: Annotated[float | None, Query(ge=0, description="Unix time")] = None,
         until: Annotated[float | None, Query(ge=0, description="Unix time")] = None,
         level: Annotated[int | None, Query(ge=0, le=2, description="0 raw, 1 minute means, 2 hour means")] = None,
@@ -105,4 +106,3 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, errors: dict[int
         return Response(render_metrics(registry), media_type=CONTENT_TYPE)
 
     app.include_router(router)
-

@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpucluster.auth.control import AccessControl
 from gpucluster.auth.identity import Denied, Identity, RateLimited, Unauthorized
 from gpucluster.head.service import NotFound
+from gpucluster.models import MAX_SQL_INT
 
 log = logging.getLogger("gpucluster.auth")
 
@@ -100,8 +101,8 @@ async def _check_job(request: Request, who: Identity, rule: Rule) -> None:
         job_id = int(raw) if raw is not None else None
     except ValueError:
         return  # not a job id: the route's validation answers 422
-    if job_id is None:
-        return
+    if job_id is None or not 1 <= job_id <= MAX_SQL_INT:
+        return  # not an id the store can hold: the route's validation answers 422
     if rule is Rule.JOB_REPORT and who.is_job:
         if who.job_id != job_id:
             raise Denied(f"this job token belongs to job {who.job_id}, not job {job_id}")

@@ -91,6 +91,15 @@ def up(
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="where state and logs live [default: ~/.local/share/gpucluster]")
     ] = None,
+    database: Annotated[
+        str | None,
+        typer.Option(
+            "--database",
+            envvar="GPUCLUSTER_DATABASE_URL",
+            help="keep the state in PostgreSQL: postgresql://USER[:PASSWORD]@HOST:PORT/DB (needs the extra "
+            "gpucluster[postgres]) [default: SQLite in the data dir]",
+        ),
+    ] = None,
     virtual_gpus: Annotated[
         int | None,
         typer.Option("--virtual-gpus", min=1, max=1024, help="declare N virtual GPUs instead of discovering real ones"),
@@ -233,6 +242,7 @@ def up(
         prices=prices,
         on_shutdown=on_shutdown,
         max_log_bytes=log_cap,
+        database_url=database or None,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
         ),
@@ -575,10 +585,15 @@ def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
 
 
 @app.command()
-def queue(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+def queue(
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="show at most this many, from the front")] = 1000,
+) -> None:
     """Queued jobs in scheduling order: position, why each waits, and its estimated start."""
     with _client(url) as c:
-        entries = _call(c.queue)
+        page = _call(c.queue, limit)
+    entries = page.entries
     if as_json:
         _print_json([e.model_dump(mode="json") for e in entries])
         return
@@ -597,6 +612,8 @@ def queue(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
             j.reason,
         )
     out.print(table)
+    if page.total > len(entries):
+        out.print(f"... and {page.total - len(entries)} more queued; see them with --limit {page.total}", markup=False)
 
 
 @app.command()
@@ -606,7 +623,7 @@ def why(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = Non
         job = _call(c.job, job_id)
         position = None
         if job.state.value == "queued":
-            position = next((e.position for e in _call(c.queue) if e.job.id == job_id), None)
+            position = next((e.position for e in _call(c.queue, None, job_id).entries), None)
     if as_json:
         _print_json(
             {

@@ -33,6 +33,11 @@ class QuotaBook:
         for name, t in self._lenders.items():
             for model in t.quota:
                 self._set_kept(name, model)
+        # Without quotas and limits nothing reads what teams use (`within_quota` needs a quota,
+        # `refusal` returns at once, borrowing is asked only by a team reclaiming its quota):
+        # skip summing it over every running job, each cycle.
+        if not self.has_quotas and self.unlimited:
+            return
         # What the running jobs hold (60,000 of them at scale, every cycle): `add`, inlined for
         # teams without a lending cap, whose sums are all it changes (same order, same floats).
         used = self.used

@@ -6,6 +6,11 @@ nodes, topology) without taking GPUs reserved for a job ahead of it unless it wo
 that job's reserved start (EASY backfill). A job that cannot start may preempt cheaper jobs
 (`preempt`); otherwise the first such job per GPU model gets a reservation (`backfill`) and every
 other waits with a named reason. The plan is only a proposal: the head commits it.
+
+`reasons=False` asks for the starts and preemptions alone (the simulator, which reads no wait
+reason): the cycle stops as soon as no job still in line could add either (`_Cycle._settled`),
+so its cost no longer grows with the queued jobs that cannot start. The starts and preemptions
+are those of the full cycle; `waiting` then names only the jobs considered before it stopped.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import time as _time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
+from operator import attrgetter, is_not
 
 from gpucluster.core.backfill import EndTimes, Reservation, reserve
 from gpucluster.core.placement import Capacity
@@ -29,9 +36,11 @@ from gpucluster.core.types import Allocation, JobRequest, Plan, Preemption, Runn
 DEFAULT_POLICY = Policy()
 
 
-def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0) -> Plan:
+def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *, reasons: bool = True) -> Plan:
+    """The plan for this snapshot. `reasons=False`: the same starts and preemptions, but the
+    wait of every job is not worked out (see the module docstring)."""
     with _gc_paused():
-        return _Cycle(snapshot, policy or DEFAULT_POLICY, now).run()
+        return _Cycle(snapshot, policy or DEFAULT_POLICY, now, reasons).run()
 
 
 @contextmanager
@@ -80,8 +89,9 @@ class _Cycle:
     # (see `run`). Off only in the tests that check it changes no plan.
     share_waits = True
 
-    def __init__(self, snapshot: Snapshot, policy: Policy, now: float) -> None:
+    def __init__(self, snapshot: Snapshot, policy: Policy, now: float, reasons: bool = True) -> None:
         self.s = snapshot
+        self.reasons = reasons
         self.policy = policy
         self.now = now
         index = snapshot.capacity
@@ -109,10 +119,18 @@ class _Cycle:
         self._fit_at: dict[tuple[object, ...], int] = {}  # (model, shape) -> cap.version it fitted at
         self._guaranteed_memo: dict[tuple[object, ...], bool] = {}
         self._behind: dict[str, Wait] = {}  # model -> the wait of jobs behind its reservation
+        self._least: tuple[float, float] | None = None  # see `_least_asked`
+        self._lowest_class: int | None = None  # see `_may_have_victims`
 
     def run(self) -> Plan:
+        index = self.s.queue_index
+        if index is not None:
+            index.update(self.s.queued, self.policy)
+        if not self.reasons and self._nothing_can_change():
+            return Plan(starts=(), preemptions=(), waiting={})
         guaranteed = self._guaranteed if self.quotas.has_quotas else None
-        queues = TeamQueues(self.s.queued, self.policy, self.s.usage, self.now, guaranteed)
+        presorted = index.sorted_in(self.policy, self.now) if index is not None and guaranteed is None else None
+        queues = TeamQueues(self.s.queued, self.policy, self.s.usage, self.now, guaranteed, presorted)
         waiting, starts, reservations, preemptions = self.waiting, self.starts, self.reservations, self.preemptions
         # Jobs that could not start, by request, since the cycle's state last changed. Why: a
         # job that cannot start changes nothing (no GPUs, quota, reservation or victims), and
@@ -124,11 +142,14 @@ class _Cycle:
         # five are answered here.
         same: dict[tuple[object, ...], Wait] = {}
         state = -1
+        settle = not self.reasons
         while (job := queues.pop()) is not None:
             now_state = len(starts) + len(reservations) + len(preemptions)
             if now_state != state:
                 same.clear()
                 state = now_state
+                if settle and self._settled():
+                    break  # no job left in line can change the plan; only waits would follow
             request = _request(job)
             wait = same.get(request)
             if wait is not None and self.share_waits:
@@ -139,11 +160,93 @@ class _Cycle:
             queues.done(job, started)
             if not started and len(starts) + len(reservations) + len(preemptions) == state:
                 same[request] = waiting[job.job_id]
+        if settle:
+            return Plan(starts=tuple(starts), preemptions=tuple(preemptions), waiting=waiting)
         for job in queues.held:  # last in line: they may not start yet
             assert job.not_before is not None
             until = _time.strftime("%H:%M:%S", _time.localtime(job.not_before))
             self._wait(job, WaitReason.BACKOFF, f"restart held back until {until} (backoff)", job.not_before)
         return Plan(starts=tuple(self.starts), preemptions=tuple(self.preemptions), waiting=self.waiting)
+
+    # ---- settling (reasons=False) -------------------------------------------------------------
+
+    def _settled(self) -> bool:
+        """Whether no job still in line can add a start or a preemption to the plan.
+
+        Why this is exact: with every GPU model reserved, no later job preempts or reserves
+        (`_try_preempt` and `_reserve_or_wait` skip reserved models). It can then only start,
+        by placement, which needs as many free GPUs (a share, below one GPU) of a model as it
+        asks: without backfill a reservation lets no one pass; with backfill a job that ends
+        before the shadow time may use any free GPU, any other only those off the reserved
+        nodes. Within a cycle free capacity only shrinks and a reservation is never taken back,
+        so once no remaining request could pass, none will. The bounds are over every queued job (the
+        smallest request, the shortest time limit), so a remaining job asks no less.
+        Checked only when the plan grew (a start, reservation or preemption).
+        """
+        if len(self.reservations) < len(self.cap.model_memory):
+            return False
+        if not self.policy.backfill:
+            return True
+        need, shortest = self._least_asked()
+        for model, res in self.reservations.items():
+            if self.now + shortest <= res.shadow and self._has_room(model, need, frozenset()):
+                return False
+            if self._has_room(model, need, res.nodes):
+                return False
+        return True
+
+    def _nothing_can_change(self) -> bool:
+        """Whether the plan is certainly empty, known before the queue is ordered: no model has
+        room for the smallest request, and no queued job could preempt anyone (see
+        `_may_have_victims`). Why: while the cluster is full every arrival asks for a plan, and
+        ordering thousands of queued jobs (O(queue) a cycle) to find nothing was most of the
+        simulator's time on Philly."""
+        need, _ = self._least_asked()
+        if any(self._has_room(m, need, frozenset()) for m in self.cap.model_memory):
+            return False
+        if not self.policy.preemption.enabled or not self.s.queued:
+            return True
+        if self.policy.preemption.reclaim_quota and self.quotas.has_quotas:
+            return False
+        if not self.policy.priorities:
+            return True
+        return not self._lower_class_runs(max(map(attrgetter("priority"), self.s.queued)))
+
+    def _least_asked(self) -> tuple[float, float]:
+        """The fewest GPUs any queued job could start with (below 1: a job sharing a GPU) and
+        the shortest time limit any states (the policy's default for none), once per cycle.
+        The passes are over attribute getters, C speed: they run once per cycle."""
+        if self._least is None and self.s.queue_index is not None:
+            self._least = self.s.queue_index.least_asked(self.policy.default_time_limit_s)
+        if self._least is None:
+            queued = self.s.queued
+            need = min(map(attrgetter("gpus"), queued), default=float("inf"))
+            need = min(need, min(filter(partial(is_not, None), map(attrgetter("min_gpus"), queued)), default=need))
+            if need >= 1 and any(map(partial(is_not, None), map(attrgetter("gpu_memory_mb"), queued))):
+                need = 0.5  # a share by memory takes part of one GPU, whatever it asks
+            default = self.policy.default_time_limit_s
+            stated = list(filter(None, map(attrgetter("time_limit_s"), queued)))  # None or 0: the default
+            shortest = min(stated, default=default)
+            if len(stated) < len(queued):
+                shortest = min(shortest, default)
+            self._least = (need, shortest)
+        return self._least
+
+    def _has_room(self, model: str, need: float, off: frozenset[str]) -> bool:
+        """Whether `model` has what a job asking `need` GPUs needs at the least to be placed,
+        outside the nodes `off`: that many whole free GPUs, or for a share any free or shared
+        GPU (`Capacity.place` looks nowhere else)."""
+        cap = self.cap
+        free = cap.free[model]
+        if not off:
+            whole = cap.total_free[model]
+        elif len(off) >= len(free) and all(nd in off for nd in free):
+            whole = 0
+        else:
+            whole = cap.total_free[model] - sum(len(free.get(nd, ())) for nd in off)
+        if need >= 1:
+            return whole >= need
+        return whole >= 1 or any(key[0] not in off for key in cap.partial[model])
 
     # ---- one job ----------------------------------------------------------------------------
 
@@ -285,6 +388,8 @@ class _Cycle:
         pre = self.policy.preemption
         if not pre.enabled or job.fractional or len(self.reservations) == len(self.cap.model_memory):
             return False
+        if not self._may_have_victims(job):
+            return False
         pool = self._victim_pool()
         for model in models:
             if model in self.reservations:
@@ -320,6 +425,21 @@ class _Cycle:
             self.reservations[model] = Reservation(job.job_id, model, self.now + pre.grace_period_s, nodes)
             return True
         return False
+
+    def _may_have_victims(self, job: JobRequest) -> bool:
+        """False when no running job could be a candidate for `job` (`_candidates_for`): none
+        is of a lower class, and it reclaims no quota (no team has one). Then `_try_preempt`
+        could only skip every model, so it returns at once, without ranking every running job
+        (`_victim_pool`, O(running) a cycle): on Philly, with one class and no quotas, always."""
+        if self.policy.preemption.reclaim_quota and self.quotas.has_quotas:
+            return True
+        return self.policy.priorities and self._lower_class_runs(job.priority)
+
+    def _lower_class_runs(self, priority: int) -> bool:
+        """Whether any running job is of a lower class than `priority` (one pass a cycle)."""
+        if self._lowest_class is None:
+            self._lowest_class = min(map(attrgetter("priority"), self.s.running), default=10**9)
+        return self._lowest_class < priority
 
     def _candidates_for(self, job: JobRequest, model: str, pool: list[RunningJob], reclaim: bool) -> list[RunningJob]:
         """The jobs of `pool` that `job` may preempt, in pool order: lower class, or (when it
@@ -451,14 +571,9 @@ class _Cycle:
     def _end_times(self) -> EndTimes:
         if self._ends is None:
             self._ends = EndTimes()
-            grace = self.policy.preemption.grace_period_s
-            for j in self.s.running:
-                end = (
-                    self.now + grace
-                    if j.stopping
-                    else j.started_at + (j.time_limit_s or self.policy.default_time_limit_s)
-                )
-                self._add_end(j.job_id, j.allocation, max(end, self.now))
+            grace, default = self.policy.preemption.grace_period_s, self.policy.default_time_limit_s
+            for j, end in self._ends.add_running(self.s.running, self.cap.gpus, self.now, grace, default):
+                self._add_end(j.job_id, j.allocation, end)
             for st, end in zip(self.starts, self._start_ends, strict=True):
                 self._add_end(st.job_id, st.allocation, end)
             for (node, _), (model, end) in self._shared_end.items():

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.types import JobRequest, Node, RunningJob
 
 
@@ -21,6 +22,8 @@ class Snapshot:
     # Optional: an index the caller keeps across cycles so free capacity is updated, not
     # rebuilt (see capacity_index.py); the plan is the same with or without it.
     capacity: CapacityIndex | None = field(default=None, compare=False, repr=False)
+    # Optional, likewise: the queue sorted into lines across cycles (see queue_index.py).
+    queue_index: QueueIndex | None = field(default=None, compare=False, repr=False)
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()

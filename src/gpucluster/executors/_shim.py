@@ -13,7 +13,8 @@ is capped even while no head runs: past N/2 bytes PATH becomes PATH.1 (the older
 dropped) and a new PATH starts, so at most about N bytes are kept, the newest. PATH.dropped holds
 how many bytes were rotated away (what makes the API's offsets count from the attempt's first
 byte), and a rotation holds an exclusive flock on PATH.lock, which readers take shared
-(gpucluster/executors/logfile.py reads this layout).
+(gpucluster/executors/logfile.py reads this layout; its append_log keeps the head's copy of a Ray
+job's log in the same layout with this file's _CappedLog).
 
 With --user (a root head running a job as its submitter) the shim stays root, so it can write
 its records into the head's run dir, and starts the command as NAME: its uid, gid, groups,
@@ -85,8 +86,15 @@ class _CappedLog:
         self.path, self.segment = path, max(1, cap // 2)
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.size = os.fstat(self.fd).st_size
-        self.dropped = 0
+        try:  # a log written before (the head's copy of a Ray job's log, appended to per chunk)
+            with open(f"{path}.dropped") as f:
+                self.dropped = int(f.read() or 0)
+        except (FileNotFoundError, ValueError):
+            self.dropped = 0
         os.close(os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644))  # before any rotation: readers lock
+
+    def close(self) -> None:
+        os.close(self.fd)
 
     def write(self, data: bytes) -> None:
         while data:
@@ -135,6 +143,12 @@ def _pump(read_fd: int, log: _CappedLog) -> None:
 
 
 def main() -> int:
+    # Stop signals go to the whole process group: the command must get them, the shim must
+    # survive them to record how the command ended. A handler (unlike SIG_IGN) is reset by exec.
+    # One that comes before the command exists is kept for it (below).
+    stops: list[int] = []
+    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(stop, lambda signum, _: stops.append(signum))
     run_dir, workdir, sep, *argv = sys.argv[1:]
     if sep == "--die-with-parent":
         _die_with_parent()
@@ -156,10 +170,6 @@ def main() -> int:
         os.path.join(run_dir, "shim.json"),
         {"pid": pid, "pgid": os.getpgid(0), "start_ticks": _start_ticks(pid)},
     )
-    # Stop signals go to the whole process group: the command must get them, the shim must
-    # survive them to record how the command ended. A handler (unlike SIG_IGN) is reset by exec.
-    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(stop, lambda *_: None)
     sig: int | None
     pump = None
     out: int | None = None
@@ -176,6 +186,11 @@ def main() -> int:
         if out is not None:
             os.close(out)
             out = None
+        if stops:
+            # A stop (a preemption, a cancel) sent while the command was being started reached
+            # only this shim, or the command before its exec: without this it would run on.
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(stops[0])
         rc = proc.wait()
         code, sig = (rc, None) if rc >= 0 else (128 - rc, -rc)
     if out is not None:

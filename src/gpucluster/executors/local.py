@@ -111,7 +111,7 @@ class LocalExecutor:
     def __init__(self, die_with_parent: bool = False, max_log_bytes: int = 0) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         # > 0: each process's shim writes its log, rotated past this size (_shim.py, logfile.py).
-        self._max_log_bytes = max_log_bytes
+        self.max_log_bytes = max_log_bytes
         self._lock = threading.Lock()
         # Jobs die with this process (the Ray node agent), instead of outliving it (the head).
         self._shim_opts = ["--die-with-parent"] if die_with_parent else []
@@ -129,7 +129,7 @@ class LocalExecutor:
         p.run_dir.mkdir(parents=True, exist_ok=True)
         p.log_path.parent.mkdir(parents=True, exist_ok=True)
         as_user = ["--user", user] if user is not None else []
-        cap = ["--log", str(p.log_path), "--max-log-bytes", str(self._max_log_bytes)] if self._max_log_bytes > 0 else []
+        cap = ["--log", str(p.log_path), "--max-log-bytes", str(self.max_log_bytes)] if self.max_log_bytes > 0 else []
         shim = [sys.executable, "-I", "-S", str(SHIM), str(p.run_dir), workdir, *self._shim_opts, *as_user, *cap]
         with open(p.log_path, "ab") as log:
             proc = subprocess.Popen(

@@ -8,7 +8,9 @@ grace, SIGKILL), exit records. Which node a process belongs to is its GPUCLUSTER
 Logs: a monitor thread asks every agent, every SYNC_EVERY_S, for the state of its attempts and
 their new output from the head's offsets (one call per node), and appends it to the head's log
 files, so `gpucluster logs` follows remote output live. A process reads as ended only once its
-output has been copied in full.
+output has been copied in full. With a log cap (`--max-log-size`), both sides rotate at it with
+the local executor's code: the shims on the node (the cap travels with each launch) and the
+head's copy (`logfile.append_log`); offsets count every byte written, so they match on both.
 
 Handle: {"ray": [{"node", "node_id", "actor", "handle" (the agent's local handle), "run_dir"
 (on the node), "ranks" (global rank of each local process), "logs" (head side), "remote_logs"}],
@@ -51,6 +53,7 @@ from gpucluster.executors.base import (
     combined,
     expected_processes,
 )
+from gpucluster.executors.logfile import append_log, log_end
 from gpucluster.executors.ray_agent import LOG_CHUNK
 from gpucluster.executors.ray_nodes import CALL_TIMEOUT_S, RayInventory
 
@@ -66,9 +69,10 @@ LAUNCH_TIMEOUT_S = 60.0
 
 
 class RayExecutor:
-    def __init__(self, inventory: RayInventory, sync_every_s: float = SYNC_EVERY_S) -> None:
+    def __init__(self, inventory: RayInventory, sync_every_s: float = SYNC_EVERY_S, max_log_bytes: int = 0) -> None:
         self.inventory = inventory
         self._every = sync_every_s
+        self.max_log_bytes = max_log_bytes  # > 0: each process's log rotates past it (node and head)
         self._lock = threading.Lock()
         self._watched: dict[str, Handle] = {}  # head run dir -> handle
         self._status: dict[tuple[str, int], list[Status]] = {}  # (run dir, entry) -> per local process
@@ -131,10 +135,13 @@ class RayExecutor:
         for p in procs:
             p.log_path.parent.mkdir(parents=True, exist_ok=True)
             p.log_path.touch()
+            if self.max_log_bytes > 0:  # readers take it before the first rotation can happen
+                Path(f"{p.log_path}.lock").touch()
         public = [{k: v for k, v in e.items() if k != "actor"} for e in entries]
         manifest = {"multi": multi, "expected": len(procs), "marker": spec.marker, "nodes": public}
         _write_json(spec.run_dir / MANIFEST, manifest)  # before any process exists: `recover` reads it
-        refs = [e["actor"].launch.remote(local) for e, local in zip(entries, local_specs, strict=True)]
+        cap = self.max_log_bytes
+        refs = [e["actor"].launch.remote(local, cap) for e, local in zip(entries, local_specs, strict=True)]
         handles: list[Handle | None] = []
         error: str | None = None
         for e, ref in zip(entries, refs, strict=True):
@@ -269,9 +276,11 @@ class RayExecutor:
         if not calls and not samples:
             return
         refs = {}
+        asked: dict[str, list[list[int]]] = {}  # node id -> per item, the head's offset of each log
         for node_id, (actor, items) in calls.items():
-            args = [(e["handle"], [(r, _size(h)) for r, h in zip(e["remote_logs"], e["logs"], strict=True)])
-                    for _, _, e in items]  # fmt: skip
+            asked[node_id] = [[log_end(h) for h in e["logs"]] for _, _, e in items]
+            args = [(e["handle"], list(zip(e["remote_logs"], offsets, strict=True)))
+                    for (_, _, e), offsets in zip(items, asked[node_id], strict=True)]  # fmt: skip
             refs[node_id] = actor.sync.remote(args)
         waited = list(refs.values()) + list(samples.values())
         ready, _ = ray.wait(waited, num_returns=len(waited), timeout=CALL_TIMEOUT_S)
@@ -287,13 +296,16 @@ class RayExecutor:
                 self._silent_since.setdefault(node_id, time.monotonic())
                 continue
             self._silent_since.pop(node_id, None)
-            for (run_dir, i, e), (statuses, chunks) in zip(calls[node_id][1], results, strict=True):
+            for (run_dir, i, e), offsets, (statuses, chunks) in zip(
+                calls[node_id][1], asked[node_id], results, strict=True
+            ):
                 statuses = list(statuses)
                 for k, (path, chunk) in enumerate(zip(e["logs"], chunks, strict=True)):
-                    if chunk:
-                        with open(path, "ab") as f:
-                            f.write(chunk)
-                    if len(chunk) >= LOG_CHUNK and k < len(statuses) and not isinstance(statuses[k], Running):
+                    # (offset, bytes); an agent of an older gpucluster answers the bytes from our offset
+                    start, data = (offsets[k], chunk) if isinstance(chunk, bytes) else chunk
+                    if data:
+                        append_log(Path(path), start, data, self.max_log_bytes)
+                    if len(data) >= LOG_CHUNK and k < len(statuses) and not isinstance(statuses[k], Running):
                         statuses[k] = Running()  # ended, but its output is not all here yet
                 with self._lock:
                     if run_dir in self._watched:
@@ -325,13 +337,6 @@ class RayExecutor:
                 feed.deliver(node, ray.get(ref))
             except ray.exceptions.RayError as e:
                 log.warning("node %s: no telemetry reading (%s)", node, _cause(e))
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 def _cause(e: BaseException) -> str:

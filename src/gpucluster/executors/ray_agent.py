@@ -10,7 +10,10 @@ node's Ray died), the jobs die with it rather than hold GPUs unseen while the he
 them elsewhere.
 
 Files live under the node's own directory (`root`): each attempt's run dir and logs. The head
-pulls the logs by offset (`sync`), so `gpucluster logs` shows remote output live.
+pulls the logs by offset (`sync`), so `gpucluster logs` shows remote output live. The head's
+`--max-log-size` comes with each launch: the shims here rotate their logs at it, as on the head's
+own machine (`_shim.py`), and `sync` reads across the rotations (`logfile.read_log`); offsets
+count every byte the process wrote, so the head's copy, capped the same way, keeps them.
 
 Telemetry: the head's monitor round also asks each agent, at the telemetry interval, for one
 reading of its node's GPUs (`sample`), taken here with the reader the head uses on its own
@@ -23,10 +26,10 @@ cover the node.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,6 +38,7 @@ from pathlib import Path
 from gpucluster.core.types import Gpu, Node
 from gpucluster.executors.base import Handle, LaunchSpec, Status
 from gpucluster.executors.local import LocalExecutor
+from gpucluster.executors.logfile import read_log
 from gpucluster.launch.ranks import pick_free_port
 from gpucluster.telemetry.attribution import PidResolver
 from gpucluster.telemetry.nvml import NvmlSource
@@ -74,6 +78,7 @@ class NodeAgent:
         self.root = node_root(cluster, node_id)
         self.root.mkdir(parents=True, exist_ok=True)
         self.local = LocalExecutor(die_with_parent=True)
+        self._launching = threading.Lock()  # the log cap is set per launch (the actor runs calls in threads)
         self._nvml: NvmlSource | None = None  # opened at the first sample of a real node
         self._resolver = PidResolver()
 
@@ -84,14 +89,21 @@ class NodeAgent:
         """A port free on this node now: MASTER_PORT when rank 0 runs here."""
         return pick_free_port()
 
-    def launch(self, spec: LaunchSpec) -> Handle:
-        return self.local.launch(spec)
+    def launch(self, spec: LaunchSpec, max_log_bytes: int = 0) -> Handle:
+        """Start an attempt's processes here; > 0: each one's log is rotated past that size."""
+        with self._launching:
+            self.local.max_log_bytes = max_log_bytes
+            return self.local.launch(spec)
 
     def recover(self, run_dir: str) -> Handle | None:
         return self.local.recover(Path(run_dir))
 
-    def sync(self, items: list[tuple[Handle, list[tuple[str, int]]]]) -> list[tuple[list[Status], list[bytes]]]:
-        """For each attempt: how each of its processes is, then its logs from the given offsets.
+    def sync(
+        self, items: list[tuple[Handle, list[tuple[str, int]]]]
+    ) -> list[tuple[list[Status], list[tuple[int, bytes]]]]:
+        """For each attempt: how each of its processes is, then its logs from the given offsets,
+        each as (offset of its first byte, bytes): past the asked offset when the bytes there were
+        rotated away before the head got them.
 
         Statuses are taken before the logs are read, so for a process seen ended its output is
         complete (a chunk of LOG_CHUNK bytes means there may be more: ask again).
@@ -136,8 +148,6 @@ class NodeAgent:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _read(path: str, offset: int) -> bytes:
-    with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(LOG_CHUNK)
-    return b""
+def _read(path: str, offset: int) -> tuple[int, bytes]:
+    chunk, end = read_log(Path(path), offset, LOG_CHUNK)
+    return end - len(chunk), chunk

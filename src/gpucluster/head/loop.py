@@ -125,6 +125,9 @@ class Head:
         self.wake = threading.Event()
         self._stop = threading.Event()
         self.cycles = 0
+        # Jobs may be left `preempted` (not yet requeued) by a previous head that died, or by a
+        # cycle that failed (a full disk) between the two commits of a preemption.
+        self._preempted_left = True
         self._reasons: dict[int, Wait] = {}  # last wait reasons written, to write only changes
         self.queue_order: list[int] = []  # waiting jobs in the order the last plan considered them
         self.usage, saved_at = store.load_usage()
@@ -162,6 +165,9 @@ class Head:
             self._capacity_changed = True
         if self.inventory is not None and self.inventory.refresh(now):
             self._capacity_changed = True
+        if self._preempted_left:
+            self._requeue_left_preempted(now)
+            self._preempted_left = False
         running = self.store.list_jobs(states=[JobState.RUNNING])
         if self.inventory is not None:
             running = stop_jobs_on_lost_nodes(self, self.inventory, running, now)
@@ -272,7 +278,10 @@ class Head:
         job = self._reload(job)
         if job.kill_sent:  # a process that vanished after our SIGKILL was killed by it
             statuses = [Exited(128 + signal.SIGKILL, signal.SIGKILL) if isinstance(s, Lost) else s for s in statuses]
-        if job.stop_reason == "preempt":
+        # A job that finished before a preemption reached it (no SIGTERM sent yet) succeeded:
+        # requeueing it would run finished work again. Once signalled, the head's intent rules.
+        finished_first = not job.term_sent and all(isinstance(s, Exited) and s.exit_code == 0 for s in statuses)
+        if job.stop_reason == "preempt" and not finished_first:
             self._requeue_preempted(job, statuses, now)
             return
         multi = "ranks" in handle
@@ -368,11 +377,17 @@ class Head:
         message: str | None = None,
         backoff_s: float | None = None,
     ) -> None:
-        """`preempted`, then straight back to `queued`: same id, next start is a new attempt."""
+        """`preempted`, then straight back to `queued`: same id, next start is a new attempt.
+
+        Two commits: a head that dies between them (or a cycle that fails) leaves the job
+        `preempted`, which the next head's first cycle (or the next cycle) requeues
+        (`_requeue_left_preempted`), its backoff kept in not_before.
+        """
         codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
         how = _codes(codes, _unit(job))
         message = (message or job.stop_message or "preempted") + (f" ({how})" if how else "")
         ended = self._ended_attempt(job, now, codes)
+        not_before = now + backoff_s if backoff_s else None
         if self.store.transition(
             job.id,
             JobState.PREEMPTED,
@@ -380,18 +395,28 @@ class Head:
             message,
             expect=[JobState.RUNNING],
             ended_attempt=ended("preempted", message),
+            not_before=not_before,
         ):
-            self.store.transition(
-                job.id,
-                JobState.QUEUED,
-                now,
-                "requeued after preemption",
-                expect=[JobState.PREEMPTED],
-                queued_at=now,
-                not_before=now + backoff_s if backoff_s else None,
-                **_REQUEUED,
-            )
-            self.queue.invalidate()
+            self._requeue_after_preemption(job.id, now, not_before)
+
+    def _requeue_after_preemption(self, job_id: int, now: float, not_before: float | None) -> None:
+        self.store.transition(
+            job_id,
+            JobState.QUEUED,
+            now,
+            "requeued after preemption",
+            expect=[JobState.PREEMPTED],
+            queued_at=now,
+            not_before=not_before,
+            **_REQUEUED,
+        )
+        self.queue.invalidate()
+
+    def _requeue_left_preempted(self, now: float) -> None:
+        """Jobs preempted but not requeued (the head stopped, or a cycle failed, in between)."""
+        for job in self.store.list_jobs(states=[JobState.PREEMPTED]):
+            log.info("job %s: left preempted, not requeued (the head stopped or a cycle failed); requeued", job.id)
+            self._requeue_after_preemption(job.id, now, job.not_before)
 
     def _ended_attempt(
         self, job: JobRecord, now: float, codes: tuple[int | None, ...]
@@ -599,10 +624,12 @@ class Head:
             try:
                 self.tick()
             except DataDirUnwritable as e:  # said once per change, not a stack trace every cycle
+                self._preempted_left = True
                 if self.last_error != str(e):
                     log.error("head cycle failed: %s; retrying", e)
                 self.last_error = str(e)
             except Exception as e:  # keep the head alive; the store is the truth and the next tick retries
+                self._preempted_left = True
                 log.exception("head cycle failed; retrying")
                 self.last_error = f"{type(e).__name__}: {e}"
             else:

@@ -49,7 +49,7 @@ def cluster_id(data: DataDir) -> str:
     return hashlib.sha1(f"{socket.gethostname()}:{data.root}".encode()).hexdigest()[:10]
 
 
-def start_ray(address: str, data: DataDir, store: Store, say: IO[str]) -> RayMode:
+def start_ray(address: str, data: DataDir, store: Store, say: IO[str], max_log_bytes: int = 0) -> RayMode:
     try:
         import ray
     except ImportError:
@@ -80,7 +80,7 @@ def start_ray(address: str, data: DataDir, store: Store, say: IO[str]) -> RayMod
     say.write(f"Ray cluster: {len(nodes)} node(s) with GPUs, {gpus} GPU(s) in all\n")
     if not nodes:
         say.write("no Ray node declares GPUs yet (ray start --num-gpus N or --resources '{\"gpu_model:H100\": 8}')\n")
-    executor = RayExecutor(inventory)
+    executor = RayExecutor(inventory, max_log_bytes=max_log_bytes)  # the nodes' logs rotate as local ones
     return RayMode(executor, inventory, all_virtual=all(r.virtual for r in nodes))
 
 

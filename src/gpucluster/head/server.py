@@ -72,6 +72,7 @@ class UpOptions:
     prices: dict[str, float] = field(default_factory=dict)  # --price: money per GPU-hour per model
     on_shutdown: str = "keep"  # "keep": running jobs outlive the head; "stop": stopped and requeued
     max_log_bytes: int = DEFAULT_MAX_LOG_BYTES  # each job process's log; 0: no cap
+    database_url: str | None = None  # PostgreSQL (postgresql://...); None: SQLite in the data dir
 
 
 def default_data_dir() -> Path:
@@ -140,7 +141,8 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     except PolicyFileError as e:
         raise StartupError(f"invalid policy: {e}") from None
     try:
-        store = Store(data.db)
+        store = Store(opts.database_url or data.db)
+        store.claim()  # one head per database (a SQLite file is covered by the data dir's lock)
     except StoreError as e:
         raise StartupError(str(e)) from None
     ray_mode = None
@@ -148,7 +150,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         from gpucluster.head.ray_up import RayStartupError, start_ray
 
         try:
-            ray_mode = start_ray(opts.ray_address, data, store, say)
+            ray_mode = start_ray(opts.ray_address, data, store, say, opts.max_log_bytes)
         except RayStartupError as e:
             raise StartupError(str(e)) from None
         is_virtual = ray_mode.all_virtual
@@ -192,6 +194,10 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         )
     )
     then = "jobs keep running" if opts.on_shutdown == "keep" else "running jobs are stopped and requeued"
+    if opts.database_url:
+        say.write(f"state in the database {store.display}\n")
+    if store.migrated and store.migrated != "created":
+        say.write(f"state database {store.migrated}\n")
     say.write(f"gpucluster head listening on {url} (data dir {data.root}); Ctrl-C stops it, {then}\n")
     announce_dashboard(url, say)
     say.flush()

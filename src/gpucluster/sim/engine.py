@@ -31,6 +31,7 @@ from itertools import accumulate, count
 from typing import cast
 
 from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob, Start
 from gpucluster.sim import scheduling
 from gpucluster.sim.errors import SimulationError
@@ -148,13 +149,14 @@ class RunResult:
     events: int = 0
     decide_calls: int = 0
     decide_skipped: int = 0  # calls saved: no GPU free and no preemption (see scheduling.py)
-    decide_s: float = 0.0
+    decide_s: float = 0.0  # CPU seconds in decide(), as decide_times
     decide_queue_max: int = 0
     decide_queue_sum: int = 0
     decide_running_max: int = 0
     decide_times: array[float] = field(default_factory=lambda: array("d"))
     decide_queues: array[int] = field(default_factory=lambda: array("i"))
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # CPU time of the run (time.process_time): steadier than wall on a shared machine
     truncated: bool = False  # stopped by wall_budget_s: the metrics cover only part of the trace
     truncated_at: float = 0.0
     starts: list[tuple[float, int, Allocation]] = field(default_factory=list)  # with keep_starts
@@ -179,10 +181,12 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         keep_starts: bool = False,
         wall_budget_s: float | None = None,
+        cpu_budget_s: float | None = None,
     ) -> None:
         self.spec = spec
         self.keep_starts = keep_starts  # record every start with its allocation (RunResult.starts)
         self.wall_budget_s = wall_budget_s  # stop early (RunResult.truncated): for benchmarks
+        self.cpu_budget_s = cpu_budget_s  # the same in CPU seconds, for a machine others share
         self.jobs = jobs
         self.policy = policy
         self.clock = clock  # wall clock, for the performance figures only
@@ -209,6 +213,7 @@ class Engine:
         self.cycle_s = spec.cycle_s
         self._repairs_pending = 0
         self._capacity = CapacityIndex()  # free GPUs kept across scheduler calls, as the head does
+        self._queue_index = QueueIndex()  # the queue kept sorted into lines across scheduler calls
         self._feasible: dict[tuple[object, ...], str | None] = {}
         self._intervals: dict[tuple[object, float], float | None] = {}
         self._usage = Usage(policy) if policy.fair_share else None
@@ -230,6 +235,7 @@ class Engine:
 
     def run(self) -> RunResult:
         started = self.clock()
+        cpu_started = time.process_time()
         res = self.result
         jobs, heap = self.jobs, self._heap
         n, i = len(jobs), 0
@@ -287,7 +293,9 @@ class Engine:
             if loops & 255 == 0:
                 if self.on_progress is not None:
                     self.on_progress(len(res.end) + sum(res.skipped.values()), n, t)
-                if self.wall_budget_s is not None and self.clock() - started > self.wall_budget_s:
+                if (self.wall_budget_s is not None and self.clock() - started > self.wall_budget_s) or (
+                    self.cpu_budget_s is not None and time.process_time() - cpu_started > self.cpu_budget_s
+                ):
                     res.truncated = True
                     res.truncated_at = t
                     break
@@ -299,6 +307,7 @@ class Engine:
         self._advance(max(res.last_end, self._last_t))
         self._close_series()
         res.wall_s = self.clock() - started
+        res.cpu_s = time.process_time() - cpu_started
         if self.on_progress is not None:
             done = len(res.end) + sum(res.skipped.values())
             self.on_progress(done if res.truncated else n, n, res.truncated_at if res.truncated else res.last_end)
@@ -346,7 +355,7 @@ class Engine:
         )
         if key not in self._feasible:
             probe = scheduling.snapshot(self._all_nodes, (), (request,), {})
-            plan = scheduling.decide(probe, self.policy, now)
+            plan = scheduling.decide(probe, self.policy, now, reasons=True)
             if any(s.job_id == request.job_id for s in plan.starts):
                 self._feasible[key] = None
             else:
@@ -366,11 +375,16 @@ class Engine:
         res = self.result
         usage = self._usage.at(now) if self._usage is not None else {}
         snap = scheduling.snapshot(
-            self._nodes, tuple(self._running.values()), tuple(self._queued.values()), usage, self._capacity
+            self._nodes,
+            tuple(self._running.values()),
+            tuple(self._queued.values()),
+            usage,
+            self._capacity,
+            self._queue_index,
         )
-        t0 = self.clock()
+        t0 = time.process_time()  # CPU time: on a shared machine wall time mostly measures the others
         plan = scheduling.decide(snap, self.policy, now)
-        spent = self.clock() - t0
+        spent = time.process_time() - t0
         res.decide_calls += 1
         res.decide_s += spent
         res.decide_times.append(spent)

@@ -19,6 +19,7 @@ from gpucluster.core import policy as core_policy
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import Policy
+from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.restarts import restart_backoff
 from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.snapshot import Snapshot
@@ -125,10 +126,14 @@ def snapshot(
     queued: tuple[JobRequest, ...],
     usage: dict[str, float],
     capacity: CapacityIndex | None = None,
+    queue_index: QueueIndex | None = None,
 ) -> Snapshot:
     """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
-    one, so free GPUs are updated from the jobs that changed rather than rebuilt."""
-    return Snapshot(nodes=nodes, running=running, queued=queued, usage=usage, capacity=capacity)
+    one, so free GPUs are updated from the jobs that changed rather than rebuilt; `queue_index`
+    likewise for the queue sorted into lines (the plan is the same with or without either)."""
+    return Snapshot(
+        nodes=nodes, running=running, queued=queued, usage=usage, capacity=capacity, queue_index=queue_index
+    )
 
 
 def can_change_anything(policy: SimPolicy, free_gpus: float) -> bool:
@@ -138,9 +143,12 @@ def can_change_anything(policy: SimPolicy, free_gpus: float) -> bool:
     return free_gpus > 1e-9 or policy.core.preemption.enabled
 
 
-def decide(snap: Snapshot, policy: SimPolicy, now: float) -> Plan:
-    """One scheduling cycle of the real core."""
-    return core_decide(snap, policy.core, now)
+def decide(snap: Snapshot, policy: SimPolicy, now: float, reasons: bool = False) -> Plan:
+    """One scheduling cycle of the real core. The simulator reads only the starts and
+    preemptions, so by default the core stops once nothing else in line could start
+    (`reasons=False`, the same starts and preemptions as the head's full cycle); `reasons=True`
+    when a wait's message is wanted (see `Engine._infeasible`)."""
+    return core_decide(snap, policy.core, now, reasons=reasons)
 
 
 def preemptions(plan: Plan) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Index, and_, func, insert, select, text
+from sqlalchemy import and_, func, or_, select
 
 from gpucluster.core.types import Allocation
 from gpucluster.store import schema
@@ -93,15 +93,9 @@ def _values(row: UsageRow) -> dict[str, Any]:
     return d
 
 
-# The accountant looks for attempts that ended since its last step every few seconds.
-ATTEMPTS_BY_END = Index("ix_attempts_ended_at", schema.attempts.c.ended_at)
-
-
 class UsageStore:
     def __init__(self, store: Store) -> None:
         self.store = store
-        # The attempts table predates accounting: `create_all` made its indexes then, not this one.
-        ATTEMPTS_BY_END.create(store._writer, checkfirst=True)
 
     # ---- the accountant's side ------------------------------------------------------------
 
@@ -132,14 +126,16 @@ class UsageStore:
 
     def ended_attempts(self, since: float) -> list[EndedAttempt]:
         """Attempts that ended at or after `since` and have no final row yet."""
-        q = text(
-            "SELECT a.job_id, a.attempt, a.started_at, a.ended_at, a.allocation, a.outcome, a.reason, "
-            "a.work_lost_s, j.team, j.owner FROM attempts a JOIN jobs j ON j.id = a.job_id "
-            "LEFT JOIN job_usage u ON u.job_id = a.job_id AND u.attempt = a.attempt "
-            "WHERE a.ended_at >= :since AND (u.final IS NULL OR u.final = 0)"
+        a, j, u = schema.attempts.c, schema.jobs.c, schema.job_usage.c
+        q = (
+            select(a.job_id, a.attempt, a.started_at, a.ended_at, a.allocation, a.outcome, a.reason)
+            .add_columns(a.work_lost_s, j.team, j.owner)
+            .join_from(schema.attempts, schema.jobs, j.id == a.job_id)
+            .outerjoin(schema.job_usage, and_(u.job_id == a.job_id, u.attempt == a.attempt))
+            .where(a.ended_at >= since, or_(u.final.is_(None), u.final.is_(False)))
         )
         with self.store._read() as c:
-            rows = c.execute(q, {"since": since}).all()
+            rows = c.execute(q).all()
         return [
             EndedAttempt(
                 AttemptRecord(
@@ -191,9 +187,9 @@ class UsageStore:
             return
         with self.store._write() as c:
             if rows:
-                c.execute(insert(schema.job_usage).prefix_with("OR REPLACE"), [_values(r) for r in rows])
+                c.execute(self.store.upsert(schema.job_usage), [_values(r) for r in rows])
             for key, value in marks.items():
-                c.execute(insert(schema.meta).values(key=key, value=value).prefix_with("OR REPLACE"))
+                c.execute(self.store.upsert(schema.meta).values(key=key, value=value))
 
     # ---- readers ---------------------------------------------------------------------------
 
@@ -229,4 +225,3 @@ class UsageStore:
         with self.store._read() as c:
             rows = c.execute(q).all()
         return {(r[0], r[1]): (float(r[2]), float(r[3]), float(r[4])) for r in rows}
-

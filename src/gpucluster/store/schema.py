@@ -15,10 +15,15 @@ from sqlalchemy import (
     Text,
 )
 
-# 2: request, wait_reason, estimated_start, stop_message, last_checkpoint_at; team_usage
+# The schema's version: the number of the newest Alembic revision (store/migrations/versions,
+# named 0001, 0002, ...), also kept in `meta.schema` so that a gpucluster from before Alembic
+# refuses a database it does not know. A change to these tables needs a new revision there.
+# 1: jobs, job_events, nodes
+# 2: request, wait_reason, estimated_start, stop_message, last_checkpoint_at, queued_at; team_usage
 # 3: not_before, restarts, progress_step, progress_at, checkpoint_step; attempts
-# 4: jobs.owner; users, memberships, tokens, audit (identity and access, store/access.py)
+# 4: jobs.owner; users, memberships, tokens, audit; telemetry, presence and accounting tables
 SCHEMA_VERSION = 4
+HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
 
@@ -118,6 +123,8 @@ attempts = Table(
     Column("exit_codes", Text, nullable=False),  # JSON list, one per process; null: lost
     Column("work_lost_s", Float),
 )
+# The accountant looks for attempts that ended since its last step every few seconds.
+Index("ix_attempts_ended_at", attempts.c.ended_at)
 
 # ---- identity and access (store/access.py) ---------------------------------------------------
 
@@ -170,7 +177,7 @@ audit = Table(
 )
 Index("ix_audit_at", audit.c.at)
 
-# ---- telemetry and health (issue 7); new tables, so `create_all` adds them to older data dirs --
+# ---- telemetry and health (issue 7) -----------------------------------------------------------
 
 # GPU samples, downsampled with age (gpucluster.store.telemetry): level 0 raw, 1 one-minute
 # means, 2 one-hour means. A row covers [at, at + seconds): energy = power_w * seconds, and means

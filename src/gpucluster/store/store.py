@@ -1,15 +1,20 @@
 """The store: every durable fact of the head, behind a small typed interface.
 
-Writers take SQLite's write lock up front (`BEGIN IMMEDIATE`) so two writers never deadlock on a
-lock upgrade, and state changes are compare-and-set on the current state: a cancel and a launch
-racing on one job cannot both win. Every commit is durable (WAL, synchronous=FULL) before the
-API acknowledges it.
+SQLite (a file in the data dir, the default) or PostgreSQL (`gpucluster up --database URL`).
+Writers take the database's write lock up front (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: a
+transaction-scoped advisory lock) so two writers never deadlock on a lock upgrade nor interleave,
+and state changes are compare-and-set on the current state: a cancel and a launch racing on one
+job cannot both win. Every commit is durable (SQLite: WAL, synchronous=FULL; PostgreSQL:
+synchronous_commit=on) before the API acknowledges it. Readers see one snapshot per transaction
+(SQLite's deferred BEGIN; PostgreSQL's REPEATABLE READ).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import os
 import shutil
 import threading
 from collections.abc import Iterable, Iterator
@@ -19,13 +24,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, create_engine, event, func, insert, select, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import (
+    URL,
+    Connection,
+    Engine,
+    Table,
+    bindparam,
+    create_engine,
+    event,
+    exists,
+    func,
+    insert,
+    make_url,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
 from gpucluster.core.states import JobState, can_transition
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, Priority, RunningJob, Wait
 from gpucluster.models import JobSpec
-from gpucluster.store import schema
+from gpucluster.store import migrate, schema
+
+# PostgreSQL advisory lock keys ("gpuclust" in ASCII, +1): every write transaction holds the
+# first; the head holds the second for its lifetime (Store.claim).
+WRITE_LOCK_KEY = 0x67707563_6C757374
+HEAD_LOCK_KEY = WRITE_LOCK_KEY + 1
 
 
 class StoreError(RuntimeError):
@@ -57,7 +82,12 @@ def unwritable(data_dir: Path, e: BaseException) -> DataDirUnwritable | None:
     code = cause.errno if isinstance(cause, OSError) else None
     if code in _FULL_ERRNOS or "disk is full" in low:
         full = True
-    elif code in _READ_ONLY_ERRNOS or "readonly" in low or "read-only" in low:
+    elif (
+        code in _READ_ONLY_ERRNOS
+        or "readonly" in low
+        or "read-only" in low
+        or ("unable to open database file" in low and _read_only_fs(data_dir))  # SQLite on a read-only mount
+    ):
         full = False
     elif "disk i/o error" in low:  # what SQLite says for either; the free space tells which
         try:
@@ -69,6 +99,67 @@ def unwritable(data_dir: Path, e: BaseException) -> DataDirUnwritable | None:
     what = "full" if full else "read-only"
     todo = "free some space" if full else "make it writable"
     return DataDirUnwritable(f"the data dir {data_dir} is {what}: {text}; nothing was changed, {todo} and retry", full)
+
+
+def _read_only_fs(path: Path) -> bool:
+    """Whether `path` is on a filesystem mounted read-only (where root cannot write either)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _postgres_unwritable(where: str, e: BaseException) -> DataDirUnwritable | None:
+    """PostgreSQL's disk full (53100) or read-only transaction (25006) as a DataDirUnwritable."""
+    cause = getattr(e, "orig", None) or e
+    code = getattr(cause, "sqlstate", None)
+    if code not in ("53100", "25006"):
+        return None
+    full = code == "53100"
+    what, todo = ("full", "free some space") if full else ("read-only", "make it writable")
+    return DataDirUnwritable(f"the database {where} is {what}: {cause}; nothing was changed, {todo} and retry", full)
+
+
+def _target(where: Path | str) -> tuple[URL, Path | None]:
+    """The URL of a store location, and its file for SQLite."""
+    if isinstance(where, str) and "://" in where:
+        try:
+            url = make_url(where)
+        except ArgumentError:
+            raise StoreError(f"not a database URL: {where!r} (e.g. postgresql://user@host:5432/db)") from None
+        if url.drivername in ("postgresql", "postgres"):
+            url = url.set(drivername="postgresql+psycopg")
+        if url.get_backend_name() == "sqlite":
+            if not url.database or url.database == ":memory:":
+                raise StoreError("a SQLite store needs a file: sqlite:////path/to/state.db")
+            return url, Path(url.database)
+        return url, None
+    path = Path(where)
+    return URL.create("sqlite", database=str(path)), path
+
+
+def _postgres_engine(url: URL, write: bool) -> Engine:
+    options = "-c synchronous_commit=on" if write else "-c default_transaction_read_only=on"
+    try:
+        engine = create_engine(
+            url,
+            # Readers see one snapshot per transaction, as on SQLite; the single writer (the
+            # advisory lock below) gets nothing from more than READ COMMITTED.
+            isolation_level="READ COMMITTED" if write else "REPEATABLE READ",
+            pool_size=5,
+            max_overflow=30,
+            pool_pre_ping=True,  # a server restart leaves dead connections in the pool
+            connect_args={"connect_timeout": 10, "application_name": "gpucluster", "options": options},
+        )
+    except ImportError as e:
+        raise StoreError(f"PostgreSQL needs the psycopg driver: pip install 'gpucluster[postgres]' ({e})") from None
+    if write:
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+
+    return engine
 
 
 @dataclass(frozen=True)
@@ -213,24 +304,44 @@ def request_from(
 
 
 class Store:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        url = f"sqlite:///{path}"
-        self._writer = self._engine(url, "BEGIN IMMEDIATE")
-        self._reader = self._engine(url, "BEGIN")
+    """The head's state in SQLite (a file; the default) or PostgreSQL (a URL).
+
+    `Store(path)`: a SQLite file. `Store("postgresql://user@host/db")`: a PostgreSQL database
+    (driver psycopg 3; extra `postgres`). Either way, opening brings the schema up to date
+    (store/migrate.py) and every write is one durable transaction taken under one lock:
+    SQLite's write lock (`BEGIN IMMEDIATE`), or on PostgreSQL a transaction-scoped advisory
+    lock, so writers from any number of processes never interleave there either.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.url, self.path = _target(path)
+        self.dialect = self.url.get_backend_name()
+        self.display = self.url.render_as_string(hide_password=True) if self.path is None else str(self.path)
+        self._writer = self._engine(self.url, write=True)
+        self._reader = self._engine(self.url, write=False)
         self._write_lock = threading.Lock()
         self._pending_lock = threading.Lock()
         self._pending: list[tuple[JobSpec, float, str | None, Future[int]]] = []
         self._nodes: list[NodeRecord] | None = None  # one head per store: its own writes are all
+        self._upserts: dict[str, Any] = {}
+        self._claim: Connection | None = None
         try:
-            schema.metadata.create_all(self._writer)
-            self._check_version()
-        except OperationalError as e:
-            raise StoreError(f"cannot open the state database {path}: {e.orig}") from e
+            with self._writer.begin() as c:
+                self.migrated = migrate.prepare(c)
+        except migrate.NewerSchema as e:
+            self.close()
+            raise StoreError(f"{self.display} was written by a newer gpucluster ({e}); upgrade first") from None
+        except (OperationalError, DBAPIError) as e:
+            self.close()
+            raise StoreError(f"cannot open the state database {self.display}: {e.orig}") from e
 
-    @staticmethod
-    def _engine(url: str, begin: str) -> Engine:
+    def _engine(self, url: URL, write: bool) -> Engine:
+        if self.dialect == "postgresql":
+            return _postgres_engine(url, write)
+        if self.dialect != "sqlite":
+            raise StoreError(f"unsupported database {self.display}: use a SQLite file or a postgresql:// URL")
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        begin = "BEGIN IMMEDIATE" if write else "BEGIN"
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -248,32 +359,45 @@ class Store:
 
         return engine
 
-    def _check_version(self) -> None:
-        with self._writer.begin() as c:
-            row = c.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema")).first()
-            if row is None:
-                c.execute(insert(schema.meta).values(key="schema", value=str(schema.SCHEMA_VERSION)))
-                return
-            version = int(row[0])
-            if version > schema.SCHEMA_VERSION:
-                raise StoreError(f"{self.path} was written by a newer gpucluster (schema {version}); upgrade first")
-            if version < schema.SCHEMA_VERSION:
-                self._add_missing_columns(c)
-                c.execute(
-                    update(schema.meta).where(schema.meta.c.key == "schema").values(value=str(schema.SCHEMA_VERSION))
-                )
+    def upsert(self, table: Table) -> Any:
+        """An INSERT that replaces the row with the same primary key (SQLite's INSERT OR REPLACE,
+        PostgreSQL's INSERT ... ON CONFLICT DO UPDATE of every other column)."""
+        stmt = self._upserts.get(table.name)
+        if stmt is None:
+            if self.dialect == "postgresql":
+                from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-    @staticmethod
-    def _add_missing_columns(c: Connection) -> None:
-        """Upgrade an older data dir in place: every column added since is nullable or defaulted."""
-        for table in schema.metadata.sorted_tables:
-            have = {r[1] for r in c.exec_driver_sql(f"PRAGMA table_info({table.name})")}
-            for col in table.columns:
-                if col.name not in have:
-                    kind = col.type.compile(dialect=c.dialect)
-                    c.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {kind}")
+                ins = pg_insert(table)
+                keys = [c.name for c in table.primary_key.columns]
+                rest = {c.name: ins.excluded[c.name] for c in table.columns if c.name not in keys}
+                stmt = ins.on_conflict_do_update(index_elements=keys, set_=rest)
+            else:
+                stmt = insert(table).prefix_with("OR REPLACE")
+            self._upserts[table.name] = stmt
+        return stmt
+
+    def claim(self) -> None:
+        """Make this the only head on its database, for as long as the store is open.
+
+        A SQLite file belongs to its data dir, which the head locks already; a PostgreSQL
+        database could be named by heads with different data dirs, and two heads scheduling one
+        queue would run jobs twice: the second is refused (a session advisory lock).
+        """
+        if self.dialect != "postgresql" or self._claim is not None:
+            return
+        conn = self._writer.connect()
+        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": HEAD_LOCK_KEY}).scalar()
+        conn.commit()
+        if not got:
+            conn.close()
+            raise StoreError(f"another gpucluster head is using the database {self.display}; stop it first")
+        self._claim = conn
 
     def close(self) -> None:
+        if self._claim is not None:
+            with contextlib.suppress(DBAPIError):
+                self._claim.close()
+            self._claim = None
         self._writer.dispose()
         self._reader.dispose()
 
@@ -289,15 +413,15 @@ class Store:
         """A full or read-only data dir becomes a DataDirUnwritable (the transaction is rolled back)."""
         try:
             yield
-        except (OperationalError, OSError) as e:
-            clear = unwritable(self.path.parent, e)
+        except (DBAPIError, OSError) as e:
+            clear = unwritable(self.path.parent, e) if self.path is not None else _postgres_unwritable(self.display, e)
             if clear is None:
                 raise
             raise clear from e
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
-        with self._reader.begin() as conn:
+        with self._unwritable_as_error(), self._reader.begin() as conn:  # a read-only mount can refuse reads too
             yield conn
 
     # ---- jobs -------------------------------------------------------------------------------
@@ -377,9 +501,12 @@ class Store:
         team: str | None = None,
         limit: int | None = None,
         teams: Iterable[str] | None = None,
+        ids: Iterable[int] | None = None,
     ) -> list[JobRecord]:
         """Jobs, oldest first; `teams` keeps only those teams' jobs (what a member may see)."""
         q = select(schema.jobs).order_by(schema.jobs.c.id)
+        if ids is not None:
+            q = q.where(schema.jobs.c.id.in_(list(ids)))
         if states is not None:
             q = q.where(schema.jobs.c.state.in_([s.value for s in states]))
         if team is not None:
@@ -392,6 +519,12 @@ class Store:
             rows = c.execute(q).mappings().all()
         records = [_job(r) for r in rows]
         return sorted(records, key=lambda j: j.id)
+
+    def queued_teams(self) -> dict[int, str]:
+        """Each queued job's team, by id: enough to order and filter the queue before parsing specs."""
+        j = schema.jobs.c
+        with self._read() as c:
+            return {i: t for i, t in c.execute(select(j.id, j.team).where(j.state == JobState.QUEUED.value))}
 
     def queued_requests(self, after_id: int | None = None) -> list[JobRequest]:
         """The scheduler's view of the queue: only the columns it needs, no spec parsing."""
@@ -539,8 +672,7 @@ class Store:
             if ended_attempt is not None:
                 a = ended_attempt
                 c.execute(
-                    insert(schema.attempts)
-                    .values(
+                    self.upsert(schema.attempts).values(
                         job_id=a.job_id,
                         attempt=a.attempt,
                         started_at=a.started_at,
@@ -551,7 +683,6 @@ class Store:
                         exit_codes=json.dumps(list(a.exit_codes)),
                         work_lost_s=a.work_lost_s,
                     )
-                    .prefix_with("OR REPLACE")
                 )
         return True
 
@@ -676,8 +807,60 @@ class Store:
         ]
 
     def integrity_ok(self) -> bool:
+        return not self.integrity_problems()
+
+    def integrity_problems(self) -> list[str]:
+        """What is wrong with the stored state; [] when nothing is.
+
+        The same checks on both databases: no row refers to a missing job or user, every job is
+        in a known state, every running job holds an allocation, no GPU is handed out beyond
+        all of it, and the schema is the current one; on SQLite, also the file's own
+        integrity_check and foreign_key_check.
+        """
+        problems: list[str] = []
+        j = schema.jobs.c
+        refs = [
+            (schema.job_events, "job_id", schema.jobs, "id"),
+            (schema.attempts, "job_id", schema.jobs, "id"),
+            (schema.job_flags, "job_id", schema.jobs, "id"),
+            (schema.memberships, "user", schema.users, "name"),
+            (schema.tokens, "user", schema.users, "name"),
+        ]
         with self._read() as c:
-            return c.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
+            if self.dialect == "sqlite":
+                found = [str(r[0]) for r in c.exec_driver_sql("PRAGMA integrity_check")]
+                if found != ["ok"]:
+                    problems += [f"sqlite integrity_check: {r}" for r in found]
+                for r in c.exec_driver_sql("PRAGMA foreign_key_check"):
+                    problems.append(f"{r[0]} row {r[1]} refers to a missing {r[2]} row")
+            for child, col, parent, key in refs:
+                orphans = c.execute(
+                    select(func.count()).select_from(child).where(~exists().where(parent.c[key] == child.c[col]))
+                ).scalar_one()
+                if orphans:
+                    problems.append(f"{orphans} {child.name} row(s) refer to a missing {parent.name} row")
+            known = [s.value for s in JobState]
+            for state, n in c.execute(select(j.state, func.count()).where(j.state.not_in(known)).group_by(j.state)):
+                problems.append(f"{n} job(s) in an unknown state {state!r}")
+            for (job_id,) in c.execute(
+                select(j.id).where(j.state == JobState.RUNNING.value, j.allocation.is_(None)).limit(10)
+            ):
+                problems.append(f"job {job_id} is running without an allocation")
+            version = c.execute(select(migrate.version_table.c.version_num)).scalars().all()
+            if version != [schema.HEAD_REVISION]:
+                problems.append(f"schema revision {version}, expected [{schema.HEAD_REVISION!r}]")
+            rows = c.execute(select(j.id, j.allocation).where(j.state == JobState.RUNNING.value)).all()
+        held: dict[tuple[str, int], list[tuple[int, float]]] = {}
+        for job_id, text_ in rows:
+            allocation = allocation_from_json(text_)
+            for sl in allocation.slices if allocation is not None else ():
+                for gpu in sl.gpu_indices:
+                    held.setdefault((sl.node, gpu), []).append((job_id, sl.share))
+        for (node_name, gpu), holders in sorted(held.items()):
+            if sum(share for _, share in holders) > 1 + 1e-9:
+                jobs = ", ".join(str(job_id) for job_id, _ in holders)
+                problems.append(f"GPU {gpu} of {node_name} is handed out beyond all of it (jobs {jobs})")
+        return problems
 
 
 def _job(r: Any) -> JobRecord:

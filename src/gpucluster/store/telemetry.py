@@ -147,6 +147,9 @@ class TelemetryStore:
         """Merge old raw rows into minute means, old minute rows into hour means, drop rows past
         retention; returns the number of rows removed. One transaction."""
         removed = 0
+        # Buckets are floored: SQLite's CAST truncates (the same for times after 1970), while
+        # PostgreSQL's rounds, which would put half of each bucket into the next one.
+        floor = "CAST(at / :w AS INTEGER)" if self.store.dialect == "sqlite" else "FLOOR(at / :w)"
         with self.store._write() as c:
             for level, keep_s in ((RAW, raw_s), (MINUTE, minute_s)):
                 width = LEVEL_SECONDS[level + 1]
@@ -159,7 +162,7 @@ class TelemetryStore:
                 c.execute(
                     text(
                         f"INSERT INTO gpu_samples (node, gpu, level, at, seconds, jobs, {', '.join(_MEASURES)}) "
-                        f"SELECT node, gpu, :next, CAST(at / :w AS INTEGER) * :w AS bucket, SUM(seconds), jobs, "
+                        f"SELECT node, gpu, :next, {floor} * :w AS bucket, SUM(seconds), jobs, "
                         f"{weighted} FROM gpu_samples WHERE level = :level AND at < :cutoff "
                         "GROUP BY node, gpu, jobs, bucket"
                     ),
@@ -251,9 +254,9 @@ class TelemetryStore:
         since = current.since if current is not None and current.drained and drained else now
         with self.store._write() as c:
             c.execute(
-                insert(schema.node_states)
-                .values(name=node, drained=drained, reason=reason, source=source, since=since)
-                .prefix_with("OR REPLACE")
+                self.store.upsert(schema.node_states).values(
+                    name=node, drained=drained, reason=reason, source=source, since=since
+                )
             )
         with self._lock:
             self._states = None
@@ -270,7 +273,7 @@ class TelemetryStore:
 
     def set_problem(self, p: GpuProblem) -> None:
         with self.store._write() as c:
-            c.execute(insert(schema.gpu_health).values(**p.__dict__).prefix_with("OR REPLACE"))
+            c.execute(self.store.upsert(schema.gpu_health).values(**p.__dict__))
 
     def clear_problems(self, keys: Iterable[tuple[str, int]]) -> None:
         keys = list(keys)
@@ -294,7 +297,7 @@ class TelemetryStore:
 
     def set_flag(self, flag: JobFlag) -> None:
         with self.store._write() as c:
-            c.execute(insert(schema.job_flags).values(**flag.__dict__).prefix_with("OR REPLACE"))
+            c.execute(self.store.upsert(schema.job_flags).values(**flag.__dict__))
 
     def clear_flag(self, job_id: int, flag: str) -> None:
         f = schema.job_flags.c

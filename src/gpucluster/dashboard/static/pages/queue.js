@@ -33,7 +33,11 @@ export function queuePage(root) {
       const queue = await api("/v1/queue");
       if (!unchanged(root, queue)) {
         fill(root,
-          h("h1", {}, `Queue (${queue.entries.length})`),
+          h("h1", {}, `Queue (${queue.total ?? queue.entries.length})`),
+          queue.total > queue.entries.length
+            ? h("p", { class: "muted", "data-testid": "queue-more" },
+              `Showing the first ${queue.entries.length} of ${queue.total} queued jobs.`)
+            : null,
           h("p", { class: "muted" }, "In the order the scheduler considers them. The first job that cannot start ",
             "holds a reservation, with its estimated start; later jobs may backfill around it."),
           table(

@@ -1,0 +1,161 @@
+"""A queue index a caller keeps across scheduling cycles, so `decide` does not sort every queued
+job into its team's line again each cycle.
+
+Why: sorting the queue in (`queueing.sort_in_plain`) is O(queued jobs) a cycle, with sorts,
+even at C speed ~0.5 us a job, and in the simulator a cycle is asked for at every arrival while
+thousands of jobs wait: on Philly it was most of the time once the scheduler stopped early
+(`decide(..., reasons=False)`). Between two cycles only a few jobs come or go. The index keeps
+the last cycle's jobs sorted by age, overall and per (class, team), and applies the difference:
+jobs gone are removed, jobs new (or replaced by another object) are inserted, by bisection. A
+cycle then only cuts each sorted list where jobs have aged (a bisection) and copies the parts.
+
+Only "plain" jobs are kept sorted (never requeued, not held back: they entered the queue when
+they were submitted, so the aged ones are a prefix of each list); the few others are sorted in
+each cycle by `queueing.sort_in` and merged by bisection. Without quotas only: the guaranteed
+level depends on each cycle's quota use (`decide` then sorts in without the index).
+
+`decide` stays a pure function of its snapshot: the lists handed out equal
+`sort_in_plain(snapshot.queued, ...)` whatever the index saw before (the unit tests check this
+over random histories). Jobs are matched by object identity: the index holds the objects of
+the last cycle, so an identity is never reused meanwhile. Not thread-safe; one caller, one index.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import Counter
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import TypeVar
+
+from gpucluster.core.policy import Policy
+from gpucluster.core.queueing import Sorted, sort_in
+from gpucluster.core.types import JobRequest
+
+_K = TypeVar("_K")
+_age = attrgetter("submitted_at", "job_id")  # the order of `queueing.by_age`, as one key
+
+
+class QueueIndex:
+    def __init__(self) -> None:
+        self.rebuilds = 0  # full builds (first use, or the policy's classes changed): for tests
+        self._reset(None)
+
+    def _reset(self, priorities: bool | None) -> None:
+        self._jobs: dict[int, JobRequest] = {}  # id(job) -> job, every job of the last update
+        self._priorities = priorities  # whether classes split the lines it keeps
+        self._plain: list[JobRequest] = []  # plain jobs by age
+        self._lines: dict[tuple[int, str], list[JobRequest]] = {}  # (level, team) -> plain jobs by age
+        self._odd: dict[int, JobRequest] = {}  # id(job) -> a requeued or held-back job
+        # What `_Cycle._least_asked` bounds, over every queued job, as counts per value.
+        self._gpus: Counter[float] = Counter()
+        self._min_gpus: Counter[int] = Counter()
+        self._limits: Counter[float | None] = Counter()
+        self._memory = 0  # jobs asking for a share by memory
+
+    # ---- keeping up -------------------------------------------------------------------------
+
+    def update(self, queued: Sequence[JobRequest], policy: Policy) -> None:
+        """Bring the index to these queued jobs: the difference with the last call, at C speed
+        (a set of identities, two set differences), then one insertion or removal per job."""
+        if policy.priorities != self._priorities:
+            self._reset(policy.priorities)
+            self.rebuilds += 1
+        ids = set(map(id, queued))
+        jobs = self._jobs
+        for key in jobs.keys() - ids:
+            self._remove(key, jobs.pop(key))
+        came = ids - jobs.keys()
+        if came:
+            # Callers append what they add (the simulator's queue is a dict in arrival order),
+            # so new jobs are looked for from the end, and the scan stops once all are found.
+            left = len(came)
+            for job in reversed(queued):
+                key = id(job)
+                if key in came and key not in jobs:
+                    jobs[key] = job
+                    self._add(key, job)
+                    left -= 1
+                    if not left:
+                        break
+
+    def _level(self, job: JobRequest) -> tuple[int, str]:
+        return (int(job.priority) if self._priorities else 0, job.team)
+
+    def _add(self, key: int, job: JobRequest) -> None:
+        self._count(job, 1)
+        if job.queued_at is not None or job.not_before is not None:
+            self._odd[key] = job
+            return
+        insort(self._plain, job, key=_age)
+        insort(self._lines.setdefault(self._level(job), []), job, key=_age)
+
+    def _remove(self, key: int, job: JobRequest) -> None:
+        self._count(job, -1)
+        if self._odd.pop(key, None) is not None:
+            return
+        _drop(self._plain, job)
+        line = self._lines[self._level(job)]
+        _drop(line, job)
+        if not line:
+            del self._lines[self._level(job)]
+
+    def _count(self, job: JobRequest, sign: int) -> None:
+        _bump(self._gpus, job.gpus, sign)
+        _bump(self._limits, job.time_limit_s, sign)
+        if job.min_gpus is not None:
+            _bump(self._min_gpus, job.min_gpus, sign)
+        if job.gpu_memory_mb is not None:
+            self._memory += sign
+
+    # ---- one cycle --------------------------------------------------------------------------
+
+    def sorted_in(self, policy: Policy, now: float) -> Sorted:
+        """`queueing.sort_in_plain(queued, policy, now)` for the jobs of the last `update`."""
+        starvation = policy.starvation_age_s
+
+        def young(job: JobRequest) -> bool:
+            return now - job.submitted_at < starvation
+
+        aged = self._plain[: bisect_left(self._plain, True, key=young)]
+        buckets: dict[int, dict[str, list[JobRequest]]] = {}
+        for (level, team), line in self._lines.items():
+            cut = bisect_left(line, True, key=young)
+            if cut < len(line):
+                buckets.setdefault(level, {})[team] = line[cut:]
+        held: list[JobRequest] = []
+        if self._odd:
+            held, odd_aged, odd_buckets = sort_in(self._odd.values(), policy, now, None)
+            for job in odd_aged:
+                insort(aged, job, key=_age)
+            for level, per in odd_buckets.items():
+                for team, jobs in per.items():
+                    line = buckets.setdefault(level, {}).setdefault(team, [])
+                    for job in jobs:
+                        insort(line, job, key=_age)
+        return held, aged, buckets
+
+    def least_asked(self, default_limit: float) -> tuple[float, float]:
+        """`_Cycle._least_asked` for the jobs of the last `update`: the fewest GPUs any could
+        start with (0.5: a share by memory) and the shortest time limit (None or 0: the default)."""
+        need = min(self._gpus, default=float("inf"))
+        need = min(need, min(self._min_gpus, default=need))
+        if need >= 1 and self._memory:
+            need = 0.5
+        limits = [t or default_limit for t in self._limits]
+        return need, min(limits, default=default_limit)
+
+
+def _bump(counter: Counter[_K], value: _K, sign: int) -> None:
+    """Count `value` once more (sign 1) or less (-1); a value counted zero times is no key."""
+    counter[value] += sign
+    if not counter[value]:
+        del counter[value]
+
+
+def _drop(jobs: list[JobRequest], job: JobRequest) -> None:
+    """Remove `job` from a list sorted by age (ages are unique: the job id breaks ties)."""
+    i = bisect_left(jobs, _age(job), key=_age)
+    while jobs[i] is not job:  # another object with the same age (not in a valid queue)
+        i += 1
+    del jobs[i]

@@ -1,0 +1,182 @@
+"""`decide(..., reasons=False)`, the simulator's cycle, against the full one: the same starts and
+preemptions, in the same order, on random snapshots, above all crowded ones (a loaded cluster,
+long queues, many jobs that cannot start), where the plan-only cycle stops early or never orders
+the queue at all. Any job it names waits for the reason the full cycle gives it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpucluster.core.policy import Policy, fifo_policy
+from gpucluster.core.queueing import sort_in, sort_in_plain
+from gpucluster.core.scheduler import _Cycle, decide
+from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Priority, RunningJob
+
+from .builders import job, node
+from .test_scheduler_properties import MODELS, NOW, TEAMS, nodes, policies, repetitive, requests, scenarios
+
+MANY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def assert_same_plan(snap: Snapshot, policy: Policy) -> None:
+    full = decide(snap, policy, now=NOW)
+    fast = decide(snap, policy, now=NOW, reasons=False)
+    assert fast.starts == full.starts
+    assert fast.preemptions == full.preemptions
+    for job_id, wait in fast.waiting.items():
+        assert full.waiting[job_id] == wait
+
+
+@st.composite
+def crowded(draw: st.DrawFn) -> tuple[Snapshot, Policy]:
+    """Most GPUs busy (whole, multi-node and shared GPUs, some stopping), a few left free, and a
+    long queue of repeated requests with a few odd ones: the state a loaded cluster is in."""
+    cluster: tuple[Node, ...] = draw(nodes(max_nodes=6))
+    runs: list[RunningJob] = []
+    next_id = 1000
+    for nd in cluster:
+        by_model: dict[str, list[int]] = {}
+        for g in nd.gpus:
+            by_model.setdefault(g.model, []).append(g.index)
+        for idxs in by_model.values():
+            keep_free = draw(st.sampled_from([0, 0, 0, 1, 2]))
+            busy = idxs[: max(0, len(idxs) - keep_free)]
+            while busy:
+                k = draw(st.integers(1, len(busy)))
+                take, busy = busy[:k], busy[k:]
+                if k == 1 and draw(st.integers(0, 3)) == 0:
+                    share = draw(st.sampled_from([0.25, 0.5, 0.75]))
+                    mem = int(share * MODELS[nd.gpus[0].model])
+                    alloc = Allocation((NodeSlice(nd.name, tuple(take), share, mem),))
+                else:
+                    alloc = Allocation((NodeSlice(nd.name, tuple(take)),))
+                started = draw(st.sampled_from([0.0, NOW - 5000, NOW - 100]))
+                runs.append(
+                    RunningJob(
+                        next_id,
+                        alloc,
+                        team=draw(st.sampled_from(TEAMS)),
+                        priority=draw(st.sampled_from([Priority.LOW, Priority.NORMAL, Priority.NORMAL])),
+                        started_at=started,
+                        time_limit_s=draw(st.sampled_from([None, 600.0, 7200.0, 86400.0])),
+                        stopping=draw(st.integers(0, 12)) == 0,
+                    )
+                )
+                next_id += 1
+    templates = draw(requests(draw(st.integers(1, 4))))
+    if draw(st.booleans()):  # Philly-like: one class, whole GPUs, one to eight on one node
+        templates = [
+            replace(t, priority=Priority.NORMAL, gpu_memory_mb=None, nodes=None, gpu_types=()) for t in templates
+        ]
+        templates = [replace(t, gpus=float(draw(st.sampled_from([1, 1, 2, 4, 8])))) for t in templates]
+    copies = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(templates),
+                st.sampled_from([0.0, 1.0, 30.0]),
+                st.sampled_from([None, None, None, NOW + 50]),
+                st.sampled_from([None, None, None, 300.0, 20000.0]),
+            ),
+            min_size=5,
+            max_size=80,
+        )
+    )
+    queued = [
+        replace(
+            t, job_id=100 + k, submitted_at=t.submitted_at + dt, not_before=held, time_limit_s=limit or t.time_limit_s
+        )
+        for k, (t, dt, held, limit) in enumerate(copies)
+    ]
+    if draw(st.booleans()):
+        queued += draw(requests(draw(st.integers(0, 4)), first_id=50))
+    usage = {t: draw(st.sampled_from([0.0, 100.0, 1e5])) for t in TEAMS}
+    return Snapshot(cluster, tuple(runs), tuple(draw(st.permutations(queued))), usage), draw(policies())
+
+
+@MANY
+@given(crowded())
+def test_plan_only_equals_the_full_plan_on_crowded_clusters(scenario: tuple[Snapshot, Policy]) -> None:
+    assert_same_plan(*scenario)
+
+
+@MANY
+@given(scenarios())
+def test_plan_only_equals_the_full_plan(scenario: tuple[Snapshot, Policy]) -> None:
+    assert_same_plan(*scenario)
+
+
+@MANY
+@given(repetitive())
+def test_plan_only_equals_the_full_plan_on_repeated_requests(scenario: tuple[Snapshot, Policy]) -> None:
+    assert_same_plan(*scenario)
+
+
+# ---- it does stop early ------------------------------------------------------------------------
+
+
+def _full_cluster(free: int) -> tuple[tuple[Node, ...], tuple[RunningJob, ...]]:
+    nodes_ = (node("n0").gpus(8, "H100", MODELS["H100"]).build(), node("n1").gpus(8, "H100", MODELS["H100"]).build())
+    runs = (
+        RunningJob(1, Allocation((NodeSlice("n0", tuple(range(8))),)), started_at=NOW - 100, time_limit_s=3600.0),
+        RunningJob(2, Allocation((NodeSlice("n1", tuple(range(8 - free))),)), started_at=NOW - 50, time_limit_s=600.0),
+    )
+    return nodes_, runs
+
+
+def _queue(count: int, gpus: float, limit: float | None = None) -> tuple[JobRequest, ...]:
+    return tuple(job(10 + k).gpus(gpus).team(TEAMS[k % 3]).at(float(k)).limit(limit).build() for k in range(count))
+
+
+def test_a_full_cluster_without_victims_is_answered_without_ordering_the_queue() -> None:
+    nodes_, runs = _full_cluster(free=0)
+    snap = Snapshot(nodes_, runs, _queue(2000, 1))
+    fast = decide(snap, Policy(), now=NOW, reasons=False)
+    assert fast.starts == () and fast.preemptions == () and fast.waiting == {}
+    assert len(decide(snap, Policy(), now=NOW).waiting) == 2000
+
+
+def test_the_cycle_stops_once_the_free_gpus_are_taken() -> None:
+    nodes_, runs = _full_cluster(free=2)
+    snap = Snapshot(nodes_, runs, (job(5).gpus(8).at(-1.0).build(), *_queue(2000, 1, limit=600.0)))
+    for policy in (Policy(), fifo_policy()):
+        full = decide(snap, policy, now=NOW)
+        fast = decide(snap, policy, now=NOW, reasons=False)
+        assert fast.starts == full.starts
+        assert len(fast.waiting) < 10 < len(full.waiting)
+
+
+def test_a_job_that_could_still_backfill_keeps_the_cycle_going() -> None:
+    """The reservation for the 8-GPU job holds node n1 (its GPUs free first); short jobs may
+    still use its two free GPUs, and one is far back in line."""
+    nodes_, runs = _full_cluster(free=2)
+    queue = (
+        job(5).gpus(8).at(-1.0).build(),
+        *_queue(300, 1, limit=7200.0),
+        job(999).gpus(1).at(500.0).limit(60.0).build(),
+    )
+    snap = Snapshot(nodes_, runs, queue)
+    full = decide(snap, Policy(), now=NOW)
+    fast = decide(snap, Policy(), now=NOW, reasons=False)
+    assert [s.job_id for s in full.starts] == [999]
+    assert fast.starts == full.starts
+
+
+def test_every_job_is_considered_when_reasons_are_asked() -> None:
+    nodes_, runs = _full_cluster(free=0)
+    snap = Snapshot(nodes_, runs, _queue(50, 1))
+    plan = _Cycle(snap, Policy(), NOW).run()
+    assert set(plan.waiting) == {j.job_id for j in snap.queued}
+
+
+# ---- sorting the queue in without per-job Python ----------------------------------------------
+
+
+@MANY
+@given(repetitive(), st.sampled_from([NOW, NOW + 5000, NOW + 90000]))
+def test_sorting_plain_jobs_in_at_c_speed_gives_the_same_lists(scenario: tuple[Snapshot, Policy], now: float) -> None:
+    snap, policy = scenario
+    assert sort_in_plain(snap.queued, policy, now) == sort_in(snap.queued, policy, now, None)

@@ -1,0 +1,97 @@
+"""The queue index kept across cycles hands `decide` the very lines a fresh sort gives.
+
+Seeded random histories of queues (jobs arriving, starting, requeued with a queue entry time,
+held back after a failure, replaced by another object, some aged) against random policies: after
+each update the index's lines equal `sort_in_plain` of the same queue, its bounds equal the ones
+`decide` works out without it, and plans made through it (full and plan-only) equal plans made
+without it, with the capacity index kept as well, as the simulator does.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.policy import Policy, Preemption, fifo_policy, priority_policy
+from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.queueing import sort_in_plain
+from gpucluster.core.scheduler import _Cycle, decide
+from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.types import JobRequest, Priority, RunningJob
+
+from .test_scheduler_index import _nodes
+
+POLICIES = {
+    "default": Policy(preemption=Preemption(grace_period_s=5.0), starvation_age_s=200.0),
+    "fifo": fifo_policy(),
+    "priority": priority_policy(),
+    "no-fair-share": Policy(fair_share=False, starvation_age_s=100.0),
+}
+
+
+def _job(rng: random.Random, job_id: int, now: float) -> JobRequest:
+    gpus = rng.choice([0.5, 1, 1, 1, 2, 4, 8, 12])
+    return JobRequest(
+        job_id,
+        float(gpus),
+        gpu_types=rng.choice([(), ("H100",), ("A100", "H100")]),
+        priority=Priority(rng.choice([0, 1, 1, 2])),
+        submitted_at=now - rng.choice([0.0, 0.0, rng.uniform(0, 300)]),
+        team=rng.choice(["a", "b", "c"]),
+        time_limit_s=rng.choice([None, 0.0, 60.0, 600.0]),
+        gpu_memory_mb=rng.choice([None, None, None, None, None, 8192]),
+        min_gpus=rng.choice([None, None, None, 1]) if gpus >= 2 else None,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_queue_index_gives_fresh_lines_and_plans_over_a_history(name: str, seed: int) -> None:
+    rng = random.Random(seed)
+    policy = POLICIES[name]
+    index, capacity = QueueIndex(), CapacityIndex()
+    nodes = _nodes(4)
+    running: dict[int, RunningJob] = {}
+    queued: dict[int, JobRequest] = {}
+    next_id = 1
+    for cycle in range(60):
+        now = cycle * 10.0
+        for _ in range(rng.randrange(0, 10)):
+            queued[next_id] = _job(rng, next_id, now)
+            next_id += 1
+        for job_id in [j for j in running if rng.random() < 0.15]:
+            job = running.pop(job_id)
+            if rng.random() < 0.3:  # requeued: a new object, with when it re-entered, maybe held back
+                held = now + rng.choice([-5.0, 30.0]) if rng.random() < 0.5 else None
+                queued[job_id] = _job(rng, job_id, job.started_at)
+                queued[job_id] = replace(queued[job_id], queued_at=now, not_before=held)
+        for job_id in [j for j in queued if rng.random() < 0.05]:
+            queued[job_id] = replace(queued[job_id])  # the same job, another object
+        snap = Snapshot(nodes, tuple(running.values()), tuple(rng.sample(list(queued.values()), len(queued))))
+        index.update(snap.queued, policy)
+        assert index.sorted_in(policy, now) == sort_in_plain(snap.queued, policy, now), f"cycle {cycle}"
+        assert index.least_asked(policy.default_time_limit_s) == _Cycle(snap, policy, now)._least_asked()
+        fresh = decide(snap, policy, now)
+        kept = decide(replace(snap, queue_index=index, capacity=capacity), policy, now)
+        assert kept == fresh, f"cycle {cycle}"
+        fast = decide(replace(snap, queue_index=index, capacity=capacity), policy, now, reasons=False)
+        assert (fast.starts, fast.preemptions) == (fresh.starts, fresh.preemptions), f"cycle {cycle}"
+        for p in fresh.preemptions:
+            running[p.job_id] = replace(running[p.job_id], stopping=True)
+        for st in fresh.starts:
+            req = queued.pop(st.job_id)
+            running[st.job_id] = RunningJob(st.job_id, st.allocation, req.team, req.priority, now, req.time_limit_s)
+    assert index.rebuilds == 1
+    assert running, "the history never started anything: it tests nothing"
+
+
+def test_a_change_of_classes_rebuilds_the_lines() -> None:
+    index = QueueIndex()
+    queue = tuple(_job(random.Random(k), k, 0.0) for k in range(1, 30))
+    for policy in (Policy(), fifo_policy(), Policy()):
+        index.update(queue, policy)
+        assert index.sorted_in(policy, 50.0) == sort_in_plain(queue, policy, 50.0)
+    assert index.rebuilds == 3
