@@ -18,6 +18,13 @@ level depends on each cycle's quota use (`decide` then sorts in without the inde
 `sort_in_plain(snapshot.queued, ...)` whatever the index saw before (the unit tests check this
 over random histories). Jobs are matched by object identity: the index holds the objects of
 the last cycle, so an identity is never reused meanwhile. Not thread-safe; one caller, one index.
+
+A caller that knows what came and went (the simulator: its own enqueue and start) builds the index
+with `told=True` and calls `add` / `remove` as jobs enter and leave its queue; `update` then
+applies those changes instead of diffing the whole queue, which was the largest cost left per
+cycle on Philly (~0.4 ms a cycle at ~6,000 queued jobs). The promise is checked by count: when the
+queue handed to `update` does not hold as many jobs as the index after the changes, the index falls
+back to the diff, so a plan never depends on the caller being right about the count.
 """
 
 from __future__ import annotations
@@ -37,8 +44,11 @@ _age = attrgetter("submitted_at", "job_id")  # the order of `queueing.by_age`, a
 
 
 class QueueIndex:
-    def __init__(self) -> None:
+    def __init__(self, told: bool = False) -> None:
         self.rebuilds = 0  # full builds (first use, or the policy's classes changed): for tests
+        self.diffs = 0  # updates that diffed the whole queue (told: first use, or a count mismatch)
+        self._told = told  # the caller reports each job that enters or leaves (`add`, `remove`)
+        self._changes: list[tuple[bool, JobRequest]] = []  # (entered?, job) since the last update
         self._reset(None)
 
     def _reset(self, priorities: bool | None) -> None:
@@ -56,11 +66,45 @@ class QueueIndex:
     # ---- keeping up -------------------------------------------------------------------------
 
     def update(self, queued: Sequence[JobRequest], policy: Policy) -> None:
-        """Bring the index to these queued jobs: the difference with the last call, at C speed
-        (a set of identities, two set differences), then one insertion or removal per job."""
+        """Bring the index to these queued jobs: the changes the caller reported (told), or the
+        difference with the last call (`_diff`), then one insertion or removal per job."""
         if policy.priorities != self._priorities:
             self._reset(policy.priorities)
             self.rebuilds += 1
+            self._changes.clear()  # the diff below builds everything from `queued`
+        elif self._told:
+            self._apply_changes()
+            if len(self._jobs) == len(queued):
+                return
+        self.diffs += 1
+        self._diff(queued)
+
+    def add(self, job: JobRequest) -> None:
+        """A told index: `job` entered the caller's queue (applied at the next `update`)."""
+        if self._told:
+            self._changes.append((True, job))
+
+    def remove(self, job: JobRequest) -> None:
+        """A told index: `job` (this very object) left the caller's queue."""
+        if self._told:
+            self._changes.append((False, job))
+
+    def _apply_changes(self) -> None:
+        """The changes the caller reported, in order; an object entered twice or leaving while
+        never in is ignored (the count check in `update` then sends a wrong report to the diff)."""
+        jobs = self._jobs
+        for entered, job in self._changes:
+            key = id(job)
+            if entered:
+                if key not in jobs:
+                    jobs[key] = job
+                    self._add(key, job)
+            elif jobs.get(key) is job:
+                self._remove(key, jobs.pop(key))
+        self._changes.clear()
+
+    def _diff(self, queued: Sequence[JobRequest]) -> None:
+        """The jobs that came or went since the last update, found by identity at C speed."""
         ids = set(map(id, queued))
         jobs = self._jobs
         for key in jobs.keys() - ids:

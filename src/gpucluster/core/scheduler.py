@@ -104,7 +104,7 @@ class _Cycle:
         self._start_ends: list[float] = []  # expected end of each start, by its own time limit
         self.preemptions: list[Preemption] = []
         self.waiting: dict[int, Wait] = {}
-        self.stopping = [j for j in snapshot.running if j.stopping]
+        self._stopping: list[RunningJob] | None = None  # see `_stopping_jobs`
         self._candidates: dict[str, list[RunningJob]] | None = None
         self._preempted: set[int] = set()
         self._fits: dict[tuple[object, ...], list[str]] = {}
@@ -398,7 +398,7 @@ class _Cycle:
                 continue  # its own team's borrowing limit refuses it: stopping others gains nothing
             reclaim = pre.reclaim_quota and self.quotas.within_quota(job.team, model, job.gpus)
             candidates = self._candidates_for(job, model, pool.get(model, []), reclaim)
-            stopping = [j for j in self.stopping if self.cap.model_of(j.allocation) == model]
+            stopping = [j for j in self._stopping_jobs() if self.cap.model_of(j.allocation) == model]
             if not candidates and not stopping:
                 continue
             choice = choose_victims(job, model, self.cap, candidates, stopping, self._victim_cost, ranked=True)
@@ -420,11 +420,19 @@ class _Cycle:
                     self.preemptions.append(Preemption(v.job_id, job.job_id, why))
                     self.quotas.remove(v.team, v.allocation)
                     self._preempted.add(v.job_id)
-                self.stopping = [*self.stopping, *choice.victims]
+                self._stopping = [*self._stopping_jobs(), *choice.victims]
             nodes = frozenset({choice.node}) if choice.node else frozenset(self.cap.node_models)
             self.reservations[model] = Reservation(job.job_id, model, self.now + pre.grace_period_s, nodes)
             return True
         return False
+
+    def _stopping_jobs(self) -> list[RunningJob]:
+        """Running jobs stopping, and the cycle's victims so far. Built on first use, not per
+        cycle. Why: it is a pass over every running job (0.3 ms a cycle at 100,000 GPUs), and
+        only a cycle that tries to preempt reads it."""
+        if self._stopping is None:
+            self._stopping = [j for j in self.s.running if j.stopping]
+        return self._stopping
 
     def _may_have_victims(self, job: JobRequest) -> bool:
         """False when no running job could be a candidate for `job` (`_candidates_for`): none

@@ -212,8 +212,10 @@ class Engine:
         self._cycle_pending = False
         self.cycle_s = spec.cycle_s
         self._repairs_pending = 0
-        self._capacity = CapacityIndex()  # free GPUs kept across scheduler calls, as the head does
-        self._queue_index = QueueIndex()  # the queue kept sorted into lines across scheduler calls
+        # Free GPUs kept across scheduler calls, as the head does, told what starts and ends.
+        self._capacity = CapacityIndex(told=True)
+        # The queue kept sorted into lines across scheduler calls, told what enters and leaves.
+        self._queue_index = QueueIndex(told=True)
         self._feasible: dict[tuple[object, ...], str | None] = {}
         self._intervals: dict[tuple[object, float], float | None] = {}
         self._usage = Usage(policy) if policy.fair_share else None
@@ -339,6 +341,7 @@ class Engine:
     def _enqueue(self, job: SimJob) -> None:
         job.state = QUEUED
         self._queued[job.trace.job_id] = job.request
+        self._queue_index.add(job.request)
         self._team_queued[job.team] += job.trace.gpus
         self._dirty = True
 
@@ -410,13 +413,14 @@ class Engine:
         self._claim(job, alloc, now)
         if self.keep_starts:
             self.result.starts.append((now, start.job_id, alloc))
-        del self._queued[start.job_id]
+        self._queue_index.remove(self._queued.pop(start.job_id))
         team = job.team
         self._team_queued[team] -= job.trace.gpus
         self._team_running[team] += job.held
         if self._usage is not None:
             self._usage.change(job.trace.team, job.held, now)
-        self._running[start.job_id] = scheduling.running_job(job.request, alloc, now)
+        running = self._running[start.job_id] = scheduling.running_job(job.request, alloc, now)
+        self._capacity.add(running)
         self._busy_gpus += job.held
         speed, price_s, power_w = INF, 0.0, 0.0
         for s in alloc.slices:
@@ -478,7 +482,7 @@ class Engine:
         the work since its last checkpoint is lost, charged to `lost_to`, as is any time spent
         on a stop."""
         jid = job.trace.job_id
-        del self._running[jid]
+        self._capacity.remove(self._running.pop(jid))
         for node, i, share in job.keys:
             left = self._used[(node, i)] - share
             if left <= EPS:
