@@ -65,7 +65,11 @@ _GPU_TYPE: JsonDict = {"minLength": 1, "maxLength": 64, "pattern": r"\S"}
 class JobSpec(BaseModel):
     """What a user submits. Unknown fields are rejected so a typo never silently does nothing."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        # Shown in /docs, and sent as is by API fuzzers (tests/fuzz): one submission known to be valid.
+        json_schema_extra={"examples": [{"command": ["python", "train.py"], "gpus": 1, "name": "train"}]},
+    )
 
     command: list[str] = Field(
         ...,

@@ -180,3 +180,60 @@ def test_every_job_is_considered_when_reasons_are_asked() -> None:
 def test_sorting_plain_jobs_in_at_c_speed_gives_the_same_lists(scenario: tuple[Snapshot, Policy], now: float) -> None:
     snap, policy = scenario
     assert sort_in_plain(snap.queued, policy, now) == sort_in(snap.queued, policy, now, None)
+
+
+class _WholeVictimPool(_Cycle):
+    pool_by_class = False
+
+
+def _assert_pool_by_class_changes_nothing(snap: Snapshot, policy: Policy) -> None:
+    for reasons in (True, False):
+        fast = _Cycle(snap, policy, NOW, reasons).run()
+        slow = _WholeVictimPool(snap, policy, NOW, reasons).run()
+        assert fast.starts == slow.starts
+        assert fast.preemptions == slow.preemptions  # victims, in order, with the reasons
+        assert list(fast.waiting.items()) == list(slow.waiting.items())
+
+
+@MANY
+@given(crowded())
+def test_ranking_only_lower_classes_as_victims_changes_no_plan(scenario: tuple[Snapshot, Policy]) -> None:
+    """`_victim_pool(below)` ranks only the classes below the asker (rebuilt for a later asker
+    of a higher class): the same plans as ranking every running job, reasons included."""
+    _assert_pool_by_class_changes_nothing(*scenario)
+
+
+@MANY
+@given(scenarios())
+def test_ranking_only_lower_classes_as_victims_changes_no_plan_on_any_snapshot(
+    scenario: tuple[Snapshot, Policy],
+) -> None:
+    _assert_pool_by_class_changes_nothing(*scenario)
+
+
+@st.composite
+def contested(draw: st.DrawFn) -> tuple[Snapshot, Policy]:
+    """A crowded cluster under a policy with classes and preemption and no quotas (Philly's
+    default policy), the queue of every class: many askers rank victims."""
+    snap, _ = draw(crowded())
+    classes = st.sampled_from([Priority.LOW, Priority.NORMAL, Priority.HIGH, Priority.CRITICAL])
+    queued = tuple(replace(q, priority=draw(classes)) for q in snap.queued)
+    running = tuple(replace(r, priority=draw(classes)) if draw(st.booleans()) else r for r in snap.running)
+    policy = Policy(
+        preemption=replace(
+            Policy().preemption,
+            min_runtime_s=draw(st.sampled_from([0.0, 0.0, 3000.0])),
+            protected_classes=draw(st.sampled_from([frozenset({Priority.CRITICAL}), frozenset()])),
+            reclaim_quota=draw(st.booleans()),
+        ),
+        fair_share=draw(st.booleans()),
+    )
+    return replace(snap, queued=queued, running=running), policy
+
+
+@MANY
+@given(contested())
+def test_ranking_only_lower_classes_as_victims_changes_no_plan_when_classes_contend(
+    scenario: tuple[Snapshot, Policy],
+) -> None:
+    _assert_pool_by_class_changes_nothing(*scenario)

@@ -88,6 +88,9 @@ class _Cycle:
     # Answer a job from the wait of an earlier one with the same request while nothing changed
     # (see `run`). Off only in the tests that check it changes no plan.
     share_waits = True
+    # Rank only the running jobs of a class below the asker when it can take nothing else (see
+    # `_victim_pool`). Off only in the tests that check it changes no plan.
+    pool_by_class = True
 
     def __init__(self, snapshot: Snapshot, policy: Policy, now: float, reasons: bool = True) -> None:
         self.s = snapshot
@@ -106,6 +109,7 @@ class _Cycle:
         self.waiting: dict[int, Wait] = {}
         self._stopping: list[RunningJob] | None = None  # see `_stopping_jobs`
         self._candidates: dict[str, list[RunningJob]] | None = None
+        self._pool_below: int | None = None  # the pool holds only classes below this (None: all)
         self._preempted: set[int] = set()
         self._fits: dict[tuple[object, ...], list[str]] = {}
         self._waits: dict[tuple[object, ...], Wait] = {}
@@ -390,7 +394,8 @@ class _Cycle:
             return False
         if not self._may_have_victims(job):
             return False
-        pool = self._victim_pool()
+        by_class = self.pool_by_class and not (pre.reclaim_quota and self.quotas.has_quotas)
+        pool = self._victim_pool(int(job.priority) if by_class else None)
         for model in models:
             if model in self.reservations:
                 continue
@@ -469,49 +474,62 @@ class _Cycle:
                     out.append(v)
         return out
 
-    def _victim_pool(self) -> dict[str, list[RunningJob]]:
+    def _victim_pool(self, below: int | None) -> dict[str, list[RunningJob]]:
         """Preemptible running jobs by GPU model, ranked by `_victim_cost`, built once per cycle.
 
         It looks at every running job (60,000 at scale), so the loop reads each job's fields
         once and keeps each part of its cost in a column; the ranking is then one stable sort
         per column, least significant first, each on plain numbers. That is the order a sort
         by the cost tuples gives, at a third of the time (tuple comparisons were half of it).
+
+        `below`: when the asking job can take only lower classes (no quota to reclaim), the
+        pool need only hold running jobs of a class below it. Why: with filled priorities most
+        running jobs are of the asker's class or above, and ranking them was most of the
+        pool's cost. `_candidates_for` takes from the pool exactly the jobs below the asker's
+        class, in pool order; a ranking of a subset keeps the subset's order in the full
+        ranking (the same keys, stable sorts), so the candidates are the same. A later asker
+        of a higher class than the pool was built for rebuilds it (None: every class).
         """
-        if self._candidates is None:
-            pre = self.policy.preemption
-            protected, min_runtime, now, gpus = pre.protected_classes, pre.min_runtime_s, self.now, self.cap.gpus
-            over: dict[str, float] = {}
-            # model -> (jobs, then the columns of `_victim_cost`: class, -over share, work lost, -start)
-            pools: dict[str, tuple[list[RunningJob], list[int], list[float], list[float], list[float]]] = {}
-            for j in self.s.running:
-                if j.stopping or j.priority in protected or not now - j.started_at >= min_runtime:
-                    continue
-                slices = j.allocation.slices
-                first = slices[0]
-                if not (first.share >= 1 if len(slices) == 1 else all(s.share >= 1 for s in slices)):
-                    continue
-                gpu = gpus.get((first.node, first.gpu_indices[0]))
-                if gpu is None:
-                    continue
-                pool = pools.get(gpu.model)
-                if pool is None:
-                    pool = pools[gpu.model] = ([], [], [], [], [])
-                ratio = over.get(j.team)
-                if ratio is None:
-                    ratio = over[j.team] = -self._over_share(j.team)
-                pool[0].append(j)
-                pool[1].append(int(j.priority))
-                pool[2].append(ratio)
-                pool[3].append(now - (j.last_checkpoint_at if j.last_checkpoint_at is not None else j.started_at))
-                pool[4].append(-j.started_at)
-            self._candidates = {}
-            for model, (jobs, classes, shares, lost, starts) in pools.items():
-                order = list(range(len(jobs)))
-                order.sort(key=starts.__getitem__)
-                order.sort(key=lost.__getitem__)
-                order.sort(key=shares.__getitem__)
-                order.sort(key=classes.__getitem__)
-                self._candidates[model] = [jobs[i] for i in order]
+        built = self._pool_below
+        if self._candidates is not None and (built is None or (below is not None and below <= built)):
+            return self._candidates
+        self._pool_below = below
+        pre = self.policy.preemption
+        protected, min_runtime, now, gpus = pre.protected_classes, pre.min_runtime_s, self.now, self.cap.gpus
+        over: dict[str, float] = {}
+        # model -> (jobs, then the columns of `_victim_cost`: class, -over share, work lost, -start)
+        pools: dict[str, tuple[list[RunningJob], list[int], list[float], list[float], list[float]]] = {}
+        for j in self.s.running:
+            if j.stopping or j.priority in protected or not now - j.started_at >= min_runtime:
+                continue
+            if below is not None and j.priority >= below:
+                continue
+            slices = j.allocation.slices
+            first = slices[0]
+            if not (first.share >= 1 if len(slices) == 1 else all(s.share >= 1 for s in slices)):
+                continue
+            gpu = gpus.get((first.node, first.gpu_indices[0]))
+            if gpu is None:
+                continue
+            pool = pools.get(gpu.model)
+            if pool is None:
+                pool = pools[gpu.model] = ([], [], [], [], [])
+            ratio = over.get(j.team)
+            if ratio is None:
+                ratio = over[j.team] = -self._over_share(j.team)
+            pool[0].append(j)
+            pool[1].append(int(j.priority))
+            pool[2].append(ratio)
+            pool[3].append(now - (j.last_checkpoint_at if j.last_checkpoint_at is not None else j.started_at))
+            pool[4].append(-j.started_at)
+        self._candidates = {}
+        for model, (jobs, classes, shares, lost, starts) in pools.items():
+            order = list(range(len(jobs)))
+            order.sort(key=starts.__getitem__)
+            order.sort(key=lost.__getitem__)
+            order.sort(key=shares.__getitem__)
+            order.sort(key=classes.__getitem__)
+            self._candidates[model] = [jobs[i] for i in order]
         return self._candidates
 
     def _victim_cost(self, v: RunningJob) -> CostKey:
