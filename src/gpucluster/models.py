@@ -493,6 +493,12 @@ class QueueEntry(BaseModel):
     job: Job
 
 
+# The queue is listed from the front, a page at a time: nobody reads 10,000 rows, and building
+# them all cost the head a second of CPU per call (bench/bench_load.py).
+DEFAULT_QUEUE_PAGE = 1000
+MAX_QUEUE_PAGE = 100_000
+
+
 class QueueOut(BaseModel):
     entries: list[QueueEntry]
     # How many queued jobs the caller may see, listed or not (a `limit` lists the front only).

@@ -8,11 +8,15 @@ import pytest
 from tests.e2e.headproc import HeadProcess
 
 
-@pytest.fixture
-def head_factory(tmp_path: Path) -> Iterator[type[HeadProcess]]:
+def tracked_heads(*always: str) -> Iterator[type[HeadProcess]]:
+    """A HeadProcess class whose heads all get `always` as extra arguments and are all stopped
+    (with their jobs) when the fixture using it ends, even after a failure."""
     started: list[HeadProcess] = []
 
     class Tracked(HeadProcess):
+        def __init__(self, data_dir: Path, *args: object, extra_args: tuple[str, ...] = (), **kw: object) -> None:
+            super().__init__(data_dir, *args, extra_args=(*extra_args, *always), **kw)  # type: ignore[arg-type]
+
         def start(self, timeout: float = 20.0) -> HeadProcess:
             started.append(self)
             return super().start(timeout)
@@ -21,6 +25,11 @@ def head_factory(tmp_path: Path) -> Iterator[type[HeadProcess]]:
     for h in started:
         h.stop()
         h.kill_jobs()
+
+
+@pytest.fixture
+def head_factory() -> Iterator[type[HeadProcess]]:
+    yield from tracked_heads()
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import tracked_heads
 from tests.e2e.headproc import HeadProcess, wait_for
 from tests.e2e.test_jobs import (  # noqa: F401 - collected here again, on PostgreSQL
     finished,
@@ -37,25 +38,9 @@ PY = sys.executable
 
 @pytest.fixture
 def head_factory(postgres_url: str) -> Iterator[type[HeadProcess]]:
-    started: list[HeadProcess] = []
-
-    class OnPostgres(HeadProcess):
-        def __init__(self, data_dir: Path, *args: object, extra_args: tuple[str, ...] = (), **kw: object) -> None:
-            super().__init__(data_dir, *args, extra_args=(*extra_args, "--database", postgres_url), **kw)  # type: ignore[arg-type]
-
-        def start(self, timeout: float = 20.0) -> HeadProcess:
-            started.append(self)
-            return super().start(timeout)
-
-    yield OnPostgres
-    for h in started:
-        h.stop()
-        h.kill_jobs()
-
-
-@pytest.fixture
-def head(head_factory: type[HeadProcess], tmp_path: Path) -> HeadProcess:
-    return head_factory(tmp_path / "data").start()
+    """Every head of a test here (a restarted one too) on the test's PostgreSQL database; the
+    `head` fixture of tests/e2e/conftest.py builds on this one."""
+    yield from tracked_heads("--database", postgres_url)
 
 
 def test_the_state_lives_in_postgresql_not_in_the_data_dir(head_factory: type[HeadProcess], tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from gpucluster.core.reasons import WaitReason
 from gpucluster.core.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
 from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob, Wait
 from gpucluster.store import DataDirUnwritable, Store, StoreError
+from gpucluster.store import store as store_module
 
 from .builders import allocation, node, spec
 from .storekit import run_sql
@@ -207,6 +208,19 @@ def test_list_jobs_filters(store: Store) -> None:
     assert [j.id for j in store.list_jobs(team="a")] == [ids[1], ids[3], ids[5]]
     assert [j.id for j in store.list_jobs(limit=2)] == ids[-2:]  # the newest, in id order
     assert [j.id for j in store.list_jobs(states=[JobState.QUEUED], team="b", limit=1)] == [ids[4]]
+    assert store.queued_teams() == {i: ("a" if n % 2 else "b") for n, i in enumerate(ids) if n}
+
+
+def test_list_jobs_by_ids_in_chunks(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Named jobs come in chunks of IN lists (PostgreSQL takes at most 65,535 parameters)."""
+    ids = [store.create_job(spec(), T0 + i) for i in range(7)]
+    monkeypatch.setattr(store_module, "IDS_PER_QUERY", 2)
+    wanted = [ids[5], ids[0], ids[3], ids[6], 10**6]  # any order; one that does not exist
+    assert [j.id for j in store.list_jobs(ids=wanted)] == [ids[0], ids[3], ids[5], ids[6]]
+    assert [j.id for j in store.list_jobs(ids=wanted, states=[JobState.QUEUED], team="default")] == sorted(wanted[:4])
+    assert store.list_jobs(ids=[]) == []
+    with pytest.raises(ValueError, match="give one"):
+        store.list_jobs(ids=ids, limit=1)
 
 
 def test_set_wait_reasons_leaves_non_queued_jobs_alone(store: Store) -> None:

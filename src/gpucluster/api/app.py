@@ -28,15 +28,22 @@ from gpucluster.auth.rules import Caller, Rule, allow
 from gpucluster.core.states import JobState
 from gpucluster.executors.logfile import read_log
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
-from gpucluster.models import HealthOut, Job, JobList, JobSpec, NodeList, PolicyOut, ProgressIn, QueueOut
+from gpucluster.models import (
+    DEFAULT_QUEUE_PAGE,
+    MAX_QUEUE_PAGE,
+    HealthOut,
+    Job,
+    JobList,
+    JobSpec,
+    NodeList,
+    PolicyOut,
+    ProgressIn,
+    QueueOut,
+)
 from gpucluster.store import DataDirUnwritable
 
 MAX_BODY_BYTES = 1024 * 1024
 FOLLOW_POLL_S = 0.2
-# The queue is listed from the front, a page at a time: nobody reads 10,000 rows, and building
-# them all cost the head a second of CPU per call (bench/bench_load.py).
-DEFAULT_QUEUE_PAGE = 1000
-MAX_QUEUE_PAGE = 100_000
 
 
 class BodyLimit:

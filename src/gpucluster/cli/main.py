@@ -25,7 +25,7 @@ from gpucluster.cli.common import ts as _ts
 from gpucluster.client import ApiError, Client, ClusterUnreachable
 from gpucluster.durations import format_duration
 from gpucluster.jobfile import JobFileError, read_job_file, spec_from_fields
-from gpucluster.models import Job, parse_memory_mb
+from gpucluster.models import DEFAULT_QUEUE_PAGE, Job, parse_memory_mb
 
 app = typer.Typer(
     help="gpucluster: a GPU cluster. Start it with `gpucluster up`, then submit jobs.",
@@ -588,7 +588,10 @@ def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
 def queue(
     url: UrlOpt = None,
     as_json: JsonOpt = False,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="show at most this many, from the front")] = 1000,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, help=f"show at most this many, from the front [default: {DEFAULT_QUEUE_PAGE}]"),
+    ] = None,
 ) -> None:
     """Queued jobs in scheduling order: position, why each waits, and its estimated start."""
     with _client(url) as c:

@@ -51,6 +51,7 @@ from gpucluster.store import migrate, schema
 # first; the head holds the second for its lifetime (Store.claim).
 WRITE_LOCK_KEY = 0x67707563_6C757374
 HEAD_LOCK_KEY = WRITE_LOCK_KEY + 1
+IDS_PER_QUERY = 5000  # jobs named in one query's IN list (list_jobs(ids=...))
 
 
 class StoreError(RuntimeError):
@@ -503,10 +504,11 @@ class Store:
         teams: Iterable[str] | None = None,
         ids: Iterable[int] | None = None,
     ) -> list[JobRecord]:
-        """Jobs, oldest first; `teams` keeps only those teams' jobs (what a member may see)."""
+        """Jobs, oldest first; `teams` keeps only those teams' jobs (what a member may see);
+        `ids` only those jobs (not with `limit`)."""
+        if ids is not None and limit is not None:
+            raise ValueError("list_jobs: `limit` picks the newest jobs, `ids` names them: give one")
         q = select(schema.jobs).order_by(schema.jobs.c.id)
-        if ids is not None:
-            q = q.where(schema.jobs.c.id.in_(list(ids)))
         if states is not None:
             q = q.where(schema.jobs.c.state.in_([s.value for s in states]))
         if team is not None:
@@ -516,7 +518,15 @@ class Store:
         if limit is not None:
             q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit)
         with self._read() as c:
-            rows = c.execute(q).mappings().all()
+            if ids is None:
+                rows = list(c.execute(q).mappings())
+            else:  # a bound parameter per id: in chunks under every driver's limit (PostgreSQL: 65,535)
+                wanted = list(ids)
+                rows = [
+                    r
+                    for at in range(0, len(wanted), IDS_PER_QUERY)
+                    for r in c.execute(q.where(schema.jobs.c.id.in_(wanted[at : at + IDS_PER_QUERY]))).mappings()
+                ]
         records = [_job(r) for r in rows]
         return sorted(records, key=lambda j: j.id)
 
