@@ -74,6 +74,7 @@ def test_index_plans_equal_fresh_plans_over_a_history(seed: int) -> None:
         assert kept == fresh, f"cycle {cycle}"
         for p in fresh.preemptions:
             running[p.job_id] = replace(running[p.job_id], stopping=True)
+            index.stopping(running[p.job_id])  # its expected end changes: the book must know
         for st in fresh.starts:
             req = queued.pop(st.job_id)
             running[st.job_id] = RunningJob(st.job_id, st.allocation, req.team, req.priority, now, req.time_limit_s)
@@ -147,8 +148,9 @@ def test_forks_equal_fresh_builds_and_never_change_their_base(seed: int) -> None
 @pytest.mark.parametrize("seed", range(1, 7))
 @pytest.mark.parametrize("honest", [True, False])
 def test_a_told_index_gives_fresh_plans_over_a_history(seed: int, honest: bool) -> None:
-    """The simulator's way (`CapacityIndex(told=True)`): it reports each start and end; a job
-    replaced by another object with the same allocation (checkpoint, stopping) needs no report.
+    """The simulator's way (`CapacityIndex(told=True)`): it reports each start, end and stop
+    under way (which changes the job's expected end, kept sorted in the index's `EndBook`); a
+    job replaced by another object with the same allocation and end (a checkpoint) needs none.
     Plans (with reasons) equal fresh ones; one report forgotten between two cycles now and then
     (`honest` False) is caught by the count and sent to the full comparison. Fractional jobs
     included: shared GPUs' sums are kept on a grid (see the test above)."""
@@ -184,6 +186,7 @@ def test_a_told_index_gives_fresh_plans_over_a_history(seed: int, honest: bool) 
         assert decide(replace(snap, capacity=index), policy, now) == fresh, f"cycle {cycle}"
         for p in fresh.preemptions:
             running[p.job_id] = replace(running[p.job_id], stopping=True)
+            index.stopping(running[p.job_id])  # its expected end changes: the book must know
         for st in fresh.starts:
             req = queued.pop(st.job_id)
             job = RunningJob(st.job_id, st.allocation, req.team, req.priority, now, req.time_limit_s)

@@ -14,28 +14,42 @@ check this over random histories). The index is not thread-safe; one caller, one
 A caller that knows which jobs started and ended (the simulator) builds it with `told=True` and
 reports them (`add`, `remove`), so a cycle applies those instead of comparing every running job
 with the last cycle's (O(running) a cycle: most of a cycle at 100,000 GPUs once forking was made
-cheap). Only allocations matter here, so a running job replaced by another object with the same
-allocation (a checkpoint, a stop under way) needs no report. The report is checked by count: a
+cheap). Only allocations matter for free capacity, so a running job replaced by another object
+with the same allocation (a checkpoint) needs no report. The report is checked by count: a
 running set of another size than the index holds sends the cycle to the full comparison.
+
+A told index also keeps the running jobs' expected ends sorted (`backfill.EndBook`), so a cycle
+that needs a reservation does not work out the end of every running job (O(running) a cycle,
+the largest cost left on Philly). Ends also change when a stop begins (GPUs back after the
+grace period), so the caller reports that too (`stopping`). After a full comparison, or for
+another default time limit, the book is rebuilt from the cycle's running jobs.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
+from gpucluster.core.backfill import EndBook
+from gpucluster.core.counts import bump
 from gpucluster.core.placement import Capacity
 from gpucluster.core.types import Allocation, Node, RunningJob
+
+_STARTED, _ENDED, _STOPPING = 0, 1, 2
 
 
 class CapacityIndex:
     def __init__(self, told: bool = False) -> None:
         self._told = told
-        self._changes: list[tuple[int, Allocation | None]] = []  # (job id, allocation or None: ended)
+        self._changes: list[tuple[int, RunningJob]] = []  # (_STARTED / _ENDED / _STOPPING, job)
         self.diffs = 0  # cycles that compared every running job (told: a count mismatch)
         self._nodes: tuple[Node, ...] | None = None
         self._base: Capacity | None = None
         self._running: dict[int, Allocation] = {}
         self.rebuilds = 0  # full builds (first use, or the nodes changed): for tests and stats
+        self._book: EndBook | None = None  # told only; None: to be built from the running jobs
+        self._classes: Counter[int] = Counter()  # running jobs per priority class
+        self._class_of: dict[int, int] = {}  # job id -> its class, as counted
 
     def capacity(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> Capacity:
         """A fresh working copy of the free capacity for these nodes and running jobs."""
@@ -44,14 +58,18 @@ class CapacityIndex:
             self._base = Capacity(nodes, running)
             self._nodes = nodes
             self._running = {j.job_id: j.allocation for j in running}
+            self._count_classes(running)
             self.rebuilds += 1
             self._changes.clear()
+            self._book = None
             return self._base.fork()
         if self._told:
             self._apply_changes(base)
             if len(self._running) == len(running):
                 return base.fork()
         self.diffs += 1
+        self._book = None
+        self._count_classes(running)
         new = {j.job_id: j.allocation for j in running}
         old = self._running
         for job_id, alloc in old.items():
@@ -68,22 +86,63 @@ class CapacityIndex:
     def add(self, job: RunningJob) -> None:
         """A told index: `job` started (applied at the next `capacity`)."""
         if self._told:
-            self._changes.append((job.job_id, job.allocation))
+            self._changes.append((_STARTED, job))
 
     def remove(self, job: RunningJob) -> None:
         """A told index: `job` ended; its GPUs are free again."""
         if self._told:
-            self._changes.append((job.job_id, None))
+            self._changes.append((_ENDED, job))
+
+    def stopping(self, job: RunningJob) -> None:
+        """A told index: a stop of `job` (the object with `stopping` set) is under way, so its
+        GPUs are expected back after the grace period. Unlike starts and ends, a forgotten
+        report is not caught by the count check: reservations would then use its time limit."""
+        if self._told:
+            self._changes.append((_STOPPING, job))
+
+    def end_book(self, running: Sequence[RunningJob], default_limit_s: float) -> EndBook | None:
+        """A told index's expected ends of `running` (the jobs of the last `capacity` call),
+        for a policy whose default time limit is `default_limit_s`; None for a comparing index."""
+        if not self._told or self._base is None:
+            return None
+        if self._book is None or self._book.default != default_limit_s:
+            self._book = EndBook.of(running, self._base.gpus, default_limit_s)
+        return self._book
+
+    def _count_classes(self, running: Sequence[RunningJob]) -> None:
+        if not self._told:
+            return  # a comparing index answers no `lowest_class`: the cycle makes its own pass
+        self._class_of = {j.job_id: int(j.priority) for j in running}
+        self._classes = Counter(self._class_of.values())
+
+    def lowest_class(self) -> int | None:
+        """A told index: the lowest priority class of the running jobs of the last `capacity`
+        call (None: none runs, or a comparing index), kept from the reports rather than found
+        by a pass over them."""
+        return min(self._classes, default=None)
 
     def _apply_changes(self, base: Capacity) -> None:
-        """The reported starts and ends, in order: what the comparison in `capacity` would
-        release and occupy (for whole GPUs the resulting state does not depend on the order)."""
-        running = self._running
-        for job_id, alloc in self._changes:
+        """The reported starts, ends and stops, in order: what the comparison in `capacity`
+        would release and occupy (for whole GPUs the resulting state does not depend on the
+        order), and the same for the book of expected ends."""
+        running, book = self._running, self._book
+        for kind, job in self._changes:
+            job_id = job.job_id
+            if kind == _STOPPING:
+                if book is not None and job_id in running:
+                    book.stop(job)
+                continue
             was = running.pop(job_id, None)
             if was is not None:
                 base.release(was)
-            if alloc is not None:
-                running[job_id] = alloc
-                base.occupy(alloc)
+                bump(self._classes, self._class_of.pop(job_id), -1)
+                if book is not None:
+                    book.remove(job_id)
+            if kind == _STARTED:
+                running[job_id] = job.allocation
+                base.occupy(job.allocation)
+                self._class_of[job_id] = int(job.priority)
+                bump(self._classes, int(job.priority), 1)
+                if book is not None:
+                    book.add(job)
         self._changes.clear()

@@ -33,13 +33,12 @@ from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import TypeVar
 
+from gpucluster.core.counts import bump
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import Sorted, sort_in
 from gpucluster.core.types import JobRequest
 
-_K = TypeVar("_K")
 _age = attrgetter("submitted_at", "job_id")  # the order of `queueing.by_age`, as one key
 
 
@@ -62,6 +61,7 @@ class QueueIndex:
         self._min_gpus: Counter[int] = Counter()
         self._limits: Counter[float | None] = Counter()
         self._memory = 0  # jobs asking for a share by memory
+        self._classes: Counter[int] = Counter()  # priority classes, for `highest_class`
 
     # ---- keeping up -------------------------------------------------------------------------
 
@@ -145,10 +145,11 @@ class QueueIndex:
             del self._lines[self._level(job)]
 
     def _count(self, job: JobRequest, sign: int) -> None:
-        _bump(self._gpus, job.gpus, sign)
-        _bump(self._limits, job.time_limit_s, sign)
+        bump(self._gpus, job.gpus, sign)
+        bump(self._limits, job.time_limit_s, sign)
+        bump(self._classes, int(job.priority), sign)
         if job.min_gpus is not None:
-            _bump(self._min_gpus, job.min_gpus, sign)
+            bump(self._min_gpus, job.min_gpus, sign)
         if job.gpu_memory_mb is not None:
             self._memory += sign
 
@@ -179,6 +180,10 @@ class QueueIndex:
                         insort(line, job, key=_age)
         return held, aged, buckets
 
+    def highest_class(self) -> int | None:
+        """The highest priority class of the jobs of the last `update` (None: no job)."""
+        return max(self._classes, default=None)
+
     def least_asked(self, default_limit: float) -> tuple[float, float]:
         """`_Cycle._least_asked` for the jobs of the last `update`: the fewest GPUs any could
         start with (0.5: a share by memory) and the shortest time limit (None or 0: the default)."""
@@ -188,13 +193,6 @@ class QueueIndex:
             need = 0.5
         limits = [t or default_limit for t in self._limits]
         return need, min(limits, default=default_limit)
-
-
-def _bump(counter: Counter[_K], value: _K, sign: int) -> None:
-    """Count `value` once more (sign 1) or less (-1); a value counted zero times is no key."""
-    counter[value] += sign
-    if not counter[value]:
-        del counter[value]
 
 
 def _drop(jobs: list[JobRequest], job: JobRequest) -> None:

@@ -214,7 +214,11 @@ class _Cycle:
             return False
         if not self.policy.priorities:
             return True
-        return not self._lower_class_runs(max(map(attrgetter("priority"), self.s.queued)))
+        index = self.s.queue_index
+        highest = index.highest_class() if index is not None else None
+        if highest is None:
+            highest = max(map(attrgetter("priority"), self.s.queued))
+        return not self._lower_class_runs(highest)
 
     def _least_asked(self) -> tuple[float, float]:
         """The fewest GPUs any queued job could start with (below 1: a job sharing a GPU) and
@@ -451,7 +455,11 @@ class _Cycle:
     def _lower_class_runs(self, priority: int) -> bool:
         """Whether any running job is of a lower class than `priority` (one pass a cycle)."""
         if self._lowest_class is None:
-            self._lowest_class = min(map(attrgetter("priority"), self.s.running), default=10**9)
+            index = self.s.capacity
+            lowest = index.lowest_class() if index is not None else None
+            if lowest is None:
+                lowest = min(map(attrgetter("priority"), self.s.running), default=10**9)
+            self._lowest_class = lowest
         return self._lowest_class < priority
 
     def _candidates_for(self, job: JobRequest, model: str, pool: list[RunningJob], reclaim: bool) -> list[RunningJob]:
@@ -596,9 +604,14 @@ class _Cycle:
 
     def _end_times(self) -> EndTimes:
         if self._ends is None:
-            self._ends = EndTimes()
             grace, default = self.policy.preemption.grace_period_s, self.policy.default_time_limit_s
-            for j, end in self._ends.add_running(self.s.running, self.cap.gpus, self.now, grace, default):
+            index = self.s.capacity
+            book = index.end_book(self.s.running, default) if index is not None else None
+            self._ends = EndTimes(book)
+            # With a book kept across cycles only the jobs it holds aside (stopping, sharing a
+            # GPU) are worked out here; without one, every running job.
+            running = book.aside.values() if book is not None else self.s.running
+            for j, end in self._ends.add_running(running, self.cap.gpus, self.now, grace, default):
                 self._add_end(j.job_id, j.allocation, end)
             for st, end in zip(self.starts, self._start_ends, strict=True):
                 self._add_end(st.job_id, st.allocation, end)

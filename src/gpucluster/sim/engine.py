@@ -562,6 +562,7 @@ class Engine:
         job.state = STOPPING
         job.token += 1
         self._running[job_id] = scheduling.stopping(self._running[job_id])
+        self._capacity.stopping(self._running[job_id])
         self.result.preemptions += 1
         delay = cost if job.saves_on_stop else (0.0 if job.interval is None else grace)
         self._push(now + delay, _STOPPED, job_id, job.token)
