@@ -28,7 +28,10 @@ def assert_same_plan(snap: Snapshot, policy: Policy) -> None:
     assert fast.starts == full.starts
     assert fast.preemptions == full.preemptions
     for job_id, wait in fast.waiting.items():
-        assert full.waiting[job_id] == wait
+        # Without reasons a wait for busy GPUs or a reservation is not worded; the rest is the same.
+        whole = full.waiting[job_id]
+        assert (wait.reason, wait.estimated_start) == (whole.reason, whole.estimated_start)
+        assert wait.message in ("", whole.message)
 
 
 @st.composite

@@ -190,11 +190,17 @@ def reserve(job: JobRequest, model: str, cap: Capacity, ends: EndTimes, now: flo
                 return Reservation(job.job_id, model, max(item[0], now), nodes)
         return None
     best: tuple[float, str] | None = None
+    # `ends.on_node` inlined: this loop runs over every node of the model once per cycle that
+    # makes a reservation, and most nodes hold only the book's sorted ends.
+    extra = ends.by_node
+    base = ends.book.on_node if ends.book is not None else {}
     for node, idxs in cap.free[model].items():
         free = len(idxs)
         if free >= n:
             continue  # excluded by another reservation, or refused by quota: not a place to hold
-        for item in ends.on_node(model, node):
+        key = (model, node)
+        items = _in_order(base.get(key), extra.get(key)) if key in extra else base.get(key, ())
+        for item in items:
             free += item[1]
             if free >= n:
                 end = item[0] if item[0] > now else now

@@ -84,6 +84,9 @@ class Policy:
     # Teams not listed, made on first use: `team()` is called per queued job per cycle, and a
     # new Team each time cost ~1 us x millions of calls at scale.
     _unlisted: dict[str, Team] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # `share` per team, worked out once: it walks every team and org, and fair share asks it for
+    # each team in line every cycle (the policy never changes; a new file is a new Policy).
+    _shares: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def team(self, name: str) -> Team:
         t = self.teams.get(name)
@@ -95,6 +98,12 @@ class Policy:
 
     def share(self, team: str) -> float:
         """The team's entitled fraction of the cluster: org share x team share within its org."""
+        got = self._shares.get(team)
+        if got is None:
+            got = self._shares[team] = self._share(team)
+        return got
+
+    def _share(self, team: str) -> float:
         t = self.team(team)
         known = list(self.teams.values()) if team in self.teams else [*self.teams.values(), t]
         if t.org is None or t.org not in self.orgs:

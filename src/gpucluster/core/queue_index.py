@@ -56,6 +56,8 @@ class QueueIndex:
         self._plain: list[JobRequest] = []  # plain jobs by age
         self._lines: dict[tuple[int, str], list[JobRequest]] = {}  # (level, team) -> plain jobs by age
         self._odd: dict[int, JobRequest] = {}  # id(job) -> a requeued or held-back job
+        # The odd jobs sorted in, with the policy and the span of `now` it holds for (see `_odd_in`).
+        self._odd_sorted: tuple[Policy, float, float, Sorted] | None = None
         # What `_Cycle._least_asked` bounds, over every queued job, as counts per value.
         self._gpus: Counter[float] = Counter()
         self._min_gpus: Counter[int] = Counter()
@@ -130,6 +132,7 @@ class QueueIndex:
         self._count(job, 1)
         if job.queued_at is not None or job.not_before is not None:
             self._odd[key] = job
+            self._odd_sorted = None
             return
         insort(self._plain, job, key=_age)
         insort(self._lines.setdefault(self._level(job), []), job, key=_age)
@@ -137,6 +140,7 @@ class QueueIndex:
     def _remove(self, key: int, job: JobRequest) -> None:
         self._count(job, -1)
         if self._odd.pop(key, None) is not None:
+            self._odd_sorted = None
             return
         _drop(self._plain, job)
         line = self._lines[self._level(job)]
@@ -170,7 +174,8 @@ class QueueIndex:
                 buckets.setdefault(level, {})[team] = line[cut:]
         held: list[JobRequest] = []
         if self._odd:
-            held, odd_aged, odd_buckets = sort_in(self._odd.values(), policy, now, None)
+            held, odd_aged, odd_buckets = self._odd_in(policy, now)
+            held = list(held)
             for job in odd_aged:
                 insort(aged, job, key=_age)
             for level, per in odd_buckets.items():
@@ -179,6 +184,27 @@ class QueueIndex:
                     for job in jobs:
                         insort(line, job, key=_age)
         return held, aged, buckets
+
+    def _odd_in(self, policy: Policy, now: float) -> Sorted:
+        """`sort_in` of the odd jobs, kept while they stay the same and `now` stays inside the
+        span over which no job's held-back or aged state flips. Why: they are sorted in every
+        cycle, with Python code per job, and on Philly the requeued jobs are tens each cycle.
+        The span ends a little before each flip (a margin far above float rounding), so the
+        kept lists are only ever those `sort_in` gives at `now`; past it they are sorted again."""
+        kept = self._odd_sorted
+        if kept is not None and kept[0] is policy and kept[1] <= now < kept[2]:
+            return kept[3]
+        got = sort_in(self._odd.values(), policy, now, None)
+        starvation = policy.starvation_age_s
+        until = float("inf")
+        for job in self._odd.values():
+            if job.not_before is not None and job.not_before > now:
+                until = min(until, job.not_before)  # held while not_before > now: exact
+            ages_at = (job.submitted_at if job.queued_at is None else job.queued_at) + starvation
+            if ages_at > now:
+                until = min(until, ages_at - 1e-6 - 1e-12 * abs(ages_at))
+        self._odd_sorted = (policy, now, until, got)
+        return got
 
     def highest_class(self) -> int | None:
         """The highest priority class of the jobs of the last `update` (None: no job)."""

@@ -10,7 +10,8 @@ other waits with a named reason. The plan is only a proposal: the head commits i
 `reasons=False` asks for the starts and preemptions alone (the simulator, which reads no wait
 reason): the cycle stops as soon as no job still in line could add either (`_Cycle._settled`),
 so its cost no longer grows with the queued jobs that cannot start. The starts and preemptions
-are those of the full cycle; `waiting` then names only the jobs considered before it stopped.
+are those of the full cycle; `waiting` then names only the jobs considered before it stopped,
+and a wait for busy GPUs or a reservation carries its reason but no message.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Plan, Preemption, RunningJob, Start, Wait
 
 DEFAULT_POLICY = Policy()
+# The wait of a job whose GPUs are busy when no message is asked for (`reasons=False`).
+_BUSY = Wait(WaitReason.RESOURCES, "")
 
 
 def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *, reasons: bool = True) -> Plan:
@@ -61,23 +64,6 @@ def _gc_paused() -> Iterator[None]:
 def _shape(job: JobRequest) -> tuple[object, ...]:
     """The fields that decide which GPU models could ever host a job."""
     return (job.gpus, job.gpu_types, job.gpu_memory_mb, job.min_gpu_memory_mb, job.nodes)
-
-
-def _request(job: JobRequest) -> tuple[object, ...]:
-    """Every field of a job that `_Cycle._consider` reads, but its id (which no wait names):
-    two jobs with equal requests meet the same fate in the same cycle state. Age, queue entry
-    and backoff only decide *when* a job is considered, not what happens to it then."""
-    return (
-        job.team,
-        job.gpus,
-        job.gpu_types,
-        job.priority,
-        job.gpu_memory_mb,
-        job.min_gpu_memory_mb,
-        job.time_limit_s,
-        job.nodes,
-        job.min_gpus,
-    )
 
 
 def _fmt_time(t: float) -> str:
@@ -138,7 +124,7 @@ class _Cycle:
         waiting, starts, reservations, preemptions = self.waiting, self.starts, self.reservations, self.preemptions
         # Jobs that could not start, by request, since the cycle's state last changed. Why: a
         # job that cannot start changes nothing (no GPUs, quota, reservation or victims), and
-        # what happens to a job depends only on that state and on `_request(job)`. So
+        # what happens to a job depends only on that state and on `job.demand`. So
         # the next job asking the same gets the same wait without being considered again. The
         # state only ever grows within a cycle (starts, reservations, preemptions are never
         # taken back), so the sum of their counts says whether it changed. Fair share brings
@@ -154,7 +140,7 @@ class _Cycle:
                 state = now_state
                 if settle and self._settled():
                     break  # no job left in line can change the plan; only waits would follow
-            request = _request(job)
+            request = job.demand
             wait = same.get(request)
             if wait is not None and self.share_waits:
                 waiting[job.job_id] = wait
@@ -569,6 +555,9 @@ class _Cycle:
                 res = reserve(job, model, self.cap, self._end_times(), self.now)
                 if res is not None:
                     self.reservations[model] = res
+                    if not self.reasons:
+                        self.waiting[job.job_id] = Wait(WaitReason.RESERVED, "", res.shadow)
+                        return
                     self._wait(
                         job,
                         WaitReason.RESERVED,
@@ -577,6 +566,9 @@ class _Cycle:
                         res.shadow,
                     )
                     return
+        if not self.reasons:
+            self.waiting[job.job_id] = _BUSY  # the plan's reader wants no message (see `decide`)
+            return
         model = models[0]
         most = self.cap.most_free_on_a_node(model)
         key = (model, job.gpus, self.cap.free_count(model), most)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import cached_property
 
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.states import JobState
@@ -103,6 +104,24 @@ class JobRequest:
     @property
     def fractional(self) -> bool:
         return self.gpus < 1 or self.gpu_memory_mb is not None
+
+    @cached_property
+    def demand(self) -> tuple[object, ...]:
+        """Every field a scheduling cycle reads to decide what it can do with the job, but its
+        id, age, queue entry and backoff (which decide *when* it is considered): two jobs with
+        equal demands meet the same fate in the same cycle state (`scheduler._Cycle.run`).
+        Cached on the object: a queued job is asked each cycle, and it never changes."""
+        return (
+            self.team,
+            self.gpus,
+            self.gpu_types,
+            self.priority,
+            self.gpu_memory_mb,
+            self.min_gpu_memory_mb,
+            self.time_limit_s,
+            self.nodes,
+            self.min_gpus,
+        )
 
 
 @dataclass(frozen=True)
