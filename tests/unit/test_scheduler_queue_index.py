@@ -167,3 +167,28 @@ def test_a_told_index_gives_fresh_lines_and_plans_over_a_history(name: str, seed
     assert running, "the history never started anything: it tests nothing"
     if honest:
         assert index.diffs == 1  # the first update only: every other one applied the reports
+
+
+def test_kept_odd_jobs_follow_every_flip_of_held_and_aged() -> None:
+    """Requeued and held-back jobs are sorted in once and kept while none of them changes state
+    (`QueueIndex._odd_in`): asked at each flip's very time and just either side of it, and then
+    back in time, the lines must equal a fresh sort."""
+    policy = Policy(starvation_age_s=100.0)
+    rng = random.Random(7)
+    base = 1_700_000_000.0  # epoch-sized times: the rounding of `now - queued_at` is coarsest here
+    queue = []
+    for k in range(1, 40):
+        job = _job(rng, k, base)
+        entered = base + rng.choice([0.0, 0.1, 33.3, 70.0])
+        held = base + rng.choice([50.0, 120.5]) if k % 3 == 0 else None
+        queue.append(replace(job, queued_at=entered if k % 2 else None, not_before=held))
+    index = QueueIndex(told=True)
+    for job in queue:
+        index.add(job)
+    index.update(tuple(queue), policy)
+    flips = sorted(
+        {t for j in queue for t in (j.not_before, (j.queued_at or j.submitted_at) + policy.starvation_age_s) if t}
+    )
+    times = [t + d for t in flips for d in (-1e-3, -2.5e-7, 0.0, 2.5e-7, 1e-3)]
+    for now in [*times, *reversed(times)]:
+        assert index.sorted_in(policy, now) == sort_in_plain(tuple(queue), policy, now), now
