@@ -105,7 +105,8 @@ def _drop(items: list[tuple[float, int, int]], item: tuple[float, int, int]) -> 
 class EndTimes:
     """When each running job's GPUs are expected back, for one cycle: an `EndBook`'s sorted
     ends (if the caller keeps one) plus what this cycle adds (`add`: its own starts, stopping
-    jobs, shared GPUs), read in time order per (model, node) or per model."""
+    jobs, shared GPUs), read in time order per model (`for_model`) or per (model, node)
+    (`reserve` reads `by_node` and the book's lists itself)."""
 
     def __init__(self, book: EndBook | None = None) -> None:
         self.book = book
@@ -127,8 +128,9 @@ class EndTimes:
         """`add` for every whole GPU of the running jobs: expected back at start + time limit
         (`default` for none), or after the grace period for a job stopping, never before
         `now`. Returns the jobs holding a share of a GPU, with their end, for the caller (a
-        shared GPU comes back when its last sharer ends). One loop with no call per job: it
-        runs over every running job each cycle a job is first in line (without a book)."""
+        shared GPU comes back when its last sharer ends). One loop with no call per job
+        (`raw_end` and `shares_a_gpu` written out): without a book it runs over every running
+        job each cycle a job is first in line."""
         by_node = self.by_node
         shared: list[tuple[RunningJob, float]] = []
         for j in running:
@@ -149,12 +151,6 @@ class EndTimes:
                     items.append((end, len(s.gpu_indices)))
         self._by_model = None
         return shared
-
-    def on_node(self, model: str, node: str) -> Iterable[EndItem]:
-        """Every (end, GPUs) on `model` GPUs of `node`, by end."""
-        extra = self.by_node.get((model, node))
-        base = self.book.on_node.get((model, node)) if self.book is not None else None
-        return _in_order(base, extra)
 
     def for_model(self, model: str) -> Iterable[EndItem]:
         """Every (end, GPUs) of `model`, by end."""

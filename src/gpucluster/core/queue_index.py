@@ -220,7 +220,6 @@ class QueueIndex:
         return need, min(limits, default=default_limit)
 
 
-
 class _ByAge:
     """Plain jobs by age (`_age`), with their submission times in a list alongside. Why: each
     cycle finds where each line's aged jobs end, and a bisection over plain floats runs at C
