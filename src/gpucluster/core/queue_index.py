@@ -179,9 +179,9 @@ class QueueIndex:
                 insort(aged, job, key=_age)
             for level, per in odd_buckets.items():
                 for team, jobs in per.items():
-                    line = buckets.setdefault(level, {}).setdefault(team, [])
+                    merged = buckets.setdefault(level, {}).setdefault(team, [])
                     for job in jobs:
-                        insort(line, job, key=_age)
+                        insort(merged, job, key=_age)
         return held, aged, buckets
 
     def _odd_in(self, policy: Policy, now: float) -> Sorted:
