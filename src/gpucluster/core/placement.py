@@ -11,7 +11,10 @@ O(GPUs per node), not O(nodes): a cycle over 100,000 queued jobs on 10,000 nodes
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
+from functools import partial
+from typing import Any
 
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, RunningJob
 
@@ -21,6 +24,28 @@ EPS = 1e-9
 # float would differ in its last bit (0.2 + 0.2 + 0.2 - 0.2 != 0.2 + 0.2), and a near tie
 # between two shared GPUs would be placed differently by the two.
 SHARE_DIGITS = 9
+
+_MISSING: Any = object()  # in a fork's journal: the key was absent before the fork wrote it
+# One undo record: (a dict or list of the lender's, key or index, what it held before or _MISSING).
+_Journal = list[tuple[Any, Any, Any]]
+
+
+def _undo(journal: _Journal) -> None:
+    """Put back what a journaling fork wrote into its lender's containers, newest first."""
+    for container, key, old in reversed(journal):
+        if old is _MISSING:
+            del container[key]
+        else:
+            container[key] = old
+    journal.clear()
+
+
+def _fork_gone(lender_ref: weakref.ref[Capacity], journal: _Journal, _fork_ref: object) -> None:
+    """A journaling fork was freed (its cycle is over): its lender takes its containers back."""
+    lender = lender_ref()
+    if lender is not None and lender._lent is not None and lender._lent[1] is journal:
+        lender._lent = None
+        _undo(journal)
 
 
 def acceptable_models(job: JobRequest, model_memory: dict[str, int], models_by_memory: list[str]) -> list[str]:
@@ -84,7 +109,7 @@ class Capacity:
 
         # Whole-free GPUs per model per node, and nodes bucketed by that count.
         self.free: dict[str, dict[str, list[int]]] = {m: {} for m in self.model_memory}
-        self.buckets: dict[str, list[dict[str, None]]] = {
+        self._buckets: dict[str, list[dict[str, None]]] = {
             m: [{} for _ in range(self.node_size[m] + 1)] for m in self.model_memory
         }
         self.total_free: dict[str, int] = dict.fromkeys(self.model_memory, 0)
@@ -103,9 +128,20 @@ class Capacity:
         # Copy-on-write of the free lists: None when this object owns every list in `free`;
         # in a fork, the (model, node) lists it has copied so far (the rest are its base's).
         self._owned: set[tuple[str, str]] | None = None
-        # Buckets a node was added to since they were last in canonical (name) order: a node
-        # moved in goes last, which `fork` puts right in the base before copying.
+        # Buckets a node was added to out of name order since they were last in canonical
+        # order: a node moved in goes last. A journaling fork puts them in order when it first
+        # touches them (`_settle`), not every fork all of them.
         self._unsorted: set[tuple[str, int]] = set()
+        # Journaling forks (round 7, see `fork`): only an object built here lends its containers.
+        self._lender = True
+        self._lent: tuple[weakref.ref[Capacity], _Journal] | None = None  # the live fork's
+        self._journal: _Journal | None = None  # a journaling fork: undo records for its lender
+        self._lazy: set[tuple[str, int]] | None = None  # a journaling fork: its lender's `_unsorted`
+        self._own_buckets: set[tuple[str, int]] | None = None  # a journaling fork: buckets it copied
+        # A journaling fork: per model, the nodes it put into bucket 0 without sorting it first
+        # (see `_move`), and the models whose bucket 0 it has since put in order for itself.
+        self._zero_added: dict[str, set[str]] | None = None
+        self._zero_done: set[str] | None = None
         for model, per_node in self.free.items():
             for name in self._model_nodes[model]:
                 idxs = per_node.setdefault(name, [])
@@ -117,16 +153,82 @@ class Capacity:
         """Nodes into buckets by free count, in name order: the order best fit breaks ties in,
         the same however the free counts were reached."""
         for model, names in self._model_nodes.items():
-            buckets = self.buckets[model]
+            buckets = self._buckets[model]
             free = self.free[model]
             for name in names:
                 buckets[len(free[name])][name] = None
 
+    @property
+    def buckets(self) -> dict[str, list[dict[str, None]]]:
+        """Nodes by free GPU count, per model, each bucket in name order (the order best fit
+        breaks ties in) but for the nodes this object's own `take`/`release` moved in, which go
+        last. A journaling fork first puts in order the buckets it has not touched yet."""
+        if self._lazy:
+            self._settle_all()
+        return self._buckets
+
     def fork(self) -> Capacity:
         """A working copy for one cycle, exactly as `Capacity(nodes, running)` would build it
-        for the running jobs this one holds: the inventory is shared (it is never changed),
-        the free state is copied, and bucket and shared-GPU order are put back into the
-        canonical order, so a plan never depends on the order jobs came and went in."""
+        for the running jobs this one holds: the inventory is shared (it is never changed), and
+        bucket and shared-GPU order are those a fresh build gives, so a plan never depends on
+        the order jobs came and went in.
+
+        Round 7: a `Capacity` built by `__init__` (a capacity index's base) lends its free state
+        to the fork instead of copying it. Why: at 100,000 GPUs copying the buckets, free lists
+        and used shares (O(nodes + busy GPUs), at C speed) was ~0.7 ms a cycle, most of a cycle
+        when one job waits, while a cycle changes a few nodes. The fork writes into the base's
+        containers and journals what each held before (`_journal`); when the fork is freed
+        (its cycle is over) a weakref callback undoes the journal, newest first, so the base is
+        as it was. Orders come back exactly: a key the fork added is deleted (the rest keep
+        their order), a free list or a bucket the fork removes a node from is first copied and
+        the copy put in the base's slot (the original comes back on undo). Buckets the base
+        put a node into out of name order (`_unsorted`) are sorted in place when the fork
+        first touches them (`_settle`): only the order changes, to the canonical one the base
+        owes its forks anyway; bucket 0, whose order no placement reads, is not sorted for a
+        change, only for `buckets` (see `_move`). If the base must change or fork again while the fork is still
+        alive, the fork first takes copies of everything (`_detach`) and then the base undoes.
+        While a fork is alive the base's containers show the fork's changes: read the base only
+        through its methods (the index never reads it otherwise). Any other object forks by a
+        full copy (`_copy`)."""
+        if not self._lender:
+            return self._copy()
+        if self._lent is not None:
+            self._reclaim()
+        c = Capacity.__new__(Capacity)
+        c.gpus = self.gpus
+        c.models_by_memory = self.models_by_memory
+        c.model_memory = self.model_memory
+        c.node_size = self.node_size
+        c.total = self.total
+        c.node_models = self.node_models
+        c.node_model_count = self.node_model_count
+        c.domains = self.domains
+        c._model_nodes = self._model_nodes
+        c._gpu_pos = None
+        c.version = 0
+        c._most = {}
+        c.used_share = self.used_share
+        c.used_mem = self.used_mem
+        c.free = self.free
+        c._buckets = self._buckets
+        c.total_free = dict(self.total_free)
+        c.partial = self._partial_copy()
+        c._unsorted = set()
+        c._lender = False
+        c._lent = None
+        journal: _Journal = []
+        c._journal = journal
+        c._lazy = self._unsorted
+        c._owned = set()
+        c._own_buckets = set()
+        c._zero_added = {}
+        c._zero_done = set()
+        self._lent = (weakref.ref(c, partial(_fork_gone, weakref.ref(self), journal)), journal)
+        return c
+
+    def _copy(self) -> Capacity:
+        """A fork that copies everything (a fork of a fork): free lists, used shares, and every
+        bucket put in name order."""
         c = Capacity.__new__(Capacity)
         c.gpus = self.gpus
         c.models_by_memory = self.models_by_memory
@@ -142,32 +244,94 @@ class Capacity:
         c._most = {}
         c.used_share = dict(self.used_share)
         c.used_mem = dict(self.used_mem)
-        # Round 4: copies at C speed, no loop over nodes. Why: at 100,000 GPUs (12,500 nodes)
-        # refilling the buckets node by node and copying every free list was ~8 ms a cycle,
-        # almost all of a cycle when a few jobs wait. The free lists are shared with this
-        # object until the fork changes one (`_move` copies it first); this object may change
-        # its own lists again only once the fork is done with (the index forks once a cycle).
-        # The buckets are copied whole, after the ones a node was added to are put back into
-        # name order, the order `_fill_buckets` gives (a nearly sorted sort: O(nodes), in C).
-        for model, k in self._unsorted:
-            bucket = self.buckets[model]
-            bucket[k] = dict.fromkeys(sorted(bucket[k]))
-        self._unsorted.clear()
-        if self._owned is not None:
-            self._owned = set()  # a fork forked: its lists are now shared as well
-        c._owned = set()
-        c._unsorted = set()
-        c.free = {m: dict(per) for m, per in self.free.items()}
-        c.buckets = {m: [dict(b) for b in per] for m, per in self.buckets.items()}
+        c.free = {m: {n: list(idxs) for n, idxs in per.items()} for m, per in self.free.items()}
+        c._buckets = {m: [dict.fromkeys(sorted(b)) for b in per] for m, per in self._buckets.items()}
         c.total_free = dict(self.total_free)
-        c.partial = {}
+        c.partial = self._partial_copy()
+        c._unsorted = set()
+        c._lender = False
+        c._lent = None
+        c._journal = None
+        c._lazy = None
+        c._owned = None
+        c._own_buckets = None
+        c._zero_added = None
+        c._zero_done = None
+        return c
+
+    def _partial_copy(self) -> dict[str, dict[tuple[str, int], None]]:
+        """Shared GPUs per model in inventory order, the order a fresh build gives."""
+        out: dict[str, dict[tuple[str, int], None]] = {}
         for m, keys in self.partial.items():
             if len(keys) > 1:
                 if self._gpu_pos is None:
                     self._gpu_pos = {key: i for i, key in enumerate(self.gpus)}
                 keys = dict.fromkeys(sorted(keys, key=self._gpu_pos.__getitem__))
-            c.partial[m] = dict(keys)
-        return c
+            out[m] = dict(keys)
+        return out
+
+    def _settle(self, model: str, k: int) -> None:
+        """A journaling fork reads bucket k of `model` in order, or changes it, for the first
+        time: if its lender put a node into it out of name order, sort it in the lender's slot
+        (not journaled: the lender's nodes, in the order it owes its forks). Bucket 0 is the
+        exception (see `_move`): a fork that put nodes into it unsorted sorts its own copy."""
+        lazy = self._lazy
+        if lazy is None or (model, k) not in lazy:
+            return
+        per = self._buckets[model]
+        added = self._zero_added.get(model) if k == 0 and self._zero_added is not None else None
+        if not added and (self._own_buckets is None or (model, k) not in self._own_buckets):
+            lazy.discard((model, k))
+            per[k] = dict.fromkeys(sorted(per[k]))
+            return
+        assert self._zero_done is not None and self._journal is not None and self._own_buckets is not None
+        if model in self._zero_done:
+            return
+        # Bucket 0 this fork changed unsorted: the lender's nodes in name order, then the
+        # fork's in the order it put them in, in a copy of its own (the lender's stays unsorted).
+        added = added or set()
+        bucket = per[0]
+        mine = [n for n in bucket if n in added]
+        ordered = dict.fromkeys(sorted(n for n in bucket if n not in added))
+        ordered.update(dict.fromkeys(mine))
+        if (model, 0) not in self._own_buckets:
+            self._journal.append((per, 0, bucket))
+            self._own_buckets.add((model, 0))
+        per[0] = ordered
+        self._zero_done.add(model)
+
+    def _settle_all(self) -> None:
+        assert self._lazy is not None
+        for model, k in list(self._lazy):
+            self._settle(model, k)
+
+    def _reclaim(self) -> None:
+        """This lender is about to change or fork: a fork still alive takes copies of what it
+        sees first, then the lender undoes the fork's writes."""
+        lent = self._lent
+        if lent is None:
+            return
+        self._lent = None
+        ref, journal = lent
+        fork = ref()
+        if fork is not None:
+            fork._detach()
+        _undo(journal)
+
+    def _detach(self) -> None:
+        """A journaling fork becomes independent of its lender: copies of everything it sees."""
+        if self._lazy:
+            self._settle_all()
+        self.used_share = dict(self.used_share)
+        self.used_mem = dict(self.used_mem)
+        self.free = {m: {n: list(idxs) for n, idxs in per.items()} for m, per in self.free.items()}
+        self._buckets = {m: [dict(b) for b in per] for m, per in self._buckets.items()}
+        self._journal = None
+        self._lazy = None
+        self._owned = None
+        self._own_buckets = None
+        self._zero_added = None
+        self._zero_done = None
 
     # ---- filters ----------------------------------------------------------------------------
 
@@ -210,7 +374,7 @@ class Capacity:
         n = int(job.gpus)
         if n > self.total_free[model]:
             return False
-        buckets = self.buckets[model]
+        buckets = self._buckets[model]  # counts only: no order needed
         if job.nodes:
             per = n // job.nodes
             return sum(len(buckets[k]) for k in range(per, len(buckets))) >= job.nodes
@@ -219,8 +383,11 @@ class Capacity:
         return True  # the fewest nodes: any `n` free GPUs will do, and `n` are free
 
     def _best_fit_node(self, model: str, n: int, exclude: frozenset[str]) -> str | None:
-        buckets = self.buckets[model]
+        buckets = self._buckets[model]
+        lazy = self._lazy
         for k in range(n, len(buckets)):
+            if lazy and (model, k) in lazy:
+                self._settle(model, k)
             for node in buckets[k]:
                 if node not in exclude:
                     return node
@@ -228,8 +395,11 @@ class Capacity:
 
     def _place_spread(self, model: str, per: int, count: int, exclude: frozenset[str]) -> Allocation | None:
         chosen: list[str] = []
-        buckets = self.buckets[model]
+        buckets = self._buckets[model]
+        lazy = self._lazy
         for k in range(per, len(buckets)):
+            if lazy and (model, k) in lazy:
+                self._settle(model, k)
             for node in buckets[k]:
                 if node not in exclude:
                     chosen.append(node)
@@ -241,8 +411,11 @@ class Capacity:
         """Whole nodes first (largest free first), then the best fit for the remainder."""
         plan: list[tuple[str, int]] = []
         need = n
-        buckets = self.buckets[model]
+        buckets = self._buckets[model]
+        lazy = self._lazy
         for k in range(len(buckets) - 1, 0, -1):
+            if lazy and (model, k) in lazy:
+                self._settle(model, k)
             for node in buckets[k]:
                 if node in exclude:
                     continue
@@ -308,12 +481,17 @@ class Capacity:
     # ---- bookkeeping ------------------------------------------------------------------------
 
     def take(self, allocation: Allocation) -> None:
-        used_share, used_mem = self.used_share, self.used_mem
+        if self._lent is not None:
+            self._reclaim()
+        used_share, used_mem, journal = self.used_share, self.used_mem, self._journal
         for s in allocation.slices:
             for i in s.gpu_indices:
                 key = (s.node, i)
                 g = self.gpus[key]
                 was = used_share.get(key, 0.0)
+                if journal is not None:  # the lender's dicts: note what they held
+                    journal.append((used_share, key, used_share.get(key, _MISSING)))
+                    journal.append((used_mem, key, used_mem.get(key, _MISSING)))
                 now = used_share[key] = round(was + s.share, SHARE_DIGITS)
                 used_mem[key] = used_mem.get(key, 0) + (s.memory_mb if s.memory_mb is not None else g.memory_mb)
                 if was <= EPS:
@@ -334,12 +512,18 @@ class Capacity:
 
     def release(self, allocation: Allocation) -> None:
         """Give back an allocation's GPUs (used to ask 'would it fit if these jobs stopped?')."""
+        if self._lent is not None:
+            self._reclaim()
+        journal = self._journal
         for s in allocation.slices:
             for i in s.gpu_indices:
                 key = (s.node, i)
                 if key not in self.gpus:
                     continue
                 model = self.gpus[key].model
+                if journal is not None:  # the lender's dicts: note what they held
+                    journal.append((self.used_share, key, self.used_share.get(key, _MISSING)))
+                    journal.append((self.used_mem, key, self.used_mem.get(key, _MISSING)))
                 self.used_share[key] = round(self.used_share.get(key, 0.0) - s.share, SHARE_DIGITS)
                 self.used_mem[key] = self.used_mem.get(key, 0) - (
                     s.memory_mb if s.memory_mb is not None else self.gpus[key].memory_mb
@@ -353,14 +537,26 @@ class Capacity:
                     self.partial[model][key] = None
 
     def _move(self, model: str, node: str, remove: int | None = None, add: int | None = None) -> None:
+        """Move a node to the bucket of its new free count. A journaling fork (see `fork`)
+        copies the lender's free list and the bucket it leaves before changing them, and notes
+        the node it adds to a lender's bucket; an owner notes a bucket it adds a node to out of
+        name order (`_unsorted`)."""
         self.version += 1
         free = self.free[model]
-        idxs = free.setdefault(node, [])
+        journal = self._journal
+        idxs = free.get(node)
+        if idxs is None:
+            if journal is not None:
+                journal.append((free, node, _MISSING))
+            idxs = free[node] = []
         owned = self._owned
         if owned is not None and (model, node) not in owned:
-            idxs = free[node] = list(idxs)  # copy-on-write: the list is still the base's
+            if journal is not None:
+                journal.append((free, node, idxs))
+            idxs = free[node] = list(idxs)  # copy-on-write: the list is still the lender's
             owned.add((model, node))
-        del self.buckets[model][len(idxs)][node]
+        buckets = self._buckets[model]
+        was = len(idxs)
         if remove is not None:
             idxs.remove(remove)
             self.total_free[model] -= 1
@@ -368,8 +564,35 @@ class Capacity:
             idxs.append(add)
             idxs.sort()
             self.total_free[model] += 1
-        self.buckets[model][len(idxs)][node] = None
-        self._unsorted.add((model, len(idxs)))
+        k = len(idxs)
+        if journal is None:
+            del buckets[was][node]
+            bucket = buckets[k]
+            if bucket and next(reversed(bucket)) > node:
+                self._unsorted.add((model, k))
+            bucket[node] = None
+            return
+        # Bucket 0 (nodes with no free GPU) is not sorted first: no placement reads its order
+        # (they look at buckets of at least one free GPU), and it is the largest bucket on a
+        # busy cluster (sorting it was ~10% of a simulated cycle at 100,000 GPUs). The nodes put
+        # into it are noted, so `buckets` can still show it in the order a fresh build gives.
+        own = self._own_buckets
+        assert own is not None
+        if (model, was) not in own:
+            if was:
+                self._settle(model, was)
+            journal.append((buckets, was, buckets[was]))
+            buckets[was] = dict(buckets[was])  # the lender's original comes back on undo
+            own.add((model, was))
+        del buckets[was][node]
+        if k == 0:
+            assert self._zero_added is not None
+            self._zero_added.setdefault(model, set()).add(node)
+        if (model, k) not in own:
+            if k:
+                self._settle(model, k)
+            journal.append((buckets[k], node, _MISSING))
+        buckets[k][node] = None
 
     def model_of(self, allocation: Allocation) -> str:
         s = allocation.slices[0]
@@ -382,7 +605,7 @@ class Capacity:
         cached = self._most.get(model)
         if cached is not None and cached[0] == self.version:
             return cached[1]
-        buckets = self.buckets[model]
+        buckets = self._buckets[model]  # emptiness only: no order needed
         most = next((k for k in range(len(buckets) - 1, -1, -1) if buckets[k]), 0)
         self._most[model] = (self.version, most)
         return most
