@@ -133,14 +133,34 @@ class _Cycle:
         same: dict[tuple[object, ...], Wait] = {}
         state = -1
         settle = not self.reasons
+        # Requests that changed nothing, kept across later starts (not across reservations or
+        # preemptions) when only the starts and preemptions are asked for and the policy has no
+        # quotas or borrowing limits. Why this is exact: a start only takes free GPUs; it adds no
+        # reservation (nothing newly excluded), no victim, and no quota use anyone is refused
+        # or reclaimed by. A job that could not be placed then cannot be placed on less; one that
+        # found no victims finds none with less free; and a job that could not start while its
+        # model had no reservation would have got one (a node with enough free GPUs takes it,
+        # and on the others all GPUs come back in time), so it did not reach this set. Jobs
+        # answered from it are not named in `waiting`: their wait could differ (e.g. busy GPUs
+        # rather than behind a reservation). On Philly each start cleared the answers and the
+        # next jobs of every request were considered again: most of a cycle's work.
+        keep = settle and self.share_waits and not self.quotas.has_quotas and self.quotas.unlimited
+        kept: set[tuple[object, ...]] = set()
+        kept_at = 0  # reservations + preemptions when `kept` was last cleared
         while (job := queues.pop()) is not None:
             now_state = len(starts) + len(reservations) + len(preemptions)
             if now_state != state:
                 same.clear()
                 state = now_state
+                if keep and len(reservations) + len(preemptions) != kept_at:
+                    kept.clear()
+                    kept_at = len(reservations) + len(preemptions)
                 if settle and self._settled():
                     break  # no job left in line can change the plan; only waits would follow
             request = job.demand
+            if keep and request in kept:
+                queues.done(job, False)
+                continue
             wait = same.get(request)
             if wait is not None and self.share_waits:
                 waiting[job.job_id] = wait
@@ -150,6 +170,8 @@ class _Cycle:
             queues.done(job, started)
             if not started and len(starts) + len(reservations) + len(preemptions) == state:
                 same[request] = waiting[job.job_id]
+                if keep:
+                    kept.add(request)
         if settle:
             return Plan(starts=tuple(starts), preemptions=tuple(preemptions), waiting=waiting)
         for job in queues.held:  # last in line: they may not start yet
