@@ -143,7 +143,9 @@ class _Cycle:
         # and on the others all GPUs come back in time), so it did not reach this set. Jobs
         # answered from it are not named in `waiting`: their wait could differ (e.g. busy GPUs
         # rather than behind a reservation). On Philly each start cleared the answers and the
-        # next jobs of every request were considered again: most of a cycle's work.
+        # next jobs of every request were considered again: most of a cycle's work. Without
+        # quotas or borrowing limits the team takes no part in the answer either (only in the
+        # place in line, and victims are ranked by their own teams), so it is kept by `need`.
         keep = settle and self.share_waits and not self.quotas.has_quotas and self.quotas.unlimited
         kept: set[tuple[object, ...]] = set()
         kept_at = 0  # reservations + preemptions when `kept` was last cleared
@@ -158,7 +160,7 @@ class _Cycle:
                 if settle and self._settled():
                     break  # no job left in line can change the plan; only waits would follow
             request = job.demand
-            if keep and request in kept:
+            if keep and job.need in kept:
                 queues.done(job, False)
                 continue
             wait = same.get(request)
@@ -171,7 +173,7 @@ class _Cycle:
             if not started and len(starts) + len(reservations) + len(preemptions) == state:
                 same[request] = waiting[job.job_id]
                 if keep:
-                    kept.add(request)
+                    kept.add(job.need)
         if settle:
             return Plan(starts=tuple(starts), preemptions=tuple(preemptions), waiting=waiting)
         for job in queues.held:  # last in line: they may not start yet

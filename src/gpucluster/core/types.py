@@ -111,8 +111,14 @@ class JobRequest:
         id, age, queue entry and backoff (which decide *when* it is considered): two jobs with
         equal demands meet the same fate in the same cycle state (`scheduler._Cycle.run`).
         Cached on the object: a queued job is asked each cycle, and it never changes."""
+        return (self.team, *self.need)
+
+    @cached_property
+    def need(self) -> tuple[object, ...]:
+        """`demand` but the team: what the job asks of the cluster. Without quotas or borrowing
+        limits the team takes no part in what a cycle can do with a job (only in its place in
+        line), so `scheduler._Cycle.run` may answer jobs of every team by it."""
         return (
-            self.team,
             self.gpus,
             self.gpu_types,
             self.priority,
