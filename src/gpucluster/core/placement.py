@@ -132,7 +132,7 @@ class Capacity:
         # order: a node moved in goes last. A journaling fork puts them in order when it first
         # touches them (`_settle`), not every fork all of them.
         self._unsorted: set[tuple[str, int]] = set()
-        # Journaling forks (round 7, see `fork`): only an object built here lends its containers.
+        # Journaling forks (see `fork`): only an object built here lends its containers.
         self._lender = True
         self._lent: tuple[weakref.ref[Capacity], _Journal] | None = None  # the live fork's
         self._journal: _Journal | None = None  # a journaling fork: undo records for its lender
@@ -173,7 +173,7 @@ class Capacity:
         bucket and shared-GPU order are those a fresh build gives, so a plan never depends on
         the order jobs came and went in.
 
-        Round 7: a `Capacity` built by `__init__` (a capacity index's base) lends its free state
+        A `Capacity` built by `__init__` (a capacity index's base) lends its free state
         to the fork instead of copying it. Why: at 100,000 GPUs copying the buckets, free lists
         and used shares (O(nodes + busy GPUs), at C speed) was ~0.7 ms a cycle, most of a cycle
         when one job waits, while a cycle changes a few nodes. The fork writes into the base's

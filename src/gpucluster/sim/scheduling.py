@@ -169,7 +169,7 @@ class Usage:
     Every snapshot brings every team up to date (`at`), and between two snapshots only the teams
     whose running GPUs changed were brought anywhere else (`change`). So the others were all
     last brought to the same time, and `at` brings them in one pass of `accrue`'s arithmetic
-    with the decay factor worked out once (round 7: was one `accrue` call per team, ~0.25 ms a
+    with the decay factor worked out once (one `accrue` call per team was ~0.25 ms a
     snapshot for 50 teams). `accrue` works each team out on its own (its value, its GPUs, the
     same elapsed time), so the floats are those of one call per team: the same values at the
     same times, by the same operations (tests/sim/test_usage.py compares the bits)."""
