@@ -205,7 +205,13 @@ class ClusterService:
         path = self.head.data_dir.log(job_id, n, rank or 0)
         if rank and not path.parent.is_dir():
             ranks = len(list(self.head.data_dir.attempt_dir(job_id, n).glob("rank-*")))
-            if ranks:
+            alloc = record.allocation
+            if n == record.attempt and record.state == JobState.RUNNING and alloc is not None:
+                # A running attempt's ranks get their directories one after another as they
+                # start: count them from its allocation (one per GPU, or one launcher per node).
+                per_gpu = record.spec.per_gpu
+                ranks = sum(len(s.gpu_indices) for s in alloc.slices) if per_gpu else len(alloc.slices)
+            if ranks and rank >= ranks:
                 raise NotFound(f"job {job_id} attempt {n} has no rank {rank} (it ran ranks 0..{ranks - 1})")
         return path, record
 
