@@ -194,19 +194,7 @@ class Capacity:
             return self._copy()
         if self._lent is not None:
             self._reclaim()
-        c = Capacity.__new__(Capacity)
-        c.gpus = self.gpus
-        c.models_by_memory = self.models_by_memory
-        c.model_memory = self.model_memory
-        c.node_size = self.node_size
-        c.total = self.total
-        c.node_models = self.node_models
-        c.node_model_count = self.node_model_count
-        c.domains = self.domains
-        c._model_nodes = self._model_nodes
-        c._gpu_pos = None
-        c.version = 0
-        c._most = {}
+        c = self._sharing_inventory()
         c.used_share = self.used_share
         c.used_mem = self.used_mem
         c.free = self.free
@@ -229,19 +217,7 @@ class Capacity:
     def _copy(self) -> Capacity:
         """A fork that copies everything (a fork of a fork): free lists, used shares, and every
         bucket put in name order."""
-        c = Capacity.__new__(Capacity)
-        c.gpus = self.gpus
-        c.models_by_memory = self.models_by_memory
-        c.model_memory = self.model_memory
-        c.node_size = self.node_size
-        c.total = self.total
-        c.node_models = self.node_models
-        c.node_model_count = self.node_model_count
-        c.domains = self.domains
-        c._model_nodes = self._model_nodes
-        c._gpu_pos = None
-        c.version = 0
-        c._most = {}
+        c = self._sharing_inventory()
         c.used_share = dict(self.used_share)
         c.used_mem = dict(self.used_mem)
         c.free = {m: {n: list(idxs) for n, idxs in per.items()} for m, per in self.free.items()}
@@ -257,6 +233,24 @@ class Capacity:
         c._own_buckets = None
         c._zero_added = None
         c._zero_done = None
+        return c
+
+    def _sharing_inventory(self) -> Capacity:
+        """A new object sharing this one's inventory (never changed after `__init__`), for
+        `fork` and `_copy` to give the free state to."""
+        c = Capacity.__new__(Capacity)
+        c.gpus = self.gpus
+        c.models_by_memory = self.models_by_memory
+        c.model_memory = self.model_memory
+        c.node_size = self.node_size
+        c.total = self.total
+        c.node_models = self.node_models
+        c.node_model_count = self.node_model_count
+        c.domains = self.domains
+        c._model_nodes = self._model_nodes
+        c._gpu_pos = None
+        c.version = 0
+        c._most = {}
         return c
 
     def _partial_copy(self) -> dict[str, dict[tuple[str, int], None]]:
