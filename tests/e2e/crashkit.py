@@ -284,7 +284,7 @@ def check_accounting(db: Path, data_dir: Path, run_id: str, head_started_at: flo
         if jid in by_job and r["attempt"] in {p.attempt for p in by_job[jid]}:
             accounted += len(allocated[jid])
             continue
-        attempt_dir = data_dir / "jobs" / str(jid) / f"attempt-{r['attempt']}"
+        attempt_dir = data_dir / "run" / str(jid) / f"attempt-{r['attempt']}"  # the head's records
         exit_file = attempt_dir / "exit.json"
         if exit_file.exists():
             acc.ended += 1

@@ -116,12 +116,13 @@ class HeadProcess:
     def job_pgids(self) -> list[int]:
         out = []
         shims = [
-            *self.data_dir.glob("jobs/*/attempt-*/shim.json"),
-            *self.data_dir.glob("jobs/*/attempt-*/rank-*/shim.json"),
+            *self.data_dir.glob("run/*/attempt-*/shim.json"),
+            *self.data_dir.glob("run/*/attempt-*/rank-*/shim.json"),
         ]
         for f in shims:
             with contextlib.suppress(ValueError, KeyError, OSError):
-                out.append(int(json.loads(f.read_text())["pgid"]))
+                record = json.loads(f.read_text())
+                out += [int(record["pgid"]), int(record["job_pgid"])]  # the shim's keeper; the job
         return out
 
     def kill_jobs(self) -> None:

@@ -196,8 +196,9 @@ def test_kill_9_of_one_rank_restarts_the_whole_job_from_its_last_checkpoint(
 ) -> None:
     job = submit(head, workdir, "--gpus", "4", "--per-gpu", "--max-restarts", "1", "--name", "crashy")
     saved = wait_event(head, job, 1, lambda e: e["event"] == "checkpoint" and e["step"] >= 150)
-    shim = json.loads((log_of(head, job, 1, 2).parent / "shim.json").read_text())["pid"]
-    (trainer,) = map(int, Path(f"/proc/{shim}/task/{shim}/children").read_text().split())
+    shim = json.loads((head.data_dir / "run" / str(job) / "attempt-1" / "rank-2" / "shim.json").read_text())
+    side = shim["job_pgid"]  # the shim's job side, whose child is the training process
+    (trainer,) = map(int, Path(f"/proc/{side}/task/{side}/children").read_text().split())
     killed_at = time.time()
     os.kill(trainer, signal.SIGKILL)  # rank 2's training process, not its shim
     final = finished(head, job)

@@ -27,7 +27,14 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         tmp_path,
         grace_period_s=GRACE,
         head_url="http://head:8080",
-        base_env={"HOME": "/home/alice", "PATH": "/usr/bin:/bin", "GPUCLUSTER_TOKEN": "s3cret"},
+        base_env={
+            "HOME": "/home/alice",
+            "PATH": "/usr/bin:/bin",
+            "GPUCLUSTER_TOKEN": "s3cret",
+            "GPUCLUSTER_DATABASE_URL": "postgresql://head:pw@db/gc",
+            "LD_PRELOAD": "/tmp/evil.so",
+            "LC_ALL": "C.UTF-8",
+        },
     )
     yield c
     c.close()
@@ -59,8 +66,9 @@ def test_submit_then_tick_runs_the_job_with_its_allocation_and_env(cluster: Clus
     launched = cluster.proc(job.id).spec
     assert launched.argv == ["python", "train.py"]
     assert launched.attempt == 1
-    assert launched.workdir == "/home/alice"  # no workdir given: the home directory
-    assert launched.run_dir == cluster.data_dir.attempt_dir(job.id, 1)
+    assert launched.workdir == "~"  # no workdir given: the home of the account it runs as
+    assert launched.run_dir == cluster.data_dir.run_dir(job.id, 1)  # the head's own records
+    assert launched.job_dir == cluster.data_dir.job_dir(job.id)
     assert launched.log_path == cluster.data_dir.log(job.id, 1)
     env = launched.env
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
@@ -74,7 +82,9 @@ def test_submit_then_tick_runs_the_job_with_its_allocation_and_env(cluster: Clus
     assert env["GPUCLUSTER_URL"] == "http://head:8080"
     assert env["SEED"] == "7"
     assert env["PATH"] == "/usr/bin:/bin"
-    assert "GPUCLUSTER_TOKEN" not in env  # the head's secret is not inherited
+    assert env["LC_ALL"] == "C.UTF-8"
+    # Only an allow-list of the head's environment is inherited: no secret, no loader variable.
+    assert not {"GPUCLUSTER_TOKEN", "GPUCLUSTER_DATABASE_URL", "LD_PRELOAD", "HOME"} & env.keys()
 
     wire = cluster.service.job(job.id)
     assert wire.state is JobState.RUNNING

@@ -74,10 +74,10 @@ def test_per_gpu_starts_one_process_per_gpu_with_torchruns_variables(cluster: Cl
         assert env["GPUCLUSTER_ATTEMPT"] == "1" and env["GPUCLUSTER_JOB_ID"] == str(job)
         assert env["GPUCLUSTER_URL"] == "http://head:8080" and env["GPUCLUSTER_GRACE_PERIOD_S"] == "30"
         assert env["SEED"] == "1" and env["OMP_NUM_THREADS"] == "1"
-        assert env["GPUCLUSTER_ATTEMPT_DIR"] == str(cluster.data_dir.attempt_dir(job, 1))
-        assert p.run_dir == cluster.data_dir.rank_dir(job, 1, rank)
+        assert env["GPUCLUSTER_ATTEMPT_DIR"] == str(cluster.data_dir.run_dir(job, 1))
+        assert p.run_dir == cluster.data_dir.run_dir(job, 1) / f"rank-{rank}"
         assert p.log_path == cluster.data_dir.log(job, 1, rank)
-    assert launched.marker == f"GPUCLUSTER_ATTEMPT_DIR={cluster.data_dir.attempt_dir(job, 1)}"
+    assert launched.marker == f"GPUCLUSTER_ATTEMPT_DIR={cluster.data_dir.run_dir(job, 1)}"
     assert cluster.data_dir.checkpoints(job).is_dir()
     assert cluster.record(job).launch == {"job_id": job, "attempt": 1, "ranks": [{"rank": r} for r in range(4)]}
 
@@ -392,7 +392,7 @@ def test_a_launch_cut_short_by_a_head_crash_is_killed_and_requeued_after_the_gra
     _commit_running(cluster, job)
     # Two of four ranks had started when the head died.
     partial = {"ranks": [{"rank": 0}, {"rank": 1}], "expected": 4, "job_id": job, "attempt": 1}
-    cluster.fake.recoverable[str(cluster.data_dir.attempt_dir(job, 1))] = partial
+    cluster.fake.recoverable[str(cluster.data_dir.run_dir(job, 1))] = partial
     cluster.fake.processes[(job, 1)] = FakeProcess(_fake_spec(4))
     cluster.tick_at(T0 + 1)
     assert cluster.state(job) is JobState.RUNNING and cluster.proc(job).signals == []  # may still be starting
@@ -410,7 +410,7 @@ def test_a_complete_launch_found_after_a_head_crash_is_adopted(cluster: Cluster)
     job = cluster.submit(gpus=4, per_gpu=True)
     _commit_running(cluster, job)
     whole = {"ranks": [{"rank": r} for r in range(4)], "expected": 4, "job_id": job, "attempt": 1}
-    cluster.fake.recoverable[str(cluster.data_dir.attempt_dir(job, 1))] = whole
+    cluster.fake.recoverable[str(cluster.data_dir.run_dir(job, 1))] = whole
     cluster.fake.processes[(job, 1)] = FakeProcess(_fake_spec(4))
     cluster.tick_at(T0 + 1)
     assert cluster.record(job).launch == whole

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucluster.executors.local import SHIM
+from gpucluster.executors.local import shim_argv, write_shim_spec
 from gpucluster.executors.logfile import read_log
 
 from .tmpfs import mounted_tmpfs
@@ -22,9 +22,9 @@ WRITE = "import sys\nfor i in range({n}): sys.stdout.write(f'line {{i:09d}}.....
 
 def _run_shim(run_dir: Path, log: Path, cap: int, script: str) -> dict[str, object]:
     run_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-I", "-S", str(SHIM), str(run_dir), str(run_dir)]
-    argv += ["--log", str(log), "--max-log-bytes", str(cap), "--", sys.executable, "-c", script]
-    subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=60, check=False)
+    command = [sys.executable, "-c", script]
+    write_shim_spec(run_dir, argv=command, env={}, workdir=str(run_dir), log=log, max_log_bytes=cap)
+    subprocess.run(shim_argv(run_dir), stdin=subprocess.DEVNULL, timeout=60, check=False)
     return dict(json.loads((run_dir / "exit.json").read_text()))
 
 

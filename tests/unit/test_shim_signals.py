@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpucluster.executors import _shim
+from gpucluster.executors.local import write_shim_spec
 
 
 @pytest.fixture
@@ -35,6 +36,9 @@ def test_a_sigterm_that_reaches_the_shim_before_the_command_starts_stops_the_com
         return real_popen(*args, **kw)  # type: ignore[call-overload, no-any-return]
 
     monkeypatch.setattr(_shim.subprocess, "Popen", popen_after_a_sigterm)
-    monkeypatch.setattr(sys, "argv", ["_shim.py", str(tmp_path), str(tmp_path), "--", "sleep", "30"])
+    write_shim_spec(
+        tmp_path, argv=["sleep", "30"], env={"PATH": "/usr/bin:/bin"}, workdir=str(tmp_path), log=tmp_path / "out.log"
+    )
+    monkeypatch.setattr(sys, "argv", ["_shim.py", str(tmp_path)])
     assert _shim.main() == 128 + signal.SIGTERM
     assert json.loads((tmp_path / "exit.json").read_text()) == {"exit_code": 143, "signal": signal.SIGTERM}

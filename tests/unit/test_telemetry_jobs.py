@@ -149,4 +149,3 @@ def test_synthetic_source_reads_what_a_job_reports_and_stops_it_over_its_share(t
         assert reading.utilization == 0.0 and reading.power_w == 60.0
     finally:
         c.close()
-

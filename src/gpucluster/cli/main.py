@@ -34,6 +34,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
 @app.callback()
 def _global(
     token: Annotated[
@@ -96,9 +97,14 @@ def up(
         typer.Option(
             "--database",
             envvar="GPUCLUSTER_DATABASE_URL",
-            help="keep the state in PostgreSQL: postgresql://USER[:PASSWORD]@HOST:PORT/DB (needs the extra "
-            "gpucluster[postgres]) [default: SQLite in the data dir]",
+            help="keep the state in PostgreSQL: postgresql://USER@HOST:PORT/DB (needs the extra "
+            "gpucluster[postgres]); a URL with a password only through $GPUCLUSTER_DATABASE_URL or "
+            "--database-file, never in argv [default: SQLite in the data dir]",
         ),
+    ] = None,
+    database_file: Annotated[
+        Path | None,
+        typer.Option("--database-file", help="read the PostgreSQL URL from this file (mode 0600, yours)"),
     ] = None,
     virtual_gpus: Annotated[
         int | None,
@@ -146,8 +152,10 @@ def up(
     rate_limit: Annotated[
         float,
         typer.Option(
-            "--rate-limit", min=0, help="API requests per second per token, bursts of twice that; 0: no limit "
-            "(cluster admins are never limited)"
+            "--rate-limit",
+            min=0,
+            help="API requests per second per token, bursts of twice that; 0: no limit "
+            "(cluster admins are never limited)",
         ),
     ] = 100.0,
     telemetry_interval: Annotated[
@@ -191,6 +199,8 @@ def up(
     import socket
 
     from gpucluster.durations import parse_duration
+    from gpucluster.head.database_url import DatabaseUrlError
+    from gpucluster.head.database_url import resolve as resolve_database_url
     from gpucluster.head.security import SecurityOptions
     from gpucluster.head.server import StartupError, UpOptions, default_data_dir, run_up
 
@@ -225,6 +235,10 @@ def up(
             fail(f"--ray takes its nodes and GPUs from Ray; drop {', '.join(given)} (declare GPUs with ray start)")
         if not ray.strip():
             fail("--ray needs an address: HOST:PORT of the Ray head, or auto")
+    try:
+        database_url = resolve_database_url(database, database_file, os.environ)
+    except DatabaseUrlError as e:
+        fail(str(e))
     opts = UpOptions(
         host=host,
         port=port,
@@ -242,7 +256,7 @@ def up(
         prices=prices,
         on_shutdown=on_shutdown,
         max_log_bytes=log_cap,
-        database_url=database or None,
+        database_url=database_url,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
         ),

@@ -1,28 +1,41 @@
-"""Job shim: the session leader of every job, started by the local executor.
+"""Job shim: the keeper of one job process, started by the local executor.
 
 Why it exists: a job must outlive a crash of the head, and its exit code must still be known when
 the head comes back. The shim is the parent of the user's command, so it alone can reap it; it
 writes the exit code to a file the head reads, whether or not the head is still its parent.
 
-Run as a script with only the standard library (python -I -S), so it starts in milliseconds.
-usage: _shim.py RUN_DIR WORKDIR [--die-with-parent] [--user NAME] [--log PATH --max-log-bytes N] -- ARGV
-(options in this order)
+usage: python -I -S _shim.py RUN_DIR
 
-With --log and --max-log-bytes the shim pumps the command's output into PATH itself, so the log
-is capped even while no head runs: past N/2 bytes PATH becomes PATH.1 (the older PATH.1 is
-dropped) and a new PATH starts, so at most about N bytes are kept, the newest. PATH.dropped holds
-how many bytes were rotated away (what makes the API's offsets count from the attempt's first
-byte), and a rotation holds an exclusive flock on PATH.lock, which readers take shared
+Everything else comes from RUN_DIR/spec.json, which the executor wrote into the head's own
+directory (mode 0600): the command, its environment, workdir, Unix account, log and cgroup. So no
+other account on the node sees a job's command or secrets in `ps`, and the shim starts with the
+fixed, clean environment the executor gives it, never the job's (a job's LD_PRELOAD must not run
+code in a root process). It runs with only the standard library, so it starts in milliseconds.
+
+Two processes, so that the privileged part touches nothing the user controls:
+- the *keeper* (this process; root under a root head) reads the spec, forks the job side, waits
+  for it, then kills whatever the job left (its cgroup, else its process group) and records
+  RUN_DIR/exit.json. It stays outside the job's cgroup, so killing the job never kills the record.
+- the *job side* (the forked child) joins the job's cgroup, drops to the job's account
+  (initgroups, setgid, setuid) and only then, as the user, applies the environment, makes the
+  job's directories, opens its log, enters the workdir and starts the command; it pumps the
+  command's output into the log and reports how the command ended to the keeper through a pipe.
+
+Signals: the executor signals the keeper (SIGTERM, SIGINT, SIGHUP are passed on to the job;
+SIGUSR1 means "SIGKILL the job"). The keeper alone can name the job's process group safely: the
+job side is its unreaped child, so that id cannot be reused while the keeper lives.
+
+Log layout: past max_log_bytes/2 bytes the log becomes LOG.1 (the older LOG.1 is dropped) and a
+new LOG starts, so at most about max_log_bytes are kept, the newest. LOG.dropped holds how many
+bytes were rotated away (what makes the API's offsets count from the attempt's first byte), and a
+rotation holds an exclusive flock on LOG.lock, which readers take shared
 (gpucluster/executors/logfile.py reads this layout; its append_log keeps the head's copy of a Ray
 job's log in the same layout with this file's _CappedLog).
 
-With --user (a root head running a job as its submitter) the shim stays root, so it can write
-its records into the head's run dir, and starts the command as NAME: its uid, gid, groups,
-HOME, USER and LOGNAME.
-
-With --die-with-parent (the Ray executor's node agent) the shim kills its whole process group
-when its parent dies: there the parent is the node's agent, which dies only with the node's Ray
-(the head then requeues the job elsewhere), so the job must not run on unseen, holding GPUs.
+With die_with_parent (the Ray executor's node agent) the job is killed when the agent dies: there
+the parent is the node's agent, which dies only with the node's Ray (the head then requeues the
+job elsewhere), so the job must not run on unseen, holding GPUs. The keeper watches the agent; the
+job side watches the keeper, because Ray SIGKILLs a dying worker's direct children.
 """
 
 import contextlib
@@ -36,10 +49,19 @@ import sys
 import threading
 import time
 
+SPEC = "spec.json"
+EXIT = "exit.json"
+# The signal that asks the keeper to SIGKILL the job (SIGKILL itself would kill the keeper).
+KILL_REQUEST = signal.SIGUSR1
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Exit code of a command that could not be started (the shell's "command not found").
+CANNOT_START = 127
+
 
 def _write_atomic(path: str, data: dict) -> None:  # type: ignore[type-arg]
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())
@@ -51,32 +73,43 @@ def _start_ticks(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[19])
 
 
-def _die_with_parent() -> None:
-    """Kill the process group when the parent (the agent) dies, or when this shim is killed.
+# ---- cgroup: the job's process tree, found and killed by the kernel's own bookkeeping ----------
 
-    Two watchers, because Ray kills a dying worker's direct children (this shim) with SIGKILL:
-    a thread here sees the agent go, and a forked watchdog in the group (a grandchild of the
-    agent, so not killed with it) sees this shim go. Either kills the whole group; after a
-    normal end that only reaches the job's leftover background processes, as a cleanup does.
-    """
-    shim = os.getpid()
-    if os.fork() == 0:
-        try:
-            for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(stop, signal.SIG_IGN)
-            while os.getppid() == shim:
-                time.sleep(0.5)
-            os.killpg(0, signal.SIGKILL)
-        finally:
-            os._exit(0)
-    parent = os.getppid()
 
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os.killpg(0, signal.SIGKILL)
+def cgroup_members(dirs: list[str]) -> set[int]:
+    found: set[int] = set()
+    for d in dirs:
+        with contextlib.suppress(OSError, ValueError), open(os.path.join(d, "cgroup.procs")) as f:
+            found.update(int(line) for line in f if line.strip())
+    return found
 
-    threading.Thread(target=watch, daemon=True).start()
+
+def cgroup_join(dirs: list[str], pid: int) -> None:
+    for d in dirs:
+        with open(os.path.join(d, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+
+
+def cgroup_signal(dirs: list[str], signum: int) -> None:
+    for pid in cgroup_members(dirs):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def cgroup_kill(dirs: list[str], wait_s: float = 10.0) -> None:
+    """SIGKILL every process of the cgroup (cgroup.kill where the kernel has it), until empty."""
+    for d in dirs:
+        kill = os.path.join(d, "cgroup.kill")
+        if os.path.exists(kill):
+            with contextlib.suppress(OSError), open(kill, "w") as f:
+                f.write("1")
+    deadline = time.monotonic() + wait_s
+    while cgroup_members(dirs) and time.monotonic() < deadline:
+        cgroup_signal(dirs, signal.SIGKILL)  # also catches a fork that raced the kill
+        time.sleep(0.01)
+
+
+# ---- the job side: runs as the job's user -----------------------------------------------------
 
 
 class _CappedLog:
@@ -84,14 +117,14 @@ class _CappedLog:
 
     def __init__(self, path: str, cap: int) -> None:
         self.path, self.segment = path, max(1, cap // 2)
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         self.size = os.fstat(self.fd).st_size
         try:  # a log written before (the head's copy of a Ray job's log, appended to per chunk)
             with open(f"{path}.dropped") as f:
                 self.dropped = int(f.read() or 0)
         except (FileNotFoundError, ValueError):
             self.dropped = 0
-        os.close(os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644))  # before any rotation: readers lock
+        os.close(os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600))  # before any rotation: readers lock
 
     def close(self) -> None:
         os.close(self.fd)
@@ -110,7 +143,7 @@ class _CappedLog:
         Safe to retry after a failure (a full disk): the dropped count is written before
         anything moves, and a PATH already moved by an earlier try is not counted again.
         """
-        lock = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if os.path.exists(self.path):  # not yet moved by an earlier, failed try
@@ -121,7 +154,7 @@ class _CappedLog:
                 os.replace(self.path, older)
                 os.replace(f"{self.path}.dropped.tmp", f"{self.path}.dropped")
                 self.dropped = dropped
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         finally:
             os.close(lock)  # releases the flock
         os.close(self.fd)
@@ -142,65 +175,215 @@ def _pump(read_fd: int, log: _CappedLog) -> None:
             log.write(data)
 
 
-def main() -> int:
-    # Stop signals go to the whole process group: the command must get them, the shim must
-    # survive them to record how the command ended. A handler (unlike SIG_IGN) is reset by exec.
-    # One that comes before the command exists is kept for it (below).
+def _account_env(account: pwd.struct_passwd) -> dict[str, str]:
+    return {"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name}
+
+
+def _drop_privileges(user: str) -> dict[str, str]:
+    """Become `user` for good (groups first, uid last); the variables that name the account."""
+    account = pwd.getpwnam(user)
+    os.setgroups(os.getgrouplist(account.pw_name, account.pw_gid))
+    os.setgid(account.pw_gid)
+    os.setuid(account.pw_uid)
+    if os.getuid() != account.pw_uid or os.geteuid() != account.pw_uid:
+        raise PermissionError(f"could not become {user}")
+    return _account_env(account)
+
+
+def _watch_keeper(keeper: int) -> None:
+    """die_with_parent: the keeper was SIGKILLed with the agent; kill this whole job."""
+    while os.getppid() == keeper:
+        time.sleep(0.5)
+    os.killpg(0, signal.SIGKILL)
+
+
+def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type-arg]
+    """The forked child: cgroup, drop, then everything the user controls; returns its exit code.
+
+    Reports {"exit_code", "signal"} (or {"error"}) to the keeper on `report`."""
     stops: list[int] = []
-    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for stop in STOP_SIGNALS:
         signal.signal(stop, lambda signum, _: stops.append(signum))
-    run_dir, workdir, sep, *argv = sys.argv[1:]
-    if sep == "--die-with-parent":
-        _die_with_parent()
-        sep, argv = argv[0], argv[1:]
-    uid = gid = groups = None
-    if sep == "--user":
-        account = pwd.getpwnam(argv[0])
-        sep, argv = argv[1], argv[2:]
-        uid, gid = account.pw_uid, account.pw_gid
-        groups = os.getgrouplist(account.pw_name, account.pw_gid)
-        os.environ.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
-    log_path, cap = None, 0
-    if sep == "--log":
-        log_path, cap = argv[0], int(argv[2])  # --log PATH --max-log-bytes N
-        sep, argv = argv[3], argv[4:]
-    assert sep == "--"
-    pid = os.getpid()
-    _write_atomic(
-        os.path.join(run_dir, "shim.json"),
-        {"pid": pid, "pgid": os.getpgid(0), "start_ticks": _start_ticks(pid)},
-    )
-    sig: int | None
-    pump = None
-    out: int | None = None
-    if log_path is not None and cap > 0:
-        read_fd, out = os.pipe()
-        pump = threading.Thread(target=_pump, args=(read_fd, _CappedLog(log_path, cap)), daemon=True)
-        pump.start()
+    os.setsid()  # the job's own process group: what the keeper signals where there is no cgroup
+
+    def tell(record: dict) -> None:  # type: ignore[type-arg]
+        with contextlib.suppress(OSError):
+            os.write(report, json.dumps(record).encode())
+
     try:
-        proc = subprocess.Popen(argv, cwd=workdir, user=uid, group=gid, extra_groups=groups, stdout=out, stderr=out)
+        cgroup_join(spec.get("cgroup") or [], os.getpid())
+        account_env = _drop_privileges(spec["user"]) if spec.get("user") else _account_env(pwd.getpwuid(os.getuid()))
+    except (OSError, KeyError) as e:
+        tell({"error": f"cannot become the job's user {spec.get('user')!r}: {e}"})
+        return CANNOT_START
+    # --- from here on, only the job's user's rights ---
+    if spec.get("die_with_parent"):
+        threading.Thread(target=_watch_keeper, args=(keeper,), daemon=True).start()
+    env = {**spec["env"], **account_env}
+    log_path, cap = spec["log"], int(spec.get("max_log_bytes") or 0)
+    try:
+        for d in [os.path.dirname(log_path), *spec.get("make_dirs", [])]:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        log = _CappedLog(log_path, cap if cap > 0 else 1 << 62)
     except OSError as e:
-        print(f"gpucluster: cannot start {argv[0]!r}: {e.strerror}", file=sys.stderr, flush=True)
-        code, sig = 127, None
-    else:
-        if out is not None:
-            os.close(out)
-            out = None
-        if stops:
-            # A stop (a preemption, a cancel) sent while the command was being started reached
-            # only this shim, or the command before its exec: without this it would run on.
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(stops[0])
-        rc = proc.wait()
-        code, sig = (rc, None) if rc >= 0 else (128 - rc, -rc)
-    if out is not None:
+        tell({"error": f"cannot write the job's log {log_path}: {e.strerror or e}"})
+        return CANNOT_START
+    read_fd, out = os.pipe()
+    pump = threading.Thread(target=_pump, args=(read_fd, log), daemon=True)
+    pump.start()
+
+    def fail(message: str) -> int:
+        os.write(out, f"gpucluster: {message}\n".encode())
         os.close(out)
-    if pump is not None:
-        # All of the command's output is in the log before its exit is recorded; background
-        # children still holding the pipe do not hold the record up (the head kills them).
         pump.join(timeout=2)
-    _write_atomic(os.path.join(run_dir, "exit.json"), {"exit_code": code, "signal": sig})
+        tell({"exit_code": CANNOT_START, "signal": None, "error": message})
+        return CANNOT_START
+
+    if spec["workdir"] == "~":
+        spec["workdir"] = env.get("HOME") or "/"
+    try:
+        os.chdir(spec["workdir"])
+    except OSError as e:
+        who = f" as {spec['user']}" if spec.get("user") else ""
+        return fail(f"cannot enter the workdir {spec['workdir']}{who}: {e.strerror}")
+    argv = spec["argv"]
+    try:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True)
+    except OSError as e:
+        return fail(f"cannot start {argv[0]!r}: {e.strerror}")
+    os.close(out)
+    if stops:
+        # A stop (a preemption, a cancel) sent while the command was being started reached
+        # only this process, or the command before its exec: without this it would run on.
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(stops[0])
+    rc = proc.wait()
+    code, sig = (rc, None) if rc >= 0 else (128 - rc, -rc)
+    # All of the command's output is in the log before its exit is recorded; background
+    # children still holding the pipe do not hold the record up (the keeper kills them).
+    pump.join(timeout=2)
+    tell({"exit_code": code, "signal": sig})
     return code
+
+
+# ---- the keeper: runs as the head's user (root under a root head) -----------------------------
+
+
+class _Keeper:
+    def __init__(self, run_dir: str, spec: dict) -> None:  # type: ignore[type-arg]
+        self.run_dir, self.spec = run_dir, spec
+        self.cgroup: list[str] = list(spec.get("cgroup") or [])
+        self.child = 0
+        self.parent = os.getppid()
+        self.pending: list[int] = []  # stops that came before the job side existed
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        kill = signum == KILL_REQUEST
+        if not self.child:
+            self.pending.append(signum)
+            return
+        self.send(signal.SIGKILL if kill else signum)
+
+    def send(self, signum: int) -> None:
+        """To every process of the job: its cgroup's members, and its process group."""
+        if self.cgroup:
+            cgroup_signal(self.cgroup, signum)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.child, signum)  # our unreaped child leads it: the id is still the job's
+
+    def watch_parent(self) -> None:
+        while os.getppid() == self.parent:
+            time.sleep(0.5)
+        self.send(signal.SIGKILL)
+
+    def run(self) -> int:
+        for stop in (*STOP_SIGNALS, KILL_REQUEST):
+            signal.signal(stop, self.on_signal)
+        self.parent = os.getppid()
+        pid = os.getpid()
+        read_fd, report = os.pipe()
+        keeper = os.getpid()
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                os.close(read_fd)
+                signal.signal(KILL_REQUEST, signal.SIG_DFL)
+                code = _job_side(self.spec, report, keeper)
+            finally:
+                os._exit(code)
+        os.close(report)
+        self.child = child
+        if self.spec.get("die_with_parent"):
+            threading.Thread(target=self.watch_parent, daemon=True).start()
+        _write_atomic(
+            os.path.join(self.run_dir, "shim.json"),
+            {"pid": pid, "pgid": os.getpgid(0), "start_ticks": _start_ticks(pid), "job_pgid": child}
+            | ({"cgroup": self.cgroup} if self.cgroup else {}),
+        )
+        for signum in self.pending:
+            self.send(signal.SIGKILL if signum == KILL_REQUEST else signum)
+        chunks = []
+        while True:
+            try:
+                data = os.read(read_fd, 1 << 16)
+            except InterruptedError:
+                continue
+            if not data:
+                break
+            chunks.append(data)
+        os.close(read_fd)
+        # The job side has ended (or is ending) but stays unreaped: its group id cannot be reused
+        # while whatever the job left behind is killed.
+        while True:
+            try:
+                os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)
+                break
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+        if self.cgroup:
+            cgroup_kill(self.cgroup)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child, signal.SIGKILL)
+        _, status = os.waitpid(child, 0)
+        record = self._record(b"".join(chunks), status)
+        self._save(record)
+        return int(record["exit_code"])
+
+    @staticmethod
+    def _record(reported: bytes, status: int) -> dict:  # type: ignore[type-arg]
+        try:
+            record = dict(json.loads(reported)) if reported else {}
+        except ValueError:
+            record = {}
+        if "exit_code" not in record:
+            # Killed before it could report (a SIGKILL to the job): its own wait status.
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            code = 128 + sig if sig is not None else os.waitstatus_to_exitcode(status)
+            record = {"exit_code": code, "signal": sig, **({"error": record["error"]} if "error" in record else {})}
+        return record
+
+    def _save(self, record: dict) -> None:  # type: ignore[type-arg]
+        """exit.json, retried while the disk is full unless the head that started us still waits
+        (it reads our exit status, which is the command's). An orphan keeps trying, so a head that
+        comes back later still learns how the job ended."""
+        while True:
+            try:
+                _write_atomic(os.path.join(self.run_dir, EXIT), record)
+                return
+            except OSError:
+                if os.getppid() == self.parent != 1:
+                    return
+                time.sleep(1.0)
+
+
+def main() -> int:
+    run_dir = sys.argv[1]
+    with open(os.path.join(run_dir, SPEC)) as f:
+        spec = json.load(f)
+    return _Keeper(run_dir, spec).run()
 
 
 if __name__ == "__main__":

@@ -43,8 +43,12 @@ class LaunchSpec:
     # sessions of their own) so a kill or a cleanup still reaches them.
     marker: str | None = None
     # The Unix account to run every process as (a root head runs jobs as their submitters);
-    # None: the head's own. The shim stays the head's, to record exit codes in the run dir.
+    # None: the head's own. The shim's keeper stays the head's, to record exit codes in the run
+    # dir, which is the head's alone; everything else is done as this account (see _shim.py).
     user: str | None = None
+    # The job's own directory (its logs and checkpoints): made for `user` (0700, owned by it) by
+    # the executor on the first attempt; everything inside is made by the job's processes.
+    job_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class Running:
 class Exited:
     exit_code: int  # shell convention: 128 + N when killed by signal N
     signal: int | None = None
+    error: str | None = None  # why the command never started (a workdir it may not enter, ...)
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import signal
+import stat
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from gpucluster.executors._shim import EXIT, KILL_REQUEST, SPEC, cgroup_kill, cgroup_signal
 from gpucluster.executors.base import (
     Exited,
     Handle,
@@ -37,6 +40,19 @@ from gpucluster.executors.base import (
 
 SHIM = Path(__file__).with_name("_shim.py")
 MANIFEST = "launch.json"
+# The shim starts with this environment and no other: none of the job's (nor the head's) variables
+# reach a process that may run as root. The job's environment is in its spec, applied after the drop.
+SHIM_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
+
+
+class CgroupFactory(Protocol):
+    """Makes and removes job cgroups (executors/cgroups.py); the shim joins and kills them."""
+
+    def create(self, leaf: str) -> list[str]:
+        """A new cgroup named `leaf`: its directory in every hierarchy used (empty: none)."""
+
+    def remove(self, dirs: list[str]) -> None:
+        """Remove an emptied cgroup's directories; one already gone is not an error."""
 
 
 def rank_dir(run_dir: Path, rank: int) -> Path:
@@ -69,7 +85,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())
@@ -95,60 +111,126 @@ def marked_pids(marker: str) -> list[int]:
     return found
 
 
-def give_checkpoints_to(user: str, checkpoint_dir: str | None) -> None:
-    """A job run as `user` must write its checkpoints: hand it the job's checkpoint directory."""
-    import pwd
+def prepare_job_dir(job_dir: Path, user: str | None) -> None:
+    """The job's own directory, made for `user` (0700, owned by it) the first time.
 
+    Its parent is the head's (the user cannot swap the directory for a link), and nothing inside
+    it is ever made, opened or changed as root: the job's processes make their logs and
+    checkpoints themselves. An existing one must already be that account's real directory.
+    """
+    if user is None:
+        job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return
     try:
         account = pwd.getpwnam(user)
     except KeyError:
         raise LaunchError(f"there is no Unix account {user!r} on this node to run the job as") from None
-    if checkpoint_dir and os.path.isdir(checkpoint_dir):
-        os.chown(checkpoint_dir, account.pw_uid, account.pw_gid)
+    job_dir.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+    os.chmod(job_dir.parent, 0o711)  # others may pass through to their own job's directory, not list
+    try:
+        os.mkdir(job_dir, 0o700)
+    except FileExistsError:
+        st = os.lstat(job_dir)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != account.pw_uid:
+            raise LaunchError(f"{job_dir} is not a directory of {user}'s: refusing to run the job there") from None
+        return
+    os.chown(job_dir, account.pw_uid, account.pw_gid, follow_symlinks=False)
+
+
+def write_shim_spec(
+    run_dir: Path,
+    *,
+    argv: list[str],
+    env: dict[str, str],
+    workdir: str,
+    log: Path,
+    user: str | None = None,
+    max_log_bytes: int = 0,
+    make_dirs: list[str] | None = None,
+    cgroup: list[str] | None = None,
+    die_with_parent: bool = False,
+) -> None:
+    """What the shim in `run_dir` runs (_shim.py): a file only the head can read, so the command
+    and its environment never show in `ps` nor reach another account."""
+    spec = {
+        "argv": argv,
+        "env": env,
+        "workdir": workdir,
+        "user": user,
+        "log": str(log),
+        "max_log_bytes": max_log_bytes,
+        "make_dirs": make_dirs or [],
+        "cgroup": cgroup or [],
+        "die_with_parent": die_with_parent,
+    }
+    _write_json(run_dir / SPEC, spec)
+
+
+def shim_argv(run_dir: Path) -> list[str]:
+    """The shim's whole command line: names only the run dir."""
+    return [sys.executable, "-I", "-S", str(SHIM), str(run_dir)]
 
 
 class LocalExecutor:
-    def __init__(self, die_with_parent: bool = False, max_log_bytes: int = 0) -> None:
+    def __init__(
+        self, die_with_parent: bool = False, max_log_bytes: int = 0, cgroups: CgroupFactory | None = None
+    ) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         # > 0: each process's shim writes its log, rotated past this size (_shim.py, logfile.py).
         self.max_log_bytes = max_log_bytes
         self._lock = threading.Lock()
         # Jobs die with this process (the Ray node agent), instead of outliving it (the head).
-        self._shim_opts = ["--die-with-parent"] if die_with_parent else []
+        self.die_with_parent = die_with_parent
+        # Each process of a job in a cgroup of its own, where the node allows (executors/cgroups.py).
+        self.cgroups = cgroups
 
     def launch(self, spec: LaunchSpec) -> Handle:
-        if not os.path.isdir(spec.workdir):
-            raise LaunchError(f"workdir {spec.workdir} does not exist on this node")
-        if spec.user is not None:
-            give_checkpoints_to(spec.user, spec.env.get("GPUCLUSTER_CHECKPOINT_DIR"))
+        if spec.job_dir is not None:
+            prepare_job_dir(spec.job_dir, spec.user)
         if spec.processes:
             return self._launch_ranks(spec)
-        return self._launch_one(ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path), spec.workdir, spec.user)
+        return self._launch_one(
+            ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path), spec.workdir, spec.user, _leaf(spec)
+        )
 
-    def _launch_one(self, p: ProcessSpec, workdir: str, user: str | None = None) -> Handle:
-        p.run_dir.mkdir(parents=True, exist_ok=True)
-        p.log_path.parent.mkdir(parents=True, exist_ok=True)
-        as_user = ["--user", user] if user is not None else []
-        cap = ["--log", str(p.log_path), "--max-log-bytes", str(self.max_log_bytes)] if self.max_log_bytes > 0 else []
-        shim = [sys.executable, "-I", "-S", str(SHIM), str(p.run_dir), workdir, *self._shim_opts, *as_user, *cap]
-        with open(p.log_path, "ab") as log:
+    def _launch_one(self, p: ProcessSpec, workdir: str, user: str | None, leaf: str) -> Handle:
+        p.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        cgroup = self.cgroups.create(leaf) if self.cgroups is not None else []
+        checkpoints = p.env.get("GPUCLUSTER_CHECKPOINT_DIR")
+        write_shim_spec(
+            p.run_dir,
+            argv=p.argv,
+            env=p.env,
+            workdir=workdir,
+            user=user,
+            log=p.log_path,
+            max_log_bytes=self.max_log_bytes,
+            make_dirs=[checkpoints] if checkpoints else [],
+            cgroup=cgroup,
+            die_with_parent=self.die_with_parent,
+        )
+        # The shim's own messages (never the job's output) go to the run dir, the head's alone.
+        with open(p.run_dir / "shim.log", "ab") as shim_log:
             proc = subprocess.Popen(
-                [*shim, "--", *p.argv],
+                shim_argv(p.run_dir),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=shim_log,
                 stderr=subprocess.STDOUT,
-                env=p.env,
-                cwd=workdir,
+                env=SHIM_ENV,
+                cwd="/",
                 start_new_session=True,
                 close_fds=True,
             )
         with self._lock:
             self._children[proc.pid] = proc
         ticks = start_ticks(proc.pid)
-        return {"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks, "run_dir": str(p.run_dir)}
+        handle: Handle = {"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks, "run_dir": str(p.run_dir)}
+        if cgroup:
+            handle["cgroup"] = cgroup
+        return handle
 
     def _launch_ranks(self, spec: LaunchSpec) -> Handle:
-        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Durable before the first process exists: a head that dies halfway through this loop
         # leaves a manifest that says how many ranks `recover` should find.
         _write_json(spec.run_dir / MANIFEST, {"ranks": len(spec.processes), "marker": spec.marker})
@@ -157,7 +239,8 @@ class LocalExecutor:
             handle["marker"] = spec.marker
         try:
             for rank, p in enumerate(spec.processes):
-                handle["ranks"].append({"rank": rank, **self._launch_one(p, spec.workdir, spec.user)})
+                leaf = f"{_leaf(spec)}-rank-{rank}"
+                handle["ranks"].append({"rank": rank, **self._launch_one(p, spec.workdir, spec.user, leaf)})
         except OSError as e:
             self.signal(handle, signal.SIGKILL)
             self.cleanup(handle)
@@ -210,35 +293,43 @@ class LocalExecutor:
             return Running()
         with self._lock:
             child = self._children.pop(int(handle["pid"]), None)
-        record = _read_json(Path(handle["run_dir"]) / "exit.json")
+        record = _read_json(Path(handle["run_dir"]) / EXIT)
         if record is not None:
-            return Exited(int(record["exit_code"]), record.get("signal"))
-        if child is not None and child.returncode is not None and child.returncode < 0:
-            # The shim itself was killed (SIGKILL to the group): the command died with it.
-            sig = -child.returncode
-            return Exited(128 + sig, sig)
+            return Exited(int(record["exit_code"]), record.get("signal"), record.get("error"))
+        if child is not None and child.returncode is not None:
+            if child.returncode < 0:  # the shim itself was killed: the job was killed with it
+                sig = -child.returncode
+                return Exited(128 + sig, sig)
+            # It could not write its record (a full disk): its exit status is the command's.
+            code = child.returncode
+            return Exited(code, code - 128 if code > 128 else None)
         return Lost("the job's process is gone and left no exit code")
 
     def signal(self, handle: Handle, signum: int) -> None:
-        if "ranks" not in handle:
-            self._signal_one(handle, signum)
-            return
-        for r in handle["ranks"]:
+        for r in handle.get("ranks", [handle]):
             self._signal_one(r, signum)
-        if signum == signal.SIGKILL:
+        if signum == signal.SIGKILL and "ranks" in handle:
             self._kill_marked(handle)
 
     def _signal_one(self, handle: Handle, signum: int) -> None:
+        """Through the shim's keeper, which alone can name the job's process group safely; and
+        straight to the job's cgroup, which reaches every process of the job and nothing else."""
+        if handle.get("cgroup"):
+            cgroup_signal(handle["cgroup"], signum)
         if not self._alive(handle):
             return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(int(handle["pgid"]), signum)
+            os.kill(int(handle["pid"]), KILL_REQUEST if signum == signal.SIGKILL else signum)
 
     def cleanup(self, handle: Handle) -> None:
-        # The shim has exited, so no pid can be recycled into this group id while members remain.
+        """Whatever a finished attempt left: its cgroups killed and removed. No process group is
+        signalled by number: the shim killed its job's group before recording the exit, while
+        the id was still the job's."""
         for r in handle.get("ranks", [handle]):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(r["pgid"]), signal.SIGKILL)
+            if r.get("cgroup"):
+                cgroup_kill(r["cgroup"])
+                if self.cgroups is not None:
+                    self.cgroups.remove(r["cgroup"])
         self._kill_marked(handle)
 
     def _kill_marked(self, handle: Handle) -> None:
@@ -248,3 +339,8 @@ class LocalExecutor:
         for pid in marked_pids(str(marker)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _leaf(spec: LaunchSpec) -> str:
+    """The name of an attempt's cgroup (one per process: `-rank-R` is added)."""
+    return f"job-{spec.job_id}-attempt-{spec.attempt}"

@@ -5,6 +5,13 @@ Offsets are bytes since the attempt's log began, rotated bytes included, so an o
 got before a rotation stays valid after it: the API never re-sends a byte nor skips one that is
 still kept. An offset into the part already rotated away reads from the oldest byte kept. A log
 without rotation files (no cap, or never past it) reads as the plain file it is.
+
+A log lives in its job's own directory, which the job's user controls, while the reader is the
+head (root on a shared cluster). So every file is opened without following links, without
+blocking (a FIFO in a log's place must not hang a reader), must be a regular file, and must belong
+to the account that owns the job's directory (`jobs/<id>`, made by the head and not replaceable by
+the user): a link or a hard link to another account's file (/etc/shadow, another team's log)
+reads as no log at all. A rotation lock the user holds does not hold the reader up for long.
 """
 
 from __future__ import annotations
@@ -12,22 +19,59 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from gpucluster.executors._shim import _CappedLog
+
+# How long a reader waits for a rotation (a lock held by the log's writer) before reading anyway.
+LOCK_WAIT_S = 2.0
+
+
+def _owner(path: Path) -> int:
+    """The account whose files a log's directory may hold: the owner of its job's directory."""
+    for ancestor in path.parents:
+        if ancestor.parent.name == "jobs":
+            with contextlib.suppress(OSError):
+                return os.lstat(ancestor).st_uid
+            break
+    return os.geteuid()
+
+
+def _open(path: Path | str, flags: int = os.O_RDONLY) -> int:
+    """An fd of a regular file of the log's owner (see the module docstring); FileNotFoundError
+    for anything else, which reads as a log not written yet."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise FileNotFoundError(str(path)) from e
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != _owner(Path(path)):
+        os.close(fd)
+        raise FileNotFoundError(str(path))
+    return fd
 
 
 @contextlib.contextmanager
 def _lock(path: Path, exclusive: bool = False) -> Iterator[None]:
     """Hold off a rotation (the shim's exclusive flock) while the segments are read."""
     try:
-        fd = os.open(f"{path}.lock", os.O_RDWR if exclusive else os.O_RDONLY)
+        fd = _open(f"{path}.lock", os.O_RDWR if exclusive else os.O_RDONLY)
     except FileNotFoundError:  # no cap (the shim makes the lock file before any output): no rotation
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break  # a lock held this long is not a rotation: read without it
+                time.sleep(0.005)
         yield
     finally:
         os.close(fd)
@@ -35,16 +79,21 @@ def _lock(path: Path, exclusive: bool = False) -> Iterator[None]:
 
 def _dropped(path: Path) -> int:
     try:
-        return int(Path(f"{path}.dropped").read_text() or 0)
+        with os.fdopen(_open(f"{path}.dropped")) as f:
+            return int(f.read(32) or 0)
     except (FileNotFoundError, ValueError):
         return 0
 
 
 def _size(path: Path | str) -> int:
     try:
-        return os.path.getsize(path)
+        fd = _open(path)
     except FileNotFoundError:
         return 0
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def read_log(path: Path, offset: int, limit: int | None = None) -> tuple[bytes, int]:
@@ -60,7 +109,7 @@ def read_log(path: Path, offset: int, limit: int | None = None) -> tuple[bytes, 
             if limit is not None and pos - start >= limit:
                 break
             try:
-                f = open(segment, "rb")  # noqa: SIM115 - closed below
+                f = os.fdopen(_open(segment), "rb")
             except FileNotFoundError:
                 continue
             with f:

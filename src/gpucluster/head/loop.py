@@ -58,7 +58,7 @@ from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
-from gpucluster.launch.env import job_env
+from gpucluster.launch.env import inherited, job_env
 from gpucluster.launch.ranks import (
     REQUEUE_EXIT_CODE,
     AttemptOutcome,
@@ -117,7 +117,8 @@ class Head:
         self.policy_source = policy or PolicySource(None)
         self.head_url = head_url
         self.virtual_gpus = virtual_gpus
-        self.base_env = dict(os.environ if base_env is None else base_env)
+        # What every job inherits from the head: an allow-list of the head's environment.
+        self.base_env = inherited(os.environ if base_env is None else base_env)
         self.restart_backoff_s = restart_backoff_s
         # Where each node's processes reach rank 0 (MASTER_ADDR); the local executor runs
         # every process on this machine.
@@ -199,7 +200,7 @@ class Head:
     def _reconcile(self, job: JobRecord, now: float) -> None:
         handle = job.launch
         if handle is None:
-            handle = self.executor.recover(self.data_dir.attempt_dir(job.id, job.attempt))
+            handle = self.executor.recover(self.data_dir.run_dir(job.id, job.attempt))
             overdue = job.started_at is not None and now - job.started_at > LAUNCH_GRACE_S
             if handle is not None and not complete(handle):
                 # The head stopped while starting the processes: the missing ones never will.
@@ -536,8 +537,7 @@ class Head:
         assert job.allocation is not None
         slices = job.allocation.slices
         attempt = job.attempt
-        checkpoints = self.data_dir.checkpoints(job.id)
-        checkpoints.mkdir(parents=True, exist_ok=True)
+        checkpoints = self.data_dir.checkpoints(job.id)  # made by the job's own processes
         envs = {
             s.node: job_env(
                 base=self.base_env,
@@ -558,16 +558,17 @@ class Head:
             extra = self.identity.job_env(job)
             for env in envs.values():
                 env.update(extra)
-        run_dir = self.data_dir.attempt_dir(job.id, attempt)
+        run_dir = self.data_dir.run_dir(job.id, attempt)
         spec = LaunchSpec(
             job_id=job.id,
             attempt=attempt,
             argv=job.spec.argv,
             env=envs[slices[0].node],
-            workdir=job.spec.workdir or self.base_env.get("HOME", "/"),
+            workdir=job.spec.workdir or "~",  # the home of the account it runs as
             run_dir=run_dir,
             log_path=self.data_dir.log(job.id, attempt),
             user=self.identity.run_as(job.owner) if self.identity is not None else None,
+            job_dir=self.data_dir.job_dir(job.id),
         )
         if not job.spec.distributed:
             return spec
@@ -592,7 +593,7 @@ class Head:
         except ValueError as e:
             raise LaunchError(str(e)) from None
         processes = tuple(
-            ProcessSpec(argv, env, self.data_dir.rank_dir(job.id, attempt, r), self.data_dir.log(job.id, attempt, r))
+            ProcessSpec(argv, env, run_dir / f"rank-{r}", self.data_dir.log(job.id, attempt, r))
             for r, (_, argv, env) in enumerate(argvs)
         )
         return replace(spec, processes=processes, marker=marker)

@@ -97,7 +97,5 @@ def setup_access(store: Store, clock: Any, sec: SecurityOptions, url: str, say: 
     if access.run_as_submitter:
         say.write("the head runs as root: each job runs as its submitter's Unix account\n")
     else:
-        say.write(
-            f"jobs run as {me}, the head's own user (a head started as root runs each job as its submitter)\n"
-        )
+        say.write(f"jobs run as {me}, the head's own user (a head started as root runs each job as its submitter)\n")
     return access

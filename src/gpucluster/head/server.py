@@ -81,7 +81,7 @@ def default_data_dir() -> Path:
 
 
 def lock_data_dir(data: DataDir) -> IO[str]:
-    data.root.mkdir(parents=True, exist_ok=True)
+    data.secure()
     f = open(data.lock, "a+")  # noqa: SIM115 - held open for the head's lifetime
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -129,6 +129,9 @@ def _check_port(host: str, port: int) -> None:
 
 def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # Everything the head makes is its own unless made otherwise on purpose: the database, its
+    # journals, the run records (head/paths.py says who may read what).
+    os.umask(0o077)
     try:
         check_listen(opts.host, opts.security)
     except SecurityError as e:

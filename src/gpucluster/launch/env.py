@@ -11,8 +11,16 @@ from collections.abc import Mapping
 
 from gpucluster.core.types import NodeSlice
 
-# Variables of the head's own environment a job must not inherit.
-_NOT_INHERITED = ("GPUCLUSTER_TOKEN",)
+# The only variables of the head's own environment a job inherits: where programs are and how
+# text is shown. Everything else (a database URL with its password, cloud credentials, tokens)
+# stays the head's; a job that needs a variable names it with `--env`.
+INHERITED = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM")
+INHERITED_PREFIXES = ("LC_",)
+
+
+def inherited(head_env: Mapping[str, str]) -> dict[str, str]:
+    """The part of the head's environment every job gets (the allow-list above)."""
+    return {k: v for k, v in head_env.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
 
 
 def job_env(
@@ -29,7 +37,7 @@ def job_env(
     grace_period_s: float = 30.0,
     checkpoint_dir: str | None = None,
 ) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in _NOT_INHERITED}
+    env = dict(base)
     env.update(user_env)
     visible = ",".join(str(i) for i in slice_.gpu_indices)
     env.update(

@@ -213,8 +213,7 @@ class TelemetryMonitor:
         for g in r.gpus:
             jobs = tuple(sorted({j for j, _ in holders.get(g.index, ())}))
             procs = tuple(
-                p if p.job_id is not None or p.pid is None else replace(p, job_id=owner.get(p.pid))
-                for p in g.processes
+                p if p.job_id is not None or p.pid is None else replace(p, job_id=owner.get(p.pid)) for p in g.processes
             )
             g = replace(g, processes=procs)
             self.gpus[(r.node, g.index)] = GpuNow(r.node, g, r.at, jobs)

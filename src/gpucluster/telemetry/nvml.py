@@ -133,11 +133,7 @@ class NvmlSource:
             sm_clock_mhz=_float(opt(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))),
             memory_clock_mhz=_float(opt(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM))),
             ecc_uncorrectable=_int(
-                opt(
-                    lambda: n.nvmlDeviceGetTotalEccErrors(
-                        h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC
-                    )
-                )
+                opt(lambda: n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))
             ),
             xids=xids,
             processes=tuple(
