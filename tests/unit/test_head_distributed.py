@@ -78,7 +78,7 @@ def test_per_gpu_starts_one_process_per_gpu_with_torchruns_variables(cluster: Cl
         assert p.run_dir == cluster.data_dir.run_dir(job, 1) / f"rank-{rank}"
         assert p.log_path == cluster.data_dir.log(job, 1, rank)
     assert launched.marker == f"GPUCLUSTER_ATTEMPT_DIR={cluster.data_dir.run_dir(job, 1)}"
-    assert cluster.data_dir.checkpoints(job).is_dir()
+    assert launched.job_dir == cluster.data_dir.job_dir(job)  # the job's processes make checkpoints/ in it
     assert cluster.record(job).launch == {"job_id": job, "attempt": 1, "ranks": [{"rank": r} for r in range(4)]}
 
 
