@@ -372,6 +372,13 @@ def test_detect_pure_v2_from_a_session_scope_puts_jobs_under_the_root_for_memory
     assert (s.bases, s.memory) == ({V2: str(tmp_path / "cg")}, V2)
 
 
+def test_detect_pure_v2_in_a_container_with_processes_at_its_root_loses_memory(tmp_path: Path) -> None:
+    files = {**V2_ROOT, "cgroup.type": "domain\n", "cgroup.procs": "1\n7\n", "cgroup.subtree_control": ""}
+    s = _detect(tmp_path, files, "0::/\n")
+    assert (s.layout, s.kill, s.cpu, s.memory) == ("v2", "cgroup.kill", V2, "")
+    assert "; lost: memory accounting, GPU device fence" in s.describe()
+
+
 def test_detect_hybrid_old_kernel_uses_v1_freezer_cpuacct_memory_devices(tmp_path: Path) -> None:
     files = {
         "unified/cgroup.controllers": "",

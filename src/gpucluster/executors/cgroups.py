@@ -129,12 +129,18 @@ def _v2_memory(mount: str, base: str) -> bool:
     """Whether job cgroups below `base` can have the v2 memory controller.
 
     A cgroup holding processes cannot enable controllers for its children (the "no internal
-    processes" rule), except the root: so only below the root, or where it is already enabled.
+    processes" rule), except the real root (the one without cgroup.type; a container's namespace
+    root has one): so below the root or an empty mount, or where memory is already enabled.
     """
     try:
         if "memory" in _read(os.path.join(base, "cgroup.subtree_control")).split():
             return True
-        return base == mount and "memory" in _read(os.path.join(mount, "cgroup.controllers")).split()
+        if base != mount or "memory" not in _read(os.path.join(mount, "cgroup.controllers")).split():
+            return False
+        return (
+            not os.path.exists(os.path.join(mount, "cgroup.type"))
+            or not _read(os.path.join(mount, "cgroup.procs")).split()
+        )
     except OSError:
         return False
 
