@@ -28,6 +28,7 @@ from gpucluster.core.states import JobState
 from gpucluster.core.types import Node
 from gpucluster.dashboard.link import announce as announce_dashboard
 from gpucluster.discovery.gpus import NoGpus, discover_nvml, virtual_gpus
+from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.executors.local import LocalExecutor
 from gpucluster.head.loop import Head
 from gpucluster.head.paths import DataDir
@@ -159,6 +160,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         is_virtual = ray_mode.all_virtual
     else:
         node, is_virtual = local_node(opts, say)
+        say.write(f"{detect_cgroups().describe()}\n")  # what jobs get (or lose) from this node's cgroups
         store.put_node(node, is_virtual, time.time())
     url = client_url(opts.host, opts.port, opts.security)
     access = setup_access(store, time.time, opts.security, url, say)
