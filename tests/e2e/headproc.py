@@ -9,17 +9,32 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 from gpucluster import userconfig
 from gpucluster.client import Client
+
+
+@contextlib.contextmanager
+def passable_dir(prefix: str) -> Iterator[Path]:
+    """A fresh directory other accounts may pass through (as /var/lib is), removed afterwards: a
+    root head's data dir for jobs run as other Unix accounts (pytest's tmp dirs are root's, 0700)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(path, 0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -20,19 +20,20 @@ from gpucluster import userconfig
 from gpucluster.client import Client
 from gpucluster.models import Job
 
-from .headproc import HeadProcess, free_port, wait_for
+from .headproc import HeadProcess, free_port, passable_dir, wait_for
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProcess]:
-    h = HeadProcess(tmp_path_factory.mktemp("auth") / "data", gpus=4)
-    try:
-        yield h.start()
-    finally:
-        h.stop()
-        h.kill_jobs()
+def head() -> Iterator[HeadProcess]:
+    with passable_dir("gc-auth-") as root:  # jobs run as `nobody` reach their own directory
+        h = HeadProcess(root / "data", gpus=4)
+        try:
+            yield h.start()
+        finally:
+            h.stop()
+            h.kill_jobs()
 
 
 def cli(head: HeadProcess, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:

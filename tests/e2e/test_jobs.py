@@ -192,7 +192,7 @@ def test_missing_program_and_workdir_fail_with_a_reason(head: HeadProcess) -> No
         assert j.state.value == "failed" and j.exit_code == 127
         assert "cannot start '/no/such/program'" in c.logs(nope)
         j2 = finished(head, bad_wd)
-        assert j2.state.value == "failed" and "workdir /no/such/dir does not exist" in j2.reason
+        assert j2.state.value == "failed" and "cannot enter the workdir /no/such/dir" in j2.reason
 
 
 def test_bad_input_gets_4xx_naming_the_field(head: HeadProcess) -> None:

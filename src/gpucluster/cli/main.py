@@ -90,7 +90,11 @@ def up(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on", min=1, max=65535)] = 8642,
     data_dir: Annotated[
-        Path | None, typer.Option("--data-dir", help="where state and logs live [default: ~/.local/share/gpucluster]")
+        Path | None,
+        typer.Option(
+            "--data-dir",
+            help="where state and logs live [default: ~/.local/share/gpucluster; as root /var/lib/gpucluster]",
+        ),
     ] = None,
     database: Annotated[
         str | None,

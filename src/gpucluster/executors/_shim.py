@@ -48,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 SPEC = "spec.json"
 EXIT = "exit.json"
@@ -76,37 +77,16 @@ def _start_ticks(pid: int) -> int:
 # ---- cgroup: the job's process tree, found and killed by the kernel's own bookkeeping ----------
 
 
-def cgroup_members(dirs: list[str]) -> set[int]:
-    found: set[int] = set()
-    for d in dirs:
-        with contextlib.suppress(OSError, ValueError), open(os.path.join(d, "cgroup.procs")) as f:
-            found.update(int(line) for line in f if line.strip())
-    return found
+def _load_cgroups() -> Any:
+    """executors/cgroups.py, by path: this script runs outside the package (python -I -S)."""
+    import importlib.util
 
-
-def cgroup_join(dirs: list[str], pid: int) -> None:
-    for d in dirs:
-        with open(os.path.join(d, "cgroup.procs"), "w") as f:
-            f.write(str(pid))
-
-
-def cgroup_signal(dirs: list[str], signum: int) -> None:
-    for pid in cgroup_members(dirs):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signum)
-
-
-def cgroup_kill(dirs: list[str], wait_s: float = 10.0) -> None:
-    """SIGKILL every process of the cgroup (cgroup.kill where the kernel has it), until empty."""
-    for d in dirs:
-        kill = os.path.join(d, "cgroup.kill")
-        if os.path.exists(kill):
-            with contextlib.suppress(OSError), open(kill, "w") as f:
-                f.write("1")
-    deadline = time.monotonic() + wait_s
-    while cgroup_members(dirs) and time.monotonic() < deadline:
-        cgroup_signal(dirs, signal.SIGKILL)  # also catches a fork that raced the kill
-        time.sleep(0.01)
+    spec = importlib.util.spec_from_file_location(
+        "_gpucluster_cgroups", os.path.join(os.path.dirname(__file__), "cgroups.py")
+    )
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 # ---- the job side: runs as the job's user -----------------------------------------------------
@@ -211,7 +191,8 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
             os.write(report, json.dumps(record).encode())
 
     try:
-        cgroup_join(spec.get("cgroup") or [], os.getpid())
+        if spec.get("cgroup"):
+            _load_cgroups().join(spec["cgroup"])  # as root, before the drop: a user cannot leave it
         account_env = _drop_privileges(spec["user"]) if spec.get("user") else _account_env(pwd.getpwuid(os.getuid()))
     except (OSError, KeyError) as e:
         tell({"error": f"cannot become the job's user {spec.get('user')!r}: {e}"})
@@ -272,7 +253,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
 class _Keeper:
     def __init__(self, run_dir: str, spec: dict) -> None:  # type: ignore[type-arg]
         self.run_dir, self.spec = run_dir, spec
-        self.cgroup: list[str] = list(spec.get("cgroup") or [])
+        self.cgroup = _load_cgroups().JobCgroup.from_json(spec["cgroup"]) if spec.get("cgroup") else None
         self.child = 0
         self.parent = os.getppid()
         self.pending: list[int] = []  # stops that came before the job side existed
@@ -286,8 +267,8 @@ class _Keeper:
 
     def send(self, signum: int) -> None:
         """To every process of the job: its cgroup's members, and its process group."""
-        if self.cgroup:
-            cgroup_signal(self.cgroup, signum)
+        if self.cgroup is not None:
+            self.cgroup.signal(signum)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.child, signum)  # our unreaped child leads it: the id is still the job's
 
@@ -319,7 +300,7 @@ class _Keeper:
         _write_atomic(
             os.path.join(self.run_dir, "shim.json"),
             {"pid": pid, "pgid": os.getpgid(0), "start_ticks": _start_ticks(pid), "job_pgid": child}
-            | ({"cgroup": self.cgroup} if self.cgroup else {}),
+            | ({"cgroup": self.cgroup.to_json()} if self.cgroup is not None else {}),
         )
         for signum in self.pending:
             self.send(signal.SIGKILL if signum == KILL_REQUEST else signum)
@@ -343,8 +324,8 @@ class _Keeper:
                 break
             except InterruptedError:
                 continue
-        if self.cgroup:
-            cgroup_kill(self.cgroup)
+        if self.cgroup is not None:
+            self.cgroup.kill()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child, signal.SIGKILL)
         _, status = os.waitpid(child, 0)

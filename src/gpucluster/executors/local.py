@@ -22,9 +22,10 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from gpucluster.executors._shim import EXIT, KILL_REQUEST, SPEC, cgroup_kill, cgroup_signal
+from gpucluster.executors import cgroups
+from gpucluster.executors._shim import EXIT, KILL_REQUEST, SPEC
 from gpucluster.executors.base import (
     Exited,
     Handle,
@@ -43,16 +44,6 @@ MANIFEST = "launch.json"
 # The shim starts with this environment and no other: none of the job's (nor the head's) variables
 # reach a process that may run as root. The job's environment is in its spec, applied after the drop.
 SHIM_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
-
-
-class CgroupFactory(Protocol):
-    """Makes and removes job cgroups (executors/cgroups.py); the shim joins and kills them."""
-
-    def create(self, leaf: str) -> list[str]:
-        """A new cgroup named `leaf`: its directory in every hierarchy used (empty: none)."""
-
-    def remove(self, dirs: list[str]) -> None:
-        """Remove an emptied cgroup's directories; one already gone is not an error."""
 
 
 def rank_dir(run_dir: Path, rank: int) -> Path:
@@ -147,7 +138,7 @@ def write_shim_spec(
     user: str | None = None,
     max_log_bytes: int = 0,
     make_dirs: list[str] | None = None,
-    cgroup: list[str] | None = None,
+    cgroup: dict[str, str] | None = None,
     die_with_parent: bool = False,
 ) -> None:
     """What the shim in `run_dir` runs (_shim.py): a file only the head can read, so the command
@@ -160,7 +151,7 @@ def write_shim_spec(
         "log": str(log),
         "max_log_bytes": max_log_bytes,
         "make_dirs": make_dirs or [],
-        "cgroup": cgroup or [],
+        "cgroup": cgroup or {},
         "die_with_parent": die_with_parent,
     }
     _write_json(run_dir / SPEC, spec)
@@ -173,7 +164,11 @@ def shim_argv(run_dir: Path) -> list[str]:
 
 class LocalExecutor:
     def __init__(
-        self, die_with_parent: bool = False, max_log_bytes: int = 0, cgroups: CgroupFactory | None = None
+        self,
+        die_with_parent: bool = False,
+        max_log_bytes: int = 0,
+        cgroup_support: cgroups.CgroupSupport | None = None,
+        instance: str = "head",
     ) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         # > 0: each process's shim writes its log, rotated past this size (_shim.py, logfile.py).
@@ -181,8 +176,10 @@ class LocalExecutor:
         self._lock = threading.Lock()
         # Jobs die with this process (the Ray node agent), instead of outliving it (the head).
         self.die_with_parent = die_with_parent
-        # Each process of a job in a cgroup of its own, where the node allows (executors/cgroups.py).
-        self.cgroups = cgroups
+        # Each process of a job in a cgroup of its own, where the node allows (executors/cgroups.py),
+        # under gpucluster/<instance>: one name per data dir, so two heads never share job cgroups.
+        self.cgroup_support = cgroup_support if cgroup_support is not None and cgroup_support.usable else None
+        self.instance = instance
 
     def launch(self, spec: LaunchSpec) -> Handle:
         if spec.job_dir is not None:
@@ -195,7 +192,7 @@ class LocalExecutor:
 
     def _launch_one(self, p: ProcessSpec, workdir: str, user: str | None, leaf: str) -> Handle:
         p.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        cgroup = self.cgroups.create(leaf) if self.cgroups is not None else []
+        cgroup = self._new_cgroup(leaf)
         checkpoints = p.env.get("GPUCLUSTER_CHECKPOINT_DIR")
         write_shim_spec(
             p.run_dir,
@@ -206,7 +203,7 @@ class LocalExecutor:
             log=p.log_path,
             max_log_bytes=self.max_log_bytes,
             make_dirs=[checkpoints] if checkpoints else [],
-            cgroup=cgroup,
+            cgroup=cgroup.to_json() if cgroup is not None else None,
             die_with_parent=self.die_with_parent,
         )
         # The shim's own messages (never the job's output) go to the run dir, the head's alone.
@@ -225,9 +222,26 @@ class LocalExecutor:
             self._children[proc.pid] = proc
         ticks = start_ticks(proc.pid)
         handle: Handle = {"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks, "run_dir": str(p.run_dir)}
-        if cgroup:
-            handle["cgroup"] = cgroup
+        if cgroup is not None:
+            handle["cgroup"] = cgroup.to_json()
         return handle
+
+    def _new_cgroup(self, leaf: str) -> cgroups.JobCgroup | None:
+        if self.cgroup_support is None:
+            return None
+        try:
+            return cgroups.create(self.cgroup_support, self.instance, leaf)
+        except FileExistsError:
+            # Left by a head that died while launching this very attempt: nothing of it may run on.
+            stale = cgroups.JobCgroup.from_json(self._paths(leaf))
+            stale.kill()
+            with contextlib.suppress(OSError):
+                stale.remove()
+            return cgroups.create(self.cgroup_support, self.instance, leaf)
+
+    def _paths(self, leaf: str) -> dict[str, str]:
+        assert self.cgroup_support is not None
+        return {k: os.path.join(v, leaf) for k, v in self.cgroup_support.parent_paths(self.instance).items()}
 
     def _launch_ranks(self, spec: LaunchSpec) -> Handle:
         spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -315,7 +329,7 @@ class LocalExecutor:
         """Through the shim's keeper, which alone can name the job's process group safely; and
         straight to the job's cgroup, which reaches every process of the job and nothing else."""
         if handle.get("cgroup"):
-            cgroup_signal(handle["cgroup"], signum)
+            cgroups.JobCgroup.from_json(handle["cgroup"]).signal(signum)
         if not self._alive(handle):
             return
         with contextlib.suppress(ProcessLookupError):
@@ -327,9 +341,10 @@ class LocalExecutor:
         the id was still the job's."""
         for r in handle.get("ranks", [handle]):
             if r.get("cgroup"):
-                cgroup_kill(r["cgroup"])
-                if self.cgroups is not None:
-                    self.cgroups.remove(r["cgroup"])
+                cgroup = cgroups.JobCgroup.from_json(r["cgroup"])
+                cgroup.kill()
+                with contextlib.suppress(OSError):
+                    cgroup.remove()
         self._kill_marked(handle)
 
     def _kill_marked(self, handle: Handle) -> None:

@@ -711,6 +711,8 @@ def _how(s: Status) -> str:
     if isinstance(s, Lost):
         return f"lost: {s.reason}"
     if isinstance(s, Exited):
+        if s.error:
+            return s.error  # "cannot enter the workdir ...", "cannot start ..."
         return f"killed by {signal.Signals(s.signal).name}" if s.signal else f"exit code {s.exit_code}"
     return "running"
 

@@ -40,6 +40,14 @@ class DataDir:
             if state.exists():
                 os.chmod(state, 0o600)
 
+    def unreachable_by_jobs(self) -> Path | None:
+        """A directory above the data dir that other accounts cannot pass through, if any: there a
+        job run as its submitter could not reach its own directory (its log, its checkpoints)."""
+        for d in (self.root, *self.root.parents):
+            if not os.stat(d).st_mode & 0o001:
+                return d
+        return None
+
     def job_dir(self, job_id: int) -> Path:
         """The job's own directory: its logs and checkpoints, owned by the account it runs as."""
         return self.root / "jobs" / str(job_id)

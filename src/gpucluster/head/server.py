@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ from gpucluster.core.states import JobState
 from gpucluster.core.types import Node
 from gpucluster.dashboard.link import announce as announce_dashboard
 from gpucluster.discovery.gpus import NoGpus, discover_nvml, virtual_gpus
+from gpucluster.executors.base import Executor
 from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.executors.local import LocalExecutor
 from gpucluster.head.loop import Head
@@ -77,6 +79,10 @@ class UpOptions:
 
 
 def default_data_dir() -> Path:
+    if os.geteuid() == 0:
+        # A root head runs jobs as their submitters, who must pass through to their job's own
+        # directory: not under root's private home.
+        return Path("/var/lib/gpucluster")
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "gpucluster"
 
@@ -150,6 +156,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     except StoreError as e:
         raise StartupError(str(e)) from None
     ray_mode = None
+    executor: Executor
     if opts.ray_address is not None:
         from gpucluster.head.ray_up import RayStartupError, start_ray
 
@@ -158,16 +165,26 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         except RayStartupError as e:
             raise StartupError(str(e)) from None
         is_virtual = ray_mode.all_virtual
+        executor = ray_mode.executor
     else:
         node, is_virtual = local_node(opts, say)
-        say.write(f"{detect_cgroups().describe()}\n")  # what jobs get (or lose) from this node's cgroups
+        cgroup_support = detect_cgroups()
+        say.write(f"{cgroup_support.describe()}\n")  # what jobs get (or lose) from this node's cgroups
+        # Job cgroups live under gpucluster/<instance>, one instance per data dir.
+        instance = "head-" + hashlib.sha256(str(data.root).encode()).hexdigest()[:12]
+        executor = LocalExecutor(max_log_bytes=opts.max_log_bytes, cgroup_support=cgroup_support, instance=instance)
         store.put_node(node, is_virtual, time.time())
+    if os.geteuid() == 0 and (closed := data.unreachable_by_jobs()) is not None:
+        say.write(
+            f"warning: {closed} is closed to other accounts (no o+x): jobs run as their submitters cannot "
+            f"reach their logs and checkpoints under {data.root / 'jobs'}; use a --data-dir such as /var/lib/gpucluster\n"
+        )
     url = client_url(opts.host, opts.port, opts.security)
     access = setup_access(store, time.time, opts.security, url, say)
     policy.on_change = lambda what: access.record("policy-file", "policy", str(opts.policy_path), what)
     head = Head(
         store=store,
-        executor=ray_mode.executor if ray_mode is not None else LocalExecutor(max_log_bytes=opts.max_log_bytes),
+        executor=executor,
         data_dir=data,
         clock=time.time,
         grace_period_s=opts.grace_period_s,
