@@ -177,7 +177,8 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     if os.geteuid() == 0 and (closed := data.unreachable_by_jobs()) is not None:
         say.write(
             f"warning: {closed} is closed to other accounts (no o+x): jobs run as their submitters cannot "
-            f"reach their logs and checkpoints under {data.root / 'jobs'}; use a --data-dir such as /var/lib/gpucluster\n"
+            f"reach their logs and checkpoints under {data.root / 'jobs'}; "
+            "use a --data-dir such as /var/lib/gpucluster\n"
         )
     url = client_url(opts.host, opts.port, opts.security)
     access = setup_access(store, time.time, opts.security, url, say)
