@@ -247,7 +247,8 @@ def test_a_log_swapped_for_a_link_serves_nothing_of_its_target(tenants: Tenants)
     """The head reads logs (as root) from a directory the user owns: a link to /etc/shadow, or to
     another team's log, must read as nothing."""
     a = tenants.alice
-    script = 'log="$GPUCLUSTER_CHECKPOINT_DIR/../attempt-1/output.log"; echo before; rm "$log"; ln -s /etc/shadow "$log"; sleep 120'
+    log = '"$GPUCLUSTER_CHECKPOINT_DIR/../attempt-1/output.log"'
+    script = f"echo before; rm {log}; ln -s /etc/shadow {log}; sleep 120"
     job = sh(a, script, tenants.workdir("gciso_alice"))
     link = tenants.data / "jobs" / str(job) / "attempt-1" / "output.log"
     wait_for(link.is_symlink, timeout=JOB_TIMEOUT_S, what="the job to swap its log for a link")

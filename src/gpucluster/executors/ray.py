@@ -68,6 +68,11 @@ MANIFEST = "ray-launch.json"
 LAUNCH_TIMEOUT_S = 60.0
 
 
+def node_run_dir(root: Path, job_id: int, attempt: int) -> Path:
+    """Where a node's agent keeps its records of an attempt (the logs are in jobs/<id>/ beside)."""
+    return root / "run" / str(job_id) / f"attempt-{attempt}"
+
+
 class RayExecutor:
     def __init__(self, inventory: RayInventory, sync_every_s: float = SYNC_EVERY_S, max_log_bytes: int = 0) -> None:
         self.inventory = inventory
@@ -104,20 +109,25 @@ class RayExecutor:
             agent = self.inventory.agent(node)
             if agent is None:
                 raise LaunchError(f"node {node} is not up in the Ray cluster")
-            local_run = Path(agent.root) / "jobs" / str(spec.job_id) / f"attempt-{spec.attempt}"
+            # On the node as on the head: the agent's records in run/ (root's alone), the job's
+            # logs in jobs/<id>/, a directory of the job's account (head/paths.py).
+            local_run = node_run_dir(Path(agent.root), spec.job_id, spec.attempt)
+            local_job = Path(agent.root) / "jobs" / str(spec.job_id)
+            local_logs = local_job / f"attempt-{spec.attempt}"
             if multi:
                 local_procs = tuple(
-                    ProcessSpec(p.argv, p.env, local_run / f"rank-{i}", local_run / f"rank-{i}" / "output.log")
+                    ProcessSpec(p.argv, p.env, local_run / f"rank-{i}", local_logs / f"rank-{i}" / "output.log")
                     for i, (_, p) in enumerate(members)
                 )
                 local = LaunchSpec(
                     spec.job_id, spec.attempt, spec.argv, members[0][1].env, spec.workdir, local_run,
-                    local_run / "output.log", processes=local_procs, marker=spec.marker, user=spec.user,
+                    local_logs / "output.log", processes=local_procs, marker=spec.marker, user=spec.user,
+                    job_dir=local_job,
                 )  # fmt: skip
             else:
                 local = LaunchSpec(
                     spec.job_id, spec.attempt, spec.argv, spec.env, spec.workdir, local_run,
-                    local_run / "output.log", user=spec.user,
+                    local_logs / "output.log", user=spec.user, job_dir=local_job,
                 )  # fmt: skip
             entries.append(
                 {

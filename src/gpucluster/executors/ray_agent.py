@@ -26,6 +26,7 @@ cover the node.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -37,8 +38,10 @@ from pathlib import Path
 
 from gpucluster.core.types import Gpu, Node
 from gpucluster.executors.base import Handle, LaunchSpec, Status
+from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.executors.local import LocalExecutor
 from gpucluster.executors.logfile import read_log
+from gpucluster.head.paths import DataDir
 from gpucluster.launch.ranks import pick_free_port
 from gpucluster.telemetry.attribution import PidResolver
 from gpucluster.telemetry.nvml import NvmlSource
@@ -76,8 +79,10 @@ class NodeAgent:
 
     def __init__(self, cluster: str, node_id: str) -> None:
         self.root = node_root(cluster, node_id)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.local = LocalExecutor(die_with_parent=True)
+        # As the head's data dir (head/paths.py): passable to jobs, run/ the agent's alone.
+        DataDir(self.root).secure()
+        instance = "ray-" + hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        self.local = LocalExecutor(die_with_parent=True, cgroup_support=detect_cgroups(), instance=instance)
         self._launching = threading.Lock()  # the log cap is set per launch (the actor runs calls in threads)
         self._nvml: NvmlSource | None = None  # opened at the first sample of a real node
         self._resolver = PidResolver()
@@ -144,8 +149,10 @@ class NodeAgent:
         """Kill what is left of a finished attempt and delete its files here (the head has its logs)."""
         self.local.cleanup(handle)
         path = Path(run_dir)
-        if path.is_relative_to(self.root):
-            shutil.rmtree(path, ignore_errors=True)
+        if path.is_relative_to(self.root / "run"):
+            logs = self.root / "jobs" / path.relative_to(self.root / "run")  # jobs/<id>/attempt-N
+            for done in (path, logs):
+                shutil.rmtree(done, ignore_errors=True)  # fd-based: a link in the job's tree is not followed
 
 
 def _read(path: str, offset: int) -> tuple[int, bytes]:
