@@ -112,3 +112,23 @@ def test_policy_file_idle_and_health_sections(tmp_path: Path) -> None:
     f.write_text("health: {max_temperature: -5}\n")
     with pytest.raises(PolicyFileError, match="max_temperature is in degrees Celsius"):
         load_policy(f)
+
+
+def test_a_process_in_a_jobs_cgroup_belongs_to_that_job_whatever_its_environment_claims(tmp_path: Path) -> None:
+    """A process's cgroup cannot be left nor forged; its environment can: a process of job 8
+    that sets GPUCLUSTER_JOB_ID=7 (to have job 7 stopped for using too much GPU memory) is job 8's."""
+    proc = tmp_path / "proc"
+
+    def fake(pid: int, cgroup: str, environ: str) -> None:
+        d = proc / str(pid)
+        d.mkdir(parents=True)
+        (d / "stat").write_text(f"{pid} (x) S 1 {pid} {pid} 0")  # orphaned, its own group: no tree
+        (d / "cgroup").write_text(cgroup)
+        (d / "environ").write_bytes(environ.encode())
+
+    fake(100, "4:memory:/gpucluster/head-ab/job-8-attempt-1-rank-0\n0::/gpucluster/head-ab/job-8-attempt-1\n",
+         "GPUCLUSTER_JOB_ID=7\0")  # fmt: skip
+    fake(101, "0::/user.slice\n", "GPUCLUSTER_JOB_ID=7\0")  # no job cgroup (a node without them)
+    fake(102, "0::/gpucluster/head-ab/job-9-attempt-2\n", "")  # a job the head does not run now
+    groups = {5000: 7, 5001: 8}
+    assert PidResolver(str(proc)).resolve([100, 101, 102], groups) == {100: 8, 101: 7}

@@ -1,10 +1,13 @@
 """Which job a GPU process belongs to: NVML gives pids, the executor's handles give process groups.
 
-Every job process runs under a shim that leads its own session and process group (the handle's
-`pgid`, one per rank for a distributed job). A pid belongs to a job when it, or one of its
-ancestors, is in one of the job's groups or sessions: that also covers workers a launcher
-(torchrun) started in sessions of their own. A process orphaned out of its tree is still found
-by the `GPUCLUSTER_JOB_ID` in its environment (readable for processes of the head's user).
+First by cgroup: where the node has them, every process of a job is in the job's cgroup
+(`.../gpucluster/<head>/job-<id>-attempt-<n>[-rank-<r>]`, executors/cgroups.py), which no process
+can leave, so that answer cannot be forged. Else by tree: every job process runs under a shim that
+leads its own session and process group (the handle's `pgid`, one per rank for a distributed
+job), and a pid belongs to a job when it, or one of its ancestors, is in one of the job's groups or
+sessions: that also covers workers a launcher (torchrun) started in sessions of their own. Last, a
+process in no job's cgroup and orphaned out of its tree is found by the `GPUCLUSTER_JOB_ID` in its
+environment, which its user could set: only on nodes without cgroups does that fallback matter.
 
 Known limit: NVML reports pids as the host sees them; a head in a different pid namespace than
 its jobs (a container) cannot attribute them.
@@ -12,10 +15,12 @@ its jobs (a container) cannot attribute them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 MAX_DEPTH = 32
+_JOB_CGROUP = re.compile(r"/gpucluster/[^/]+/job-(\d+)-attempt-\d+(?:-rank-\d+)?(?:/|$)")
 
 
 def job_groups(running: Iterable[tuple[int, Mapping[str, Any] | None]]) -> dict[int, int]:
@@ -58,7 +63,23 @@ class PidResolver:
                     return None
         return None
 
+    def _cgroup_job(self, pid: int) -> int | None:
+        """The job whose cgroup holds `pid` (any hierarchy), if any."""
+        try:
+            with open(f"{self.proc_root}/{pid}/cgroup") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            found = _JOB_CGROUP.search(line.split(":", 2)[-1])
+            if found:
+                return int(found.group(1))
+        return None
+
     def job_of(self, pid: int, groups: Mapping[int, int]) -> int | None:
+        in_cgroup = self._cgroup_job(pid)
+        if in_cgroup is not None:
+            return in_cgroup if in_cgroup in groups.values() else None
         p = pid
         for _ in range(MAX_DEPTH):
             st = self._stat(p)
