@@ -14,7 +14,9 @@ import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from gpucluster.client import ApiError, Client
+from gpucluster.executors.base import LaunchSpec, Running
 from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.executors.local import LocalExecutor
 from gpucluster.models import Job
@@ -300,3 +303,40 @@ def test_cleanup_signals_no_process_by_a_remembered_number(tmp_path: Path) -> No
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_job_opens_only_its_own_gpus(tmp_path: Path) -> None:
+    """Measured before: CUDA_VISIBLE_DEVICES was the only fence. Through the executor, a job given
+    GPU 1 of 0-2 opens /dev/nvidia1 and nvidiactl, and is refused the others by its device cgroup.
+    The device nodes are real (char 195:N, made here); with no driver behind them an open that the
+    fence lets through fails ENXIO, one it denies EPERM."""
+    support = detect_cgroups()
+    if not support.devices:
+        pytest.skip(f"no v1 devices controller: {support.describe()}")
+    nodes = {}
+    for minor in (0, 1, 2, 255):
+        path = tmp_path / f"nvidia{minor}"
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+        except PermissionError:
+            pytest.skip("cannot make device nodes here")
+        nodes[minor] = str(path)
+    probe = (
+        "import errno, os\n"
+        f"for minor, path in sorted({nodes!r}.items()):\n"
+        "    try:\n        os.close(os.open(path, os.O_RDWR)); print(minor, 'opened')\n"
+        "    except OSError as e:\n        print(minor, errno.errorcode[e.errno])\n"
+    )
+    executor = LocalExecutor(cgroup_support=support, instance="test-fence", gpu_minors={0: 0, 1: 1, 2: 2})
+    spec = LaunchSpec(
+        job_id=1, attempt=1, argv=[sys.executable, "-c", probe], env={"CUDA_VISIBLE_DEVICES": "1"},
+        workdir=str(tmp_path), run_dir=tmp_path / "run", log_path=tmp_path / "job" / "output.log",
+    )  # fmt: skip
+    handle = executor.launch(spec)
+    try:
+        wait_for(lambda: not isinstance(executor.poll(handle), Running), timeout=JOB_TIMEOUT_S, what="the probe")
+    finally:
+        executor.signal(handle, signal.SIGKILL)
+        executor.cleanup(handle)
+    lines = (tmp_path / "job" / "output.log").read_text().split("\n")
+    assert lines[:4] == ["0 EPERM", "1 ENXIO", "2 EPERM", "255 ENXIO"], lines

@@ -44,6 +44,26 @@ def discover_nvml() -> list[Gpu]:
     return gpus
 
 
+def nvml_minor_numbers() -> dict[int, int]:
+    """NVML index -> the minor number of its /dev/nvidia<N> (what the device cgroup names); empty
+    where NVML cannot tell. The two usually agree, but nothing guarantees it."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver (any NVML error): no devices to fence
+        return {}
+    try:
+        return {
+            i: int(pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        }
+    except (pynvml.NVMLError, AttributeError):
+        return {}
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def _with_nvml_domains(pynvml: Any, gpus: list[Gpu]) -> list[Gpu]:
     """Group GPUs that share a PCIe switch or better (NVLink/NVSwitch islands included).
 

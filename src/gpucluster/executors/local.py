@@ -169,6 +169,7 @@ class LocalExecutor:
         max_log_bytes: int = 0,
         cgroup_support: cgroups.CgroupSupport | None = None,
         instance: str = "head",
+        gpu_minors: dict[int, int] | None = None,
     ) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         # > 0: each process's shim writes its log, rotated past this size (_shim.py, logfile.py).
@@ -180,6 +181,9 @@ class LocalExecutor:
         # under gpucluster/<instance>: one name per data dir, so two heads never share job cgroups.
         self.cgroup_support = cgroup_support if cgroup_support is not None and cgroup_support.usable else None
         self.instance = instance
+        # Real GPUs: NVML index -> /dev/nvidia<minor>. A job's cgroup may open only its own GPUs
+        # (where the node has the v1 devices controller); CUDA_VISIBLE_DEVICES alone fences nothing.
+        self.gpu_minors = gpu_minors
 
     def launch(self, spec: LaunchSpec) -> Handle:
         if spec.job_dir is not None:
@@ -193,6 +197,9 @@ class LocalExecutor:
     def _launch_one(self, p: ProcessSpec, workdir: str, user: str | None, leaf: str) -> Handle:
         p.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         cgroup = self._new_cgroup(leaf)
+        if cgroup is not None and self.gpu_minors:
+            visible = [int(i) for i in p.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip().isdigit()]
+            cgroup.fence_devices(self.gpu_minors[i] for i in visible if i in self.gpu_minors)  # before any join
         checkpoints = p.env.get("GPUCLUSTER_CHECKPOINT_DIR")
         write_shim_spec(
             p.run_dir,

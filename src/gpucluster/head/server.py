@@ -28,7 +28,7 @@ from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Node
 from gpucluster.dashboard.link import announce as announce_dashboard
-from gpucluster.discovery.gpus import NoGpus, discover_nvml, virtual_gpus
+from gpucluster.discovery.gpus import NoGpus, discover_nvml, nvml_minor_numbers, virtual_gpus
 from gpucluster.executors.base import Executor
 from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.executors.local import LocalExecutor
@@ -172,7 +172,12 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         say.write(f"{cgroup_support.describe()}\n")  # what jobs get (or lose) from this node's cgroups
         # Job cgroups live under gpucluster/<instance>, one instance per data dir.
         instance = "head-" + hashlib.sha256(str(data.root).encode()).hexdigest()[:12]
-        executor = LocalExecutor(max_log_bytes=opts.max_log_bytes, cgroup_support=cgroup_support, instance=instance)
+        executor = LocalExecutor(
+            max_log_bytes=opts.max_log_bytes,
+            cgroup_support=cgroup_support,
+            instance=instance,
+            gpu_minors=None if is_virtual else nvml_minor_numbers(),
+        )
         store.put_node(node, is_virtual, time.time())
     if os.geteuid() == 0 and (closed := data.unreachable_by_jobs()) is not None:
         say.write(
