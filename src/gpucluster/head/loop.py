@@ -489,8 +489,8 @@ class Head:
             self.queue.remove(start.job_id)
             self._start(start.job_id, start.allocation, now)
         if self.preempted_for and plan.starts:  # a preemptor that starts holds nothing back any more
-            started = {s.job_id for s in plan.starts}
-            self.preempted_for = {v: p for v, p in self.preempted_for.items() if p not in started}
+            begun = {s.job_id for s in plan.starts}
+            self.preempted_for = {v: p for v, p in self.preempted_for.items() if p not in begun}
         if plan.starts:
             self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)
