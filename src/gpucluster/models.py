@@ -517,6 +517,15 @@ class TeamOut(BaseModel):
     running_gpus: float
 
 
+class GrantOut(BaseModel):
+    """Who may submit one priority class above normal (besides cluster admins, who may use all)."""
+
+    teams: list[str]  # every member of these teams
+    roles: list[str]  # callers with one of these roles in the team they submit to
+    users: list[str]
+    holders: str  # the same, in words
+
+
 class PolicyOut(BaseModel):
     source: str
     error: str | None
@@ -528,6 +537,7 @@ class PolicyOut(BaseModel):
     backfill: bool
     default_time_limit_s: float
     teams: list[TeamOut]
+    priority_grants: dict[str, GrantOut] = Field(default_factory=dict)  # high, critical
 
 
 # ---- accounting (GET /v1/usage, GET /v1/budgets) ----------------------------------------------

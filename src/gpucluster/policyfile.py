@@ -16,6 +16,12 @@
     prices: {H100-80GB: 3.60}   # money per GPU-hour per GPU model (accounting)
     budgets:
       vision: {period: 30d, money: 1000, on_exceed: finish}   # or gpu_hours: 500; period: month; stop
+    priority_grants:            # who may submit above normal (low, normal: every member)
+      high:     {roles: [team-admin], teams: [vision], users: [alice]}
+      critical: {}              # cluster admins only (they may use every class)
+
+Without priority_grants (or for a class it leaves out): high is granted to team admins (of the
+team submitted to), critical to cluster admins only.
 
 A name instead of a path selects a shipped baseline: fifo, priority, default.
 """
@@ -189,6 +195,21 @@ def _prices(v: dict[str, float]) -> dict[str, float]:
     return v
 
 
+GRANTED_CLASSES = ("high", "critical")
+
+
+class GrantIn(_Strict):
+    """Who may submit one class: members of `teams`, callers with one of `roles` in the team
+    they submit to (member: every member), and `users` by name."""
+
+    teams: list[str] = Field(default_factory=list)
+    roles: list[Literal["member", "team-admin", "cluster-admin"]] = Field(default_factory=list)
+    users: list[str] = Field(default_factory=list)
+
+    def to_grant(self) -> core.Grant:
+        return core.Grant(frozenset(self.teams), frozenset(self.roles), frozenset(self.users))
+
+
 class PolicyIn(_Strict):
     teams: dict[TeamName, TeamIn] = Field(default_factory=dict)
     orgs: dict[str, OrgIn] = Field(default_factory=dict)
@@ -202,6 +223,7 @@ class PolicyIn(_Strict):
     health: HealthIn = Field(default_factory=HealthIn)
     prices: dict[str, float] = Field(default_factory=dict, description="GPU model -> money per GPU-hour")
     budgets: dict[TeamName, BudgetIn] = Field(default_factory=dict)
+    priority_grants: dict[str, GrantIn] = Field(default_factory=dict)
 
     _check_prices = field_validator("prices")(_prices)
 
@@ -224,6 +246,25 @@ class PolicyIn(_Strict):
         for name, budget in self.budgets.items():
             if budget.money is None and budget.gpu_hours is None:
                 out.append((["budgets", name], f"budget of team {name} needs money: or gpu_hours: (or both)"))
+        for cls, grant in self.priority_grants.items():
+            if cls not in GRANTED_CLASSES:
+                out.append(
+                    (
+                        ["priority_grants", cls],
+                        f"{cls!r} cannot be granted: low and normal are open to every member; "
+                        f"grants are for {' and '.join(GRANTED_CLASSES)}",
+                    )
+                )
+                continue
+            for name in grant.teams:
+                if self.teams and name not in self.teams:
+                    out.append(
+                        (
+                            ["priority_grants", cls, "teams"],
+                            f"{cls} is granted to team {name!r}, which is not under teams: "
+                            f"({', '.join(sorted(self.teams))})",
+                        )
+                    )
         if self.unknown_teams == "reject" and not self.teams:
             out.append((["unknown_teams"], "reject needs at least one team under teams:"))
         return out
@@ -263,6 +304,10 @@ class PolicyIn(_Strict):
                 drain_on_xid=self.health.drain_on_xid,
                 fatal_xids=frozenset(self.health.fatal_xids) if self.health.fatal_xids is not None else None,
             ),
+            priority_grants={
+                **core.DEFAULT_GRANTS,
+                **{Priority.parse(c): g.to_grant() for c, g in self.priority_grants.items()},
+            },
         )
 
     def to_accounting(self) -> Accounting:

@@ -129,3 +129,31 @@ def test_fractional_jobs_share_one_gpu_and_are_told_their_share(head: HeadProces
         half = c.logs(ids[4]).split()
         assert half[1] == "0.5" and int(half[2]) == 40 * 1024**3
         assert all(j.allocation[0].share in (0.25, 0.5) for j in done)
+
+
+def test_two_teams_at_their_quotas_do_not_livelock_on_preemption(tmp_path: Path, head_factory) -> None:  # type: ignore[no-untyped-def]
+    """Issue 14, measured: teams a and b each hold their 1-GPU quota of 2 GPUs, a's GPU with a
+    critical job. a's high job may not take b's guaranteed job (a is at its own quota), so it
+    waits for a's GPU instead of preempting b's job round after round (attempt 55 in 45 s,
+    while the high job never started)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("teams:\n  a: {quota: {H100-80GB: 1}}\n  b: {quota: {H100-80GB: 1}}\n")
+    h = head_factory(tmp_path / "data", gpus=2)  # grace period 1s: a loop would turn every ~2 s
+    h.args += ["--policy", str(policy)]
+    h.start()
+    with h.client() as c:
+        hold = c.submit([PY, "-c", "import time; time.sleep(6)"], gpus=1, team="a", priority="critical").id
+        running(h, hold)
+        victim = c.submit([PY, "-c", TRAP, "120"], gpus=1, team="b", name="b-guaranteed").id
+        running(h, victim)
+        high = c.submit([PY, "-c", "print('high ran')"], gpus=1, team="a", priority="high").id
+        done = finished(h, high, timeout=60)  # a's critical job ends after 6 s; then it starts
+        assert done.state.value == "succeeded" and done.attempt == 1
+        assert c.logs(high).strip() == "high ran"
+        v = c.job(victim)
+        preempted = [e for e in v.events if e.state.value == "preempted"]
+        assert len(preempted) <= 1, [e.reason for e in preempted]
+        assert v.attempt == 1 and v.state.value == "running", (v.attempt, v.state)
+        assert done.started_at is not None and done.started_at >= (c.job(hold).ended_at or 0)
+        c.cancel(victim)
+        finished(h, victim)

@@ -32,8 +32,11 @@ class Cycles:
     first_start: dict[int, float] = field(default_factory=dict)
     finished: dict[int, float] = field(default_factory=dict)
     starts: dict[int, int] = field(default_factory=dict)  # job -> attempts
+    start_log: list[tuple[float, int]] = field(default_factory=list)  # (time, job) of every start
     preemptions: list[tuple[float, int, int]] = field(default_factory=list)  # (time, victim, for job)
     usage: dict[str, float] = field(default_factory=dict)
+    # victim -> the job it was preempted for, until that job starts (as the head keeps it)
+    preempted_for: dict[int, int] = field(default_factory=dict)
     plans: int = 0
     last_plan: Plan | None = None
 
@@ -77,7 +80,13 @@ class Cycles:
                     self.queued[job_id] = replace(self._requests[job_id], queued_at=self.now)
                 else:
                     self.finished[job_id] = self.now
-        snap = Snapshot(self.nodes, tuple(self.running.values()), tuple(self.queued.values()), dict(self.usage))
+        snap = Snapshot(
+            self.nodes,
+            tuple(self.running.values()),
+            tuple(self.queued.values()),
+            dict(self.usage),
+            preempted_for=dict(self.preempted_for),
+        )
         plan = decide(snap, self.policy, self.now)
         self.plans += 1
         self.last_plan = plan
@@ -88,6 +97,9 @@ class Cycles:
             # the head signals it on its next cycle (a second later): it exits no sooner than that
             self.ends_at[p.job_id] = min(self.ends_at[p.job_id], self.now + max(self.exit_after_term_s, 1.0))
             self.preemptions.append((self.now, p.job_id, p.for_job))
+            self.preempted_for[p.job_id] = p.for_job
+        started = {s.job_id for s in plan.starts}
+        self.preempted_for = {v: p for v, p in self.preempted_for.items() if p not in started}
         for s in plan.starts:
             j = self.queued.pop(s.job_id)
             self.running[j.job_id] = RunningJob(
@@ -96,6 +108,7 @@ class Cycles:
             run_for = min(self.runtime.get(j.job_id, self.limit(j.job_id)), self.limit(j.job_id))
             self.ends_at[j.job_id] = self.now + run_for
             self.first_start.setdefault(j.job_id, self.now)
+            self.start_log.append((self.now, j.job_id))
             self.starts[j.job_id] = self.starts.get(j.job_id, 0) + 1
         return plan
 

@@ -37,6 +37,35 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 # ---- preemption --------------------------------------------------------------------------------
 
 
+def test_a_victim_back_within_its_quota_does_not_take_back_the_gpus_it_was_preempted_for(tmp_path: Path) -> None:
+    """Issue 14. b (quota 2 of 3 GPUs) borrows the third; a's high job preempts the borrowed job.
+    One of b's other jobs ends meanwhile, so the victim, back in line, is within b's quota and
+    would go before the high job (guaranteed demand first) and retake a GPU: it is considered
+    after the job it was preempted for instead, which starts."""
+    path = tmp_path / "policy.yaml"
+    path.write_text("teams:\n  a: {}\n  b: {quota: {H100: 2}}\n")
+    c = make_cluster(tmp_path, gpus=3, policy=PolicySource(path))
+    try:
+        b_jobs = [c.submit(gpus=1, team="b") for _ in range(3)]
+        c.tick_at(T0)
+        assert all(c.state(j) is JobState.RUNNING for j in b_jobs)
+        high = c.submit(gpus=1, team="a", priority="high")
+        c.tick_at(T0 + 1)
+        (victim,) = [j for j in b_jobs if c.record(j).stop_reason == "preempt"]
+        assert c.head.preempted_for == {victim: high}
+        late = c.submit(gpus=1, team="b")  # b's demand, newer than the victim
+        c.tick_at(T0 + 2)  # SIGTERM
+        c.fake.finish(next(j for j in b_jobs if j != victim), 0)  # in the same cycle as the victim exits
+        c.proc(victim).status = Exited(128 + SIGTERM, SIGTERM)
+        c.tick_at(T0 + 3)
+        assert c.state(high) is JobState.RUNNING
+        assert c.state(late) is JobState.RUNNING
+        assert c.state(victim) is JobState.QUEUED and (victim, 2) not in c.fake.processes
+        assert c.head.preempted_for == {}  # its preemptor started: nothing held any more
+    finally:
+        c.close()
+
+
 def test_a_high_job_preempts_a_low_one_which_requeues_and_runs_again_after(cluster: Cluster) -> None:
     low = cluster.submit(gpus=8, priority="low", name="low")
     cluster.tick_at(T0)

@@ -282,6 +282,42 @@ def check_preemptions(snap: Snapshot, policy: Policy, plan: Plan) -> None:
         quota = policy.team(v.team).quota.get(model, 0.0)
         borrower = v.team != j.team and used_by(snap, plan, v.team, model) > quota + EPS
         assert lower or (policy.preemption.reclaim_quota and borrower), f"{p}: neither lower class nor a borrower"
+    check_guarantees_kept(snap, policy, plan)
+
+
+def check_guarantees_kept(snap: Snapshot, policy: Policy, plan: Plan) -> None:
+    """A team's quota protects its jobs from another team's preemptor, unless that preemptor is
+    of a higher class and its own team stays within its guarantee. Checked where no preemptor
+    of the plan could be such an exception for the team (a job of the same class or above, or
+    one whose team has no quota it could stay within)."""
+    gpus = gpu_index(snap)
+    running = {r.job_id: r for r in snap.running}
+    queued = {j.job_id: j for j in snap.queued}
+    taken: dict[tuple[str, str], float] = defaultdict(float)  # (team, model) -> GPUs preempted
+    exempt: set[tuple[str, str]] = set()  # a preemptor might have been allowed below the quota
+    for p in plan.preemptions:
+        v, j = running[p.job_id], queued[p.for_job]
+        model = gpus[(v.allocation.slices[0].node, v.allocation.slices[0].gpu_indices[0])][0]
+        if v.team == j.team:
+            continue
+        taken[(v.team, model)] += v.allocation.gpu_count
+        own_quota = policy.team(j.team).quota.get(model, 0.0)
+        if policy.priorities and v.priority < j.priority and j.gpus <= own_quota:
+            exempt.add((v.team, model))
+    for (team, model), gone in taken.items():
+        quota = policy.team(team).quota.get(model, 0.0)
+        if quota <= 0 or (team, model) in exempt:
+            continue
+        before = sum(
+            len(s.gpu_indices) * s.share
+            for r in snap.running
+            if r.team == team
+            for s in r.allocation.slices
+            if gpus[(s.node, s.gpu_indices[0])][0] == model
+        )
+        assert before - gone >= min(quota, before) - EPS, (
+            f"team {team} preempted from {before:g} to {before - gone:g} {model} GPUs, below its quota {quota:g}"
+        )
 
 
 @FAST
@@ -587,6 +623,109 @@ def test_every_feasible_job_eventually_runs(workload: tuple[Cycles, set[int]]) -
     assert set(sim.first_start) >= feasible
     for t, victim, for_job in sim.preemptions:
         assert victim != for_job and t <= sim.now
+
+
+# ---- no preemption livelock (issue 14) ----------------------------------------------------------
+
+
+def check_no_repeated_preemption(sim: Cycles) -> None:
+    """No job is preempted twice in a row for the same job while that job never started between:
+    the demand that stopped it once must have been met (or gone) before it may stop it again."""
+    last: dict[int, tuple[float, int]] = {}  # victim -> (when, for which job) it was last preempted
+    starts = sorted(sim.start_log)
+    for t, victim, for_job in sorted(sim.preemptions):
+        before = last.get(victim)
+        if before is not None and before[1] == for_job:
+            started_between = any(before[0] <= st_t <= t and jid == for_job for st_t, jid in starts)
+            assert started_between, (
+                f"job {victim} preempted at {before[0]:.0f} and again at {t:.0f} for job {for_job}, "
+                f"which never started in between"
+            )
+        last[victim] = (t, for_job)
+
+
+@st.composite
+def contended(draw: st.DrawFn) -> Cycles:
+    """Two teams holding their quotas of a small cluster with long jobs, a third team without a
+    quota, and later jobs of higher classes (of all teams) that can only start by preempting."""
+    size = draw(st.integers(2, 6))
+    cluster = (node("n0").gpus(size).build(),)
+    qa = draw(st.integers(1, size - 1))
+    qb = draw(st.integers(0, size - qa))
+    policy = Policy(
+        teams={"a": Team("a", quota={"H100": float(qa)}), "b": Team("b", quota={"H100": float(qb)}), "c": Team("c")},
+        preemption=Preemption(
+            grace_period_s=draw(st.sampled_from([0.0, 30.0])),
+            protected_classes=frozenset(draw(st.sampled_from([{Priority.CRITICAL}, set()]))),
+            reclaim_quota=draw(st.booleans()),
+        ),
+        fair_share=draw(st.booleans()),
+    )
+    jobs = []
+    for jid in range(1, draw(st.integers(2, 8)) + 1):
+        early = draw(st.booleans())
+        b = job(jid).team(draw(st.sampled_from(TEAMS))).at(0.0 if early else draw(st.sampled_from([100.0, 400.0])))
+        b.priority(draw(st.sampled_from(list(Priority) if not early else [Priority.LOW, Priority.NORMAL])))
+        b.gpus(draw(st.sampled_from([1, 1, 2, size]))).limit(draw(st.sampled_from([600.0, 50_000.0])))
+        jobs.append(b.build())
+    sim = Cycles(cluster, policy, jobs, exit_after_term_s=min(5.0, policy.preemption.grace_period_s))
+    for j in jobs:
+        if draw(st.booleans()):
+            sim.runtime[j.job_id] = draw(st.sampled_from([50.0, 500.0]))
+    return sim
+
+
+@SLOW
+@given(contended())
+def test_no_job_is_preempted_twice_in_a_row_for_the_same_unmet_demand(sim: Cycles) -> None:
+    sim.run(120, max_step=60.0)
+    check_no_repeated_preemption(sim)
+
+
+def _two_teams_at_their_quotas(preempted_for: bool = True) -> Cycles:
+    """The measured livelock: teams a and b each hold their 1-GPU quota of a 2-GPU node (a's job
+    is critical, so never preempted); a's high job arrives and b's job is the only lower one."""
+    policy = Policy(
+        teams={"a": Team("a", quota={"H100": 1.0}), "b": Team("b", quota={"H100": 1.0})},
+        preemption=Preemption(grace_period_s=30.0),
+    )
+    jobs = [
+        job(1).team("a").priority("critical").at(0).limit(1000).build(),
+        job(2).team("b").at(0).limit(100_000).build(),
+        job(3).team("a").priority("high").at(100).limit(600).build(),
+    ]
+    return Cycles((node("n1").gpus(2).build(),), policy, jobs)
+
+
+def test_a_team_over_its_guarantee_does_not_preempt_another_teams_guaranteed_job() -> None:
+    sim = _two_teams_at_their_quotas()
+    assert sim.run(200, until=[3], max_step=60.0)
+    assert sim.preemptions == [], "b's job is within b's guarantee; a, at its own, may not take it"
+    assert sim.first_start[3] == 1000.0  # a's high job starts when a's critical job ends
+    assert sim.starts[2] == 1
+
+
+def test_a_preempted_job_is_considered_after_the_job_it_was_preempted_for() -> None:
+    """b (quota 2) borrows a third GPU; a's high job needs 2 and preempted b's borrowed job 12,
+    and b's job 11 ended meanwhile: back in line, job 12 is within b's guarantee and would go
+    first, taking one of the two free GPUs back."""
+    policy = Policy(teams={"a": Team("a"), "b": Team("b", quota={"H100": 2.0})})
+    nodes = (node("n1").gpus(3).build(),)
+    victim = job(12).team("b").at(0).build()
+    high = job(3).team("a").priority("high").gpus(2).at(100).build()
+    running = (RunningJob(10, Allocation((NodeSlice("n1", (0,)),)), team="b"),)
+    snap = Snapshot(nodes, running, (replace(victim, queued_at=105.0), high))
+    assert {s.job_id for s in decide(snap, policy, now=105.0).starts} == {12}  # the order alone
+    snap = replace(snap, preempted_for={12: 3})
+    plan = decide(snap, policy, now=105.0)
+    assert [s.job_id for s in plan.starts] == [3]
+    assert plan.waiting[12].reason in (WaitReason.RESOURCES, WaitReason.RESERVED, WaitReason.BEHIND_RESERVATION)
+
+
+def test_a_preempted_job_is_held_for_no_job_that_left_the_queue() -> None:
+    policy = Policy(teams={"b": Team("b", quota={"H100": 2.0})})
+    snap = Snapshot((node("n1").gpus(1).build(),), (), (job(12).team("b").build(),), preempted_for={12: 3})
+    assert [s.job_id for s in decide(snap, policy, now=10.0).starts] == [12]
 
 
 def test_a_preempted_job_that_is_older_than_the_starvation_age_does_not_livelock() -> None:

@@ -21,7 +21,7 @@ from gpucluster.api.accounting_routes import add_accounting_routes
 from gpucluster.api.admin import add_admin_routes
 from gpucluster.api.errors import MAX_ID, Id, document_errors
 from gpucluster.api.telemetry_routes import add_telemetry_routes
-from gpucluster.auth import rules
+from gpucluster.auth import grants, rules
 from gpucluster.auth.control import AccessControl
 from gpucluster.auth.identity import Denied
 from gpucluster.auth.rules import Caller, Rule, allow
@@ -168,8 +168,10 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
         openapi_extra=allow(Rule.SIGNED_IN, audit=False),
     )
     async def submit(spec: JobSpec, who: Caller) -> Response:
-        """Submit to one of your teams (`team`, default: your first); the job is yours."""
+        """Submit to one of your teams (`team`, default: your first); the job is yours. A class
+        above normal needs a grant in the policy (`priority_grants`; 403 without one)."""
         team = who.submit_team(spec.team if "team" in spec.model_fields_set else None)
+        grants.check_priority(who, team, spec.priority, service.head.policy)
         access.check_can_run(who)
         if team != spec.team:
             spec = spec.model_copy(update={"team": team})

@@ -300,7 +300,7 @@ def submit(
     ] = None,
     name: Annotated[str | None, typer.Option(help="a name for the job")] = None,
     team: Annotated[str | None, typer.Option(help="the team the job is accounted to")] = None,
-    priority: Annotated[str | None, typer.Option(help="low, normal, high or critical (never preempted)")] = None,
+    priority: Annotated[str | None, typer.Option(help="low, normal, high or critical (above normal: a grant)")] = None,
     time_limit: Annotated[str | None, typer.Option("--time-limit", help="e.g. 30m, 2h, 1d")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="K=V, repeatable")] = None,
     workdir: Annotated[str | None, typer.Option(help="working directory [default: the current one]")] = None,
@@ -709,6 +709,9 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
         f"(half-life {format_duration(p.half_life_s)}); backfill {'on' if p.backfill else 'off'}",
         markup=False,
     )
+    if p.priority_grants:
+        granted = "; ".join(f"{c}: {g.holders}" for c, g in p.priority_grants.items())
+        out.print(f"priority grants (low, normal: every member): {granted}", markup=False)
     table = Table("TEAM", "ORG", "WEIGHT", "SHARE", "QUOTA", "USAGE (GPU-h, decayed)", "RUNNING GPUS", box=None)
     for t in p.teams:
         quota = ", ".join(f"{m}: {n:g}" for m, n in t.quota.items()) or "-"

@@ -66,6 +66,55 @@ class HealthPolicy:
     fatal_xids: frozenset[int] | None = None
 
 
+# Roles a grant may name: every member of the team submitted to, its admins, cluster admins.
+MEMBER, TEAM_ADMIN, CLUSTER_ADMIN = "member", "team-admin", "cluster-admin"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Who may submit jobs of one priority class above normal to a team (issue 14).
+
+    Why: a class above normal goes first in line and preempts lower classes, and `critical` is
+    never preempted; left open to every member, any of them could take other teams' GPUs at
+    will. Like Slurm's QOS tied to associations, the policy says who holds each class: members
+    of `teams`, callers whose role in the team submitted to is in `roles`, and `users` by name.
+    Cluster admins may use every class. Low and normal are open to every member.
+    """
+
+    teams: frozenset[str] = frozenset()
+    roles: frozenset[str] = frozenset()
+    users: frozenset[str] = frozenset()
+
+    def admits(self, team: str, role: str | None, user: str) -> bool:
+        """`role`: the caller's role in `team` (None: not a member)."""
+        if user in self.users:
+            return True
+        if role is None:
+            return False
+        return team in self.teams or MEMBER in self.roles or role in self.roles
+
+    def describe(self) -> str:
+        parts = [
+            *(["every member"] if MEMBER in self.roles else []),
+            *(["team admins"] if TEAM_ADMIN in self.roles else []),
+            *([f"members of {', '.join(sorted(self.teams))}"] if self.teams else []),
+            *([f"users {', '.join(sorted(self.users))}"] if self.users else []),
+        ]
+        return ", ".join(parts) + (" and cluster admins" if parts else "cluster admins only")
+
+
+# What holds when the policy names no grant for a class: team admins may submit high jobs to
+# their team; critical is for cluster admins only.
+DEFAULT_GRANTS: dict[Priority, Grant] = {
+    Priority.HIGH: Grant(roles=frozenset({TEAM_ADMIN})),
+    Priority.CRITICAL: Grant(),
+}
+
+
+def _default_grants() -> dict[Priority, Grant]:
+    return dict(DEFAULT_GRANTS)
+
+
 @dataclass(frozen=True)
 class Policy:
     teams: dict[str, Team] = field(default_factory=lambda: {DEFAULT_TEAM: Team(DEFAULT_TEAM)})
@@ -80,6 +129,8 @@ class Policy:
     allow_unknown_teams: bool = True  # unknown teams get weight 1 and no quota
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     health: HealthPolicy = field(default_factory=HealthPolicy)
+    # Who may submit each class above normal (checked at submit; `decide` never reads it).
+    priority_grants: dict[Priority, Grant] = field(default_factory=_default_grants)
 
     # Teams not listed, made on first use: `team()` is called per queued job per cycle, and a
     # new Team each time cost ~1 us x millions of calls at scale.
@@ -116,6 +167,15 @@ class Policy:
         siblings = sum(x.weight for x in known if x.org == t.org)
         org_share = self.orgs[t.org].weight / orgs_total if orgs_total > 0 else 0.0
         return org_share * (t.weight / siblings if siblings > 0 else 0.0)
+
+    def may_use(self, priority: Priority, team: str, role: str | None, user: str, cluster_admin: bool) -> bool:
+        """Whether a caller (their role in `team`, None if none) may submit `priority` to `team`."""
+        if priority <= Priority.NORMAL or cluster_admin:
+            return True
+        return self.priority_grants.get(priority, Grant()).admits(team, role, user)
+
+    def allowed_classes(self, team: str, role: str | None, user: str, cluster_admin: bool) -> list[Priority]:
+        return [p for p in Priority if self.may_use(p, team, role, user, cluster_admin)]
 
     def preemptible(self, priority: Priority) -> bool:
         return priority not in self.preemption.protected_classes

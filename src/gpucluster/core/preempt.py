@@ -1,7 +1,10 @@
 """Choosing preemption victims so that the preempting job loses others the least.
 
 Candidates are preemptible jobs past their minimum runtime that either have a lower priority
-class, or belong to a team borrowing GPUs that the preempting job's team is guaranteed. They are
+class, or belong to a team borrowing GPUs that the preempting job's team is guaranteed. A team's
+guaranteed quota protects its jobs (`Guarantees`): from another team, only a job of a higher
+class whose own team stays within its guarantee may take a team below its quota; any other
+preemptor takes only what the team holds beyond it. They are
 ranked lowest class first, then furthest over fair share, then least work since their last
 checkpoint. When one victim is enough, a scan in cost order stops at the cheapest that frees
 enough on its node; otherwise, on each node the cheapest prefix that frees enough GPUs is taken
@@ -18,6 +21,31 @@ from gpucluster.core.placement import Capacity
 from gpucluster.core.types import JobRequest, RunningJob
 
 CostKey = tuple[int, float, float, float]
+
+
+@dataclass(frozen=True)
+class Guarantees:
+    """What guaranteed quotas let a preemptor take from each team, on one GPU model.
+
+    `beyond`: team -> GPUs of the model it holds beyond its quota (teams with a quota of it,
+    the preemptor's own team left out: a team may reorder its own work). `limited(job)`: whether
+    taking the job counts against its team's `beyond` (the scheduler says which: every job of
+    another team, but the lower-class ones when the preemptor's team stays within its own
+    guarantee). Why: a victim whose team falls below its quota goes back in line before the
+    preemptor (guaranteed demand is served first) and, if its team could then reclaim, would
+    stop the preemptor in turn; limited to what its team borrows, it comes back as a borrower.
+    """
+
+    beyond: dict[str, float]
+    limited: Callable[[RunningJob], bool]
+    holds: Callable[[RunningJob], float]  # the job's GPUs of the model (what its team's quota counts)
+
+    def allows(self, job: RunningJob, taken: dict[str, float]) -> bool:
+        """Whether `job` may be taken after `taken` (team -> GPUs of its jobs taken already)."""
+        room = self.beyond.get(job.team)
+        if room is None or not self.limited(job):
+            return True
+        return taken.get(job.team, 0.0) + self.holds(job) <= room + 1e-9
 
 
 @dataclass(frozen=True)
@@ -42,12 +70,15 @@ def choose_victims(
     stopping: Sequence[RunningJob],
     cost: Callable[[RunningJob], CostKey],
     ranked: bool = False,
+    guarantees: Guarantees | None = None,
 ) -> VictimChoice | None:
     """The victims that make room for `job` on `model`, or None if no set of candidates does.
 
     `candidates` must already be limited to jobs on `model`; only nodes holding candidates,
     stopping jobs or free GPUs are looked at, so the cost is O(candidates + such nodes).
     `ranked`: the candidates are already in `cost` order (the caller ranks its pool once a cycle).
+    `guarantees`: what quotas protect; each candidate alone must already be allowed by it (the
+    scheduler filters them), so only sets of several victims are checked against it.
     """
     n = int(job.gpus)
     ranked_jobs = list(candidates) if ranked else sorted(candidates, key=cost)
@@ -57,7 +88,7 @@ def choose_victims(
         have = cap.free_count(model) + sum(_whole_gpus(j, None, model, cap) for j in stopping)
         if have >= n:
             return VictimChoice((), None)
-        chosen = _prefix([(j, _whole_gpus(j, None, model, cap)) for j in ranked_jobs], have, n)
+        chosen = _prefix([(j, _whole_gpus(j, None, model, cap)) for j in ranked_jobs], have, n, guarantees)
         return None if chosen is None else VictimChoice(tuple(chosen), None)
 
     releasing: dict[str, int] = {}
@@ -81,7 +112,7 @@ def choose_victims(
         have = len(cap.free[model].get(node, [])) + releasing.get(node, 0)
         if have >= n:
             return VictimChoice((), node)
-        chosen = _prefix(by_node.get(node, []), have, n)
+        chosen = _prefix(by_node.get(node, []), have, n, guarantees)
         if chosen is None or (best is not None and len(chosen) > best[0]):
             continue
         key = (len(chosen), sorted(cost(j) for j in chosen), node, chosen)
@@ -128,13 +159,21 @@ def _single_victim(
     return None if found is None else VictimChoice((found[2],), found[1])
 
 
-def _prefix(ranked: Sequence[tuple[RunningJob, int]], have: int, need: int) -> list[RunningJob] | None:
+def _prefix(
+    ranked: Sequence[tuple[RunningJob, int]], have: int, need: int, guarantees: Guarantees | None = None
+) -> list[RunningJob] | None:
     """The cheapest prefix of (job, GPUs it frees) that brings `have` up to `need`, pruned of
-    any victim not needed after all."""
+    any victim not needed after all; a victim `guarantees` forbids after those before it is
+    passed over (pruning only leaves more room, so the pruned set is allowed too)."""
     chosen: list[tuple[RunningJob, int]] = []
+    taken: dict[str, float] = {}
     for j, g in ranked:
         if g == 0:
             continue
+        if guarantees is not None:
+            if not guarantees.allows(j, taken):
+                continue
+            taken[j.team] = taken.get(j.team, 0.0) + guarantees.holds(j)
         chosen.append((j, g))
         have += g
         if have >= need:

@@ -214,7 +214,24 @@ class TeamQueues:
     def done(self, job: JobRequest, started: bool) -> None:
         """Put the job's team back in line, charged for the job if it started."""
         if started:
-            limit = job.time_limit_s or CHARGE_HORIZON_S
-            self.usage[job.team] = self.usage.get(job.team, 0.0) + job.gpus * min(limit, CHARGE_HORIZON_S)
-            self._ratios.pop(job.team, None)
+            self._charge(job)
         self._done = True
+
+    def charge(self, job: JobRequest) -> None:
+        """Charge the team for a job that started out of turn: one put back in line (`done`)
+        earlier and considered later (a preempted job waits for its preemptor, `scheduler`).
+        Its team may already be in the heap with its old ratio; that entry is renewed."""
+        self._charge(job)
+        team = job.team
+        if team == self._popped_team:
+            return  # not in the heap: `pop` reads its ratio afresh
+        for i, (_, _, _, name) in enumerate(self._heap):
+            if name == team:
+                self._heap[i] = self._entry(team, self._queues[team][0])
+                heapq.heapify(self._heap)
+                return
+
+    def _charge(self, job: JobRequest) -> None:
+        limit = job.time_limit_s or CHARGE_HORIZON_S
+        self.usage[job.team] = self.usage.get(job.team, 0.0) + job.gpus * min(limit, CHARGE_HORIZON_S)
+        self._ratios.pop(job.team, None)

@@ -21,6 +21,10 @@ class QuotaBook:
         self.has_quotas = any(t.quota for t in policy.teams.values())
         # Flat lookups: quota checks run for every queued job on every model it accepts.
         self._quota = {(name, m): q for name, t in policy.teams.items() for m, q in t.quota.items()}
+        self._quota_teams: dict[str, list[str]] = {}  # model -> teams with a quota of it
+        for (name, m), q in self._quota.items():
+            if q > 0:
+                self._quota_teams.setdefault(m, []).append(name)
         self._max_borrow = {name: t.max_borrow for name, t in policy.teams.items() if t.max_borrow is not None}
         # Nothing to check at all: `refusal` is always None without borrowing and lending
         # limits (a quota alone refuses nothing; it only ranks and reclaims).
@@ -83,6 +87,17 @@ class QuotaBook:
     def within_quota(self, team: str, model: str, gpus: float) -> bool:
         q = self._quota.get((team, model), 0.0)
         return q > 0 and self.used.get(team, {}).get(model, 0.0) + gpus <= q + 1e-9
+
+    def beyond_quota(self, model: str, except_team: str) -> dict[str, float]:
+        """GPUs of `model` each team with a quota of it holds beyond that quota (0: it is within
+        its guarantee), but `except_team`. What preemption may take from a team whose guarantee
+        protects the rest (`core.preempt`)."""
+        used = self.used
+        return {
+            t: max(0.0, used.get(t, {}).get(model, 0.0) - self._quota[(t, model)])
+            for t in self._quota_teams.get(model, ())
+            if t != except_team
+        }
 
     def limits_borrowing(self, team: str) -> bool:
         """Whether the team has a borrowing limit at all (most do not: skip the check)."""

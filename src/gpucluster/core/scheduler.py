@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import time as _time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -27,7 +28,7 @@ from operator import attrgetter, is_not
 from gpucluster.core.backfill import EndTimes, Reservation, reserve
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
-from gpucluster.core.preempt import CostKey, choose_victims
+from gpucluster.core.preempt import CostKey, Guarantees, choose_victims
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import WaitReason
@@ -68,6 +69,70 @@ def _shape(job: JobRequest) -> tuple[object, ...]:
 
 def _fmt_time(t: float) -> str:
     return _time.strftime("%Y-%m-%d %H:%M", _time.localtime(t))
+
+
+class _AfterPreemptor:
+    """The cycle's order (`TeamQueues`), but a job preempted for a job still queued comes only
+    right after that job (`Snapshot.preempted_for`).
+
+    Why: a preempted job goes back to the queue and may rank ahead of its preemptor (a team
+    back under its guaranteed quota is served first). It then took back the GPUs it had just
+    freed, the preemptor stopped it again, and so on (a victim restarted 55 times in 45 s while
+    its preemptor never started). Considered after its preemptor, it finds those GPUs taken, or
+    held for the preemptor by its reservation; it may still start on any other free GPUs.
+    Without preemptions pending this is `TeamQueues` unchanged (one dict test per job).
+    """
+
+    def __init__(self, snapshot: Snapshot, queues: TeamQueues) -> None:
+        self.queues = queues
+        self.held_for: Mapping[int, int] = {}
+        if snapshot.preempted_for:
+            queued = {j.job_id for j in snapshot.queued}
+            self.held_for = {v: p for v, p in snapshot.preempted_for.items() if v in queued and p in queued}
+        self.preemptors = set(self.held_for.values())
+        self._seen: set[int] = set()  # preemptors considered so far
+        self._waiting: dict[int, list[JobRequest]] = {}  # preemptor -> its victims put aside
+        self._next: deque[JobRequest] = deque()  # victims to consider now, out of turn
+        self._late = False  # the job last popped came from `_next`
+
+    def pop(self) -> JobRequest | None:
+        """The next job to consider; call `done` with it before the next `pop`."""
+        held = self.held_for
+        while True:
+            if self._next:
+                job = self._next.popleft()
+                self._late = True
+            else:
+                popped = self.queues.pop()
+                if popped is None:
+                    if not self._waiting:
+                        return None
+                    # Preemptors never reached (held back by a backoff): their victims go last.
+                    for victims in self._waiting.values():
+                        self._next.extend(victims)
+                    self._waiting.clear()
+                    continue
+                job = popped
+                self._late = False
+                if held:
+                    p = held.get(job.job_id)
+                    if p is not None and p not in self._seen:
+                        self.queues.done(job, False)  # out of line until its preemptor was considered
+                        self._waiting.setdefault(p, []).append(job)
+                        continue
+            if job.job_id in self.preemptors:
+                self._seen.add(job.job_id)
+            return job
+
+    def done(self, job: JobRequest, started: bool) -> None:
+        if self._late:
+            if started:
+                self.queues.charge(job)
+        else:
+            self.queues.done(job, started)
+        victims = self._waiting.pop(job.job_id, None) if self._waiting else None
+        if victims:
+            self._next.extendleft(reversed(victims))
 
 
 class _Cycle:
@@ -149,7 +214,8 @@ class _Cycle:
         keep = settle and self.share_waits and not self.quotas.has_quotas and self.quotas.unlimited
         kept: set[tuple[object, ...]] = set()
         kept_at = 0  # reservations + preemptions when `kept` was last cleared
-        while (job := queues.pop()) is not None:
+        after = _AfterPreemptor(self.s, queues)
+        while (job := after.pop()) is not None:
             now_state = len(starts) + len(reservations) + len(preemptions)
             if now_state != state:
                 same.clear()
@@ -161,15 +227,15 @@ class _Cycle:
                     break  # no job left in line can change the plan; only waits would follow
             request = job.demand
             if keep and job.need in kept:
-                queues.done(job, False)
+                after.done(job, False)
                 continue
             wait = same.get(request)
             if wait is not None and self.share_waits:
                 waiting[job.job_id] = wait
-                queues.done(job, False)
+                after.done(job, False)
                 continue
             started = self._consider(job)
-            queues.done(job, started)
+            after.done(job, started)
             if not started and len(starts) + len(reservations) + len(preemptions) == state:
                 same[request] = waiting[job.job_id]
                 if keep:
@@ -415,12 +481,18 @@ class _Cycle:
                 continue
             if self.quotas.borrow_refusal(job.team, model, job.gpus) is not None:
                 continue  # its own team's borrowing limit refuses it: stopping others gains nothing
-            reclaim = pre.reclaim_quota and self.quotas.within_quota(job.team, model, job.gpus)
+            within = self.quotas.has_quotas and self.quotas.within_quota(job.team, model, job.gpus)
+            reclaim = pre.reclaim_quota and within
             candidates = self._candidates_for(job, model, pool.get(model, []), reclaim)
+            guarantees = self._guarantees(job, model, within) if candidates and self.quotas.has_quotas else None
+            if guarantees is not None:
+                candidates = [v for v in candidates if guarantees.allows(v, {})]
             stopping = [j for j in self._stopping_jobs() if self.cap.model_of(j.allocation) == model]
             if not candidates and not stopping:
                 continue
-            choice = choose_victims(job, model, self.cap, candidates, stopping, self._victim_cost, ranked=True)
+            choice = choose_victims(
+                job, model, self.cap, candidates, stopping, self._victim_cost, ranked=True, guarantees=guarantees
+            )
             if choice is None:
                 continue
             if not choice.victims:
@@ -444,6 +516,25 @@ class _Cycle:
             self.reservations[model] = Reservation(job.job_id, model, self.now + pre.grace_period_s, nodes)
             return True
         return False
+
+    def _guarantees(self, job: JobRequest, model: str, within: bool) -> Guarantees | None:
+        """What other teams' guaranteed quotas of `model` protect from `job` (see `Guarantees`):
+        only a job of a higher class whose team stays within its own guarantee may take a team
+        below its quota; None when no other team has a quota of `model`."""
+        beyond = self.quotas.beyond_quota(model, job.team)
+        if not beyond:
+            return None
+        by_class, priority, cap = self.policy.priorities, job.priority, self.cap
+
+        def limited(v: RunningJob) -> bool:
+            return not (within and by_class and v.priority < priority)
+
+        def holds(v: RunningJob) -> float:
+            return sum(
+                len(s.gpu_indices) for s in v.allocation.slices if cap.gpus[(s.node, s.gpu_indices[0])].model == model
+            )
+
+        return Guarantees(beyond, limited, holds)
 
     def _stopping_jobs(self) -> list[RunningJob]:
         """Running jobs stopping, and the cycle's victims so far. Built on first use, not per

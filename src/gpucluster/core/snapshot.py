@@ -24,6 +24,11 @@ class Snapshot:
     capacity: CapacityIndex | None = field(default=None, compare=False, repr=False)
     # Optional, likewise: the queue sorted into lines across cycles (see queue_index.py).
     queue_index: QueueIndex | None = field(default=None, compare=False, repr=False)
+    # Queued job -> the queued job it was preempted for (the head and the simulator keep this
+    # from the plans they carry out). Such a job is considered only after that job, so it cannot
+    # take back the GPUs it was stopped to free (a livelock: it did, round after round). Entries
+    # whose preemptor is no longer queued (it started, or left) are ignored.
+    preempted_for: Mapping[int, int] = field(default_factory=dict)
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()

@@ -131,6 +131,10 @@ class Head:
         self._preempted_left = True
         self._reasons: dict[int, Wait] = {}  # last wait reasons written, to write only changes
         self.queue_order: list[int] = []  # waiting jobs in the order the last plan considered them
+        # Job preempted -> the job it was preempted for, while that job is queued: the scheduler
+        # considers the victim only after it (Snapshot.preempted_for). In memory only: a new
+        # head forgets it, and a victim may then rank ahead once, which quotas bound (README).
+        self.preempted_for: dict[int, int] = {}
         self.usage, saved_at = store.load_usage()
         self._usage_at = saved_at if saved_at is not None else clock()
         self._usage_saved_at = self._usage_at
@@ -446,12 +450,17 @@ class Head:
 
     def snapshot(self) -> Snapshot:
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
+        queued = self.accounting.admit(self.queue.requests())  # not the jobs held for a budget
+        if self.preempted_for:  # forget preemptors that started or left the queue
+            ids = {r.job_id for r in queued}
+            self.preempted_for = {v: p for v, p in self.preempted_for.items() if p in ids}
         snap = Snapshot(
             nodes=nodes,
             running=tuple(self.store.running_jobs()),
-            queued=self.accounting.admit(self.queue.requests()),  # not the jobs held for a budget
+            queued=queued,
             usage=dict(self.usage),
             capacity=self.capacity_index,
+            preempted_for=dict(self.preempted_for),
         )
         down = self.inventory.down() if self.inventory is not None else frozenset()
         return schedulable(snap, self.telemetry.drained() | down)  # drained and down nodes get no new jobs
@@ -475,10 +484,14 @@ class Head:
         for p in plan.preemptions:
             if self.store.request_stop(p.job_id, "preempt", now, message=p.reason):
                 log.info("job %s: %s", p.job_id, p.reason)
+                self.preempted_for[p.job_id] = p.for_job
                 self.wake.set()
         for start in plan.starts:
             self.queue.remove(start.job_id)
             self._start(start.job_id, start.allocation, now)
+        if self.preempted_for and plan.starts:  # a preemptor that starts holds nothing back any more
+            begun = {s.job_id for s in plan.starts}
+            self.preempted_for = {v: p for v, p in self.preempted_for.items() if p not in begun}
         if plan.starts:
             self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)

@@ -19,6 +19,7 @@ from gpucluster.head.submit_batcher import SubmitBatcher
 from gpucluster.models import (
     Attempt,
     GpuOut,
+    GrantOut,
     Job,
     JobEvent,
     JobSpec,
@@ -268,6 +269,12 @@ class ClusterService:
                 )
                 for n in names
             ],
+            priority_grants={
+                c.label: GrantOut(
+                    teams=sorted(g.teams), roles=sorted(g.roles), users=sorted(g.users), holders=g.describe()
+                )
+                for c, g in sorted(p.priority_grants.items())
+            },
         )
 
     def nodes(self) -> list[NodeOut]:

@@ -200,6 +200,8 @@ class Engine:
         self._nodes: tuple[Node, ...] = self._all_nodes  # the live ones, in spec order
         self._up_gpus = spec.total_gpus
         self._queued: dict[int, JobRequest] = {}
+        # Preempted job -> the job it was preempted for, while that job is queued (as the head).
+        self._preempted_for: dict[int, int] = {}
         self._running: dict[int, RunningJob] = {}
         self._active: dict[int, SimJob] = {}
         self._used: dict[tuple[str, int], float] = {}  # GPU -> share in use
@@ -380,6 +382,8 @@ class Engine:
     def _schedule(self, now: float) -> None:
         res = self.result
         usage = self._usage.at(now) if self._usage is not None else {}
+        if self._preempted_for:  # forget preemptors that started or left the queue
+            self._preempted_for = {v: p for v, p in self._preempted_for.items() if p in self._queued}
         snap = scheduling.snapshot(
             self._nodes,
             tuple(self._running.values()),
@@ -387,6 +391,7 @@ class Engine:
             usage,
             self._capacity,
             self._queue_index,
+            self._preempted_for,
         )
         t0 = time.process_time()  # CPU time: on a shared machine wall time mostly measures the others
         plan = scheduling.decide(snap, self.policy, now)
@@ -400,6 +405,8 @@ class Engine:
         res.decide_running_max = max(res.decide_running_max, len(snap.running))
         for victim in scheduling.preemptions(plan):
             self._preempt(victim, now)
+        if plan.preemptions:
+            self._preempted_for.update(scheduling.preempted_for(plan))
         for start in plan.starts:
             self._start(start, now)
         if self.spec.replan_every_s and self._queued and not self._replan_pending:

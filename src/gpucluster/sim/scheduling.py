@@ -127,12 +127,19 @@ def snapshot(
     usage: dict[str, float],
     capacity: CapacityIndex | None = None,
     queue_index: QueueIndex | None = None,
+    preempted_for: dict[int, int] | None = None,
 ) -> Snapshot:
     """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
     one, so free GPUs are updated from the jobs that changed rather than rebuilt; `queue_index`
     likewise for the queue sorted into lines (the plan is the same with or without either)."""
     return Snapshot(
-        nodes=nodes, running=running, queued=queued, usage=usage, capacity=capacity, queue_index=queue_index
+        nodes=nodes,
+        running=running,
+        queued=queued,
+        usage=usage,
+        capacity=capacity,
+        queue_index=queue_index,
+        preempted_for=preempted_for or {},
     )
 
 
@@ -154,6 +161,11 @@ def decide(snap: Snapshot, policy: SimPolicy, now: float, reasons: bool = False)
 def preemptions(plan: Plan) -> tuple[int, ...]:
     """Job ids the plan stops."""
     return tuple(p.job_id for p in plan.preemptions)
+
+
+def preempted_for(plan: Plan) -> dict[int, int]:
+    """Job the plan stops -> the job it stops it for (`Snapshot.preempted_for`)."""
+    return {p.job_id: p.for_job for p in plan.preemptions}
 
 
 def wait_message(plan: Plan, job_id: int) -> str:
