@@ -135,8 +135,10 @@ class Proc:
 
 
 def job_processes(run_id: str) -> dict[tuple[int, int], Proc]:
-    """Live (not zombie) processes of this test's jobs, shims included: their environment holds
-    CC_RUN=run_id (the job's env, which the shim gets too), keyed by (pid, start ticks)."""
+    """Live (not zombie) processes of this test's jobs, shims included, keyed by (pid, start
+    ticks): a job's processes hold CC_RUN=run_id in their environment; a shim (which starts with a
+    clean environment) is found by its command line, `_shim.py RUN_DIR`, and the job's environment
+    in RUN_DIR/spec.json."""
     needle = f"\0CC_RUN={run_id}\0".encode()
     out = {}
     for entry in os.scandir("/proc"):
@@ -144,26 +146,33 @@ def job_processes(run_id: str) -> dict[tuple[int, int], Proc]:
             continue
         pid = int(entry.name)
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = b"\0" + f.read()
-            if needle not in environ:
-                continue
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read()
-        except OSError:
+            shim = b"_shim.py" in cmdline
+            if shim:
+                spec = json.loads((Path(cmdline.rstrip(b"\0").split(b"\0")[-1].decode()) / "spec.json").read_text())
+                env = {k: str(v) for k, v in spec["env"].items()}
+                if env.get("CC_RUN") != run_id:
+                    continue
+            else:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = b"\0" + f.read()
+                if needle not in environ:
+                    continue
+                env = dict(kv.split("=", 1) for kv in environ.decode(errors="replace").split("\0") if "=" in kv)
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError, KeyError):
             continue
         if fields[0] in ("Z", "X"):
             continue
-        env = dict(kv.split("=", 1) for kv in environ.decode(errors="replace").split("\0") if "=" in kv)
         try:
             job, attempt = int(env["GPUCLUSTER_JOB_ID"]), int(env["GPUCLUSTER_ATTEMPT"])
         except (KeyError, ValueError):
             continue
         gpus = frozenset(int(g) for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
         ticks = int(fields[19])
-        out[(pid, ticks)] = Proc(pid, ticks, job, attempt, gpus, b"_shim.py" in cmdline)
+        out[(pid, ticks)] = Proc(pid, ticks, job, attempt, gpus, shim)
     return out
 
 

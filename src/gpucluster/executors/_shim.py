@@ -266,9 +266,13 @@ class _Keeper:
         self.send(signal.SIGKILL if kill else signum)
 
     def send(self, signum: int) -> None:
-        """To every process of the job: its cgroup's members, and its process group."""
+        """Once to every process of the job: its cgroup's members, else its process group.
+
+        Once: a second SIGTERM a moment after the first would kill what the job's own handler of
+        the first one starts (a shell trap's `$(date)`)."""
         if self.cgroup is not None:
             self.cgroup.signal(signum)
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.child, signum)  # our unreaped child leads it: the id is still the job's
 

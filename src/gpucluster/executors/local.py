@@ -333,14 +333,14 @@ class LocalExecutor:
             self._kill_marked(handle)
 
     def _signal_one(self, handle: Handle, signum: int) -> None:
-        """Through the shim's keeper, which alone can name the job's process group safely; and
-        straight to the job's cgroup, which reaches every process of the job and nothing else."""
-        if handle.get("cgroup"):
+        """Through the shim's keeper, which alone can name the job's process group safely and
+        signals the job's cgroup where it has one; once the keeper is gone (killed), straight to
+        the job's cgroup, which reaches every process of the job and nothing else."""
+        if self._alive(handle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(handle["pid"]), KILL_REQUEST if signum == signal.SIGKILL else signum)
+        elif handle.get("cgroup"):
             cgroups.JobCgroup.from_json(handle["cgroup"]).signal(signum)
-        if not self._alive(handle):
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(handle["pid"]), KILL_REQUEST if signum == signal.SIGKILL else signum)
 
     def cleanup(self, handle: Handle) -> None:
         """Whatever a finished attempt left: its cgroups killed and removed. No process group is
