@@ -469,14 +469,15 @@ class Store:
         return new
 
     def release(self) -> None:
-        """Give the lease up (a clean stop): the next head takes it at once. Nothing if lost."""
+        """Give the lease up (a clean stop): the next head takes it at once, and this store
+        writes nothing more (LeaseLost). Nothing if the lease was lost already."""
         mine = self.lease
         if mine is None or self.lease_lost is not None:
             return
         with self._write() as c:
             now = leases.db_now(c)
             leases.write(c, Lease(mine.holder, mine.epoch, 0.0, now, mine.duration_s), existed=True)
-        self.lease = None
+        self.lease_lost = "this head released the database's lease (it is stopping): it changes nothing any more"
 
     def _check_lease(self, conn: Connection) -> None:
         """In a write transaction, under the write lock: does this head still hold the lease?"""
