@@ -429,9 +429,21 @@ class Store:
                 got, found, now = leases.try_take(c, holder, duration_s, holds_data_dir)
             if got is not None:
                 self.lease, self.lease_lost = got, None
-                if found is not None and found.expires_at > now:
-                    gone = found.holder.describe()
-                    log.info("took over the lease from %s, which is gone (epoch %d)", gone, got.epoch)
+                if found is not None and found.holder != holder:
+                    how = (
+                        "which released it"
+                        if found.expires_at == 0
+                        else "whose lease had expired"
+                        if found.expires_at <= now
+                        else "which is gone"
+                    )
+                    log.log(
+                        logging.INFO if found.expires_at == 0 else logging.WARNING,
+                        "took over the database's lease (epoch %d) from %s, %s",
+                        got.epoch,
+                        found.holder.describe(),
+                        how,
+                    )
                 return got
             assert found is not None
             if first is None:
