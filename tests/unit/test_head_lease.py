@@ -7,7 +7,7 @@ process; the fake executor stands for the jobs, so what the head does to them is
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,22 +15,13 @@ import pytest
 from gpucluster.core.states import JobState
 from gpucluster.store import Store
 from gpucluster.store.lease import Holder
+from tests.e2e.headproc import wait_for
 from tests.pgserver import PostgresServer
 
 from .headkit import Cluster, api_client, make_cluster
 
 STORE_BACKENDS = ("sqlite", "postgresql")  # tests/unit/conftest.py
 WAIT_S = 30.0  # generous: the loop cycles every 0.1 s; a head that never reacts fails the wait, not the run
-
-
-def wait_until(what: str, ok: Callable[[], bool]) -> None:
-    """Until `ok()` (checked whenever the loop may have moved), or fail saying what never happened."""
-    event = threading.Event()
-    for _ in range(int(WAIT_S / 0.02)):
-        if ok():
-            return
-        event.wait(0.02)
-    raise AssertionError(f"never happened: {what}")
 
 
 @pytest.fixture
@@ -63,7 +54,7 @@ def test_a_head_that_lost_the_lease_stops_scheduling_touches_no_job_and_says_why
         assert other.claim(Holder("host-b", 2222, "/b"), duration_s=600).epoch == 2
         cluster.fake.finish(ran, 0)  # the job ends: only the lease's holder may record that
         loop.start()
-        wait_until("the head to notice it lost the lease", lambda: cluster.head.lease_lost is not None)
+        wait_for(lambda: cluster.head.lease_lost is not None, WAIT_S, 0.02, "the head to notice it lost the lease")
         assert stopped.is_set()
         health = api.get("/v1/health")
         assert health.status_code == 503, health.text
@@ -96,7 +87,7 @@ def test_a_database_outage_is_503_json_and_the_loop_resumes_by_itself(
         api = api_client(cluster.service)
         before = cluster.submit(gpus=1)
         loop.start()
-        wait_until("the first job to start", lambda: cluster.state(before) is JobState.RUNNING)
+        wait_for(lambda: cluster.state(before) is JobState.RUNNING, WAIT_S, 0.02, "the first job to start")
         private_postgres.shutdown()
         for call in (
             lambda: api.get("/v1/health"),
@@ -106,17 +97,22 @@ def test_a_database_outage_is_503_json_and_the_loop_resumes_by_itself(
             r = call()
             assert r.status_code == 503 and r.headers["content-type"] == "application/json", r.text
             assert r.json()["error"].startswith("database unavailable: "), r.text
-        wait_until("the loop to see the outage", lambda: (cluster.head.last_error or "").startswith("database"))
+        wait_for(
+            lambda: (cluster.head.last_error or "").startswith("database"), WAIT_S, 0.02, "the loop to see the outage"
+        )
         assert cluster.head.outage_retry_s > 0
         private_postgres.start_again()
-        wait_until("the loop to resume", lambda: cluster.head.last_error is None and cluster.head.outage_retry_s == 0)
+        wait_for(
+            lambda: cluster.head.last_error is None and cluster.head.outage_retry_s == 0,
+            WAIT_S,
+            0.02,
+            "the loop to resume",
+        )
         assert api.get("/v1/health").status_code == 200
         after = api.post("/v1/jobs", json={"command": ["true"], "gpus": 1})
         assert after.status_code == 201, after.text
-        wait_until(
-            "a job submitted after the outage to start",
-            lambda: cluster.state(after.json()["id"]) is not JobState.QUEUED,
-        )
+        started = lambda: cluster.state(after.json()["id"]) is not JobState.QUEUED  # noqa: E731
+        wait_for(started, WAIT_S, 0.02, "a job submitted after the outage to start")
         assert cluster.state(before) is JobState.RUNNING  # the outage changed nothing about it
         assert not [r for r in caplog.records if r.exc_info], "no traceback in the log"
         assert cluster.store.integrity_problems() == []
