@@ -121,3 +121,20 @@ def test_a_database_outage_is_503_json_and_the_loop_resumes_by_itself(
         if loop.is_alive():
             loop.join(10)
         cluster.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("1s", "--lease must be between 3s and 10m, not 1s"), ("2h", "--lease must be between 3s and 10m, not 2h")],
+)
+def test_a_lease_out_of_range_is_one_clear_line(tmp_path: Path, value: str, says: str) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "gpucluster.cli.main", "up", "--data-dir", str(tmp_path), "--lease", value],
+        capture_output=True,
+        text=True,
+        timeout=60,  # refused before anything starts; a head that started instead would hang here
+    )
+    assert r.returncode == 1 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
