@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.pgserver import postgres_server, postgres_url  # noqa: F401 - PostgreSQL for the store's tests
+from tests.pgserver import (  # noqa: F401 - PostgreSQL for the store's tests
+    postgres_server,
+    postgres_url,
+    private_postgres,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

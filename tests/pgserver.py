@@ -7,6 +7,8 @@ account the Debian package creates (or `nobody`), owning its temp dir. It is sto
 
 `postgres_server` (session) starts it once; `postgres_url` (per test) creates a new, empty
 database on it and gives its URL, so tests never see each other's rows or advisory locks.
+`private_postgres` (per test) starts a server of the test's own, which the test may stop and
+start again (`shutdown`, `start_again`: a database outage, a restart) without disturbing others.
 Without the binaries the tests that need it are skipped, saying how to install them; under
 CI=true they fail instead, so CI can never pass by not testing PostgreSQL.
 """
@@ -56,6 +58,7 @@ class PostgresServer:
     port: int
     proc: subprocess.Popen[bytes]
     _counter: itertools.count[int]
+    argv: tuple[str, ...] = ()
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
@@ -68,6 +71,34 @@ class PostgresServer:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')  # type: ignore[arg-type]
         return self.url(name)
+
+    def shutdown(self) -> None:
+        """Stop the server, keeping its data: an outage. Clients are disconnected (fast shutdown)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def start_again(self, timeout: float = 30.0) -> None:
+        """Start the stopped server on the same data and port (the outage is over)."""
+        assert self.proc.poll() is not None and self.argv, "the server is still running"
+        with open(self.root / "server.log", "ab") as out:
+            self.proc = subprocess.Popen(
+                list(self.argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **_run_as(),  # type: ignore[arg-type]
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if _ready(self):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"PostgreSQL did not start again: {(self.root / 'server.log').read_text()[-2000:]}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -123,7 +154,7 @@ def start_server(bindir: Path) -> PostgresServer:
                 start_new_session=True,
                 **who,  # type: ignore[arg-type]
             )
-        server = PostgresServer(bindir, root, port, proc, itertools.count(1))
+        server = PostgresServer(bindir, root, port, proc, itertools.count(1), tuple(argv))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -180,3 +211,21 @@ def postgres_server() -> Iterator[PostgresServer]:
 def postgres_url(postgres_server: PostgresServer) -> str:
     """A new, empty database on the session's server."""
     return postgres_server.create_database()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of this test's own, to stop and start again; stopped after the test."""
+    bindir = find_bindir()
+    if bindir is None:
+        unavailable(f"no PostgreSQL server binaries (initdb, postgres) on this machine: {INSTALL_HINT}")
+    assert bindir is not None
+    try:
+        server = start_server(bindir)
+    except (RuntimeError, OSError) as e:
+        unavailable(f"could not start a PostgreSQL server from {bindir}: {e}")
+        raise
+    try:
+        yield server
+    finally:
+        server.stop()

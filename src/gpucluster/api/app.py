@@ -40,7 +40,7 @@ from gpucluster.models import (
     ProgressIn,
     QueueOut,
 )
-from gpucluster.store import DataDirUnwritable
+from gpucluster.store import DatabaseUnavailable, DataDirUnwritable, LeaseLost
 
 MAX_BODY_BYTES = 1024 * 1024
 FOLLOW_POLL_S = 0.2
@@ -124,6 +124,17 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
         # 507 Insufficient Storage when full, 503 when read-only: nothing was changed, retry later.
         return JSONResponse({"error": str(exc), "detail": []}, status_code=507 if exc.full else 503)
 
+    @app.exception_handler(DatabaseUnavailable)
+    async def _database_down(_: Request, exc: DatabaseUnavailable) -> JSONResponse:
+        # Nothing was changed; the same call succeeds once the database is back. The store logs
+        # the outage once, not a stack trace per call.
+        return JSONResponse({"error": str(exc), "detail": []}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(LeaseLost)
+    async def _lease_lost(_: Request, exc: LeaseLost) -> JSONResponse:
+        # Another head holds the database now: this one changes nothing, for good.
+        return JSONResponse({"error": str(exc), "detail": []}, status_code=503)
+
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
         return JSONResponse({"error": str(exc), "detail": []}, status_code=404)
@@ -140,25 +151,43 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
     @app.get(
         "/v1/health",
         response_model=HealthOut,
-        responses={503: {"model": HealthOut, "description": "the scheduling loop is failing or stalled"}},
+        responses={
+            503: {
+                "model": HealthOut,
+                "description": "the scheduling loop is failing or stalled, the database is unreachable, or this "
+                "head lost the database's lease to another head",
+            }
+        },
         openapi_extra=allow(Rule.PUBLIC),
     )
     def health() -> JSONResponse:
-        """200 when the scheduling loop runs; 503 with the reason when it fails or has stalled.
+        """200 when the scheduling loop runs; 503 with the reason when it fails or has stalled, the
+        database cannot be reached, or this head lost the database's lease (`problem`, also as
+        `error` like every error answer).
 
         Public so that probes and load balancers need no token; it tells job counts, nothing
         about any job."""
         head = service.head
         age = None if head.last_cycle_at is None else head.clock() - head.last_cycle_at
-        problem = head.last_error or (f"no scheduling cycle for {age:.0f} s" if age is not None and age > 10 else None)
+        problem = (
+            head.lease_lost
+            or head.last_error
+            or (f"no scheduling cycle for {age:.0f} s" if age is not None and age > 10 else None)
+        )
+        try:
+            jobs = service.store.count_jobs()
+        except DatabaseUnavailable as e:
+            jobs, problem = {}, str(e)
         body = {
             "status": "degraded" if problem else "ok",
             "problem": problem,
             "version": __version__,
-            "jobs": service.store.count_jobs(),
+            "jobs": jobs,
             "last_cycle_age_s": age,
             "last_decide_s": head.last_decide_s,
         }
+        if problem:
+            body["error"] = problem
         return JSONResponse(body, status_code=503 if problem else 200)
 
     @app.post(

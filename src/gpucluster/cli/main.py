@@ -198,6 +198,14 @@ def up(
             "away, keeping the newest; 0: no cap",
         ),
     ] = "1GiB",
+    lease: Annotated[
+        str,
+        typer.Option(
+            "--lease",
+            help="how long the head's lease on the database lasts unrenewed (renewed every third of it): a "
+            "second head takes over a dead head's database after at most this",
+        ),
+    ] = "15s",
 ) -> None:
     """Start the head (HTTP API) and a local worker on this machine, or use a Ray cluster's nodes; runs until Ctrl-C."""
     import socket
@@ -207,14 +215,18 @@ def up(
     from gpucluster.head.database_url import resolve as resolve_database_url
     from gpucluster.head.security import SecurityOptions
     from gpucluster.head.server import StartupError, UpOptions, default_data_dir, run_up
+    from gpucluster.store.lease import MAX_LEASE_S, MIN_LEASE_S
 
     try:
         grace = parse_duration(grace_period) if grace_period is not None else None
         backoff = parse_duration(restart_backoff) if restart_backoff is not None else None
         mem = parse_memory_mb(gpu_memory) if gpu_memory else None
         sample_every = parse_duration(telemetry_interval)
+        lease_s = parse_duration(lease)
     except ValueError as e:
         fail(str(e))
+    if not MIN_LEASE_S <= lease_s <= MAX_LEASE_S:
+        fail(f"--lease must be between {MIN_LEASE_S:.0f}s and {MAX_LEASE_S / 60:.0f}m, not {lease}")
     if on_shutdown not in ("keep", "stop"):
         fail(f"--on-shutdown must be keep or stop, not {on_shutdown!r}")
     try:
@@ -261,6 +273,7 @@ def up(
         on_shutdown=on_shutdown,
         max_log_bytes=log_cap,
         database_url=database_url,
+        lease_s=lease_s,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
         ),

@@ -15,6 +15,13 @@ the reason is made durable first (stop_reason "failure"). An ended attempt is re
 same transaction as the state change that ends it. A failed job with restarts left
 (`max_restarts`) goes back to the queue with a backoff (`not_before`); a requeue (`gpucluster
 requeue`) is a preemption the user asked for.
+
+The head holds the database's lease (store/lease.py) and `run` renews it, every third of its
+duration, before a cycle: a cycle runs only after a renewal that succeeded when one was due. A
+head that finds the lease taken over (LeaseLost, from a renewal or any write) stops cycling for
+good: it reconciles, starts and stops nothing, and says why in its log and /v1/health. While
+the database is unreachable (DatabaseUnavailable) the loop retries with a backoff and carries
+on by itself when it is back.
 """
 
 from __future__ import annotations
@@ -67,7 +74,8 @@ from gpucluster.launch.ranks import (
     per_gpu_envs,
     pick_free_port,
 )
-from gpucluster.store import AttemptRecord, DataDirUnwritable, JobRecord, Store
+from gpucluster.store import AttemptRecord, DatabaseUnavailable, DataDirUnwritable, JobRecord, LeaseLost, Store
+from gpucluster.store.lease import RENEW_FRACTION
 from gpucluster.store.telemetry import TelemetryStore
 from gpucluster.telemetry.drain import schedulable
 from gpucluster.telemetry.loopstats import LoopStats
@@ -82,6 +90,8 @@ LAUNCH_GRACE_S = 10.0
 # Even when nothing seems to change, plan again this often (the safety net for missed events).
 REPLAN_EVERY_S = 1.0
 USAGE_SAVE_EVERY_S = 10.0
+# While the database is unreachable, cycles are retried after 0.2 s, doubling up to this.
+OUTAGE_RETRY_MAX_S = 2.0
 # Restarts after failures back off by core/restarts.py's rule (1 s doubling, at most 5 minutes;
 # `gpucluster up --restart-backoff` sets the first wait), the rule the simulator uses too.
 # Every process of a distributed attempt has this in its environment (the attempt's run dir, so
@@ -146,6 +156,10 @@ class Head:
         self.last_decide_s = 0.0
         self.last_cycle_at: float | None = None  # end of the last cycle that succeeded
         self.last_error: str | None = None  # why the last cycle failed, if it did
+        self.lease_lost: str | None = None  # why this head stopped for good: another head took the lease
+        self.on_lease_lost: Callable[[], None] | None = None  # `gpucluster up`: stop what else writes
+        self._lease_renewed_at: float | None = None  # clock() of the last renewal (None: claimed, not renewed)
+        self.outage_retry_s = 0.0  # the backoff while the database is unreachable; 0: it is reachable
         self.identity: JobIdentity | None = None  # set by `gpucluster up`: jobs' own tokens, Unix accounts
         self.inventory: NodeInventory | None = None  # set by `gpucluster up --ray`: nodes join and leave
         self.telemetry = TelemetryStore(store)  # drain state (read every plan), samples, health
@@ -635,8 +649,21 @@ class Head:
         interpreter away from the API.
         """
         while not self._stop.is_set():
+            if self.lease_lost is not None:
+                self._stop.wait()  # for good: this head changes nothing any more
+                continue
             try:
+                self._keep_lease()
                 self.tick()
+            except LeaseLost as e:
+                self._lose_lease(str(e))
+                continue
+            except DatabaseUnavailable as e:  # the store logs it once; retried after a backoff
+                self._preempted_left = True
+                self.last_error = str(e)
+                self.outage_retry_s = min(max(0.2, 2 * self.outage_retry_s), OUTAGE_RETRY_MAX_S)
+                self._stop.wait(self.outage_retry_s)
+                continue
             except DataDirUnwritable as e:  # said once per change, not a stack trace every cycle
                 self._preempted_left = True
                 if self.last_error != str(e):
@@ -647,11 +674,36 @@ class Head:
                 log.exception("head cycle failed; retrying")
                 self.last_error = f"{type(e).__name__}: {e}"
             else:
+                if self.outage_retry_s:
+                    log.info("head: the database is back; scheduling resumed")
+                self.outage_retry_s = 0.0
                 self.last_error = None
                 self.last_cycle_at = self.clock()
             self._stop.wait(max(batch_s, 4 * self.last_decide_s))
             self.wake.wait(interval_s)
             self.wake.clear()
+
+    def _keep_lease(self) -> None:
+        """Renew the database's lease when a third of it has passed since the last renewal."""
+        lease = self.store.lease
+        if lease is None:
+            return  # no lease claimed (tests, tools): nothing to keep
+        now = self.clock()
+        if self._lease_renewed_at is not None and now - self._lease_renewed_at < lease.duration_s / RENEW_FRACTION:
+            return
+        self.store.renew()
+        self._lease_renewed_at = now
+
+    def _lose_lease(self, why: str) -> None:
+        """Another head took the lease over: stop for good, touching no job (they are its now)."""
+        self.lease_lost = why
+        self.last_error = why
+        log.error("head stopped scheduling: %s", why)
+        if self.on_lease_lost is not None:
+            try:
+                self.on_lease_lost()
+            except Exception:
+                log.exception("stopping after the lease was lost failed")
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,8 +1,10 @@
 """`gpucluster up`: one process that holds the data dir, runs the head loop and serves the API.
 
-One head per data dir, enforced with an exclusive lock: two heads on one store could each start
-the same queued job. Running jobs outlive the head (they are in their own sessions) and are
-re-adopted by the next head on the same data dir.
+One head per data dir, enforced with an exclusive lock, and one head per database, enforced by
+the database's lease (store/lease.py), which every write of the head checks: two heads on one
+store could each start the same queued job. Running jobs outlive the head (they are in their own
+sessions) and are re-adopted by the next head on the same data dir. A head that loses the lease
+stops scheduling and leaves every job alone; one that stops cleanly releases it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -39,6 +42,7 @@ from gpucluster.head.security import SecurityError, SecurityOptions, check_liste
 from gpucluster.head.service import ClusterService
 from gpucluster.policyfile import PolicyFileError
 from gpucluster.store import Store, StoreError
+from gpucluster.store.lease import DEFAULT_LEASE_S, Holder
 from gpucluster.telemetry.setup import DEFAULT_INTERVAL_S as DEFAULT_TELEMETRY_INTERVAL_S
 from gpucluster.telemetry.setup import start_telemetry
 
@@ -76,6 +80,7 @@ class UpOptions:
     on_shutdown: str = "keep"  # "keep": running jobs outlive the head; "stop": stopped and requeued
     max_log_bytes: int = DEFAULT_MAX_LOG_BYTES  # each job process's log; 0: no cap
     database_url: str | None = None  # PostgreSQL (postgresql://...); None: SQLite in the data dir
+    lease_s: float = DEFAULT_LEASE_S  # the database's one-head lease: renewed every third of it
 
 
 def default_data_dir() -> Path:
@@ -152,8 +157,14 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         raise StartupError(f"invalid policy: {e}") from None
     try:
         store = Store(opts.database_url or data.db)
-        store.claim()  # one head per database (a SQLite file is covered by the data dir's lock)
     except StoreError as e:
+        raise StartupError(str(e)) from None
+    try:
+        # One head per database: this head's writes check the lease from now on. The data dir's
+        # lock is ours, so a head that held the lease from this data dir on this machine is gone.
+        store.claim(Holder.this_process(str(data.root)), opts.lease_s, holds_data_dir=True, say=_say(say))
+    except StoreError as e:
+        store.close()
         raise StartupError(str(e)) from None
     ray_mode = None
     executor: Executor
@@ -212,6 +223,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         monitor, sampler = ray_telemetry(service, opts.telemetry_interval_s)
     else:
         monitor, sampler = start_telemetry(service, node, is_virtual, opts.telemetry_interval_s)
+    head.on_lease_lost = monitor.stop  # it would fail every step: the lease is gone for good
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(service, access),
@@ -237,15 +249,30 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         server.run()
     finally:
         service.close()
-        shut_down(head, opts.on_shutdown)
+        try:
+            shut_down(head, opts.on_shutdown)
+        except StoreError as e:
+            log.error("head shutting down: %s; running jobs are left as they are", e)
         head.stop()
         monitor.stop()
         loop.join(timeout=5)
         sampler.join(timeout=5)
         if ray_mode is not None:
             ray_mode.close()
+        try:
+            store.release()  # the next head takes over at once, not after the lease expires
+        except StoreError as e:
+            log.warning("could not release the database's lease (%s); the next head waits for it to expire", e)
         store.close()
         lock.close()
+
+
+def _say(out: IO[str]) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        out.write(line + "\n")
+        out.flush()
+
+    return say
 
 
 def shut_down(head: Head, on_shutdown: str) -> None:
@@ -255,6 +282,9 @@ def shut_down(head: Head, on_shutdown: str) -> None:
     "stop": no new starts, then every running job is preempted through the loop (SIGTERM, the
     grace period, SIGKILL) and requeued, so no process is left holding GPUs unseen.
     """
+    if head.lease_lost is not None:
+        log.info("head shutting down: it lost the database's lease; the jobs are the other head's")
+        return
     running = head.store.list_jobs(states=[JobState.RUNNING])
     if on_shutdown != "stop":
         log.info("head shutting down: %d running job(s) keep running; the next head adopts them", len(running))

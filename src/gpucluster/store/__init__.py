@@ -1,5 +1,25 @@
 """Durable state of the head: jobs, their state history, and nodes."""
 
-from gpucluster.store.store import AttemptRecord, DataDirUnwritable, JobRecord, NodeRecord, Store, StoreError
+from gpucluster.store.store import (
+    AttemptRecord,
+    DatabaseUnavailable,
+    DataDirUnwritable,
+    JobRecord,
+    LeaseHeld,
+    LeaseLost,
+    NodeRecord,
+    Store,
+    StoreError,
+)
 
-__all__ = ["AttemptRecord", "DataDirUnwritable", "JobRecord", "NodeRecord", "Store", "StoreError"]
+__all__ = [
+    "AttemptRecord",
+    "DataDirUnwritable",
+    "DatabaseUnavailable",
+    "JobRecord",
+    "LeaseHeld",
+    "LeaseLost",
+    "NodeRecord",
+    "Store",
+    "StoreError",
+]

@@ -7,16 +7,23 @@ and state changes are compare-and-set on the current state: a cancel and a launc
 job cannot both win. Every commit is durable (SQLite: WAL, synchronous=FULL; PostgreSQL:
 synchronous_commit=on) before the API acknowledges it. Readers see one snapshot per transaction
 (SQLite's deferred BEGIN; PostgreSQL's REPEATABLE READ).
+
+One head per database: a head claims the lease (store/lease.py) and every write transaction it
+makes checks, under the write lock, that it still holds it (LeaseLost otherwise, rolled back).
+A database that cannot be reached (PostgreSQL down or restarting, SQLite locked too long) is a
+DatabaseUnavailable, said once in the log per outage; pooled connections are checked before use
+(pool_pre_ping), so the first call after the database returns succeeds.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
+import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -37,7 +44,6 @@ from sqlalchemy import (
     insert,
     make_url,
     select,
-    text,
     update,
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
@@ -45,17 +51,35 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from gpucluster.core.states import JobState, can_transition
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, Priority, RunningJob, Wait
 from gpucluster.models import JobSpec
+from gpucluster.store import lease as leases
 from gpucluster.store import migrate, schema
+from gpucluster.store.lease import DEFAULT_LEASE_S, Holder, Lease
 
-# PostgreSQL advisory lock keys ("gpuclust" in ASCII, +1): every write transaction holds the
-# first; the head holds the second for its lifetime (Store.claim).
+# PostgreSQL advisory lock key ("gpuclust" in ASCII): every write transaction holds it.
 WRITE_LOCK_KEY = 0x67707563_6C757374
-HEAD_LOCK_KEY = WRITE_LOCK_KEY + 1
 IDS_PER_QUERY = 5000  # jobs named in one query's IN list (list_jobs(ids=...))
+
+
+log = logging.getLogger("gpucluster.store")
 
 
 class StoreError(RuntimeError):
     """The store cannot be used (locked by another head, unreadable, newer schema)."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database cannot be reached now (a PostgreSQL restart, a network cut, SQLite locked
+    past its busy timeout). Nothing was changed; the same call succeeds once it is back (the API:
+    503 with this message)."""
+
+
+class LeaseHeld(StoreError):
+    """Another head holds the database's lease and is alive: this one must not start."""
+
+
+class LeaseLost(StoreError):
+    """This head no longer holds the database's lease: another head took it over. The write was
+    rolled back. Permanent (epochs only grow): this head must stop scheduling and touch no job."""
 
 
 class DataDirUnwritable(StoreError):
@@ -325,7 +349,10 @@ class Store:
         self._pending: list[tuple[JobSpec, float, str | None, Future[int]]] = []
         self._nodes: list[NodeRecord] | None = None  # one head per store: its own writes are all
         self._upserts: dict[str, Any] = {}
-        self._claim: Connection | None = None
+        self.lease: Lease | None = None  # held by this store's head (claim); every write checks it
+        self.lease_lost: str | None = None  # why not any more, once a write found it taken
+        self._outage_since: float | None = None  # monotonic, while the database is unreachable
+        self._outage_lock = threading.Lock()
         try:
             with self._writer.begin() as c:
                 self.migrated = migrate.prepare(c)
@@ -377,28 +404,107 @@ class Store:
             self._upserts[table.name] = stmt
         return stmt
 
-    def claim(self) -> None:
-        """Make this the only head on its database, for as long as the store is open.
+    def claim(
+        self,
+        holder: Holder | None = None,
+        duration_s: float = DEFAULT_LEASE_S,
+        holds_data_dir: bool = False,
+        say: Any = None,
+        sleep: Any = time.sleep,
+    ) -> Lease:
+        """Take the database's lease (store/lease.py): from now on every write checks it.
 
-        A SQLite file belongs to its data dir, which the head locks already; a PostgreSQL
-        database could be named by heads with different data dirs, and two heads scheduling one
-        queue would run jobs twice: the second is refused (a session advisory lock).
+        Free, expired, released, or held by a head that is certainly dead (this machine, and the
+        data dir whose lock the caller holds when `holds_data_dir`, or a pid that is gone): taken
+        at once, with the next epoch. Held by another head: watched until it expires (taken
+        then: its holder stopped renewing) or is renewed (LeaseHeld: its holder is alive).
+        `say(line)` tells the operator why the head waits.
         """
-        if self.dialect != "postgresql" or self._claim is not None:
+        holder = holder or Holder.this_process()
+        self.lease = self.lease_lost = None  # the claim's own transactions check nothing
+        first: Lease | None = None
+        deadline: float | None = None
+        while True:
+            with self._write() as c:
+                got, found, now = leases.try_take(c, holder, duration_s, holds_data_dir)
+            if got is not None:
+                self.lease, self.lease_lost = got, None
+                if found is not None and found.holder != holder:
+                    how = (
+                        "which released it"
+                        if found.expires_at == 0
+                        else "whose lease had expired"
+                        if found.expires_at <= now
+                        else "which is gone"
+                    )
+                    log.log(
+                        logging.INFO if found.expires_at == 0 else logging.WARNING,
+                        "took over the database's lease (epoch %d) from %s, %s",
+                        got.epoch,
+                        found.holder.describe(),
+                        how,
+                    )
+                return got
+            assert found is not None
+            if first is None:
+                first = found
+                deadline = time.monotonic() + min(found.expires_at - now, found.duration_s) + 2.0
+                if say is not None:
+                    say(
+                        f"the database {self.display} is leased to {found.holder.describe()} for "
+                        f"{found.expires_at - now:.0f} s more; waiting: it is taken over if that head does not "
+                        "renew it, refused if it does"
+                    )
+            elif (
+                not found.same_claim(first)
+                or found.renewed_at != first.renewed_at
+                or time.monotonic() > (deadline or 0)
+            ):
+                raise LeaseHeld(
+                    f"another gpucluster head is using the database {self.display}: {found.holder.describe()} "
+                    f"holds its lease (epoch {found.epoch}) and renews it; stop it first"
+                )
+            sleep(0.2)
+
+    def renew(self) -> Lease:
+        """Extend the lease by its duration from now. LeaseLost if another head took it over
+        (even after it expired: a lease nobody else took is still this head's);
+        DatabaseUnavailable if the database cannot be reached (retry)."""
+        mine = self.lease
+        if mine is None:
+            raise StoreError("renew: this store holds no lease (claim first)")
+        with self._write() as c:  # checks that the lease is still ours
+            now = leases.db_now(c)
+            new = Lease(mine.holder, mine.epoch, now + mine.duration_s, now, mine.duration_s)
+            leases.write(c, new, existed=True)
+        self.lease = new
+        return new
+
+    def release(self) -> None:
+        """Give the lease up (a clean stop): the next head takes it at once, and this store
+        writes nothing more (LeaseLost). Nothing if the lease was lost already."""
+        mine = self.lease
+        if mine is None or self.lease_lost is not None:
             return
-        conn = self._writer.connect()
-        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": HEAD_LOCK_KEY}).scalar()
-        conn.commit()
-        if not got:
-            conn.close()
-            raise StoreError(f"another gpucluster head is using the database {self.display}; stop it first")
-        self._claim = conn
+        with self._write() as c:
+            now = leases.db_now(c)
+            leases.write(c, Lease(mine.holder, mine.epoch, 0.0, now, mine.duration_s), existed=True)
+        self.lease_lost = "this head released the database's lease (it is stopping): it changes nothing any more"
+
+    def _check_lease(self, conn: Connection) -> None:
+        """In a write transaction, under the write lock: does this head still hold the lease?"""
+        mine = self.lease
+        if mine is None:
+            return
+        if self.lease_lost is None:
+            found = leases.read(conn)
+            if found is not None and found.same_claim(mine):
+                return
+            self.lease_lost = leases.lost_message(mine, found)
+            log.error("%s", self.lease_lost)
+        raise LeaseLost(self.lease_lost)
 
     def close(self) -> None:
-        if self._claim is not None:
-            with contextlib.suppress(DBAPIError):
-                self._claim.close()
-            self._claim = None
         self._writer.dispose()
         self._reader.dispose()
 
@@ -406,23 +512,56 @@ class Store:
     def _write(self) -> Iterator[Connection]:
         # Writers queue on a Python lock, not on SQLite's busy handler, which sleeps 1-100 ms
         # between retries and cut submit throughput by 4x under concurrent clients.
-        with self._write_lock, self._unwritable_as_error(), self._writer.begin() as conn:
+        with self._write_lock, self._errors_mapped(), self._writer.begin() as conn:
+            self._check_lease(conn)
             yield conn
 
     @contextmanager
-    def _unwritable_as_error(self) -> Iterator[None]:
-        """A full or read-only data dir becomes a DataDirUnwritable (the transaction is rolled back)."""
+    def _errors_mapped(self) -> Iterator[None]:
+        """A full or read-only data dir becomes a DataDirUnwritable, an unreachable database a
+        DatabaseUnavailable (either way the transaction is rolled back)."""
         try:
             yield
         except (DBAPIError, OSError) as e:
             clear = unwritable(self.path.parent, e) if self.path is not None else _postgres_unwritable(self.display, e)
-            if clear is None:
+            if clear is not None:
+                raise clear from e
+            down = self._unavailable(e)
+            if down is None:
                 raise
-            raise clear from e
+            raise down from e
+        if self._outage_since is not None:
+            self._outage_over()
+
+    def _unavailable(self, e: BaseException) -> DatabaseUnavailable | None:
+        """`e` as a DatabaseUnavailable if it says the database cannot be reached; logged once per outage."""
+        if not isinstance(e, DBAPIError):
+            return None
+        cause = e.orig if e.orig is not None else e
+        first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        if self.dialect == "postgresql":
+            if not (e.connection_invalidated or isinstance(e, OperationalError)):
+                return None
+        elif not (isinstance(e, OperationalError) and any(w in first_line.lower() for w in ("locked", "busy"))):
+            return None
+        down = DatabaseUnavailable(f"database unavailable: {first_line}")
+        with self._outage_lock:
+            starting = self._outage_since is None
+            if starting:
+                self._outage_since = time.monotonic()
+        if starting:
+            log.warning("%s; calls answer 503 and scheduling waits until it is back", down)
+        return down
+
+    def _outage_over(self) -> None:
+        with self._outage_lock:
+            since, self._outage_since = self._outage_since, None
+        if since is not None:
+            log.warning("database available again after %.1f s", time.monotonic() - since)
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
-        with self._unwritable_as_error(), self._reader.begin() as conn:  # a read-only mount can refuse reads too
+        with self._errors_mapped(), self._reader.begin() as conn:  # a read-only mount can refuse reads too
             yield conn
 
     # ---- jobs -------------------------------------------------------------------------------
@@ -477,7 +616,8 @@ class Store:
             }
             for n, (spec, now) in enumerate(items)
         ]
-        with self._unwritable_as_error(), self._writer.begin() as c:
+        with self._errors_mapped(), self._writer.begin() as c:
+            self._check_lease(c)
             ids = [
                 int(r[0])
                 for r in c.execute(insert(schema.jobs).returning(schema.jobs.c.id, sort_by_parameter_order=True), rows)

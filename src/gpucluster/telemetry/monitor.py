@@ -31,6 +31,7 @@ from typing import Protocol
 from gpucluster.core.policy import HealthPolicy, IdlePolicy
 from gpucluster.durations import format_duration
 from gpucluster.head.loop import Head
+from gpucluster.store import StoreError
 from gpucluster.store.telemetry import NODE_WIDE, GpuProblem, GpuSample, Holding, JobFlag, TelemetryStore
 from gpucluster.telemetry.attribution import PidResolver, job_groups
 from gpucluster.telemetry.health import SILENT, STICKY, gpu_problems
@@ -353,16 +354,25 @@ class TelemetryMonitor:
     # ---- thread -----------------------------------------------------------------------------
 
     def run(self) -> None:
+        said = None
         while not self._stop.is_set():
             started = time.perf_counter()
             try:
                 self.step()
+            except StoreError as e:  # the database is down or the lease lost: the store said so; once here
+                if str(e) != said:
+                    log.warning("telemetry step failed: %s", e)
+                said = str(e)
             except Exception:  # the next step retries; telemetry must never take the head down
                 log.exception("telemetry step failed")
+            else:
+                said = None
             self.last_step_s = time.perf_counter() - started
             self._stop.wait(self.interval_s)
         try:
             self.flush()
+        except StoreError as e:
+            log.warning("telemetry: last flush failed: %s", e)
         except Exception:
             log.exception("telemetry: last flush failed")
         for s in self.sources:
