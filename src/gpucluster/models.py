@@ -363,6 +363,8 @@ class Attempt(BaseModel):
     reason: str = ""
     exit_codes: list[int | None] = Field(default_factory=list)  # per process (rank); None: lost
     work_lost_s: float | None = None  # time since its last checkpoint (or start) at the interruption
+    cpu_s: float | None = None  # CPU seconds of all its processes (their cgroups); None: not measured
+    memory_peak_bytes: int | None = None  # peak memory, each process's cgroup's peak summed
 
 
 class JobFlagOut(BaseModel):

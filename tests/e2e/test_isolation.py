@@ -340,3 +340,18 @@ def test_a_job_opens_only_its_own_gpus(tmp_path: Path) -> None:
         executor.cleanup(handle)
     lines = (tmp_path / "job" / "output.log").read_text().split("\n")
     assert lines[:4] == ["0 EPERM", "1 ENXIO", "2 EPERM", "255 ENXIO"], lines
+
+
+def test_an_attempt_records_what_its_whole_process_tree_used(tenants: Tenants) -> None:
+    """Accounting through the cgroup: CPU of the job and of a child that left its process group,
+    and the peak memory, in the ended attempt (`gpucluster show`, GET /v1/jobs/{id})."""
+    if not detect_cgroups().usable:
+        pytest.skip(f"no cgroups here: {detect_cgroups().describe()}")
+    a = tenants.alice
+    burn = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"
+    job = sh(a, f"setsid sh -c '{burn}' & {burn}; wait", tenants.workdir("gciso_alice"))
+    final = ended(a, job)
+    assert final.state.value == "succeeded", final.reason
+    (attempt,) = final.attempts
+    assert attempt.cpu_s is not None and attempt.cpu_s > 0.2, attempt
+    assert attempt.memory_peak_bytes is not None and attempt.memory_peak_bytes > 0, attempt

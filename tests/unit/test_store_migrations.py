@@ -83,9 +83,11 @@ def test_a_legacy_database_upgrades_without_losing_a_job(store_target: Path | st
     store = Store(store_target)
     try:
         if isinstance(store_target, Path):
-            assert store.migrated == f"upgraded from schema {version} (before Alembic) to revision 0004"
+            assert (
+                store.migrated == f"upgraded from schema {version} (before Alembic) to revision {schema.HEAD_REVISION}"
+            )
         else:
-            assert store.migrated == f"upgraded from revision {version:04d} to 0004"
+            assert store.migrated == f"upgraded from revision {version:04d} to {schema.HEAD_REVISION}"
         jobs = store.list_jobs()
         assert [j.id for j in jobs] == [1, 2, 3, 4, 5]
         for j, old in zip(jobs, before["jobs"], strict=True):

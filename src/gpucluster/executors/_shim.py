@@ -328,12 +328,16 @@ class _Keeper:
                 break
             except InterruptedError:
                 continue
+        used = {}
         if self.cgroup is not None:
             self.cgroup.kill()
+            # After the kill, so what the leftovers used counts too (a cgroup keeps its totals).
+            usage = self.cgroup.usage()
+            used = {"cpu_s": usage.cpu_s, "memory_peak_bytes": usage.memory_peak_bytes}
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child, signal.SIGKILL)
         _, status = os.waitpid(child, 0)
-        record = self._record(b"".join(chunks), status)
+        record = {**self._record(b"".join(chunks), status), **used}
         self._save(record)
         return int(record["exit_code"])
 

@@ -61,6 +61,9 @@ class Exited:
     exit_code: int  # shell convention: 128 + N when killed by signal N
     signal: int | None = None
     error: str | None = None  # why the command never started (a workdir it may not enter, ...)
+    # What the process and everything it started used, from its cgroup; None: no cgroup there.
+    cpu_s: float | None = None
+    memory_peak_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -316,7 +316,13 @@ class LocalExecutor:
             child = self._children.pop(int(handle["pid"]), None)
         record = _read_json(Path(handle["run_dir"]) / EXIT)
         if record is not None:
-            return Exited(int(record["exit_code"]), record.get("signal"), record.get("error"))
+            return Exited(
+                int(record["exit_code"]),
+                record.get("signal"),
+                record.get("error"),
+                cpu_s=record.get("cpu_s"),
+                memory_peak_bytes=record.get("memory_peak_bytes"),
+            )
         if child is not None and child.returncode is not None:
             if child.returncode < 0:  # the shim itself was killed: the job was killed with it
                 sig = -child.returncode

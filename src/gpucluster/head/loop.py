@@ -311,7 +311,7 @@ class Head:
         status = first_bad or statuses[0]
         code = status.exit_code if isinstance(status, Exited) else None
         how = _describe_end(statuses, _unit(job)) if multi else _how(status)
-        ended = self._ended_attempt(job, now, codes)
+        ended = self._ended_attempt(job, now, codes, statuses)
         if job.stop_reason == "cancel":
             if job.stop_message and _RANK.match(job.stop_message):
                 how = job.stop_message  # cancelled while a failed rank was being handled
@@ -405,7 +405,7 @@ class Head:
         codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
         how = _codes(codes, _unit(job))
         message = (message or job.stop_message or "preempted") + (f" ({how})" if how else "")
-        ended = self._ended_attempt(job, now, codes)
+        ended = self._ended_attempt(job, now, codes, statuses)
         not_before = now + backoff_s if backoff_s else None
         if self.store.transition(
             job.id,
@@ -438,9 +438,10 @@ class Head:
             self._requeue_after_preemption(job.id, now, job.not_before)
 
     def _ended_attempt(
-        self, job: JobRecord, now: float, codes: tuple[int | None, ...]
+        self, job: JobRecord, now: float, codes: tuple[int | None, ...], statuses: list[Status]
     ) -> Callable[[str, str], AttemptRecord]:
-        return lambda outcome, reason: self._attempt_record(job, now, outcome, reason, codes)
+        used = _used(statuses)
+        return lambda outcome, reason: replace(self._attempt_record(job, now, outcome, reason, codes), **used)
 
     def _attempt_record(
         self, job: JobRecord, now: float, outcome: str, reason: str, codes: tuple[int | None, ...]
@@ -765,6 +766,14 @@ def _newest_entry(directory: Path) -> float | None:
     except OSError:
         return None
     return newest
+
+
+def _used(statuses: list[Status]) -> dict[str, Any]:
+    """What an attempt's processes used, from their cgroups: CPU seconds and peak memory, summed;
+    None where none of them was measured."""
+    cpu = [s.cpu_s for s in statuses if isinstance(s, Exited) and s.cpu_s is not None]
+    memory = [s.memory_peak_bytes for s in statuses if isinstance(s, Exited) and s.memory_peak_bytes is not None]
+    return {"cpu_s": sum(cpu) if cpu else None, "memory_peak_bytes": sum(memory) if memory else None}
 
 
 def _failed(s: Status) -> bool:

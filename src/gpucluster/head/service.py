@@ -327,6 +327,8 @@ def _attempts(r: JobRecord, ended: Iterable[AttemptRecord]) -> list[Attempt]:
             reason=a.reason,
             exit_codes=list(a.exit_codes),
             work_lost_s=a.work_lost_s,
+            cpu_s=a.cpu_s,
+            memory_peak_bytes=a.memory_peak_bytes,
         )
         for a in ended
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -22,7 +23,8 @@ from sqlalchemy import (
 # 2: request, wait_reason, estimated_start, stop_message, last_checkpoint_at, queued_at; team_usage
 # 3: not_before, restarts, progress_step, progress_at, checkpoint_step; attempts
 # 4: jobs.owner; users, memberships, tokens, audit; telemetry, presence and accounting tables
-SCHEMA_VERSION = 4
+# 5: attempts.cpu_s, attempts.memory_peak_bytes
+SCHEMA_VERSION = 5
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -122,6 +124,10 @@ attempts = Table(
     Column("reason", Text, nullable=False),
     Column("exit_codes", Text, nullable=False),  # JSON list, one per process; null: lost
     Column("work_lost_s", Float),
+    # From the attempt's cgroups (executors/cgroups.py): CPU seconds of all its processes, and the
+    # sum over its processes' cgroups of each one's peak memory; null where the node had none.
+    Column("cpu_s", Float),
+    Column("memory_peak_bytes", BigInteger),
 )
 # The accountant looks for attempts that ended since its last step every few seconds.
 Index("ix_attempts_ended_at", attempts.c.ended_at)

@@ -245,6 +245,8 @@ class AttemptRecord:
     reason: str
     exit_codes: tuple[int | None, ...]
     work_lost_s: float | None
+    cpu_s: float | None = None  # all its processes, from their cgroups; None: no cgroups there
+    memory_peak_bytes: int | None = None  # each process's cgroup's peak, summed
 
 
 @dataclass(frozen=True)
@@ -832,6 +834,8 @@ class Store:
                         reason=a.reason,
                         exit_codes=json.dumps(list(a.exit_codes)),
                         work_lost_s=a.work_lost_s,
+                        cpu_s=a.cpu_s,
+                        memory_peak_bytes=a.memory_peak_bytes,
                     )
                 )
         return True
@@ -852,6 +856,8 @@ class Store:
                 reason=r["reason"],
                 exit_codes=tuple(json.loads(r["exit_codes"])),
                 work_lost_s=r["work_lost_s"],
+                cpu_s=r["cpu_s"],
+                memory_peak_bytes=r["memory_peak_bytes"],
             )
             for r in rows
         ]
