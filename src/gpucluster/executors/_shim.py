@@ -193,6 +193,10 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     try:
         if spec.get("cgroup"):
             _load_cgroups().join(spec["cgroup"])  # as root, before the drop: a user cannot leave it
+    except OSError as e:
+        tell({"error": f"cannot put the job in its cgroup: {e}"})
+        return CANNOT_START
+    try:
         account_env = _drop_privileges(spec["user"]) if spec.get("user") else _account_env(pwd.getpwuid(os.getuid()))
     except (OSError, KeyError) as e:
         tell({"error": f"cannot become the job's user {spec.get('user')!r}: {e}"})
@@ -271,7 +275,11 @@ class _Keeper:
         Once: a second SIGTERM a moment after the first would kill what the job's own handler of
         the first one starts (a shell trap's `$(date)`)."""
         if self.cgroup is not None:
+            joined = self.child in self.cgroup.pids()
             self.cgroup.signal(signum)
+            if not joined:  # just forked, not in its cgroup yet: it keeps the stop for its command
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.child, signum)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.child, signum)  # our unreaped child leads it: the id is still the job's
