@@ -513,8 +513,9 @@ class TeamOut(BaseModel):
     quota: dict[str, float]
     max_borrow: float | None
     max_lend: float | None
-    usage_gpu_hours: float
-    running_gpus: float
+    # What the team used: shown to its members and cluster admins, None to everyone else.
+    usage_gpu_hours: float | None
+    running_gpus: float | None
 
 
 class PolicyOut(BaseModel):

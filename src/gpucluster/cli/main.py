@@ -186,6 +186,28 @@ def up(
             "away, keeping the newest; 0: no cap",
         ),
     ] = "1GiB",
+    public_team_usage: Annotated[
+        bool,
+        typer.Option(
+            "--public-team-usage",
+            help="show each team's GPU-hours, cost and energy in /metrics without a token (a scraper on a "
+            "trusted network); otherwise only a cluster admin's token sees them",
+        ),
+    ] = False,
+    max_follows: Annotated[
+        int,
+        typer.Option("--max-follows-per-user", min=1, max=100_000, help="log follows one user may hold open at once"),
+    ] = 100,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            "--max-connections",
+            min=16,
+            max=1_000_000,
+            help="HTTP connections held at once (open log follows count); past it new ones get 503 "
+            "[lowered to fit the open-files limit]",
+        ),
+    ] = 16_384,
 ) -> None:
     """Start the head (HTTP API) and a local worker on this machine, or use a Ray cluster's nodes; runs until Ctrl-C."""
     import socket
@@ -243,6 +265,9 @@ def up(
         on_shutdown=on_shutdown,
         max_log_bytes=log_cap,
         database_url=database or None,
+        public_team_usage=public_team_usage,
+        max_follows_per_user=max_follows,
+        max_connections=max_connections,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
         ),
@@ -700,8 +725,8 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
             f"{t.weight:g}",
             f"{t.share:.1%}",
             quota,
-            f"{t.usage_gpu_hours:.2f}",
-            f"{t.running_gpus:g}",
+            "-" if t.usage_gpu_hours is None else f"{t.usage_gpu_hours:.2f}",  # another team's: not shown
+            "-" if t.running_gpus is None else f"{t.running_gpus:g}",
         )
     out.print(table)
 
