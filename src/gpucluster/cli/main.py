@@ -208,6 +208,12 @@ def up(
             "[lowered to fit the open-files limit]",
         ),
     ] = 16_384,
+    header_timeout: Annotated[
+        str,
+        typer.Option(
+            "--header-timeout", help="close a connection whose request headers are not all in after this long"
+        ),
+    ] = "15s",
 ) -> None:
     """Start the head (HTTP API) and a local worker on this machine, or use a Ray cluster's nodes; runs until Ctrl-C."""
     import socket
@@ -221,8 +227,11 @@ def up(
         backoff = parse_duration(restart_backoff) if restart_backoff is not None else None
         mem = parse_memory_mb(gpu_memory) if gpu_memory else None
         sample_every = parse_duration(telemetry_interval)
+        headers_within = parse_duration(header_timeout)
     except ValueError as e:
         fail(str(e))
+    if not 0.5 <= headers_within <= 600:
+        fail(f"--header-timeout must be between 0.5s and 10m, not {header_timeout}")
     if on_shutdown not in ("keep", "stop"):
         fail(f"--on-shutdown must be keep or stop, not {on_shutdown!r}")
     try:
@@ -268,6 +277,7 @@ def up(
         public_team_usage=public_team_usage,
         max_follows_per_user=max_follows,
         max_connections=max_connections,
+        header_timeout_s=headers_within,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
         ),
