@@ -19,7 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from gpucluster.api.errors import MAX_ID
 from gpucluster.auth.rules import Rule, allow, bearer
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
-from gpucluster.models import DrainIn, GpuSampleList, GpuSampleOut, NodeOut
+from gpucluster.models import DrainIn, ErrorBody, GpuSampleList, GpuSampleOut, NodeOut
 from gpucluster.telemetry.metrics import CONTENT_TYPE, metrics_registry, render_metrics
 
 MAX_SAMPLES = 100_000
@@ -102,7 +102,10 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, *, public_team_u
     @router.get(
         "/metrics",
         response_class=Response,
-        responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}},
+        responses={
+            200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"},
+            401: {"model": ErrorBody, "description": "a token was sent and it is not valid (none is needed)"},
+        },
         openapi_extra=allow(Rule.PUBLIC),
     )
     def metrics(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Response:
