@@ -52,7 +52,8 @@ def parse_memory_mb(value: str | int | float) -> int:
 def unstorable(value: object) -> str | None:
     """What makes text unstorable, or None: a lone surrogate (JSON's "\\ud800" reads as one, and
     no UTF-8 encoder, the store's or a log's, can write it) or a NUL byte (no argv, environment
-    or path can hold one). Looked for in strings, and in the keys and items of lists and dicts."""
+    or path can hold one). Looked for in strings, and in the items of lists and values of dicts
+    (the only dict, `env`, checks its names itself, with the rule for names)."""
     if isinstance(value, str):
         if "\x00" in value:
             return "contains a NUL character (\\u0000), which cannot be stored or passed to a process"
@@ -65,7 +66,7 @@ def unstorable(value: object) -> str | None:
             )
         return None
     if isinstance(value, dict):
-        items: list[object] = [x for kv in value.items() for x in kv]
+        items: list[object] = list(value.values())
     elif isinstance(value, list | tuple):
         items = list(value)
     else:
