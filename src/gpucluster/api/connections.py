@@ -8,6 +8,9 @@ usual httptools protocol plus:
 
 - a connection cap: past `max_connections` open at once, a new connection gets a one-line 503
   and is closed (existing ones, open log follows among them, carry on);
+- TCP keepalive probes: a peer that vanished without closing (a laptop that slept, a dropped
+  NAT entry), whose connection would otherwise look open for ever to a quiet log follow, is found
+  dead within `KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES` (two minutes);
 - a header timeout: a request's headers (from the connection's start, or from the first byte
   of the next request on a kept-alive connection) must be in within `header_timeout_s`, else the
   connection is closed; and at most `MAX_HEADER_BYTES` of them (431).
@@ -19,9 +22,11 @@ can still answer 408 with its usual error body.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import resource
+import socket
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -31,6 +36,9 @@ log = logging.getLogger("gpucluster.head")
 DEFAULT_MAX_CONNECTIONS = 16_384  # 10,000 open log follows fit (bench/bench_follow.py)
 DEFAULT_HEADER_TIMEOUT_S = 15.0
 MAX_HEADER_BYTES = 64 * 1024
+KEEPALIVE_IDLE_S = 60
+KEEPALIVE_INTERVAL_S = 10
+KEEPALIVE_PROBES = 6
 FD_RESERVE = 512  # descriptors kept for the store, job logs and the head's own files
 
 
@@ -51,6 +59,17 @@ def raise_fd_limit() -> int:
 def connection_cap(wanted: int, fd_limit: int) -> int:
     """The connections the head can hold: `wanted`, or fewer where file descriptors run out first."""
     return max(16, min(wanted, fd_limit - FD_RESERVE))
+
+
+def _keepalive(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):  # not TCP (a Unix socket), or not Linux
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
 
 
 def _response(status: bytes, message: str) -> bytes:
@@ -80,6 +99,7 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
                 )
                 transport.close()
                 return
+            _keepalive(transport)
             self._expect_headers()
 
         def _expect_headers(self) -> None:
