@@ -194,3 +194,47 @@ def test_an_unsafe_policy_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(PolicyFileError) as e:
         load_policy(path)
     assert "\n" not in str(e.value) and str(e.value).startswith(f"{path}:2:6: policy file has the tag")
+
+
+# ---- a body that stalls --------------------------------------------------------------------------
+
+
+def test_a_stalled_request_body_is_408(world: World) -> None:
+    """The app as the server calls it: a body that starts and then stalls is cut off (the real
+    timeout is 30 s; this one is shortened on the app's outer layer)."""
+    app = world.app.app
+    app.read_timeout_s = 0.3  # type: ignore[union-attr]
+    token = world.tokens["alice"].encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/jobs",
+        "raw_path": b"/v1/jobs",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"authorization", b"Bearer " + token), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    sent: list[dict[str, object]] = []
+
+    async def run() -> None:
+        chunks = [{"type": "http.request", "body": b'{"command": ', "more_body": True}]
+
+        async def receive() -> dict[str, object]:
+            if chunks:
+                return chunks.pop()
+            await asyncio.Event().wait()  # the rest never comes
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        await asyncio.wait_for(app(scope, receive, send), 10)  # type: ignore[arg-type, operator]
+
+    asyncio.run(run())
+    assert sent[0]["status"] == 408
+    assert json.loads(sent[1]["body"]) == {"error": "the request body stalled for 0.3 s", "detail": []}  # type: ignore[arg-type]
