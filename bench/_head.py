@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,16 +76,16 @@ class Head:
         self.jobs_left_running, self.unkillable = _kill_job_groups(self.data_dir)
 
 
-def start(gpus: int, data_dir: Path, log_path: Path, timeout: float = 60) -> Head:
+def start(gpus: int, data_dir: Path, log_path: Path, timeout: float = 60, extra: tuple[str, ...] = ()) -> Head:
     """Start `gpucluster up` in its own session and wait until GET /v1/health answers 200.
 
     The head writes its admin token to a config file next to the data dir (GPUCLUSTER_CONFIG),
     never to the user's own ~/.config."""
-    if not GPUCLUSTER.exists():
-        raise HeadError(f"{GPUCLUSTER} not found; install the project into .venv (pip install -e .)")
+    # The installed script, else this interpreter with the sources on its path (a worktree).
+    command = [str(GPUCLUSTER)] if GPUCLUSTER.exists() else [sys.executable, "-m", "gpucluster.cli.main"]
     port = free_port()
     argv = [
-        str(GPUCLUSTER), "up", "--virtual-gpus", str(gpus), "--gpu-type", "H100-80GB",
+        *command, "up", *extra, "--virtual-gpus", str(gpus), "--gpu-type", "H100-80GB",
         "--port", str(port), "--data-dir", str(data_dir), "--grace-period", "2s",
     ]  # fmt: skip
     config = data_dir.parent / "gpucluster-config.yaml"

@@ -49,6 +49,49 @@ def parse_memory_mb(value: str | int | float) -> int:
     return int(mb)
 
 
+def unstorable(value: object) -> str | None:
+    """What makes text unstorable, or None: a lone surrogate (JSON's "\\ud800" reads as one, and
+    no UTF-8 encoder, the store's or a log's, can write it) or a NUL byte (no argv, environment
+    or path can hold one). Looked for in strings, and in the items of lists and values of dicts
+    (the only dict, `env`, checks its names itself, with the rule for names)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return "contains a NUL character (\\u0000), which cannot be stored or passed to a process"
+        try:
+            value.encode()
+        except UnicodeEncodeError as e:
+            return (
+                f"contains a lone surrogate ({value[e.start]!r} at character {e.start}), which is not text "
+                "and cannot be stored; send valid Unicode (a pair of surrogates makes one character)"
+            )
+        return None
+    if isinstance(value, dict):
+        items: list[object] = list(value.values())
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        return None
+    for item in items:
+        problem = unstorable(item)
+        if problem is not None:
+            return problem
+    return None
+
+
+class StorableText(BaseModel):
+    """Refuses, at the field, text the head could not store (see `unstorable`): one bad
+    submission is a 422 naming its field, never a failed commit for it and the others batched
+    with it."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _storable(cls, v: object) -> object:
+        problem = unstorable(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 # What the validators below accept, said in the OpenAPI document too (JSON Schema keywords apply
@@ -62,7 +105,7 @@ _MEMORY_SCHEMA: JsonDict = {
 _GPU_TYPE: JsonDict = {"minLength": 1, "maxLength": 64, "pattern": r"\S"}
 
 
-class JobSpec(BaseModel):
+class JobSpec(StorableText):
     """What a user submits. Unknown fields are rejected so a typo never silently does nothing."""
 
     model_config = ConfigDict(
@@ -443,7 +486,7 @@ class NodeOut(BaseModel):
     address: str | None = None  # where its processes listen (MASTER_ADDR for rank 0 there)
 
 
-class DrainIn(BaseModel):
+class DrainIn(StorableText):
     model_config = ConfigDict(extra="forbid")
 
     reason: str | None = Field(None, max_length=500, description="why, shown by `gpucluster nodes`")
@@ -515,8 +558,9 @@ class TeamOut(BaseModel):
     quota: dict[str, float]
     max_borrow: float | None
     max_lend: float | None
-    usage_gpu_hours: float
-    running_gpus: float
+    # What the team used: shown to its members and cluster admins, None to everyone else.
+    usage_gpu_hours: float | None
+    running_gpus: float | None
 
 
 class GrantOut(BaseModel):

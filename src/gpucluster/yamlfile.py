@@ -38,13 +38,40 @@ def compose_file(path: Path, what: str, max_bytes: int = MAX_FILE_BYTES) -> yaml
     except UnicodeDecodeError:
         raise YamlFileError(f"{path}: {what} is not a text file") from None
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         raise YamlFileError(f"{path}{where}: not valid YAML: {e.problem}") from None
     except yaml.YAMLError as e:
         raise YamlFileError(f"{path}: not valid YAML: {e}") from None
+    if node is not None:
+        _check_tags(node, path, what)
+    return node
+
+
+def _check_tags(root: yaml.Node, path: Path, what: str) -> None:
+    """Refuse tags the safe loader does not build (`!!python/object/apply:os.system`, `!custom`)
+    with the file and line, here where every reader passes, rather than as a constructor's
+    traceback later: nothing but plain YAML values ever belongs in these files."""
+    known = yaml.SafeLoader.yaml_constructors
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:  # an alias shares its anchor's node
+            continue
+        seen.add(id(node))
+        if node.tag not in known:
+            mark = node.start_mark
+            raise YamlFileError(
+                f"{path}:{mark.line + 1}:{mark.column + 1}: {what} has the tag {node.tag!r}, which is not "
+                "allowed: only plain YAML values (text, numbers, true/false, lists, mappings)"
+            )
+        if isinstance(node, yaml.MappingNode):
+            stack.extend(x for kv in node.value for x in kv)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
 
 
 def construct(node: yaml.Node) -> Any:

@@ -94,5 +94,6 @@ def test_usage_budgets_and_max_cost_on_a_real_head(head: HeadProcess) -> None:
         assert {r.key for r in b.usage().rows} == {"nlp"}
         assert b.budgets() == []
     assert httpx.get(f"{head.url}/v1/usage").status_code == 401
-    metrics = httpx.get(f"{head.url}/metrics").text
+    metrics = httpx.get(f"{head.url}/metrics", headers=head.headers).text  # a team's spend: a cluster admin's
     assert 'gpucluster_team_cost_total{team="vision"}' in metrics
+    assert "gpucluster_team_cost_total" not in httpx.get(f"{head.url}/metrics").text

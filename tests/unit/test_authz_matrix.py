@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucluster.auth.rules import ACCESS_KEY, Rule
+from gpucluster.auth.rules import ACCESS_KEY, JOB_RULES, Rule
 
 from .authkit import SECRETS, World
 
@@ -107,6 +107,8 @@ def test_every_endpoint_for_every_caller_and_team(world: World) -> None:
                 want = "allowed"
             elif who is None:
                 ok, want = status == 401, "401"
+            elif rule in JOB_RULES and who == "bob":
+                ok, want = status == 404, "404 (another team's job reads as missing)"
             else:
                 ok, want = status == 403, "403"
             if not ok:

@@ -6,13 +6,13 @@ Errors have one shape everywhere: {"error": "<field>: <what is wrong and what is
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.exceptions import HTTPException, RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,6 +20,8 @@ from gpucluster import __version__, dashboard
 from gpucluster.api.accounting_routes import add_accounting_routes
 from gpucluster.api.admin import add_admin_routes
 from gpucluster.api.errors import MAX_ID, Id, document_errors
+from gpucluster.api.follow import DEFAULT_PER_USER as DEFAULT_FOLLOWS_PER_USER
+from gpucluster.api.follow import LogFollows
 from gpucluster.api.telemetry_routes import add_telemetry_routes
 from gpucluster.auth import grants, rules
 from gpucluster.auth.control import AccessControl
@@ -43,15 +45,18 @@ from gpucluster.models import (
 from gpucluster.store import DatabaseUnavailable, DataDirUnwritable, LeaseLost
 
 MAX_BODY_BYTES = 1024 * 1024
-FOLLOW_POLL_S = 0.2
+BODY_READ_TIMEOUT_S = 30.0
 
 
 class BodyLimit:
-    """Refuses request bodies over the limit with 413, whether or not Content-Length is sent."""
+    """Refuses request bodies over the limit with 413, whether or not Content-Length is sent, and
+    bodies that stall (no byte for `read_timeout_s`) with 408: a client cannot hold a request
+    open by sending its body slowly (the headers are bounded by api/connections.py)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, read_timeout_s: float = BODY_READ_TIMEOUT_S) -> None:
         self.app = app
         self.limit = limit
+        self.read_timeout_s = read_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -62,11 +67,18 @@ class BodyLimit:
             await _too_large(self.limit)(scope, receive, send)
             return
         seen = 0
+        body_done = False
 
         async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done
+            if body_done:  # past the body: waiting for a disconnect (a stream's) is not bounded here
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.read_timeout_s)
+            except TimeoutError:
+                raise _BodyTimeout(self.read_timeout_s) from None
             seen += len(message.get("body", b""))
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if seen > self.limit:
                 raise _BodyTooLarge
             return message
@@ -75,10 +87,21 @@ class BodyLimit:
             await self.app(scope, limited, send)
         except _BodyTooLarge:
             await _too_large(self.limit)(scope, receive, send)
+        except _BodyTimeout as e:  # read outside a route
+            body = {"error": e.detail, "detail": []}
+            await JSONResponse(body, status_code=408, headers=e.headers)(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):
     pass
+
+
+class _BodyTimeout(HTTPException):
+    """An HTTPException, so that FastAPI, reading the body for a route, passes it on as it is
+    (its own handler answers 408 in the usual error shape) rather than as a 400."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(408, f"the request body stalled for {timeout_s:g} s", {"Connection": "close"})
 
 
 def _too_large(limit: int) -> JSONResponse:
@@ -94,8 +117,18 @@ def _message(msg: str) -> str:
     return msg.removeprefix("Value error, ")
 
 
-def create_app(service: ClusterService, access: AccessControl | None = None) -> FastAPI:
-    """The API; every route needs a token unless its rule says otherwise (see auth/rules.py)."""
+def create_app(
+    service: ClusterService,
+    access: AccessControl | None = None,
+    *,
+    follow_limit: int = DEFAULT_FOLLOWS_PER_USER,
+    public_team_usage: bool = False,
+) -> FastAPI:
+    """The API; every route needs a token unless its rule says otherwise (see auth/rules.py).
+
+    `follow_limit`: log follows one user may hold open at once (api/follow.py).
+    `public_team_usage`: /metrics shows each team's usage and spend without a token (a cluster
+    admin's token is needed otherwise; api/telemetry_routes.py)."""
     app = FastAPI(
         title="gpucluster",
         version=__version__,
@@ -104,6 +137,8 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
     )
     access = access or AccessControl(service.store, service.head.clock)
     app.state.service = service
+    follows = LogFollows(service, access, per_user=follow_limit)
+    app.state.follows = follows
     rules.install(app, access)  # before any route: the guard covers every route added after
 
     @app.exception_handler(RequestValidationError)
@@ -245,19 +280,31 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
         return Response(status_code=204)
 
     @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, openapi_extra=allow(Rule.JOB_VIEW))
-    def logs(
+    async def logs(
+        request: Request,
+        who: Caller,
         job_id: Id,
         offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
         attempt: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
         rank: Annotated[
             int | None, Query(ge=0, le=MAX_ID, description="a distributed job's process [default: 0]")
         ] = None,
-        follow: bool = False,
+        follow: Annotated[
+            bool,
+            Query(
+                description="keep streaming as the log grows, until the attempt ends (a few hundred per user; 429 past)"
+            ),
+        ] = False,
     ) -> Any:
-        path, _ = service.log_path(job_id, attempt, rank)
+        """A job's output from `offset` (bytes since the attempt began); with follow, a stream.
+
+        Async, so that no follow holds a worker thread (api/follow.py); reads go to a thread."""
+        path, record = await run_in_threadpool(service.log_path, job_id, attempt, rank)
         if not follow:
-            return PlainTextResponse(_read_from(path, offset) if path else "")
-        return StreamingResponse(_follow(service, job_id, attempt, offset, rank), media_type="text/plain")
+            return PlainTextResponse(await run_in_threadpool(_read_from, path, offset) if path else "")
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        f = follows.open(who, token, job_id, attempt, rank, record.team)
+        return follows.response(f, offset)
 
     @app.get("/v1/queue", openapi_extra=allow(Rule.SIGNED_IN))
     def queue(
@@ -275,9 +322,10 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
         return service.queue(None if who.cluster_admin else who.can_see, limit, job)
 
     @app.get("/v1/policy", openapi_extra=allow(Rule.SIGNED_IN))
-    def policy() -> PolicyOut:
-        """The policy in force, each team's entitled share, quota, decayed usage and running GPUs."""
-        return service.policy()
+    def policy(who: Caller) -> PolicyOut:
+        """The policy in force, each team's entitled share and quota; the decayed usage and running
+        GPUs of your teams only (a cluster admin: of all; null for the others)."""
+        return service.policy(None if who.cluster_admin else who.can_see)
 
     @app.get("/v1/nodes", openapi_extra=allow(Rule.SIGNED_IN))
     def nodes() -> NodeList:
@@ -285,7 +333,7 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
         return NodeList(nodes=service.nodes())
 
     add_admin_routes(app, access)
-    add_telemetry_routes(app, service)  # drain/undrain, GPU samples, /metrics
+    add_telemetry_routes(app, service, public_team_usage=public_team_usage)  # drain/undrain, GPU samples, /metrics
     add_accounting_routes(app, service)  # usage, budgets
     document_errors(app)  # every route's error answers in the OpenAPI document (api/errors.py)
     dashboard.mount(app)  # the web UI at `/`: static files that read this API like any client
@@ -295,21 +343,3 @@ def create_app(service: ClusterService, access: AccessControl | None = None) -> 
 
 def _read_from(path: Any, offset: int) -> str:
     return read_log(path, offset)[0].decode(errors="replace")
-
-
-def _follow(
-    service: ClusterService, job_id: Id, attempt: int | None, offset: int, rank: int | None = None
-) -> Iterator[bytes]:
-    """Stream the log as it grows until the attempt has ended and everything was sent."""
-    pos = offset
-    while True:
-        path, record = service.log_path(job_id, attempt, rank)
-        attempt_over = record.state.terminal or (attempt is not None and attempt < record.attempt)
-        if path is not None:
-            chunk, pos = read_log(path, pos)  # offsets count rotated bytes too (executors/logfile.py)
-            if chunk:
-                yield chunk
-                continue
-        if attempt_over:
-            return
-        time.sleep(FOLLOW_POLL_S)

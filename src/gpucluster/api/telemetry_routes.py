@@ -3,29 +3,33 @@
 Their own module so the rest of the API stays as it was; `create_app` adds them with one call.
 Who may call what is declared per route (gpucluster.auth.rules): draining is a cluster admin's
 act; /metrics is public like /v1/health (a Prometheus scrape needs no token; it tells GPU
-readings, counts per team and state, never a job's name or command).
+readings, counts per team and state, never a job's name or command). What a team used and spent
+(GPU-hours, cost, energy, fair-share usage) is in it only for a cluster admin's token, or for
+anyone when the head runs with `--public-team-usage` (a scraper on a trusted network).
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, Path, Query
+from fastapi import APIRouter, Depends, FastAPI, Path, Query
 from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials
 
 from gpucluster.api.errors import MAX_ID
-from gpucluster.auth.rules import Rule, allow
+from gpucluster.auth.rules import Rule, allow, bearer
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
-from gpucluster.models import DrainIn, GpuSampleList, GpuSampleOut, NodeOut
+from gpucluster.models import DrainIn, ErrorBody, GpuSampleList, GpuSampleOut, NodeOut
 from gpucluster.telemetry.metrics import CONTENT_TYPE, metrics_registry, render_metrics
 
 MAX_SAMPLES = 100_000
 NodeName = Annotated[str, Path(min_length=1, max_length=255)]
 
 
-def add_telemetry_routes(app: FastAPI, service: ClusterService) -> None:
+def add_telemetry_routes(app: FastAPI, service: ClusterService, *, public_team_usage: bool = False) -> None:
     router = APIRouter()
-    registry = metrics_registry(service)
+    full = metrics_registry(service, team_usage=True)
+    public = full if public_team_usage else metrics_registry(service, team_usage=False)
 
     def node_out(name: str) -> NodeOut:
         for n in service.nodes():
@@ -98,11 +102,23 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService) -> None:
     @router.get(
         "/metrics",
         response_class=Response,
-        responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}},
+        responses={
+            200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"},
+            401: {"model": ErrorBody, "description": "a token was sent and it is not valid (none is needed)"},
+        },
         openapi_extra=allow(Rule.PUBLIC),
     )
-    def metrics() -> Response:
-        """GPU readings, queue length and waits per team and priority, cycle time, jobs by state."""
+    def metrics(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Response:
+        """GPU readings, queue length and waits per team and priority, cycle time, jobs by state.
+
+        No token needed. Each team's GPU-hours, cost, energy and fair-share usage are added for a
+        cluster admin's token (or for everyone under `gpucluster up --public-team-usage`); a token
+        that is not valid is refused (401) rather than quietly served less."""
+        registry = public
+        if creds is not None:
+            who = app.state.access.authenticate(creds.credentials)
+            if who.cluster_admin:
+                registry = full
         return Response(render_metrics(registry), media_type=CONTENT_TYPE)
 
     app.include_router(router)

@@ -112,7 +112,9 @@ async def _check_job(request: Request, who: Identity, rule: Rule) -> None:
     if record is None:
         raise NotFound(f"no job with id {job_id}")
     if not who.can_see(record.team):
-        raise Denied(f"job {job_id} is not in your teams ({who.describe_teams()})")
+        # Another team's job answers as a missing one, word for word: a caller learns nothing
+        # about other teams' jobs, not even which ids exist.
+        raise NotFound(f"no job with id {job_id}")
     if rule is not Rule.JOB_VIEW and not who.can_operate(record.team, record.owner):
         raise Denied(
             f"job {job_id} was submitted by {record.owner or 'someone else'}; only they, an admin of its "

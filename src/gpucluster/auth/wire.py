@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpucluster.durations import parse_duration
-from gpucluster.models import Name
+from gpucluster.models import Name, StorableText
 
 Role = Literal["member", "team-admin", "cluster-admin"]
 MAX_EXPIRY_S = 10 * 366 * 86400
@@ -22,7 +22,7 @@ def _expiry(value: float | str | None) -> float | None:
     return seconds
 
 
-class UserIn(BaseModel):
+class UserIn(StorableText):
     """A new user: their teams (the first is their default), role, and Unix account."""
 
     model_config = ConfigDict(extra="forbid")
@@ -48,7 +48,7 @@ class UserIn(BaseModel):
         return v
 
 
-class MembershipIn(BaseModel):
+class MembershipIn(StorableText):
     """Put a user in a team with a role, change it, or (role null) take them out."""
 
     model_config = ConfigDict(extra="forbid")
@@ -57,7 +57,7 @@ class MembershipIn(BaseModel):
     role: Literal["member", "team-admin"] | None = "member"
 
 
-class TokenIn(BaseModel):
+class TokenIn(StorableText):
     model_config = ConfigDict(extra="forbid")
 
     expires_in: float | str | None = Field(None, description="e.g. 90d [default: never]")

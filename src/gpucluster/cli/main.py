@@ -206,6 +206,34 @@ def up(
             "second head takes over a dead head's database after at most this",
         ),
     ] = "15s",
+    public_team_usage: Annotated[
+        bool,
+        typer.Option(
+            "--public-team-usage",
+            help="show each team's GPU-hours, cost and energy in /metrics without a token (a scraper on a "
+            "trusted network); otherwise only a cluster admin's token sees them",
+        ),
+    ] = False,
+    max_follows: Annotated[
+        int,
+        typer.Option("--max-follows-per-user", min=1, max=100_000, help="log follows one user may hold open at once"),
+    ] = 100,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            "--max-connections",
+            min=16,
+            max=1_000_000,
+            help="HTTP connections held at once (open log follows count); past it new ones get 503 "
+            "[lowered to fit the open-files limit]",
+        ),
+    ] = 16_384,
+    header_timeout: Annotated[
+        str,
+        typer.Option(
+            "--header-timeout", help="close a connection whose request headers are not all in after this long"
+        ),
+    ] = "15s",
 ) -> None:
     """Start the head (HTTP API) and a local worker on this machine, or use a Ray cluster's nodes; runs until Ctrl-C."""
     import socket
@@ -227,6 +255,12 @@ def up(
         fail(str(e))
     if not MIN_LEASE_S <= lease_s <= MAX_LEASE_S:
         fail(f"--lease must be between {MIN_LEASE_S:.0f}s and {MAX_LEASE_S / 60:.0f}m, not {lease}")
+    try:
+        headers_within = parse_duration(header_timeout)
+    except ValueError as e:
+        fail(str(e))
+    if not 0.5 <= headers_within <= 600:
+        fail(f"--header-timeout must be between 0.5s and 10m, not {header_timeout}")
     if on_shutdown not in ("keep", "stop"):
         fail(f"--on-shutdown must be keep or stop, not {on_shutdown!r}")
     try:
@@ -274,6 +308,10 @@ def up(
         max_log_bytes=log_cap,
         database_url=database_url,
         lease_s=lease_s,
+        public_team_usage=public_team_usage,
+        max_follows_per_user=max_follows,
+        max_connections=max_connections,
+        header_timeout_s=headers_within,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
         ),
@@ -736,8 +774,8 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
             f"{t.weight:g}",
             f"{t.share:.1%}",
             quota,
-            f"{t.usage_gpu_hours:.2f}",
-            f"{t.running_gpus:g}",
+            "-" if t.usage_gpu_hours is None else f"{t.usage_gpu_hours:.2f}",  # another team's: not shown
+            "-" if t.running_gpus is None else f"{t.running_gpus:g}",
         )
     out.print(table)
 

@@ -27,6 +27,14 @@ from typing import IO
 import uvicorn
 
 from gpucluster.api.app import create_app
+from gpucluster.api.connections import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    connection_cap,
+    raise_fd_limit,
+    server_settings,
+)
+from gpucluster.api.follow import DEFAULT_PER_USER as DEFAULT_FOLLOWS_PER_USER
 from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Node
@@ -81,6 +89,10 @@ class UpOptions:
     max_log_bytes: int = DEFAULT_MAX_LOG_BYTES  # each job process's log; 0: no cap
     database_url: str | None = None  # PostgreSQL (postgresql://...); None: SQLite in the data dir
     lease_s: float = DEFAULT_LEASE_S  # the database's one-head lease: renewed every third of it
+    public_team_usage: bool = False  # /metrics shows each team's usage and spend without a token
+    max_follows_per_user: int = DEFAULT_FOLLOWS_PER_USER
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # lowered to fit the open-files limit
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
 
 
 def default_data_dir() -> Path:
@@ -224,12 +236,22 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     else:
         monitor, sampler = start_telemetry(service, node, is_virtual, opts.telemetry_interval_s)
     head.on_lease_lost = monitor.stop  # it would fail every step: the lease is gone for good
+    # Every connection is a file descriptor: raise the soft limit, and hold no more connections
+    # than it allows (api/connections.py: the cap, and the header timeout against slowloris).
+    max_connections = connection_cap(opts.max_connections, raise_fd_limit())
+    if max_connections < opts.max_connections:
+        say.write(
+            f"holding at most {max_connections} HTTP connections (--max-connections {opts.max_connections} "
+            "is more than the open-files limit allows; raise it with ulimit -n)\n"
+        )
+    app = create_app(service, access, follow_limit=opts.max_follows_per_user, public_team_usage=opts.public_team_usage)
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(service, access),
+            app,
             host=opts.host,
             port=opts.port,
             log_level="warning",
+            **server_settings(max_connections, opts.header_timeout_s),
             **ssl_options(opts.security),
         )
     )

@@ -238,7 +238,9 @@ class ClusterService:
         entries = [QueueEntry(position=n, job=to_wire(records[i])) for n, i in shown if i in records]
         return QueueOut(entries=entries, total=len(visible))
 
-    def policy(self) -> PolicyOut:
+    def policy(self, can_see: Callable[[str], bool] | None = None) -> PolicyOut:
+        """The policy in force; each team's usage and running GPUs only where `can_see` accepts
+        the team (None: everywhere), as what a team uses is its members' business."""
         source = self.head.policy_source
         p = source.policy
         running: dict[str, float] = {}
@@ -264,8 +266,8 @@ class ClusterService:
                     quota=dict(p.team(n).quota),
                     max_borrow=p.team(n).max_borrow,
                     max_lend=p.team(n).max_lend,
-                    usage_gpu_hours=self.head.usage.get(n, 0.0) / 3600,
-                    running_gpus=running.get(n, 0.0),
+                    usage_gpu_hours=self.head.usage.get(n, 0.0) / 3600 if can_see is None or can_see(n) else None,
+                    running_gpus=running.get(n, 0.0) if can_see is None or can_see(n) else None,
                 )
                 for n in names
             ],

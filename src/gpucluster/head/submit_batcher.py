@@ -47,14 +47,19 @@ class SubmitBatcher:
                     return
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             try:
-                ids = self._store.create_jobs([(s, t) for s, t, _, _, _ in batch], [o for _, _, o, _, _ in batch])
+                # One submission that cannot be stored fails alone; the others are committed.
+                outcomes = self._store.create_jobs_each(
+                    [(s, t) for s, t, _, _, _ in batch], [o for _, _, o, _, _ in batch]
+                )
             except Exception as e:
-                for _, _, _, fut, loop in batch:
-                    loop.call_soon_threadsafe(_fail, fut, e)
-                continue
-            self._on_committed()
-            for job_id, (_, _, _, fut, loop) in zip(ids, batch, strict=True):
-                loop.call_soon_threadsafe(_resolve, fut, job_id)
+                outcomes = [e] * len(batch)
+            if any(not isinstance(o, BaseException) for o in outcomes):
+                self._on_committed()
+            for outcome, (_, _, _, fut, loop) in zip(outcomes, batch, strict=True):
+                if isinstance(outcome, BaseException):
+                    loop.call_soon_threadsafe(_fail, fut, outcome)
+                else:
+                    loop.call_soon_threadsafe(_resolve, fut, outcome)
 
     def close(self) -> None:
         """Commit what is pending, then stop."""

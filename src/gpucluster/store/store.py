@@ -582,20 +582,47 @@ class Store:
             if not ticket.done():
                 with self._pending_lock:
                     batch, self._pending = self._pending, []
-                try:
-                    ids = self._insert_jobs([(spec, now) for spec, now, _, _ in batch], [o for _, _, o, _ in batch])
-                except Exception as e:
-                    for _, _, _, t in batch:
-                        t.set_exception(e)
-                else:
-                    for job_id, (_, _, _, t) in zip(ids, batch, strict=True):
-                        t.set_result(job_id)
+                outcomes = self._insert_each([(spec, now) for spec, now, _, _ in batch], [o for _, _, o, _ in batch])
+                for outcome, (_, _, _, t) in zip(outcomes, batch, strict=True):
+                    if isinstance(outcome, BaseException):
+                        t.set_exception(outcome)
+                    else:
+                        t.set_result(outcome)
         return ticket.result()
 
     def create_jobs(self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None) -> list[int]:
         """Insert queued jobs in one transaction; their ids, in order, once durable."""
         with self._write_lock:
             return self._insert_jobs(items, owners)
+
+    def create_jobs_each(
+        self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None
+    ) -> list[int | Exception]:
+        """As `create_jobs`, for submissions of different callers batched together: each one's id,
+        or the error that kept that one alone out (see `_insert_each`)."""
+        with self._write_lock:
+            return self._insert_each(items, owners)
+
+    def _insert_each(
+        self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None
+    ) -> list[int | Exception]:
+        """All items in one transaction; if it fails, each item again in its own, so that one
+        item that cannot be stored fails alone rather than every submission batched with it.
+
+        Validation refuses what it knows to be unstorable (models.unstorable); this is for what
+        it does not know. A failure of the store itself (a full disk) fails each retry too."""
+        try:
+            return list(self._insert_jobs(items, owners))
+        except Exception as e:
+            if len(items) == 1:
+                return [e]
+        out: list[int | Exception] = []
+        for n, item in enumerate(items):
+            try:
+                out.append(self._insert_jobs([item], [owners[n]] if owners else None)[0])
+            except Exception as e:
+                out.append(e)
+        return out
 
     def _insert_jobs(self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None) -> list[int]:
         rows = [

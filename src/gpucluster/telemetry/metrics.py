@@ -22,13 +22,17 @@ Series (deploy/grafana/gpucluster.json is built on these names):
   gpucluster_scheduling_cycle_seconds                   histogram: one head cycle
   gpucluster_scheduler_decide_seconds                   the last plan's decide() time
   gpucluster_scheduling_cycles_total
-  gpucluster_team_fair_share_usage_gpu_hours{team}      decayed usage the fair share orders by
+  gpucluster_team_fair_share_usage_gpu_hours{team}      decayed usage the fair share orders by (*)
   gpucluster_telemetry_step_seconds                     the last telemetry round
 
 GPU-hours, cost and energy per team (undecayed, for billing) come from accounting's collector,
 registered next to these in `metrics_registry` (telemetry/accounting_metrics.py):
   gpucluster_team_gpu_hours_total{team,model}, gpucluster_team_cost_total{team},
   gpucluster_team_energy_joules_total{team}
+
+(*) and those three: what a team used and spent, which only a cluster admin may see; they are
+in the registry built with `team_usage=True` (the API serves it to a cluster admin's token, or
+to anyone under `gpucluster up --public-team-usage`).
 """
 
 from __future__ import annotations
@@ -51,8 +55,9 @@ MIB = 1024 * 1024
 
 
 class ClusterCollector(Collector):
-    def __init__(self, service: ClusterService) -> None:
+    def __init__(self, service: ClusterService, team_usage: bool = True) -> None:
         self.service = service
+        self.team_usage = team_usage
 
     def collect(self) -> Iterable[Metric]:
         yield from self._gpus()
@@ -135,6 +140,8 @@ class ClusterCollector(Collector):
         idle = GaugeMetricFamily("gpucluster_jobs_idle", "Running jobs flagged idle by telemetry")
         idle.add_metric([], len({f.job_id for f in self.service.head.telemetry.flags() if f.flag == "idle"}))
         yield idle
+        if not self.team_usage:
+            return
         usage = GaugeMetricFamily(
             "gpucluster_team_fair_share_usage_gpu_hours",
             "Decayed GPU-hours the fair share orders teams by (not billing: see accounting)",
@@ -159,10 +166,12 @@ class ClusterCollector(Collector):
         yield from head.stats.registry.collect()
 
 
-def metrics_registry(service: ClusterService) -> CollectorRegistry:
+def metrics_registry(service: ClusterService, team_usage: bool = True) -> CollectorRegistry:
+    """The series of /metrics; each team's usage and spend only with `team_usage` (see above)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ClusterCollector(service))
-    registry.register(AccountingCollector(service.head.accounting))
+    registry.register(ClusterCollector(service, team_usage))
+    if team_usage:
+        registry.register(AccountingCollector(service.head.accounting))
     return registry
 
 

@@ -13,6 +13,7 @@ const history = new Map(); // team -> [[unix, running GPUs], ...], kept across p
 function record(teams) {
   const now = Date.now() / 1000;
   for (const t of teams) {
+    if (t.running_gpus === null || t.running_gpus === undefined) continue; // another team's: not shown
     const points = history.get(t.name) || [];
     points.push([now, t.running_gpus]);
     while (points.length && points[0][0] < now - HISTORY_S) points.shift();
