@@ -35,7 +35,7 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     echo "postgresql missing and cannot apt-get it: the PostgreSQL tests will be skipped" >&2
   fi
 fi
-echo "== ruff"; .venv/bin/ruff check src tests bench
+echo "== ruff"; .venv/bin/ruff check src tests bench && .venv/bin/ruff format --check -q src tests bench
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"
 set +e
