@@ -186,8 +186,9 @@ def unavailable(why: str) -> None:
     pytest.skip(why)
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
+def _serving() -> Iterator[PostgresServer]:
+    """A server of Debian's binaries in a temp dir, stopped afterwards; a skip (a failure on CI)
+    where there are none."""
     bindir = find_bindir()
     if bindir is None:
         unavailable(f"no PostgreSQL server binaries (initdb, postgres) on this machine: {INSTALL_HINT}")
@@ -207,6 +208,11 @@ def postgres_server() -> Iterator[PostgresServer]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    yield from _serving()
+
+
 @pytest.fixture
 def postgres_url(postgres_server: PostgresServer) -> str:
     """A new, empty database on the session's server."""
@@ -216,16 +222,4 @@ def postgres_url(postgres_server: PostgresServer) -> str:
 @pytest.fixture
 def private_postgres() -> Iterator[PostgresServer]:
     """A PostgreSQL server of this test's own, to stop and start again; stopped after the test."""
-    bindir = find_bindir()
-    if bindir is None:
-        unavailable(f"no PostgreSQL server binaries (initdb, postgres) on this machine: {INSTALL_HINT}")
-    assert bindir is not None
-    try:
-        server = start_server(bindir)
-    except (RuntimeError, OSError) as e:
-        unavailable(f"could not start a PostgreSQL server from {bindir}: {e}")
-        raise
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serving()

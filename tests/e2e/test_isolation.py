@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster.auth.unix import account_exists
 from gpucluster.client import ApiError, Client
 from gpucluster.executors.base import LaunchSpec, Running
 from gpucluster.executors.cgroups import detect as detect_cgroups
@@ -59,15 +60,14 @@ class Tenants:
 
 
 def _make_account(name: str) -> None:
-    with contextlib.suppress(KeyError):
-        pwd.getpwnam(name)
+    if account_exists(name):
         return
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
 
 
 @pytest.fixture(scope="module")
 def tenants() -> Iterator[Tenants]:
-    made = [a for a in ACCOUNTS if not _exists(a)]
+    made = [a for a in ACCOUNTS if not account_exists(a)]
     for account in ACCOUNTS:
         _make_account(account)
     try:
@@ -98,14 +98,6 @@ def tenants() -> Iterator[Tenants]:
     finally:
         for account in made:
             subprocess.run(["userdel", account], check=False, capture_output=True)
-
-
-def _exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
 
 
 def sh(c: Client, script: str, workdir: str, **fields: object) -> int:
