@@ -106,11 +106,12 @@ class Executor(Protocol):
         """
 
     def signal(self, handle: Handle, signum: int) -> None:
-        """Deliver `signum` to the job's whole process group (every process's, for several);
-        a vanished group is not an error."""
+        """Deliver `signum` to every process of the job (its cgroup, else its process group; every
+        rank's, for several); a job already gone is not an error."""
 
     def cleanup(self, handle: Handle) -> None:
-        """Kill whatever is left of a finished job's process groups (background children)."""
+        """Kill whatever is left of a finished job (background children) and free what it held
+        (its cgroups)."""
 
 
 def expected_processes(handle: Handle) -> int:

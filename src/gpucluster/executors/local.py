@@ -1,7 +1,11 @@
-"""Runs jobs as local processes, each under a shim in its own session and process group.
+"""Runs jobs as local processes, each under a shim (_shim.py) in its own session, and, where the
+node allows, in a cgroup of its own (cgroups.py): the kernel's list of every process of the job.
 
-Identity of a process across head restarts is (pid, kernel start time), so a recycled pid is
-never mistaken for a job, and never signalled.
+The head signals a job through its shim's keeper, whose identity across head restarts is (pid,
+kernel start time), so a recycled pid is never mistaken for a shim; the keeper alone names the
+job's process group, and its cgroup, so no process is ever signalled by a remembered number.
+The job's command and environment travel in RUN_DIR/spec.json (0600, in the head's own run dir),
+never on a command line.
 
 A multi-process attempt (ranks) runs one shim per process, each in a session of its own, under
 `RUN_DIR/rank-R/`. Before the first one starts, `RUN_DIR/launch.json` records how many there
