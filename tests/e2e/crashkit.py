@@ -93,11 +93,14 @@ def read_events(path: Path) -> Events:
         elif w[0] == "sig":
             out.signalled.add((int(w[1]), int(w[2])))
         elif w[0] in ("end", "term"):
+            # A stop that lands while the line is being made kills its `$(date)` (the shell's own
+            # trap runs after the line): the time is then missing, "end J A PID CODE".
+            timed = len(w) > (5 if w[0] == "end" else 4)
             for run in out.runs.get((int(w[1]), int(w[2])), []):
                 if run.pid == int(w[3]):
-                    run.end = float(w[4])
+                    run.end = float(w[4]) if timed else None
                     run.termed = w[0] == "term"
-                    run.code = int(w[5]) if w[0] == "end" else 143
+                    run.code = int(w[-1]) if w[0] == "end" else 143
     return out
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster.store import schema
 from tests.e2e.conftest import tracked_heads
 from tests.e2e.headproc import HeadProcess, wait_for
 from tests.e2e.test_jobs import (  # noqa: F401 - collected here again, on PostgreSQL
@@ -101,7 +102,8 @@ def test_a_data_dir_of_version_1_upgrades_and_the_head_runs_its_jobs(tmp_path: P
     head = HeadProcess(data, gpus=8, gpu_type="H100-80GB")
     try:
         head.start()
-        assert "state database upgraded from schema 1 (before Alembic) to revision 0004" in head.log_path.read_text()
+        said = f"state database upgraded from schema 1 (before Alembic) to revision {schema.HEAD_REVISION}"
+        assert said in head.log_path.read_text()
         with head.client() as c:
             jobs = {j.id: j for j in c.jobs()}
             assert sorted(jobs) == [1, 2, 3, 4, 5]
@@ -120,5 +122,5 @@ def test_a_data_dir_of_version_1_upgrades_and_the_head_runs_its_jobs(tmp_path: P
         head.stop()
         head.kill_jobs()
     with sqlite3.connect(data / "state.db") as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0004",)]
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(schema.HEAD_REVISION,)]
         assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone() == (6,)

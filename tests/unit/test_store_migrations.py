@@ -161,7 +161,7 @@ def test_every_revision_from_an_empty_database_gives_the_current_schema(store_ta
     finally:
         engine.dispose()
     assert schema_diffs(store_target) == []
-    store = Store(store_target)  # revision 0004 already: nothing to do but stamp meta.schema
+    store = Store(store_target)  # the newest revision already: nothing to do but stamp meta.schema
     try:
         assert store.migrated is None and store.integrity_ok()
     finally:

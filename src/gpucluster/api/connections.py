@@ -125,16 +125,15 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
         def data_received(self, data: bytes) -> None:
             if self._awaiting_headers:
                 self._header_bytes += len(data)
-                if self._header_bytes > MAX_HEADER_BYTES:
-                    self._headers_done()
-                    self.transport.write(
-                        _response(
-                            b"431 Request Header Fields Too Large", f"request headers over {MAX_HEADER_BYTES} bytes"
-                        )
-                    )
-                    self.transport.close()
-                    return
+            # Parsed first: a chunk that holds the end of the headers holds the start of the body
+            # too (a large submission), and only bytes still before the headers' end count.
             super().data_received(data)
+            if self._awaiting_headers and self._header_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
+                self._headers_done()
+                self.transport.write(
+                    _response(b"431 Request Header Fields Too Large", f"request headers over {MAX_HEADER_BYTES} bytes")
+                )
+                self.transport.close()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
