@@ -338,7 +338,8 @@ class _Keeper:
                 continue
         used = {}
         if self.cgroup is not None:
-            self.cgroup.kill()
+            if self.cgroup.pids():  # what the command left behind (most jobs leave nothing)
+                self.cgroup.kill()
             # After the kill, so what the leftovers used counts too (a cgroup keeps its totals).
             usage = self.cgroup.usage()
             used = {"cpu_s": usage.cpu_s, "memory_peak_bytes": usage.memory_peak_bytes}

@@ -359,7 +359,8 @@ class LocalExecutor:
         for r in handle.get("ranks", [handle]):
             if r.get("cgroup"):
                 cgroup = cgroups.JobCgroup.from_json(r["cgroup"])
-                cgroup.kill()
+                if cgroup.pids():  # the shim kills it before its record: usually empty by now
+                    cgroup.kill()
                 with contextlib.suppress(OSError):
                     cgroup.remove()
         self._kill_marked(handle)
