@@ -202,6 +202,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
         tell({"error": f"cannot become the job's user {spec.get('user')!r}: {e}"})
         return CANNOT_START
     # --- from here on, only the job's user's rights ---
+    os.umask(0o022)  # a login's default, not the head's private 077 (its logs are made 0600 anyway)
     if spec.get("die_with_parent"):
         threading.Thread(target=_watch_keeper, args=(keeper,), daemon=True).start()
     env = {**spec["env"], **account_env}
