@@ -135,15 +135,14 @@ def test_a_job_runs_as_its_submitter_and_uses_its_own_files(tenants: Tenants) ->
     assert a.logs(job) == "gciso_alice\nsaved\n"
     alice = pwd.getpwnam("gciso_alice")
     job_dir = tenants.data / "jobs" / str(job)
-    for path in (
-        job_dir,
-        job_dir / "checkpoints",
-        job_dir / "checkpoints" / "ck",
-        job_dir / "attempt-1" / "output.log",
-    ):
-        st = path.stat()
-        assert st.st_uid == alice.pw_uid, path
-        assert st.st_mode & 0o077 == 0, f"{path} is open to others: {oct(st.st_mode)}"
+    made = (job_dir, job_dir / "checkpoints", job_dir / "attempt-1", job_dir / "attempt-1" / "output.log")
+    for path in (*made, job_dir / "checkpoints" / "ck"):
+        assert path.stat().st_uid == alice.pw_uid, path
+    # What gpucluster makes is private; what the job writes follows a login's umask (022), inside
+    # its 0700 directory, which no other account can enter.
+    for path in made:
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is open to others: {oct(path.stat().st_mode)}"
+    assert (job_dir / "checkpoints" / "ck").stat().st_mode & 0o777 == 0o644
     assert (tenants.root / "gciso_alice" / "note").stat().st_uid == alice.pw_uid
 
 
