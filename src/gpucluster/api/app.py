@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpucluster import __version__, dashboard
+from gpucluster import __version__
 from gpucluster.api.accounting_routes import add_accounting_routes
 from gpucluster.api.admin import add_admin_routes
 from gpucluster.api.errors import MAX_ID, Id, document_errors
@@ -28,6 +28,7 @@ from gpucluster.auth.control import AccessControl
 from gpucluster.auth.identity import Denied
 from gpucluster.auth.rules import Caller, Rule, allow
 from gpucluster.core.states import JobState
+from gpucluster.dashboard import serve as dashboard_serve
 from gpucluster.executors.logfile import read_log
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.models import (
@@ -336,7 +337,7 @@ def create_app(
     add_telemetry_routes(app, service, public_team_usage=public_team_usage)  # drain/undrain, GPU samples, /metrics
     add_accounting_routes(app, service)  # usage, budgets
     document_errors(app)  # every route's error answers in the OpenAPI document (api/errors.py)
-    dashboard.mount(app)  # the web UI at `/`: static files that read this API like any client
+    dashboard_serve.mount(app)  # the web UI at `/`: static files that read this API like any client
 
     return BodyLimit(rules.AuditLog(app, access), MAX_BODY_BYTES)  # type: ignore[return-value]
 

@@ -35,6 +35,10 @@ app = typer.Typer(
 )
 
 
+# Options of every command, given before or after the subcommand (main() moves them before it).
+GLOBAL_VALUE_OPTIONS = ("--token", "--url")
+
+
 @app.callback()
 def _global(
     token: Annotated[
@@ -45,10 +49,20 @@ def _global(
             "see `gpucluster whoami`)",
         ),
     ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            help="the head's URL (default: $GPUCLUSTER_URL, else the config file's url:, which `gpucluster up` "
+            "records, else http://127.0.0.1:8642)",
+        ),
+    ] = None,
 ) -> None:
     """gpucluster: a GPU cluster. Start it with `gpucluster up`, then submit jobs."""
     if token is not None:
         os.environ["GPUCLUSTER_TOKEN"] = token  # where Client looks; jobs never inherit it
+    if url is not None:
+        os.environ["GPUCLUSTER_URL"] = url  # where each command's --url and Client look
 
 
 def _gpus(job: Job) -> str:
@@ -814,8 +828,74 @@ app.command()(usage)
 app.command()(budgets)
 
 
+def _invoked(args: list[str]) -> str | None:
+    """The subcommand named in `args`, skipping the global options before it; None for none."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in GLOBAL_VALUE_OPTIONS:
+            i += 2
+        elif a.startswith("-"):
+            i += 1
+        else:
+            return a
+    return None
+
+
+def _keep_only(name: str | None) -> None:
+    """Register only the invoked subcommand with Typer before it builds the click group.
+
+    Why: Typer turns every command's signature into click parameters at each start (~60 ms of
+    CPU for ~50 commands), though one runs. An unknown name or none (top-level --help) keeps
+    them all, so click's own "No such command" and the full listing still appear.
+    """
+    if name is None:
+        return
+    commands = [c for c in app.registered_commands if _command_name(c) == name]
+    groups = [g for g in app.registered_groups if g.name == name]
+    if commands or groups:
+        app.registered_commands[:] = commands
+        app.registered_groups[:] = groups
+
+
+def _command_name(info: Any) -> str:
+    return str(info.name or info.callback.__name__).lower().replace("_", "-")
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """Move `--token X` / `--url X` given after the subcommand to before it.
+
+    Why: click takes a group's options only before the subcommand, so `gpucluster jobs --token X`
+    was refused while `gpucluster --token X jobs` worked (and the reverse for --url). A command's
+    own arguments are never touched: nothing after `--`, nor after `submit`'s first command word.
+    Commands that take --url themselves (every one that talks to a head) keep theirs.
+    """
+    name = _invoked(args)
+    if name is None:
+        return args
+    at = args.index(name)
+    head, rest, moved = args[: at + 1], args[at + 1 :], []
+    kept: list[str] = []
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--" or (name == "submit" and not a.startswith("-") and (not kept or not kept[-1].startswith("-"))):
+            kept += rest[i:]
+            break
+        flag, eq, value = a.partition("=")
+        if flag == "--token":
+            moved += [flag, value] if eq else rest[i : i + 2]
+            i += 1 if eq else 2
+            continue
+        kept.append(a)
+        i += 1
+    return moved + head + kept if moved else args
+
+
 def main() -> None:
-    app()
+    args = hoist_global_options(sys.argv[1:])
+    _keep_only(_invoked(args))
+    app(args=args, prog_name="gpucluster")
 
 
 if __name__ == "__main__":
