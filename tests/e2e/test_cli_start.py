@@ -20,7 +20,8 @@ from tests.e2e.headproc import HeadProcess
 
 # What pip installs as the `gpucluster` script, plus a report of the modules it ended up with.
 SCRIPT = """import sys, atexit, json
-atexit.register(lambda: sys.stderr.write("MODULES " + json.dumps(sorted(m for m in sys.modules if sys.modules[m])) + "\\n"))
+loaded = lambda: sorted(m for m in sys.modules if sys.modules[m])
+atexit.register(lambda: sys.stderr.write("MODULES " + json.dumps(loaded()) + "\\n"))
 from gpucluster.cli.main import main
 sys.exit(main())
 """
@@ -93,3 +94,61 @@ def test_hoisting_leaves_a_command_s_own_arguments_alone() -> None:
 def test_unknown_command_still_says_so(tmp_path: Path) -> None:
     r = subprocess.run([*_script(tmp_path), "jbos"], capture_output=True, text=True, timeout=60, env=_env())
     assert r.returncode != 0 and "jbos" in r.stderr and "Traceback" not in r.stderr
+
+
+def _run(cli: list[str], *args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = _env(GPUCLUSTER_URL=url) if url else _env()
+    return subprocess.run([*cli, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_help_shows_every_default_and_flags_look_like_flags(tmp_path: Path) -> None:
+    """Rich markup swallowed every `[...]` in help strings (`[default: ...]`, `gpucluster[ray]`)."""
+    cli = _script(tmp_path)
+
+    def shown(*args: str) -> str:
+        return " ".join(_run(cli, *args).stdout.split())  # help wraps to the terminal's width
+
+    up = shown("up", "--help")
+    assert "[default: 8642" in up and "gpucluster[ray]" in up and "[default: ~/.local/share/gpucluster" in up
+    submit = shown("submit", "--help")
+    assert "[default: http://127.0.0.1:8642]" in submit and "[default: 1]" in submit
+    assert "<bool>" not in submit and "--shell " in submit
+    assert "preempted" in shown("jobs", "--help")
+    assert "2025-01-31" in shown("admin", "audit", "--help")
+
+
+def test_bad_inputs_answer_one_line_and_exit_1(head: HeadProcess, tmp_path: Path) -> None:
+    cli = _script(tmp_path)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("comand: [python, train.py]\ngpus: 1\n")
+    cases = [
+        (["submit", "-f", str(typo)], f"{typo}:1: comand: unknown field; did you mean command?"),
+        (["show", "abc"], "job_id"),
+        (["show"], "Missing argument"),
+        (["jobs", "--bogus"], "No such option: --bogus"),
+        (["jobs", "--limit", "0"], "--limit"),
+        (["jbos"], "No such command 'jbos'"),
+        (["jobs", "--state", "nope"], "state: 'nope': Input should be"),
+        (["admin", "audit", "--since", "yesterday"], "--since: cannot read 'yesterday'"),
+    ]
+    for args, needle in cases:
+        r = _run(cli, *args, url=head.url)
+        lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("MODULES ")]
+        assert r.returncode == 1, (args, r.returncode, r.stderr)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (args, lines)
+        assert "state.0" not in lines[0]
+    assert _run(cli, "admin", "audit", "--since", "2025-01-31", url=head.url).returncode == 0
+
+
+def test_estimates_say_what_they_assume(head: HeadProcess, tmp_path: Path) -> None:
+    """A start estimate holds only if running jobs use their whole limit; the default 1 h is said."""
+    cli = _script(tmp_path)
+    with head.client() as c:
+        c.submit(["sleep", "600"], gpus=8)
+        waiting = c.submit(["sleep", "600"], gpus=8)
+        from tests.e2e.headproc import wait_for
+
+        wait_for(lambda: c.job(waiting.id).estimated_start is not None, what="an estimate for the waiting job")
+    why = _run(cli, "why", str(waiting.id), url=head.url)
+    assert "(assuming running jobs use their whole time limit, the default 1h where none is set)" in why.stdout
+    assert "EST. START: assuming" in _run(cli, "queue", url=head.url).stdout

@@ -110,12 +110,20 @@ def _too_large(limit: int) -> JSONResponse:
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    """The field a user wrote, as they wrote it: `state`, not pydantic's `query.state.0` (a list
+    item's position means nothing to someone who typed `--state nope`; `_message` names the value)."""
+    parts = [str(p) for p in loc if p not in ("body", "query", "path") and not isinstance(p, int)]
     return ".".join(parts) or "body"
 
 
-def _message(msg: str) -> str:
-    return msg.removeprefix("Value error, ")
+def _message(msg: str, error: dict[str, Any] | None = None) -> str:
+    """pydantic's sentence, naming the offending value when it was one item of a list."""
+    text = msg.removeprefix("Value error, ")
+    if error is not None and any(isinstance(p, int) for p in error.get("loc", ())):
+        value = error.get("input")
+        if isinstance(value, str | int | float):
+            return f"{value!r}: {text}"
+    return text
 
 
 def create_app(
@@ -145,8 +153,8 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
-        text = "; ".join(f"{_field(e['loc'])}: {_message(str(e['msg']))}" for e in errors)
-        detail = [{"field": _field(e["loc"]), "message": _message(str(e["msg"]))} for e in errors]
+        text = "; ".join(f"{_field(e['loc'])}: {_message(str(e['msg']), dict(e))}" for e in errors)
+        detail = [{"field": _field(e["loc"]), "message": _message(str(e["msg"]), dict(e))} for e in errors]
         return JSONResponse({"error": text, "detail": detail}, status_code=422)
 
     @app.exception_handler(Rejected)

@@ -14,7 +14,7 @@ from gpucluster.cli.common import client as _client
 from gpucluster.durations import format_duration
 
 admin_app: typer.Typer = typer.Typer(
-    help="Users, teams, tokens and the audit log (cluster admins only).", no_args_is_help=True
+    help="Users, teams, tokens and the audit log (cluster admins only).", no_args_is_help=True, rich_markup_mode=None
 )
 
 RoleOpt = Annotated[
@@ -167,15 +167,17 @@ def audit(
             "--action", help="only this action: submit, cancel, requeue, drain, add-user, revoke, policy, ..."
         ),
     ] = None,
-    since: Annotated[str | None, typer.Option("--since", help="only the last ..., e.g. 1h, 7d")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="a duration ago (1h, 7d), a date (2025-01-31) or all [default: all]")
+    ] = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Who submitted, cancelled, requeued, drained, changed policy or users, and when (oldest first)."""
-    from gpucluster.durations import parse_duration
+    from gpucluster.durations import parse_since
 
     try:
-        start = time.time() - parse_duration(since) if since else None
+        start = parse_since(since, time.time()) if since else None
     except ValueError as e:
         fail(f"--since: {e}")
     with _client(url) as c:
