@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 if TYPE_CHECKING:
-    from gpucluster.auth.wire import AuditEntry, NewToken, TokenOut, UserOut, WhoAmI
+    from gpucluster.auth.wire import AuditEntry, NewToken, TokenOut, UserChanged, UserOut, WhoAmI
 
 # The admin wire models are imported at the first admin call (each method imports its own):
 # every other command, and the SDK in a job, does without their ~10 ms of import (issue 19).
@@ -47,6 +47,19 @@ class AdminCalls:
         from gpucluster.auth.wire import UserOut
 
         return UserOut.model_validate(r.json())
+
+    def update_user(self, name: str, **changes: Any) -> UserChanged:
+        """Change a user: unix_user="acct" (None: the default, their name), cluster_admin=True/False.
+        Only the fields given change; the answer carries a warning when their jobs could not run."""
+        from gpucluster.auth.wire import UserChanged
+
+        return UserChanged.model_validate(self._request("PATCH", f"/v1/admin/users/{name}", json=changes).json())
+
+    def delete_user(self, name: str) -> UserOut:
+        """Remove a user, their memberships and tokens (refused while jobs of theirs are active)."""
+        from gpucluster.auth.wire import UserOut
+
+        return UserOut.model_validate(self._request("DELETE", f"/v1/admin/users/{name}").json())
 
     def new_token(self, name: str, expires_in: str | float | None = None, note: str = "") -> NewToken:
         body = {"expires_in": expires_in, "note": note}

@@ -98,6 +98,24 @@ class NewToken(Model):
     token: str
     token_id: int
     user: UserOut
+    warning: str | None = None  # why the user's jobs could not run yet, e.g. no Unix account on the head
+
+
+class UserPatch(StorableText):
+    """Change a user: their Unix account (null: the default, their name) or cluster-admin flag.
+    A field left out stays as it is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    unix_user: str | None = Field(None, max_length=32, pattern=r"^[a-z_][a-z0-9_.-]*\$?$")
+    cluster_admin: bool | None = None
+
+
+class UserChanged(Model):
+    """A changed user, with a warning when their jobs could not run as things stand."""
+
+    user: UserOut
+    warning: str | None = None
 
 
 class UserList(Model):
