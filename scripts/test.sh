@@ -11,7 +11,7 @@ PY=${PYTHON:-python3}
 # any torch >= 2.1 (extra `train`).
 .venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q -e '.[test,train,ray]' 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, alembic, psycopg, schemathesis, pytest, torch, sklearn, ray.cluster_utils" # fail fast if an install did not take
+.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, alembic, psycopg, schemathesis, pytest, pytest_timeout, torch, sklearn, ray.cluster_utils" # fail fast if an install did not take
 # The dashboard's browser tests drive Debian's chromium through its chromedriver (no browser
 # download: only package registries are reachable). Installed here when missing, as root.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import calendar
 import re
+import time
 
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
@@ -32,3 +34,25 @@ def format_duration(seconds: float) -> str:
             parts.append(f"{seconds // size}{unit}")
             seconds %= size
     return "".join(parts)
+
+
+_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+
+
+def parse_since(text: str, now: float) -> float | None:
+    """A moment for `--since`/`since=`: `30d` (that long ago), `2025-01-01` (UTC midnight) or `all`
+    (None); ValueError says what is allowed. Here, not in head/, so every command reads the same."""
+    s = text.strip().lower()
+    if s == "all":
+        return None
+    m = _DATE.fullmatch(s)
+    if m:
+        try:
+            return float(calendar.timegm(time.strptime(s, "%Y-%m-%d")))
+        except ValueError:
+            raise ValueError(f"{text!r} is not a date") from None
+    try:
+        ago = parse_duration(s)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r}; give a duration (30d, 12h), a date (2025-01-31) or all") from None
+    return now - ago

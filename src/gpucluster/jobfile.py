@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,14 @@ def read_job_file(path: Path) -> dict[str, Any]:
     data, node = read_yaml(path, "job file")
     if not isinstance(data, dict):
         raise JobFileError(f"{path}: a job file is a mapping of fields (command, gpus, ...), not {type(data).__name__}")
+    unknown = [k for k in data if k not in JobSpec.model_fields]
+    if unknown:
+        # Before anything else: `comand:` must be named as the typo it is, not reported as
+        # "no command given".
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), list(JobSpec.model_fields), n=1)
+        hint = f"did you mean {close[0]}?" if close else f"the fields are {', '.join(JobSpec.model_fields)}"
+        raise JobFileError(f"{path}:{line_of(node, [key]) or 0}: {key}: unknown field; {hint}")
     if isinstance(data.get("command"), str) and not data.get("shell"):
         raise JobFileError(
             f"{path}:{line_of(node, ['command']) or 0}: command: give a list of arguments, e.g. [python, train.py], "

@@ -82,15 +82,26 @@ def load(path: Path | None = None) -> UserConfig:
 
 def save_head_token(url: str, token: str, path: Path | None = None) -> Path:
     """Record `token` for the head at `url`, keeping the rest of the file; mode 0600."""
+    return save_head(url, token, path, make_default=False)
+
+
+def save_head(url: str, token: str | None, path: Path | None = None, make_default: bool = True) -> Path:
+    """Record the head at `url` as the default (`url:`) and, when given, its token; keeps the rest.
+
+    `gpucluster up` calls this at each start, so `up --port 9000` then `gpucluster jobs` reach the
+    new head without --url or $GPUCLUSTER_URL (which still win over the file)."""
     path = path or config_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two heads starting at once must not lose an entry
         data = _read(path)
-        found = data.get("heads")
-        heads: dict[str, Any] = found if isinstance(found, dict) else {}
-        heads[url.rstrip("/")] = token
-        data["heads"] = heads
+        if make_default:
+            data["url"] = url.rstrip("/")
+        if token is not None:
+            found = data.get("heads")
+            heads: dict[str, Any] = found if isinstance(found, dict) else {}
+            heads[url.rstrip("/")] = token
+            data["heads"] = heads
         tmp = path.with_name(path.name + ".tmp")
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

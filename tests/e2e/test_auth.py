@@ -168,3 +168,40 @@ def test_tls(head_factory: type[HeadProcess], tmp_path: Path) -> None:
         assert c.whoami().cluster_admin
     with pytest.raises(httpx.HTTPError):
         httpx.get(h.url.replace("https://", "http://") + "/v1/health", timeout=5)
+
+
+def test_user_management_warns_remaps_promotes_and_deletes(head: HeadProcess) -> None:
+    """Issue 19: `add-user carol` without an account `carol` on a root head warned nobody, and no
+    command changed an account, made a cluster admin or deleted a user."""
+    if os.geteuid() != 0:
+        pytest.skip("a head runs jobs as their submitters only as root")
+    r = cli(head, "admin", "add-user", "gcnoacct", "--team", "t")
+    assert r.returncode == 0, r.stderr
+    assert "warning: there is no Unix account 'gcnoacct' on the head" in r.stderr
+    token = r.stdout.strip().splitlines()[-1]
+    refused = cli(head, "submit", "--", "true", token=token)
+    assert refused.returncode == 1 and "no account 'gcnoacct'" in refused.stderr
+
+    assert cli(head, "admin", "set-user", "gcnoacct", "--unix-user", "gcnosuch").returncode == 1
+    r = cli(head, "admin", "set-user", "gcnoacct", "--unix-user", "nobody")
+    assert r.returncode == 0 and "jobs run as nobody" in r.stdout and "warning" not in r.stderr, r.stderr
+    with Client(head.url, token=token) as c:
+        assert c.whoami().runs_jobs_as == "nobody"
+        job = c.submit(["id", "-un"], workdir="/tmp")
+        assert ended(c, job.id).state.value == "succeeded"
+
+    r = cli(head, "admin", "set-user", "gcnoacct", "--cluster-admin", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["user"]["cluster_admin"] is True, r.stderr
+    assert json.loads(cli(head, "whoami", "--json", token=token).stdout)["cluster_admin"] is True
+    assert cli(head, "admin", "set-user", "gcnoacct", "--no-cluster-admin").returncode == 0
+
+    r = cli(head, "admin", "delete-user", "gcnoacct")
+    assert r.returncode == 0 and "deleted user gcnoacct" in r.stdout, r.stderr
+    gone = cli(head, "whoami", token=token)
+    assert gone.returncode == 1 and "token" in gone.stderr
+    assert "gcnoacct" not in cli(head, "admin", "users").stdout
+    again = cli(head, "admin", "delete-user", "gcnoacct")
+    assert again.returncode == 1 and "no user 'gcnoacct'" in again.stderr
+    me = json.loads(cli(head, "whoami", "--json").stdout)["user"]
+    last = cli(head, "admin", "delete-user", me)
+    assert last.returncode == 1 and "only cluster admin" in last.stderr

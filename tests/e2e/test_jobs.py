@@ -6,7 +6,6 @@ import itertools
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -130,20 +129,27 @@ def test_kill_9_of_the_head_loses_nothing_and_runs_nothing_twice(head_factory, t
     head = head_factory(data).start()
     marker = tmp_path / "starts"
     count = f"open({str(marker)!r}, 'a').write('x');"
+    # The jobs end when the test says so (a file appears), not after a sleep: a 10 s job once
+    # ended before a restarted head came up on a busy machine.
+    release, go, exited = tmp_path / "release", tmp_path / "go", tmp_path / "exited"
+    until = "import os, sys, time\nwhile not os.path.exists({!r}): time.sleep(0.05)\n"
     with head.client() as c:
-        long = c.submit([PY, "-c", f"{count} import time; time.sleep(10); print('long done')"], gpus=4).id
-        quick_fail = c.submit([PY, "-c", f"{count} import time, sys; time.sleep(1); sys.exit(7)"], gpus=4).id
+        long = c.submit([PY, "-c", f"{count} {until.format(str(release))}print('long done')"], gpus=4).id
+        fail_then = f"open({str(exited)!r}, 'w').close(); sys.exit(7)"
+        quick_fail = c.submit([PY, "-c", f"{count} {until.format(str(go))}{fail_then}"], gpus=4).id
         queued = c.submit([PY, "-c", f"{count} print('queued ran')"], gpus=8).id
         running(head, long)
         running(head, quick_fail)
     head.kill9()
-    time.sleep(1.5)  # quick_fail exits while no head is watching
+    go.touch()  # quick_fail exits while no head is watching
+    wait_for(exited.exists, what="the failing job to exit while the head is down")
     head2 = head_factory(data, port=head.port).start()
     with head2.client() as c:
         assert c.job(queued).state.value in ("queued", "running", "succeeded")
         assert c.job(long).state.value == "running"  # re-adopted, still running
         j_fail = finished(head2, quick_fail)
         assert j_fail.state.value == "failed" and j_fail.exit_code == 7
+        release.touch()
         j_long = finished(head2, long, timeout=40)
         assert j_long.state.value == "succeeded" and c.logs(long).strip() == "long done"
         j_q = finished(head2, queued, timeout=40)

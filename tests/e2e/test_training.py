@@ -223,7 +223,10 @@ def test_kill_9_of_one_rank_restarts_the_whole_job_from_its_last_checkpoint(
         f"relaunched {(two.started_at or 0) - killed_at:.1f} s, "
         f"checkpoint loaded in {start['load_s']:.2f} s)"
     )
-    assert first_step["t"] - killed_at < 30
+    # The figure printed above is the measurement; this bound only catches a restart that waits for
+    # something (a lease, a timeout) instead of acting. 30 s was tuned to an idle machine (35 s
+    # were seen at load 12-27); torch's import alone takes several times longer on busy cores.
+    assert first_step["t"] - killed_at < 120
     assert done(head, job, 2)["test_accuracy"] == pytest.approx(done(head, reference.id, 1)["test_accuracy"], abs=SAME)
     assert attempt_pids(head, job) == []
 

@@ -19,7 +19,7 @@ root runs them as their submitter's Unix account. So:
 - the fuzzing users run jobs as `nobody`, were one ever to start;
 - the last test checks that no job ever started and no attempt directory exists.
 Calls that would take this test's own identities away (revoking the tokens it uses, changing
-their users' teams) are not made either, and logs are read with `follow=false` (following a job
+or deleting their users) are not made either, and logs are read with `follow=false` (following a job
 that never ends would wait forever).
 
 The head's rate limit is high enough that the fuzzer is never throttled (429 stays a declared
@@ -58,6 +58,10 @@ teams:
   default: {{max_borrow: 0}}
 """
 
+
+# Changing or deleting a user acts on a user of its own, made for it: the spare user's token and
+# job stay for the other operations (a delete would take both), and the fuzzing identities stay.
+DOOMED = {("PATCH", "/v1/admin/users/{name}"): "fuzz-patched", ("DELETE", "/v1/admin/users/{name}"): "fuzz-doomed"}
 
 # Operations no call can succeed on here: requeue and progress need a running job, and the one
 # node stays drained.
@@ -104,6 +108,8 @@ class Fixture:
         self.add_user("fuzz-admin", [TEAM], "cluster-admin")  # a team of its own: its submissions need none
         spare = self.post("/v1/admin/users", {"name": "fuzz-spare", "teams": [OTHER_TEAM], "unix_user": "nobody"})
         self.spare_tokens.append(spare["token_id"])
+        for doomed in DOOMED.values():  # what PATCH and DELETE of a user act on (see _aim)
+            self.post("/v1/admin/users", {"name": doomed, "teams": [OTHER_TEAM], "unix_user": "nobody"})
         own = self.post("/v1/jobs", {"command": ["true"], "name": "own"}, member)["id"]
         ended = self.post("/v1/jobs", {"command": ["true"], "gpus": 0.5}, member)["id"]
         self.post(f"/v1/jobs/{ended}/cancel", None, member)
@@ -186,7 +192,7 @@ def _aim(fuzz: Fixture, case: Any) -> bool:
     if path.startswith("/v1/nodes/") and isinstance(name, str) and len(name) % 2:
         params["name"] = NODE
     if path.startswith("/v1/admin/users/") and isinstance(name, str) and len(name) % 2:
-        params["name"] = "fuzz-spare"
+        params["name"] = DOOMED.get((case.method.upper(), path), "fuzz-spare")
     if case.query and "follow" in case.query:
         case.query["follow"] = "false"
     if path == "/v1/nodes/{name}/undrain" and str(params.get("name")) == NODE:
@@ -194,7 +200,8 @@ def _aim(fuzz: Fixture, case: Any) -> bool:
     # Coverage cases may carry a path parameter as a string ("1"): compare as text.
     if path == "/v1/admin/tokens/{token_id}/revoke" and str(params.get("token_id")) in map(str, fuzz.token_ids):
         return False
-    return not (path == "/v1/admin/users/{name}/membership" and str(params.get("name")) in fuzz.users)
+    changes_user = path in ("/v1/admin/users/{name}/membership", "/v1/admin/users/{name}")
+    return not (changes_user and case.method.upper() != "GET" and str(params.get("name")) in fuzz.users)
 
 
 @pytest.fixture(autouse=True)

@@ -87,7 +87,7 @@ def test_malformed_yaml_reports_file_line_col(tmp_path: Path, text: str, where: 
         ("command: [python]\n\n\ntime_limit: forever\n", 4, "time_limit", "cannot read duration"),
         ("gpus: 1\ncommand: [python]\nenv:\n  GPUCLUSTER_JOB_ID: '3'\n", 3, "env", "set by the cluster"),
         ("command: [python]\nworkdir: data\n", 2, "workdir", "absolute path"),
-        ("command: [python]\ngpus: 1\ngpu: 2\n", 3, "gpu", "Extra inputs are not permitted"),
+        ("command: [python]\ngpus: 1\ngpu: 2\n", 3, "gpu", "unknown field; did you mean gpus?"),
         ("command: []\n", 1, "command", "command is empty"),
     ],
 )

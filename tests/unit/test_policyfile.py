@@ -212,3 +212,18 @@ def test_price_options_of_up() -> None:
     for bad in ("H100", "=3", "H100=cheap", "H100=-1", "H100=inf"):
         with pytest.raises(ValueError, match="write it as MODEL=PRICE"):
             parse_prices([bad])
+
+
+def test_listed_shares_of_teams_outside_the_policy_sum_to_one() -> None:
+    """`policy show` and the dashboard list every team with usage; two outside the policy each
+    got the share of a lone newcomer and the column summed to 150% (issue 19)."""
+    p = Policy(
+        teams={"vision": Team("vision", weight=2, org="research"), "infra": Team("infra", weight=1)},
+        orgs={"research": Org("research", weight=3)},
+    )
+    names = ["infra", "outsider-a", "outsider-b", "vision"]
+    shares = p.shares_of(names)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["outsider-a"] == shares["outsider-b"] == shares["infra"] == pytest.approx(1 / 6)
+    assert shares["vision"] == pytest.approx(3 / 6)
+    assert p.shares_of(["infra", "vision"]) == {"infra": p.share("infra"), "vision": p.share("vision")}

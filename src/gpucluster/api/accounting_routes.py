@@ -11,9 +11,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, FastAPI, Query
 
 from gpucluster.auth.rules import Caller, Rule, allow
-from gpucluster.durations import parse_duration
+from gpucluster.durations import parse_duration, parse_since
 from gpucluster.head.service import ClusterService, Rejected
-from gpucluster.head.usage import parse_since, report, series
+from gpucluster.head.usage import report, series
 from gpucluster.models import BudgetList, BudgetOut, UsageOut, UsageSeries
 
 Group = Literal["team", "user", "job", "gpu-model"]

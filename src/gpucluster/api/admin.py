@@ -18,9 +18,11 @@ from gpucluster.auth.wire import (
     TokenIn,
     TokenList,
     TokenOut,
+    UserChanged,
     UserIn,
     UserList,
     UserOut,
+    UserPatch,
     WhoAmI,
 )
 from gpucluster.head.service import Conflict, NotFound
@@ -85,7 +87,32 @@ def add_admin_routes(app: FastAPI, control: AccessControl) -> None:
             )
         except AccessConflict as e:
             raise Conflict(str(e)) from None
-        return NewToken(token=token, token_id=token_id, user=user_out(user))
+        return NewToken(token=token, token_id=token_id, user=user_out(user), warning=control.account_warning(body.name))
+
+    @app.patch("/v1/admin/users/{name}", openapi_extra=allow(Rule.CLUSTER_ADMIN))
+    def update_user(name: Name, body: UserPatch, request: Request) -> UserChanged:
+        """Change a user's Unix account (null: their name) or make them a cluster admin, or not."""
+        given = body.model_fields_set
+        unix_user: str | bool | None = body.unix_user if "unix_user" in given else False
+        changes = [f"unix account {body.unix_user or 'default'}"] if "unix_user" in given else []
+        changes += [f"cluster admin {body.cluster_admin}"] if body.cluster_admin is not None else []
+        note_audit(request, f"user {name}", ", ".join(changes) or "nothing")
+        _user(name)
+        try:
+            user = control.update_user(name, unix_user, body.cluster_admin)
+        except AccessConflict as e:
+            raise Conflict(str(e)) from None
+        return UserChanged(user=user_out(user), warning=control.account_warning(name))
+
+    @app.delete("/v1/admin/users/{name}", openapi_extra=allow(Rule.CLUSTER_ADMIN))
+    def delete_user(name: Name, request: Request) -> UserOut:
+        """Remove a user with their memberships and tokens; their past jobs and audit entries stay."""
+        note_audit(request, f"user {name}", "deleted")
+        _user(name)
+        try:
+            return user_out(control.delete_user(name))
+        except AccessConflict as e:
+            raise Conflict(str(e)) from None
 
     @app.put("/v1/admin/users/{name}/membership", openapi_extra=allow(Rule.CLUSTER_ADMIN))
     def set_membership(name: Name, body: MembershipIn, request: Request) -> UserOut:

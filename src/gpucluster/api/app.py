@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpucluster import __version__, dashboard
+from gpucluster import __version__
 from gpucluster.api.accounting_routes import add_accounting_routes
 from gpucluster.api.admin import add_admin_routes
 from gpucluster.api.errors import MAX_ID, Id, document_errors
@@ -28,6 +28,7 @@ from gpucluster.auth.control import AccessControl
 from gpucluster.auth.identity import Denied
 from gpucluster.auth.rules import Caller, Rule, allow
 from gpucluster.core.states import JobState
+from gpucluster.dashboard import serve as dashboard_serve
 from gpucluster.executors.logfile import read_log
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.models import (
@@ -109,12 +110,20 @@ def _too_large(limit: int) -> JSONResponse:
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    """The field a user wrote, as they wrote it: `state`, not pydantic's `query.state.0` (a list
+    item's position means nothing to someone who typed `--state nope`; `_message` names the value)."""
+    parts = [str(p) for p in loc if p not in ("body", "query", "path") and not isinstance(p, int)]
     return ".".join(parts) or "body"
 
 
-def _message(msg: str) -> str:
-    return msg.removeprefix("Value error, ")
+def _message(msg: str, error: dict[str, Any] | None = None) -> str:
+    """pydantic's sentence, naming the offending value when it was one item of a list."""
+    text = msg.removeprefix("Value error, ")
+    if error is not None and any(isinstance(p, int) for p in error.get("loc", ())):
+        value = error.get("input")
+        if isinstance(value, str | int | float):
+            return f"{value!r}: {text}"
+    return text
 
 
 def create_app(
@@ -144,8 +153,8 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
-        text = "; ".join(f"{_field(e['loc'])}: {_message(str(e['msg']))}" for e in errors)
-        detail = [{"field": _field(e["loc"]), "message": _message(str(e["msg"]))} for e in errors]
+        text = "; ".join(f"{_field(e['loc'])}: {_message(str(e['msg']), dict(e))}" for e in errors)
+        detail = [{"field": _field(e["loc"]), "message": _message(str(e["msg"]), dict(e))} for e in errors]
         return JSONResponse({"error": text, "detail": detail}, status_code=422)
 
     @app.exception_handler(Rejected)
@@ -336,7 +345,7 @@ def create_app(
     add_telemetry_routes(app, service, public_team_usage=public_team_usage)  # drain/undrain, GPU samples, /metrics
     add_accounting_routes(app, service)  # usage, budgets
     document_errors(app)  # every route's error answers in the OpenAPI document (api/errors.py)
-    dashboard.mount(app)  # the web UI at `/`: static files that read this API like any client
+    dashboard_serve.mount(app)  # the web UI at `/`: static files that read this API like any client
 
     return BodyLimit(rules.AuditLog(app, access), MAX_BODY_BYTES)  # type: ignore[return-value]
 

@@ -190,6 +190,36 @@ class AccessControl:
         self._changed()
         return user, token, token_id
 
+    def account_warning(self, name: str) -> str | None:
+        """Why `name`'s jobs could not run on this head as things stand, or None.
+
+        Said when a user is created or changed, not at their first refused submission: a root
+        head runs each job as its submitter's Unix account, and `add-user alice` without an
+        account `alice` used to succeed silently."""
+        user = self.store.user(name)
+        if not self.run_as_submitter or user is None:
+            return None
+        account = unix.account_for(name, user.unix_user)
+        if unix.account_exists(account):
+            return None
+        return (
+            f"there is no Unix account {account!r} on the head, so {name}'s submissions are refused until "
+            f"it exists or `gpucluster admin set-user {name} --unix-user ACCOUNT` maps them to one"
+        )
+
+    def update_user(self, name: str, unix_user: str | bool | None, cluster_admin: bool | None) -> UserRecord:
+        """unix_user: an account (which must exist), None for the default (their name), False: unchanged."""
+        if isinstance(unix_user, str) and not unix.account_exists(unix_user):
+            raise Rejected("unix_user", f"there is no Unix account {unix_user!r} on the head")
+        user = self.store.update_user(name, unix_user=unix_user, cluster_admin=cluster_admin)
+        self._changed()
+        return user
+
+    def delete_user(self, name: str) -> UserRecord:
+        user = self.store.delete_user(name)
+        self._changed()  # their tokens are gone: no cached identity may outlive them
+        return user
+
     def set_membership(self, name: str, team: str, role: str | None) -> UserRecord:
         user = self.store.set_membership(name, team, role)
         self._changed()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from gpucluster.durations import parse_duration
-from gpucluster.models import Name, StorableText
+from gpucluster.models import Model, Name, StorableText
 
 Role = Literal["member", "team-admin", "cluster-admin"]
 MAX_EXPIRY_S = 10 * 366 * 86400
@@ -69,12 +69,12 @@ class TokenIn(StorableText):
         return _expiry(v)
 
 
-class TeamRole(BaseModel):
+class TeamRole(Model):
     team: str
     role: str
 
 
-class UserOut(BaseModel):
+class UserOut(Model):
     name: str
     cluster_admin: bool
     unix_user: str | None
@@ -82,7 +82,7 @@ class UserOut(BaseModel):
     teams: list[TeamRole]
 
 
-class TokenOut(BaseModel):
+class TokenOut(Model):
     id: int
     user: str
     created_at: float
@@ -92,23 +92,41 @@ class TokenOut(BaseModel):
     status: Literal["active", "expired", "revoked"]
 
 
-class NewToken(BaseModel):
+class NewToken(Model):
     """A token is shown here once; the head keeps only its SHA-256."""
 
     token: str
     token_id: int
     user: UserOut
+    warning: str | None = None  # why the user's jobs could not run yet, e.g. no Unix account on the head
 
 
-class UserList(BaseModel):
+class UserPatch(StorableText):
+    """Change a user: their Unix account (null: the default, their name) or cluster-admin flag.
+    A field left out stays as it is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    unix_user: str | None = Field(None, max_length=32, pattern=r"^[a-z_][a-z0-9_.-]*\$?$")
+    cluster_admin: bool | None = None
+
+
+class UserChanged(Model):
+    """A changed user, with a warning when their jobs could not run as things stand."""
+
+    user: UserOut
+    warning: str | None = None
+
+
+class UserList(Model):
     users: list[UserOut]
 
 
-class TokenList(BaseModel):
+class TokenList(Model):
     tokens: list[TokenOut]
 
 
-class AuditEntry(BaseModel):
+class AuditEntry(Model):
     at: float
     user: str
     action: str
@@ -116,11 +134,11 @@ class AuditEntry(BaseModel):
     detail: str
 
 
-class AuditList(BaseModel):
+class AuditList(Model):
     entries: list[AuditEntry]
 
 
-class WhoAmI(BaseModel):
+class WhoAmI(Model):
     user: str
     cluster_admin: bool
     teams: list[TeamRole]

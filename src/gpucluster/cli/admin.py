@@ -8,13 +8,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gpucluster.cli.common import JsonOpt, UrlOpt, fail, out, print_json, ts
+from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, print_json, ts
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import client as _client
 from gpucluster.durations import format_duration
 
 admin_app: typer.Typer = typer.Typer(
-    help="Users, teams, tokens and the audit log (cluster admins only).", no_args_is_help=True
+    help="Users, teams, tokens and the audit log (cluster admins only).", no_args_is_help=True, rich_markup_mode=None
 )
 
 RoleOpt = Annotated[
@@ -65,6 +65,58 @@ def add_user(
     )
     out.print(f"token {new.token_id} (shown once; give it to {name}):", markup=False)
     out.print(new.token, markup=False)
+    if new.warning:
+        err.print(f"warning: {new.warning}", markup=False)
+
+
+@admin_app.command("set-user")
+def set_user(
+    name: Annotated[str, typer.Argument(help="user name")],
+    unix_user: Annotated[
+        str | None,
+        typer.Option("--unix-user", help="the Unix account a root head runs their jobs as; 'default': their name"),
+    ] = None,
+    cluster_admin: Annotated[
+        bool | None,
+        typer.Option("--cluster-admin/--no-cluster-admin", help="make them a cluster admin, or no longer one"),
+    ] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a user's Unix account, or make them a cluster admin (or not); the rest stays."""
+    changes: dict[str, object] = {}
+    if unix_user is not None:
+        changes["unix_user"] = None if unix_user == "default" else unix_user
+    if cluster_admin is not None:
+        changes["cluster_admin"] = cluster_admin
+    if not changes:
+        fail("nothing to change: give --unix-user ACCOUNT and/or --cluster-admin/--no-cluster-admin")
+    with _client(url) as c:
+        changed = _call(c.update_user, name, **changes)
+    if as_json:
+        print_json(changed.model_dump(mode="json"))
+        return
+    u = changed.user
+    role = "cluster admin; " if u.cluster_admin else ""
+    out.print(f"{name}: {role}jobs run as {u.unix_user or name}", markup=False)
+    if changed.warning:
+        err.print(f"warning: {changed.warning}", markup=False)
+
+
+@admin_app.command("delete-user")
+def delete_user(
+    name: Annotated[str, typer.Argument(help="user name")],
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove a user with their team memberships and tokens; their past jobs and audit entries stay.
+    Refused while they have queued or running jobs, and for the last cluster admin."""
+    with _client(url) as c:
+        gone = _call(c.delete_user, name)
+    if as_json:
+        print_json(gone.model_dump(mode="json"))
+        return
+    out.print(f"deleted user {name} (their tokens no longer work)", markup=False)
 
 
 @admin_app.command("token")
@@ -89,7 +141,12 @@ def new_token(
 def member(
     name: Annotated[str, typer.Argument(help="user name")],
     team: Annotated[str, typer.Option("--team", help="the team")],
-    role: Annotated[str, typer.Option("--role", help="member or team-admin")] = "member",
+    role: Annotated[
+        str,
+        typer.Option(
+            "--role", help="member or team-admin (a cluster admin: gpucluster admin set-user NAME --cluster-admin)"
+        ),
+    ] = "member",
     remove: Annotated[bool, typer.Option("--remove", help="take the user out of the team")] = False,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
@@ -167,15 +224,17 @@ def audit(
             "--action", help="only this action: submit, cancel, requeue, drain, add-user, revoke, policy, ..."
         ),
     ] = None,
-    since: Annotated[str | None, typer.Option("--since", help="only the last ..., e.g. 1h, 7d")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="a duration ago (1h, 7d), a date (2025-01-31) or all [default: all]")
+    ] = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Who submitted, cancelled, requeued, drained, changed policy or users, and when (oldest first)."""
-    from gpucluster.durations import parse_duration
+    from gpucluster.durations import parse_since
 
     try:
-        start = time.time() - parse_duration(since) if since else None
+        start = parse_since(since, time.time()) if since else None
     except ValueError as e:
         fail(f"--since: {e}")
     with _client(url) as c:

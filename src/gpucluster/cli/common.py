@@ -11,6 +11,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gpucluster.client import ApiError, Client, ClusterUnreachable
 from gpucluster.userconfig import ConfigError
@@ -27,7 +28,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JS
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    # The message is text, not markup: `gpucluster[ray]` or `[default: ...]` must print as written.
+    err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False)
     raise typer.Exit(code)
 
 

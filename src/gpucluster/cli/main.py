@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out
@@ -32,7 +33,12 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
+
+
+# Options of every command, given before or after the subcommand (main() moves them before it).
+GLOBAL_VALUE_OPTIONS = ("--token", "--url")
 
 
 @app.callback()
@@ -45,10 +51,20 @@ def _global(
             "see `gpucluster whoami`)",
         ),
     ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            help="the head's URL (default: $GPUCLUSTER_URL, else the config file's url:, which `gpucluster up` "
+            "records, else http://127.0.0.1:8642)",
+        ),
+    ] = None,
 ) -> None:
     """gpucluster: a GPU cluster. Start it with `gpucluster up`, then submit jobs."""
     if token is not None:
         os.environ["GPUCLUSTER_TOKEN"] = token  # where Client looks; jobs never inherit it
+    if url is not None:
+        os.environ["GPUCLUSTER_URL"] = url  # where each command's --url and Client look
 
 
 def _gpus(job: Job) -> str:
@@ -437,7 +453,8 @@ def submit(
 @app.command()
 def jobs(
     state: Annotated[
-        list[str] | None, typer.Option("--state", help="queued, running, succeeded, failed, cancelled; repeatable")
+        list[str] | None,
+        typer.Option("--state", help="queued, running, preempted, succeeded, failed or cancelled; repeatable"),
     ] = None,
     team: Annotated[str | None, typer.Option(help="only this team's jobs")] = None,
     limit: Annotated[int | None, typer.Option(help="the newest N jobs", min=1)] = None,
@@ -667,6 +684,7 @@ def queue(
     """Queued jobs in scheduling order: position, why each waits, and its estimated start."""
     with _client(url) as c:
         page = _call(c.queue, limit)
+        default_limit = format_duration(_call(c.policy).default_time_limit_s) if page.entries else ""
     entries = page.entries
     if as_json:
         _print_json([e.model_dump(mode="json") for e in entries])
@@ -686,6 +704,8 @@ def queue(
             j.reason,
         )
     out.print(table)
+    if any(e.job.estimated_start for e in entries):
+        out.print(f"EST. START: {assumption(default_limit)}", markup=False)
     if page.total > len(entries):
         out.print(f"... and {page.total - len(entries)} more queued; see them with --limit {page.total}", markup=False)
 
@@ -695,9 +715,11 @@ def why(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = Non
     """Why a job waits (or what happened to it), and when it is expected to start."""
     with _client(url) as c:
         job = _call(c.job, job_id)
-        position = None
+        position, default_limit = None, ""
         if job.state.value == "queued":
             position = next((e.position for e in _call(c.queue, None, job_id).entries), None)
+            if job.estimated_start:
+                default_limit = format_duration(_call(c.policy).default_time_limit_s)
     if as_json:
         _print_json(
             {
@@ -717,8 +739,17 @@ def why(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = Non
         f"job {job.id} is queued, position {position or '?'} in line",
         f"  why:   [{job.wait_reason or 'pending'}] {job.reason}",
     ]
-    lines.append(f"  start: {'about ' + _ts(job.estimated_start) if job.estimated_start else 'no estimate yet'}")
+    if job.estimated_start:
+        lines.append(f"  start: about {_ts(job.estimated_start)} ({assumption(default_limit)})")
+    else:
+        lines.append("  start: no estimate yet")
     out.print("\n".join(lines), markup=False)
+
+
+def assumption(default_limit: str) -> str:
+    """What every start estimate assumes, said next to it: an estimate of "about 1 hour" for a
+    job that started 26 s later read as a promise, when it only assumed the default time limit."""
+    return f"assuming running jobs use their whole time limit, the default {default_limit} where none is set"
 
 
 def _ago(t: float) -> str:
@@ -727,7 +758,9 @@ def _ago(t: float) -> str:
     return format_duration(max(time.time() - t, 0))
 
 
-policy_app = typer.Typer(help="Scheduling policies: check a file, show the one in force.", no_args_is_help=True)
+policy_app = typer.Typer(
+    help="Scheduling policies: check a file, show the one in force.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(policy_app, name="policy")
 
 
@@ -814,8 +847,96 @@ app.command()(usage)
 app.command()(budgets)
 
 
+def _invoked(args: list[str]) -> str | None:
+    """The subcommand named in `args`, skipping the global options before it; None for none."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in GLOBAL_VALUE_OPTIONS:
+            i += 2
+        elif a.startswith("-"):
+            i += 1
+        else:
+            return a
+    return None
+
+
+def _keep_only(name: str | None) -> None:
+    """Register only the invoked subcommand with Typer before it builds the click group.
+
+    Why: Typer turns every command's signature into click parameters at each start (~60 ms of
+    CPU for ~50 commands), though one runs. An unknown name or none (top-level --help) keeps
+    them all, so click's own "No such command" and the full listing still appear.
+    """
+    if name is None:
+        return
+    commands = [c for c in app.registered_commands if _command_name(c) == name]
+    groups = [g for g in app.registered_groups if g.name == name]
+    if commands or groups:
+        app.registered_commands[:] = commands
+        app.registered_groups[:] = groups
+
+
+def _command_name(info: Any) -> str:
+    return str(info.name or info.callback.__name__).lower().replace("_", "-")
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """Move `--token X` / `--url X` given after the subcommand to before it.
+
+    Why: click takes a group's options only before the subcommand, so `gpucluster jobs --token X`
+    was refused while `gpucluster --token X jobs` worked (and the reverse for --url). A command's
+    own arguments are never touched: nothing after `--`, nor after `submit`'s first command word.
+    Commands that take --url themselves (every one that talks to a head) keep theirs.
+    """
+    name = _invoked(args)
+    if name is None:
+        return args
+    at = args.index(name)
+    head, rest, moved = args[: at + 1], args[at + 1 :], []
+    kept: list[str] = []
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--" or (name == "submit" and not a.startswith("-") and (not kept or not kept[-1].startswith("-"))):
+            kept += rest[i:]
+            break
+        flag, eq, value = a.partition("=")
+        if flag == "--token":
+            moved += [flag, value] if eq else rest[i : i + 2]
+            i += 1 if eq else 2
+            continue
+        kept.append(a)
+        i += 1
+    return moved + head + kept if moved else args
+
+
+def _click_error(name: str) -> type[Exception]:
+    """click's exception class `name`, whether Typer vendors click or depends on it."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
 def main() -> None:
-    app()
+    """Run the CLI; a usage error (unknown option, a bad number, a missing argument) is one line
+    on stderr and exit 1, like every other refused input, not click's boxed usage and exit 2."""
+    args = hoist_global_options(sys.argv[1:])
+    name = _invoked(args)
+    _keep_only(name)
+    try:
+        code = app(args=args, prog_name="gpucluster", standalone_mode=False)
+    except _click_error("UsageError") as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # `gpucluster` or `gpucluster admin` alone
+            sys.stdout.write(e.ctx.get_help() + "\n")  # type: ignore[attr-defined]
+            raise SystemExit(0) from None
+        command = getattr(getattr(e, "ctx", None), "command_path", "gpucluster")
+        err.print(f"[red]error:[/red] {escape(e.format_message())} (see `{command} --help`)")  # type: ignore[attr-defined]
+        raise SystemExit(1) from None
+    except _click_error("ClickException") as e:
+        err.print(f"[red]error:[/red] {escape(e.format_message())}")  # type: ignore[attr-defined]
+        raise SystemExit(1) from None
+    except _click_error("Abort"):
+        raise SystemExit(130) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

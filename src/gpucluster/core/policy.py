@@ -168,6 +168,19 @@ class Policy:
         org_share = self.orgs[t.org].weight / orgs_total if orgs_total > 0 else 0.0
         return org_share * (t.weight / siblings if siblings > 0 else 0.0)
 
+    def shares_of(self, names: list[str]) -> dict[str, float]:
+        """Entitled shares of `names` (the policy's teams plus any outside it) taken together, so
+        they sum to 1 over the policy's teams, its orgs and these outsiders.
+
+        Why not `share` per name: that weighs each team outside the policy as if it were the only
+        one, which is right for ranking one team, but a listing of all of them (`policy show`, the
+        dashboard) then summed to 150% with two outsiders."""
+        unlisted = [self.team(n) for n in names if n not in self.teams]
+        if not unlisted:
+            return {n: self.share(n) for n in names}
+        joined = Policy(teams={**self.teams, **{t.name: t for t in unlisted}}, orgs=self.orgs)
+        return {n: joined.share(n) for n in names}
+
     def may_use(self, priority: Priority, team: str, role: str | None, user: str, cluster_admin: bool) -> bool:
         """Whether a caller (their role in `team`, None if none) may submit `priority` to `team`."""
         if priority <= Priority.NORMAL or cluster_admin:

@@ -4,33 +4,7 @@ It holds no data and no logic of its own on the server: the page reads only the 
 (/v1/...) with the user's bearer token, like any other client. So it is served without
 authentication (nothing secret is in it), needs no build step and no network beyond the head
 (no CDN), and ships inside the package.
+
+This package's `__init__` imports nothing: the CLI imports `dashboard.link` on every command, and
+FastAPI (what `dashboard.serve` needs) would cost it a fifth of a second of CPU each time.
 """
-
-from __future__ import annotations
-
-from pathlib import Path
-
-from fastapi import FastAPI
-from fastapi.responses import FileResponse
-from fastapi.staticfiles import StaticFiles
-from starlette.requests import Request
-
-STATIC = Path(__file__).parent / "static"
-PREFIX = "/ui"  # the dashboard's assets; `/` is its page
-# The page is small and changes with the package: always revalidate, never serve a stale copy.
-NO_CACHE = {"Cache-Control": "no-cache"}
-
-
-def mount(app: FastAPI) -> None:
-    """Serve the dashboard page at `/` and its assets under `/ui/`.
-
-    Both are plain Starlette routes, not API operations: they stay out of the OpenAPI document
-    and outside the API's token guard (which applies to API routes), because the browser must
-    load the page before it can ask the user for a token.
-    """
-
-    async def index(_: Request) -> FileResponse:
-        return FileResponse(STATIC / "index.html", media_type="text/html", headers=NO_CACHE)
-
-    app.add_route("/", index, methods=["GET", "HEAD"], include_in_schema=False)
-    app.mount(PREFIX, StaticFiles(directory=STATIC), name="dashboard")

@@ -83,17 +83,21 @@ def setup_access(store: Store, clock: Any, sec: SecurityOptions, url: str, say: 
     me = unix.head_account()
     admin = sec.admin_name or (me if _NAME.match(me) else "admin")
     token = access.bootstrap(admin, unix_user=me if access.run_as_submitter else None)
-    if token is not None:
-        try:
-            path = userconfig.save_head_token(url, token)
-        except OSError as e:
+    try:
+        path = userconfig.save_head(url, token)  # this head becomes the CLI's default (`url:`)
+    except (OSError, userconfig.ConfigError) as e:
+        if token is not None:
             say.write(f"created cluster admin {admin!r}; could not write its token to the config file ({e}):\n")
             say.write(f"  {token}\nkeep it: it is not shown again\n")
         else:
+            say.write(f"could not record {url} in the config file ({e}); point commands to it with --url\n")
+    else:
+        if token is not None:
             say.write(
                 f"created cluster admin {admin!r}; its token is in {path} (mode 0600), "
                 "so gpucluster commands on this machine just work\n"
             )
+        say.write(f"gpucluster commands on this machine now go to {url} (recorded in {path})\n")
     if access.run_as_submitter:
         say.write("the head runs as root: each job runs as its submitter's Unix account\n")
     else:

@@ -247,6 +247,7 @@ class ClusterService:
         for j in self.store.running_jobs():
             running[j.team] = running.get(j.team, 0.0) + j.allocation.gpu_count
         names = sorted(set(p.teams) | set(self.head.usage) | set(running))
+        shares = p.shares_of(names)  # together: they sum to 100%
         return PolicyOut(
             source=str(source.path) if source.path else "built-in default",
             error=source.error,
@@ -262,7 +263,7 @@ class ClusterService:
                     name=n,
                     org=p.team(n).org,
                     weight=p.team(n).weight,
-                    share=p.share(n),
+                    share=shares[n],
                     quota=dict(p.team(n).quota),
                     max_borrow=p.team(n).max_borrow,
                     max_lend=p.team(n).max_lend,

@@ -9,39 +9,16 @@ where its attempt ended.
 
 from __future__ import annotations
 
-import calendar
 import math
-import re
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpucluster.core.accounting import overlap
-from gpucluster.durations import parse_duration
 from gpucluster.models import UsageOut, UsageRowOut, UsageSeries, UsageSeriesOut
 from gpucluster.store.accounting import UsageRow
 
 GROUPS = ("team", "user", "job", "gpu-model")
 MAX_BUCKETS = 1000  # a chart's worth; more is asked by mistake (step 1m over 30 days)
-_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
-
-
-def parse_since(text: str, now: float) -> float | None:
-    """`30d` (that long ago), `2025-01-01` (UTC midnight) or `all`; ValueError says what is allowed."""
-    s = text.strip().lower()
-    if s == "all":
-        return None
-    m = _DATE.fullmatch(s)
-    if m:
-        try:
-            return float(calendar.timegm(time.strptime(s, "%Y-%m-%d")))
-        except ValueError:
-            raise ValueError(f"{text!r} is not a date") from None
-    try:
-        ago = parse_duration(s)
-    except ValueError:
-        raise ValueError(f"cannot read {text!r}; give a duration (30d, 12h), a date (2025-01-31) or all") from None
-    return now - ago
 
 
 @dataclass

@@ -107,6 +107,57 @@ class AccessStore:
         assert user is not None
         return user
 
+    def update_user(
+        self, name: str, *, unix_user: str | bool | None = False, cluster_admin: bool | None = None
+    ) -> UserRecord:
+        """Change a user's Unix account (None: the default, their name; False: unchanged) or
+        cluster-admin flag (None: unchanged). Refuses to leave the cluster with no cluster admin."""
+        u = schema.users.c
+        values: dict[str, object] = {}
+        if unix_user is not False:
+            values["unix_user"] = unix_user
+        if cluster_admin is not None:
+            values["cluster_admin"] = cluster_admin
+        with self._store._write() as c:
+            found = c.execute(select(u.cluster_admin).where(u.name == name)).first()
+            if found is None:
+                raise AccessConflict(f"no user {name!r}; see `gpucluster admin users`")
+            if cluster_admin is False and found[0] and self._admins(c) <= 1:
+                raise AccessConflict(f"{name} is the only cluster admin; make another one first")
+            if values:
+                c.execute(schema.users.update().where(u.name == name).values(**values))
+        user = self.user(name)
+        assert user is not None
+        return user
+
+    def delete_user(self, name: str) -> UserRecord:
+        """Remove a user, their team memberships and their tokens (revoked by being gone). Their
+        jobs and audit entries stay, under their name; refused while jobs of theirs are queued or
+        running (they would run as someone no longer known), and for the last cluster admin."""
+        u, j = schema.users.c, schema.jobs.c
+        user = self.user(name)
+        if user is None:
+            raise AccessConflict(f"no user {name!r}; see `gpucluster admin users`")
+        with self._store._write() as c:
+            active = c.execute(
+                select(func.count())
+                .select_from(schema.jobs)
+                .where(j.owner == name, j.state.in_(("queued", "running", "preempted")))
+            ).scalar_one()
+            if active:
+                raise AccessConflict(f"{name} has {active} queued or running job(s); cancel them first")
+            if user.cluster_admin and self._admins(c) <= 1:
+                raise AccessConflict(f"{name} is the only cluster admin; make another one first")
+            c.execute(delete(schema.memberships).where(schema.memberships.c.user == name))
+            c.execute(delete(schema.tokens).where(schema.tokens.c.user == name))
+            c.execute(delete(schema.users).where(u.name == name))
+        return user
+
+    @staticmethod
+    def _admins(c: Any) -> int:
+        u = schema.users.c
+        return int(c.execute(select(func.count()).select_from(schema.users).where(u.cluster_admin)).scalar_one())
+
     def user(self, name: str) -> UserRecord | None:
         found = self.users([name])
         return found[0] if found else None
