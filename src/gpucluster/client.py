@@ -118,7 +118,17 @@ class Client(AdminCalls):
     def job(self, job_id: int) -> Job:
         return Job.model_validate(self._request("GET", f"/v1/jobs/{job_id}").json())
 
-    def jobs(self, state: list[str] | None = None, team: str | None = None, limit: int | None = None) -> list[Job]:
+    def jobs(
+        self,
+        state: list[str] | None = None,
+        team: str | None = None,
+        limit: int | None = None,
+        *,
+        offset: int = 0,
+        text: str | None = None,
+    ) -> list[Job]:
+        """Jobs, oldest first; `limit` the newest N after skipping the newest `offset`; `text`
+        those whose name or owner contains it, or whose id it is."""
         params: dict[str, Any] = {}
         if state:
             params["state"] = state
@@ -126,6 +136,10 @@ class Client(AdminCalls):
             params["team"] = team
         if limit:
             params["limit"] = limit
+        if offset:
+            params["offset"] = offset
+        if text:
+            params["q"] = text
         return JobList.model_validate(self._request("GET", "/v1/jobs", params=params).json()).jobs
 
     def cancel(self, job_id: int) -> Job:

@@ -458,10 +458,15 @@ class Job(Model):
     owner: str | None = None  # the user who submitted it (jobs from before identities: none)
     flags: list[JobFlagOut] = Field(default_factory=list)  # telemetry's findings (idle), in GET /v1/jobs/{id}
     gpu_usage: list[GpuUseOut] = Field(default_factory=list)  # its GPUs now, in GET /v1/jobs/{id}
+    # Seconds its ended attempts ran, summed; a running job's current attempt adds the time since
+    # started_at. Not ended_at - started_at: that counts a requeued job's wait in the queue.
+    ran_s: float = 0
 
 
 class JobList(Model):
     jobs: list[Job]
+    # With `limit`: how many jobs match the filters in all, for "51-100 of 1,234"; else None.
+    total: int | None = None
 
 
 class GpuOut(Model):

@@ -12,7 +12,7 @@ import pytest
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
 from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob, Wait
-from gpucluster.store import DataDirUnwritable, Store, StoreError
+from gpucluster.store import AttemptRecord, DataDirUnwritable, Store, StoreError
 from gpucluster.store import store as store_module
 
 from .builders import allocation, node, spec
@@ -209,6 +209,39 @@ def test_list_jobs_filters(store: Store) -> None:
     assert [j.id for j in store.list_jobs(limit=2)] == ids[-2:]  # the newest, in id order
     assert [j.id for j in store.list_jobs(states=[JobState.QUEUED], team="b", limit=1)] == [ids[4]]
     assert store.queued_teams() == {i: ("a" if n % 2 else "b") for n, i in enumerate(ids) if n}
+
+
+def test_list_jobs_pages_and_text(store: Store) -> None:
+    """The dashboard's jobs page: a page of the newest first, a text filter on name, owner or id,
+    and the total that matches, all under the same filters."""
+    names = ["train-a", "TRAIN-b", "eval", "train_c", "trainac", "x"]
+    ids = [store.create_job(spec(name=n), T0 + i, owner="bob" if n == "x" else "alice") for i, n in enumerate(names)]
+    assert [j.id for j in store.list_jobs(limit=2, offset=1)] == ids[3:5]  # the 2nd and 3rd newest
+    assert [j.id for j in store.list_jobs(limit=2, offset=5)] == ids[:1]
+    assert store.list_jobs(limit=2, offset=6) == []
+    assert [j.id for j in store.list_jobs(text="train")] == [ids[0], ids[1], ids[3], ids[4]]  # any case
+    assert [j.id for j in store.list_jobs(text="n_")] == [ids[3]]  # `_` and `%` are no wildcards
+    assert store.list_jobs(text="%") == []
+    assert [j.id for j in store.list_jobs(text="BOB")] == [ids[5]]  # the owner
+    assert [j.id for j in store.list_jobs(text=f"#{ids[2]}")] == [ids[2]]
+    assert [j.id for j in store.list_jobs(text="train", limit=1, offset=1)] == [ids[3]]
+    assert store.count_matching_jobs(text="train") == 4
+    assert store.count_matching_jobs(states=[JobState.RUNNING]) == 0
+    assert store.count_matching_jobs(teams=["default"], text="x") == 1
+
+
+def test_run_seconds_sums_the_ended_attempts(store: Store) -> None:
+    """A requeued job ran for its attempts' time, not from its latest start to its end."""
+    job_id = store.create_job(spec(), T0)
+    other = store.create_job(spec(), T0)
+    for n, (begin, end) in enumerate([(T0 + 10, T0 + 70), (T0 + 300, T0 + 330)], start=1):
+        assert store.transition(
+            job_id, JobState.RUNNING, begin, "started", allocation=allocation("n1", 0), attempt=n, started_at=begin
+        )
+        ended = AttemptRecord(job_id, n, begin, end, allocation("n1", 0), "preempted", "requeued", (0,), None)
+        assert store.transition(job_id, JobState.PREEMPTED, end, "requeued", ended_attempt=ended)
+        assert store.transition(job_id, JobState.QUEUED, end, "requeued", allocation=None)
+    assert store.run_seconds([job_id, other, 10**6]) == {job_id: pytest.approx(90.0)}
 
 
 def test_list_jobs_by_ids_in_chunks(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -141,6 +141,10 @@ def create_app(
     app = FastAPI(
         title="gpucluster",
         version=__version__,
+        # /docs is served from the head's own copy of Swagger UI (dashboard/serve.py); ReDoc would
+        # load from a CDN, blank on a cluster without internet access, so there is none.
+        docs_url=None,
+        redoc_url=None,
         description="Submit, watch and cancel GPU jobs; see nodes and GPUs. Every call needs "
         "`Authorization: Bearer <token>`; each operation's `x-access` says who may make it.",
     )
@@ -258,11 +262,22 @@ def create_app(
         state: Annotated[list[JobState] | None, Query(description="repeat to match several")] = None,
         team: Annotated[str | None, Query(max_length=128)] = None,
         limit: Annotated[int | None, Query(ge=1, le=100_000, description="newest N")] = None,
+        offset: Annotated[
+            int, Query(ge=0, le=MAX_ID, description="skip the newest N first (with limit: a page, newest first)")
+        ] = 0,
+        q: Annotated[
+            str | None, Query(max_length=128, description="name or owner contains this (any case), or the id is it")
+        ] = None,
     ) -> JobList:
-        """Jobs of your teams (a cluster admin: all jobs), oldest first."""
+        """Jobs of your teams (a cluster admin: all jobs), oldest first. With `limit`, `total` says
+        how many match in all, so a client can page through them (the dashboard's jobs page)."""
         if team is not None and not who.can_see(team):
             raise Denied(f"team: you ({who.user}) are not in team {team!r}; your teams: {who.describe_teams()}")
-        return JobList(jobs=service.jobs(state, team, limit, teams=who.visible_teams()))
+        teams = who.visible_teams()
+        text = q.strip() if q and q.strip() else None
+        jobs = service.jobs(state, team, limit, teams=teams, text=text, offset=offset)
+        total = service.count_jobs(state, team, teams=teams, text=text) if limit is not None else None
+        return JobList(jobs=jobs, total=total)
 
     @app.get("/v1/jobs/{job_id}", openapi_extra=allow(Rule.JOB_VIEW))
     def get_job(job_id: Id) -> Job:

@@ -127,7 +127,9 @@ class ClusterService:
         record = self.store.get_job(job_id)
         if record is None:
             raise NotFound(f"no job with id {job_id}")
-        job = to_wire(record, self.store.events(job_id), self.store.attempts(job_id))
+        attempts = self.store.attempts(job_id)
+        ran = sum(max(0.0, a.ended_at - a.started_at) for a in attempts if a.started_at is not None)
+        job = to_wire(record, self.store.events(job_id), attempts, ran_s=ran)
         return describe_job(job, self.head.telemetry, self.telemetry)
 
     def jobs(
@@ -136,9 +138,23 @@ class ClusterService:
         team: str | None,
         limit: int | None,
         teams: Iterable[str] | None = None,
+        text: str | None = None,
+        offset: int = 0,
     ) -> list[Job]:
-        """Jobs, oldest first; `teams` limits them to what the caller may see."""
-        return [to_wire(r) for r in self.store.list_jobs(states=states, team=team, limit=limit, teams=teams)]
+        """Jobs, oldest first; `teams` limits them to what the caller may see; `text`, `limit`
+        and `offset` as the store's `list_jobs` (a page of the newest first)."""
+        records = self.store.list_jobs(states=states, team=team, limit=limit, teams=teams, text=text, offset=offset)
+        ran = self.store.run_seconds(r.id for r in records if r.attempt > 1 or r.state is not JobState.RUNNING)
+        return [to_wire(r, ran_s=ran.get(r.id, 0.0)) for r in records]
+
+    def count_jobs(
+        self,
+        states: Iterable[JobState] | None,
+        team: str | None,
+        teams: Iterable[str] | None = None,
+        text: str | None = None,
+    ) -> int:
+        return self.store.count_matching_jobs(states=states, team=team, teams=teams, text=text)
 
     def cancel(self, job_id: int) -> Job:
         now = self.head.clock()
@@ -348,8 +364,14 @@ def _attempts(r: JobRecord, ended: Iterable[AttemptRecord]) -> list[Attempt]:
     return out
 
 
-def to_wire(r: JobRecord, events: Iterable[object] = (), attempts: Iterable[AttemptRecord] | None = None) -> Job:
-    """The wire form of a job; `events` and `attempts` only for a single job's detail."""
+def to_wire(
+    r: JobRecord,
+    events: Iterable[object] = (),
+    attempts: Iterable[AttemptRecord] | None = None,
+    ran_s: float = 0.0,
+) -> Job:
+    """The wire form of a job; `events` and `attempts` only for a single job's detail; `ran_s`
+    the seconds its ended attempts ran (Job.ran_s)."""
     return Job(
         id=r.id,
         name=r.name,
@@ -377,4 +399,5 @@ def to_wire(r: JobRecord, events: Iterable[object] = (), attempts: Iterable[Atte
         else None,
         attempts=_attempts(r, attempts) if attempts is not None else [],
         owner=r.owner,
+        ran_s=ran_s,
     )

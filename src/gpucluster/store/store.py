@@ -35,6 +35,7 @@ from sqlalchemy import (
     URL,
     Connection,
     Engine,
+    Select,
     Table,
     bindparam,
     create_engine,
@@ -43,6 +44,7 @@ from sqlalchemy import (
     func,
     insert,
     make_url,
+    or_,
     select,
     update,
 )
@@ -672,20 +674,18 @@ class Store:
         limit: int | None = None,
         teams: Iterable[str] | None = None,
         ids: Iterable[int] | None = None,
+        text: str | None = None,
+        offset: int = 0,
     ) -> list[JobRecord]:
         """Jobs, oldest first; `teams` keeps only those teams' jobs (what a member may see);
-        `ids` only those jobs (not with `limit`)."""
-        if ids is not None and limit is not None:
+        `ids` only those jobs (not with `limit`); `text` those whose name or owner contains it
+        (any case) or whose id it is; `limit` the newest N after skipping the newest `offset`
+        (a page of a newest-first listing)."""
+        if ids is not None and (limit is not None or offset):
             raise ValueError("list_jobs: `limit` picks the newest jobs, `ids` names them: give one")
-        q = select(schema.jobs).order_by(schema.jobs.c.id)
-        if states is not None:
-            q = q.where(schema.jobs.c.state.in_([s.value for s in states]))
-        if team is not None:
-            q = q.where(schema.jobs.c.team == team)
-        if teams is not None:
-            q = q.where(schema.jobs.c.team.in_(list(teams)))
-        if limit is not None:
-            q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit)
+        q = self._jobs_where(select(schema.jobs), states, team, teams, text).order_by(schema.jobs.c.id)
+        if limit is not None or offset:
+            q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit).offset(offset or None)
         with self._read() as c:
             if ids is None:
                 rows = list(c.execute(q).mappings())
@@ -698,6 +698,59 @@ class Store:
                 ]
         records = [_job(r) for r in rows]
         return sorted(records, key=lambda j: j.id)
+
+    def count_matching_jobs(
+        self,
+        states: Iterable[JobState] | None = None,
+        team: str | None = None,
+        teams: Iterable[str] | None = None,
+        text: str | None = None,
+    ) -> int:
+        """How many jobs `list_jobs` with the same filters lists without a limit: the total a
+        paged listing shows ("51-100 of 1,234")."""
+        q = self._jobs_where(select(func.count()).select_from(schema.jobs), states, team, teams, text)
+        with self._read() as c:
+            return int(c.execute(q).scalar_one())
+
+    @staticmethod
+    def _jobs_where(
+        q: Select[Any],
+        states: Iterable[JobState] | None,
+        team: str | None,
+        teams: Iterable[str] | None,
+        text: str | None,
+    ) -> Select[Any]:
+        j = schema.jobs.c
+        if states is not None:
+            q = q.where(j.state.in_([s.value for s in states]))
+        if team is not None:
+            q = q.where(j.team == team)
+        if teams is not None:
+            q = q.where(j.team.in_(list(teams)))
+        if text:
+            words = [j.name.icontains(text, autoescape=True), j.owner.icontains(text, autoescape=True)]
+            digits = text.removeprefix("#")
+            if digits.isdigit() and len(digits) <= 18:
+                words.append(j.id == int(digits))
+            q = q.where(or_(*words))
+        return q
+
+    def run_seconds(self, ids: Iterable[int]) -> dict[int, float]:
+        """Seconds each job's ended attempts ran, summed, by job id (jobs with none are absent):
+        a requeued job's run time is its attempts', not the span from its latest start to its
+        end, which counts the time it waited in the queue between them."""
+        a = schema.attempts.c
+        wanted = list(ids)
+        out: dict[int, float] = {}
+        with self._read() as c:
+            for at in range(0, len(wanted), IDS_PER_QUERY):
+                q = (
+                    select(a.job_id, func.sum(a.ended_at - a.started_at))
+                    .where(a.job_id.in_(wanted[at : at + IDS_PER_QUERY]), a.started_at.is_not(None))
+                    .group_by(a.job_id)
+                )
+                out.update({int(i): max(0.0, float(s or 0.0)) for i, s in c.execute(q)})
+        return out
 
     def queued_teams(self) -> dict[int, str]:
         """Each queued job's team, by id: enough to order and filter the queue before parsing specs."""
