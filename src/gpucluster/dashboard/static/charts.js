@@ -10,7 +10,8 @@ export function seriesColour(i) {
 
 /**
  * Grouped horizontal bars: rows [{label, values: [number...]}], one colour per value slot named
- * in `keys`. `max` fixes the scale (e.g. 1 for shares); a `limit` per row draws a budget mark.
+ * in `keys`. `max` fixes the scale (e.g. 1 for shares); a `limit` per row draws a budget mark;
+ * `labels` per row, if given, are written next to its bars instead of `format(value)`.
  */
 export function barChart(rows, keys, { max, format = (v) => fmtNumber(v, 2), testid } = {}) {
   const barH = 14;
@@ -33,11 +34,13 @@ export function barChart(rows, keys, { max, format = (v) => fmtNumber(v, 2), tes
     row.values.forEach((v, k) => {
       if (!Number.isFinite(v)) return;
       const y = y0 + k * (barH + 2);
+      const text = row.labels?.[k] ?? format(v);
       parts.push(
-        svg("rect", { x: labelW, y, width: Math.max(1, scale(v)), height: barH, fill: seriesColour(k), rx: 2 },
-          svg("title", {}, `${row.label} ${keys[k]}: ${format(v)}`)),
+        svg("rect", { x: labelW, y, width: Math.max(1, scale(v)), height: barH, fill: seriesColour(k), rx: 2,
+          "data-value": v },
+        svg("title", {}, `${row.label} ${keys[k]}: ${text}`)),
       );
-      parts.push(svg("text", { x: labelW + scale(v) + 4, y: y + barH - 3, class: "chart-value" }, format(v)));
+      parts.push(svg("text", { x: labelW + scale(v) + 4, y: y + barH - 3, class: "chart-value" }, text));
     });
     if (Number.isFinite(row.limit)) {
       const x = labelW + scale(row.limit);

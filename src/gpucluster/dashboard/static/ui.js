@@ -68,6 +68,35 @@ export function fmtDuration(seconds) {
   return `${Math.floor(s / 86400)}d${Math.floor((s % 86400) / 3600)}h`;
 }
 
+/** Seconds a job has run, all attempts together: the API's `ran_s` (its ended attempts) plus the
+ * current attempt while it runs. Never ended_at - started_at: for a requeued job that counts the
+ * time it waited in the queue between attempts. */
+export function runSeconds(job) {
+  const current = job.state === "running" && job.started_at ? Math.max(0, Date.now() / 1000 - job.started_at) : 0;
+  return (job.ran_s || 0) + current;
+}
+
+/** A limit as people write it: "1h", "90m", "2h30m", "45s" (not fmtDuration's "1h00m"). */
+export function fmtLimit(seconds) {
+  if (!Number.isFinite(seconds) || seconds <= 0) return "";
+  const units = [[86400, "d"], [3600, "h"], [60, "m"], [1, "s"]];
+  let left = Math.round(seconds);
+  let out = "";
+  for (const [size, unit] of units) {
+    if (left >= size) {
+      out += `${Math.floor(left / size)}${unit}`;
+      left %= size;
+    }
+  }
+  return out;
+}
+
+/** What every start estimate assumes, said next to it, as the CLI does (`gpucluster why`). */
+export function estimateAssumption(policy) {
+  const limit = policy && Number.isFinite(policy.default_time_limit_s) ? fmtLimit(policy.default_time_limit_s) : "";
+  return `assuming running jobs use their whole time limit, the default ${limit || "of the policy"} where none is set`;
+}
+
 export function fmtTime(unix) {
   if (!unix) return "";
   const d = new Date(unix * 1000);

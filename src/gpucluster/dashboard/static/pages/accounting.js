@@ -85,19 +85,29 @@ function budgetSection(body) {
   const rows = body.budgets || [];
   const out = [h("h3", {}, "Budgets")];
   if (!rows.length) return [...out, h("p", { class: "empty" }, "No budgets are set.")];
+  // Each budget on its own scale, the share of its limit spent (100% is the line): money and
+  // GPU-hours on one axis made a 97%-spent budget of 100 a sliver next to one of 5,000 GPU-hours.
+  const bars = [];
+  for (const b of rows) {
+    for (const [what, name, unit] of [["money", "money", ""], ["gpu_hours", "GPU-hours", " GPU-h"]]) {
+      const limit = b[`${what}_limit`];
+      if (limit === null || limit === undefined) continue;
+      const spent = b[`${what}_spent`] || 0;
+      const share = limit > 0 ? spent / limit : spent > 0 ? Infinity : 0;
+      bars.push({
+        label: `${b.team} ${name}`,
+        values: [Number.isFinite(share) ? share : 1],
+        limit: 1,
+        labels: [`${Number.isFinite(share) ? fmtNumber(share * 100, 1) : "∞"}% (${fmtNumber(spent, 2)} of ${fmtNumber(limit, 2)}${unit})`],
+      });
+    }
+  }
   out.push(
-    barChart(
-      rows.map((b) => {
-        const money = b.money_limit !== null && b.money_limit !== undefined;
-        return {
-          label: `${b.team} (${money ? "money" : "GPU-h"})`,
-          values: [money ? b.money_spent : b.gpu_hours_spent],
-          limit: money ? b.money_limit : b.gpu_hours_limit,
-        };
-      }),
-      ["spent this period (line: budget)"],
-      { testid: "budget-chart" },
-    ),
+    barChart(bars, ["spent this period, of its limit (line: 100%)"], {
+      max: 1,
+      format: (v) => `${fmtNumber(v * 100, 1)}%`,
+      testid: "budget-chart",
+    }),
   );
   out.push(
     table(

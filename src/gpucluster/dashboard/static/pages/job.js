@@ -10,10 +10,12 @@ import {
   fmtMemory,
   fmtNumber,
   fmtTime,
+  estimateAssumption,
   gpusLabel,
   fill,
   h,
   relative,
+  runSeconds,
   stateBadge,
   table,
   tick,
@@ -27,7 +29,7 @@ function field(label, ...value) {
   return [h("dt", {}, label), h("dd", {}, ...value)];
 }
 
-function specFields(job) {
+function specFields(job, policy) {
   const s = job.spec;
   const mode = s.per_gpu ? "one process per GPU" : s.launcher ? `${s.launcher} per node` : "one process";
   return h(
@@ -45,10 +47,16 @@ function specFields(job) {
     field("submitted", fmtTime(job.submitted_at)),
     job.started_at ? field("started", fmtTime(job.started_at)) : null,
     job.ended_at ? field("ended", fmtTime(job.ended_at)) : null,
-    job.started_at ? field("ran", fmtDuration((job.ended_at ?? Date.now() / 1000) - job.started_at)) : null,
+    job.attempt > 0
+      ? field("ran", h("span", { "data-testid": "ran" }, fmtDuration(runSeconds(job))),
+        job.attempt > 1 ? ` over ${job.attempt} attempts (not counting its waits in the queue)` : "")
+      : null,
     job.exit_code !== null ? field("exit code", job.exit_code) : null,
     job.allocation.length ? field("GPUs held", h("code", {}, fmtAllocation(job.allocation))) : null,
-    job.estimated_start ? field("estimated start", relative(job.estimated_start)) : null,
+    job.estimated_start
+      ? field("estimated start", relative(job.estimated_start), " ",
+        h("span", { class: "muted", "data-testid": "estimate-assumption" }, `(${estimateAssumption(policy)})`))
+      : null,
     job.not_before && job.state === "queued" ? field("restart not before", relative(job.not_before)) : null,
   );
 }
@@ -140,6 +148,7 @@ export function jobPage(root, id) {
   const rankLabel = h("label", { hidden: true }, " rank ", rankInput);
   const flash = h("p", { class: "flash", hidden: true });
   let job = null;
+  let policy = null; // for what estimates assume; read while the job waits
   let chosenAttempt = "latest";
 
   async function refreshTelemetry() {
@@ -194,6 +203,7 @@ export function jobPage(root, id) {
         if (!unchanged(head, "missing")) fill(head, h("h1", {}, `Job ${id}`), h("p", { class: "flash bad" }, e.message));
         return;
       }
+      if (job.estimated_start && policy === null) policy = await api("/v1/policy");
       const live = !TERMINAL.includes(job.state);
       if (!unchanged(head, [job.name, job.state, job.reason, job.flags])) {
         fill(head,
@@ -212,7 +222,7 @@ export function jobPage(root, id) {
       }
       if (!unchanged(details, job)) {
         fill(details,
-          specFields(job),
+          specFields(job, policy),
           job.progress ? h("h2", {}, "Progress") : null,
           progressFields(job.progress),
           h("h2", {}, "State history"),

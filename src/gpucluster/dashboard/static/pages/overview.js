@@ -19,12 +19,17 @@ function tile(label, value, { bad = false, testid } = {}) {
     h("div", { class: "tile-label" }, label));
 }
 
-function gpuCell(node, gpu) {
+/** A GPU of `node` as a tile. `jobs` (id -> job) holds the running jobs the viewer may see: their
+ * name and team are shown; a GPU held by another team's job shows its id only, as the API's
+ * visibility rules say (GET /v1/nodes names no job's name or team). */
+function gpuCell(node, gpu, jobs) {
   const util = gpuUtilisation(gpu);
   const problem = gpuProblem(gpu);
   const title = [`${node.name} GPU ${gpu.index}: ${gpu.model}, ${fmtMemory(gpu.memory_mb)}`];
   if (gpu.domain) title.push(`domain ${gpu.domain}`);
-  if (gpu.job_id !== null && gpu.job_id !== undefined) title.push(`job ${gpu.job_id}`);
+  const job = gpu.job_id !== null && gpu.job_id !== undefined ? jobs.get(gpu.job_id) : undefined;
+  if (job) title.push(`job ${gpu.job_id}: ${job.name} (team ${job.spec.team})`);
+  else if (gpu.job_id !== null && gpu.job_id !== undefined) title.push(`job ${gpu.job_id} (another team's)`);
   else title.push("free");
   if (util !== null) title.push(`utilisation ${fmtNumber(util, 0)}%`);
   const mem = gpuMemoryUsed(gpu);
@@ -50,12 +55,14 @@ function gpuCell(node, gpu) {
     },
     h("span", { class: "gpu-index" }, gpu.index),
     h("span", { class: "gpu-job" }, busy ? `#${gpu.job_id}` : "free"),
+    job ? h("span", { class: "gpu-name", "data-testid": "gpu-job-name" }, job.name) : null,
+    job ? h("span", { class: "gpu-name muted", "data-testid": "gpu-job-team" }, job.spec.team) : null,
     util !== null ? h("span", { class: "gpu-util" }, `${fmtNumber(util, 0)}%`) : null,
   );
   return cell;
 }
 
-function nodeCard(node) {
+function nodeCard(node, jobs) {
   const state = nodeHealth(node);
   const models = [...new Set(node.gpus.map((g) => g.model))].join(", ");
   const used = node.gpus.filter((g) => g.job_id !== null && g.job_id !== undefined).length;
@@ -73,7 +80,7 @@ function nodeCard(node) {
     h("p", { class: "muted" }, `${models} · ${used} of ${node.gpus.length} GPUs in use`,
       state.lastReport ? [" · telemetry ", since(state.lastReport), " ago"] : null),
     state.reason ? h("p", { class: "reason", "data-testid": "node-reason" }, state.reason) : null,
-    h("div", { class: "gpu-grid" }, node.gpus.map((g) => gpuCell(node, g))),
+    h("div", { class: "gpu-grid" }, node.gpus.map((g) => gpuCell(node, g, jobs))),
   );
 }
 
@@ -98,6 +105,7 @@ export function overviewPage(root) {
         tick(root);
         return;
       }
+      const jobs = new Map(running.jobs.map((j) => [j.id, j]));
       const gpus = nodes.nodes.flatMap((n) => n.gpus);
       const busy = gpus.filter((g) => g.job_id !== null && g.job_id !== undefined).length;
       const utils = gpus.map(gpuUtilisation).filter((u) => u !== null);
@@ -129,7 +137,7 @@ export function overviewPage(root) {
         h("h2", {}, `Nodes (${nodes.nodes.length})`),
         legend,
         nodes.nodes.length
-          ? h("div", { class: "nodes" }, nodes.nodes.map(nodeCard))
+          ? h("div", { class: "nodes" }, nodes.nodes.map((n) => nodeCard(n, jobs)))
           : h("p", { class: "empty" }, "No nodes have registered yet."),
       );
     },

@@ -2,7 +2,7 @@
 // backfill reservation, when it is expected to start.
 
 import { api } from "../api.js";
-import { fill, gpusLabel, h, jobLink, relative, since, stateBadge, table, tick, unchanged } from "../ui.js";
+import { estimateAssumption, fill, gpusLabel, h, jobLink, relative, since, stateBadge, table, tick, unchanged } from "../ui.js";
 
 function row(entry) {
   const job = entry.job;
@@ -30,8 +30,8 @@ export function queuePage(root) {
   return {
     title: "Queue",
     async refresh() {
-      const queue = await api("/v1/queue");
-      if (!unchanged(root, queue)) {
+      const [queue, policy] = await Promise.all([api("/v1/queue"), api("/v1/policy")]);
+      if (!unchanged(root, [queue, policy.default_time_limit_s])) {
         fill(root,
           h("h1", {}, `Queue (${queue.total ?? queue.entries.length})`),
           queue.total > queue.entries.length
@@ -40,6 +40,8 @@ export function queuePage(root) {
             : null,
           h("p", { class: "muted" }, "In the order the scheduler considers them. The first job that cannot start ",
             "holds a reservation, with its estimated start; later jobs may backfill around it."),
+          h("p", { class: "muted", "data-testid": "estimate-assumption" },
+            `Estimated starts are ${estimateAssumption(policy)}; a job that ends early makes later starts earlier.`),
           table(
             ["#", "job", "name", "team", "priority", "GPUs", "GPU type", "state", "waiting", "why it waits", "est. start"],
             queue.entries.map(row),

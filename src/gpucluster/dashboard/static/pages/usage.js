@@ -1,24 +1,38 @@
 // Per-team usage: fair-share standing from /v1/policy (always there), GPUs in use per team over
-// time (sampled by this page while it is open), and accounting (GPU-hours, cost, budgets) when
-// the head offers an accounting endpoint; until then the panel says there is no data yet.
+// the last hour (from the head's accounting, GET /v1/usage/series by the minute, so the chart is
+// full the moment the page opens), and accounting (GPU-hours, cost, budgets) when the head offers
+// an accounting endpoint; until then the panel says there is no data yet.
 
 import { api, ApiError, endpoints } from "../api.js";
 import { barChart, lineChart } from "../charts.js";
 import { ACCOUNTING_PATH, accountingPanel } from "./accounting.js";
 import { fmtNumber, fill, h, table, unchanged } from "../ui.js";
 
-const HISTORY_S = 3600;
-const history = new Map(); // team -> [[unix, running GPUs], ...], kept across page visits
+const HISTORY = "1h";
+const STEP_S = 60;
+const SERIES = "/v1/usage/series";
 
-function record(teams) {
-  const now = Date.now() / 1000;
-  for (const t of teams) {
-    if (t.running_gpus === null || t.running_gpus === undefined) continue; // another team's: not shown
-    const points = history.get(t.name) || [];
-    points.push([now, t.running_gpus]);
-    while (points.length && points[0][0] < now - HISTORY_S) points.shift();
-    history.set(t.name, points);
+/**
+ * GPUs in use per team, one point a minute over the last hour: each bucket's GPU-hours divided
+ * by its length are the mean GPUs the team held in it. A bucket cut short at either end of the
+ * window (under half a step) is left out: its mean would rest on a few seconds.
+ */
+async function inUse() {
+  if (!(await endpoints()).has(SERIES)) return null;
+  const body = await api(`${SERIES}?by=team&since=${HISTORY}&step=${STEP_S}s`);
+  const edges = [...(body.buckets || []), body.until];
+  const keep = [];
+  for (let i = 0; i + 1 < edges.length; i++) {
+    const length = edges[i + 1] - edges[i];
+    if (length >= STEP_S / 2) keep.push([i, edges[i], length]);
   }
+  return {
+    since: body.since,
+    series: (body.series || []).map((s) => ({
+      name: s.key,
+      points: keep.map(([i, at, length]) => [at, ((s.gpu_hours || [])[i] ?? 0) * 3600 / length]),
+    })),
+  };
 }
 
 function teamRow(t, totalUsage) {
@@ -60,8 +74,7 @@ export function usagePage(root) {
   return {
     title: "Usage",
     async refresh() {
-      const [policy, acct] = await Promise.all([api("/v1/policy"), accounting()]);
-      record(policy.teams);
+      const [policy, acct, running] = await Promise.all([api("/v1/policy"), accounting(), inUse()]);
       const totalUsage = policy.teams.reduce((n, t) => n + t.usage_gpu_hours, 0);
       if (!unchanged(standing, policy)) {
         fill(standing,
@@ -91,14 +104,22 @@ export function usagePage(root) {
           ),
         );
       }
-      fill(live,
-        h("h2", {}, "GPUs in use per team"),
-        h("p", { class: "muted" }, "Sampled by this page while it is open (the last hour)."),
-        lineChart(
-          [...history].map(([name, points]) => ({ name, points })),
-          { format: (v) => fmtNumber(v, 2), testid: "running-chart" },
-        ),
-      );
+      if (!unchanged(live, running)) {
+        fill(live,
+          h("h2", {}, "GPUs in use per team"),
+          running === null
+            ? h("p", { class: "empty", "data-testid": "running-chart" }, "This head keeps no usage over time.")
+            : [
+              h("p", { class: "muted" }, "The last hour, each team's mean GPUs a minute, from the head's accounting ",
+                "(your teams'; a cluster admin sees all)."),
+              running.series.length
+                ? lineChart(running.series, { format: (v) => fmtNumber(v, 2), testid: "running-chart" })
+                : h("p", { class: "empty", "data-testid": "running-chart" }, "No GPU was in use in the last hour."),
+            ],
+        );
+        const chart = live.querySelector("figure[data-testid=running-chart]");
+        if (chart) chart.dataset.since = String(running.since); // where its data starts (tests)
+      }
       if (!unchanged(accountingEl, acct)) fill(accountingEl, ...accountingPanel(acct));
     },
   };
