@@ -153,6 +153,8 @@ def test_gpus_in_use_per_team_come_from_the_head(signed_in: Dashboard) -> None:
         since = float(driver.find_element(By.CSS_SELECTOR, figure).get_attribute("data-since") or "nan")
         assert since < opened - 3000  # an hour of the head's data, not the page's few seconds
         assert "default" in text_of(driver, f"{figure} figcaption")
+        # The line ends at the team's 2 running GPUs now: the y axis's top label.
+        assert text_of(driver, f"{figure} svg text.chart-value") == "2"
         signed_in.screenshot("usage-in-use")
         assert console_errors(driver) == []
     finally:

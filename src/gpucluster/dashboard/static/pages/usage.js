@@ -15,9 +15,12 @@ const SERIES = "/v1/usage/series";
 /**
  * GPUs in use per team, one point a minute over the last hour: each bucket's GPU-hours divided
  * by its length are the mean GPUs the team held in it. A bucket cut short at either end of the
- * window (under half a step) is left out: its mean would rest on a few seconds.
+ * window (under half a step) is left out: its mean would rest on a few seconds, and the current
+ * minute is accrued only up to a few seconds ago. The last point is each team's running GPUs now
+ * (GET /v1/policy's `running_gpus`, null for teams the viewer may not see), so the line ends at
+ * the present.
  */
-async function inUse() {
+async function inUse(teams) {
   if (!(await endpoints()).has(SERIES)) return null;
   const body = await api(`${SERIES}?by=team&since=${HISTORY}&step=${STEP_S}s`);
   const edges = [...(body.buckets || []), body.until];
@@ -26,13 +29,17 @@ async function inUse() {
     const length = edges[i + 1] - edges[i];
     if (length >= STEP_S / 2) keep.push([i, edges[i], length]);
   }
-  return {
-    since: body.since,
-    series: (body.series || []).map((s) => ({
-      name: s.key,
-      points: keep.map(([i, at, length]) => [at, ((s.gpu_hours || [])[i] ?? 0) * 3600 / length]),
-    })),
-  };
+  const lines = new Map();
+  for (const s of body.series || []) {
+    lines.set(s.key, keep.map(([i, at, length]) => [at, ((s.gpu_hours || [])[i] ?? 0) * 3600 / length]));
+  }
+  for (const t of teams) {
+    if (t.running_gpus === null || t.running_gpus === undefined) continue;
+    if (!lines.has(t.name) && !t.running_gpus) continue; // idle all hour: no line
+    if (!lines.has(t.name)) lines.set(t.name, keep.map(([, at]) => [at, 0]));
+    lines.get(t.name).push([body.until, t.running_gpus]);
+  }
+  return { since: body.since, series: [...lines].map(([name, points]) => ({ name, points })) };
 }
 
 function teamRow(t, totalUsage) {
@@ -74,7 +81,8 @@ export function usagePage(root) {
   return {
     title: "Usage",
     async refresh() {
-      const [policy, acct, running] = await Promise.all([api("/v1/policy"), accounting(), inUse()]);
+      const [policy, acct] = await Promise.all([api("/v1/policy"), accounting()]);
+      const running = await inUse(policy.teams);
       const totalUsage = policy.teams.reduce((n, t) => n + t.usage_gpu_hours, 0);
       if (!unchanged(standing, policy)) {
         fill(standing,
