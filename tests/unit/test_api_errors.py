@@ -139,3 +139,18 @@ def test_a_progress_step_past_any_sql_integer_is_a_422_not_a_500(world: World, f
     assert field in _error_body(r, 422)["error"]
     assert world.app.post(url, json={field: MAX_SQL_INT}, headers=world.as_("job")).status_code == 204
     assert world.app.get(f"/v1/jobs/{world.own}", headers=world.as_("alice")).json()["progress"][field] == MAX_SQL_INT
+
+
+def test_job_listing_pages_filters_and_refuses_unstorable_text(world: World) -> None:
+    """GET /v1/jobs?q=&limit=&offset= (the dashboard's jobs page): the text filter and the total
+    stay inside the caller's teams, and a NUL in `q` is a 422 naming it, on every database."""
+    page = world.app.get("/v1/jobs?q=secret&limit=1", headers=world.as_("bob")).json()
+    assert page == {"jobs": [], "total": 0}  # alice's job matches, but bob is in nlp
+    page = world.app.get("/v1/jobs?q=SECRET&limit=1", headers=world.as_("alice")).json()
+    assert [j["id"] for j in page["jobs"]] == [world.own] and page["total"] == 1
+    page = world.app.get("/v1/jobs?limit=1&offset=1", headers=world.as_("root")).json()
+    assert [j["id"] for j in page["jobs"]] == [world.own] and page["total"] == 2  # the 2nd newest
+    assert world.app.get("/v1/jobs", headers=world.as_("root")).json()["total"] is None  # no limit, no count
+    assert (
+        "q: contains a NUL" in _error_body(world.app.get("/v1/jobs?q=a%00b", headers=world.as_("alice")), 422)["error"]
+    )

@@ -42,6 +42,7 @@ from gpucluster.models import (
     PolicyOut,
     ProgressIn,
     QueueOut,
+    unstorable,
 )
 from gpucluster.store import DatabaseUnavailable, DataDirUnwritable, LeaseLost
 
@@ -273,6 +274,8 @@ def create_app(
         how many match in all, so a client can page through them (the dashboard's jobs page)."""
         if team is not None and not who.can_see(team):
             raise Denied(f"team: you ({who.user}) are not in team {team!r}; your teams: {who.describe_teams()}")
+        if q is not None and (problem := unstorable(q)) is not None:
+            raise Rejected("q", problem)  # PostgreSQL refuses a NUL even in a query's parameter
         teams = who.visible_teams()
         text = q.strip() if q and q.strip() else None
         jobs = service.jobs(state, team, limit, teams=teams, text=text, offset=offset)
