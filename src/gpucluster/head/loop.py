@@ -257,8 +257,16 @@ class Head:
         )
 
     def _stop_on_rank_failure(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> bool:
-        """One process of a multi-process attempt failed: SIGKILL the others now. True if so."""
+        """One process of a multi-process attempt failed: SIGKILL the others now. True if so.
+
+        Not while a stop the head asked for (requeue, preemption, cancel, time limit, policy) is
+        under way: its SIGTERM makes ranks exit 143 or by the signal, the normal end, while
+        another rank (often rank 0 alone) may still be saving. The head's intent judges that
+        attempt, and every rank gets the whole grace period before the SIGKILL (`_enforce_stop`).
+        """
         if "ranks" not in handle or job.kill_sent:
+            return False
+        if job.term_sent and job.stop_reason not in (None, "failure"):
             return False
         failed = next(((r, s) for r, s in enumerate(statuses) if _failed(s)), None)
         if failed is None:
