@@ -77,6 +77,8 @@ def test_per_gpu_starts_one_process_per_gpu_with_torchruns_variables(cluster: Cl
         assert env["GPUCLUSTER_ATTEMPT_DIR"] == str(cluster.data_dir.run_dir(job, 1))
         assert p.run_dir == cluster.data_dir.run_dir(job, 1) / f"rank-{rank}"
         assert p.log_path == cluster.data_dir.log(job, 1, rank)
+        assert env["TORCHELASTIC_ERROR_FILE"] == str(p.log_path.parent / "error.json")  # the job's own dir
+        assert (env["TORCHELASTIC_RUN_ID"], env["TORCHELASTIC_RESTART_COUNT"]) == (f"gpucluster-job-{job}", "0")
     assert launched.marker == f"GPUCLUSTER_ATTEMPT_DIR={cluster.data_dir.run_dir(job, 1)}"
     assert launched.job_dir == cluster.data_dir.job_dir(job)  # the job's processes make checkpoints/ in it
     assert cluster.record(job).launch == {"job_id": job, "attempt": 1, "ranks": [{"rank": r} for r in range(4)]}

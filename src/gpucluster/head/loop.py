@@ -619,7 +619,16 @@ class Head:
             if job.spec.per_gpu:
                 argvs = [
                     (pe.placement.node, job.spec.argv, pe.apply(envs[pe.placement.node]))
-                    for pe in per_gpu_envs(slices, addresses, port, job_id=job.id, attempt=attempt)
+                    for pe in per_gpu_envs(
+                        slices,
+                        addresses,
+                        port,
+                        job_id=job.id,
+                        attempt=attempt,
+                        max_restarts=job.spec.max_restarts,
+                        # next to the rank's log, in the job's directory, where its processes write
+                        error_file=lambda p: str(self.data_dir.log(job.id, attempt, p.rank).parent / "error.json"),
+                    )
                 ]
             else:
                 argvs = [
