@@ -158,6 +158,12 @@ class JobSpec(StorableText):
         default_factory=dict,
         json_schema_extra={"maxProperties": MAX_ENV_VARS, "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"}},
     )
+    exported_env: dict[str, str] | None = Field(
+        None,
+        description="the submitter's environment (sbatch --export=ALL), sent by the CLI and SDK: under `env` "
+        "(which wins) and the cluster's variables; shown only to the job's owner and cluster admins",
+        json_schema_extra={"maxProperties": MAX_ENV_VARS, "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"}},
+    )
     workdir: str | None = Field(None, max_length=4096, description="absolute path", json_schema_extra={"pattern": "^/"})
     shell: bool = Field(False, description="run command[0] through /bin/sh -c")
     min_gpus: int | None = Field(
@@ -266,6 +272,11 @@ class JobSpec(StorableText):
         if math.isnan(seconds) or seconds < 1 or seconds > MAX_TIME_LIMIT_S:
             raise ValueError(f"time_limit must be between 1s and {MAX_TIME_LIMIT_S // 86400}d")
         return seconds
+
+    @field_validator("exported_env")
+    @classmethod
+    def _exported_env(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        return None if v is None else cls._env(v)
 
     @field_validator("env")
     @classmethod

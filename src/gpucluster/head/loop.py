@@ -578,6 +578,7 @@ class Head:
             s.node: job_env(
                 base=self.base_env,
                 user_env=job.spec.env,
+                submitter_env=job.spec.exported_env,
                 job_id=job.id,
                 job_name=job.name,
                 team=job.team,

@@ -123,11 +123,13 @@ class ClusterService:
             sizes = ", ".join(f"{m}: {cap.node_size[m]} per node, {cap.total[m]} in all" for m in models)
             raise Rejected("gpus", f"asks for {spec.gpus_label} GPUs but this cluster can never host that ({sizes})")
 
-    def job(self, job_id: int) -> Job:
+    def job(self, job_id: int, reveal_env: Callable[[str | None], bool] | None = None) -> Job:
+        """One job in full; its submitter's exported environment only if `reveal_env(owner)`."""
         record = self.store.get_job(job_id)
         if record is None:
             raise NotFound(f"no job with id {job_id}")
-        job = to_wire(record, self.store.events(job_id), self.store.attempts(job_id))
+        reveal = reveal_env is not None and reveal_env(record.owner)
+        job = to_wire(record, self.store.events(job_id), self.store.attempts(job_id), reveal_env=reveal)
         return describe_job(job, self.head.telemetry, self.telemetry)
 
     def jobs(
@@ -215,6 +217,22 @@ class ClusterService:
             if ranks and rank >= ranks:
                 raise NotFound(f"job {job_id} attempt {n} has no rank {rank} (it ran ranks 0..{ranks - 1})")
         return path, record
+
+    def rank_logs(self, job_id: int, attempt: int | None) -> tuple[list[Path], JobRecord]:
+        """Every process's log of an attempt (default: the latest), rank 0 first; one for a
+        single-process job. A running attempt counts its ranks from its allocation (their
+        directories appear as they start), an ended one from the directories it left."""
+        first, record = self.log_path(job_id, attempt, None)
+        if first is None or not record.spec.distributed:
+            return ([first] if first is not None else []), record
+        n = attempt if attempt is not None else record.attempt
+        alloc = record.allocation
+        if n == record.attempt and record.state == JobState.RUNNING and alloc is not None:
+            per_gpu = record.spec.per_gpu
+            ranks = sum(len(s.gpu_indices) for s in alloc.slices) if per_gpu else len(alloc.slices)
+        else:
+            ranks = max(1, len(list(self.head.data_dir.attempt_dir(job_id, n).glob("rank-*"))))
+        return [self.head.data_dir.log(job_id, n, r) for r in range(ranks)], record
 
     def queue(
         self, can_see: Callable[[str], bool] | None = None, limit: int | None = None, job_id: int | None = None
@@ -347,13 +365,27 @@ def _attempts(r: JobRecord, ended: Iterable[AttemptRecord]) -> list[Attempt]:
     return out
 
 
-def to_wire(r: JobRecord, events: Iterable[object] = (), attempts: Iterable[AttemptRecord] | None = None) -> Job:
-    """The wire form of a job; `events` and `attempts` only for a single job's detail."""
+def to_wire(
+    r: JobRecord,
+    events: Iterable[object] = (),
+    attempts: Iterable[AttemptRecord] | None = None,
+    *,
+    reveal_env: bool = False,
+) -> Job:
+    """The wire form of a job; `events` and `attempts` only for a single job's detail.
+
+    The submitter's exported environment (`spec.exported_env`: their whole shell, tokens and
+    passwords included) is left out unless `reveal_env`: teammates see a job's spec, and only its
+    owner and cluster admins may see that (`GET /v1/jobs/{id}`).
+    """
+    spec = r.spec
+    if spec.exported_env is not None and not reveal_env:
+        spec = spec.model_copy(update={"exported_env": None})
     return Job(
         id=r.id,
         name=r.name,
         state=r.state,
-        spec=r.spec,
+        spec=spec,
         submitted_at=r.submitted_at,
         started_at=r.started_at,
         ended_at=r.ended_at,
