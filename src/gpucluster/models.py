@@ -29,6 +29,8 @@ MAX_ARG_BYTES = 65536
 MAX_ENV_VARS = 512
 MAX_ENV_VALUE = 32768
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_METRICS = 32
+METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 PriorityName = Literal["low", "normal", "high", "critical"]
@@ -389,6 +391,30 @@ class ProgressIn(BaseModel):
     # Its load, for virtual GPUs' synthetic telemetry (real GPUs are read through NVML).
     gpu_utilization: float | None = Field(None, ge=0, le=100, description="percent of its GPUs it keeps busy")
     gpu_memory_mb: float | None = Field(None, ge=0, le=1e9, description="MiB of GPU memory used on each of its GPUs")
+    # What the script reports (gpucluster.train.report): stored per attempt, charted, on /metrics.
+    metrics: dict[str, float] | None = Field(
+        None,
+        description=f"training metrics at `metrics_step`, e.g. {{'loss': 0.31, 'accuracy': 0.97}} "
+        f"(at most {MAX_METRICS}, names of letters, digits and _)",
+        json_schema_extra={"maxProperties": MAX_METRICS, "propertyNames": {"pattern": f"^{METRIC_NAME.pattern}$"}},
+    )
+    metrics_step: int | None = Field(None, ge=0, le=MAX_SQL_INT, description="the step the metrics are of")
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return None
+        if len(v) > MAX_METRICS:
+            raise ValueError(f"at most {MAX_METRICS} metrics per report")
+        for name, value in v.items():
+            if not METRIC_NAME.fullmatch(name):
+                raise ValueError(
+                    f"metric name {name!r} is not valid (a letter or _, then letters, digits, _; 64 at most)"
+                )
+            if not math.isfinite(value):
+                raise ValueError(f"metric {name} must be a finite number")
+        return v
 
     @field_validator("checkpoint_at")
     @classmethod
@@ -437,6 +463,16 @@ class GpuUseOut(BaseModel):
     at: float
 
 
+class MetricSeries(BaseModel):
+    """One metric of one attempt as the script reported it, oldest first."""
+
+    attempt: int
+    name: str
+    steps: list[int | None]
+    at: list[float]
+    values: list[float]
+
+
 class Job(BaseModel):
     id: int
     name: str
@@ -459,6 +495,7 @@ class Job(BaseModel):
     owner: str | None = None  # the user who submitted it (jobs from before identities: none)
     flags: list[JobFlagOut] = Field(default_factory=list)  # telemetry's findings (idle), in GET /v1/jobs/{id}
     gpu_usage: list[GpuUseOut] = Field(default_factory=list)  # its GPUs now, in GET /v1/jobs/{id}
+    metrics: list[MetricSeries] = Field(default_factory=list)  # gpucluster.train.report's, in GET /v1/jobs/{id}
 
 
 class JobList(BaseModel):

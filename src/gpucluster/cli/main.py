@@ -534,6 +534,15 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
                 f"    #{a.attempt}  {_ts(a.started_at)} .. {_ts(a.ended_at) if a.ended_at else 'running':<19}  "
                 f"{a.gpus:g} GPUs  {a.outcome:<11} {a.reason}{codes}{lost}{used}"
             )
+    if job.metrics:
+        lines.append("  metrics:    (newest value of each, per attempt; gpucluster.train.report)")
+        for attempt in sorted({m.attempt for m in job.metrics}):
+            newest = [
+                f"{m.name} {m.values[-1]:.4g}" + (f" at step {m.steps[-1]}" if m.steps[-1] is not None else "")
+                for m in job.metrics
+                if m.attempt == attempt
+            ]
+            lines.append(f"    #{attempt}  " + ", ".join(newest))
     lines.append("  history:")
     lines += [f"    {_ts(e.at)}  {e.state.value:<10} {e.reason}" for e in job.events]
     out.print("\n".join(lines), markup=False)

@@ -23,6 +23,7 @@ from gpucluster.models import (
     Job,
     JobEvent,
     JobSpec,
+    MetricSeries,
     NodeOut,
     PolicyOut,
     Progress,
@@ -130,6 +131,7 @@ class ClusterService:
             raise NotFound(f"no job with id {job_id}")
         reveal = reveal_env is not None and reveal_env(record.owner)
         job = to_wire(record, self.store.events(job_id), self.store.attempts(job_id), reveal_env=reveal)
+        job.metrics = metric_series(self.store.job_metrics(job_id))
         return describe_job(job, self.head.telemetry, self.telemetry)
 
     def jobs(
@@ -182,6 +184,9 @@ class ClusterService:
     def progress(self, job_id: int, report: ProgressIn) -> None:
         """A running job's progress report (step, newest checkpoint)."""
         now = self.head.clock()
+        if report.metrics:
+            step = report.metrics_step if report.metrics_step is not None else report.step
+            self.store.record_metrics(job_id, now, step, report.metrics)
         if self.store.record_progress(job_id, now, report.step, report.checkpoint_at, report.checkpoint_step):
             if self.telemetry is not None and (report.gpu_utilization is not None or report.gpu_memory_mb is not None):
                 self.telemetry.report_load(job_id, report.gpu_utilization, report.gpu_memory_mb)
@@ -363,6 +368,17 @@ def _attempts(r: JobRecord, ended: Iterable[AttemptRecord]) -> list[Attempt]:
             )
         )
     return out
+
+
+def metric_series(rows: Iterable[tuple[int, str, int | None, float, float]]) -> list[MetricSeries]:
+    """Stored metric values -> one series per attempt and name, in attempt then name order."""
+    series: dict[tuple[int, str], MetricSeries] = {}
+    for attempt, name, step, at, value in rows:
+        s = series.setdefault((attempt, name), MetricSeries(attempt=attempt, name=name, steps=[], at=[], values=[]))
+        s.steps.append(step)
+        s.at.append(at)
+        s.values.append(value)
+    return [series[k] for k in sorted(series)]
 
 
 def to_wire(

@@ -24,7 +24,7 @@ from gpucluster.train.compression import register_compression
 from gpucluster.train.distributed import DistContext, setup, teardown
 from gpucluster.train.env import REQUEUE_EXIT_CODE, attempt, checkpoint_dir, grace_period_s
 from gpucluster.train.preemption import Preemption, exit_for_requeue
-from gpucluster.train.progress import ProgressReporter
+from gpucluster.train.progress import ProgressReporter, report
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
@@ -43,6 +43,7 @@ __all__ = [
     "preemption",
     "progress",
     "register_compression",
+    "report",
     "setup",
     "teardown",
 ]
