@@ -27,6 +27,7 @@ on by itself when it is back.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -59,6 +60,7 @@ from gpucluster.executors.base import (
     Status,
     complete,
 )
+from gpucluster.executors.logfile import read_job_file
 from gpucluster.head.accounting import Accountant
 from gpucluster.head.estimates import EstimateRefresher
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
@@ -271,7 +273,7 @@ class Head:
         failed = next(((r, s) for r, s in enumerate(statuses) if _failed(s)), None)
         if failed is None:
             return False
-        message = f"{_unit(job)} {failed[0]} {_how(failed[1])}"
+        message = f"{_unit(job)} {failed[0]} {_how(failed[1])}" + self._error_of(job, failed[0])
         # Durable before the kill, so the outcome names the rank that failed even if the head
         # dies now; a stop already under way (a preemption, a cancel) keeps its own outcome.
         if self.store.request_stop(job.id, "failure", now, message=message):
@@ -279,6 +281,22 @@ class Head:
         self.executor.signal(handle, signal.SIGKILL)
         self.store.update_job(job.id, JobState.RUNNING, term_sent=True, kill_sent=True)
         return True
+
+    def _error_of(self, job: JobRecord, rank: int) -> str:
+        """': <error>' from a failed rank's error file (TORCHELASTIC_ERROR_FILE: torch's `@record`
+        and gpucluster.train write the exception that ended it), or '' when it left none."""
+        if not job.spec.per_gpu:
+            return ""
+        raw = read_job_file(self.data_dir.log(job.id, job.attempt, rank).parent / "error.json")
+        if not raw:
+            return ""
+        try:
+            message = json.loads(raw)["message"]
+            text = message["message"] if isinstance(message, dict) else message
+        except (ValueError, KeyError, TypeError):
+            return ""
+        line = " ".join(str(text).split())
+        return f": {line[:300]}" if line else ""
 
     def _enforce_stop(self, job: JobRecord, handle: dict[str, object], now: float) -> None:
         limit = job.spec.time_limit
@@ -319,6 +337,8 @@ class Head:
         status = first_bad or statuses[0]
         code = status.exit_code if isinstance(status, Exited) else None
         how = _describe_end(statuses, _unit(job)) if multi else _how(status)
+        if multi and first_bad is not None and job.stop_reason is None:  # all ended at once: say why
+            how += self._error_of(job, statuses.index(first_bad))
         ended = self._ended_attempt(job, now, codes, statuses)
         if job.stop_reason == "cancel":
             if job.stop_message and _RANK.match(job.stop_message):
