@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.elastic import grow
 from gpucluster.core.fairshare import accrue
+from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.restarts import RESTART_BACKOFF_S, restart_backoff
 from gpucluster.core.scheduler import decide
@@ -154,6 +156,7 @@ class Head:
         self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
         self.estimates = EstimateRefresher()
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
+        self._free_since: float | None = None  # GPUs free with nothing queued since (elastic growth)
         self._last_plan_at: float | None = None
         self.last_decide_s = 0.0
         self.last_cycle_at: float | None = None  # end of the last cycle that succeeded
@@ -518,6 +521,7 @@ class Head:
         self._capacity_changed = False
         self._last_plan_at = now
         snap = self.snapshot()
+        self._grow_elastic(snap, now)
         if not snap.queued:
             self.queue_order = []
             return
@@ -542,6 +546,29 @@ class Head:
         changed = {k: v for k, v in waiting.items() if self._reasons.get(k) != v}
         self.store.set_wait_reasons(changed)
         self._reasons = waiting
+
+    def _grow_elastic(self, snap: Snapshot, now: float) -> None:
+        """Grow a running elastic job below its maximum once GPUs have stayed free, with nothing
+        queued, long enough (core/elastic.py): checkpoint-and-restart, like a requeue, at the
+        larger size. `_free_since` is when that became true without a break."""
+        growable = any(
+            r.max_gpus is not None and not r.stopping and r.allocation.gpu_count < r.max_gpus for r in snap.running
+        )
+        waiting = any(j.not_before is None or j.not_before <= now for j in snap.queued)
+        if not growable or waiting or not self.policy.elastic.enabled:
+            self._free_since = None
+            return
+        capacity = Capacity(snap.nodes, snap.running)
+        if not any(capacity.free_count(m) for m in {g.model for n in snap.nodes for g in n.gpus}):
+            self._free_since = None
+            return
+        if self._free_since is None:
+            self._free_since = now
+        for resize in grow(snap, self.policy, now, self._free_since):
+            if self.store.request_stop(resize.job_id, "preempt", now, message=resize.reason):
+                log.info("job %s: %s", resize.job_id, resize.reason)
+                self._free_since = None  # the next growth waits for GPUs to stay free again
+                self.wake.set()
 
     def _observe_waits(self, snap: Snapshot, started: set[int], now: float) -> None:
         for r in snap.queued:

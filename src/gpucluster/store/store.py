@@ -724,7 +724,16 @@ class Store:
         """The scheduler's view of running jobs: where, whose, since when, and whether stopping."""
         j = schema.jobs.c
         q = select(
-            j.id, j.allocation, j.team, j.priority, j.started_at, j.request, j.spec, j.last_checkpoint_at, j.stop_reason
+            j.id,
+            j.allocation,
+            j.team,
+            j.priority,
+            j.started_at,
+            j.request,
+            j.spec,
+            j.last_checkpoint_at,
+            j.stop_reason,
+            j.gpus,
         ).where(j.state == JobState.RUNNING.value)
         with self._read() as c:
             rows = c.execute(q).all()
@@ -748,6 +757,7 @@ class Store:
                     time_limit_s=req.get("tl"),
                     last_checkpoint_at=checkpoint,
                     stopping=r[8] is not None,
+                    max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
                 )
             )
         return out
