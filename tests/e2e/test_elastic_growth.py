@@ -31,7 +31,7 @@ def test_an_elastic_job_grows_from_2_to_4_and_reaches_the_examples_accuracy(
     head = head_factory(tmp_path / "data", gpus=4, grace="30s", extra_args=("--policy", str(policy))).start()
     go = tmp_path / "go"
     with head.client() as c:
-        c.submit(["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done"], gpus=2).id
+        c.submit(["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done"], gpus=2)  # holds 2 of the 4
         job = c.submit(
             [sys.executable, str(EXAMPLE), "--epochs", "60"], gpus="2..4", per_gpu=True, workdir=str(tmp_path)
         ).id
