@@ -183,3 +183,68 @@ def test_checkpoint_dir_prefers_the_clusters(tmp_path: Path) -> None:
     assert checkpoint_dir("cli", environ={"GPUCLUSTER_CHECKPOINT_DIR": "/c"}) == Path("/c")
     assert checkpoint_dir("cli", environ={}) == Path("cli")
     assert checkpoint_dir(None, environ={}) == Path("checkpoints")
+
+
+def test_async_sharded_save_is_published_only_when_written_and_loads_back(tmp_path: Path) -> None:
+    """Issue 17: torch.distributed.checkpoint's async save; training may change the tensors
+    right after the call (the state was staged), the checkpoint holds the values at the call."""
+    m = CheckpointManager(tmp_path, keep=2)
+    w = torch.arange(4.0)
+    m.save_sharded_async({"w": w}, step=5)
+    w.mul_(100)  # training goes on
+    info = m.wait_async()
+    assert info is not None and info.step == 5 and _names(tmp_path) == ["00000001-step-000000000005-attempt-1"]
+    m.save_sharded_async({"w": w}, step=6)
+    m.save({"step": 7}, step=7)  # a save waits for the one in flight: published in order
+    assert [c.step for c in m.list()] == [6, 7]
+    into = {"w": torch.zeros(4)}
+    m.save_sharded_async({"w": torch.ones(4)}, step=8)
+    assert m.wait_async() is not None and m.wait_async() is None
+    got = m.load_sharded_latest(into)
+    assert got is not None and got.step == 8 and torch.equal(into["w"], torch.ones(4))
+
+
+_ASYNC_RANKS = """
+import sys, torch
+from gpucluster import train
+ctx = train.setup()
+m = train.CheckpointManager(sys.argv[1], keep=2)
+w = torch.full((1000,), 7.0)  # replicated (as DDP's): DCP writes one copy
+m.save_sharded_async({"w": w}, step=10)
+for _ in range(3):  # training's own collectives go on while the shards are written
+    t = torch.ones(1)
+    torch.distributed.all_reduce(t)
+w.fill_(-1.0)
+m.wait_async()
+into = {"w": torch.zeros(1000)}
+info = m.load_sharded_latest(into)
+assert info.step == 10 and torch.equal(into["w"], torch.full((1000,), 7.0)), into["w"][:3]
+train.teardown()
+"""
+
+
+def test_async_sharded_save_on_two_ranks_with_training_collectives_meanwhile(tmp_path: Path) -> None:
+    from gpucluster.core.types import NodeSlice
+    from gpucluster.launch.ranks import per_gpu_envs, pick_free_port
+
+    script = tmp_path / "ranks.py"
+    script.write_text(_ASYNC_RANKS)
+    envs = per_gpu_envs((NodeSlice("n", (0, 1)),), {"n": "127.0.0.1"}, pick_free_port("127.0.0.1"), job_id=1, attempt=1)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GPUCLUSTER_", "TORCHELASTIC_"))}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / "ckpt")],
+            env=pe.apply(base),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for pe in envs
+    ]
+    try:
+        outs = [p.communicate(timeout=120)[0].decode() for p in procs]  # two torch starts, shared cores
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs

@@ -124,6 +124,8 @@ class CheckpointManager:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory = Path(directory) if directory is not None else train_env.checkpoint_dir()
         self.keep = keep
+        self._pending_async: tuple[Any, Path, Path] | None = None  # an async save in flight
+        self._group: Any = None  # the gloo group of async saves, made on first use
         if _rank() == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._remove_leftovers()
@@ -163,8 +165,10 @@ class CheckpointManager:
         """Save `state` (model/optimizer state dicts, counters) as the checkpoint of `step`.
 
         Collective under torch.distributed: rank 0 writes, every rank waits for it. The state of
-        rank 0 is the state of all ranks under DDP, which keeps replicas identical.
+        rank 0 is the state of all ranks under DDP, which keeps replicas identical. An async
+        save in flight is finished first, so checkpoints are published in the order written.
         """
+        self.wait_async()
         final = Path(_broadcast_from_rank0(str(self.path_for(step)) if _rank() == 0 else None) or "")
         saved_at = time.time()
         if _rank() == 0:
@@ -242,6 +246,7 @@ class CheckpointManager:
         """
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
+        self.wait_async()
         # Every rank writes into the directory rank 0 named (its write sequence is rank 0's count).
         final = Path(_broadcast_from_rank0(str(self.path_for(step, sharded=True)) if _rank() == 0 else None) or "")
         tmp = self.directory / f"{TMP_PREFIX}{final.name}"
@@ -260,6 +265,59 @@ class CheckpointManager:
             self._rotate()
         _barrier()
         return replace(_parse(final) or CheckpointInfo(step, final, True), saved_at=saved_at)
+
+    def save_sharded_async(self, state_dict: dict[str, Any], step: int) -> CheckpointInfo:
+        """Like `save_sharded`, but training goes on while the shards are written: the state is
+        copied to CPU memory now (the only pause), then torch.distributed.checkpoint's
+        `async_save` writes it from a background thread; once every rank's shard and the
+        metadata are on disk, rank 0 publishes the directory (atomic rename) and rotates.
+
+        Collective, like every save. One save is in flight at a time: the next one (async or
+        not) and `wait_async()` wait for it first. Call `wait_async()` before exiting (after a
+        SIGTERM, say), or the last checkpoint stays a `.tmp-*` directory that is never loaded.
+        The background writes use a gloo process group of their own, so they never interleave
+        with training's collectives (the advice of torch's async_save for NCCL jobs too).
+        """
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+        from torch.distributed.checkpoint.state_dict_saver import async_save
+
+        self.wait_async()
+        final = Path(_broadcast_from_rank0(str(self.path_for(step, sharded=True)) if _rank() == 0 else None) or "")
+        tmp = self.directory / f"{TMP_PREFIX}{final.name}"
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        no_dist = not (dist.is_available() and dist.is_initialized())
+        future = async_save(
+            state_dict,
+            storage_writer=FileSystemWriter(str(tmp)),
+            process_group=None if no_dist else self._async_group(),
+            no_dist=no_dist,
+        )
+        self._pending_async = (future, tmp, final)
+        return replace(_parse(final) or CheckpointInfo(step, final, True), saved_at=time.time())
+
+    def wait_async(self) -> CheckpointInfo | None:
+        """Wait for the save in flight (if any) to be written and published; its info, or None.
+        Raises what the background write raised (a full disk), on the rank it happened."""
+        pending, self._pending_async = self._pending_async, None
+        if pending is None:
+            return None
+        future, tmp, final = pending
+        # A Future, or (newer torch, with a stager) a response whose upload completes later.
+        (future.result if hasattr(future, "result") else future.upload_completion.result)()
+        _barrier()  # every rank's shard is written before rank 0 publishes them
+        if _rank() == 0:
+            atomic_rename_dir(tmp, final)
+            self._rotate()
+        _barrier()
+        return replace(_parse(final) or CheckpointInfo(0, final, True), saved_at=time.time())
+
+    def _async_group(self) -> Any:
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")  # collective: every rank's first async save
+        return self._group
 
     def load_sharded_latest(self, state_dict: dict[str, Any]) -> CheckpointInfo | None:
         """Load the newest sharded checkpoint into `state_dict` in place (collective)."""
