@@ -129,3 +129,25 @@ def test_the_head_never_grows_a_job_while_another_waits(tmp_path: Path) -> None:
         assert c.record(job).stop_reason is None  # the free GPUs are the waiting job's to come
     finally:
         c.close()
+
+
+def test_an_elastic_victim_comes_back_smaller_right_after_its_preemptor_starts(tmp_path: Path) -> None:
+    """Shrinking: a higher class needs 2 of the 8 GPUs an elastic 4..8 job holds. The job is
+    checkpointed and stopped (the preemption), its preemptor starts on 2, and it restarts at
+    once on the 6 left: within its range, no failure counted."""
+    c = _cluster(tmp_path)
+    try:
+        job = c.submit(gpus="4..8", per_gpu=True)
+        c.tick_at(T0)
+        assert c.record(job).allocation.gpu_count == 8  # type: ignore[union-attr]
+        urgent = c.submit(gpus=2, priority="high")
+        c.tick_at(T0 + 1)
+        assert c.record(job).stop_reason == "preempt"
+        c.fake.finish(job, REQUEUE_EXIT_CODE)  # checkpointed on SIGTERM
+        c.tick_at(T0 + 2)
+        c.tick_at(T0 + 3)
+        assert c.state(urgent) is JobState.RUNNING
+        r = c.record(job)
+        assert (r.state, r.attempt, r.allocation.gpu_count, r.restarts) == (JobState.RUNNING, 2, 6, 0)  # type: ignore[union-attr]
+    finally:
+        c.close()
