@@ -186,11 +186,13 @@ def main(argv: list[str] | None = None) -> int:
             reporter.report(step)
             if step % args.log_every == 0 or step == first_step + 1:
                 emit(ctx, "step", step=step, loss=round(float(loss.item()), 4))
+                train.report({"loss": float(loss.item())}, step)  # stored per attempt, charted, on /metrics
             if step % args.checkpoint_every == 0 or step == total:  # the last one makes a rerun a no-op
                 save()
     elapsed, cpu = time.perf_counter() - started, time.process_time() - started_cpu
 
     acc = accuracy(net, x_te.to(ctx.device), y_te.to(ctx.device))
+    train.report({"accuracy": acc}, step)
     emit(
         ctx,
         "done",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -11,6 +11,7 @@ import httpx
 
 from gpucluster import userconfig
 from gpucluster.admin_client import AdminCalls
+from gpucluster.launch.env import exported_env
 from gpucluster.models import (
     BudgetList,
     BudgetOut,
@@ -105,14 +106,26 @@ class Client(AdminCalls):
             raise ApiError(r.status_code, str(message))
         return r
 
-    def submit(self, command: list[str] | JobSpec | None = None, **fields: Any) -> Job:
-        """Submit a job: a JobSpec, or a command list plus JobSpec fields (gpus=2, team=...)."""
+    def submit(
+        self, command: list[str] | JobSpec | None = None, *, export: str | Sequence[str] = "ALL", **fields: Any
+    ) -> Job:
+        """Submit a job: a JobSpec, or a command list plus JobSpec fields (gpus=2, team=...).
+
+        `export` is sbatch's --export: the job runs with this process's environment ("ALL", the
+        default, less what the cluster or the node sets: launch/env.py), only the variables named,
+        or none of it ("NONE"); `env` still wins over it. A spec's own `exported_env` is kept.
+        """
         if isinstance(command, JobSpec):
             body = command.model_dump(exclude_none=True)
             if "team" not in command.model_fields_set:
                 body.pop("team", None)  # the head picks the caller's default team
         else:
             body = {"command": command, **fields} if command is not None else dict(fields)
+        if body.get("exported_env") is None:
+            body.pop("exported_env", None)
+            exported = exported_env(os.environ, export)
+            if exported is not None:
+                body["exported_env"] = exported
         return Job.model_validate(self._request("POST", "/v1/jobs", json=body).json())
 
     def job(self, job_id: int) -> Job:
@@ -160,9 +173,17 @@ class Client(AdminCalls):
         body = {"step": step, "checkpoint_at": checkpoint_at, "checkpoint_step": checkpoint_step}
         self._request("POST", f"/v1/jobs/{job_id}/progress", json=body)
 
-    def logs(self, job_id: int, offset: int = 0, attempt: int | None = None, rank: int | None = None) -> str:
-        """A job's output; for a distributed job, rank 0's unless `rank` is given."""
-        params: dict[str, Any] = {"offset": offset}
+    def logs(
+        self,
+        job_id: int,
+        offset: int = 0,
+        attempt: int | None = None,
+        rank: int | None = None,
+        all_ranks: bool = False,
+    ) -> str:
+        """A job's output; for a distributed job, rank 0's unless `rank` is given, or every
+        rank's with `all_ranks` (each line prefixed `[rank N] `)."""
+        params: dict[str, Any] = {"all_ranks": True} if all_ranks else {"offset": offset}
         if attempt is not None:
             params["attempt"] = attempt
         if rank is not None:

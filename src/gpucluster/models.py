@@ -29,6 +29,8 @@ MAX_ARG_BYTES = 65536
 MAX_ENV_VARS = 512
 MAX_ENV_VALUE = 32768
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_METRICS = 32
+METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 PriorityName = Literal["low", "normal", "high", "critical"]
@@ -168,6 +170,12 @@ class JobSpec(StorableText):
         default_factory=dict,
         json_schema_extra={"maxProperties": MAX_ENV_VARS, "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"}},
     )
+    exported_env: dict[str, str] | None = Field(
+        None,
+        description="the submitter's environment (sbatch --export=ALL), sent by the CLI and SDK: under `env` "
+        "(which wins) and the cluster's variables; shown only to the job's owner and cluster admins",
+        json_schema_extra={"maxProperties": MAX_ENV_VARS, "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$"}},
+    )
     workdir: str | None = Field(None, max_length=4096, description="absolute path", json_schema_extra={"pattern": "^/"})
     shell: bool = Field(False, description="run command[0] through /bin/sh -c")
     min_gpus: int | None = Field(
@@ -276,6 +284,11 @@ class JobSpec(StorableText):
         if math.isnan(seconds) or seconds < 1 or seconds > MAX_TIME_LIMIT_S:
             raise ValueError(f"time_limit must be between 1s and {MAX_TIME_LIMIT_S // 86400}d")
         return seconds
+
+    @field_validator("exported_env")
+    @classmethod
+    def _exported_env(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        return None if v is None else cls._env(v)
 
     @field_validator("env")
     @classmethod
@@ -388,6 +401,30 @@ class ProgressIn(Model):
     # Its load, for virtual GPUs' synthetic telemetry (real GPUs are read through NVML).
     gpu_utilization: float | None = Field(None, ge=0, le=100, description="percent of its GPUs it keeps busy")
     gpu_memory_mb: float | None = Field(None, ge=0, le=1e9, description="MiB of GPU memory used on each of its GPUs")
+    # What the script reports (gpucluster.train.report): stored per attempt, charted, on /metrics.
+    metrics: dict[str, float] | None = Field(
+        None,
+        description=f"training metrics at `metrics_step`, e.g. {{'loss': 0.31, 'accuracy': 0.97}} "
+        f"(at most {MAX_METRICS}, names of letters, digits and _)",
+        json_schema_extra={"maxProperties": MAX_METRICS, "propertyNames": {"pattern": f"^{METRIC_NAME.pattern}$"}},
+    )
+    metrics_step: int | None = Field(None, ge=0, le=MAX_SQL_INT, description="the step the metrics are of")
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return None
+        if len(v) > MAX_METRICS:
+            raise ValueError(f"at most {MAX_METRICS} metrics per report")
+        for name, value in v.items():
+            if not METRIC_NAME.fullmatch(name):
+                raise ValueError(
+                    f"metric name {name!r} is not valid (a letter or _, then letters, digits, _; 64 at most)"
+                )
+            if not math.isfinite(value):
+                raise ValueError(f"metric {name} must be a finite number")
+        return v
 
     @field_validator("checkpoint_at")
     @classmethod
@@ -436,6 +473,16 @@ class GpuUseOut(Model):
     at: float
 
 
+class MetricSeries(Model):
+    """One metric of one attempt as the script reported it, oldest first."""
+
+    attempt: int
+    name: str
+    steps: list[int | None]
+    at: list[float]
+    values: list[float]
+
+
 class Job(Model):
     id: int
     name: str
@@ -461,6 +508,7 @@ class Job(Model):
     # Seconds its ended attempts ran, summed; a running job's current attempt adds the time since
     # started_at. Not ended_at - started_at: that counts a requeued job's wait in the queue.
     ran_s: float = 0
+    metrics: list[MetricSeries] = Field(default_factory=list)  # gpucluster.train.report's, in GET /v1/jobs/{id}
 
 
 class JobList(Model):

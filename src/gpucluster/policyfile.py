@@ -141,6 +141,29 @@ class IdleIn(_Strict):
         return v
 
 
+class ElasticIn(_Strict):
+    """elastic: {enabled: true, grow_after: 60s, grow_every: 5m, restart_cost: 60s} (core/elastic.py)."""
+
+    enabled: bool = True
+    grow_after: Duration = "60s"
+    grow_every: Duration = "5m"
+    restart_cost: Duration = "60s"
+
+    @field_validator("grow_after", "grow_every", "restart_cost")
+    @classmethod
+    def _dur(cls, v: Duration) -> Duration:
+        _seconds(v, "elastic durations")  # "cannot be negative"
+        return v
+
+    def to_policy(self) -> core.ElasticPolicy:
+        return core.ElasticPolicy(
+            enabled=self.enabled,
+            grow_after_s=_seconds(self.grow_after, "grow_after"),
+            grow_every_s=_seconds(self.grow_every, "grow_every"),
+            restart_cost_s=_seconds(self.restart_cost, "restart_cost"),
+        )
+
+
 class HealthIn(_Strict):
     max_temperature: float = 90.0  # degrees Celsius
     node_timeout: Duration = "60s"
@@ -221,6 +244,7 @@ class PolicyIn(_Strict):
     unknown_teams: Literal["allow", "reject"] = "allow"
     idle: IdleIn = Field(default_factory=IdleIn)
     health: HealthIn = Field(default_factory=HealthIn)
+    elastic: ElasticIn = Field(default_factory=ElasticIn)
     prices: dict[str, float] = Field(default_factory=dict, description="GPU model -> money per GPU-hour")
     budgets: dict[TeamName, BudgetIn] = Field(default_factory=dict)
     priority_grants: dict[str, GrantIn] = Field(default_factory=dict)
@@ -304,6 +328,7 @@ class PolicyIn(_Strict):
                 drain_on_xid=self.health.drain_on_xid,
                 fatal_xids=frozenset(self.health.fatal_xids) if self.health.fatal_xids is not None else None,
             ),
+            elastic=self.elastic.to_policy(),
             priority_grants={
                 **core.DEFAULT_GRANTS,
                 **{Priority.parse(c): g.to_grant() for c, g in self.priority_grants.items()},

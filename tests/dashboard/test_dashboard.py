@@ -230,3 +230,37 @@ def test_sign_in_form_after_401(dash: Dashboard, signed_in: Dashboard) -> None:
     assert not driver.find_element(By.ID, "signin").is_displayed()
     assert driver.execute_script("return localStorage.getItem('gpucluster.token')") == dash.token
     assert console_errors(driver) == []
+
+
+def test_job_page_charts_reported_metrics_and_shows_all_ranks(signed_in: Dashboard) -> None:
+    """Issue 17: the metrics a script reports, charted per attempt; every rank's log at once,
+    prefixed [rank N]."""
+    driver: WebDriver = signed_in.driver  # type: ignore[assignment]
+    c = signed_in.client
+    job = c.submit(["sh", "-c", 'echo "hello from rank $RANK"; sleep 30'], gpus=2, per_gpu=True, name="ranks")
+    try:
+        wait(driver, "the job to run", lambda _: c.job(job.id).state.value == "running")
+        headers = {"Authorization": f"Bearer {signed_in.token}"} if signed_in.token else {}
+        for step, loss in ((10, 0.9), (20, 0.5), (30, 0.25)):
+            body = {"step": step, "metrics": {"loss": loss}}
+            r = httpx.post(f"{signed_in.head.url}/v1/jobs/{job.id}/progress", json=body, headers=headers, timeout=5)
+            assert r.status_code == 204, r.text
+        go(driver, f"#/jobs/{job.id}")
+        css = "[data-testid=metric-chart-loss] svg path"
+        wait(driver, "the loss chart", lambda d: d.find_elements(By.CSS_SELECTOR, css))
+        assert "0.25 at step 30" in text_of(driver, "[data-metric=loss]")
+        console_errors(driver)
+        click(driver, "[data-testid=all-ranks]")
+        log = "[data-testid=log]"
+        wait(
+            driver,
+            "both ranks' lines",
+            lambda d: (
+                "[rank 0] hello from rank 0" in text_of(d, log) and "[rank 1] hello from rank 1" in text_of(d, log)
+            ),
+        )
+        signed_in.screenshot("job-metrics-all-ranks")
+        assert console_errors(driver) == []
+    finally:
+        with contextlib.suppress(ApiError):
+            c.cancel(job.id)

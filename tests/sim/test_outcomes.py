@@ -226,3 +226,33 @@ def test_a_fixed_scheduling_cycle_batches_decisions(tmp_path: Path) -> None:
     r = run(c, three_jobs(tmp_path), "fifo")
     assert r.start == {1: 0.0, 2: 10.0, 3: 20.0}
     assert r.end == {1: 10.0, 2: 15.0, 3: 23.0}
+
+
+def test_an_elastic_job_grows_when_gpus_stay_free_and_pays_the_restart(tmp_path: Path) -> None:
+    """Issue 17: E (elastic 2..4, 400 s of work on 4 GPUs) starts on 2 beside B (2 GPUs, 50 s).
+    B ends at 50; with nothing queued the 2 GPUs stay free for grow_after (60 s) and E has run
+    grow_every (60 s): at 110 it checkpoints (1 s), restarts on 4 (2 s restart) and finishes
+    sooner than on 2 GPUs, having paid the stop and the restart once."""
+    c = cluster_yaml(
+        tmp_path / "c.yaml",
+        gpus=4,
+        extra="failures: {gpu_failures_per_day: 0}\ncheckpoints: {interval: 1000s, cost: 1s, restart: 2s}\n",
+    )
+    t = native_csv(
+        tmp_path / "t.csv",
+        [
+            {"submit_time": 0, "duration": 50, "gpus": 2},
+            {"submit_time": 0, "duration": 400, "gpus": 4, "min_gpus": 2},
+        ],
+    )
+    policy = tmp_path / "p.yaml"
+    policy.write_text("elastic: {grow_after: 60s, grow_every: 60s, restart_cost: 30s}\n")
+    grown = run(c, t, str(policy))
+    assert grown.result.resizes == 1 and grown.result.preemptions == 0
+    policy.write_text("elastic: {enabled: false}\n")
+    fixed = run(c, t, str(policy))
+    assert fixed.result.resizes == 0
+    assert fixed.end[2] == pytest.approx(800.0)  # 400 s of 4-GPU work on 2 GPUs, no periodic checkpoint
+    # grown: 110 s on 2 GPUs (55 s of 4-GPU work, saved by the checkpoint on SIGTERM: 1 s), then a
+    # 2 s restart and 345 s on 4 -> 111 + 2 + 345 = 458
+    assert grown.end[2] == pytest.approx(458.0)

@@ -110,7 +110,8 @@ def test_crash_mid_checkpoint_then_kill_9_each_restart_from_the_last_good_checkp
     codes = first.wait(60)
     assert codes[0] == -signal.SIGKILL and all(c not in (0, REQUEUE_EXIT_CODE) for c in codes), codes
     names = sorted(p.name for p in launcher.checkpoint_dir.iterdir())
-    assert names[0].startswith(".tmp-step-000000000100.pt") and names[1:] == ["step-000000000050.pt"]
+    assert names[0].startswith(".tmp-00000002-step-000000000100-attempt-1.pt")
+    assert names[1:] == ["00000001-step-000000000050-attempt-1.pt"]
 
     second = launcher.per_gpu(attempt=2)
     assert _start(second)["resumed_from"] == 50

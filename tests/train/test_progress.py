@@ -85,3 +85,30 @@ def test_off_outside_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUCLUSTER_JOB_ID", "9")
     r = ProgressReporter(enabled=False)  # e.g. not rank 0
     assert r.endpoint == "http://h:1/v1/jobs/9/progress" and not r.enabled
+
+
+def test_report_sends_metrics_through_the_jobs_reporter(head: FakeHead, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpucluster.train.report (issue 17): metrics ride with the next progress report, at most
+    one request per interval, never blocking; closing flushes them."""
+    from gpucluster import train
+    from gpucluster.train import progress
+
+    monkeypatch.setattr(progress, "_current", None)
+    r = ProgressReporter(head.url, 42, min_interval_s=60)  # only close() flushes after the first
+    train.report({"loss": 0.5}, step=10)
+    train.report({"loss": 0.25, "accuracy": 0.9}, step=20)  # the newest step wins
+    r.close()
+    bodies = [b for _, b in head.posts]
+    assert bodies[-1]["metrics"] == {"loss": 0.25, "accuracy": 0.9} and bodies[-1]["metrics_step"] == 20
+    assert all("metrics" not in b or b["metrics_step"] in (10, 20) for b in bodies)
+
+
+def test_report_is_a_no_op_outside_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucluster import train
+    from gpucluster.train import progress
+
+    monkeypatch.setattr(progress, "_current", None)
+    monkeypatch.setattr(progress, "_started", False)
+    monkeypatch.delenv("GPUCLUSTER_URL", raising=False)
+    train.report({"loss": 1.0}, step=1)
+    assert progress._current is None

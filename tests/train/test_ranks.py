@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +141,86 @@ def test_attempt_outcome() -> None:
     assert attempt_outcome([REQUEUE_EXIT_CODE, 1, REQUEUE_EXIT_CODE]) is AttemptOutcome.FAILED
     assert attempt_outcome([0, -9, 1, 1]) is AttemptOutcome.FAILED
     assert attempt_outcome([143]) is AttemptOutcome.FAILED
+
+
+# A rank that writes its environment to DIR/env-RANK.json.
+_DUMP = "import json, os, sys; json.dump(dict(os.environ), open(f'{sys.argv[1]}/env-{os.environ[\"RANK\"]}.json', 'w'))"
+
+
+def test_per_gpu_env_has_every_variable_a_real_torchrun_rank_gets(tmp_path: Path) -> None:
+    """Issue 17: `--per-gpu` set none of TORCHELASTIC_*, so is_torchelastic_launched() was False and
+    no error file was written. A real torchrun's worker environment is the reference."""
+    pytest.importorskip("torch")
+    script = tmp_path / "dump.py"
+    script.write_text(_DUMP)
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+    port = pick_free_port("127.0.0.1")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2"]
+    argv += ["--master-addr=127.0.0.1", f"--master-port={port}", str(script), str(tmp_path)]
+    done = subprocess.run(argv, env=base, capture_output=True, timeout=120, cwd=tmp_path)  # 2 Python starts
+    assert done.returncode == 0, done.stderr.decode()
+    slices = (NodeSlice("n", (0, 1)),)
+    ours = per_gpu_envs(
+        slices, {"n": "127.0.0.1"}, port, job_id=7, attempt=2, max_restarts=3, error_file=lambda p: f"/e/{p.rank}"
+    )
+    for rank in (0, 1):
+        theirs = json.loads((tmp_path / f"env-{rank}.json").read_text())
+        added = {k: v for k, v in theirs.items() if base.get(k) != v and k not in ("PWD", "LC_CTYPE", "_")}
+        mine = ours[rank].apply({})
+        assert set(added) <= set(mine), f"missing: {sorted(set(added) - set(mine))}"
+        differ = {k for k in added if added[k] != mine[k]}
+        # ours name the job, its attempt and restarts, its own error file, and no agent's store
+        assert differ == {
+            "TORCHELASTIC_RUN_ID",
+            "TORCHELASTIC_RESTART_COUNT",
+            "TORCHELASTIC_MAX_RESTARTS",
+            "TORCHELASTIC_ERROR_FILE",
+            "TORCHELASTIC_USE_AGENT_STORE",
+        }, {k: (added[k], mine[k]) for k in differ}
+        assert (mine["TORCHELASTIC_RUN_ID"], mine["TORCHELASTIC_RESTART_COUNT"]) == ("gpucluster-job-7", "1")
+        assert (mine["TORCHELASTIC_MAX_RESTARTS"], mine["TORCHELASTIC_ERROR_FILE"]) == ("3", f"/e/{rank}")
+        assert mine["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # rank 0 hosts the store, no agent
+
+
+def test_per_gpu_ranks_are_torchelastic_launched_and_record_their_errors(tmp_path: Path) -> None:
+    """Two real ranks with our environment: is_torchelastic_launched(), a gloo group from
+    env:// (rank 0 hosts the store), and `@record` writes the failing rank's error file."""
+    pytest.importorskip("torch")
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import sys, torch.distributed as dist\n"
+        "from torch.distributed.elastic.multiprocessing.errors import record\n"
+        "@record\n"
+        "def main():\n"
+        "    assert dist.is_torchelastic_launched()\n"
+        "    dist.init_process_group('gloo')\n"
+        "    dist.barrier()\n"
+        "    if dist.get_rank() == 1:\n"
+        "        raise RuntimeError('boom on rank 1')\n"
+        "main()\n"
+    )
+    port = pick_free_port("127.0.0.1")
+    envs = per_gpu_envs(
+        (NodeSlice("n", (0, 1)),),
+        {"n": "127.0.0.1"},
+        port,
+        job_id=1,
+        attempt=1,
+        error_file=lambda p: str(tmp_path / f"error-{p.rank}.json"),
+    )
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+    procs = [
+        subprocess.Popen([sys.executable, str(script)], env=pe.apply(base), cwd=tmp_path, stderr=subprocess.PIPE)
+        for pe in envs
+    ]
+    try:
+        codes = [p.wait(timeout=120) for p in procs]  # two torch imports on a shared machine
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert codes == [0, 1], [p.stderr.read().decode() if p.stderr else "" for p in procs]
+    error = json.loads((tmp_path / "error-1.json").read_text())
+    assert "boom on rank 1" in error["message"]["message"]
+    assert not (tmp_path / "error-0.json").exists()

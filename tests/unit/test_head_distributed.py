@@ -77,6 +77,8 @@ def test_per_gpu_starts_one_process_per_gpu_with_torchruns_variables(cluster: Cl
         assert env["GPUCLUSTER_ATTEMPT_DIR"] == str(cluster.data_dir.run_dir(job, 1))
         assert p.run_dir == cluster.data_dir.run_dir(job, 1) / f"rank-{rank}"
         assert p.log_path == cluster.data_dir.log(job, 1, rank)
+        assert env["TORCHELASTIC_ERROR_FILE"] == str(p.log_path.parent / "error.json")  # the job's own dir
+        assert (env["TORCHELASTIC_RUN_ID"], env["TORCHELASTIC_RESTART_COUNT"]) == (f"gpucluster-job-{job}", "0")
     assert launched.marker == f"GPUCLUSTER_ATTEMPT_DIR={cluster.data_dir.run_dir(job, 1)}"
     assert launched.job_dir == cluster.data_dir.job_dir(job)  # the job's processes make checkpoints/ in it
     assert cluster.record(job).launch == {"job_id": job, "attempt": 1, "ranks": [{"rank": r} for r in range(4)]}
@@ -483,3 +485,47 @@ def test_a_cancel_while_a_failed_rank_is_handled_wins_over_the_restart(cluster: 
     cluster.tick_at(T0 + 2)
     r = cluster.record(job)
     assert (r.state, r.reason, r.exit_code) == (JobState.CANCELLED, "cancelled by user (rank 1 exit code 2)", 2)
+
+
+# ---- a stop the head asked for: every rank gets the whole grace (issue 17) ---------------------
+
+
+@pytest.mark.parametrize("ended", [Exited(128 + SIGTERM), Exited(-SIGTERM, SIGTERM), Exited(0), Exited(1)])
+def test_a_rank_ending_during_a_requeue_does_not_cut_the_others_grace_short(cluster: Cluster, ended: Exited) -> None:
+    """A rank that exits on SIGTERM (143, the normal end) while rank 0 still saves is no failure:
+    rank 0 keeps the whole grace period; the attempt is a preemption, not a failed one."""
+    job = cluster.submit(gpus=4, per_gpu=True, max_restarts=2)
+    cluster.tick_at(T0)
+    cluster.service.requeue(job)
+    cluster.tick_at(T0 + 1)
+    assert cluster.proc(job).signals == [SIGTERM]
+    for rank in (1, 2, 3):
+        cluster.fake.end_rank(job, rank, ended)
+    cluster.tick_at(T0 + 2)
+    cluster.tick_at(T0 + GRACE - 1)  # rank 0 still saving, inside the grace: nothing killed
+    r = cluster.record(job)
+    assert (r.state, r.stop_reason, r.kill_sent) == (JobState.RUNNING, "preempt", False)
+    assert cluster.proc(job).signals == [SIGTERM]
+    cluster.fake.end_rank(job, 0, Exited(REQUEUE_EXIT_CODE))
+    cluster.tick_at(T0 + GRACE - 0.5)
+    (a,) = cluster.store.attempts(job)
+    assert a.outcome == "preempted" and cluster.record(job).restarts == 0
+
+
+def test_a_rank_that_outlives_the_grace_of_a_requeue_is_killed(cluster: Cluster) -> None:
+    job = cluster.submit(gpus=2, per_gpu=True)
+    cluster.tick_at(T0)
+    cluster.service.requeue(job)
+    cluster.tick_at(T0 + 1)
+    cluster.fake.end_rank(job, 1, Exited(128 + SIGTERM))
+    cluster.tick_at(T0 + GRACE + 0.5)
+    assert cluster.proc(job).signals == [SIGTERM, SIGKILL]
+
+
+def test_a_143_exit_without_a_stop_asked_is_still_a_failure(cluster: Cluster) -> None:
+    job = cluster.submit(gpus=2, per_gpu=True)
+    cluster.tick_at(T0)
+    cluster.fake.end_rank(job, 1, Exited(128 + SIGTERM))  # someone else's SIGTERM
+    cluster.tick_at(T0 + 1)
+    assert cluster.proc(job).signals == [SIGKILL]
+    assert cluster.record(job).stop_message == "rank 1 exit code 143"

@@ -7,6 +7,7 @@ Errors have one shape everywhere: {"error": "<field>: <what is wrong and what is
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
@@ -44,6 +45,7 @@ from gpucluster.models import (
     QueueOut,
     unstorable,
 )
+from gpucluster.ranklogs import prefix_lines
 from gpucluster.store import DatabaseUnavailable, DataDirUnwritable, LeaseLost
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -283,8 +285,11 @@ def create_app(
         return JobList(jobs=jobs, total=total)
 
     @app.get("/v1/jobs/{job_id}", openapi_extra=allow(Rule.JOB_VIEW))
-    def get_job(job_id: Id) -> Job:
-        return service.job(job_id)
+    def get_job(job_id: Id, who: Caller) -> Job:
+        """One job; `spec.exported_env` (the submitter's environment) for its owner and cluster admins only."""
+        return service.job(
+            job_id, reveal_env=lambda owner: who.cluster_admin or (owner is not None and owner == who.user)
+        )
 
     @app.post("/v1/jobs/{job_id}/cancel", openapi_extra=allow(Rule.JOB_OPERATE))
     def cancel(job_id: Id) -> Job:
@@ -322,10 +327,22 @@ def create_app(
                 description="keep streaming as the log grows, until the attempt ends (a few hundred per user; 429 past)"
             ),
         ] = False,
+        all_ranks: Annotated[
+            bool, Query(description="every rank's output, each line prefixed `[rank N] ` as torchrun's --tee")
+        ] = False,
     ) -> Any:
         """A job's output from `offset` (bytes since the attempt began); with follow, a stream.
 
         Async, so that no follow holds a worker thread (api/follow.py); reads go to a thread."""
+        if all_ranks:
+            if follow or rank is not None or offset:
+                raise Rejected(
+                    "all_ranks",
+                    "all_ranks reads every rank's log from its start; it takes no follow, rank or offset "
+                    "(follow each rank's log, as `gpucluster logs --all-ranks --follow` does)",
+                )
+            paths, _ = await run_in_threadpool(service.rank_logs, job_id, attempt)
+            return PlainTextResponse(await run_in_threadpool(_read_ranks, paths))
         path, record = await run_in_threadpool(service.log_path, job_id, attempt, rank)
         if not follow:
             return PlainTextResponse(await run_in_threadpool(_read_from, path, offset) if path else "")
@@ -370,3 +387,8 @@ def create_app(
 
 def _read_from(path: Any, offset: int) -> str:
     return read_log(path, offset)[0].decode(errors="replace")
+
+
+def _read_ranks(paths: list[Path]) -> str:
+    """Every rank's log, rank after rank, each line prefixed `[rank N] ` (torchrun's --tee)."""
+    return "".join(prefix_lines(_read_from(p, 0), f"[rank {r}] ") for r, p in enumerate(paths))

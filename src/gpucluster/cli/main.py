@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,9 @@ from gpucluster.cli.common import ts as _ts
 from gpucluster.client import ApiError, Client, ClusterUnreachable
 from gpucluster.durations import format_duration
 from gpucluster.jobfile import JobFileError, read_job_file, spec_from_fields
+from gpucluster.launch.env import exported_env
 from gpucluster.models import DEFAULT_QUEUE_PAGE, Job, parse_memory_mb
+from gpucluster.ranklogs import LinePrefixer
 
 app = typer.Typer(
     help="gpucluster: a GPU cluster. Start it with `gpucluster up`, then submit jobs.",
@@ -370,6 +373,13 @@ def submit(
     priority: Annotated[str | None, typer.Option(help="low, normal, high or critical (above normal: a grant)")] = None,
     time_limit: Annotated[str | None, typer.Option("--time-limit", help="e.g. 30m, 2h, 1d")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="K=V, repeatable")] = None,
+    export: Annotated[
+        str,
+        typer.Option(
+            "--export",
+            help="your environment for the job, as sbatch: ALL (less what the cluster sets), NONE, or VAR,VAR,...",
+        ),
+    ] = "ALL",
     workdir: Annotated[str | None, typer.Option(help="working directory [default: the current one]")] = None,
     shell: Annotated[bool, typer.Option("--shell", help="run the command line through /bin/sh -c")] = False,
     per_gpu: Annotated[
@@ -433,6 +443,12 @@ def submit(
         fields["env"] = merged
     if "command" not in fields:
         fail("no command given; put it after --, e.g. gpucluster submit --gpus 1 -- python train.py")
+    try:
+        exported = exported_env(os.environ, export)  # sbatch --export=ALL: PATH, a venv, PYTHONPATH...
+    except ValueError as e:
+        fail(str(e))
+    if exported is not None:
+        fields["exported_env"] = exported
     wd = workdir or fields.get("workdir") or os.getcwd()
     fields["workdir"] = str(Path(wd).expanduser().absolute()) if wd else None
     try:
@@ -440,7 +456,7 @@ def submit(
     except JobFileError as e:
         fail(str(e))
     with _client(url) as c:
-        job = _call(c.submit, spec)
+        job = _call(c.submit, spec, export="NONE")  # the spec carries what --export chose
     if as_json:
         _print_json(job.model_dump(mode="json"))
     else:
@@ -535,6 +551,15 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
                 f"    #{a.attempt}  {_ts(a.started_at)} .. {_ts(a.ended_at) if a.ended_at else 'running':<19}  "
                 f"{a.gpus:g} GPUs  {a.outcome:<11} {a.reason}{codes}{lost}{used}"
             )
+    if job.metrics:
+        lines.append("  metrics:    (newest value of each, per attempt; gpucluster.train.report)")
+        for attempt in sorted({m.attempt for m in job.metrics}):
+            newest = [
+                f"{m.name} {m.values[-1]:.4g}" + (f" at step {m.steps[-1]}" if m.steps[-1] is not None else "")
+                for m in job.metrics
+                if m.attempt == attempt
+            ]
+            lines.append(f"    #{attempt}  " + ", ".join(newest))
     lines.append("  history:")
     lines += [f"    {_ts(e.at)}  {e.state.value:<10} {e.reason}" for e in job.events]
     out.print("\n".join(lines), markup=False)
@@ -551,11 +576,20 @@ def logs(
         int | None,
         typer.Option(help="a distributed job's process: rank R (--per-gpu) or node R's launcher [default: 0]", min=0),
     ] = None,
+    all_ranks: Annotated[
+        bool, typer.Option("--all-ranks", help="every rank's output, each line prefixed [rank N] (torchrun's --tee)")
+    ] = False,
     url: UrlOpt = None,
 ) -> None:
     """Print a job's output (stdout and stderr); of rank 0 for a distributed job, unless --rank."""
+    if all_ranks and rank is not None:
+        fail("--all-ranks and --rank: give one of them")
     with _client(url) as c:
-        if follow:
+        if all_ranks and follow:
+            _follow_all_ranks(c, url, job_id, attempt)
+        elif all_ranks:
+            sys.stdout.write(_call(c.logs, job_id, attempt=attempt, all_ranks=True))
+        elif follow:
             try:
                 for chunk in c.follow_logs(job_id, attempt, rank):
                     sys.stdout.write(chunk)
@@ -566,6 +600,52 @@ def logs(
                 raise typer.Exit(130) from None
         else:
             sys.stdout.write(_call(c.logs, job_id, attempt=attempt, rank=rank))
+
+
+def _follow_all_ranks(c: Client, url: str | None, job_id: int, attempt: int | None) -> None:
+    """One follow per rank, on threads of their own, printing whole lines as they come, each
+    prefixed `[rank N] `, until every rank's stream ends (the attempt ended) or Ctrl-C."""
+    job = _call(c.job, job_id)
+    ranks = _rank_count(job)
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def follow_one(rank: int) -> None:
+        lines = LinePrefixer(f"[rank {rank}] ")
+        try:
+            with _client(url) as mine:
+                for chunk in mine.follow_logs(job_id, attempt, rank if job.spec.distributed else None):
+                    if text := lines.feed(chunk):
+                        with lock:
+                            sys.stdout.write(text)
+                            sys.stdout.flush()
+        except (ApiError, ClusterUnreachable) as e:
+            errors.append(str(e))
+        with lock:
+            sys.stdout.write(lines.flush())
+            sys.stdout.flush()
+
+    threads = [threading.Thread(target=follow_one, args=(r,), daemon=True) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)  # short joins, so Ctrl-C is seen at once
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if errors:
+        fail(errors[0])
+
+
+def _rank_count(job: Job) -> int:
+    """How many processes the job's latest attempt runs: one per GPU (--per-gpu), one launcher
+    per node (--launcher), else one."""
+    if not job.spec.distributed or not job.allocation:
+        return 1
+    if job.spec.per_gpu:
+        return sum(len(s.gpu_indices) for s in job.allocation)
+    return len(job.allocation)
 
 
 @app.command()

@@ -54,6 +54,18 @@ class IdlePolicy:
 
 
 @dataclass(frozen=True)
+class ElasticPolicy:
+    """When a running elastic job below its maximum is grown (core/elastic.py): GPUs free, with
+    nothing queued, for `grow_after_s`; at most once per `grow_every_s` of a job's run; and only
+    when the time saved beats `restart_cost_s`, what a checkpoint-and-restart costs."""
+
+    enabled: bool = True
+    grow_after_s: float = 60.0
+    grow_every_s: float = 300.0
+    restart_cost_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class HealthPolicy:
     """When telemetry marks a GPU or a node unhealthy, which drains its node (issue 7)."""
 
@@ -129,6 +141,7 @@ class Policy:
     allow_unknown_teams: bool = True  # unknown teams get weight 1 and no quota
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     health: HealthPolicy = field(default_factory=HealthPolicy)
+    elastic: ElasticPolicy = field(default_factory=ElasticPolicy)
     # Who may submit each class above normal (checked at submit; `decide` never reads it).
     priority_grants: dict[Priority, Grant] = field(default_factory=_default_grants)
 

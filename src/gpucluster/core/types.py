@@ -140,6 +140,8 @@ class RunningJob:
     time_limit_s: float | None = None
     last_checkpoint_at: float | None = None
     stopping: bool = False  # a stop (cancel, limit, preemption) is under way: its GPUs free soon
+    # Elastic: the most GPUs it may grow to (core/elastic.py); None for a job of one size.
+    max_gpus: int | None = None
 
 
 @dataclass(frozen=True)

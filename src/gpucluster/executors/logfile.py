@@ -124,6 +124,17 @@ def read_log(path: Path, offset: int, limit: int | None = None) -> tuple[bytes, 
     return b"".join(parts), pos
 
 
+def read_job_file(path: Path, limit: int = 65536) -> bytes | None:
+    """At most `limit` bytes of a small file a job wrote next to its log (its error file), with the
+    same care as a log (see the module docstring); None if there is none such."""
+    try:
+        fd = _open(path)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit)
+
+
 def log_end(path: Path | str) -> int:
     """The offset just past the log's last byte: every byte it ever had, rotated ones included."""
     with _lock(Path(path)):

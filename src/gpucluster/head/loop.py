@@ -27,6 +27,7 @@ on by itself when it is back.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -39,7 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.elastic import grow
 from gpucluster.core.fairshare import accrue
+from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.restarts import RESTART_BACKOFF_S, restart_backoff
 from gpucluster.core.scheduler import decide
@@ -59,6 +62,7 @@ from gpucluster.executors.base import (
     Status,
     complete,
 )
+from gpucluster.executors.logfile import read_job_file
 from gpucluster.head.accounting import Accountant
 from gpucluster.head.estimates import EstimateRefresher
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
@@ -152,6 +156,7 @@ class Head:
         self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
         self.estimates = EstimateRefresher()
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
+        self._free_since: float | None = None  # GPUs free with nothing queued since (elastic growth)
         self._last_plan_at: float | None = None
         self.last_decide_s = 0.0
         self.last_cycle_at: float | None = None  # end of the last cycle that succeeded
@@ -257,13 +262,21 @@ class Head:
         )
 
     def _stop_on_rank_failure(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> bool:
-        """One process of a multi-process attempt failed: SIGKILL the others now. True if so."""
+        """One process of a multi-process attempt failed: SIGKILL the others now. True if so.
+
+        Not while a stop the head asked for (requeue, preemption, cancel, time limit, policy) is
+        under way: its SIGTERM makes ranks exit 143 or by the signal, the normal end, while
+        another rank (often rank 0 alone) may still be saving. The head's intent judges that
+        attempt, and every rank gets the whole grace period before the SIGKILL (`_enforce_stop`).
+        """
         if "ranks" not in handle or job.kill_sent:
+            return False
+        if job.term_sent and job.stop_reason not in (None, "failure"):
             return False
         failed = next(((r, s) for r, s in enumerate(statuses) if _failed(s)), None)
         if failed is None:
             return False
-        message = f"{_unit(job)} {failed[0]} {_how(failed[1])}"
+        message = f"{_unit(job)} {failed[0]} {_how(failed[1])}" + self._error_of(job, failed[0])
         # Durable before the kill, so the outcome names the rank that failed even if the head
         # dies now; a stop already under way (a preemption, a cancel) keeps its own outcome.
         if self.store.request_stop(job.id, "failure", now, message=message):
@@ -271,6 +284,22 @@ class Head:
         self.executor.signal(handle, signal.SIGKILL)
         self.store.update_job(job.id, JobState.RUNNING, term_sent=True, kill_sent=True)
         return True
+
+    def _error_of(self, job: JobRecord, rank: int) -> str:
+        """': <error>' from a failed rank's error file (TORCHELASTIC_ERROR_FILE: torch's `@record`
+        and gpucluster.train write the exception that ended it), or '' when it left none."""
+        if not job.spec.per_gpu:
+            return ""
+        raw = read_job_file(self.data_dir.log(job.id, job.attempt, rank).parent / "error.json")
+        if not raw:
+            return ""
+        try:
+            message = json.loads(raw)["message"]
+            text = message["message"] if isinstance(message, dict) else message
+        except (ValueError, KeyError, TypeError):
+            return ""
+        line = " ".join(str(text).split())
+        return f": {line[:300]}" if line else ""
 
     def _enforce_stop(self, job: JobRecord, handle: dict[str, object], now: float) -> None:
         limit = job.spec.time_limit
@@ -311,6 +340,8 @@ class Head:
         status = first_bad or statuses[0]
         code = status.exit_code if isinstance(status, Exited) else None
         how = _describe_end(statuses, _unit(job)) if multi else _how(status)
+        if multi and first_bad is not None and job.stop_reason is None:  # all ended at once: say why
+            how += self._error_of(job, statuses.index(first_bad))
         ended = self._ended_attempt(job, now, codes, statuses)
         if job.stop_reason == "cancel":
             if job.stop_message and _RANK.match(job.stop_message):
@@ -490,6 +521,7 @@ class Head:
         self._capacity_changed = False
         self._last_plan_at = now
         snap = self.snapshot()
+        self._grow_elastic(snap, now)
         if not snap.queued:
             self.queue_order = []
             return
@@ -514,6 +546,29 @@ class Head:
         changed = {k: v for k, v in waiting.items() if self._reasons.get(k) != v}
         self.store.set_wait_reasons(changed)
         self._reasons = waiting
+
+    def _grow_elastic(self, snap: Snapshot, now: float) -> None:
+        """Grow a running elastic job below its maximum once GPUs have stayed free, with nothing
+        queued, long enough (core/elastic.py): checkpoint-and-restart, like a requeue, at the
+        larger size. `_free_since` is when that became true without a break."""
+        growable = any(
+            r.max_gpus is not None and not r.stopping and r.allocation.gpu_count < r.max_gpus for r in snap.running
+        )
+        waiting = any(j.not_before is None or j.not_before <= now for j in snap.queued)
+        if not growable or waiting or not self.policy.elastic.enabled:
+            self._free_since = None
+            return
+        capacity = Capacity(snap.nodes, snap.running)
+        if not any(capacity.free_count(m) for m in {g.model for n in snap.nodes for g in n.gpus}):
+            self._free_since = None
+            return
+        if self._free_since is None:
+            self._free_since = now
+        for resize in grow(snap, self.policy, now, self._free_since):
+            if self.store.request_stop(resize.job_id, "preempt", now, message=resize.reason):
+                log.info("job %s: %s", resize.job_id, resize.reason)
+                self._free_since = None  # the next growth waits for GPUs to stay free again
+                self.wake.set()
 
     def _observe_waits(self, snap: Snapshot, started: set[int], now: float) -> None:
         for r in snap.queued:
@@ -570,6 +625,7 @@ class Head:
             s.node: job_env(
                 base=self.base_env,
                 user_env=job.spec.env,
+                submitter_env=job.spec.exported_env,
                 job_id=job.id,
                 job_name=job.name,
                 team=job.team,
@@ -611,7 +667,16 @@ class Head:
             if job.spec.per_gpu:
                 argvs = [
                     (pe.placement.node, job.spec.argv, pe.apply(envs[pe.placement.node]))
-                    for pe in per_gpu_envs(slices, addresses, port, job_id=job.id, attempt=attempt)
+                    for pe in per_gpu_envs(
+                        slices,
+                        addresses,
+                        port,
+                        job_id=job.id,
+                        attempt=attempt,
+                        max_restarts=job.spec.max_restarts,
+                        # next to the rank's log, in the job's directory, where its processes write
+                        error_file=lambda p: str(self.data_dir.log(job.id, attempt, p.rank).parent / "error.json"),
+                    )
                 ]
             else:
                 argvs = [

@@ -23,6 +23,7 @@ from gpucluster.models import (
     Job,
     JobEvent,
     JobSpec,
+    MetricSeries,
     NodeOut,
     PolicyOut,
     Progress,
@@ -123,13 +124,16 @@ class ClusterService:
             sizes = ", ".join(f"{m}: {cap.node_size[m]} per node, {cap.total[m]} in all" for m in models)
             raise Rejected("gpus", f"asks for {spec.gpus_label} GPUs but this cluster can never host that ({sizes})")
 
-    def job(self, job_id: int) -> Job:
+    def job(self, job_id: int, reveal_env: Callable[[str | None], bool] | None = None) -> Job:
+        """One job in full; its submitter's exported environment only if `reveal_env(owner)`."""
         record = self.store.get_job(job_id)
         if record is None:
             raise NotFound(f"no job with id {job_id}")
         attempts = self.store.attempts(job_id)
         ran = sum(max(0.0, a.ended_at - a.started_at) for a in attempts if a.started_at is not None)
-        job = to_wire(record, self.store.events(job_id), attempts, ran_s=ran)
+        reveal = reveal_env is not None and reveal_env(record.owner)
+        job = to_wire(record, self.store.events(job_id), attempts, ran_s=ran, reveal_env=reveal)
+        job.metrics = metric_series(self.store.job_metrics(job_id))
         return describe_job(job, self.head.telemetry, self.telemetry)
 
     def jobs(
@@ -196,6 +200,9 @@ class ClusterService:
     def progress(self, job_id: int, report: ProgressIn) -> None:
         """A running job's progress report (step, newest checkpoint)."""
         now = self.head.clock()
+        if report.metrics:
+            step = report.metrics_step if report.metrics_step is not None else report.step
+            self.store.record_metrics(job_id, now, step, report.metrics)
         if self.store.record_progress(job_id, now, report.step, report.checkpoint_at, report.checkpoint_step):
             if self.telemetry is not None and (report.gpu_utilization is not None or report.gpu_memory_mb is not None):
                 self.telemetry.report_load(job_id, report.gpu_utilization, report.gpu_memory_mb)
@@ -231,6 +238,22 @@ class ClusterService:
             if ranks and rank >= ranks:
                 raise NotFound(f"job {job_id} attempt {n} has no rank {rank} (it ran ranks 0..{ranks - 1})")
         return path, record
+
+    def rank_logs(self, job_id: int, attempt: int | None) -> tuple[list[Path], JobRecord]:
+        """Every process's log of an attempt (default: the latest), rank 0 first; one for a
+        single-process job. A running attempt counts its ranks from its allocation (their
+        directories appear as they start), an ended one from the directories it left."""
+        first, record = self.log_path(job_id, attempt, None)
+        if first is None or not record.spec.distributed:
+            return ([first] if first is not None else []), record
+        n = attempt if attempt is not None else record.attempt
+        alloc = record.allocation
+        if n == record.attempt and record.state == JobState.RUNNING and alloc is not None:
+            per_gpu = record.spec.per_gpu
+            ranks = sum(len(s.gpu_indices) for s in alloc.slices) if per_gpu else len(alloc.slices)
+        else:
+            ranks = max(1, len(list(self.head.data_dir.attempt_dir(job_id, n).glob("rank-*"))))
+        return [self.head.data_dir.log(job_id, n, r) for r in range(ranks)], record
 
     def queue(
         self, can_see: Callable[[str], bool] | None = None, limit: int | None = None, job_id: int | None = None
@@ -364,19 +387,40 @@ def _attempts(r: JobRecord, ended: Iterable[AttemptRecord]) -> list[Attempt]:
     return out
 
 
+def metric_series(rows: Iterable[tuple[int, str, int | None, float, float]]) -> list[MetricSeries]:
+    """Stored metric values -> one series per attempt and name, in attempt then name order."""
+    series: dict[tuple[int, str], MetricSeries] = {}
+    for attempt, name, step, at, value in rows:
+        s = series.setdefault((attempt, name), MetricSeries(attempt=attempt, name=name, steps=[], at=[], values=[]))
+        s.steps.append(step)
+        s.at.append(at)
+        s.values.append(value)
+    return [series[k] for k in sorted(series)]
+
+
 def to_wire(
     r: JobRecord,
     events: Iterable[object] = (),
     attempts: Iterable[AttemptRecord] | None = None,
     ran_s: float = 0.0,
+    *,
+    reveal_env: bool = False,
 ) -> Job:
     """The wire form of a job; `events` and `attempts` only for a single job's detail; `ran_s`
-    the seconds its ended attempts ran (Job.ran_s)."""
+    the seconds its ended attempts ran (Job.ran_s).
+
+    The submitter's exported environment (`spec.exported_env`: their whole shell, tokens and
+    passwords included) is left out unless `reveal_env`: teammates see a job's spec, and only its
+    owner and cluster admins may see that (`GET /v1/jobs/{id}`).
+    """
+    spec = r.spec
+    if spec.exported_env is not None and not reveal_env:
+        spec = spec.model_copy(update={"exported_env": None})
     return Job(
         id=r.id,
         name=r.name,
         state=r.state,
-        spec=r.spec,
+        spec=spec,
         submitted_at=r.submitted_at,
         started_at=r.started_at,
         ended_at=r.ended_at,

@@ -7,7 +7,8 @@ allocated on a node with mixed models.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 from gpucluster.core.types import NodeSlice
 
@@ -23,6 +24,104 @@ def inherited(head_env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in head_env.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
 
 
+# ---- the submitter's environment (sbatch --export=ALL), chosen on the submitting side ----------
+
+# Never sent from the caller's environment: what the cluster sets (its own variables, the GPUs,
+# its token and database URL among GPUCLUSTER_*), torchrun's per-process numbers (a stale RANK
+# from the caller's shell would mislead a single-process job), the account's identity (the node
+# sets HOME, USER and LOGNAME of the account the job runs as), and the caller's session (its
+# terminal, its ssh agent socket, its display: meaningless, or a door, elsewhere).
+NOT_EXPORTED_PREFIXES = (
+    "GPUCLUSTER_",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "TORCHELASTIC_",
+    "SSH_",
+    "XDG_SESSION_",
+    "BASH_FUNC_",
+)
+NOT_EXPORTED = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "ROLE_NAME",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+        "PROMPT_COMMAND",
+        "COLUMNS",
+        "LINES",
+        "MAIL",
+        "DISPLAY",
+        "XAUTHORITY",
+        "XDG_RUNTIME_DIR",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "TMUX",
+        "TMUX_PANE",
+        "STY",
+        "WINDOWID",
+    }
+)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MAX_VALUE = 32768  # models.MAX_ENV_VALUE (not imported: this module stays free of pydantic)
+_MAX_VARS = 512
+
+
+def exportable(name: str) -> bool:
+    """May the caller's variable `name` travel with a job (see NOT_EXPORTED)?"""
+    return bool(_NAME.fullmatch(name)) and name not in NOT_EXPORTED and not name.startswith(NOT_EXPORTED_PREFIXES)
+
+
+def parse_export(value: str) -> str | list[str]:
+    """`--export` as sbatch spells it: ALL, NONE, or NAME,NAME,... (ValueError with the reason)."""
+    word = value.strip()
+    if word.upper() in ("ALL", "NONE"):
+        return word.upper()
+    names = [n.strip() for n in word.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--export: give ALL, NONE or a comma-separated list of variable names")
+    for n in names:
+        if not _NAME.fullmatch(n):
+            raise ValueError(f"--export: {n!r} is not a variable name (A-Z, 0-9, _)")
+        if not exportable(n):
+            raise ValueError(f"--export: {n} is set by the cluster or the node, not taken from your environment")
+    return names
+
+
+def exported_env(caller_env: Mapping[str, str], export: str | Sequence[str] = "ALL") -> dict[str, str] | None:
+    """What the CLI and SDK send of the caller's environment: None for NONE, else the variables
+    named (ALL: every one) that may travel (`exportable`) and that the head would store (no NUL,
+    at most 32 KiB each, at most 512, the first in name order)."""
+    if isinstance(export, str):
+        export = parse_export(export)
+    if export == "NONE":
+        return None
+    wanted = sorted(caller_env) if export == "ALL" else list(export)
+    out: dict[str, str] = {}
+    for name in wanted:
+        value = caller_env.get(name)
+        if value is None or not exportable(name) or "\x00" in value or len(value) > _MAX_VALUE:
+            continue
+        if len(out) == _MAX_VARS:
+            break
+        out[name] = value
+    return out
+
+
 def job_env(
     *,
     base: Mapping[str, str],
@@ -36,8 +135,12 @@ def job_env(
     virtual_gpus: bool,
     grace_period_s: float = 30.0,
     checkpoint_dir: str | None = None,
+    submitter_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
+    """The head's allow-list, under the submitter's exported environment (so their PATH, venv and
+    PYTHONPATH win, as in their shell), under `--env`, under the cluster's own variables."""
     env = dict(base)
+    env.update(submitter_env or {})
     env.update(user_env)
     visible = ",".join(str(i) for i in slice_.gpu_indices)
     env.update(

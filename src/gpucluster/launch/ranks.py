@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -48,6 +48,9 @@ ENV_COLLECTIVE_TIMEOUT_S = "GPUCLUSTER_COLLECTIVE_TIMEOUT_S"
 # error, usage), 64-78 (sysexits.h), 120 (Python's failure to flush at exit), 124-127 (timeout,
 # shell), 128+n (killed by signal n) and 255. The head treats it as "preempted", never "failed".
 REQUEUE_EXIT_CODE = 79
+
+# torchrun's value: the signals its agent turns into SignalException (read by torch.distributed.elastic).
+_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,8 @@ def per_gpu_envs(
     job_id: int,
     attempt: int,
     isolate_gpus: bool = False,
+    max_restarts: int = 0,
+    error_file: Callable[[RankPlacement], str] | None = None,
 ) -> tuple[ProcessEnv, ...]:
     """The torchrun environment of every process of a job that runs one process per GPU.
 
@@ -132,6 +137,14 @@ def per_gpu_envs(
     NVLink topology detection. `isolate_gpus=True` instead shows each process only its own GPU
     and sets LOCAL_RANK=0, like torchrun's --virtual-local-rank; use it only for scripts that
     assume device 0.
+
+    torchrun's elastic variables are set too, so `torch.distributed.is_torchelastic_launched()`
+    is True and libraries that read them behave as under torchrun: TORCHELASTIC_RUN_ID (the
+    job), TORCHELASTIC_RESTART_COUNT (attempts before this one), TORCHELASTIC_MAX_RESTARTS (the
+    job's --max-restarts), TORCHELASTIC_ERROR_FILE (where `@record` writes a failing rank's
+    traceback: `error_file(placement)`, in the job's own directory) and
+    TORCHELASTIC_USE_AGENT_STORE=False, the one value that differs from torchrun's: there is no
+    agent here, rank 0 hosts the TCPStore itself, as `init_process_group("env://")` does then.
     """
     _check_port(master_port)
     places = placements(slices)
@@ -162,8 +175,14 @@ def per_gpu_envs(
             "NVIDIA_VISIBLE_DEVICES": ",".join(str(i) for i in local_gpus),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             ENV_RDZV_PREFIX: prefix,
+            "TORCHELASTIC_RUN_ID": f"gpucluster-job-{job_id}",
+            "TORCHELASTIC_RESTART_COUNT": str(attempt - 1),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
         }
-        defaults = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+        if error_file is not None:
+            env["TORCHELASTIC_ERROR_FILE"] = error_file(p)
+        defaults = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCHELASTIC_SIGNALS_TO_HANDLE": _SIGNALS_TO_HANDLE}
         if local_world > 1:
             defaults["OMP_NUM_THREADS"] = "1"
         out.append(ProcessEnv(p, env, defaults))

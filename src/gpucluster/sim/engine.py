@@ -31,6 +31,7 @@ from itertools import accumulate, count
 from typing import cast
 
 from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.elastic import grow
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob, Start
 from gpucluster.sim import scheduling
@@ -144,6 +145,7 @@ class RunResult:
     node_failures: int = 0
     interruptions: int = 0
     preemptions: int = 0
+    resizes: int = 0  # elastic jobs grown by checkpoint-and-restart (core/elastic.py)
     restarts: int = 0
     # performance, not part of the deterministic metrics
     events: int = 0
@@ -202,6 +204,11 @@ class Engine:
         self._queued: dict[int, JobRequest] = {}
         # Preempted job -> the job it was preempted for, while that job is queued (as the head).
         self._preempted_for: dict[int, int] = {}
+        # Elastic growth, as the head: since when GPUs are free with nothing queued, and whether
+        # any job of the trace could ever grow (else none of it runs).
+        self._free_since: float | None = None
+        self._grow_wake: float | None = None
+        self._may_grow = self.policy.core.elastic.enabled and any(j.min_gpus is not None for j in jobs)
         self._running: dict[int, RunningJob] = {}
         self._active: dict[int, SimJob] = {}
         self._used: dict[tuple[str, int], float] = {}  # GPU -> share in use
@@ -296,6 +303,8 @@ class Engine:
                     self._schedule(t)
                 elif self._queued:
                     res.decide_skipped += 1
+                if self._may_grow:
+                    self._grow(t)
             loops += 1
             if loops & 255 == 0:
                 if self.on_progress is not None:
@@ -412,6 +421,34 @@ class Engine:
         if self.spec.replan_every_s and self._queued and not self._replan_pending:
             self._replan_pending = True
             self._wake(now + self.spec.replan_every_s, _PERIODIC)
+
+    def _grow(self, now: float) -> None:
+        """Grow an elastic job as the head does (core/elastic.py): GPUs free with nothing queued
+        for `grow_after_s`, then checkpoint-and-restart (a stop like a preemption, then a start
+        at the larger size that pays `restart_s` again, as every restart does)."""
+        rule = self.policy.core.elastic
+        if self._queued or self._up_gpus - self._busy_gpus < 1:
+            self._free_since = None
+            return
+        since = self._free_since = now if self._free_since is None else self._free_since
+        snap = scheduling.snapshot(self._nodes, tuple(self._running.values()), (), {})
+        resizes = grow(snap, self.policy.core, now, since)
+        for r in resizes:
+            self._preempt(r.job_id, now, resize=True)
+            self._free_since = None
+        if resizes:
+            return
+        young = [
+            j.started_at + rule.grow_every_s
+            for j in self._running.values()
+            if j.max_gpus is not None and not j.stopping and j.allocation.gpu_count < j.max_gpus
+        ]
+        if not young:
+            return
+        due = max(since + rule.grow_after_s, min(young))
+        if due > now and (self._grow_wake is None or self._grow_wake <= now or due < self._grow_wake):
+            self._grow_wake = due
+            self._wake(due)
 
     # ---- starting and ending attempts ---------------------------------------------------------
 
@@ -557,7 +594,7 @@ class Engine:
 
     # ---- interruptions ----------------------------------------------------------------------
 
-    def _preempt(self, job_id: int, now: float) -> None:
+    def _preempt(self, job_id: int, now: float, resize: bool = False) -> None:
         """The plan stops a running job: like on the live head it gets SIGTERM, writes a
         checkpoint (if it checkpoints at all and the grace period allows) and exits; its GPUs
         stay held until then. Then it goes back to the queue."""
@@ -573,7 +610,10 @@ class Engine:
         job.token += 1
         self._running[job_id] = scheduling.stopping(self._running[job_id])
         self._capacity.stopping(self._running[job_id])
-        self.result.preemptions += 1
+        if resize:
+            self.result.resizes += 1
+        else:
+            self.result.preemptions += 1
         delay = cost if job.saves_on_stop else (0.0 if job.interval is None else grace)
         self._push(now + delay, _STOPPED, job_id, job.token)
 

@@ -106,6 +106,7 @@ def running_job(request: JobRequest, allocation: Allocation, started_at: float) 
         priority=request.priority,
         started_at=started_at,
         time_limit_s=request.time_limit_s,
+        max_gpus=int(request.gpus) if request.min_gpus is not None else None,  # elastic: may grow
     )
 
 

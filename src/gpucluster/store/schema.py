@@ -24,7 +24,8 @@ from sqlalchemy import (
 # 3: not_before, restarts, progress_step, progress_at, checkpoint_step; attempts
 # 4: jobs.owner; users, memberships, tokens, audit; telemetry, presence and accounting tables
 # 5: attempts.cpu_s, attempts.memory_peak_bytes
-SCHEMA_VERSION = 5
+# 6: job_metrics
+SCHEMA_VERSION = 6
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -131,6 +132,20 @@ attempts = Table(
 )
 # The accountant looks for attempts that ended since its last step every few seconds.
 Index("ix_attempts_ended_at", attempts.c.ended_at)
+
+# What a training script reports (gpucluster.train.report: loss, accuracy, tokens/s), one row per
+# metric per report (reports come at most every few seconds), per attempt: charts and `show`.
+job_metrics = Table(
+    "job_metrics",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("name", String(64), nullable=False),
+    Column("step", BigInteger),
+    Column("at", Float, nullable=False),
+    Column("value", Float, nullable=False),
+)
+Index("ix_job_metrics_job", job_metrics.c.job_id, job_metrics.c.attempt)
 
 # ---- identity and access (store/access.py) ---------------------------------------------------
 

@@ -777,7 +777,16 @@ class Store:
         """The scheduler's view of running jobs: where, whose, since when, and whether stopping."""
         j = schema.jobs.c
         q = select(
-            j.id, j.allocation, j.team, j.priority, j.started_at, j.request, j.spec, j.last_checkpoint_at, j.stop_reason
+            j.id,
+            j.allocation,
+            j.team,
+            j.priority,
+            j.started_at,
+            j.request,
+            j.spec,
+            j.last_checkpoint_at,
+            j.stop_reason,
+            j.gpus,
         ).where(j.state == JobState.RUNNING.value)
         with self._read() as c:
             rows = c.execute(q).all()
@@ -801,6 +810,7 @@ class Store:
                     time_limit_s=req.get("tl"),
                     last_checkpoint_at=checkpoint,
                     stopping=r[8] is not None,
+                    max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
                 )
             )
         return out
@@ -959,6 +969,52 @@ class Store:
         if checkpoint_step is not None:
             values["checkpoint_step"] = checkpoint_step
         return self.update_job(job_id, JobState.RUNNING, **values)
+
+    def record_metrics(self, job_id: int, now: float, step: int | None, metrics: dict[str, float]) -> bool:
+        """Store what a running job's script reported, under its current attempt; False if the
+        job is not running (its report belongs to no attempt)."""
+        j = schema.jobs.c
+        with self._write() as c:
+            row = c.execute(select(j.attempt).where(j.id == job_id).where(j.state == JobState.RUNNING.value)).first()
+            if row is None:
+                return False
+            c.execute(
+                insert(schema.job_metrics),
+                [
+                    {"job_id": job_id, "attempt": row[0], "name": k, "step": step, "at": now, "value": v}
+                    for k, v in metrics.items()
+                ],
+            )
+        return True
+
+    def job_metrics(self, job_id: int) -> list[tuple[int, str, int | None, float, float]]:
+        """Every reported value of a job: (attempt, name, step, at, value), in report order."""
+        m = schema.job_metrics.c
+        with self._read() as c:
+            rows = c.execute(
+                select(m.attempt, m.name, m.step, m.at, m.value).where(m.job_id == job_id).order_by(m.at, m.name)
+            ).all()
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def running_metrics(self) -> list[tuple[int, str, str, float]]:
+        """The newest value of each metric of each running job's current attempt: (job, team,
+        name, value), for /metrics."""
+        m, j = schema.job_metrics.c, schema.jobs.c
+        newest = (
+            select(m.job_id, m.name, func.max(m.at).label("at"))
+            .join(schema.jobs, (j.id == m.job_id) & (j.attempt == m.attempt))
+            .where(j.state == JobState.RUNNING.value)
+            .group_by(m.job_id, m.name)
+            .subquery()
+        )
+        with self._read() as c:
+            rows = c.execute(
+                select(m.job_id, j.team, m.name, m.value)
+                .join(newest, (m.job_id == newest.c.job_id) & (m.name == newest.c.name) & (m.at == newest.c.at))
+                .join(schema.jobs, j.id == m.job_id)
+                .order_by(m.job_id, m.name)
+            ).all()
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def request_stop(self, job_id: int, reason: str, now: float, message: str | None = None) -> bool:
         """Mark a running job to be stopped, unless a stop is already under way.

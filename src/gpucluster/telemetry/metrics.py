@@ -23,6 +23,7 @@ Series (deploy/grafana/gpucluster.json is built on these names):
   gpucluster_scheduler_decide_seconds                   the last plan's decide() time
   gpucluster_scheduling_cycles_total
   gpucluster_team_fair_share_usage_gpu_hours{team}      decayed usage the fair share orders by (*)
+  gpucluster_job_metric{job,team,name}                  a running job's newest reported metric (*)
   gpucluster_telemetry_step_seconds                     the last telemetry round
 
 GPU-hours, cost and energy per team (undecayed, for billing) come from accounting's collector,
@@ -150,6 +151,14 @@ class ClusterCollector(Collector):
         for team, seconds in sorted(self.service.head.usage.items()):
             usage.add_metric([team], seconds / 3600.0)
         yield usage
+        reported = GaugeMetricFamily(
+            "gpucluster_job_metric",
+            "The newest value of each metric a running job reports (gpucluster.train.report)",
+            labels=["job", "team", "name"],
+        )
+        for job_id, team, name, value in self.service.store.running_metrics():
+            reported.add_metric([str(job_id), team, name], value)
+        yield reported
 
     def _loop(self) -> Iterator[Metric]:
         head = self.service.head

@@ -19,15 +19,16 @@ Modules: `distributed` (setup/teardown), `checkpoint` (atomic save/load, rotatio
 from __future__ import annotations
 
 from gpucluster.train import compression, preemption, progress
-from gpucluster.train.checkpoint import CheckpointInfo, CheckpointManager, Loaded
+from gpucluster.train.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager, Loaded
 from gpucluster.train.compression import register_compression
 from gpucluster.train.distributed import DistContext, setup, teardown
 from gpucluster.train.env import REQUEUE_EXIT_CODE, attempt, checkpoint_dir, grace_period_s
 from gpucluster.train.preemption import Preemption, exit_for_requeue
-from gpucluster.train.progress import ProgressReporter
+from gpucluster.train.progress import ProgressReporter, report
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
+    "CheckpointError",
     "CheckpointInfo",
     "CheckpointManager",
     "DistContext",
@@ -42,6 +43,7 @@ __all__ = [
     "preemption",
     "progress",
     "register_compression",
+    "report",
     "setup",
     "teardown",
 ]

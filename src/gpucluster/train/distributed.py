@@ -21,11 +21,17 @@ the slowest legitimate wait, such as rank 0 writing a large checkpoint while the
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import json
 import os
+import sys
+import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from types import TracebackType
 
 import torch
 import torch.distributed as dist
@@ -97,6 +103,7 @@ def setup(
     """
     if freeze_gc:
         gc.freeze()
+    _record_uncaught_exceptions()
     env = os.environ
     if "WORLD_SIZE" not in env or "RANK" not in env:
         device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -154,3 +161,31 @@ def teardown() -> None:
     """Leave the process group (a no-op when there is none)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _record_uncaught_exceptions() -> None:
+    """An exception that ends the script is written to TORCHELASTIC_ERROR_FILE (set by torchrun
+    and by gpucluster's --per-gpu), as torch's `@record` does: the head (or torchrun) then names
+    it in the attempt's reason, e.g. "rank 0 exit code 1: CheckpointError: checkpoint ... cannot
+    be loaded", instead of an exit code alone. Installed once; the previous hook still runs."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or getattr(sys.excepthook, "_gpucluster", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        with contextlib.suppress(Exception):  # torch's ErrorHandler format, which torchrun reads
+            data = {
+                "message": {
+                    "message": f"{kind.__name__}: {error}",
+                    "extraInfo": {
+                        "py_callstack": "".join(traceback.format_exception(kind, error, tb)),
+                        "timestamp": str(int(time.time())),
+                    },
+                }
+            }
+            with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
+                json.dump(data, f)
+        previous(kind, error, tb)
+
+    hook._gpucluster = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpucluster.train import env as train_env
@@ -30,6 +31,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0
+
+_current: ProgressReporter | None = None  # the job's reporter, the newest one started
+_started = False  # `report` made one itself (or tried to)
+
+
+def report(metrics: Mapping[str, float], step: int) -> None:
+    """Report training metrics at `step`, e.g. `report({"loss": 0.31, "tokens_per_s": 5.2e4}, step)`.
+
+    The head stores them per attempt, `gpucluster show` and the dashboard show them, and /metrics
+    exports the newest (`gpucluster_job_metric`). Call it on any rank: only the process with a
+    reporter (rank 0's, started by `ProgressReporter` or here) sends; never blocks; a no-op
+    outside gpucluster.
+    """
+    global _started
+    if _current is None and not _started:
+        _started = True  # one try: outside gpucluster (or on another rank) it stays a no-op
+        if os.environ.get("RANK", "0") == "0":
+            ProgressReporter()  # registers itself when enabled
+    if _current is not None:
+        _current.report_metrics(metrics, step)
 
 
 class ProgressReporter:
@@ -66,6 +87,8 @@ class ProgressReporter:
         self._closing = False
         self._warned = False
         self._thread: threading.Thread | None = None
+        self._metrics: dict[str, float] = {}
+        self._metrics_step: int | None = None
         if self.enabled:
             # httpx is imported and its client (SSL context included, ~0.3 CPU-s) built here, at
             # startup, not in the thread: done there it competed with the first training steps
@@ -75,6 +98,28 @@ class ProgressReporter:
             client = httpx.Client(timeout=self.timeout_s, headers=self._headers)
             self._thread = threading.Thread(target=self._run, args=(client,), name="gpucluster-progress", daemon=True)
             self._thread.start()
+            global _current
+            _current = self  # `gpucluster.train.report` goes through the job's reporter
+
+    def report_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record training metrics at `step` (loss, accuracy, tokens/s); returns at once and
+        goes with the next report. Values of a name not yet sent are replaced by newer ones."""
+        if not self.enabled:
+            return
+        values = {str(k): float(v) for k, v in metrics.items()}
+        with self._cond:
+            if self._metrics and self._metrics_step != step:
+                self._metrics = {}  # an older step's values not sent yet: the newest step wins
+            self._metrics.update(values)
+            self._metrics_step = int(step)
+            idle = self._pending is None
+            if idle:
+                self._pending = {
+                    "step": int(step),
+                    "checkpoint_at": self._checkpoint_at,
+                    "checkpoint_step": self._checkpoint_step,
+                }
+                self._cond.notify()
 
     def report(self, step: int, *, checkpoint_at: float | None = None, checkpoint_step: int | None = None) -> None:
         """Record the newest progress; returns at once. Checkpoint fields stick until replaced."""
@@ -118,6 +163,9 @@ class ProgressReporter:
                             return
                         self._cond.wait(timeout=wait if self._pending is not None else None)
                     body, self._pending = self._pending, None
+                    if self._metrics:
+                        body = {**body, "metrics": self._metrics, "metrics_step": self._metrics_step}
+                        self._metrics = {}
                     closing = self._closing
                 self._send(client, body)
                 if closing:

@@ -77,6 +77,40 @@ function progressFields(progress) {
   );
 }
 
+/** One chart per metric the script reports (gpucluster.train.report), a line per attempt. */
+function metricsSection(job) {
+  const metrics = job.metrics || [];
+  if (!metrics.length) return null;
+  const names = [...new Set(metrics.map((m) => m.name))].sort();
+  return [
+    h("h2", {}, "Training metrics"),
+    names.map((name) =>
+      h("div", { class: "metric", "data-metric": name },
+        h("h3", {}, name, " ", h("span", { class: "muted" }, lastValue(metrics, name))),
+        lineChart(
+          metrics.filter((m) => m.name === name).map((m) => ({
+            name: `attempt ${m.attempt}`,
+            points: m.at.map((t, i) => [t, m.values[i]]),
+          })),
+          { format: (v) => fmtNumber(v, 3), testid: `metric-chart-${name}` },
+        ),
+      ),
+    ),
+  ];
+}
+
+function lastValue(metrics, name) {
+  const last = metrics.filter((m) => m.name === name).at(-1);
+  const i = last.values.length - 1;
+  return `${fmtNumber(last.values[i], 4)}${last.steps[i] !== null ? ` at step ${last.steps[i]}` : ""}`;
+}
+
+function rankCount(job) {
+  const slices = job.allocation || [];
+  if (job.spec.per_gpu) return slices.reduce((n, s) => n + s.gpu_indices.length, 0);
+  return slices.length;
+}
+
 function eventRows(job) {
   return job.events.map((e) =>
     h("tr", {}, h("td", {}, fmtTime(e.at)), h("td", {}, stateBadge(e.state)), h("td", { class: "reason" }, e.reason)),
@@ -145,7 +179,8 @@ export function jobPage(root, id) {
   let samplesDone = false; // an ended attempt's samples are fetched once
   const attemptSelect = h("select", { "aria-label": "attempt" });
   const rankInput = h("input", { type: "number", min: 0, value: 0, "aria-label": "rank", class: "rank" });
-  const rankLabel = h("label", { hidden: true }, " rank ", rankInput);
+  const allRanks = h("input", { type: "checkbox", "aria-label": "all ranks", "data-testid": "all-ranks" });
+  const rankLabel = h("label", { hidden: true }, " rank ", rankInput, h("label", {}, " all ranks ", allRanks));
   const flash = h("p", { class: "flash", hidden: true });
   let job = null;
   let policy = null; // for what estimates assume; read while the job waits
@@ -175,7 +210,9 @@ export function jobPage(root, id) {
     const attempt = chosenAttempt === "latest" ? latest : Number(chosenAttempt);
     const distributed = job.spec.per_gpu || Boolean(job.spec.launcher);
     rankLabel.hidden = !distributed;
-    log.follow(attempt, distributed ? Math.max(0, Number(rankInput.value) || 0) : null);
+    rankInput.disabled = allRanks.checked;
+    if (distributed && allRanks.checked && attempt && rankCount(job)) log.followAll(attempt, rankCount(job));
+    else log.follow(attempt, distributed ? Math.max(0, Number(rankInput.value) || 0) : null);
   }
 
   attemptSelect.addEventListener("change", () => {
@@ -183,6 +220,7 @@ export function jobPage(root, id) {
     followLog();
   });
   rankInput.addEventListener("change", followLog);
+  allRanks.addEventListener("change", followLog);
 
   fill(root,
     head,
@@ -225,6 +263,7 @@ export function jobPage(root, id) {
           specFields(job, policy),
           job.progress ? h("h2", {}, "Progress") : null,
           progressFields(job.progress),
+          metricsSection(job),
           h("h2", {}, "State history"),
           table(["at", "state", "reason"], eventRows(job), { testid: "events" }),
           h("h2", {}, "Attempts"),
