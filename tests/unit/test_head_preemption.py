@@ -40,8 +40,9 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 def test_a_victim_back_within_its_quota_does_not_take_back_the_gpus_it_was_preempted_for(tmp_path: Path) -> None:
     """Issue 14. b (quota 2 of 3 GPUs) borrows the third; a's high job preempts the borrowed job.
     One of b's other jobs ends meanwhile, so the victim, back in line, is within b's quota and
-    would go before the high job (guaranteed demand first) and retake a GPU: it is considered
-    after the job it was preempted for instead, which starts."""
+    would go before the high job (guaranteed demand first) and retake its GPU: the waiting
+    preemptor is considered first instead, and starts on the GPU it freed; the victim then keeps
+    its place in b's line (ahead of b's newer job) for the GPU the other job left."""
     path = tmp_path / "policy.yaml"
     path.write_text("teams:\n  a: {}\n  b: {quota: {H100: 2}}\n")
     c = make_cluster(tmp_path, gpus=3, policy=PolicySource(path))
@@ -57,10 +58,11 @@ def test_a_victim_back_within_its_quota_does_not_take_back_the_gpus_it_was_preem
         c.tick_at(T0 + 2)  # SIGTERM
         c.fake.finish(next(j for j in b_jobs if j != victim), 0)  # in the same cycle as the victim exits
         c.proc(victim).status = Exited(128 + SIGTERM, SIGTERM)
+        freed = c.record(victim).allocation
         c.tick_at(T0 + 3)
-        assert c.state(high) is JobState.RUNNING
-        assert c.state(late) is JobState.RUNNING
-        assert c.state(victim) is JobState.QUEUED and (victim, 2) not in c.fake.processes
+        assert c.state(high) is JobState.RUNNING and c.record(high).allocation == freed
+        assert c.state(victim) is JobState.RUNNING and c.record(victim).allocation != freed
+        assert c.state(late) is JobState.QUEUED
         assert c.head.preempted_for == {}  # its preemptor started: nothing held any more
     finally:
         c.close()

@@ -757,3 +757,22 @@ def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(make: object) -> Non
     sim = Cycles((node("a").gpus(4).build(), node("b").gpus(4).build()), policy, [big, *stream])
     assert sim.run(500, until=[1], max_step=20)
     assert sim.first_start[1] <= 5.0 + policy.starvation_age_s
+
+
+def test_a_waiting_preemptor_goes_first_even_when_the_order_changed_under_it() -> None:
+    """Found by the property test above: within its team's quota a low job outranks the team's
+    borrowing normal job, yet the normal 2-GPU job was first in line when it preempted two low
+    jobs of its own team; the next cycle a third low job (within the quota) and a victim took the
+    freed GPUs, and the normal job preempted them again. Its preemptor now goes first."""
+    policy = Policy(
+        teams={"a": Team("a", quota={"H100": 1.0}), "b": Team("b", quota={"H100": 0.0})},
+        preemption=Preemption(grace_period_s=0.0),
+        fair_share=False,
+    )
+    jobs = [job(j).team("a").priority("low").at(0).limit(600).build() for j in (1, 4, 6)]
+    jobs.append(job(7).team("a").gpus(2).at(0).limit(600).build())
+    sim = Cycles((node("n0").gpus(2).build(),), policy, jobs, exit_after_term_s=0.0)
+    sim.run(6, max_step=60.0)
+    assert sim.preemptions == [(60.0, 1, 7), (60.0, 4, 7)]
+    assert (61.0, 7) in sim.start_log
+    check_no_repeated_preemption(sim)

@@ -72,8 +72,15 @@ def _fmt_time(t: float) -> str:
 
 
 class _AfterPreemptor:
-    """The cycle's order (`TeamQueues`), but a job preempted for a job still queued comes only
-    right after that job (`Snapshot.preempted_for`).
+    """The cycle's order (`TeamQueues`), but a job that preempted others and still waits comes
+    first, and a job preempted for a job still queued comes only after that job
+    (`Snapshot.preempted_for`).
+
+    Why the preemptor first: it was first in line for those GPUs when it stopped their jobs, and
+    the order can change under it in the next cycle (a team's jobs within its guaranteed quota
+    rank above its borrowing ones, so a low job within the quota outranked the normal 2-GPU job
+    that had just stopped two low jobs for its GPUs; the GPUs went to the low jobs and the normal
+    job stopped them again, found by the no-repeated-preemption property test).
 
     Why: a preempted job goes back to the queue and may rank ahead of its preemptor (a team
     back under its guaranteed quota is served first). It then took back the GPUs it had just
@@ -83,7 +90,7 @@ class _AfterPreemptor:
     Without preemptions pending this is `TeamQueues` unchanged (one dict test per job).
     """
 
-    def __init__(self, snapshot: Snapshot, queues: TeamQueues) -> None:
+    def __init__(self, snapshot: Snapshot, queues: TeamQueues, now: float) -> None:
         self.queues = queues
         self.held_for: Mapping[int, int] = {}
         if snapshot.preempted_for:
@@ -91,6 +98,14 @@ class _AfterPreemptor:
             self.held_for = {v: p for v, p in snapshot.preempted_for.items() if v in queued and p in queued}
         self.preemptors = set(self.held_for.values())
         self._seen: set[int] = set()  # preemptors considered so far
+        # Waiting preemptors, considered before anything else (in class, then arrival order);
+        # when the queues reach them again they are skipped. Not one still backing off.
+        first = [
+            j for j in snapshot.queued if j.job_id in self.preemptors and (j.not_before is None or j.not_before <= now)
+        ]
+        first.sort(key=lambda j: (-int(j.priority), j.submitted_at, j.job_id))
+        self._first: deque[JobRequest] = deque(first)
+        self._early: set[int] = {j.job_id for j in first}
         self._waiting: dict[int, list[JobRequest]] = {}  # preemptor -> its victims put aside
         self._next: deque[JobRequest] = deque()  # victims to consider now, out of turn
         self._late = False  # the job last popped came from `_next`
@@ -99,6 +114,11 @@ class _AfterPreemptor:
         """The next job to consider; call `done` with it before the next `pop`."""
         held = self.held_for
         while True:
+            if self._first:
+                job = self._first.popleft()
+                self._late = True
+                self._seen.add(job.job_id)
+                return job
             if self._next:
                 job = self._next.popleft()
                 self._late = True
@@ -114,6 +134,9 @@ class _AfterPreemptor:
                     continue
                 job = popped
                 self._late = False
+                if job.job_id in self._early:  # considered first already
+                    self.queues.done(job, False)
+                    continue
                 if held:
                     p = held.get(job.job_id)
                     if p is not None and p not in self._seen:
@@ -214,7 +237,7 @@ class _Cycle:
         keep = settle and self.share_waits and not self.quotas.has_quotas and self.quotas.unlimited
         kept: set[tuple[object, ...]] = set()
         kept_at = 0  # reservations + preemptions when `kept` was last cleared
-        after = _AfterPreemptor(self.s, queues)
+        after = _AfterPreemptor(self.s, queues, self.now)
         while (job := after.pop()) is not None:
             now_state = len(starts) + len(reservations) + len(preemptions)
             if now_state != state:
