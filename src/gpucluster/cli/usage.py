@@ -7,13 +7,15 @@ import csv
 import math
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from gpucluster.cli.common import JsonOpt, UrlOpt, call, client, fail, out, print_json
-from gpucluster.models import UsageRowOut
+
+if TYPE_CHECKING:
+    from gpucluster.models import UsageRowOut
 
 GROUPS = ("team", "user", "job", "gpu-model")
 CSV_COLUMNS = (
