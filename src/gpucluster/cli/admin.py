@@ -6,8 +6,8 @@ import time
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
+from gpucluster.cli.console import Table
 from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, print_json, ts
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import client as _client

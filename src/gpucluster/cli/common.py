@@ -10,9 +10,8 @@ import time
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
+from gpucluster.cli.console import Console, escape
 from gpucluster.cli.transport import Head
 from gpucluster.clientbase import ApiError, ClusterUnreachable
 from gpucluster.userconfig import ConfigError
@@ -20,9 +19,9 @@ from gpucluster.userconfig import ConfigError
 if TYPE_CHECKING:
     from gpucluster.client import Client
 
-# A pipe gets full-width lines: wrapped table cells are unreadable to grep and to people alike.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # a file:line must stay on one line
+# rich's consoles, imported when what is printed needs rich (see cli/console.py).
+out = Console()
+err = Console(stderr=True)
 
 UrlOpt = Annotated[
     str | None,

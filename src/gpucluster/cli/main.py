@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from gpucluster.cli import fastparams
 from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out
+from gpucluster.cli.console import Table, escape
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import head as _head
 from gpucluster.cli.common import print_json as _print_json
@@ -914,12 +913,32 @@ def _keep_only(name: str | None) -> None:
     them all, so click's own "No such command" and the full listing still appear.
     """
     if name is None:
+        _listing_only(app)
         return
     commands = [c for c in app.registered_commands if _command_name(c) == name]
     groups = [g for g in app.registered_groups if g.name == name]
     if commands or groups:
         app.registered_commands[:] = commands
         app.registered_groups[:] = groups
+
+
+def _listing_only(group: typer.Typer) -> None:
+    """No subcommand runs (`gpucluster --help`, or a mistyped global option): each command is
+    listed by its name and the first line of its docstring, so Typer gets a parameterless stand-in
+    with both instead of building every parameter of ~50 commands (~40 ms of CPU, issue 19)."""
+    for info in group.registered_commands:
+        callback = info.callback
+        if callback is None:
+            continue
+
+        def listed() -> None:  # never runs: no subcommand was named
+            raise AssertionError("a listing stand-in ran")
+
+        listed.__name__, listed.__doc__ = callback.__name__, callback.__doc__
+        info.callback = listed
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _listing_only(sub.typer_instance)
 
 
 def _command_name(info: Any) -> str:

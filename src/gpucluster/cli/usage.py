@@ -10,8 +10,8 @@ import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
+from gpucluster.cli.console import Table
 from gpucluster.cli.common import JsonOpt, UrlOpt, call, client, fail, out, print_json
 
 if TYPE_CHECKING:
