@@ -10,6 +10,15 @@ import httpx
 
 from gpucluster import userconfig
 from gpucluster.admin_client import AdminCalls
+from gpucluster.clientbase import (
+    DEFAULT_URL,
+    ApiError,
+    ClusterUnreachable,
+    refusal,
+    resolve_token,
+    resolve_url,
+    unreachable,
+)
 from gpucluster.models import (
     BudgetList,
     BudgetOut,
@@ -24,17 +33,9 @@ from gpucluster.models import (
     QueueOut,
     UsageOut,
 )
-from gpucluster.clientbase import (
-    DEFAULT_URL,
-    ApiError,
-    ClusterUnreachable,
-    refusal,
-    resolve_token,
-    resolve_url,
-    unreachable,
-)
 
 __all__ = ["DEFAULT_URL", "ApiError", "Client", "ClusterUnreachable", "resolve_token", "resolve_url"]
+
 
 class Client(AdminCalls):
     """`Client(url).submit(["python", "train.py"], gpus=2)`.

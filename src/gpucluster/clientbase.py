@@ -45,8 +45,7 @@ def unreachable(url: str, kind: str) -> ClusterUnreachable:
     """The head did not answer at all; `kind` names how, in httpx's words (ConnectError,
     ReadTimeout, ...), whichever transport saw it."""
     return ClusterUnreachable(
-        f"cannot reach the head at {url} ({kind}); is `gpucluster up` "
-        "running? Point to it with --url or GPUCLUSTER_URL"
+        f"cannot reach the head at {url} ({kind}); is `gpucluster up` running? Point to it with --url or GPUCLUSTER_URL"
     )
 
 

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from gpucluster.cli.console import Table
 from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, print_json, ts
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import client as _client
+from gpucluster.cli.console import Table
 from gpucluster.durations import format_duration
 
 admin_app: typer.Typer = typer.Typer(

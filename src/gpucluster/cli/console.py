@@ -26,8 +26,10 @@ _EMOJI_LIKE = re.compile(r":(\S*?):")
 _NOT_AN_EMOJI = re.compile(r"[0-9]{0,2}")
 
 
-def _plain_text(text: str, markup: bool) -> bool:
-    if not _PLAIN.fullmatch(text) or (markup and "[" in text):
+def _plain_text(text: str, markup: bool, ascii_only: bool = True) -> bool:
+    """rich prints `text` unchanged: no markup, no emoji code, nothing it measures or strips (a table
+    cell must be ASCII to have its width in characters; a line only printable)."""
+    if not (_PLAIN.fullmatch(text) if ascii_only else text.isprintable()) or (markup and "[" in text):
         return False
     return all(_NOT_AN_EMOJI.fullmatch(m.group(1)) for m in _EMOJI_LIKE.finditer(text))
 
@@ -90,7 +92,7 @@ class Console:
             lines: list[str] | None = None
             if isinstance(obj, Table):
                 lines = obj.plain_lines(PIPE_WIDTH)
-            elif isinstance(obj, str) and _plain_text(obj.replace("\n", " "), markup):
+            elif isinstance(obj, str) and _plain_text(obj.replace("\n", " "), markup, ascii_only=False):
                 lines = [obj]
             if lines is not None:
                 self.file.write("".join(line + "\n" for line in lines))

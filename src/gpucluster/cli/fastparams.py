@@ -69,7 +69,7 @@ def install() -> bool:
         return bool(parameter is not None and getattr(parameter, "_gc_plain", False))
 
     @dataclass(frozen=True)
-    class PlainRuntimeParam(RuntimeParam):  # type: ignore[misc]
+    class PlainRuntimeParam(RuntimeParam):
         descriptor: Any = None
         _built: list[Any] = field(default_factory=list)
 

@@ -19,11 +19,11 @@ import typer
 
 from gpucluster.cli import fastparams
 from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out
-from gpucluster.cli.console import Table, escape
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import head as _head
 from gpucluster.cli.common import print_json as _print_json
 from gpucluster.cli.common import ts as _ts
+from gpucluster.cli.console import Table, escape
 from gpucluster.cli.transport import Head, View, job_path
 from gpucluster.clientbase import DEFAULT_QUEUE_PAGE, ApiError, ClusterUnreachable
 from gpucluster.durations import format_duration
@@ -454,7 +454,9 @@ def submit(
             json.dumps(fields, allow_nan=False)
         except (TypeError, ValueError):  # a YAML date or .nan: pydantic says which field, and how
             body = _validated(fields, node, source).model_dump(mode="json", exclude_none=True)
-            job = _call(h.json, "POST", "/v1/jobs", body={k: v for k, v in body.items() if k != "team" or "team" in fields})
+            job = _call(
+                h.json, "POST", "/v1/jobs", body={k: v for k, v in body.items() if k != "team" or "team" in fields}
+            )
         else:
             try:
                 job = h.json("POST", "/v1/jobs", body=fields)

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpucluster.cli.console import Table
 from gpucluster.cli.common import JsonOpt, UrlOpt, call, client, fail, out, print_json
+from gpucluster.cli.console import Table
 
 if TYPE_CHECKING:
     from gpucluster.models import UsageRowOut
