@@ -71,7 +71,8 @@ def test_read_commands_import_neither_pydantic_nor_httpx(head: HeadProcess, tmp_
         ["jobs"], ["jobs", "--json"], ["jobs", "--state", "succeeded", "--limit", "5"], ["show", str(job.id)],
         ["show", str(job.id), "--json"], ["logs", str(job.id)], ["why", str(job.id)], ["queue"], ["nodes"],
         ["policy", "show"], ["submit", "--", "true"], ["submit", "--gpus", "1", "--env", "A=b", "--", "true"],
-        ["cancel", str(running.id)], ["--help"],
+        ["cancel", str(running.id)], ["--help"], ["whoami"], ["usage"], ["usage", "--csv"], ["budgets"],
+        ["admin", "users"], ["admin", "tokens"], ["admin", "audit", "--since", "1h"],
     ]  # fmt: skip
     for args in commands:
         r = _run(cli, *args, url=head.url)
