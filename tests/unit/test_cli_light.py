@@ -25,8 +25,9 @@ from gpucluster.cli.transport import Head
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Text like the CLI's cells and lines, with the characters rich treats specially mixed in.
-cell = st.text(
-    alphabet=st.sampled_from([*"abcXYZ019 -_.,:/()", "[", "]", ":", "\\", "é", "—", "\t", "中"]), max_size=12
+PLAIN_CHARS = "abcXYZ019 -_.,:/()"
+cell = st.text(alphabet=PLAIN_CHARS, max_size=12) | st.text(
+    alphabet=st.sampled_from([*PLAIN_CHARS, "[", "]", ":", "\\", "é", "—", "\t", "中"]), max_size=12
 )
 line = st.text(max_size=60)
 
@@ -62,8 +63,69 @@ def test_a_table_prints_as_rich_prints_it(headers: list[str], data: st.DataObjec
 @given(text=line, markup=st.booleans())
 def test_a_line_prints_as_rich_prints_it(text: str, markup: bool) -> None:
     with pytest.MonkeyPatch.context() as mp:
-        printed, _ = _ours(mp, text, markup=markup)
-    assert printed == _rich(text, markup=markup)
+        try:
+            said = _ours(mp, text, markup=markup)[0]
+        except Exception as e:  # bad markup: rich's to refuse, the same way on both paths
+            said = type(e).__name__
+    try:
+        expected = _rich(text, markup=markup)
+    except Exception as e:
+        expected = type(e).__name__
+    assert said == expected
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+# What decides how rich prints: is it a terminal, which, how wide (see Console._plain).
+terminals = st.fixed_dictionaries(
+    {},
+    optional={
+        "TTY_COMPATIBLE": st.sampled_from(["0", "1", ""]),
+        "FORCE_COLOR": st.sampled_from(["", "1"]),
+        "TERM": st.sampled_from(["xterm-256color", "dumb", "vt100", "unknown"]),
+        "COLUMNS": st.sampled_from(["30", "120", "300"]),
+        "NO_COLOR": st.just("1"),
+        "COLORTERM": st.just("truecolor"),
+    },
+)
+
+
+@SETTINGS
+@given(env=terminals, tty=st.booleans(), headers=st.lists(cell, min_size=1, max_size=5), data=st.data())
+def test_terminals_get_what_rich_gives_them(env: dict[str, str], tty: bool, headers: list[str], data: Any) -> None:
+    rows = data.draw(st.lists(st.lists(cell, min_size=len(headers), max_size=len(headers)), max_size=4))
+    table = Table(*headers)
+    for row in rows:
+        table.add_row(*row)
+    text = data.draw(line)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("TTY_COMPATIBLE", "FORCE_COLOR", "TERM", "COLUMNS", "NO_COLOR", "COLORTERM"):
+            mp.delenv(name, raising=False)
+        for name, value in env.items():
+            mp.setenv(name, value)
+        for obj in (table, text):
+            ours, theirs = _Stream(tty), _Stream(tty)
+            mp.setattr("sys.stdout", ours)
+            said = _outcome(Console().print, obj)
+            mp.setattr("sys.stdout", theirs)
+            expected = _outcome(Console().real().print, obj.rich() if isinstance(obj, Table) else obj)
+            assert (said, ours.getvalue()) == (expected, theirs.getvalue()), (env, tty)
+
+
+def _outcome(act: Any, obj: object) -> str:
+    """'ok', or the error rich raised (bad markup is rich's to refuse, the same way on both paths)."""
+    try:
+        act(obj)
+    except Exception as e:
+        return type(e).__name__
+    return "ok"
 
 
 def test_the_common_outputs_take_the_plain_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,6 +137,17 @@ def test_the_common_outputs_take_the_plain_path(monkeypatch: pytest.MonkeyPatch)
         assert plain and printed == _rich(obj.rich() if isinstance(obj, Table) else obj), obj
     printed, plain = _ours(monkeypatch, "[red]error:[/red] x")  # markup: rich's job
     assert not plain and printed == "error: x\n"
+    for name in ("TTY_COMPATIBLE", "FORCE_COLOR", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setenv("COLUMNS", "120")
+    ours, theirs = _Stream(tty=True), _Stream(tty=True)
+    monkeypatch.setattr("sys.stdout", ours)
+    console = Console()
+    console.print(table)  # an interactive `gpucluster jobs`: a bold header, without rich
+    monkeypatch.setattr("sys.stdout", theirs)
+    Console().real().print(table.rich())
+    assert console._rich is None and ours.getvalue() == theirs.getvalue() and "\x1b[1m" in ours.getvalue()
 
 
 # ---- Typer's coercion --------------------------------------------------------------------------

@@ -24,6 +24,23 @@ PIPE_WIDTH = 250  # a pipe gets full-width lines: wrapped table cells are unread
 _PLAIN = re.compile(r"[ -~]*")
 _EMOJI_LIKE = re.compile(r":(\S*?):")
 _NOT_AN_EMOJI = re.compile(r"[0-9]{0,2}")
+_BOLD, _RESET = "\x1b[1m", "\x1b[0m"
+
+
+def _terminal_width() -> int:
+    """The width rich gives a terminal: the first of stdin, stdout, stderr that has a size, with
+    $COLUMNS over it, else 80."""
+    width = None
+    for fd in (0, 1, 2):
+        try:
+            width = os.get_terminal_size(fd).columns
+        except (AttributeError, ValueError, OSError):
+            continue
+        break
+    columns = os.environ.get("COLUMNS")
+    if columns is not None and columns.isdigit():
+        width = int(columns)
+    return width or 80
 
 
 def _plain_text(text: str, markup: bool, ascii_only: bool = True) -> bool:
@@ -44,9 +61,10 @@ class Table:
     def add_row(self, *cells: str) -> None:
         self.rows.append(list(cells))
 
-    def plain_lines(self, width: int) -> list[str] | None:
-        """The lines rich prints for this table at `width`, or None when rich would do more."""
-        if any(len(r) != len(self.headers) for r in self.rows):
+    def plain_lines(self, width: int, bold_header: bool = False) -> list[str] | None:
+        """The lines rich prints for this table at `width` (its header bold on a terminal), or None
+        when rich would do more."""
+        if any(len(r) != len(self.headers) for r in self.rows) or not all(self.headers):
             return None
         cells = [self.headers, *self.rows]
         if not all(_plain_text(c, markup=True) for row in cells for c in row):
@@ -54,7 +72,11 @@ class Table:
         widths = [max(len(row[i]) for row in cells) for i in range(len(self.headers))]
         if sum(widths) + 2 * len(widths) > width:
             return None  # rich would wrap or squeeze columns
-        return ["".join(f" {c.ljust(w)} " for c, w in zip(row, widths, strict=True)) for row in cells]
+        lines = ["".join(f" {c.ljust(w)} " for c, w in zip(row, widths, strict=True)) for row in cells]
+        if bold_header:  # rich's "table.header" style, one SGR run per padding and per text
+            lines[0] = "".join(f"{_BOLD} {_RESET}{_BOLD}{h.ljust(w)}{_RESET}{_BOLD} {_RESET}"
+                               for h, w in zip(self.headers, widths, strict=True))  # fmt: skip
+        return lines
 
     def rich(self) -> Any:
         from rich.table import Table as RichTable
@@ -76,24 +98,37 @@ class Console:
     def file(self) -> Any:
         return sys.stderr if self.stderr else sys.stdout
 
-    def _plain_ok(self) -> bool:
-        """rich writes no escape codes and lines up to PIPE_WIDTH here: not a terminal, nothing forcing one."""
-        if self.stderr or "FORCE_COLOR" in os.environ or "TTY_COMPATIBLE" in os.environ:
-            return False
+    def _isatty(self) -> bool:
         isatty = getattr(self.file, "isatty", None)
         try:
-            return isatty is not None and not isatty()
-        except ValueError:
+            return isatty is not None and bool(isatty())
+        except ValueError:  # a closed stream
             return False
 
+    def _plain(self, obj: object, markup: bool) -> list[str] | None:
+        """The lines rich would print for `obj` on stdout, when they are plain text (but a bold
+        table header), or None. Decided as rich decides: a terminal (TTY_COMPATIBLE, else
+        FORCE_COLOR, else isatty) gets escape codes unless TERM is dumb; the width is the pipe's
+        250, or the terminal's (COLUMNS, else its size, else 80), or 80 on a dumb terminal."""
+        if isinstance(obj, str):  # unstyled text: no escape codes, even on a terminal; never wrapped
+            return [obj] if _plain_text(obj.replace("\n", " "), markup, ascii_only=False) else None
+        if not isinstance(obj, Table):
+            return None
+        env, isatty = os.environ, self._isatty()
+        compatible = env.get("TTY_COMPATIBLE", "")
+        if compatible in ("0", "1"):
+            terminal = compatible == "1"
+        elif "FORCE_COLOR" in env:
+            terminal = env["FORCE_COLOR"] != ""
+        else:
+            terminal = isatty
+        dumb = terminal and env.get("TERM", "").lower() in ("dumb", "unknown")
+        width = 80 if dumb else _terminal_width() if isatty else PIPE_WIDTH
+        return obj.plain_lines(width, bold_header=terminal and not dumb)
+
     def print(self, *objects: Any, markup: bool = True, **kwargs: Any) -> None:
-        if len(objects) == 1 and set(kwargs) <= {"highlight", "soft_wrap"} and self._plain_ok():
-            (obj,) = objects
-            lines: list[str] | None = None
-            if isinstance(obj, Table):
-                lines = obj.plain_lines(PIPE_WIDTH)
-            elif isinstance(obj, str) and _plain_text(obj.replace("\n", " "), markup, ascii_only=False):
-                lines = [obj]
+        if len(objects) == 1 and set(kwargs) <= {"highlight", "soft_wrap"} and not self.stderr:
+            lines = self._plain(objects[0], markup)
             if lines is not None:
                 self.file.write("".join(line + "\n" for line in lines))
                 self.file.flush()  # as rich does: what follows on stderr comes after it
