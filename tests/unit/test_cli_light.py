@@ -10,6 +10,8 @@ and must agree; where the shortcut declines, the real thing runs, so declining i
 from __future__ import annotations
 
 import io
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from rich.console import Console as RichConsole
 
 from gpucluster.cli import fastparams
 from gpucluster.cli.console import PIPE_WIDTH, Console, Table
-from gpucluster.cli.transport import Head
+from gpucluster.cli.transport import Head, View
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -214,3 +216,78 @@ def test_a_head_url_with_a_path_and_no_port(monkeypatch: pytest.MonkeyPatch, tmp
         "/prefix/v1/jobs?state=queued&state=running&follow=true"
     )
     assert Head("http://[::1]:9000")._headers["Host"] == "[::1]:9000"
+
+
+def test_no_wire_field_reads_as_a_dict_method() -> None:
+    """The CLI reads the head's JSON as Views, dicts whose keys read as attributes; a field named
+    like a dict method (`items`, `keys`, `get`...) would read as the method instead."""
+    from pydantic import BaseModel
+
+    from gpucluster import models
+    from gpucluster.auth import wire
+
+    shadowed = set(dir(dict))
+    for module in (models, wire):
+        for model in vars(module).values():
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                assert not shadowed & set(model.model_fields), (model.__name__, shadowed & set(model.model_fields))
+    view = View({"items": 1, "team": "t"})
+    assert view.team == "t" and view["items"] == 1
+
+
+# ---- the CLI's HTTP/1.1 reader, against a real socket server with canned answers ---------------
+
+
+def _serve(answers: list[bytes], close_after_each: bool = False) -> tuple[str, list[bytes]]:
+    """A one-thread TCP server answering each request (read up to its blank line) with the next
+    canned answer; closing the connection after each when asked (a head that drops keep-alive)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def run() -> None:
+        with server:
+            while answers:
+                conn, _ = server.accept()
+                with conn, conn.makefile("rb") as reader:
+                    while answers:
+                        request = b"".join(iter(lambda: reader.readline(), b"\r\n"))
+                        if not request:
+                            break
+                        seen.append(request)
+                        conn.sendall(answers.pop(0))
+                        if close_after_each:
+                            break
+
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    threading.Thread(target=run, daemon=True).start()
+    return url, seen
+
+
+def test_the_http_reader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from gpucluster.clientbase import ApiError, ClusterUnreachable
+
+    monkeypatch.setenv("GPUCLUSTER_CONFIG", str(tmp_path / "config.yaml"))
+    monkeypatch.setenv("GPUCLUSTER_TOKEN", "gc_t")
+    ok = b'HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{"jobs": 1}'
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nab\xc3\xa9\r\n3\r\ncd\n\r\n0\r\n\r\n"
+    refused = b'HTTP/1.1 403 Forbidden\r\nContent-Length: 20\r\n\r\n{"error": "not you"}'
+    url, seen = _serve([ok, chunked, refused], close_after_each=True)  # each on its own connection
+    with Head(url) as h:
+        assert h.json("GET", "/v1/jobs", {"state": ["a", "b"]}).jobs == 1
+        assert h.request("GET", "/v1/jobs/1/logs") == "abécd\n"  # the head dropped keep-alive: reconnected
+        with pytest.raises(ApiError, match="not you"):
+            h.json("POST", "/v1/jobs/1/cancel")
+    assert seen[0].startswith(b"GET /v1/jobs?state=a&state=b HTTP/1.1\r\n") and b"Authorization: Bearer gc_t" in seen[0]
+    assert b"Content-Length: 0" in seen[2]
+
+    url, _ = _serve([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab\xc3\r\n2\r\n\xa9\n\r\n0\r\n\r\n"])
+    with Head(url) as h:
+        assert list(h.stream("/v1/jobs/1/logs", {"follow": True})) == ["ab", "é\n"]  # a character split by chunks
+
+    url, _ = _serve([b"SSH-2.0-OpenSSH\r\n\r\n"])
+    with Head(url) as h, pytest.raises(ClusterUnreachable, match="RemoteProtocolError"):
+        h.request("GET", "/v1/jobs")
+    with socket.create_server(("127.0.0.1", 0)) as gone:
+        closed = f"http://127.0.0.1:{gone.getsockname()[1]}"
+    with Head(closed) as h, pytest.raises(ClusterUnreachable, match=r"\(ConnectError\); is `gpucluster up` running"):
+        h.request("GET", "/v1/jobs")

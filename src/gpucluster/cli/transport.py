@@ -24,7 +24,8 @@ from gpucluster.clientbase import ClusterUnreachable, refusal, resolve_token, re
 
 class View(dict[str, Any]):
     """A JSON object whose fields also read as attributes (`job.spec.team`), as the SDK's models
-    do; still a dict, so `--json` prints it as the head sent it."""
+    do; still a dict, so `--json` prints it as the head sent it. A field named like a dict method
+    would read as the method: no wire model has one (tests/unit/test_cli_light.py)."""
 
     __slots__ = ()
 
