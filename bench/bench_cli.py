@@ -8,16 +8,18 @@ Measured side by side in one run, interleaved by round so a load change hits all
 
 - `python -c pass`: the baseline (the interpreter's own start, what no Python CLI can beat);
 - `gpucluster --help`, `gpucluster jobs`, `gpucluster submit -- true` against a live head
-  (`gpucluster up --virtual-gpus 8`, started here with its own data dir and config file).
+  (`gpucluster up --virtual-gpus 8`, started here with its own data dir and config file), and two
+  more read commands, `gpucluster show 1` (the job the first submit made) and `gpucluster nodes`.
 
 Each command runs as the console script pip installs (a file named `gpucluster` that calls main());
 its CPU is user + system time of the child (wait4), wall time alongside. Medians and the ratio
 to the baseline are printed.
 
-With `--before DIR` (a checkout's `src` of an earlier version, e.g. from `git archive REV src`),
-the same commands also run with that version's CLI, against the same head, in the same rounds.
+With `--before DIR` (a checkout's `src` of an earlier version, e.g. from `git archive REV src`;
+repeatable, each labelled by the folder above it), the same commands also run with that
+version's CLI, against the same head, in the same rounds.
 
-Run: `PYTHONPATH=src python bench/bench_cli.py [--rounds 15] [--before /tmp/base/src]`.
+Run: `PYTHONPATH=src python bench/bench_cli.py [--rounds 15] [--before /tmp/base/src ...]`.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--before", type=Path, help="an earlier version's src dir, measured side by side")
+    parser.add_argument(
+        "--before", type=Path, action="append", default=[], help="an earlier version's src dir, measured side by side"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -70,16 +74,22 @@ def main() -> None:
                 "GPUCLUSTER_URL": head.url,
                 userconfig.ENV_PATH: str(base / "gpucluster-config.yaml"),
             }
-            commands = {"--help": ["--help"], "jobs": ["jobs"], "submit -- true": ["submit", "--", "true"]}
+            commands = {
+                "--help": ["--help"],
+                "jobs": ["jobs"],
+                "submit -- true": ["submit", "--", "true"],
+                "show 1": ["show", "1"],
+                "nodes": ["nodes"],
+            }
             cases: dict[str, tuple[list[str], dict[str, str]]] = {
                 "python -c pass": ([sys.executable, "-c", "pass"], env)
             }
             for name, tail in commands.items():
                 cases[f"gpucluster {name}"] = ([*cli, *tail], env)
-            if args.before is not None:
-                old_env = {**env, "PYTHONPATH": str(args.before.resolve())}
+            for before in args.before:
+                old_env = {**env, "PYTHONPATH": str(before.resolve())}
                 for name, tail in commands.items():
-                    cases[f"before: gpucluster {name}"] = ([*cli, *tail], old_env)
+                    cases[f"{before.resolve().parent.name}: gpucluster {name}"] = ([*cli, *tail], old_env)
             cpu: dict[str, list[float]] = {k: [] for k in cases}
             wall: dict[str, list[float]] = {k: [] for k in cases}
             for _ in range(args.rounds):
@@ -93,10 +103,10 @@ def main() -> None:
     print(f"machine: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"load average after the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {args.rounds} rounds")
     base_cpu = statistics.median(cpu["python -c pass"])
-    print(f"{'command':<36} {'CPU median':>10} {'wall median':>11} {'CPU / python -c pass':>21}")
+    print(f"{'command':<44} {'CPU median':>10} {'wall median':>11} {'CPU / python -c pass':>21}")
     for name in cases:
         c, w = statistics.median(cpu[name]), statistics.median(wall[name])
-        print(f"{name:<36} {c * 1000:>8.0f}ms {w * 1000:>9.0f}ms {c / base_cpu:>20.1f}x")
+        print(f"{name:<44} {c * 1000:>8.0f}ms {w * 1000:>9.0f}ms {c / base_cpu:>20.1f}x")
 
 
 if __name__ == "__main__":

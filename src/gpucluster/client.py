@@ -11,6 +11,15 @@ import httpx
 
 from gpucluster import userconfig
 from gpucluster.admin_client import AdminCalls
+from gpucluster.clientbase import (
+    DEFAULT_URL,
+    ApiError,
+    ClusterUnreachable,
+    refusal,
+    resolve_token,
+    resolve_url,
+    unreachable,
+)
 from gpucluster.launch.env import exported_env
 from gpucluster.models import (
     BudgetList,
@@ -26,32 +35,8 @@ from gpucluster.models import (
     QueueOut,
     UsageOut,
 )
-from gpucluster.userconfig import UserConfig
 
-DEFAULT_URL = "http://127.0.0.1:8642"
-
-
-class ApiError(RuntimeError):
-    """The head refused a request; `message` says what was wrong and how to fix it."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class ClusterUnreachable(RuntimeError):
-    pass
-
-
-def resolve_url(url: str | None = None, config: UserConfig | None = None) -> str:
-    configured = config.url if config is not None else None
-    return (url or os.environ.get("GPUCLUSTER_URL") or configured or DEFAULT_URL).rstrip("/")
-
-
-def resolve_token(url: str, token: str | None = None, config: UserConfig | None = None) -> str | None:
-    """--token, else $GPUCLUSTER_TOKEN, else the config file's token for this head (or its default)."""
-    return token or os.environ.get("GPUCLUSTER_TOKEN") or (config.token_for(url) if config is not None else None)
+__all__ = ["DEFAULT_URL", "ApiError", "Client", "ClusterUnreachable", "resolve_token", "resolve_url"]
 
 
 class Client(AdminCalls):
@@ -89,21 +74,9 @@ class Client(AdminCalls):
         try:
             r = self._http.request(method, path, **kw)
         except httpx.TransportError as e:
-            raise ClusterUnreachable(
-                f"cannot reach the head at {self.url} ({e.__class__.__name__}); is `gpucluster up` "
-                "running? Point to it with --url or GPUCLUSTER_URL"
-            ) from None
+            raise unreachable(self.url, e.__class__.__name__) from None
         if r.status_code >= 400:
-            try:
-                message = r.json().get("error") or r.text
-            except ValueError:
-                message = r.text or r.reason_phrase
-            if r.status_code == 401 and not self.has_token:
-                message = (
-                    f"no token for {self.url}: pass --token, set GPUCLUSTER_TOKEN, or add it to "
-                    f"{self.config_path} (heads: {{{self.url}: TOKEN}})"
-                )
-            raise ApiError(r.status_code, str(message))
+            raise refusal(r.status_code, r.text, r.reason_phrase, self.url, self.has_token, self.config_path)
         return r
 
     def submit(
@@ -201,7 +174,7 @@ class Client(AdminCalls):
             with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as r:
                 if r.status_code >= 400:
                     r.read()
-                    raise ApiError(r.status_code, str(r.json().get("error", r.text)))
+                    raise refusal(r.status_code, r.text, r.reason_phrase, self.url, self.has_token, self.config_path)
                 yield from r.iter_text()
         except httpx.TransportError as e:
             raise ClusterUnreachable(f"lost the head at {self.url} while following logs ({e})") from None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpucluster.models import JobSpec
 from gpucluster.yamlfile import MAX_FILE_BYTES, YamlFileError, line_of, read_yaml, validate
+
+if TYPE_CHECKING:
+    from gpucluster.models import JobSpec
 
 MAX_JOB_FILE_BYTES = MAX_FILE_BYTES
 JobFileError = YamlFileError
@@ -15,6 +17,8 @@ JobFileError = YamlFileError
 
 def read_job_file(path: Path) -> dict[str, Any]:
     """The raw fields of a job file; validation happens once all overrides are merged."""
+    from gpucluster.models import JobSpec  # a job file's field names; only when there is one (issue 19)
+
     data, node = read_yaml(path, "job file")
     if not isinstance(data, dict):
         raise JobFileError(f"{path}: a job file is a mapping of fields (command, gpus, ...), not {type(data).__name__}")
@@ -44,6 +48,8 @@ def read_job_file(path: Path) -> dict[str, Any]:
 
 
 def spec_from_fields(fields: dict[str, Any], source: Path | None = None) -> JobSpec:
+    from gpucluster.models import JobSpec
+
     node = fields.pop("__node__", None)
     spec: JobSpec = validate(JobSpec, fields, source, node)
     return spec

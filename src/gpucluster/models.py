@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
 
+from gpucluster import labels
+from gpucluster.clientbase import DEFAULT_QUEUE_PAGE as DEFAULT_QUEUE_PAGE
 from gpucluster.core.states import JobState
 from gpucluster.durations import parse_duration
 
@@ -341,9 +343,7 @@ class JobSpec(StorableText):
 
     @property
     def gpu_types(self) -> tuple[str, ...]:
-        if self.gpu_type is None:
-            return ()
-        return (self.gpu_type,) if isinstance(self.gpu_type, str) else tuple(self.gpu_type)
+        return labels.gpu_types(self.gpu_type)
 
     @property
     def fractional(self) -> bool:
@@ -360,7 +360,7 @@ class JobSpec(StorableText):
     @property
     def gpu_count(self) -> float:
         """GPUs the job holds: a whole number, or its share of one GPU."""
-        return self.gpus if self.fractional else float(int(self.gpus))
+        return labels.gpu_count(self.gpus, self.gpu_memory)
 
     @property
     def argv(self) -> list[str]:
@@ -369,7 +369,7 @@ class JobSpec(StorableText):
     @property
     def gpus_label(self) -> str:
         """'2', '0.25', or '4..8' for an elastic job."""
-        return f"{self.min_gpus}..{int(self.gpus)}" if self.min_gpus is not None else f"{self.gpu_count:g}"
+        return labels.gpus_label(self.gpus, self.min_gpus, self.gpu_memory)
 
     @property
     def distributed(self) -> bool:
@@ -603,7 +603,6 @@ class QueueEntry(Model):
 
 # The queue is listed from the front, a page at a time: nobody reads 10,000 rows, and building
 # them all cost the head a second of CPU per call (bench/bench_load.py).
-DEFAULT_QUEUE_PAGE = 1000
 MAX_QUEUE_PAGE = 100_000
 
 

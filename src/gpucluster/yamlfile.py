@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:  # pydantic is imported where a file is validated: `gpucluster submit` without
+    # a job file, and one the head accepts, never needs it (issue 19)
+    from pydantic import BaseModel, ValidationError
 
 MAX_FILE_BYTES = 1024 * 1024
 
@@ -111,6 +114,8 @@ def validation_message(err: ValidationError, source: Path | None, node: yaml.Nod
 
 
 def validate(model: type[BaseModel], data: Any, source: Path | None, node: yaml.Node | None) -> Any:
+    from pydantic import ValidationError
+
     try:
         return model.model_validate(data)
     except ValidationError as e:

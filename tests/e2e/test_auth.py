@@ -166,6 +166,12 @@ def test_tls(head_factory: type[HeadProcess], tmp_path: Path) -> None:
     assert h.url.startswith("https://") and h.token
     with Client(h.url, verify=str(cert)) as c:
         assert c.whoami().cluster_admin
+    # The CLI's own transport (issue 19) trusts what the SDK trusts: $SSL_CERT_FILE, else certifi.
+    trusted = subprocess.run([*CLI, "whoami", "--json"], capture_output=True, text=True, timeout=60,
+                             env={**h.env, "SSL_CERT_FILE": str(cert)})  # fmt: skip
+    assert trusted.returncode == 0 and json.loads(trusted.stdout)["cluster_admin"], trusted.stderr
+    unknown = subprocess.run([*CLI, "jobs"], capture_output=True, text=True, timeout=60, env=h.env)
+    assert unknown.returncode == 1 and "cannot reach the head" in unknown.stderr and "Traceback" not in unknown.stderr
     with pytest.raises(httpx.HTTPError):
         httpx.get(h.url.replace("https://", "http://") + "/v1/health", timeout=5)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpucluster import userconfig
 from gpucluster.cli.main import hoist_global_options
-from tests.e2e.headproc import HeadProcess
+from tests.e2e.headproc import HeadProcess, wait_for
 
 # What pip installs as the `gpucluster` script, plus a report of the modules it ended up with.
 SCRIPT = """import sys, atexit, json
@@ -54,6 +54,32 @@ def test_read_commands_import_nothing_they_do_not_use(head: HeadProcess, tmp_pat
         loaded = _modules(r.stderr)
         heavy = [m for m in loaded if m.split(".")[0] in HEAVY or m in HEAVY]
         assert heavy == [], (args, heavy)
+
+
+# What the commands that read and print never need (issue 19): the SDK's httpx and pydantic
+# (they read the head's JSON as plain dicts, over a socket), rich for plain text into a pipe.
+READ_PATH_FREE_OF = ("pydantic", "pydantic_core", "httpx", "httpcore", "rich", "http.client", "email", "ssl")
+
+
+def test_read_commands_import_neither_pydantic_nor_httpx(head: HeadProcess, tmp_path: Path) -> None:
+    cli = _script(tmp_path)
+    with head.client() as c:
+        job = c.submit(["true"], gpus=1)
+        wait_for(lambda: c.job(job.id).state.value == "succeeded", what="a finished job to read")
+        running = c.submit(["sleep", "600"], gpus=1)  # cancelled below
+    commands = [
+        ["jobs"], ["jobs", "--json"], ["jobs", "--state", "succeeded", "--limit", "5"], ["show", str(job.id)],
+        ["show", str(job.id), "--json"], ["logs", str(job.id)], ["why", str(job.id)], ["queue"], ["nodes"],
+        ["policy", "show"], ["submit", "--", "true"], ["submit", "--gpus", "1", "--env", "A=b", "--", "true"],
+        ["cancel", str(running.id)], ["--help"], ["whoami"], ["usage"], ["usage", "--csv"], ["budgets"],
+        ["admin", "users"], ["admin", "tokens"], ["admin", "audit", "--since", "1h"],
+    ]  # fmt: skip
+    for args in commands:
+        r = _run(cli, *args, url=head.url)
+        assert r.returncode == 0, (args, r.stderr)
+        loaded = _modules(r.stderr)
+        found = [m for m in loaded if m in READ_PATH_FREE_OF or m.split(".")[0] in READ_PATH_FREE_OF]
+        assert found == [], (args, sorted({m.split(".")[0] for m in found}))
 
 
 def test_up_records_its_url_so_later_commands_find_it(head: HeadProcess, tmp_path: Path) -> None:
@@ -146,8 +172,6 @@ def test_estimates_say_what_they_assume(head: HeadProcess, tmp_path: Path) -> No
     with head.client() as c:
         c.submit(["sleep", "600"], gpus=8)
         waiting = c.submit(["sleep", "600"], gpus=8)
-        from tests.e2e.headproc import wait_for
-
         wait_for(lambda: c.job(waiting.id).estimated_start is not None, what="an estimate for the waiting job")
     why = _run(cli, "why", str(waiting.id), url=head.url)
     assert "(assuming running jobs use their whole time limit, the default 1h where none is set)" in why.stdout

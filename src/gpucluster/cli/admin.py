@@ -6,11 +6,12 @@ import time
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, print_json, ts
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import client as _client
+from gpucluster.cli.common import head as _head
+from gpucluster.cli.console import Table
 from gpucluster.durations import format_duration
 
 admin_app: typer.Typer = typer.Typer(
@@ -163,10 +164,10 @@ def member(
 @admin_app.command("users")
 def users(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     """Users with their teams and roles."""
-    with _client(url) as c:
-        listing = _call(c.users)
+    with _head(url) as h:  # the read commands print the head's JSON, without the SDK's models (issue 19)
+        listing = _call(h.json, "GET", "/v1/admin/users").users
     if as_json:
-        print_json([u.model_dump(mode="json") for u in listing])
+        print_json(listing)
         return
     table = Table("USER", "CLUSTER ADMIN", "TEAMS (ROLE)", "UNIX ACCOUNT", "CREATED", box=None)
     for u in listing:
@@ -187,10 +188,10 @@ def tokens(
     as_json: JsonOpt = False,
 ) -> None:
     """Tokens (never the secrets): id, user, status, expiry."""
-    with _client(url) as c:
-        listing = _call(c.tokens, user)
+    with _head(url) as h:
+        listing = _call(h.json, "GET", "/v1/admin/tokens", {"user": user} if user else None).tokens
     if as_json:
-        print_json([t.model_dump(mode="json") for t in listing])
+        print_json(listing)
         return
     table = Table("ID", "USER", "STATUS", "CREATED", "EXPIRES", "NOTE", box=None)
     for t in listing:
@@ -237,10 +238,11 @@ def audit(
         start = parse_since(since, time.time()) if since else None
     except ValueError as e:
         fail(f"--since: {e}")
-    with _client(url) as c:
-        entries = _call(c.audit, limit, start, user, action)
+    query = {"limit": limit, "since": start, "user": user, "action": action}
+    with _head(url) as h:
+        entries = _call(h.json, "GET", "/v1/admin/audit", {k: v for k, v in query.items() if v is not None}).entries
     if as_json:
-        print_json([e.model_dump(mode="json") for e in entries])
+        print_json(entries)
         return
     table = Table("WHEN", "USER", "ACTION", "TARGET", "DETAIL", box=None)
     for entry in entries:
@@ -250,10 +252,10 @@ def audit(
 
 def whoami(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     """Who the head takes you for: user, teams and roles, and the Unix account your jobs run as."""
-    with _client(url) as c:
-        me = _call(c.whoami)
+    with _head(url) as h:
+        me = _call(h.json, "GET", "/v1/whoami")
     if as_json:
-        print_json(me.model_dump(mode="json"))
+        print_json(me)
         return
     role = "cluster admin" if me.cluster_admin else "user"
     out.print(

@@ -7,18 +7,21 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from gpucluster.client import ApiError, Client, ClusterUnreachable
+from gpucluster.cli.console import Console, escape
+from gpucluster.cli.transport import Head
+from gpucluster.clientbase import ApiError, ClusterUnreachable
 from gpucluster.userconfig import ConfigError
 
-# A pipe gets full-width lines: wrapped table cells are unreadable to grep and to people alike.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # a file:line must stay on one line
+if TYPE_CHECKING:
+    from gpucluster.client import Client
+
+# rich's consoles, imported when what is printed needs rich (see cli/console.py).
+out = Console()
+err = Console(stderr=True)
 
 UrlOpt = Annotated[
     str | None,
@@ -34,8 +37,20 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 
 def client(url: str | None) -> Client:
+    """The SDK's typed client, for commands that use its models (admin, usage, drain)."""
+    from gpucluster.client import Client
+
     try:
         return Client(url)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def head(url: str | None) -> Head:
+    """The light client (stdlib HTTP, plain dicts) for commands that print what the head sends:
+    they start without httpx and pydantic (issue 19)."""
+    try:
+        return Head(url)
     except ConfigError as e:
         fail(str(e))
 

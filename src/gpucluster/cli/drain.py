@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpucluster.models import GpuOut, Job, NodeOut
+if TYPE_CHECKING:  # the CLI passes the head's JSON as Views, with the same fields (issue 19)
+    from gpucluster.models import GpuOut, Job, NodeOut
 
 
-def gpu_readings(g: GpuOut) -> tuple[str, str, str]:
+def gpu_readings(g: GpuOut | Any) -> tuple[str, str, str]:
     """UTIL, MEM USED, TEMP cells from the latest telemetry ('-' where there is none)."""
     util = f"{g.utilization:.0f}%" if g.utilization is not None else "-"
     mem = f"{g.memory_used_mb / 1024:.1f} GiB" if g.memory_used_mb is not None else "-"
@@ -18,7 +19,7 @@ def gpu_readings(g: GpuOut) -> tuple[str, str, str]:
     return util, mem, temp
 
 
-def node_notes(listing: list[NodeOut]) -> list[str]:
+def node_notes(listing: list[NodeOut] | list[Any]) -> list[str]:
     """One line per drained node or unhealthy GPU: what and why."""
     lines = []
     for n in listing:
@@ -41,11 +42,12 @@ def drain(
 ) -> None:
     """Take a node out of scheduling: no new jobs go there; its running jobs go on."""
     from gpucluster.cli.common import call as _call
-    from gpucluster.cli.common import client as _client
+    from gpucluster.cli.common import head as _head
     from gpucluster.cli.common import out
+    from gpucluster.cli.transport import node_path
 
-    with _client(url) as c:
-        n = _call(c.drain, node, reason)
+    with _head(url) as h:
+        n = _call(h.json, "POST", node_path(node, "drain"), None, {"reason": reason} if reason else None)
     out.print(f"node {n.name} drained: {n.drain_reason}; running jobs go on, no new ones start there", markup=False)
 
 
@@ -55,15 +57,16 @@ def undrain(
 ) -> None:
     """Return a drained node to scheduling (also forgets its health problems, e.g. after a GPU reset)."""
     from gpucluster.cli.common import call as _call
-    from gpucluster.cli.common import client as _client
+    from gpucluster.cli.common import head as _head
     from gpucluster.cli.common import out
+    from gpucluster.cli.transport import node_path
 
-    with _client(url) as c:
-        n = _call(c.undrain, node)
+    with _head(url) as h:
+        n = _call(h.json, "POST", node_path(node, "undrain"))
     out.print(f"node {n.name} undrained: new jobs may start there", markup=False)
 
 
-def job_usage_line(job: Job) -> str:
+def job_usage_line(job: Job | Any) -> str:
     """`show`'s line on a running job's GPUs now: utilisation and its own memory per GPU."""
     parts = []
     for u in job.gpu_usage:

@@ -7,18 +7,28 @@ comparison table and the paths written out. Bad input prints one message and exi
 from __future__ import annotations
 
 import sys
+from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from gpucluster.sim.errors import SimInputError, SimulationError
 from gpucluster.sim.formats import FORMATS
 
-_err = Console(stderr=True, highlight=False)
-_out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@cache
+def _consoles() -> tuple[Console, Console]:
+    """(stderr, stdout): rich is imported when `simulate` runs, not by every command (issue 19)."""
+    from rich.console import Console
+
+    return (
+        Console(stderr=True, highlight=False),
+        Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200),
+    )
 
 
 def simulate(
@@ -59,7 +69,7 @@ def simulate(
         seed=seed,
         strict=strict,
     )
-    bar = _Bar(enabled=not quiet and _err.is_terminal)
+    bar = _Bar(enabled=not quiet and _consoles()[0].is_terminal)
     try:
         with bar:
             outcome = run_simulation(opts, on_phase=bar.phase, on_progress=bar.update, workers=workers)
@@ -85,7 +95,7 @@ class _Bar:
             MofNCompleteColumn(),
             TextColumn("jobs  day {task.fields[day]:>6.1f}"),
             TimeElapsedColumn(),
-            console=_err,
+            console=_consoles()[0],
             transient=False,
         )
         self.tasks: dict[str, Any] = {}  # policy -> rich TaskID
@@ -117,6 +127,9 @@ def _hours(s: Any) -> str:
 
 
 def _summary(metrics: dict[str, Any], perf: dict[str, Any], files: list[str]) -> None:
+    from rich.table import Table
+
+    _out = _consoles()[1]
     tr = metrics["inputs"]["trace"]
     _out.print(
         f"{tr['jobs_read']:,} jobs read from {tr['rows']:,} rows"

@@ -10,10 +10,11 @@ import time
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from gpucluster.cli.common import JsonOpt, UrlOpt, call, client, fail, out, print_json
-from gpucluster.models import UsageRowOut
+from gpucluster.cli.common import JsonOpt, UrlOpt, call, fail, out, print_json
+from gpucluster.cli.common import head as _head
+from gpucluster.cli.console import Table
+from gpucluster.cli.transport import View
 
 GROUPS = ("team", "user", "job", "gpu-model")
 CSV_COLUMNS = (
@@ -72,16 +73,17 @@ def usage(
         fail(f"--by {by!r}: choose one of {', '.join(GROUPS)}")
     if as_json and as_csv:
         fail("--json and --csv: choose one")
-    with client(url) as c:
-        report = call(c.usage, by=by, since=since, until=until)
+    params = {"by": by, "since": since, **({"until": until} if until is not None else {})}
+    with _head(url) as h:  # the head's JSON as plain dicts, without the SDK's models (issue 19)
+        report = call(h.json, "GET", "/v1/usage", params)
     if as_json:
-        print_json(report.model_dump(mode="json"))
+        print_json(report)
         return
     if as_csv:
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(CSV_COLUMNS)
         for r in [*report.rows, report.total]:
-            d = r.model_dump()
+            d = r
             w.writerow(["" if d[k] is None else d[k] for k in CSV_COLUMNS])
         return
     start = report.since
@@ -96,11 +98,11 @@ def usage(
     out.print(table)
 
 
-def _extra(r: UsageRowOut, by: str) -> list[str]:
+def _extra(r: View, by: str) -> list[str]:
     return [r.name or "-", r.team or "-"] if by == "job" else []
 
 
-def _cells(r: UsageRowOut) -> list[str]:
+def _cells(r: View) -> list[str]:
     return [
         _num(r.gpu_hours),
         _num(r.cost),
@@ -114,10 +116,10 @@ def _cells(r: UsageRowOut) -> list[str]:
 
 def budgets(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     """Your teams' budgets in their current period: limits, spent, and whether new jobs are held."""
-    with client(url) as c:
-        listing = call(c.budgets)
+    with _head(url) as h:
+        listing = call(h.json, "GET", "/v1/budgets").budgets
     if as_json:
-        print_json([b.model_dump(mode="json") for b in listing])
+        print_json(listing)
         return
     if not listing:
         out.print("no budgets (set them under budgets: in the policy file)", markup=False)

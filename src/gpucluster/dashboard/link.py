@@ -10,7 +10,7 @@ from typing import IO
 from urllib.parse import quote
 
 from gpucluster import userconfig
-from gpucluster.client import resolve_token
+from gpucluster.clientbase import resolve_token
 
 
 def dashboard_url(head_url: str, token: str | None = None) -> str:
