@@ -480,7 +480,7 @@ class MetricSeries(Model):
     name: str
     steps: list[int | None]
     at: list[float]
-    values: list[float]
+    reported: list[float]  # the values, in report order (not `values`: the CLI reads wire objects as dicts)
 
 
 class Job(Model):

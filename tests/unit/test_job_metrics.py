@@ -19,8 +19,8 @@ def test_metrics_are_stored_per_attempt_shown_and_exported(world: World) -> None
     world.app.post(f"/v1/jobs/{job}/progress", json={"step": 20, "metrics": {"loss": 0.25}}, headers=world.as_("job"))
     got = world.app.get(f"/v1/jobs/{job}", headers=world.as_("dave")).json()  # a teammate sees them
     series = {(m["attempt"], m["name"]): m for m in got["metrics"]}
-    assert series[(1, "loss")]["values"] == [0.5, 0.25] and series[(1, "loss")]["steps"] == [10, 20]
-    assert series[(1, "tokens_per_s")]["values"] == [1000.0]
+    assert series[(1, "loss")]["reported"] == [0.5, 0.25] and series[(1, "loss")]["steps"] == [10, 20]
+    assert series[(1, "tokens_per_s")]["reported"] == [1000.0]
     scraped = world.app.get("/metrics", headers=world.as_("root")).text
     assert f'gpucluster_job_metric{{job="{job}",name="loss",team="vision"}} 0.25' in scraped
     assert "gpucluster_job_metric{" not in world.app.get("/metrics").text  # teams' own, like their spend

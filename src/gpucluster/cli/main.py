@@ -600,7 +600,7 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         lines.append("  metrics:    (newest value of each, per attempt; gpucluster.train.report)")
         for attempt in sorted({m.attempt for m in job.metrics}):
             newest = [
-                f"{m.name} {m.values[-1]:.4g}" + (f" at step {m.steps[-1]}" if m.steps[-1] is not None else "")
+                f"{m.name} {m.reported[-1]:.4g}" + (f" at step {m.steps[-1]}" if m.steps[-1] is not None else "")
                 for m in job.metrics
                 if m.attempt == attempt
             ]

@@ -391,10 +391,10 @@ def metric_series(rows: Iterable[tuple[int, str, int | None, float, float]]) -> 
     """Stored metric values -> one series per attempt and name, in attempt then name order."""
     series: dict[tuple[int, str], MetricSeries] = {}
     for attempt, name, step, at, value in rows:
-        s = series.setdefault((attempt, name), MetricSeries(attempt=attempt, name=name, steps=[], at=[], values=[]))
+        s = series.setdefault((attempt, name), MetricSeries(attempt=attempt, name=name, steps=[], at=[], reported=[]))
         s.steps.append(step)
         s.at.append(at)
-        s.values.append(value)
+        s.reported.append(value)
     return [series[k] for k in sorted(series)]
 
 

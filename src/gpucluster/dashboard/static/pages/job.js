@@ -90,7 +90,7 @@ function metricsSection(job) {
         lineChart(
           metrics.filter((m) => m.name === name).map((m) => ({
             name: `attempt ${m.attempt}`,
-            points: m.at.map((t, i) => [t, m.values[i]]),
+            points: m.at.map((t, i) => [t, m.reported[i]]),
           })),
           { format: (v) => fmtNumber(v, 3), testid: `metric-chart-${name}` },
         ),
@@ -101,8 +101,8 @@ function metricsSection(job) {
 
 function lastValue(metrics, name) {
   const last = metrics.filter((m) => m.name === name).at(-1);
-  const i = last.values.length - 1;
-  return `${fmtNumber(last.values[i], 4)}${last.steps[i] !== null ? ` at step ${last.steps[i]}` : ""}`;
+  const i = last.reported.length - 1;
+  return `${fmtNumber(last.reported[i], 4)}${last.steps[i] !== null ? ` at step ${last.steps[i]}` : ""}`;
 }
 
 function rankCount(job) {
