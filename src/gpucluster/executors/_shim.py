@@ -59,8 +59,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 CANNOT_START = 127
 
 
-def _write_atomic(path: str, data: dict) -> None:  # type: ignore[type-arg]
-    tmp = f"{path}.tmp"
+def write_json_atomic(path: "str | os.PathLike[str]", data: dict) -> None:  # type: ignore[type-arg]
+    """Write, fsync, rename: a record is whole or absent, and only its owner may read it (0600).
+    Also the executors' one writer of their records (local.py, ray.py)."""
+    tmp = f"{os.fspath(path)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)
@@ -310,7 +312,7 @@ class _Keeper:
         self.child = child
         if self.spec.get("die_with_parent"):
             threading.Thread(target=self.watch_parent, daemon=True).start()
-        _write_atomic(
+        write_json_atomic(
             os.path.join(self.run_dir, "shim.json"),
             {"pid": pid, "pgid": os.getpgid(0), "start_ticks": _start_ticks(pid), "job_pgid": child}
             | ({"cgroup": self.cgroup.to_json()} if self.cgroup is not None else {}),
@@ -370,7 +372,7 @@ class _Keeper:
         comes back later still learns how the job ended."""
         while True:
             try:
-                _write_atomic(os.path.join(self.run_dir, EXIT), record)
+                write_json_atomic(os.path.join(self.run_dir, EXIT), record)
                 return
             except OSError:
                 if os.getppid() == self.parent != 1:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster.executors import cgroups
-from gpucluster.executors._shim import EXIT, KILL_REQUEST, SPEC
+from gpucluster.executors._shim import EXIT, KILL_REQUEST, SPEC, write_json_atomic
 from gpucluster.executors.base import (
     Exited,
     Handle,
@@ -76,15 +76,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return dict(json.loads(path.read_text()))
     except (FileNotFoundError, ValueError):
         return None
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def marked_pids(marker: str) -> list[int]:
@@ -158,7 +149,7 @@ def write_shim_spec(
         "cgroup": cgroup or {},
         "die_with_parent": die_with_parent,
     }
-    _write_json(run_dir / SPEC, spec)
+    write_json_atomic(run_dir / SPEC, spec)
 
 
 def shim_argv(run_dir: Path) -> list[str]:
@@ -258,7 +249,7 @@ class LocalExecutor:
         spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Durable before the first process exists: a head that dies halfway through this loop
         # leaves a manifest that says how many ranks `recover` should find.
-        _write_json(spec.run_dir / MANIFEST, {"ranks": len(spec.processes), "marker": spec.marker})
+        write_json_atomic(spec.run_dir / MANIFEST, {"ranks": len(spec.processes), "marker": spec.marker})
         handle: Handle = {"ranks": [], "expected": len(spec.processes), "run_dir": str(spec.run_dir)}
         if spec.marker:
             handle["marker"] = spec.marker

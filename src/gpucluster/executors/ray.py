@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import signal as signals
 import threading
 import time
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from gpucluster.executors._shim import write_json_atomic
 from gpucluster.executors.base import (
     Handle,
     LaunchError,
@@ -149,7 +149,7 @@ class RayExecutor:
                 Path(f"{p.log_path}.lock").touch()
         public = [{k: v for k, v in e.items() if k != "actor"} for e in entries]
         manifest = {"multi": multi, "expected": len(procs), "marker": spec.marker, "nodes": public}
-        _write_json(spec.run_dir / MANIFEST, manifest)  # before any process exists: `recover` reads it
+        write_json_atomic(spec.run_dir / MANIFEST, manifest)  # before any process exists: `recover` reads it
         cap = self.max_log_bytes
         refs = [e["actor"].launch.remote(local, cap) for e, local in zip(entries, local_specs, strict=True)]
         handles: list[Handle | None] = []
@@ -355,15 +355,6 @@ def _cause(e: BaseException) -> str:
     if isinstance(cause, BaseException):
         return str(cause)
     return str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 __all__ = ["RayExecutor"]
