@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import select
 import signal as _signal
 import time
@@ -323,22 +324,44 @@ def _enable_v2_memory(base: str, leaf_parent: str) -> None:
             return  # then memory.current is missing and usage() says None: detect() already reported it
 
 
+# A job's cgroup is named after its job, attempt and rank (the executor makes it, telemetry reads
+# it back from /proc/PID/cgroup to attribute GPU processes): the one place that name is spelled.
+_JOB_NAME = re.compile(r"/gpucluster/[^/]+/job-(\d+)-attempt-\d+(?:-rank-\d+)?(?:/|$)")
+
+
+def job_name(job_id: int, attempt: int, rank: int | None = None) -> str:
+    """The cgroup name of one process of a job's attempt (`rank` for a multi-process attempt)."""
+    return f"job-{job_id}-attempt-{attempt}" + ("" if rank is None else f"-rank-{rank}")
+
+
+def job_in(cgroup_path: str) -> int | None:
+    """The job id in a cgroup path one of our job cgroups holds (a /proc/PID/cgroup line's path), if any."""
+    found = _JOB_NAME.search(cgroup_path)
+    return int(found.group(1)) if found else None
+
+
+def job_paths(support: CgroupSupport, instance: str, name: str) -> dict[str, str]:
+    """Where the job cgroup `name` of this head is (or would be), per hierarchy."""
+    _valid_name(name, "job")
+    return {key: os.path.join(parent, name) for key, parent in support.parent_paths(instance).items()}
+
+
 def create(support: CgroupSupport, instance: str, name: str) -> JobCgroup:
     """Make the job cgroup `name` under the head's parent gpucluster/<instance>, in every hierarchy used.
 
     Raises ValueError for a bad name, FileExistsError if that job cgroup is already there (a
     leftover to kill and remove first: reusing it would mix two jobs), CgroupError if unusable.
     """
-    _valid_name(name, "job")
+    wanted = job_paths(support, instance, name)
     if not support.usable:
         raise CgroupError(errno.ENOTSUP, f"cgroups unavailable: {support.reason}")
     paths: dict[str, str] = {}
     try:
-        for key, parent in support.parent_paths(instance).items():
+        for key, path in wanted.items():
+            parent = os.path.dirname(path)
             _make_dir(parent)
             if key == V2 and support.memory == V2:
                 _enable_v2_memory(support.bases[V2], parent)
-            path = os.path.join(parent, name)
             os.mkdir(path)
             paths[key] = path
     except BaseException:

@@ -186,7 +186,10 @@ class LocalExecutor:
         if spec.processes:
             return self._launch_ranks(spec)
         return self._launch_one(
-            ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path), spec.workdir, spec.user, _leaf(spec)
+            ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path),
+            spec.workdir,
+            spec.user,
+            cgroups.job_name(spec.job_id, spec.attempt),
         )
 
     def _launch_one(self, p: ProcessSpec, workdir: str, user: str | None, leaf: str) -> Handle:
@@ -235,15 +238,11 @@ class LocalExecutor:
             return cgroups.create(self.cgroup_support, self.instance, leaf)
         except FileExistsError:
             # Left by a head that died while launching this very attempt: nothing of it may run on.
-            stale = cgroups.JobCgroup.from_json(self._paths(leaf))
+            stale = cgroups.JobCgroup(cgroups.job_paths(self.cgroup_support, self.instance, leaf))
             stale.kill()
             with contextlib.suppress(OSError):
                 stale.remove()
             return cgroups.create(self.cgroup_support, self.instance, leaf)
-
-    def _paths(self, leaf: str) -> dict[str, str]:
-        assert self.cgroup_support is not None
-        return {k: os.path.join(v, leaf) for k, v in self.cgroup_support.parent_paths(self.instance).items()}
 
     def _launch_ranks(self, spec: LaunchSpec) -> Handle:
         spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -255,7 +254,7 @@ class LocalExecutor:
             handle["marker"] = spec.marker
         try:
             for rank, p in enumerate(spec.processes):
-                leaf = f"{_leaf(spec)}-rank-{rank}"
+                leaf = cgroups.job_name(spec.job_id, spec.attempt, rank)
                 handle["ranks"].append({"rank": rank, **self._launch_one(p, spec.workdir, spec.user, leaf)})
         except OSError as e:
             self.signal(handle, signal.SIGKILL)
@@ -363,8 +362,3 @@ class LocalExecutor:
         for pid in marked_pids(str(marker)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _leaf(spec: LaunchSpec) -> str:
-    """The name of an attempt's cgroup (one per process: `-rank-R` is added)."""
-    return f"job-{spec.job_id}-attempt-{spec.attempt}"

@@ -15,12 +15,12 @@ its jobs (a container) cannot attribute them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpucluster.executors.cgroups import job_in
+
 MAX_DEPTH = 32
-_JOB_CGROUP = re.compile(r"/gpucluster/[^/]+/job-(\d+)-attempt-\d+(?:-rank-\d+)?(?:/|$)")
 
 
 def job_groups(running: Iterable[tuple[int, Mapping[str, Any] | None]]) -> dict[int, int]:
@@ -71,9 +71,9 @@ class PidResolver:
         except OSError:
             return None
         for line in lines:
-            found = _JOB_CGROUP.search(line.split(":", 2)[-1])
-            if found:
-                return int(found.group(1))
+            job = job_in(line.split(":", 2)[-1])
+            if job is not None:
+                return job
         return None
 
     def job_of(self, pid: int, groups: Mapping[int, int]) -> int | None:
