@@ -246,17 +246,28 @@ class CheckpointManager:
         """
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
+        tmp, final = self._sharded_target(step)
+        _dcp_save(state_dict, FileSystemWriter(str(tmp)))
+        saved_at = time.time()
+        self._publish(tmp, final)
+        return replace(_parse(final) or CheckpointInfo(step, final, True), saved_at=saved_at)
+
+    def _sharded_target(self, step: int) -> tuple[Path, Path]:
+        """Collective: after the save in flight, the (temporary, final) directory of a sharded
+        save of `step`, the temporary one made empty; every rank writes into the directory rank 0
+        named (its write sequence is rank 0's count)."""
         self.wait_async()
-        # Every rank writes into the directory rank 0 named (its write sequence is rank 0's count).
         final = Path(_broadcast_from_rank0(str(self.path_for(step, sharded=True)) if _rank() == 0 else None) or "")
         tmp = self.directory / f"{TMP_PREFIX}{final.name}"
         if _rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier()
-        _dcp_save(state_dict, FileSystemWriter(str(tmp)))
+        return tmp, final
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        """Collective: once every rank's shard is in `tmp`, rank 0 renames it to `final` and rotates."""
         _barrier()
-        saved_at = time.time()
         if _rank() == 0:
             if final.exists():  # this step was saved already (e.g. preempted right after resuming)
                 shutil.rmtree(tmp)
@@ -264,7 +275,6 @@ class CheckpointManager:
                 atomic_rename_dir(tmp, final)
             self._rotate()
         _barrier()
-        return replace(_parse(final) or CheckpointInfo(step, final, True), saved_at=saved_at)
 
     def save_sharded_async(self, state_dict: dict[str, Any], step: int) -> CheckpointInfo:
         """Like `save_sharded`, but training goes on while the shards are written: the state is
@@ -281,13 +291,7 @@ class CheckpointManager:
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
         from torch.distributed.checkpoint.state_dict_saver import async_save
 
-        self.wait_async()
-        final = Path(_broadcast_from_rank0(str(self.path_for(step, sharded=True)) if _rank() == 0 else None) or "")
-        tmp = self.directory / f"{TMP_PREFIX}{final.name}"
-        if _rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        _barrier()
+        tmp, final = self._sharded_target(step)
         no_dist = not (dist.is_available() and dist.is_initialized())
         future = async_save(
             state_dict,
@@ -307,11 +311,7 @@ class CheckpointManager:
         future, tmp, final = pending
         # A Future, or (newer torch, with a stager) a response whose upload completes later.
         (future.result if hasattr(future, "result") else future.upload_completion.result)()
-        _barrier()  # every rank's shard is written before rank 0 publishes them
-        if _rank() == 0:
-            atomic_rename_dir(tmp, final)
-            self._rotate()
-        _barrier()
+        self._publish(tmp, final)
         return replace(_parse(final) or CheckpointInfo(0, final, True), saved_at=time.time())
 
     def _async_group(self) -> Any:
