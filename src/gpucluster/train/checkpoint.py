@@ -51,6 +51,7 @@ import torch.distributed as dist
 
 from gpucluster.train import env as train_env
 from gpucluster.train.atomic import TMP_PREFIX, atomic_rename_dir, atomic_write, fsync_dir
+from gpucluster.train.distributed import async_checkpoint_group
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,6 @@ class CheckpointManager:
         self.directory = Path(directory) if directory is not None else train_env.checkpoint_dir()
         self.keep = keep
         self._pending_async: tuple[Any, Path, Path] | None = None  # an async save in flight
-        self._group: Any = None  # the gloo group of async saves, made on first use
         if _rank() == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._remove_leftovers()
@@ -296,7 +296,7 @@ class CheckpointManager:
         future = async_save(
             state_dict,
             storage_writer=FileSystemWriter(str(tmp)),
-            process_group=None if no_dist else self._async_group(),
+            process_group=None if no_dist else async_checkpoint_group(),
             no_dist=no_dist,
         )
         self._pending_async = (future, tmp, final)
@@ -313,11 +313,6 @@ class CheckpointManager:
         (future.result if hasattr(future, "result") else future.upload_completion.result)()
         self._publish(tmp, final)
         return replace(_parse(final) or CheckpointInfo(0, final, True), saved_at=time.time())
-
-    def _async_group(self) -> Any:
-        if self._group is None:
-            self._group = dist.new_group(backend="gloo")  # collective: every rank's first async save
-        return self._group
 
     def load_sharded_latest(self, state_dict: dict[str, Any]) -> CheckpointInfo | None:
         """Load the newest sharded checkpoint into `state_dict` in place (collective)."""

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -157,10 +158,29 @@ def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timede
     )
 
 
+# The gloo group async checkpoint writes use (CheckpointManager.save_sharded_async): one per
+# process, made on first use, destroyed by `teardown` before the default group. Why here: a group
+# whose last reference dies only when the interpreter exits is destroyed with its threads still
+# running, and the process aborts ("terminate called without an active exception", exit -6).
+_async_checkpoint_group: Any = None
+
+
+def async_checkpoint_group() -> Any:
+    """The process's gloo group for background checkpoint writes (collective on first use)."""
+    global _async_checkpoint_group
+    if _async_checkpoint_group is None:
+        _async_checkpoint_group = dist.new_group(backend="gloo")
+    return _async_checkpoint_group
+
+
 def teardown() -> None:
-    """Leave the process group (a no-op when there is none)."""
+    """Leave the process group (a no-op when there is none), the async checkpoint group first."""
+    global _async_checkpoint_group
     if dist.is_available() and dist.is_initialized():
+        if _async_checkpoint_group is not None:
+            dist.destroy_process_group(_async_checkpoint_group)
         dist.destroy_process_group()
+    _async_checkpoint_group = None
 
 
 def _record_uncaught_exceptions() -> None:
