@@ -61,7 +61,7 @@ class AttemptRun:
     job: int
     attempt: int
     pid: int
-    start: float
+    start: float | None  # None: stopped while its start line was made (no time on it)
     gpus: str
     end: float | None = None  # when it wrote "end" or "term"; None: killed without a word
     code: int | None = None  # the exit code it wrote with "end"
@@ -86,9 +86,15 @@ def read_events(path: Path) -> Events:
         if w[0] == "overlap":
             out.overlaps.append(line)
         elif w[0] == "start":
+            # A stop that lands while the line is being made kills its `$(date)`: "start J A PID
+            # GPUS" without the time. Such a run was stopped as it began: it is ordered by the
+            # time of its stop (its "term" line) where there is one; the flocks still catch any
+            # overlap it had.
             key = (int(w[1]), int(w[2]))
+            timed = len(w) > 4 and _is_time(w[4])
+            gpus = w[5] if timed and len(w) > 5 else (w[4] if not timed and len(w) > 4 else "")
             out.runs.setdefault(key, []).append(
-                AttemptRun(int(w[1]), int(w[2]), int(w[3]), float(w[4]), w[5] if len(w) > 5 else "")
+                AttemptRun(int(w[1]), int(w[2]), int(w[3]), float(w[4]) if timed else None, gpus)
             )
         elif w[0] == "sig":
             out.signalled.add((int(w[1]), int(w[2])))
@@ -104,6 +110,15 @@ def read_events(path: Path) -> Events:
     return out
 
 
+def _is_time(word: str) -> bool:
+    """Whether a word of an event line is `date +%s.%N`'s output (GPU lists are "0,3,4")."""
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return "." in word
+
+
 def double_runs(ev: Events) -> list[str]:
     """Jobs that ran twice at once: an attempt started twice, or an attempt that started before
     the previous one of the same job had ended (where that end is known; the flocks catch the rest)."""
@@ -114,11 +129,13 @@ def double_runs(ev: Events) -> list[str]:
             problems.append(f"job {job} attempt {attempt} started {len(runs)} times (pids {[r.pid for r in runs]})")
         by_job.setdefault(job, []).extend(runs)
     for job, runs in by_job.items():
-        runs.sort(key=lambda r: r.start)
-        for prev, nxt in itertools.pairwise(runs):
-            if prev.end is not None and nxt.start < prev.end:
+        known = [(r.start if r.start is not None else r.end, r) for r in runs]
+        ordered = [r for k, r in sorted(((k, r) for k, r in known if k is not None), key=lambda kr: kr[0])]
+        for prev, nxt in itertools.pairwise(ordered):
+            began = nxt.start if nxt.start is not None else nxt.end
+            if prev.end is not None and began is not None and began < prev.end:
                 problems.append(
-                    f"job {job}: attempt {nxt.attempt} started at {nxt.start:.3f}, before attempt "
+                    f"job {job}: attempt {nxt.attempt} started at {began:.3f}, before attempt "
                     f"{prev.attempt} ended at {prev.end:.3f}"
                 )
     return problems

@@ -397,7 +397,10 @@ def test_postgresql_restart_mid_work_and_a_second_head_never_double_book(
             wave(4, (0.3, 1.0))
             jobs = wait_for(lambda: _all_ended(c, ids), 90, 0.2, "every job to end")
             for j in jobs:
-                assert (j.state.value, j.attempt) == ("succeeded", 1), f"job {j.id}: {j.state.value} {j.reason}"
+                assert (j.state.value, j.attempt) == ("succeeded", 1), (
+                    f"job {j.id}: {j.state.value} {j.reason}; attempts: {[a.reason for a in j.attempts]}; "
+                    f"head log: {first.log_path.read_text()[-3000:]}"
+                )
         log = first.log_path.read_text()
         assert "Traceback" not in log, log[-3000:]
         assert "database unavailable" in log and "database available again" in log, log[-3000:]

@@ -140,6 +140,9 @@ def test_kill_9_of_the_head_loses_nothing_and_runs_nothing_twice(head_factory, t
         queued = c.submit([PY, "-c", f"{count} print('queued ran')"], gpus=8).id
         running(head, long)
         running(head, quick_fail)
+    # `running` is committed before the launch: wait until both commands have begun (each marks
+    # it), or the kill can land between the commit and the launch and nothing exits meanwhile.
+    wait_for(lambda: marker.exists() and marker.read_text() == "xx", what="both jobs' commands to start")
     head.kill9()
     go.touch()  # quick_fail exits while no head is watching
     wait_for(exited.exists, what="the failing job to exit while the head is down")

@@ -21,6 +21,7 @@ the slowest legitimate wait, such as rank 0 writing a large checkpoint while the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import json
@@ -138,7 +139,19 @@ def setup(
         world_size=world_size,
         timeout=collective,
     )
+    atexit.unregister(_teardown_at_exit)  # once, however often setup() runs
+    atexit.register(_teardown_at_exit)
     return DistContext(rank, local_rank, world_size, local_world_size, chosen, device, prefix)
+
+
+def _teardown_at_exit() -> None:
+    """`teardown` for a script that ends without calling it, most often on an uncaught exception
+    (a CheckpointError from load_latest): groups left to the interpreter's own shutdown are
+    destroyed with their gloo threads running, and the process aborts (SIGABRT, "terminate called
+    without an active exception"), hiding the script's exit code 1 and its error behind a
+    signal. Registered after init_process_group, so it runs before torch's own exit handlers."""
+    with contextlib.suppress(Exception):
+        teardown()
 
 
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> TCPStore:
