@@ -48,7 +48,7 @@ from gpucluster.core.restarts import RESTART_BACKOFF_S, restart_backoff
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Node, Wait
+from gpucluster.core.types import Allocation, Node, Wait
 from gpucluster.durations import format_duration
 from gpucluster.executors.base import (
     Executor,
@@ -575,31 +575,31 @@ class Head:
             if r.job_id in started:
                 self.stats.started(r.team, r.priority.label, now - (r.queued_at or r.submitted_at))
 
-    def _start(self, job_id: int, allocation: object, now: float) -> None:
+    def _start(self, job_id: int, allocation: Allocation, now: float) -> None:
         job = self.store.get_job(job_id)
         if job is None or job.state is not JobState.QUEUED:
             return
-        attempt = job.attempt + 1
+        started: dict[str, Any] = {
+            "allocation": allocation,
+            "attempt": job.attempt + 1,
+            "started_at": now,
+            "launch": None,
+            "stop_reason": None,
+            "stop_requested_at": None,
+            "stop_message": None,
+            "term_sent": False,
+            "kill_sent": False,
+            "not_before": None,
+        }
         ok = self.store.transition(
-            job_id,
-            JobState.RUNNING,
-            now,
-            f"started on {_describe(allocation)}",
-            expect=[JobState.QUEUED],
-            allocation=allocation,
-            attempt=attempt,
-            started_at=now,
-            launch=None,
-            stop_reason=None,
-            stop_requested_at=None,
-            stop_message=None,
-            term_sent=False,
-            kill_sent=False,
-            not_before=None,
+            job_id, JobState.RUNNING, now, f"started on {_describe(allocation)}", expect=[JobState.QUEUED], **started
         )
         if not ok:
             return  # cancelled between snapshot and start
-        job = self._reload(job)
+        # The record as committed, made here rather than read back: a database that goes away
+        # right after the commit must not stop the launch, or the committed attempt would wait
+        # out LAUNCH_GRACE_S and be requeued as a second attempt of a job that never ran.
+        job = replace(job, state=JobState.RUNNING, **started)
         try:
             handle = self.executor.launch(self._launch_spec(job))
         except (LaunchError, OSError) as e:
