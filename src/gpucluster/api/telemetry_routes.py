@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials
 
-from gpucluster.api.errors import MAX_ID
+from gpucluster.api.errors import JOB_QUERY_KEY, MAX_ID
 from gpucluster.auth.identity import Identity
 from gpucluster.auth.rules import Caller, Rule, allow, bearer
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
@@ -66,7 +66,7 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, *, public_team_u
         service.head.nodes_changed()
         return node_out(name)
 
-    @router.get("/v1/telemetry/samples", openapi_extra=allow(Rule.SIGNED_IN))
+    @router.get("/v1/telemetry/samples", openapi_extra={**allow(Rule.SIGNED_IN), JOB_QUERY_KEY: True})
     def samples(
         node: Annotated[str | None, Query(max_length=255)] = None,
         gpu: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
