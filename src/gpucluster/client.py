@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
+from datetime import date
 from typing import Any
 from urllib.parse import quote
 
@@ -20,6 +22,7 @@ from gpucluster.clientbase import (
     resolve_url,
     unreachable,
 )
+from gpucluster.durations import begin_time
 from gpucluster.launch.env import exported_env
 from gpucluster.models import (
     BudgetList,
@@ -82,7 +85,8 @@ class Client(AdminCalls):
     def submit(
         self, command: list[str] | JobSpec | None = None, *, export: str | Sequence[str] = "ALL", **fields: Any
     ) -> Job:
-        """Submit a job: a JobSpec, or a command list plus JobSpec fields (gpus=2, team=...).
+        """Submit a job: a JobSpec, or a command list plus JobSpec fields (gpus=2, team=...);
+        `begin` may be a Unix time, a datetime or what `--begin` reads ("22:00", "now+2h").
 
         `export` is sbatch's --export: the job runs with this process's environment ("ALL", the
         default, less what the cluster or the node sets: launch/env.py), only the variables named,
@@ -94,6 +98,8 @@ class Client(AdminCalls):
                 body.pop("team", None)  # the head picks the caller's default team
         else:
             body = {"command": command, **fields} if command is not None else dict(fields)
+        if isinstance(body.get("begin"), str | date):  # "22:00", "now+2h", a datetime: resolved here
+            body["begin"] = begin_time(body["begin"], time.time())
         if body.get("exported_env") is None:
             body.pop("exported_env", None)
             exported = exported_env(os.environ, export)

@@ -198,6 +198,13 @@ class JobSpec(StorableText):
     max_restarts: int = Field(
         0, ge=0, le=MAX_RESTARTS, description="after a failure, restart the job up to this many times, with backoff"
     )
+    begin: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="do not start before this Unix time (sbatch --begin); the CLI and job files also read "
+        "22:00, now+2h or 2026-11-26T08:00 in the submitter's zone",
+    )
     max_cost: float | None = Field(
         None,
         gt=0,

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -28,7 +29,7 @@ from gpucluster.cli.common import ts as _ts
 from gpucluster.cli.console import Table, escape
 from gpucluster.cli.transport import Head, View, job_path
 from gpucluster.clientbase import DEFAULT_QUEUE_PAGE, ApiError, ClusterUnreachable
-from gpucluster.durations import format_duration
+from gpucluster.durations import begin_time, format_duration
 from gpucluster.jobfile import JobFileError, read_job_file
 from gpucluster.labels import gpu_types, gpus_label
 from gpucluster.launch.env import exported_env
@@ -390,6 +391,10 @@ def submit(
     team: Annotated[str | None, typer.Option(help="the team the job is accounted to")] = None,
     priority: Annotated[str | None, typer.Option(help="low, normal, high or critical (above normal: a grant)")] = None,
     time_limit: Annotated[str | None, typer.Option("--time-limit", help="e.g. 30m, 2h, 1d")] = None,
+    begin: Annotated[
+        str | None,
+        typer.Option("--begin", help="do not start before: 22:00, now+2h, +30m or 2026-11-26T08:00 (your zone)"),
+    ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="K=V, repeatable")] = None,
     export: Annotated[
         str,
@@ -442,6 +447,7 @@ def submit(
         "team": team,
         "priority": priority,
         "time_limit": time_limit,
+        "begin": begin,
         "launcher": launcher,
         "max_restarts": max_restarts,
         "max_cost": max_cost,
@@ -461,6 +467,11 @@ def submit(
         fields["env"] = merged
     if "command" not in fields:
         fail("no command given; put it after --, e.g. gpucluster submit --gpus 1 -- python train.py")
+    if isinstance(fields.get("begin"), str | date):  # the option, or a job file's `begin: 22:00`
+        try:
+            fields["begin"] = begin_time(fields["begin"], time.time())
+        except ValueError as e:
+            fail(f"--begin: {e}")
     try:
         exported = exported_env(os.environ, export)  # sbatch --export=ALL: PATH, a venv, PYTHONPATH...
     except ValueError as e:
@@ -560,7 +571,8 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         f"  gpus:       {_gpus_label(s)}{' x ' + ' or '.join(gpu_types(s.gpu_type)) if s.gpu_type else ''}"
         f"   ({_mode(job)})",
         f"  team:       {s.team}   priority: {s.priority}",
-        f"  time limit: {format_duration(float(s.time_limit)) if s.time_limit else 'none'}",
+        f"  time limit: {format_duration(float(s.time_limit)) if s.time_limit else 'none'}"
+        + (f"   begin: {_ts(s.begin)}" if s.begin else ""),
         f"  workdir:    {s.workdir or '-'}",
         f"  allocation: {_gpus(job)}",
         f"  attempt:    {job.attempt}{restarts}",

@@ -98,8 +98,10 @@ class JobRequest:
     # Elastic: the job may start on as few as `min_gpus` whole GPUs when `gpus` are not free;
     # the scheduler starts it at the largest size that fits now.
     min_gpus: int | None = None
-    # Not to be considered before this time (a restart waiting out its backoff).
+    # Not to be considered before this time (a restart waiting out its backoff, or `begin`).
     not_before: float | None = None
+    # The submitter's begin time (sbatch --begin): a `not_before` up to it is that, not a backoff.
+    begin: float | None = None
 
     @property
     def fractional(self) -> bool:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from gpucluster.core.placement import Capacity
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation
+from gpucluster.durations import MAX_BEGIN_AHEAD_S
 from gpucluster.head.inventory import with_presence
 from gpucluster.head.loop import Head
 from gpucluster.head.submit_batcher import SubmitBatcher
@@ -99,6 +100,10 @@ class ClusterService:
     def _check_fits(self, spec: JobSpec) -> None:
         """Refuse at submit what could never run, with the core's own filters on an empty cluster."""
         policy = self.head.policy
+        if spec.begin is not None and spec.begin > self.head.clock() + MAX_BEGIN_AHEAD_S:
+            raise Rejected(
+                "begin", f"is more than {MAX_BEGIN_AHEAD_S // 86400} days ahead; give a begin time within a year"
+            )
         if not policy.allow_unknown_teams and spec.team not in policy.teams:
             raise Rejected("team", f"unknown team {spec.team!r}; the policy lists: {', '.join(sorted(policy.teams))}")
         nodes = self.store.nodes()

@@ -301,6 +301,8 @@ def request_json(spec: JobSpec) -> str:
         d["n"] = spec.nodes
     if spec.min_gpus is not None:
         d["mn"] = spec.min_gpus
+    if spec.begin is not None:
+        d["b"] = spec.begin
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -329,6 +331,7 @@ def request_from(
         queued_at=queued_at,
         min_gpus=d.get("mn"),
         not_before=not_before,
+        begin=d.get("b"),
     )
 
 
@@ -639,6 +642,7 @@ class Store:
                 "spec": spec.model_dump_json(),
                 "submitted_at": now,
                 "queued_at": now,
+                "not_before": spec.begin if spec.begin is not None and spec.begin > now else None,
                 "reason": "submitted",
                 "attempt": 0,
                 "term_sent": False,
