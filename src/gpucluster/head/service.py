@@ -317,6 +317,7 @@ class ClusterService:
                 )
                 for c, g in sorted(p.priority_grants.items())
             },
+            mount_roots=list(p.mount_roots),
         )
 
     def nodes(self) -> list[NodeOut]:

@@ -1,0 +1,276 @@
+"""Jobs in containers (issue 22), through a real head and real Podman.
+
+No registry is reachable here, so the module builds its own image from local files: a static
+busybox and the host's library paths as mount points (`podman import` of a tarball, well under a
+second). Python and torch come in by --mount from the host (the policy's mount roots allow them),
+which keeps the image a few MB. Podman's config and image store are the module's own (a temp
+dir named by `gpucluster up --container-config`), so nothing of the machine's podman changes; its
+containers.conf is what a host that mixes cgroup v1 and v2 needs (README, Containers).
+
+Jobs run as root here (a head without Unix accounts), so podman runs rootful with --user 0:0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpucluster.client import ApiError, Client
+from gpucluster.models import Job
+
+from .headproc import HeadProcess, wait_for
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("podman") is None or shutil.which("busybox") is None or os.geteuid() != 0,
+    reason="needs podman, runc and busybox (scripts/test.sh installs them as root) and root (rootful podman "
+    "in a private store)",
+)
+
+IMAGE = "localhost/gpucluster-test:1"
+TIMEOUT_S = 60.0  # a container job starts in about half a second; the margin is for a busy CI
+PY = sys.executable
+# What Python and torch need from the host, mounted read-only into the image.
+PY_ROOTS = tuple(dict.fromkeys(os.path.realpath(p) for p in ("/usr", sys.prefix, sys.base_prefix)))
+
+
+def _rootfs_tar(path: Path) -> None:
+    """/bin/busybox and its applets, the merged-/usr links, and empty mount points."""
+    busybox = shutil.which("busybox")
+    assert busybox is not None
+    with tarfile.open(path, "w") as tar:
+
+        def add_dir(name: str) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+
+        def add_link(name: str, target: str) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+
+        for d in ("bin", "usr", "etc", "tmp", "proc", "sys", "dev", "root", "work"):
+            add_dir(d)
+        tar.add(busybox, "bin/busybox")
+        for applet in ("sh", "echo", "sleep", "cat", "id", "env", "test", "ls", "touch", "date", "true"):
+            add_link(f"bin/{applet}", "busybox")
+        add_link("lib", "usr/lib")
+        add_link("lib64", "usr/lib64")
+        info = tarfile.TarInfo("etc/in-image")
+        data = b"built by test_containers\n"
+        info.size = len(data)
+        import io
+
+        tar.addfile(info, io.BytesIO(data))
+
+
+class Podman:
+    """The module's own podman: its config, its store, and a way to ask it things."""
+
+    def __init__(self, root: Path) -> None:
+        self.config = root / "config"
+        self.config.mkdir()
+        (self.config / "containers.conf").write_text(
+            "[containers]\ndefault_ulimits = []\n"
+            f'[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\nevents_logger = "none"\n'
+            f'tmp_dir = "{root / "tmp"}"\n'
+        )
+        (self.config / "storage.conf").write_text(
+            f'[storage]\ndriver = "vfs"\ngraphroot = "{root / "graph"}"\nrunroot = "{root / "run"}"\n'
+        )
+        self.env = {
+            **os.environ,
+            "CONTAINERS_CONF": str(self.config / "containers.conf"),
+            "CONTAINERS_STORAGE_CONF": str(self.config / "storage.conf"),
+        }
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=120, check=False)
+
+    def containers(self) -> list[str]:
+        return self("ps", "-a", "--format", "{{.Names}}").stdout.split()
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
+    root = tmp_path_factory.mktemp("podman")
+    pm = Podman(root)
+    tar = root / "rootfs.tar"
+    _rootfs_tar(tar)
+    made = pm("import", str(tar), IMAGE)
+    if made.returncode != 0:
+        pytest.skip(f"podman cannot import an image here: {made.stderr.strip()}")
+    try:
+        yield pm
+    finally:
+        pm("rm", "--all", "--force", "--time", "0")  # whatever a failed test left running
+        with contextlib.suppress(OSError):
+            shutil.rmtree(root)
+
+
+@pytest.fixture
+def cluster(head_factory: type[HeadProcess], podman: Podman, tmp_path: Path) -> HeadProcess:
+    policy = tmp_path / "policy.yaml"
+    roots = [str(tmp_path / "allowed"), *PY_ROOTS]
+    policy.write_text("containers:\n  mount_roots: [" + ", ".join(roots) + "]\n")
+    (tmp_path / "allowed").mkdir()
+    return head_factory(
+        tmp_path / "data",
+        gpus=4,
+        extra_args=("--container-config", str(podman.config), "--policy", str(policy)),
+    ).start()
+
+
+def ended(c: Client, job_id: int, timeout: float = TIMEOUT_S) -> Job:
+    return wait_for(  # type: ignore[no-any-return]
+        lambda: (j := c.job(job_id)).state.terminal and j, timeout=timeout, what=f"job {job_id} to end"
+    )
+
+
+def log_shows(c: Client, job_id: int, text: str, **kw: object) -> str:
+    return wait_for(  # type: ignore[no-any-return]
+        lambda: text in (out := c.logs(job_id, **kw)) and out,  # type: ignore[arg-type]
+        timeout=TIMEOUT_S,
+        what=f"{text!r} in job {job_id}'s log",
+    )
+
+
+def sh(c: Client, script: str, workdir: Path, **fields: object) -> int:
+    return c.submit(["sh", "-c", script], gpus=1, workdir=str(workdir), image=IMAGE, **fields).id
+
+
+# ---- a container job is a job: log, exit code, environment, files ----------------------------
+
+
+def test_a_container_job_runs_in_its_image_with_a_bare_jobs_environment(cluster: HeadProcess, tmp_path: Path) -> None:
+    script = (
+        "cat /etc/in-image; id -u; echo gpus=$CUDA_VISIBLE_DEVICES job=$GPUCLUSTER_JOB_ID; pwd; "
+        'echo saved > "$GPUCLUSTER_CHECKPOINT_DIR/ck" && echo checkpoint-ok; echo out > made-inside; exit 3'
+    )
+    with cluster.client() as c:
+        job_id = sh(c, script, tmp_path, env={"SECRET_TOKEN": "s3cret"})
+        job = ended(c, job_id)
+        out = c.logs(job_id)
+    assert job.state.value == "failed" and job.exit_code == 3, (job.reason, out)
+    lines = out.splitlines()
+    assert "built by test_containers" in lines, out  # the image's file: it ran in the image
+    assert f"gpus=0 job={job_id}" in lines and str(tmp_path) in lines and "checkpoint-ok" in lines, out
+    assert (tmp_path / "made-inside").read_text() == "out\n"  # the workdir, at its own path
+    assert (cluster.data_dir / "jobs" / str(job_id) / "checkpoints" / "ck").read_text() == "saved\n"
+    # The job's variables reach the container by name only: no value on podman's command line.
+    spec = (cluster.data_dir / "run" / str(job_id) / "attempt-1" / "spec.json").read_text()
+    assert "--env=SECRET_TOKEN" in spec and spec.count("s3cret") == 1  # once: the job's env, not argv
+
+
+def test_cancel_sends_sigterm_to_the_process_inside_and_removes_the_container(
+    cluster: HeadProcess, podman: Podman, tmp_path: Path
+) -> None:
+    script = 'trap "echo got SIGTERM inside; exit 0" TERM; echo started; while true; do sleep 0.1; done'
+    with cluster.client() as c:
+        job_id = sh(c, script, tmp_path)
+        log_shows(c, job_id, "started")
+        assert any(f"job-{job_id}-attempt-1" in n for n in podman.containers())
+        c.cancel(job_id)
+        job = ended(c, job_id)
+        out = c.logs(job_id)
+    assert job.state.value == "cancelled", job.reason
+    assert out.count("got SIGTERM inside") == 1, out  # once: the trap's handler is not killed by a second
+    assert not any(f"job-{job_id}-" in n for n in podman.containers())
+
+
+def test_a_container_that_ignores_sigterm_is_killed_after_the_grace_period(
+    cluster: HeadProcess, podman: Podman, tmp_path: Path
+) -> None:
+    script = 'trap "echo ignoring SIGTERM" TERM; echo started; while true; do sleep 0.1; done'
+    with cluster.client() as c:
+        job_id = sh(c, script, tmp_path)
+        log_shows(c, job_id, "started")
+        c.cancel(job_id)
+        job = ended(c, job_id)
+        out = c.logs(job_id)
+    assert job.state.value == "cancelled" and "ignoring SIGTERM" in out, (job.reason, out)
+    wait_for(lambda: not any(f"job-{job_id}-" in n for n in podman.containers()), what="the container removed")
+
+
+def test_a_mount_outside_the_policys_roots_is_refused_and_one_inside_is_mounted(
+    cluster: HeadProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "allowed" / "data.txt").write_text("from the mount\n")
+    with cluster.client() as c:
+        with pytest.raises(ApiError) as refused:
+            sh(c, "true", tmp_path, mounts=["/etc:/host-etc:ro"])
+        assert refused.value.status == 422
+        assert "/etc is outside the directories this cluster lets jobs mount" in str(refused.value)
+        with pytest.raises(ApiError) as bad:
+            c.submit(["true"], gpus=1, image="Not A Valid//Ref")
+        assert bad.value.status == 422 and "not a valid reference" in str(bad.value)
+        job_id = sh(c, "cat /data/data.txt; touch /data/x", tmp_path, mounts=[f"{tmp_path / 'allowed'}:/data:ro"])
+        job = ended(c, job_id)
+        out = c.logs(job_id)
+    assert job.state.value == "failed" and "from the mount" in out and "Read-only file system" in out, out
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_job_with_the_reason_and_no_retry(
+    cluster: HeadProcess, tmp_path: Path
+) -> None:
+    with cluster.client() as c:
+        job_id = c.submit(["true"], gpus=1, workdir=str(tmp_path), image="localhost/no-such-image:1", max_restarts=3).id
+        job = ended(c, job_id)
+    assert job.state.value == "failed" and "cannot pull image localhost/no-such-image:1" in job.reason, job.reason
+    assert job.attempt == 1 and job.restarts == 0, job
+
+
+def test_kill_9_of_the_head_with_a_container_running_is_adopted_by_the_next_head(
+    head_factory: type[HeadProcess], podman: Podman, tmp_path: Path
+) -> None:
+    args = ("--container-config", str(podman.config))
+    data = tmp_path / "data"
+    head = head_factory(data, gpus=2, extra_args=args).start()
+    script = "echo started; while [ ! -e release ]; do sleep 0.1; done; echo released; exit 5"
+    with head.client() as c:
+        job_id = sh(c, script, tmp_path)
+        log_shows(c, job_id, "started")
+    head.kill9()
+    assert any(f"job-{job_id}-attempt-1" in n for n in podman.containers())
+    head2 = head_factory(data, gpus=2, port=head.port, extra_args=args).start()
+    with head2.client() as c:
+        assert c.job(job_id).state.value == "running"  # adopted, not restarted
+        (tmp_path / "release").touch()
+        job = ended(c, job_id)
+        out = c.logs(job_id)
+    assert job.state.value == "failed" and job.exit_code == 5 and job.attempt == 1, job.reason
+    assert out == "started\nreleased\n", out
+    assert not any(f"job-{job_id}-" in n for n in podman.containers())
+
+
+GLOO = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {t.item()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_per_gpu_job_runs_one_container_per_rank_and_all_reduces_with_gloo(
+    cluster: HeadProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "allreduce.py").write_text(GLOO)
+    mounts = [f"{r}:{r}:ro" for r in PY_ROOTS]
+    with cluster.client() as c:
+        job_id = c.submit(
+            [PY, "allreduce.py"], gpus=2, per_gpu=True, workdir=str(tmp_path), image=IMAGE, mounts=mounts
+        ).id
+        job = ended(c, job_id, timeout=120)
+        out = c.logs(job_id, all_ranks=True)
+    assert job.state.value == "succeeded", (job.reason, out)
+    assert "rank 0 of 2: sum 3.0" in out and "rank 1 of 2: sum 3.0" in out, out
