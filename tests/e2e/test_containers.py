@@ -13,8 +13,11 @@ Jobs run as root here (a head without Unix accounts), so podman runs rootful wit
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -23,10 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster.auth.unix import account_exists
 from gpucluster.client import ApiError, Client
 from gpucluster.models import Job
 
-from .headproc import HeadProcess, wait_for
+from .headproc import HeadProcess, passable_dir, wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("podman") is None or shutil.which("busybox") is None or os.geteuid() != 0,
@@ -67,8 +71,6 @@ def _rootfs_tar(path: Path) -> None:
         info = tarfile.TarInfo("etc/in-image")
         data = b"built by test_containers\n"
         info.size = len(data)
-        import io
-
         tar.addfile(info, io.BytesIO(data))
 
 
@@ -274,3 +276,119 @@ def test_a_per_gpu_job_runs_one_container_per_rank_and_all_reduces_with_gloo(
         out = c.logs(job_id, all_ranks=True)
     assert job.state.value == "succeeded", (job.reason, out)
     assert "rank 0 of 2: sum 3.0" in out and "rank 1 of 2: sum 3.0" in out, out
+
+
+# ---- a member's container job: rootless podman as the member, never root in the image ----------
+
+ACCOUNT = "gcctr_alice"
+
+
+def test_a_members_container_job_runs_rootless_as_the_member_never_root(
+    head_factory: type[HeadProcess], tmp_path: Path
+) -> None:
+    """A root head runs a member's job as the member's Unix account; its container is that
+    account's rootless podman with --userns=keep-id: the member's uid inside, files made inside
+    are the member's outside, and a cancel still reaches the command once."""
+    if shutil.which("useradd") is None or shutil.which("newuidmap") is None:
+        pytest.skip("needs useradd and newuidmap (uidmap) for a rootless podman account")
+    made = not account_exists(ACCOUNT)
+    with passable_dir("gc-ctr-") as root:
+        home = root / "home"
+        if made:
+            subprocess.run(["useradd", "--home-dir", str(home), "--shell", "/bin/sh", ACCOUNT], check=True)
+        try:
+            _run_as_member(head_factory, root, home)
+        finally:
+            if made:
+                _stop_pause_process(pwd.getpwnam(ACCOUNT).pw_uid)
+                subprocess.run(["userdel", ACCOUNT], check=False, capture_output=True)
+
+
+def _stop_pause_process(uid: int) -> None:
+    """Rootless podman keeps a pause process per account (its user namespace); the test's podman
+    started it, and its pid file names it."""
+    run_dir = Path(f"/tmp/podman-run-{uid}")
+    for pid_file in run_dir.glob("libpod/tmp/pause.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+    for leftover in (run_dir, Path(f"/tmp/containers-user-{uid}")):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _run_as_member(head_factory: type[HeadProcess], root: Path, home: Path) -> None:
+    account = pwd.getpwnam(ACCOUNT)
+    workdir, store = root / "work", root / "store"
+    for d in (home, workdir, store):
+        d.mkdir(exist_ok=True)
+        os.chown(d, account.pw_uid, account.pw_gid)
+        os.chmod(d, 0o700)
+    config = root / "config"
+    config.mkdir()
+    (config / "containers.conf").write_text(
+        '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n'
+        'events_logger = "none"\n'
+    )
+    (config / "storage.conf").write_text(f'[storage]\ndriver = "vfs"\nrootless_storage_path = "{store}/$UID"\n')
+    for f in config.iterdir():
+        f.chmod(0o644)
+    config.chmod(0o755)
+    tar = root / "rootfs.tar"
+    _rootfs_tar(tar)
+    tar.chmod(0o644)
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(home),
+        "USER": ACCOUNT,
+        "CONTAINERS_CONF": str(config / "containers.conf"),
+        "CONTAINERS_STORAGE_CONF": str(config / "storage.conf"),
+    }
+    imported = subprocess.run(
+        ["runuser", "-u", ACCOUNT, "--", "podman", "import", str(tar), IMAGE],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if imported.returncode != 0:
+        pytest.skip(f"rootless podman does not work for {ACCOUNT} here: {imported.stderr.strip()}")
+    policy = root / "policy.yaml"
+    policy.write_text("teams:\n  red: {weight: 1}\n")
+    head = head_factory(
+        root / "data", gpus=2, extra_args=("--container-config", str(config), "--policy", str(policy))
+    ).start()
+    with head.client() as admin:
+        alice = admin.add_user("alice", ["red"], unix_user=ACCOUNT)
+    script = 'id -u; id -g; touch made-inside; trap "echo got SIGTERM inside; exit 0" TERM; echo started; ' + (
+        "while true; do sleep 0.1; done"
+    )
+    with Client(head.url, token=alice.token) as c:
+        job_id = sh(c, script, workdir)
+        out = log_shows(c, job_id, "started")
+        c.cancel(job_id)
+        job = ended(c, job_id)
+        out = c.logs(job_id)
+    assert job.state.value == "cancelled", job.reason
+    assert out.splitlines()[:2] == [str(account.pw_uid), str(account.pw_gid)], out  # keep-id: not root inside
+    assert out.count("got SIGTERM inside") == 1, out
+    assert (workdir / "made-inside").stat().st_uid == account.pw_uid
+
+
+def test_a_preempted_container_job_checkpoints_on_sigterm_and_resumes_in_a_new_container(
+    cluster: HeadProcess, podman: Podman, tmp_path: Path
+) -> None:
+    script = (
+        'ck="$GPUCLUSTER_CHECKPOINT_DIR/ck"; if [ -e "$ck" ]; then echo "resumed from $(cat $ck)"; exit 0; fi; '
+        'trap "echo saving; echo step-7 > $ck; exit 0" TERM; echo started; while true; do sleep 0.1; done'
+    )
+    with cluster.client() as c:
+        job_id = sh(c, script, tmp_path)
+        log_shows(c, job_id, "started")
+        c.requeue(job_id)  # preemption's path: SIGTERM, the grace period, back in the queue
+        job = wait_for(
+            lambda: (j := c.job(job_id)).state.value == "succeeded" and j, timeout=TIMEOUT_S, what="attempt 2 to end"
+        )
+        first, second = c.logs(job_id, attempt=1), c.logs(job_id, attempt=2)
+    assert job.attempt == 2 and first == "started\nsaving\n" and second == "resumed from step-7\n", (first, second)
+    assert not any(f"job-{job_id}-" in n for n in podman.containers())

@@ -48,6 +48,10 @@ class ContainerNode:
     config_env: dict[str, str] = field(default_factory=dict)
     # NVIDIA GPUs: NVML index -> UUID, given to the container through CDI (nvidia.com/gpu=UUID).
     gpu_uuids: dict[int, str] | None = None
+    # Shared memory for NCCL and DataLoader workers: the node's own (--ipc=host), which needs
+    # /dev/mqueue on the host (rootless podman mounts it); else a /dev/shm of this many bytes.
+    host_ipc: bool = True
+    shm_bytes: int = 8 << 30
 
     @staticmethod
     def from_config_dir(directory: Path | None, gpu_uuids: dict[int, str] | None = None) -> ContainerNode:
@@ -56,7 +60,23 @@ class ContainerNode:
             for name, var in (("containers.conf", "CONTAINERS_CONF"), ("storage.conf", "CONTAINERS_STORAGE_CONF")):
                 if (directory / name).is_file():
                     env[var] = str((directory / name).absolute())
-        return ContainerNode(shutil.which("podman") or "podman", env, gpu_uuids)
+        return ContainerNode(
+            shutil.which("podman") or "podman",
+            env,
+            gpu_uuids,
+            host_ipc=os.path.isdir("/dev/mqueue"),
+            shm_bytes=_half_the_memory(),
+        )
+
+
+def _half_the_memory() -> int:
+    """A tmpfs costs only what is written to it: half the node's memory, as large as NCCL may use."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = int(next(line for line in f if line.startswith("MemTotal:")).split()[1])
+        return kib * 1024 // 2
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 8 << 30
 
 
 @dataclass(frozen=True)
@@ -90,7 +110,7 @@ def run_options(
         "--rm",
         f"--name={name}",
         "--network=host",
-        "--ipc=host",  # the node's /dev/shm: NCCL's and DataLoader's shared memory, unsized
+        "--ipc=host" if node.host_ipc else f"--shm-size={node.shm_bytes // (1 << 20)}m",
         "--init",  # an init as pid 1 passes signals on to the command and reaps its children
         "--pull=never",  # the shim pulls first, as a phase of its own with its own error
         "--log-driver=none",  # the output goes to the job's log through the shim, not podman's
