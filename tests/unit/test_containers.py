@@ -102,7 +102,9 @@ def test_local_archives_become_transports_with_absolute_paths(tmp_path: Path) ->
     assert local_image("oci-archive:/x.tar", tmp_path) == "oci-archive:/x.tar"
 
 
-def _options(node: ContainerNode, env: dict[str, str], as_root: bool = False, mounts: tuple[str, ...] = ()) -> list[str]:
+def _options(
+    node: ContainerNode, env: dict[str, str], as_root: bool = False, mounts: tuple[str, ...] = ()
+) -> list[str]:
     options, _ = run_options(node, ContainerSpec("img", mounts), name="n", env=env, workdir="/w", as_root=as_root)
     return options
 
