@@ -479,6 +479,7 @@ class Attempt(Model):
     work_lost_s: float | None = None  # time since its last checkpoint (or start) at the interruption
     cpu_s: float | None = None  # CPU seconds of all its processes (their cgroups); None: not measured
     memory_peak_bytes: int | None = None  # peak memory, each process's cgroup's peak summed
+    pull_s: float | None = None  # a container job's image pull (the longest rank's); None: no pull
 
 
 class JobFlagOut(Model):

@@ -146,7 +146,7 @@ def log_shows(c: Client, job_id: int, text: str, **kw: object) -> str:
 
 
 def sh(c: Client, script: str, workdir: Path, **fields: object) -> int:
-    return c.submit(["sh", "-c", script], gpus=1, workdir=str(workdir), image=IMAGE, **fields).id
+    return c.submit(["sh", "-c", script], gpus=1, workdir=str(workdir), **{"image": IMAGE, **fields}).id
 
 
 # ---- a container job is a job: log, exit code, environment, files ----------------------------
@@ -392,3 +392,39 @@ def test_a_preempted_container_job_checkpoints_on_sigterm_and_resumes_in_a_new_c
         first, second = c.logs(job_id, attempt=1), c.logs(job_id, attempt=2)
     assert job.attempt == 2 and first == "started\nsaving\n" and second == "resumed from step-7\n", (first, second)
     assert not any(f"job-{job_id}-" in n for n in podman.containers())
+
+
+def test_an_image_pull_is_a_visible_phase_and_its_time_is_recorded_per_attempt(
+    head_factory: type[HeadProcess], podman: Podman, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local archive (no registry here) is pulled on every attempt. The node's podman is the
+    real one behind a gate that holds `podman pull` until the test opens it, so the phase is seen
+    for certain, not by timing."""
+    archive = tmp_path / "env.tar"
+    saved = podman("save", "--output", str(archive), IMAGE)
+    assert saved.returncode == 0, saved.stderr
+    gate, bin_dir = tmp_path / "gate", tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "podman"
+    wrapper.write_text(
+        f'#!/bin/sh\nif [ "$1" = pull ]; then while [ ! -e {gate} ]; do sleep 0.05; done; fi\n'
+        f'exec {shutil.which("podman")} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")  # the head finds podman at start
+    head = head_factory(tmp_path / "data", gpus=2, extra_args=("--container-config", str(podman.config))).start()
+    with head.client() as c:
+        job_id = sh(c, "echo ran from the archive", tmp_path, image=f"docker-archive:{archive}")
+        seen = wait_for(
+            lambda: (r := c.job(job_id).reason).startswith("preparing: pulling image") and r,
+            timeout=TIMEOUT_S,
+            what="the pull phase",
+        )
+        assert f"docker-archive:{archive}" in seen, seen
+        gate.touch()
+        job = ended(c, job_id)
+        out = c.logs(job_id)
+    assert job.state.value == "succeeded", (job.reason, out)
+    assert out.endswith("ran from the archive\n") and "preparing: pulling image" in out, out
+    pull_s = job.attempts[0].pull_s
+    assert pull_s is not None and pull_s > 0, job.attempts

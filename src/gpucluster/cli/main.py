@@ -623,6 +623,7 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
             codes = f"   exit codes {shown}" if a.exit_codes else ""
             used = f"   CPU {a.cpu_s:.1f}s" if a.cpu_s is not None else ""
             used += f", peak memory {a.memory_peak_bytes / 2**20:.0f} MiB" if a.memory_peak_bytes is not None else ""
+            used += f"   image pull {pull:.1f}s" if (pull := getattr(a, "pull_s", None)) is not None else ""
             lines.append(
                 f"    #{a.attempt}  {_ts(a.started_at)} .. {_ts(a.ended_at) if a.ended_at else 'running':<19}  "
                 f"{a.gpus:g} GPUs  {a.outcome:<11} {a.reason}{codes}{lost}{used}"

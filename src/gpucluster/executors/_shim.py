@@ -52,6 +52,7 @@ from typing import Any
 
 SPEC = "spec.json"
 EXIT = "exit.json"
+PHASE = "phase.json"  # what a running job's process is doing before its command starts (a pull)
 # The signal that asks the keeper to SIGKILL the job (SIGKILL itself would kill the keeper).
 KILL_REQUEST = signal.SIGUSR1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -189,9 +190,10 @@ def _container_env(container: dict, env: dict) -> tuple[dict, dict]:  # type: ig
     return env, {**env, **container.get("config_env", {})}
 
 
-def _ensure_image(container: dict, env: dict, out: int) -> tuple[str, float | None, str | None]:  # type: ignore[type-arg]
+def _ensure_image(container: dict, env: dict, out: int, tell: Any) -> tuple[str, float | None, str | None]:  # type: ignore[type-arg]
     """The image to run (as given, or the id an archive loaded as), the seconds a pull took (None
-    when it was already here), and why it cannot be had (None when it can)."""
+    when it was already here), and why it cannot be had (None when it can). The pull is a phase
+    the keeper records in RUN_DIR/phase.json while it lasts, for the head to show."""
     podman, image = container["podman"], container["image"]
     archive = image.startswith(("docker-archive:", "oci-archive:", "oci:"))
     if not archive:
@@ -201,6 +203,7 @@ def _ensure_image(container: dict, env: dict, out: int) -> tuple[str, float | No
         if here.returncode == 0:
             return image, None, None
     os.write(out, f"gpucluster: preparing: pulling image {image}\n".encode())
+    tell({"phase": f"pulling image {image}"})
     started = time.monotonic()
     try:
         pulled = subprocess.run(
@@ -208,6 +211,8 @@ def _ensure_image(container: dict, env: dict, out: int) -> tuple[str, float | No
         )
     except OSError as e:
         return image, None, f"cannot run podman to pull image {image}: {e.strerror}"
+    finally:
+        tell({"phase": None})
     pull_s = round(time.monotonic() - started, 3)
     if pulled.returncode != 0:
         lines = pulled.stderr.decode(errors="replace").strip().splitlines()
@@ -253,7 +258,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
 
     def tell(record: dict) -> None:  # type: ignore[type-arg]
         with contextlib.suppress(OSError):
-            os.write(report, json.dumps(record).encode())
+            os.write(report, json.dumps(record).encode() + b"\n")
 
     try:
         if spec.get("cgroup"):
@@ -303,7 +308,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     extra: dict = {}  # type: ignore[type-arg]
     if container:
         env, podman_env = _container_env(container, env)
-        image, pull_s, problem = _ensure_image(container, podman_env, out)
+        image, pull_s, problem = _ensure_image(container, podman_env, out, tell)
         if pull_s is not None:
             extra["pull_s"] = pull_s
         extra["container_ended"] = True  # none started yet
@@ -421,7 +426,7 @@ class _Keeper:
         )
         for signum in self.pending:
             self.send(signal.SIGKILL if signum == KILL_REQUEST else signum)
-        chunks = []
+        pending, final = b"", b""
         while True:
             try:
                 data = os.read(read_fd, 1 << 16)
@@ -429,7 +434,11 @@ class _Keeper:
                 continue
             if not data:
                 break
-            chunks.append(data)
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                final = line if not self._phase(line) else final
+        if pending and not self._phase(pending):
+            final = pending
         os.close(read_fd)
         # The job side has ended (or is ending) but stays unreaped: its group id cannot be reused
         # while whatever the job left behind is killed.
@@ -451,7 +460,7 @@ class _Keeper:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child, signal.SIGKILL)
         _, status = os.waitpid(child, 0)
-        record = {**self._record(b"".join(chunks), status), **used}
+        record = {**self._record(final, status), **used}
         if self.spec.get("container"):
             # podman run ended by itself with the container's own code: --rm removed it. Else
             # (killed, or podman's own failure, 125-127) nothing of it may run on.
@@ -460,6 +469,23 @@ class _Keeper:
             )
         self._save(record)
         return int(record["exit_code"])
+
+    def _phase(self, line: bytes) -> bool:
+        """A phase report of the job side ({"phase": "pulling image ..."}, or null when it ends):
+        RUN_DIR/phase.json while it lasts. False for any other line (the final report)."""
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(message, dict) or "phase" not in message:
+            return False
+        path = os.path.join(self.run_dir, PHASE)
+        with contextlib.suppress(OSError):
+            if message["phase"]:
+                write_json_atomic(path, {"phase": str(message["phase"])[:500], "since": time.time()})
+            else:
+                os.unlink(path)
+        return True
 
     @staticmethod
     def _record(reported: bytes, status: int) -> dict:  # type: ignore[type-arg]

@@ -122,12 +122,12 @@ class RayExecutor:
                 local = LaunchSpec(
                     spec.job_id, spec.attempt, spec.argv, members[0][1].env, spec.workdir, local_run,
                     local_logs / "output.log", processes=local_procs, marker=spec.marker, user=spec.user,
-                    job_dir=local_job,
+                    job_dir=local_job, container=spec.container,
                 )  # fmt: skip
             else:
                 local = LaunchSpec(
                     spec.job_id, spec.attempt, spec.argv, spec.env, spec.workdir, local_run,
-                    local_logs / "output.log", user=spec.user, job_dir=local_job,
+                    local_logs / "output.log", user=spec.user, job_dir=local_job, container=spec.container,
                 )  # fmt: skip
             entries.append(
                 {

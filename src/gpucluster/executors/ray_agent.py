@@ -41,6 +41,7 @@ from gpucluster.executors.base import Handle, LaunchSpec, Status
 from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.executors.local import LocalExecutor
 from gpucluster.executors.logfile import read_log
+from gpucluster.executors.podman import ContainerNode
 from gpucluster.head.paths import DataDir
 from gpucluster.launch.ranks import pick_free_port
 from gpucluster.telemetry.attribution import PidResolver
@@ -82,7 +83,15 @@ class NodeAgent:
         # As the head's data dir (head/paths.py): passable to jobs, run/ the agent's alone.
         DataDir(self.root).secure()
         instance = "ray-" + hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
-        self.local = LocalExecutor(die_with_parent=True, cgroup_support=detect_cgroups(), instance=instance)
+        # Container jobs use the node's podman config: $GPUCLUSTER_CONTAINER_CONFIG of `ray start`'s
+        # environment (a directory as `gpucluster up --container-config`), else the system's.
+        config = os.environ.get("GPUCLUSTER_CONTAINER_CONFIG")
+        self.local = LocalExecutor(
+            die_with_parent=True,
+            cgroup_support=detect_cgroups(),
+            instance=instance,
+            container_node=ContainerNode.from_config_dir(Path(config) if config else None),
+        )
         self._launching = threading.Lock()  # the log cap is set per launch (the actor runs calls in threads)
         self._nvml: NvmlSource | None = None  # opened at the first sample of a real node
         self._resolver = PidResolver()

@@ -848,7 +848,12 @@ def _used(statuses: list[Status]) -> dict[str, Any]:
     None where none of them was measured."""
     cpu = [s.cpu_s for s in statuses if isinstance(s, Exited) and s.cpu_s is not None]
     memory = [s.memory_peak_bytes for s in statuses if isinstance(s, Exited) and s.memory_peak_bytes is not None]
-    return {"cpu_s": sum(cpu) if cpu else None, "memory_peak_bytes": sum(memory) if memory else None}
+    pulls = [s.pull_s for s in statuses if isinstance(s, Exited) and s.pull_s is not None]
+    return {
+        "cpu_s": sum(cpu) if cpu else None,
+        "memory_peak_bytes": sum(memory) if memory else None,
+        "pull_s": max(pulls) if pulls else None,
+    }
 
 
 def _failed(s: Status) -> bool:
