@@ -13,14 +13,12 @@ Jobs run as root here (a head without Unix accounts), so podman runs rootful wit
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import pwd
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from gpucluster.auth.unix import account_exists
 from gpucluster.client import ApiError, Client
 from gpucluster.models import Job
 
+from .containerkit import IMAGE, Podman, rootfs_tar
 from .headproc import HeadProcess, passable_dir, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -38,76 +37,17 @@ pytestmark = pytest.mark.skipif(
     "in a private store)",
 )
 
-IMAGE = "localhost/gpucluster-test:1"
 TIMEOUT_S = 60.0  # a container job starts in about half a second; the margin is for a busy CI
 PY = sys.executable
 # What Python and torch need from the host, mounted read-only into the image.
 PY_ROOTS = tuple(dict.fromkeys(os.path.realpath(p) for p in ("/usr", sys.prefix, sys.base_prefix)))
 
 
-def _rootfs_tar(path: Path) -> None:
-    """/bin/busybox and its applets, the merged-/usr links, and empty mount points."""
-    busybox = shutil.which("busybox")
-    assert busybox is not None
-    with tarfile.open(path, "w") as tar:
-
-        def add_dir(name: str) -> None:
-            info = tarfile.TarInfo(name)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-
-        def add_link(name: str, target: str) -> None:
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
-            tar.addfile(info)
-
-        for d in ("bin", "usr", "etc", "tmp", "proc", "sys", "dev", "root", "work"):
-            add_dir(d)
-        tar.add(busybox, "bin/busybox")
-        for applet in ("sh", "echo", "sleep", "cat", "id", "env", "test", "ls", "touch", "date", "true"):
-            add_link(f"bin/{applet}", "busybox")
-        add_link("lib", "usr/lib")
-        add_link("lib64", "usr/lib64")
-        info = tarfile.TarInfo("etc/in-image")
-        data = b"built by test_containers\n"
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-
-
-class Podman:
-    """The module's own podman: its config, its store, and a way to ask it things."""
-
-    def __init__(self, root: Path) -> None:
-        self.config = root / "config"
-        self.config.mkdir()
-        (self.config / "containers.conf").write_text(
-            "[containers]\ndefault_ulimits = []\n"
-            f'[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\nevents_logger = "none"\n'
-            f'tmp_dir = "{root / "tmp"}"\n'
-        )
-        (self.config / "storage.conf").write_text(
-            f'[storage]\ndriver = "vfs"\ngraphroot = "{root / "graph"}"\nrunroot = "{root / "run"}"\n'
-        )
-        self.env = {
-            **os.environ,
-            "CONTAINERS_CONF": str(self.config / "containers.conf"),
-            "CONTAINERS_STORAGE_CONF": str(self.config / "storage.conf"),
-        }
-
-    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=120, check=False)
-
-    def containers(self) -> list[str]:
-        return self("ps", "-a", "--format", "{{.Names}}").stdout.split()
-
-
 @pytest.fixture(scope="module")
 def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
     root = tmp_path_factory.mktemp("podman")
     pm = Podman(root)
-    tar = root / "rootfs.tar"
-    _rootfs_tar(tar)
-    made = pm("import", str(tar), IMAGE)
+    made = pm.import_test_image(root)
     if made.returncode != 0:
         pytest.skip(f"podman cannot import an image here: {made.stderr.strip()}")
     try:
@@ -333,7 +273,7 @@ def _run_as_member(head_factory: type[HeadProcess], root: Path, home: Path) -> N
         f.chmod(0o644)
     config.chmod(0o755)
     tar = root / "rootfs.tar"
-    _rootfs_tar(tar)
+    rootfs_tar(tar)
     tar.chmod(0o644)
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
