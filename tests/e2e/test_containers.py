@@ -13,6 +13,7 @@ Jobs run as root here (a head without Unix accounts), so podman runs rootful wit
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -110,6 +111,8 @@ def test_a_container_job_runs_in_its_image_with_a_bare_jobs_environment(cluster:
     # The job's variables reach the container by name only: no value on podman's command line.
     spec = (cluster.data_dir / "run" / str(job_id) / "attempt-1" / "spec.json").read_text()
     assert "--env=SECRET_TOKEN" in spec and spec.count("s3cret") == 1  # once: the job's env, not argv
+    said = [line for line in cluster.log_path.read_text().splitlines() if line.startswith("containers:")]
+    assert len(said) == 1 and said[0].startswith("containers: podman version"), said  # `up`'s one line
 
 
 def test_cancel_sends_sigterm_to_the_process_inside_and_removes_the_container(
@@ -368,3 +371,46 @@ def test_an_image_pull_is_a_visible_phase_and_its_time_is_recorded_per_attempt(
     assert out.endswith("ran from the archive\n") and "preparing: pulling image" in out, out
     pull_s = job.attempts[0].pull_s
     assert pull_s is not None and pull_s > 0, job.attempts
+
+
+def test_the_cli_and_job_files_take_image_and_mounts(cluster: HeadProcess, podman: Podman, tmp_path: Path) -> None:
+    """`--image`/`--mount` and `image:`/`mounts:` in a job file (a relative archive path made
+    absolute from the file's directory), `show` naming the image, and one-line refusals."""
+    (tmp_path / "allowed" / "f.txt").write_text("mounted\n")
+    assert podman("save", "--output", str(tmp_path / "env.tar"), IMAGE).returncode == 0
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PY, "-m", "gpucluster.cli.main", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env={**os.environ, "GPUCLUSTER_URL": cluster.url},
+        )
+
+    mount = f"{tmp_path / 'allowed'}:/data:ro"
+    r = cli("submit", "--json", "--image", IMAGE, "--mount", mount, "--", "cat", "/data/f.txt")
+    assert r.returncode == 0, r.stderr
+    by_flags = json.loads(r.stdout)
+    assert by_flags["spec"]["image"] == IMAGE and by_flags["spec"]["mounts"] == [mount]
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("image: ./env.tar\ncommand: [cat, /etc/in-image]\n")
+    r = cli("submit", "--json", "-f", str(job_file))
+    assert r.returncode == 0, r.stderr
+    by_file = json.loads(r.stdout)
+    assert by_file["spec"]["image"] == f"docker-archive:{tmp_path / 'env.tar'}"
+    with cluster.client() as c:
+        for job_id, out in ((by_flags["id"], "mounted\n"), (by_file["id"], "built by test_containers\n")):
+            job = ended(c, job_id)
+            assert job.state.value == "succeeded" and c.logs(job_id).endswith(out), (job.reason, c.logs(job_id))
+    shown = cli("show", str(by_flags["id"])).stdout
+    assert f"image:      {IMAGE}   -v {mount}" in shown, shown
+    for args, words in [
+        (["--image", IMAGE, "--mount", "/etc:/x"], "/etc is outside the directories"),
+        (["--mount", mount], "give an image too"),
+        (["--image", "UPPER:case"], "not a valid reference"),
+    ]:
+        r = cli("submit", *args, "--", "true")
+        assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr

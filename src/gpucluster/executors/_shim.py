@@ -32,6 +32,14 @@ rotation holds an exclusive flock on LOG.lock, which readers take shared
 (gpucluster/executors/logfile.py reads this layout; its append_log keeps the head's copy of a Ray
 job's log in the same layout with this file's _CappedLog).
 
+A container job (spec "container", built by executors/podman.py): the job side, already the job's
+user, makes sure the image is there (`podman image exists`, else `podman pull`: a phase it reports
+to the keeper, which keeps RUN_DIR/phase.json while it lasts) and runs `podman run ... IMAGE ARGV`
+as its command. The keeper sends a stop to the job side's process group only, where podman passes
+it to the container once; a kill also removes the container (`podman rm -f`, in a child that
+drops to the job's user first), and so does the end of an attempt whose podman did not end by
+itself. `_shim.py RUN_DIR --remove-container` does that removal alone, for the executor's cleanup.
+
 With die_with_parent (the Ray executor's node agent) the job is killed when the agent dies: there
 the parent is the node's agent, which dies only with the node's Ray (the head then requeues the
 job elsewhere), so the job must not run on unseen, holding GPUs. The keeper watches the agent; the
