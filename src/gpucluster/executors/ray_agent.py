@@ -83,15 +83,7 @@ class NodeAgent:
         # As the head's data dir (head/paths.py): passable to jobs, run/ the agent's alone.
         DataDir(self.root).secure()
         instance = "ray-" + hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
-        # Container jobs use the node's podman config: $GPUCLUSTER_CONTAINER_CONFIG of `ray start`'s
-        # environment (a directory as `gpucluster up --container-config`), else the system's.
-        config = os.environ.get("GPUCLUSTER_CONTAINER_CONFIG")
-        self.local = LocalExecutor(
-            die_with_parent=True,
-            cgroup_support=detect_cgroups(),
-            instance=instance,
-            container_node=ContainerNode.from_config_dir(Path(config) if config else None),
-        )
+        self.local = LocalExecutor(die_with_parent=True, cgroup_support=detect_cgroups(), instance=instance)
         self._launching = threading.Lock()  # the log cap is set per launch (the actor runs calls in threads)
         self._nvml: NvmlSource | None = None  # opened at the first sample of a real node
         self._resolver = PidResolver()
@@ -103,10 +95,16 @@ class NodeAgent:
         """A port free on this node now: MASTER_PORT when rank 0 runs here."""
         return pick_free_port()
 
-    def launch(self, spec: LaunchSpec, max_log_bytes: int = 0) -> Handle:
-        """Start an attempt's processes here; > 0: each one's log is rotated past that size."""
+    def launch(self, spec: LaunchSpec, max_log_bytes: int = 0, container_config: str | None = None) -> Handle:
+        """Start an attempt's processes here; > 0: each one's log is rotated past that size. A
+        container job uses this node's podman config: $GPUCLUSTER_CONTAINER_CONFIG of `ray start`'s
+        environment, else the head's --container-config path, else the system's (per launch: the
+        agent outlives heads, which may be started with another config)."""
         with self._launching:
             self.local.max_log_bytes = max_log_bytes
+            if spec.container is not None:
+                config = os.environ.get("GPUCLUSTER_CONTAINER_CONFIG") or container_config
+                self.local.container_node = ContainerNode.from_config_dir(Path(config) if config else None)
             return self.local.launch(spec)
 
     def recover(self, run_dir: str) -> Handle | None:

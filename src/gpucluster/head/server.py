@@ -187,7 +187,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         from gpucluster.head.ray_up import RayStartupError, start_ray
 
         try:
-            ray_mode = start_ray(opts.ray_address, data, store, say, opts.max_log_bytes)
+            ray_mode = start_ray(opts.ray_address, data, store, say, opts.max_log_bytes, opts.container_config)
         except RayStartupError as e:
             raise StartupError(str(e)) from None
         is_virtual = ray_mode.all_virtual
