@@ -166,11 +166,15 @@ def test_a_mount_outside_the_policys_roots_is_refused_and_one_inside_is_mounted(
 def test_an_image_that_cannot_be_pulled_fails_the_job_with_the_reason_and_no_retry(
     cluster: HeadProcess, tmp_path: Path
 ) -> None:
+    missing = "localhost/no-such-image:1"
     with cluster.client() as c:
-        job_id = c.submit(["true"], gpus=1, workdir=str(tmp_path), image="localhost/no-such-image:1", max_restarts=3).id
-        job = ended(c, job_id)
-    assert job.state.value == "failed" and "cannot pull image localhost/no-such-image:1" in job.reason, job.reason
-    assert job.attempt == 1 and job.restarts == 0, job
+        one = c.submit(["true"], gpus=1, workdir=str(tmp_path), image=missing, max_restarts=3).id
+        ranks = c.submit(["true"], gpus=2, per_gpu=True, workdir=str(tmp_path), image=missing, max_restarts=3).id
+        for job_id in (one, ranks):
+            job = ended(c, job_id)
+            assert job.state.value == "failed" and f"cannot pull image {missing}" in job.reason, job.reason
+            assert job.attempt == 1 and job.restarts == 0, job
+        assert f"gpucluster: cannot pull image {missing}" in c.logs(one)
 
 
 def test_kill_9_of_the_head_with_a_container_running_is_adopted_by_the_next_head(
