@@ -320,6 +320,21 @@ def _run_as_member(head_factory: type[HeadProcess], root: Path, home: Path) -> N
     assert out.splitlines()[:2] == [str(account.pw_uid), str(account.pw_gid)], out  # keep-id: not root inside
     assert out.count("got SIGTERM inside") == 1, out
     assert (workdir / "made-inside").stat().st_uid == account.pw_uid
+    # One that ignores SIGTERM: after the grace, removed by the account's own podman (rm -f).
+    with Client(head.url, token=alice.token) as c:
+        stubborn = sh(c, 'trap "echo ignoring" TERM; echo started; while true; do sleep 0.1; done', workdir)
+        log_shows(c, stubborn, "started")
+        c.cancel(stubborn)
+        assert ended(c, stubborn).state.value == "cancelled"
+
+    def names() -> list[str]:
+        listed = subprocess.run(
+            ["runuser", "-u", ACCOUNT, "--", "podman", "ps", "-a", "--format", "{{.Names}}"],
+            env=env, cwd="/", capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        return listed.stdout.split()
+
+    wait_for(lambda: not any(f"job-{stubborn}-" in n for n in names()), what="the member's container removed")
 
 
 def test_a_preempted_container_job_checkpoints_on_sigterm_and_resumes_in_a_new_container(

@@ -205,8 +205,9 @@ def _ensure_image(container: dict, env: dict, out: int, tell: Any) -> tuple[str,
     podman, image = container["podman"], container["image"]
     archive = image.startswith(("docker-archive:", "oci-archive:", "oci:"))
     if not archive:
+        local = image.removeprefix("docker://")  # how the store names it
         here = subprocess.run(
-            [podman, "image", "exists", image], env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
+            [podman, "image", "exists", local], env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
         )
         if here.returncode == 0:
             return image, None, None
@@ -231,28 +232,26 @@ def _ensure_image(container: dict, env: dict, out: int, tell: Any) -> tuple[str,
 
 
 def remove_container(spec: dict) -> bool:  # type: ignore[type-arg]
-    """`podman rm -f` of the job's container, as the job's account (a child that drops first: the
-    container is in that account's podman), so nothing of it runs on; True when it is gone."""
+    """`podman rm -f` of the job's container, as the job's account (the container is in that
+    account's podman; its groups, gid and uid are set in the child before the exec, the way
+    _drop_privileges does), so nothing of it runs on; True when it is gone."""
     container = spec.get("container")
     if not container:
         return True
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            user = spec.get("user")
-            account_env = _drop_privileges(user) if user else _account_env(pwd.getpwuid(os.getuid()))
-            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **account_env, **container.get("config_env", {})}
-            argv = [container["podman"], "rm", "--force", "--ignore", "--time", "0", container["name"]]
-            os.execve(argv[0], argv, env)
-        finally:
-            os._exit(code)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            return os.waitstatus_to_exitcode(status) == 0
-        except InterruptedError:
-            continue
+    account = pwd.getpwnam(spec["user"]) if spec.get("user") else pwd.getpwuid(os.getuid())
+    drop: dict = {}  # type: ignore[type-arg]
+    if spec.get("user"):
+        groups = os.getgrouplist(account.pw_name, account.pw_gid)
+        drop = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_account_env(account), **container.get("config_env", {})}
+    argv = [container["podman"], "rm", "--force", "--ignore", "--time", "0", container["name"]]
+    try:
+        done = subprocess.run(
+            argv, env=env, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, check=False, **drop
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
 
 
 def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type-arg]
