@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +131,8 @@ def local_image(image: str, base: Path) -> str:
     is_path = image.startswith(("/", "./", "../", "~")) or image.endswith((".tar", ".tar.gz", ".tgz"))
     if image.startswith((*ARCHIVE_TRANSPORTS, "docker://")) or not is_path:
         return image
+    import tarfile  # only for a path: the CLI starts without it (issue 19)
+
     path = (base / Path(image).expanduser()).absolute()
     kind = "docker-archive:"
     try:

@@ -28,7 +28,6 @@ from gpucluster.cli.common import ts as _ts
 from gpucluster.cli.console import Table, escape
 from gpucluster.cli.transport import Head, View, job_path
 from gpucluster.clientbase import DEFAULT_QUEUE_PAGE, ApiError, ClusterUnreachable
-from gpucluster.containers import local_image
 from gpucluster.durations import format_duration
 from gpucluster.jobfile import JobFileError, read_job_file
 from gpucluster.labels import gpu_types, gpus_label
@@ -474,6 +473,8 @@ def submit(
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
     if isinstance(fields.get("image"), str):
+        from gpucluster.containers import local_image  # only for a container job: the CLI starts light
+
         fields["image"] = local_image(fields["image"], source.parent if source is not None else Path.cwd())
     if shell:
         fields["shell"] = True
