@@ -13,6 +13,7 @@ Jobs run as root here (a head without Unix accounts), so podman runs rootful wit
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pwd
@@ -433,3 +434,20 @@ def test_the_cli_and_job_files_take_image_and_mounts(cluster: HeadProcess, podma
         r = cli("submit", *args, "--", "true")
         assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_container_left_by_a_launch_cut_short_does_not_block_its_attempt(
+    cluster: HeadProcess, podman: Podman, tmp_path: Path
+) -> None:
+    """A head killed between `podman run` and the shim's record starts the attempt again: the
+    container of that name, still running, is replaced rather than failing the job."""
+    instance = "head-" + hashlib.sha256(str(cluster.data_dir.resolve()).encode()).hexdigest()[:12]
+    stale = f"gpucluster-{instance}-job-1-attempt-1"
+    left = podman("run", "--detach", "--init", "--stop-timeout=1", "--name", stale, IMAGE, "sleep", "1000")
+    assert left.returncode == 0, left.stderr
+    with cluster.client() as c:
+        job_id = sh(c, "echo fresh", tmp_path)
+        assert job_id == 1
+        job = ended(c, job_id)
+        assert job.state.value == "succeeded" and c.logs(job_id).endswith("fresh\n"), (job.reason, c.logs(job_id))
+    assert stale not in podman.containers()

@@ -109,6 +109,10 @@ def run_options(
     options = [
         "--rm",
         f"--name={name}",
+        # One of this name is left only by a launch of this very attempt that a head crash cut
+        # short before the shim recorded itself (the next head starts it again): it must go.
+        "--replace",
+        "--stop-timeout=1",  # what that replacing waits for the old one (the job's grace has passed)
         "--network=host",
         "--ipc=host" if node.host_ipc else f"--shm-size={node.shm_bytes // (1 << 20)}m",
         "--init",  # an init as pid 1 passes signals on to the command and reaps its children
