@@ -195,7 +195,11 @@ def _container_env(container: dict, env: dict) -> tuple[dict, dict]:  # type: ig
     """The job's environment as the container sees it, and podman's own (the job's, which `-e NAME`
     reads values from, plus the node's podman config, which the job cannot override)."""
     env = {**env, **container.get("env_changes", {})}
-    return env, {**env, **container.get("config_env", {})}
+    # podman finds its helpers (newuidmap, runc) on PATH, whatever the submitter's PATH holds;
+    # the container never sees this PATH (the image's is used: executors/podman.py).
+    system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    path = f"{env['PATH']}:{system}" if env.get("PATH") else system
+    return env, {**env, "PATH": path, **container.get("config_env", {})}
 
 
 def _ensure_image(container: dict, env: dict, out: int, tell: Any) -> tuple[str, float | None, str | None]:  # type: ignore[type-arg]
