@@ -36,8 +36,8 @@ A container job (spec "container", built by executors/podman.py): the job side, 
 user, makes sure the image is there (`podman image exists`, else `podman pull`: a phase it reports
 to the keeper, which keeps RUN_DIR/phase.json while it lasts) and runs `podman run ... IMAGE ARGV`
 as its command. The keeper sends a stop to the job side's process group only, where podman passes
-it to the container once; a kill also removes the container (`podman rm -f`, in a child that
-drops to the job's user first), and so does the end of an attempt whose podman did not end by
+it to the container once; a kill also removes the container (`podman rm -f`, run as the job's
+user), and so does the end of an attempt whose podman did not end by
 itself. `_shim.py RUN_DIR --remove-container` does that removal alone, for the executor's cleanup.
 
 With die_with_parent (the Ray executor's node agent) the job is killed when the agent dies: there
@@ -210,9 +210,12 @@ def _ensure_image(container: dict, env: dict, out: int, tell: Any) -> tuple[str,
     archive = image.startswith(("docker-archive:", "oci-archive:", "oci:"))
     if not archive:
         local = image.removeprefix("docker://")  # how the store names it
-        here = subprocess.run(
-            [podman, "image", "exists", local], env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
-        )
+        try:
+            here = subprocess.run(
+                [podman, "image", "exists", local], env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
+            )
+        except OSError as e:
+            return image, None, f"cannot run podman ({podman}) on this node: {e.strerror}"
         if here.returncode == 0:
             return image, None, None
     os.write(out, f"gpucluster: preparing: pulling image {image}\n".encode())
@@ -223,7 +226,7 @@ def _ensure_image(container: dict, env: dict, out: int, tell: Any) -> tuple[str,
             [podman, "pull", "--quiet", image], env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
         )
     except OSError as e:
-        return image, None, f"cannot run podman to pull image {image}: {e.strerror}"
+        return image, None, f"cannot run podman ({podman}) to pull image {image}: {e.strerror}"
     finally:
         tell({"phase": None})
     pull_s = round(time.monotonic() - started, 3)
@@ -242,7 +245,10 @@ def remove_container(spec: dict) -> bool:  # type: ignore[type-arg]
     container = spec.get("container")
     if not container:
         return True
-    account = pwd.getpwnam(spec["user"]) if spec.get("user") else pwd.getpwuid(os.getuid())
+    try:
+        account = pwd.getpwnam(spec["user"]) if spec.get("user") else pwd.getpwuid(os.getuid())
+    except KeyError:
+        return False  # the account is gone, and its podman store with it
     drop: dict = {}  # type: ignore[type-arg]
     if spec.get("user"):
         groups = os.getgrouplist(account.pw_name, account.pw_gid)
