@@ -28,6 +28,7 @@ import pytest
 
 from gpucluster.auth.unix import account_exists
 from gpucluster.client import ApiError, Client
+from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.models import Job
 
 from .containerkit import IMAGE, Podman, rootfs_tar
@@ -308,8 +309,8 @@ def _run_as_member(head_factory: type[HeadProcess], root: Path, home: Path) -> N
     ).start()
     with head.client() as admin:
         alice = admin.add_user("alice", ["red"], unix_user=ACCOUNT)
-    script = 'id -u; id -g; touch made-inside; trap "echo got SIGTERM inside; exit 0" TERM; echo started; ' + (
-        "while true; do sleep 0.1; done"
+    script = 'id -u; id -g; cat /proc/self/cgroup; touch made-inside; trap "echo got SIGTERM inside; exit 0" TERM; ' + (
+        "echo started; while true; do sleep 0.1; done"
     )
     with Client(head.url, token=alice.token) as c:
         job_id = sh(c, script, workdir)
@@ -321,6 +322,8 @@ def _run_as_member(head_factory: type[HeadProcess], root: Path, home: Path) -> N
     assert out.splitlines()[:2] == [str(account.pw_uid), str(account.pw_gid)], out  # keep-id: not root inside
     assert out.count("got SIGTERM inside") == 1, out
     assert (workdir / "made-inside").stat().st_uid == account.pw_uid
+    if detect_cgroups().usable:  # rootless podman leaves it in the job's cgroup: killed and counted as a bare job
+        assert f"/job-{job_id}-attempt-1" in out, out
     # One that ignores SIGTERM: after the grace, removed by the account's own podman (rm -f).
     with Client(head.url, token=alice.token) as c:
         stubborn = sh(c, 'trap "echo ignoring" TERM; echo started; while true; do sleep 0.1; done', workdir)
