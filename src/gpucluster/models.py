@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from gpucluster import labels
+from gpucluster import containers, labels
 from gpucluster.clientbase import DEFAULT_QUEUE_PAGE as DEFAULT_QUEUE_PAGE
 from gpucluster.core.states import JobState
 from gpucluster.durations import parse_duration
@@ -205,6 +205,18 @@ class JobSpec(StorableText):
         description="do not start before this Unix time (sbatch --begin); the CLI and job files also read "
         "22:00, now+2h or 2026-11-26T08:00 in the submitter's zone",
     )
+    image: str | None = Field(
+        None,
+        max_length=1024,
+        description="run the command in this container image (podman on the node): a registry reference "
+        "(python:3.11, ghcr.io/org/img:tag) or a local archive (docker-archive:/abs/env.tar, oci-archive:/abs/env.tar)",
+    )
+    mounts: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="with image: SRC:DST[:ro] bind mounts (absolute paths; SRC under the policy's containers: "
+        "mount_roots:); the workdir and the checkpoint dir are mounted at their own paths anyway",
+    )
     max_cost: float | None = Field(
         None,
         gt=0,
@@ -313,6 +325,16 @@ class JobSpec(StorableText):
                 raise ValueError(f"environment variable {key} is too long or has a NUL byte")
         return v
 
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        return None if v is None else containers.check_image(v)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        return [str(m) for m in containers.check_mounts(v)]
+
     @field_validator("workdir")
     @classmethod
     def _workdir(cls, v: str | None) -> str | None:
@@ -344,6 +366,8 @@ class JobSpec(StorableText):
             raise ValueError("per_gpu and launcher are two ways to start a distributed job; choose one")
         if (self.per_gpu or self.launcher is not None) and self.fractional:
             raise ValueError("per_gpu and launcher need whole GPUs (one process per GPU)")
+        if self.mounts and self.image is None:
+            raise ValueError("mounts are for a container job; give an image too (--image)")
         if self.launcher is not None and self.shell:
             raise ValueError("launcher runs the command under torchrun; it cannot be combined with shell")
         return self
@@ -462,6 +486,7 @@ class Attempt(Model):
     work_lost_s: float | None = None  # time since its last checkpoint (or start) at the interruption
     cpu_s: float | None = None  # CPU seconds of all its processes (their cgroups); None: not measured
     memory_peak_bytes: int | None = None  # peak memory, each process's cgroup's peak summed
+    pull_s: float | None = None  # a container job's image pull (the longest rank's); None: no pull
 
 
 class JobFlagOut(Model):
@@ -653,6 +678,7 @@ class PolicyOut(Model):
     default_time_limit_s: float
     teams: list[TeamOut]
     priority_grants: dict[str, GrantOut] = Field(default_factory=dict)  # high, critical
+    mount_roots: list[str] = Field(default_factory=list)  # where a container job's mounts may come from
 
 
 # ---- accounting (GET /v1/usage, GET /v1/budgets) ----------------------------------------------

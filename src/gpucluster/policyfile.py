@@ -16,6 +16,7 @@
     prices: {H100-80GB: 3.60}   # money per GPU-hour per GPU model (accounting)
     budgets:
       vision: {period: 30d, money: 1000, on_exceed: finish}   # or gpu_hours: 500; period: month; stop
+    containers: {mount_roots: [/data, /scratch]}   # where a container job's --mount may come from
     priority_grants:            # who may submit above normal (low, normal: every member)
       high:     {roles: [team-admin], teams: [vision], users: [alice]}
       critical: {}              # cluster admins only (they may use every class)
@@ -233,6 +234,20 @@ class GrantIn(_Strict):
         return core.Grant(frozenset(self.teams), frozenset(self.roles), frozenset(self.users))
 
 
+class ContainersIn(_Strict):
+    """containers: {mount_roots: [/data, /scratch]}: where a container job's --mount may come from."""
+
+    mount_roots: list[str] = Field(default_factory=list, max_length=64)
+
+    @field_validator("mount_roots")
+    @classmethod
+    def _roots(cls, v: list[str]) -> list[str]:
+        for root in v:
+            if not root.startswith("/") or ".." in root.split("/"):
+                raise ValueError(f"mount root {root!r} must be an absolute path without '..'")
+        return v
+
+
 class PolicyIn(_Strict):
     teams: dict[TeamName, TeamIn] = Field(default_factory=dict)
     orgs: dict[str, OrgIn] = Field(default_factory=dict)
@@ -248,6 +263,7 @@ class PolicyIn(_Strict):
     prices: dict[str, float] = Field(default_factory=dict, description="GPU model -> money per GPU-hour")
     budgets: dict[TeamName, BudgetIn] = Field(default_factory=dict)
     priority_grants: dict[str, GrantIn] = Field(default_factory=dict)
+    containers: ContainersIn = Field(default_factory=ContainersIn)
 
     _check_prices = field_validator("prices")(_prices)
 
@@ -329,6 +345,7 @@ class PolicyIn(_Strict):
                 fatal_xids=frozenset(self.health.fatal_xids) if self.health.fatal_xids is not None else None,
             ),
             elastic=self.elastic.to_policy(),
+            mount_roots=tuple(self.containers.mount_roots),
             priority_grants={
                 **core.DEFAULT_GRANTS,
                 **{Priority.parse(c): g.to_grant() for c, g in self.priority_grants.items()},

@@ -28,6 +28,7 @@ from gpucluster.auth import grants, rules
 from gpucluster.auth.control import AccessControl
 from gpucluster.auth.identity import Denied
 from gpucluster.auth.rules import Caller, Rule, allow
+from gpucluster.containers import check_mounts, outside_roots
 from gpucluster.core.states import JobState
 from gpucluster.dashboard import serve as dashboard_serve
 from gpucluster.executors.logfile import read_log
@@ -252,6 +253,8 @@ def create_app(
         above normal needs a grant in the policy (`priority_grants`; 403 without one)."""
         team = who.submit_team(spec.team if "team" in spec.model_fields_set else None)
         grants.check_priority(who, team, spec.priority, service.head.policy)
+        if spec.mounts and (why := outside_roots(check_mounts(spec.mounts), service.head.policy.mount_roots)):
+            raise Rejected("mounts", why)
         access.check_can_run(who)
         if team != spec.team:
             spec = spec.model_copy(update={"team": team})

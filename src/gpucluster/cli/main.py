@@ -271,6 +271,14 @@ def up(
             "--header-timeout", help="close a connection whose request headers are not all in after this long"
         ),
     ] = "15s",
+    container_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--container-config",
+            help="a directory with containers.conf and/or storage.conf for the podman of container jobs "
+            "(--image) [default: the system's]",
+        ),
+    ] = None,
 ) -> None:
     """Start the head (HTTP API) and a local worker on this machine, or use a Ray cluster's nodes; runs until Ctrl-C."""
     import socket
@@ -350,6 +358,7 @@ def up(
         max_follows_per_user=max_follows,
         max_connections=max_connections,
         header_timeout_s=headers_within,
+        container_config=container_config,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
         ),
@@ -423,6 +432,20 @@ def submit(
         float | None,
         typer.Option("--max-cost", help="stop the job before its cost (all attempts) would exceed this much money"),
     ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            "--image",
+            help="run in this container image (podman on the node): NAME[:TAG], HOST/NAME[:TAG], or a local "
+            "archive ./env.tar (docker-archive:/oci-archive:)",
+        ),
+    ] = None,
+    mount: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mount", help="with --image: SRC:DST[:ro] bind mount, repeatable (SRC under the policy's roots)"
+        ),
+    ] = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -451,8 +474,14 @@ def submit(
         "launcher": launcher,
         "max_restarts": max_restarts,
         "max_cost": max_cost,
+        "image": image,
+        "mounts": list(mount) if mount else None,
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(fields.get("image"), str):
+        from gpucluster.containers import local_image  # only for a container job: the CLI starts light
+
+        fields["image"] = local_image(fields["image"], source.parent if source is not None else Path.cwd())
     if shell:
         fields["shell"] = True
     if per_gpu:
@@ -579,6 +608,9 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         f"  exit code:  {job.exit_code if job.exit_code is not None else '-'}",
         f"  submitted:  {_ts(job.submitted_at)}   started: {_ts(job.started_at)}   ended: {_ts(job.ended_at)}",
     ]
+    if getattr(s, "image", None):
+        mounts = "".join(f"   -v {m}" for m in (getattr(s, "mounts", None) or []))
+        lines.insert(7, f"  image:      {s.image}{mounts}")
     p = job.progress
     if p is not None:
         step = f"step {p.step}" if p.step is not None else "no step reported"
@@ -604,6 +636,7 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
             codes = f"   exit codes {shown}" if a.exit_codes else ""
             used = f"   CPU {a.cpu_s:.1f}s" if a.cpu_s is not None else ""
             used += f", peak memory {a.memory_peak_bytes / 2**20:.0f} MiB" if a.memory_peak_bytes is not None else ""
+            used += f"   image pull {pull:.1f}s" if (pull := getattr(a, "pull_s", None)) is not None else ""
             lines.append(
                 f"    #{a.attempt}  {_ts(a.started_at)} .. {_ts(a.ended_at) if a.ended_at else 'running':<19}  "
                 f"{a.gpus:g} GPUs  {a.outcome:<11} {a.reason}{codes}{lost}{used}"

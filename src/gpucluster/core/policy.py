@@ -142,6 +142,8 @@ class Policy:
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     elastic: ElasticPolicy = field(default_factory=ElasticPolicy)
+    # Directories a container job may bind-mount from (checked at submit; `decide` never reads it).
+    mount_roots: tuple[str, ...] = ()
     # Who may submit each class above normal (checked at submit; `decide` never reads it).
     priority_grants: dict[Priority, Grant] = field(default_factory=_default_grants)
 

@@ -63,6 +63,7 @@ from gpucluster.executors.base import (
     complete,
 )
 from gpucluster.executors.logfile import read_job_file
+from gpucluster.executors.podman import ContainerSpec
 from gpucluster.head.accounting import Accountant
 from gpucluster.head.estimates import EstimateRefresher
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
@@ -372,7 +373,8 @@ class Head:
                     how = job.stop_message  # the process that failed first, not those killed after
                 elif isinstance(status, Lost) and not multi:
                     how = f"process lost: {status.reason}"
-                self._fail_or_restart(job, how, code, ended, now)
+                final = any(isinstance(s, Exited) and s.final for s in statuses)
+                self._fail_or_restart(job, how, code, ended, now, final=final)
                 return
         self.store.transition(
             job.id,
@@ -385,12 +387,19 @@ class Head:
         )
 
     def _fail_or_restart(
-        self, job: JobRecord, how: str, code: int | None, ended: Callable[[str, str], AttemptRecord], now: float
+        self,
+        job: JobRecord,
+        how: str,
+        code: int | None,
+        ended: Callable[[str, str], AttemptRecord],
+        now: float,
+        final: bool = False,
     ) -> None:
-        """A failed attempt: back to the queue after a backoff while restarts are left, else failed."""
+        """A failed attempt: back to the queue after a backoff while restarts are left, else failed.
+        A `final` failure (an image that cannot be pulled) fails at once: no restart would help."""
         limit = job.spec.max_restarts
-        if job.restarts >= limit:
-            reason = how if not limit else f"{how}; no restarts left ({job.restarts} of {limit} used)"
+        if job.restarts >= limit or final:
+            reason = how if not limit or final else f"{how}; no restarts left ({job.restarts} of {limit} used)"
             self.store.transition(
                 job.id,
                 JobState.FAILED,
@@ -653,6 +662,7 @@ class Head:
             log_path=self.data_dir.log(job.id, attempt),
             user=self.identity.run_as(job.owner) if self.identity is not None else None,
             job_dir=self.data_dir.job_dir(job.id),
+            container=ContainerSpec(job.spec.image, tuple(job.spec.mounts)) if job.spec.image else None,
         )
         if not job.spec.distributed:
             return spec
@@ -838,7 +848,12 @@ def _used(statuses: list[Status]) -> dict[str, Any]:
     None where none of them was measured."""
     cpu = [s.cpu_s for s in statuses if isinstance(s, Exited) and s.cpu_s is not None]
     memory = [s.memory_peak_bytes for s in statuses if isinstance(s, Exited) and s.memory_peak_bytes is not None]
-    return {"cpu_s": sum(cpu) if cpu else None, "memory_peak_bytes": sum(memory) if memory else None}
+    pulls = [s.pull_s for s in statuses if isinstance(s, Exited) and s.pull_s is not None]
+    return {
+        "cpu_s": sum(cpu) if cpu else None,
+        "memory_peak_bytes": sum(memory) if memory else None,
+        "pull_s": max(pulls) if pulls else None,
+    }
 
 
 def _failed(s: Status) -> bool:

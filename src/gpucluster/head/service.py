@@ -6,6 +6,8 @@ live here, so a job that can never run is refused at submit rather than queued f
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +16,7 @@ from gpucluster.core.placement import Capacity
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation
 from gpucluster.durations import MAX_BEGIN_AHEAD_S
+from gpucluster.executors._shim import PHASE
 from gpucluster.head.inventory import with_presence
 from gpucluster.head.loop import Head
 from gpucluster.head.submit_batcher import SubmitBatcher
@@ -139,6 +142,10 @@ class ClusterService:
         reveal = reveal_env is not None and reveal_env(record.owner)
         job = to_wire(record, self.store.events(job_id), attempts, ran_s=ran, reveal_env=reveal)
         job.metrics = metric_series(self.store.job_metrics(job_id))
+        if record.state is JobState.RUNNING and record.spec.image:
+            phase = preparing(self.head.data_dir.run_dir(job_id, record.attempt), time.time())
+            if phase is not None:
+                job.reason = phase
         return describe_job(job, self.head.telemetry, self.telemetry)
 
     def jobs(
@@ -322,6 +329,7 @@ class ClusterService:
                 )
                 for c, g in sorted(p.priority_grants.items())
             },
+            mount_roots=list(p.mount_roots),
         )
 
     def nodes(self) -> list[NodeOut]:
@@ -376,6 +384,7 @@ def _attempts(r: JobRecord, ended: Iterable[AttemptRecord]) -> list[Attempt]:
             work_lost_s=a.work_lost_s,
             cpu_s=a.cpu_s,
             memory_peak_bytes=a.memory_peak_bytes,
+            pull_s=a.pull_s,
         )
         for a in ended
     ]
@@ -450,3 +459,15 @@ def to_wire(
         owner=r.owner,
         ran_s=ran_s,
     )
+
+
+def preparing(run_dir: Path, now: float) -> str | None:
+    """'preparing: pulling image X (12s)' while a process of the attempt is still getting ready
+    (the shim's phase.json, in rank 0's records for several processes); None once it runs."""
+    for d in (run_dir, run_dir / "rank-0"):
+        try:
+            phase = json.loads((d / PHASE).read_text())
+            return f"preparing: {phase['phase']} ({max(0.0, now - float(phase['since'])):.0f}s)"
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None

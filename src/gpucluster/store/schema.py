@@ -25,7 +25,8 @@ from sqlalchemy import (
 # 4: jobs.owner; users, memberships, tokens, audit; telemetry, presence and accounting tables
 # 5: attempts.cpu_s, attempts.memory_peak_bytes
 # 6: job_metrics
-SCHEMA_VERSION = 6
+# 7: attempts.pull_s
+SCHEMA_VERSION = 7
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -129,6 +130,7 @@ attempts = Table(
     # sum over its processes' cgroups of each one's peak memory; null where the node had none.
     Column("cpu_s", Float),
     Column("memory_peak_bytes", BigInteger),
+    Column("pull_s", Float),  # a container job's image pull, the longest of its processes'; null: none
 )
 # The accountant looks for attempts that ended since its last step every few seconds.
 Index("ix_attempts_ended_at", attempts.c.ended_at)

@@ -249,6 +249,7 @@ class AttemptRecord:
     work_lost_s: float | None
     cpu_s: float | None = None  # all its processes, from their cgroups; None: no cgroups there
     memory_peak_bytes: int | None = None  # each process's cgroup's peak, summed
+    pull_s: float | None = None  # a container job's image pull (the longest of its processes'); None: none
 
 
 @dataclass(frozen=True)
@@ -930,6 +931,7 @@ class Store:
                         work_lost_s=a.work_lost_s,
                         cpu_s=a.cpu_s,
                         memory_peak_bytes=a.memory_peak_bytes,
+                        pull_s=a.pull_s,
                     )
                 )
         return True
@@ -952,6 +954,7 @@ class Store:
                 work_lost_s=r["work_lost_s"],
                 cpu_s=r["cpu_s"],
                 memory_peak_bytes=r["memory_peak_bytes"],
+                pull_s=r["pull_s"],
             )
             for r in rows
         ]
