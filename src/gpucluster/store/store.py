@@ -37,12 +37,15 @@ from sqlalchemy import (
     Engine,
     Select,
     Table,
+    and_,
     bindparam,
+    case,
     create_engine,
     event,
     exists,
     func,
     insert,
+    literal,
     make_url,
     or_,
     select,
@@ -50,8 +53,20 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
+from gpucluster.core.admission import Target
 from gpucluster.core.states import JobState, can_transition
-from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, Priority, RunningJob, Wait
+from gpucluster.core.types import (
+    Allocation,
+    Dependency,
+    DependencyKind,
+    Gpu,
+    JobRequest,
+    Node,
+    NodeSlice,
+    Priority,
+    RunningJob,
+    Wait,
+)
 from gpucluster.models import JobSpec
 from gpucluster.store import lease as leases
 from gpucluster.store import migrate, schema
@@ -221,6 +236,9 @@ class JobRecord:
     progress_at: float | None = None
     checkpoint_step: int | None = None
     owner: str | None = None  # who submitted it (None: before identities existed)
+    held: bool = False
+    array_id: int | None = None  # an array's element: its array (the first element's id) ...
+    array_index: int | None = None  # ... and its index there
 
     def request(self) -> JobRequest:
         return request_from(
@@ -286,9 +304,13 @@ def allocation_from_json(text: str | None) -> Allocation | None:
     )
 
 
-def request_json(spec: JobSpec) -> str:
-    """The scheduler-facing part of a spec, compact: what `queued_requests` needs besides columns."""
+def request_json(spec: JobSpec, after: tuple[Dependency, ...] = ()) -> str:
+    """The scheduler-facing part of a spec, compact: what `queued_requests` needs besides columns.
+    `after`: its dependencies as resolved at submit (a target id that names an array means the
+    whole array; aftercorr becomes one dependency per element)."""
     d: dict[str, Any] = {}
+    if after:
+        d["d"] = [[a.kind.value, a.job_id, 1 if a.array else 0] for a in after]
     if spec.gpu_types:
         d["t"] = list(spec.gpu_types)
     if spec.gpu_memory_mb is not None:
@@ -313,8 +335,11 @@ def request_from(
     request: str | None,
     queued_at: float | None = None,
     not_before: float | None = None,
+    held: bool = False,
+    array_id: int | None = None,
 ) -> JobRequest:
     d = json.loads(request) if request else {}
+    deps = d.get("d")
     return JobRequest(
         job_id=job_id,
         gpus=gpus,
@@ -329,6 +354,9 @@ def request_from(
         queued_at=queued_at,
         min_gpus=d.get("mn"),
         not_before=not_before,
+        held=held,
+        after=tuple(Dependency(DependencyKind(k), i, bool(a)) for k, i, a in deps) if deps else (),
+        array_id=array_id,
     )
 
 
@@ -627,28 +655,13 @@ class Store:
         return out
 
     def _insert_jobs(self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None) -> list[int]:
-        rows = [
-            {
-                "name": spec.name or "",  # unnamed jobs read back as job-<id>
-                "team": spec.team,
-                "state": JobState.QUEUED.value,
-                "priority": int(Priority.parse(spec.priority)),
-                "gpus": spec.gpu_count,
-                "gpu_type": ",".join(spec.gpu_types) or None,
-                "request": request_json(spec),
-                "spec": spec.model_dump_json(),
-                "submitted_at": now,
-                "queued_at": now,
-                "reason": "submitted",
-                "attempt": 0,
-                "term_sent": False,
-                "kill_sent": False,
-                "owner": owners[n] if owners else None,
-            }
-            for n, (spec, now) in enumerate(items)
-        ]
         with self._errors_mapped(), self._writer.begin() as c:
             self._check_lease(c)
+            arrays = self._arrays_among(c, {i for spec, _ in items for _, i in _dependency_ids(spec)})
+            rows = [
+                self._job_row(spec, now, owners[n] if owners else None, _resolve(spec, arrays))
+                for n, (spec, now) in enumerate(items)
+            ]
             ids = [
                 int(r[0])
                 for r in c.execute(insert(schema.jobs).returning(schema.jobs.c.id, sort_by_parameter_order=True), rows)
@@ -661,6 +674,234 @@ class Store:
                 ],
             )
         return ids
+
+    @staticmethod
+    def _arrays_among(c: Connection, ids: set[int]) -> set[int]:
+        """Which of `ids` name an array (a dependency on one waits for all its elements)."""
+        if not ids:
+            return set()
+        a = schema.arrays.c
+        return {int(r[0]) for r in c.execute(select(a.id).where(a.id.in_(list(ids))))}
+
+    @staticmethod
+    def _job_row(spec: JobSpec, now: float, owner: str | None, after: tuple[Dependency, ...]) -> dict[str, Any]:
+        return {
+            "name": spec.name or "",  # unnamed jobs read back as job-<id>
+            "team": spec.team,
+            "state": JobState.QUEUED.value,
+            "priority": int(Priority.parse(spec.priority)),
+            "gpus": spec.gpu_count,
+            "gpu_type": ",".join(spec.gpu_types) or None,
+            "request": request_json(spec, after),
+            "spec": spec.model_dump_json(),
+            "submitted_at": now,
+            "queued_at": now,
+            "reason": "submitted",
+            "attempt": 0,
+            "term_sent": False,
+            "kill_sent": False,
+            "owner": owner,
+            "held": True if spec.hold else None,
+        }
+
+    # ---- arrays, holds and dependencies (issue 20) ---------------------------------------
+
+    def create_array(
+        self,
+        spec: JobSpec,
+        indices: tuple[int, ...],
+        now: float,
+        owner: str | None = None,
+        throttle: int | None = None,
+        sweep: str | None = None,
+        corr: int | None = None,
+    ) -> int:
+        """Insert an array's elements, one queued job each, in one transaction; returns the array's
+        id (its first element's job id) once durable. The elements share one spec text and one
+        request; `corr`: an array whose element i each element i waits for (aftercorr)."""
+        j = schema.jobs.c
+        with self._write() as c:
+            arrays = self._arrays_among(c, {i for _, i in _dependency_ids(spec)})
+            after = _resolve(spec, arrays)
+            base = self._job_row(spec, now, owner, after)
+            first = int(
+                c.execute(insert(schema.jobs).returning(j.id), [{**base, "array_index": indices[0]}]).scalar_one()
+            )
+            c.execute(update(schema.jobs).where(j.id == first).values(array_id=first))
+            c.execute(
+                insert(schema.arrays).values(
+                    id=first, count=len(indices), throttle=throttle, sweep=sweep, created_at=now
+                )
+            )
+            partners: dict[int, int] = {}
+            if corr is not None:
+                partners = {int(i): int(k) for i, k in c.execute(select(j.array_index, j.id).where(j.array_id == corr))}
+            if partners:
+                request = json.loads(str(base["request"]))
+                deps = request.get("d", [])
+
+                def row(index: int) -> dict[str, Any]:
+                    partner = partners.get(index)
+                    if partner is None:
+                        return {**base, "array_id": first, "array_index": index}
+                    d = {**request, "d": [*deps, [DependencyKind.AFTEROK.value, partner, 0]]}
+                    return {
+                        **base,
+                        "array_id": first,
+                        "array_index": index,
+                        "request": json.dumps(d, separators=(",", ":")),
+                    }
+
+                rows = [row(i) for i in indices]
+                c.execute(update(schema.jobs).where(j.id == first).values(request=rows[0]["request"]))
+                rows = rows[1:]
+            else:
+                rows = [{**base, "array_id": first, "array_index": i} for i in indices[1:]]
+            if rows:
+                c.execute(insert(schema.jobs), rows)
+            # One event per element, copied by the database rather than sent row by row.
+            c.execute(
+                insert(schema.job_events).from_select(
+                    ["job_id", "at", "state", "reason"],
+                    select(j.id, literal(now), literal(JobState.QUEUED.value), literal("submitted")).where(
+                        j.array_id == first
+                    ),
+                )
+            )
+        return first
+
+    def array(self, array_id: int) -> tuple[int, int | None, str | None] | None:
+        """An array's element count, throttle and sweep (JSON); None if `array_id` names no array."""
+        a = schema.arrays.c
+        with self._read() as c:
+            row = c.execute(select(a.count, a.throttle, a.sweep).where(a.id == array_id)).first()
+        return None if row is None else (int(row[0]), row[1], row[2])
+
+    def set_throttle(self, array_id: int, throttle: int | None) -> bool:
+        with self._write() as c:
+            res = c.execute(update(schema.arrays).where(schema.arrays.c.id == array_id).values(throttle=throttle))
+        return res.rowcount == 1
+
+    def array_elements(self, array_id: int, index: int | None = None) -> list[tuple[int, JobState]]:
+        """An array's elements (or the one at `index`) as (job id, state), in index order."""
+        j = schema.jobs.c
+        q = select(j.id, j.state).where(j.array_id == array_id).order_by(j.array_index)
+        if index is not None:
+            q = q.where(j.array_index == index)
+        with self._read() as c:
+            return [(int(i), JobState(st)) for i, st in c.execute(q)]
+
+    def array_counts(self, array_ids: Iterable[int]) -> dict[int, dict[str, int]]:
+        """Each array's elements counted by state, for a one-line listing."""
+        wanted = list(array_ids)
+        j = schema.jobs.c
+        out: dict[int, dict[str, int]] = {}
+        with self._read() as c:
+            for at in range(0, len(wanted), IDS_PER_QUERY):
+                q = (
+                    select(j.array_id, j.state, func.count())
+                    .where(j.array_id.in_(wanted[at : at + IDS_PER_QUERY]))
+                    .group_by(j.array_id, j.state)
+                )
+                for a, st, n in c.execute(q):
+                    out.setdefault(int(a), {})[st] = int(n)
+        return out
+
+    def set_held(self, ids: Iterable[int], held: bool) -> list[int]:
+        """Hold or release queued jobs; the ids it changed (jobs not queued are left alone)."""
+        wanted = list(ids)
+        j = schema.jobs.c
+        changed: list[int] = []
+        with self._write() as c:
+            for at in range(0, len(wanted), IDS_PER_QUERY):
+                chunk = wanted[at : at + IDS_PER_QUERY]
+                q = select(j.id).where(j.id.in_(chunk), j.state == JobState.QUEUED.value)
+                q = q.where(j.held.is_(None) | (j.held == False)) if held else q.where(j.held == True)  # noqa: E712
+                hit = [int(r[0]) for r in c.execute(q)]
+                if hit:
+                    c.execute(update(schema.jobs).where(j.id.in_(hit)).values(held=True if held else None))
+                changed += hit
+        return changed
+
+    def cancel_queued(self, ids: Iterable[int], now: float, reason: str) -> list[int]:
+        """Cancel the queued (or preempted) jobs among `ids` in one transaction; the ids cancelled."""
+        wanted = list(ids)
+        j = schema.jobs.c
+        waiting = [JobState.QUEUED.value, JobState.PREEMPTED.value]
+        done: list[int] = []
+        with self._write() as c:
+            for at in range(0, len(wanted), IDS_PER_QUERY):
+                chunk = wanted[at : at + IDS_PER_QUERY]
+                hit = [int(r[0]) for r in c.execute(select(j.id).where(j.id.in_(chunk), j.state.in_(waiting)))]
+                if not hit:
+                    continue
+                c.execute(
+                    update(schema.jobs)
+                    .where(j.id.in_(hit))
+                    .values(state=JobState.CANCELLED.value, reason=reason, ended_at=now)
+                )
+                c.execute(
+                    insert(schema.job_events),
+                    [{"job_id": i, "at": now, "state": JobState.CANCELLED.value, "reason": reason} for i in hit],
+                )
+                done += hit
+        return done
+
+    def running_by_array(self) -> dict[int, int]:
+        """Running elements per array: what an array's throttle is measured against."""
+        j = schema.jobs.c
+        q = (
+            select(j.array_id, func.count())
+            .where(j.state == JobState.RUNNING.value, j.array_id.is_not(None))
+            .group_by(j.array_id)
+        )
+        with self._read() as c:
+            return {int(a): int(n) for a, n in c.execute(q)}
+
+    def throttles(self, array_ids: Iterable[int]) -> dict[int, int]:
+        wanted = list(array_ids)
+        a = schema.arrays.c
+        out: dict[int, int] = {}
+        with self._read() as c:
+            for at in range(0, len(wanted), IDS_PER_QUERY):
+                q = select(a.id, a.throttle).where(a.id.in_(wanted[at : at + IDS_PER_QUERY]), a.throttle.is_not(None))
+                out.update({int(i): int(t) for i, t in c.execute(q)})
+        return out
+
+    def dependency_targets(
+        self, wanted: Iterable[tuple[int, bool]], default_time_limit_s: float
+    ) -> dict[tuple[int, bool], Target]:
+        """Each dependency target's state and expected start and end (admission's view): a job,
+        or (is_array) an array's elements summed up."""
+        keys = set(wanted)
+        jobs = [i for i, is_array in keys if not is_array]
+        arrays = [i for i, is_array in keys if is_array]
+        j = schema.jobs.c
+        out: dict[tuple[int, bool], Target] = {}
+        with self._read() as c:
+            for at in range(0, len(jobs), IDS_PER_QUERY):
+                q = select(j.id, j.state, j.started_at, j.request, j.estimated_start, j.attempt).where(
+                    j.id.in_(jobs[at : at + IDS_PER_QUERY])
+                )
+                for i, st, started, request, estimate, attempt in c.execute(q):
+                    state = JobState(st)
+                    limit = json.loads(request).get("tl") if request else None
+                    duration = limit or default_time_limit_s
+                    start = started if state is JobState.RUNNING else estimate
+                    end = None if start is None or state.terminal else start + duration
+                    out[(int(i), False)] = Target(state, bool(attempt), False, start, end)
+            for array_id in arrays:
+                counts: dict[str, int] = {}
+                ever = 0
+                per_state = select(j.state, func.count(), func.sum(case((j.attempt > 0, 1), else_=0))).where(
+                    j.array_id == array_id
+                )
+                for st, n, begun in c.execute(per_state.group_by(j.state)):
+                    counts[st] = int(n)
+                    ever += int(begun or 0)
+                if counts:
+                    out[(array_id, True)] = _array_target(counts, ever)
+        return out
 
     def get_job(self, job_id: int) -> JobRecord | None:
         with self._read() as c:
@@ -676,6 +917,7 @@ class Store:
         ids: Iterable[int] | None = None,
         text: str | None = None,
         offset: int = 0,
+        collapse: bool = False,
     ) -> list[JobRecord]:
         """Jobs, oldest first; `teams` keeps only those teams' jobs (what a member may see);
         `ids` only those jobs (not with `limit`); `text` those whose name or owner contains it
@@ -683,7 +925,7 @@ class Store:
         (a page of a newest-first listing)."""
         if ids is not None and (limit is not None or offset):
             raise ValueError("list_jobs: `limit` picks the newest jobs, `ids` names them: give one")
-        q = self._jobs_where(select(schema.jobs), states, team, teams, text).order_by(schema.jobs.c.id)
+        q = self._jobs_where(select(schema.jobs), states, team, teams, text, collapse).order_by(schema.jobs.c.id)
         if limit is not None or offset:
             q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit).offset(offset or None)
         with self._read() as c:
@@ -705,10 +947,11 @@ class Store:
         team: str | None = None,
         teams: Iterable[str] | None = None,
         text: str | None = None,
+        collapse: bool = False,
     ) -> int:
         """How many jobs `list_jobs` with the same filters lists without a limit: the total a
         paged listing shows ("51-100 of 1,234")."""
-        q = self._jobs_where(select(func.count()).select_from(schema.jobs), states, team, teams, text)
+        q = self._jobs_where(select(func.count()).select_from(schema.jobs), states, team, teams, text, collapse)
         with self._read() as c:
             return int(c.execute(q).scalar_one())
 
@@ -719,9 +962,19 @@ class Store:
         team: str | None,
         teams: Iterable[str] | None,
         text: str | None,
+        collapse: bool = False,
     ) -> Select[Any]:
+        """`collapse`: an array only as its first element, which a state filter keeps if any of
+        the array's elements is in one of the states."""
         j = schema.jobs.c
-        if states is not None:
+        if collapse:
+            q = q.where(or_(j.array_id.is_(None), j.array_id == j.id))
+        if states is not None and collapse:
+            values = [s.value for s in states]
+            element = schema.jobs.alias("element")
+            any_in = exists().where(element.c.array_id == j.id, element.c.state.in_(values))
+            q = q.where(or_(and_(j.array_id.is_(None), j.state.in_(values)), and_(j.array_id == j.id, any_in)))
+        elif states is not None:
             q = q.where(j.state.in_([s.value for s in states]))
         if team is not None:
             q = q.where(j.team == team)
@@ -762,14 +1015,35 @@ class Store:
         """The scheduler's view of the queue: only the columns it needs, no spec parsing."""
         j = schema.jobs.c
         q = select(
-            j.id, j.gpus, j.priority, j.submitted_at, j.team, j.request, j.spec, j.queued_at, j.not_before
+            j.id,
+            j.gpus,
+            j.priority,
+            j.submitted_at,
+            j.team,
+            j.request,
+            j.spec,
+            j.queued_at,
+            j.not_before,
+            j.held,
+            j.array_id,
         ).where(j.state == JobState.QUEUED.value)
         if after_id is not None:
             q = q.where(j.id > after_id)
         with self._read() as c:
             rows = c.execute(q).all()
         return [
-            request_from(r[0], r[1], r[2], r[3], r[4], r[5] if r[5] is not None else _request_of_spec(r[6]), r[7], r[8])
+            request_from(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                r[5] if r[5] is not None else _request_of_spec(r[6]),
+                r[7],
+                r[8],
+                held=bool(r[9]),
+                array_id=r[10],
+            )
             for r in rows
         ]
 
@@ -1187,7 +1461,39 @@ def _job(r: Any) -> JobRecord:
         progress_at=r["progress_at"],
         checkpoint_step=r["checkpoint_step"],
         owner=r["owner"],
+        held=bool(r["held"]),
+        array_id=r["array_id"],
+        array_index=r["array_index"],
     )
+
+
+def _dependency_ids(spec: JobSpec) -> list[tuple[DependencyKind, int]]:
+    return [
+        (kind, i)
+        for kind, ids in (
+            (DependencyKind.AFTER, spec.after),
+            (DependencyKind.AFTEROK, spec.afterok),
+            (DependencyKind.AFTERNOTOK, spec.afternotok),
+            (DependencyKind.AFTERANY, spec.afterany),
+        )
+        for i in ids
+    ]
+
+
+def _resolve(spec: JobSpec, arrays: set[int]) -> tuple[Dependency, ...]:
+    """A spec's dependencies, each target a job or (its id names an array) the whole array."""
+    return tuple(Dependency(kind, i, i in arrays) for kind, i in _dependency_ids(spec))
+
+
+def _array_target(counts: dict[str, int], started: int) -> Target:
+    total = sum(counts.values())
+    pending = {s: counts.get(s.value, 0) for s in (JobState.RUNNING, JobState.PREEMPTED, JobState.QUEUED)}
+    bad = counts.get(JobState.FAILED.value, 0) + counts.get(JobState.CANCELLED.value, 0)
+    if any(pending.values()):
+        state = next(s for s, n in pending.items() if n)
+    else:
+        state = JobState.FAILED if bad else JobState.SUCCEEDED
+    return Target(state, started == total, bad > 0)
 
 
 def _request_of_spec(spec_json: str) -> str:
