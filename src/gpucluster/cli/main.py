@@ -589,7 +589,7 @@ def jobs(
             where = f"array of {sum(j.array_counts.values())}"
         elif j.array_id is not None:
             ident = f"{j.array_id}[{j.array_index}]"
-        if j.held and j.state == "queued":
+        if j.held and j.state == "queued" and not j.array_counts:
             shown = "queued (held)"
         table.add_row(
             ident,
