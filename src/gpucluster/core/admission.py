@@ -70,12 +70,6 @@ def label(dep: Dependency) -> str:
     return f"{'array' if dep.array else 'job'} {dep.job_id}"
 
 
-def needs_admission(queued: Iterable[JobRequest]) -> bool:
-    """Whether any queued job is held, has dependencies or belongs to an array: if none does,
-    the head skips gathering targets (a cycle costs nothing more without these features)."""
-    return any(r.held or r.after or r.array_id is not None for r in queued)
-
-
 def admit(
     queued: Iterable[JobRequest],
     targets: Mapping[tuple[int, bool], Target],
@@ -92,29 +86,32 @@ def admit(
     waits: dict[int, Wait] = {}
     doomed: dict[int, str] = {}
     ends: dict[int, float] = {}  # jobs waiting here: expected end, for their own dependents
+    queue = queued if isinstance(queued, tuple | list) else tuple(queued)
+    # Dependent jobs first, in id order (a chain's earlier steps have smaller ids); the rest of
+    # the queue is not sorted: a cycle with 100,000 queued pays for no sort it does not need.
+    for job in sorted((r for r in queue if r.after), key=lambda r: r.job_id):
+        blocked = _dependencies(job, targets, ends, now)
+        if isinstance(blocked, str):
+            doomed[job.job_id] = blocked
+        elif blocked is not None:
+            waits[job.job_id] = blocked
+            if blocked.estimated_start is not None:
+                ends[job.job_id] = blocked.estimated_start + (job.time_limit_s or default_time_limit_s)
     throttled: dict[int, list[JobRequest]] = {}
-    for job in sorted(queued, key=lambda r: r.job_id):
-        if job.after:
-            blocked = _dependencies(job, targets, ends, now)
-            if isinstance(blocked, str):
-                doomed[job.job_id] = blocked
-                continue
-            if blocked is not None:
-                waits[job.job_id] = blocked
-                if blocked.estimated_start is not None:
-                    ends[job.job_id] = blocked.estimated_start + (job.time_limit_s or default_time_limit_s)
-                continue
+    for job in queue:
+        if job.job_id in waits or job.job_id in doomed:
+            continue
         if job.held:
             waits[job.job_id] = Wait(WaitReason.HELD, HELD_BY_USER)
-            continue
-        if job.array_id is not None and job.array_id in throttles:
+        elif job.array_id is not None and job.array_id in throttles:
             throttled.setdefault(job.array_id, []).append(job)
-            continue
-        eligible.append(job)
+        else:
+            eligible.append(job)
     for array_id, elements in throttled.items():
         limit = throttles[array_id]
         running = running_by_array.get(array_id, 0)
         room = max(0, limit - running)
+        elements.sort(key=lambda r: r.job_id)  # the lowest indices go first
         eligible.extend(elements[:room])
         wait = Wait(
             WaitReason.THROTTLE,
@@ -122,7 +119,6 @@ def admit(
         )
         for job in elements[room:]:
             waits[job.job_id] = wait
-    eligible.sort(key=lambda r: r.job_id)
     return Admission(tuple(eligible), waits, doomed)
 
 

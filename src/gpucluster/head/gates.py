@@ -14,7 +14,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from gpucluster.core.admission import Admission, admit, needs_admission
+from gpucluster.core.admission import Admission, admit
 from gpucluster.core.arrays import Sweep, element_env, substitute
 from gpucluster.core.states import JobState
 from gpucluster.core.types import JobRequest, Wait
@@ -34,15 +34,22 @@ class Gates:
     def admit(self, queued: tuple[JobRequest, ...], now: float) -> tuple[JobRequest, ...]:
         """The queue the scheduler may start from; the rest get their reason in `waits`, and a
         job whose dependency can never be met is cancelled with that reason."""
-        if not needs_admission(queued):
-            self.waits = {}
-            return queued
+        wanted: set[tuple[int, bool]] = set()
+        arrays: set[int] = set()
+        held = False
+        for r in queued:  # one pass: at 100,000 queued every pass over the queue shows in a cycle
+            if r.after:
+                wanted.update((d.job_id, d.array) for d in r.after)
+            if r.array_id is not None:
+                arrays.add(r.array_id)
+            held = held or r.held
         store = self.head.store
         policy = self.head.policy
-        wanted = {(d.job_id, d.array) for r in queued for d in r.after}
-        targets = store.dependency_targets(wanted, policy.default_time_limit_s) if wanted else {}
-        arrays = {r.array_id for r in queued if r.array_id is not None}
         throttles = store.throttles(arrays) if arrays else {}
+        if not wanted and not throttles and not held:
+            self.waits = {}
+            return queued  # nothing held, nothing waits on another job, no array throttled
+        targets = store.dependency_targets(wanted, policy.default_time_limit_s) if wanted else {}
         running = store.running_by_array() if throttles else {}
         result: Admission = admit(queued, targets, running, throttles, now, policy.default_time_limit_s)
         for job_id, why in result.doomed.items():
