@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
-from gpucluster.client import ApiError
+from gpucluster.client import ApiError, Client
 from tests.e2e.headproc import HeadProcess, wait_for
 from tests.e2e.test_jobs import finished
 
@@ -118,3 +120,26 @@ def test_a_dependency_on_an_unknown_or_foreign_job_is_refused(head: HeadProcess)
     assert r.returncode == 1 and "--afterok 'x1'" in r.stderr and "Traceback" not in r.stderr
     resp = httpx.post(f"{head.url}/v1/jobs", json={"command": ["x"], "afterok": [0]}, headers=head.headers)
     assert resp.status_code == 422
+
+
+def test_another_teams_job_is_answered_as_a_missing_one(head: HeadProcess) -> None:
+    """A dependency, a hold or a release naming another team's job learns nothing of it."""
+    me = pwd.getpwuid(os.geteuid())[0]
+    with head.client() as admin:
+        theirs = admin.submit([PY, "-c", "import time; time.sleep(30)"], team="vision", hold=True).id
+        bob = admin.add_user("bob", ["nlp"], unix_user=me).token
+    with Client(head.url, token=bob) as c:
+        try:
+            c.submit([PY, "-c", "pass"], afterok=[theirs])
+            raise AssertionError("accepted")
+        except ApiError as e:
+            assert e.status == 422 and f"no job with id {theirs}" in str(e)
+        for call in (c.hold, c.release):
+            try:
+                call(theirs)
+                raise AssertionError("accepted")
+            except ApiError as e:
+                assert e.status == 404 and f"no job with id {theirs}" in str(e)
+    with head.client() as admin:
+        assert admin.job(theirs).held  # still held: bob's release changed nothing
+        admin.cancel(theirs)
