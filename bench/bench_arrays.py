@@ -9,10 +9,11 @@ with an array queued, each against the same number of plain jobs, side by side.
    (`Store.create_jobs`, one transaction: the fastest any plain submission can be stored), and
    plain submissions over HTTP from 8 threads (`--plain-http` of them, timed and scaled to the
    element count: 100,000 one by one would take minutes).
-2. Scheduling cycle: a head (real SQLite store, fake executor, a clock moved by hand) whose 8
-   GPUs are all busy, with the elements (or as many plain jobs) queued; the median of
-   `--cycles` cycles after the first (the first reads the whole queue and records every wait).
-   Three queues: plain jobs, an array without a throttle, an array with `%16`.
+2. Scheduling cycle: three heads (real SQLite store, fake executor, a clock moved by hand), each
+   with its 8 GPUs busy and 100,000 queued: plain jobs, an array without a throttle, an array
+   with `%16`; they take turns cycle by cycle (`--cycles` each after the first, which reads the
+   whole queue and records every wait), and the ratio is also given as the median of adjacent
+   pairs, so the load of a shared machine cancels out.
 """
 
 from __future__ import annotations
@@ -90,44 +91,65 @@ def accept_plain_batch(work: Path, count: int) -> float:
         store.close()
 
 
-def cycle(work: Path, elements: int, kind: str, cycles: int) -> tuple[float, float]:
-    """(first cycle, median of the next `cycles`) in seconds, with 8 busy GPUs and the queue."""
-    store = Store(work / "state.db")
-    node = Node("n1", tuple(Gpu(i, "H100-80GB", 81920, f"G{i}") for i in range(8)))
-    store.put_node(node, virtual=True, now=1000.0)
-    clock = [1000.0]
-    head = Head(store=store, executor=FakeExecutor(), data_dir=DataDir(work), clock=lambda: clock[0], base_env={})
-    service = ClusterService(head)
-    try:
+class Cluster:
+    """A head (real SQLite store, fake executor, a clock moved by hand) with 8 busy GPUs and
+    `elements` queued as `kind`: plain jobs, an array, or an array with a throttle of 16."""
+
+    def __init__(self, work: Path, elements: int, kind: str) -> None:
+        self.store = Store(work / "state.db")
+        node = Node("n1", tuple(Gpu(i, "H100-80GB", 81920, f"G{i}") for i in range(8)))
+        self.store.put_node(node, virtual=True, now=1000.0)
+        self.now = 1000.0
+        self.head = Head(
+            store=self.store, executor=FakeExecutor(), data_dir=DataDir(work), clock=lambda: self.now, base_env={}
+        )
+        self.service = ClusterService(self.head)
         for _ in range(8):
-            service.submit(JobSpec(command=COMMAND, time_limit=3600))
-        head.tick()  # the 8 start: every GPU busy from here on
+            self.service.submit(JobSpec(command=COMMAND, time_limit=3600))
+        self.head.tick()  # the 8 start: every GPU busy from here on
         spec = JobSpec(command=COMMAND, time_limit=600)
         if kind == "plain":
-            store.create_jobs([(spec, 1000.0)] * elements)
+            self.store.create_jobs([(spec, 1000.0)] * elements)
         else:
             array = f"0-{elements - 1}" + ("%16" if kind == "array%16" else "")
-            service.submit(JobSpec(command=COMMAND, time_limit=600, array=array, allow_large_array=True))
-        times = []
-        for _ in range(cycles + 1):
-            clock[0] += 1.0
-            head._capacity_changed = True  # plan every cycle, as after a job ends
-            started = time.perf_counter()
-            head.tick()
-            times.append(time.perf_counter() - started)
-        return times[0], statistics.median(times[1:])
+            self.service.submit(JobSpec(command=COMMAND, time_limit=600, array=array, allow_large_array=True))
+
+    def cycle(self) -> float:
+        self.now += 1.0
+        self.head._capacity_changed = True  # plan every cycle, as after a job ends
+        started = time.perf_counter()
+        self.head.tick()
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.service.close()
+        self.store.close()
+
+
+def cycles(fresh: Callable[[str], Path], elements: int, count: int) -> dict[str, list[float]]:
+    """Each kind's cycle times after its first, the kinds taking turns cycle by cycle: a change
+    in the machine's load (2 cores shared with other work) hits each kind alike."""
+    kinds = ("plain", "array", "array%16")
+    clusters = {k: Cluster(fresh(f"c-{k}"), elements, k) for k in kinds}
+    try:
+        for k, cl in clusters.items():
+            print(f"cycle, {elements:,} queued as {k}: first {cl.cycle():.3f} s (reads the queue, records every wait)")
+        times: dict[str, list[float]] = {k: [] for k in kinds}
+        for _ in range(count):
+            for k, cl in clusters.items():
+                times[k].append(cl.cycle())
+        return times
     finally:
-        service.close()
-        store.close()
+        for cl in clusters.values():
+            cl.close()
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--elements", type=int, default=100_000)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cycles", type=int, default=15)
+    p.add_argument("--cycles", type=int, default=20)
     p.add_argument("--plain-http", type=int, default=2000)
-    p.add_argument("--rounds", type=int, default=2, help="cycle measurements per queue kind, interleaved")
     p.add_argument("--only-cycles", action="store_true")
     args = p.parse_args()
     n = args.elements
@@ -142,15 +164,14 @@ def main() -> int:
 
         if not args.only_cycles:
             accepting(args, n, fresh)
-        medians: dict[str, list[float]] = {"plain": [], "array": [], "array%16": []}
-        for r in range(args.rounds):  # interleaved, so a change in the machine's load hits each kind alike
-            for kind in medians:
-                first, median = cycle(fresh(f"c-{kind}-{r}"), n, kind, args.cycles)
-                medians[kind].append(median)
-                print(f"cycle, {n:,} queued as {kind}: first {first:.3f} s, median {median * 1000:.1f} ms")
-        results = {k: statistics.median(v) for k, v in medians.items()}
-        for kind in ("array", "array%16"):
-            print(f"cycle ratio {kind}/plain: {results[kind] / results['plain']:.3f} (median of {args.rounds} rounds)")
+        times = cycles(fresh, n, args.cycles)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for k, v in times.items():
+            p90 = sorted(v)[int(len(v) * 0.9)]
+            print(f"cycle, {n:,} queued as {k}: median {med[k] * 1000:.1f} ms of {len(v)} (p90 {p90 * 1000:.1f} ms)")
+        for k in ("array", "array%16"):
+            paired = statistics.median(a / p for a, p in zip(times[k], times["plain"], strict=True))
+            print(f"cycle ratio {k}/plain: {med[k] / med['plain']:.3f} (median of adjacent pairs {paired:.3f})")
         print("load average:", os.getloadavg())
         print("machine:", subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout.strip())
     finally:
