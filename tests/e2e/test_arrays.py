@@ -74,7 +74,7 @@ def test_jobs_lists_an_array_as_one_line_and_expand_lists_its_elements(head: Hea
         done = finished(head, int(five["id"]))  # type: ignore[call-overload]
         assert done.state.value == "succeeded"
         # Its history starts with the array's submission, recorded once for all its elements.
-        assert [e.reason for e in done.events][0] == "submitted (array of 3)"
+        assert done.events[0].reason == "submitted (array of 3)"
         assert [e.state.value for e in done.events][-2:] == ["running", "succeeded"]
         assert sorted(str(e["state"]) for e in elements(head, array_id)) == ["queued", "queued", "succeeded"]
         # Cancel the array: its queued elements end, the finished one stays as it was.
