@@ -214,6 +214,7 @@ def test_the_throttle_admits_only_the_room_left_lowest_ids_first() -> None:
     assert all(result.waits[i].reason is WaitReason.THROTTLE for i in range(13, 20))
     full = admit(queue, {}, {10: 5}, {10: 5}, NOW, LIMIT)
     assert not full.eligible and "at most 5 elements at once (5 running)" in full.waits[10].message
+    assert "at most 5 elements at once (5 running)" in result.waits[13].message  # 2 running, 3 starting
 
 
 def test_held_or_blocked_elements_take_no_room_under_the_throttle() -> None:

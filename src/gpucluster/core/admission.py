@@ -113,9 +113,10 @@ def admit(
         room = max(0, limit - running)
         elements.sort(key=lambda r: r.job_id)  # the lowest indices go first
         eligible.extend(elements[:room])
+        busy = running + min(room, len(elements))  # the admitted ones start in this very cycle
         wait = Wait(
             WaitReason.THROTTLE,
-            f"array {array_id} runs at most {limit} element{'s' if limit != 1 else ''} at once ({running} running)",
+            f"array {array_id} runs at most {limit} element{'s' if limit != 1 else ''} at once ({busy} running)",
         )
         for job in elements[room:]:
             waits[job.job_id] = wait
