@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from gpucluster.client import ApiError
 from tests.e2e.headproc import HeadProcess, wait_for
@@ -97,7 +98,7 @@ def test_update_throttle_lets_more_elements_run(head: HeadProcess) -> None:
         wait_for(lambda: c.job(array_id).array_counts == {"cancelled": 4}, what="all cancelled")
 
 
-def test_a_sweep_gives_each_element_its_values(head: HeadProcess, tmp_path: object) -> None:
+def test_a_sweep_gives_each_element_its_values(head: HeadProcess) -> None:
     with head.client() as c:
         first = c.submit(
             [PY, "-c", "import os, sys; print('got', sys.argv[1], os.environ['lr'], os.environ['batch'])", "{lr}"],
@@ -142,3 +143,27 @@ def test_bad_arrays_get_one_clear_error_each(head: HeadProcess) -> None:
             raise AssertionError("accepted")
         except ApiError as e:
             assert e.status == 422 and "step" in str(e)
+
+
+def test_a_sweep_from_a_job_file_and_the_large_sweep_guard(head: HeadProcess, tmp_path: Path) -> None:
+    job = tmp_path / "sweep.yaml"
+    job.write_text(
+        "command: [" + PY + ', -c, "import sys; print(sys.argv[1:])", "{lr}", "{batch}"]\n'
+        "sweep: {lr: [0.1, 0.01], batch: [8]}\n"
+        "throttle: 1\n"
+    )
+    r = cli(head, "submit", "-f", str(job))
+    assert r.returncode == 0, r.stderr
+    array_id = int(r.stdout.split()[2])
+    assert "2 elements" in r.stdout
+    with head.client() as c:
+        logs = sorted(c.logs(finished(head, int(e["id"])).id).strip() for e in elements(head, array_id))  # type: ignore[call-overload]
+    assert logs == ["['0.01', '8']", "['0.1', '8']"]
+    big = tmp_path / "big.yaml"
+    big.write_text("command: [/bin/true]\nsweep: {a: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], random: 100001, seed: 1}\n")
+    r = cli(head, "submit", "-f", str(big))
+    assert r.returncode == 1 and "confirm with --yes" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("command: [/bin/true]\nsweep: {lr: 0.1}\n")
+    r = cli(head, "submit", "-f", str(bad))
+    assert r.returncode == 1 and "sweep: lr: give a non-empty list" in r.stderr, r.stderr
