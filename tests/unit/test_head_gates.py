@@ -1,4 +1,5 @@
-"""The head applying admission (head/gates.py): a real store, a fake executor, a hand-moved clock."""
+"""The head applying admission (head/gates.py): a real store (SQLite and PostgreSQL: arrays are
+copied by SQL of their own), a fake executor, a hand-moved clock."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from .builders import spec
 from .headkit import T0, Cluster, make_cluster
 
 
+STORE_BACKENDS = ("sqlite", "postgresql")
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = make_cluster(tmp_path, gpus=8)
+def cluster(tmp_path: Path, store_target: Path | str) -> Iterator[Cluster]:
+    c = make_cluster(tmp_path, gpus=8, store_target=store_target)
     yield c
     c.close()
 
@@ -90,3 +94,15 @@ def test_cancel_of_an_array_ends_queued_and_stops_running_elements(cluster: Clus
     job = cluster.service.cancel_many(first.id)
     assert job.array_counts == {"cancelled": 3, "running": 2}
     assert all(cluster.record(i).stop_reason == "cancel" for i in running(cluster))
+
+
+def test_aftercorr_pairs_each_element_with_its_partner(cluster: Cluster) -> None:
+    a = cluster.service.submit(spec(array="0-2"))
+    b = cluster.service.submit(spec(array="0-3", aftercorr=a.id))
+    cluster.tick_at(T0 + 1)
+    assert running(cluster) == {a.id, a.id + 1, a.id + 2, b.id + 3}  # element 3 has no partner
+    cluster.proc(a.id + 1).status = Exited(0)
+    cluster.tick_at(T0 + 2)
+    cluster.tick_at(T0 + 3)
+    assert cluster.state(b.id + 1) is JobState.RUNNING and cluster.state(b.id) is JobState.QUEUED
+    assert cluster.record(b.id).reason.startswith(f"waits for job {a.id} (running")
