@@ -83,6 +83,8 @@ def test_jobs_lists_an_array_as_one_line_and_expand_lists_its_elements(head: Hea
         assert cancelled.returncode == 0, cancelled.stderr
         assert sorted(str(e["state"]) for e in elements(head, array_id)) == ["cancelled", "cancelled", "succeeded"]
         assert c.job(array_id).array_counts == {"cancelled": 2, "succeeded": 1}
+    shown = cli(head, "show", str(array_id))
+    assert f"array:      {array_id}, element 1 ({array_id}[1]); the array: 2 cancelled, 1 succeeded" in shown.stdout
 
 
 def test_update_throttle_lets_more_elements_run(head: HeadProcess) -> None:

@@ -14,7 +14,6 @@ from gpucluster.executors.base import Exited
 from .builders import spec
 from .headkit import T0, Cluster, make_cluster
 
-
 STORE_BACKENDS = ("sqlite", "postgresql")
 
 

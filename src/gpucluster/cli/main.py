@@ -628,6 +628,13 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         f"  exit code:  {job.exit_code if job.exit_code is not None else '-'}",
         f"  submitted:  {_ts(job.submitted_at)}   started: {_ts(job.started_at)}   ended: {_ts(job.ended_at)}",
     ]
+    if job.array_id is not None:
+        whole = f"; the array: {_counts(job.array_counts)}" if job.array_counts else ""
+        lines.insert(
+            1, f"  array:      {job.array_id}, element {job.array_index} ({job.array_id}[{job.array_index}]){whole}"
+        )
+    if job.held and job.state == "queued":
+        lines.insert(2, "  held:       yes (gpucluster release to let it start)")
     p = job.progress
     if p is not None:
         step = f"step {p.step}" if p.step is not None else "no step reported"
