@@ -608,9 +608,11 @@ class Job(Model):
 
 
 class HoldOut(Model):
-    """What a hold or release changed: the jobs it held or released (queued ones only)."""
+    """What a hold or release changed (queued jobs only): how many, and which (listed for a job
+    or an element; not for a whole array, which may have 100,000)."""
 
-    changed: list[int]
+    count: int = 0
+    changed: list[int] = Field(default_factory=list)
 
 
 class ArrayUpdate(Model):

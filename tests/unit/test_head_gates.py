@@ -105,3 +105,17 @@ def test_aftercorr_pairs_each_element_with_its_partner(cluster: Cluster) -> None
     cluster.tick_at(T0 + 3)
     assert cluster.state(b.id + 1) is JobState.RUNNING and cluster.state(b.id) is JobState.QUEUED
     assert cluster.record(b.id).reason.startswith(f"waits for job {a.id} (running")
+
+
+def test_hold_and_release_of_a_whole_array_take_one_statement(cluster: Cluster) -> None:
+    first = cluster.service.submit(spec(array="0-5"))
+    held = cluster.service.hold(first.id, True)
+    assert (held.count, held.changed) == (6, [])
+    cluster.tick_at(T0 + 1)
+    assert running(cluster) == set() and cluster.record(first.id + 3).reason == "held by user"
+    assert cluster.service.hold(first.id, False, index=3).changed == [first.id + 3]
+    cluster.tick_at(T0 + 2)
+    assert running(cluster) == {first.id + 3}
+    assert cluster.service.hold(first.id, False).count == 5
+    cluster.tick_at(T0 + 3)
+    assert len(running(cluster)) == 6

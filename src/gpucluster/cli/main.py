@@ -792,7 +792,9 @@ def hold(
     as_json: JsonOpt = False,
 ) -> None:
     """Hold queued jobs: they are never started until released."""
-    _for_each_job([parse_job_ref(j) for j in job_ids], url, as_json, "hold", lambda r: f"held {_id_count(r.changed)}")
+    _for_each_job(
+        [parse_job_ref(j) for j in job_ids], url, as_json, "hold", lambda r: f"held {_id_count(r.count, r.changed)}"
+    )
 
 
 @app.command()
@@ -803,7 +805,11 @@ def release(
 ) -> None:
     """Release held jobs: they wait for GPUs (and their dependencies) again."""
     _for_each_job(
-        [parse_job_ref(j) for j in job_ids], url, as_json, "release", lambda r: f"released {_id_count(r.changed)}"
+        [parse_job_ref(j) for j in job_ids],
+        url,
+        as_json,
+        "release",
+        lambda r: f"released {_id_count(r.count, r.changed)}",
     )
 
 
@@ -831,8 +837,8 @@ def _counts(counts: dict[str, int] | None) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted((counts or {}).items()))
 
 
-def _id_count(ids: list[int]) -> str:
-    return f"{len(ids)} job{'s' if len(ids) != 1 else ''}" if len(ids) != 1 else f"job {ids[0]}"
+def _id_count(count: int, ids: list[int]) -> str:
+    return f"job {ids[0]}" if count == 1 and len(ids) == 1 else f"{count} job{'s' if count != 1 else ''}"
 
 
 def _for_each_job(

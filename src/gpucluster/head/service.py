@@ -137,6 +137,12 @@ class ClusterService:
 
     def hold(self, job_id: int, held: bool, index: int | None = None) -> HoldOut:
         """Hold (or release) a queued job, an array's queued elements, or one element."""
+        if index is None and self.store.array(job_id) is not None:
+            count = self.store.set_array_held(job_id, held)  # one statement for the whole array
+            if count:
+                self.head.queue.invalidate()
+                self.head.nodes_changed()
+            return HoldOut(changed=[], count=count)
         ids = self.members(job_id, index)
         changed = self.store.set_held(ids, held)
         if changed:
@@ -148,7 +154,7 @@ class ClusterService:
                 raise NotFound(f"no job with id {ids[0]}")
             if record.state is not JobState.QUEUED:
                 raise Conflict(f"job {ids[0]} is {record.state.value}; only a queued job can be held or released")
-        return HoldOut(changed=changed)
+        return HoldOut(changed=changed, count=len(changed))
 
     def set_throttle(self, job_id: int, throttle: int | None) -> Job:
         if not self.store.set_throttle(job_id, throttle):
@@ -163,8 +169,8 @@ class ClusterService:
         if len(ids) == 1:
             return self.cancel(ids[0])
         now = self.head.clock()
-        for i in self.store.cancel_queued(ids, now, "cancelled by user while queued"):
-            self.head.queue.remove(i)
+        if self.store.cancel_array_queued(job_id, now, "cancelled by user while queued"):
+            self.head.queue.invalidate()  # reloaded next cycle: cheaper than one removal per element
         for i, state in self.store.array_elements(job_id):
             if state is JobState.RUNNING:
                 self.head.request_stop(i, "cancel")

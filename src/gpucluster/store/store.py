@@ -829,29 +829,29 @@ class Store:
                 changed += hit
         return changed
 
-    def cancel_queued(self, ids: Iterable[int], now: float, reason: str) -> list[int]:
-        """Cancel the queued (or preempted) jobs among `ids` in one transaction; the ids cancelled."""
-        wanted = list(ids)
+    def set_array_held(self, array_id: int, held: bool) -> int:
+        """Hold or release an array's queued elements in one statement; how many changed."""
         j = schema.jobs.c
-        waiting = [JobState.QUEUED.value, JobState.PREEMPTED.value]
-        done: list[int] = []
+        q = update(schema.jobs).where(j.array_id == array_id, j.state == JobState.QUEUED.value)
+        q = q.where(j.held.is_(None) | (j.held == False)) if held else q.where(j.held == True)  # noqa: E712
         with self._write() as c:
-            for at in range(0, len(wanted), IDS_PER_QUERY):
-                chunk = wanted[at : at + IDS_PER_QUERY]
-                hit = [int(r[0]) for r in c.execute(select(j.id).where(j.id.in_(chunk), j.state.in_(waiting)))]
-                if not hit:
-                    continue
-                c.execute(
-                    update(schema.jobs)
-                    .where(j.id.in_(hit))
-                    .values(state=JobState.CANCELLED.value, reason=reason, ended_at=now)
+            return int(c.execute(q.values(held=True if held else None)).rowcount)
+
+    def cancel_array_queued(self, array_id: int, now: float, reason: str) -> int:
+        """Cancel an array's queued (and preempted) elements in one transaction; how many."""
+        j = schema.jobs.c
+        waiting = and_(j.array_id == array_id, j.state.in_([JobState.QUEUED.value, JobState.PREEMPTED.value]))
+        with self._write() as c:
+            c.execute(
+                insert(schema.job_events).from_select(
+                    ["job_id", "at", "state", "reason"],
+                    select(j.id, literal(now), literal(JobState.CANCELLED.value), literal(reason)).where(waiting),
                 )
-                c.execute(
-                    insert(schema.job_events),
-                    [{"job_id": i, "at": now, "state": JobState.CANCELLED.value, "reason": reason} for i in hit],
-                )
-                done += hit
-        return done
+            )
+            res = c.execute(
+                update(schema.jobs).where(waiting).values(state=JobState.CANCELLED.value, reason=reason, ended_at=now)
+            )
+        return int(res.rowcount)
 
     def running_by_array(self) -> dict[int, int]:
         """Running elements per array: what an array's throttle is measured against."""
