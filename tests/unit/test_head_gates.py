@@ -119,3 +119,15 @@ def test_hold_and_release_of_a_whole_array_take_one_statement(cluster: Cluster) 
     assert cluster.service.hold(first.id, False).count == 5
     cluster.tick_at(T0 + 3)
     assert len(running(cluster)) == 6
+
+
+def test_a_job_after_a_throttled_array_is_estimated_from_its_waves(cluster: Cluster) -> None:
+    """6 elements of 10 minutes, 2 at once: 3 waves; the job after the array starts after them."""
+    first = cluster.service.submit(spec(array="0-5%2", time_limit="10m"))
+    after = cluster.submit(afterok=[first.id])
+    cluster.tick_at(T0 + 1)
+    cluster.tick_at(T0 + 2)
+    waiting = cluster.record(after)
+    assert waiting.wait_reason == "dependency"
+    assert waiting.estimated_start == T0 + 1 + 3 * 600
+    assert waiting.reason.startswith(f"waits for array {first.id} (running, expected to end ")

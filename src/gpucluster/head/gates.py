@@ -49,7 +49,7 @@ class Gates:
         if not wanted and not throttles and not held:
             self.waits = {}
             return queued  # nothing held, nothing waits on another job, no array throttled
-        targets = store.dependency_targets(wanted, policy.default_time_limit_s) if wanted else {}
+        targets = store.dependency_targets(wanted, policy.default_time_limit_s, now) if wanted else {}
         running = store.running_by_array() if throttles else {}
         result: Admission = admit(queued, targets, running, throttles, now, policy.default_time_limit_s)
         for job_id, why in result.doomed.items():

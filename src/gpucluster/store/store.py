@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -875,10 +875,10 @@ class Store:
         return out
 
     def dependency_targets(
-        self, wanted: Iterable[tuple[int, bool]], default_time_limit_s: float
+        self, wanted: Iterable[tuple[int, bool]], default_time_limit_s: float, now: float = 0.0
     ) -> dict[tuple[int, bool], Target]:
         """Each dependency target's state and expected start and end (admission's view): a job,
-        or (is_array) an array's elements summed up."""
+        or (is_array) an array's elements summed up, its end that of its last element."""
         keys = set(wanted)
         jobs = [i for i, is_array in keys if not is_array]
         arrays = [i for i, is_array in keys if is_array]
@@ -899,14 +899,32 @@ class Store:
             for array_id in arrays:
                 counts: dict[str, int] = {}
                 ever = 0
-                per_state = select(j.state, func.count(), func.sum(case((j.attempt > 0, 1), else_=0))).where(
-                    j.array_id == array_id
-                )
-                for st, n, begun in c.execute(per_state.group_by(j.state)):
+                pending = j.state.in_([JobState.QUEUED.value, JobState.PREEMPTED.value])
+                per_state = select(
+                    j.state,
+                    func.count(),
+                    func.sum(case((j.attempt > 0, 1), else_=0)),
+                    func.max(case((j.state == JobState.RUNNING.value, j.started_at), else_=j.estimated_start)),
+                    func.sum(case((and_(pending, j.estimated_start.is_(None)), 1), else_=0)),
+                ).where(j.array_id == array_id)
+                latest: float | None = None  # the latest known start of a pending element
+                unknown = 0  # pending elements without an estimate (past the throttle, say)
+                for st, n, begun, start, blind in c.execute(per_state.group_by(j.state)):
                     counts[st] = int(n)
                     ever += int(begun or 0)
+                    if not JobState(st).terminal:
+                        latest = start if latest is None or (start is not None and start > latest) else latest
+                        unknown += int(blind or 0)
                 if counts:
-                    out[(array_id, True)] = _array_target(counts, ever)
+                    shape = c.execute(
+                        select(j.request, schema.arrays.c.throttle)
+                        .join_from(schema.jobs, schema.arrays, schema.arrays.c.id == j.id)
+                        .where(j.id == array_id)
+                    ).first()
+                    limit = (json.loads(shape[0]).get("tl") if shape and shape[0] else None) or default_time_limit_s
+                    throttle = shape[1] if shape else None
+                    end = _array_end(latest, unknown, limit, throttle, now)
+                    out[(array_id, True)] = replace(_array_target(counts, ever), expected_end=end)
         return out
 
     def get_job(self, job_id: int) -> JobRecord | None:
@@ -1526,6 +1544,18 @@ def _dependency_ids(spec: JobSpec) -> list[tuple[DependencyKind, int]]:
 def _resolve(spec: JobSpec, arrays: set[int]) -> tuple[Dependency, ...]:
     """A spec's dependencies, each target a job or (its id names an array) the whole array."""
     return tuple(Dependency(kind, i, i in arrays) for kind, i in _dependency_ids(spec))
+
+
+def _array_end(latest: float | None, unknown: int, limit: float, throttle: int | None, now: float) -> float | None:
+    """When an array's last element is expected to end: the latest known start of its pending
+    elements plus their (shared) limit; elements with no estimate yet (held back by the throttle)
+    follow in waves of `throttle`, each one limit long. None: nothing pending, or no way to tell."""
+    if unknown == 0:
+        return None if latest is None else latest + limit
+    if throttle is None:
+        return None
+    base = max(now, latest + limit if latest is not None else now)
+    return base + -(-unknown // throttle) * limit
 
 
 def _array_target(counts: dict[str, int], started: int) -> Target:
