@@ -93,6 +93,10 @@ def test_a_waiting_pipeline_has_a_timeline(head: HeadProcess) -> None:
         assert three.estimated_start == started + 600 + 1200  # and the step before it's
         assert "running, expected to end" in two.reason
         assert f"waits for job {second} (waiting, expected to end" in three.reason
+        why = cli(head, "why", str(third))
+        assert why.returncode == 0, why.stderr
+        assert f"[dependency] waits for job {second} (waiting, expected to end" in why.stdout
+        assert "start: about " in why.stdout
         c.cancel(first)
 
 
