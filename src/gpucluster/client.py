@@ -29,6 +29,7 @@ from gpucluster.models import (
     BudgetOut,
     GpuSampleList,
     GpuSampleOut,
+    HoldOut,
     Job,
     JobList,
     JobSpec,
@@ -118,10 +119,12 @@ class Client(AdminCalls):
         *,
         offset: int = 0,
         text: str | None = None,
+        collapse: bool = False,
     ) -> list[Job]:
         """Jobs, oldest first; `limit` the newest N after skipping the newest `offset`; `text`
-        those whose name or owner contains it, or whose id it is."""
-        params: dict[str, Any] = {}
+        those whose name or owner contains it, or whose id it is; `collapse` an array as one
+        entry with `array_counts`."""
+        params: dict[str, Any] = {"collapse": "true"} if collapse else {}
         if state:
             params["state"] = state
         if team:
@@ -134,8 +137,26 @@ class Client(AdminCalls):
             params["q"] = text
         return JobList.model_validate(self._request("GET", "/v1/jobs", params=params).json()).jobs
 
-    def cancel(self, job_id: int) -> Job:
-        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel").json())
+    def cancel(self, job_id: int, index: int | None = None) -> Job:
+        """Cancel a job; an array's id cancels every element, `index` only that one (ID[7])."""
+        params = {"index": index} if index is not None else None
+        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel", params=params).json())
+
+    def hold(self, job_id: int, index: int | None = None) -> list[int]:
+        """Hold a queued job (or an array's queued elements, or element `index`); the ids held."""
+        params = {"index": index} if index is not None else None
+        return HoldOut.model_validate(self._request("POST", f"/v1/jobs/{job_id}/hold", params=params).json()).changed
+
+    def release(self, job_id: int, index: int | None = None) -> list[int]:
+        """Release held jobs, as `hold`; the ids released."""
+        params = {"index": index} if index is not None else None
+        return HoldOut.model_validate(self._request("POST", f"/v1/jobs/{job_id}/release", params=params).json()).changed
+
+    def set_throttle(self, array_id: int, throttle: int | None) -> Job:
+        """Change how many of an array's elements may run at once (None: no limit)."""
+        return Job.model_validate(
+            self._request("POST", f"/v1/jobs/{array_id}/array", json={"throttle": throttle}).json()
+        )
 
     def requeue(self, job_id: int) -> Job:
         """Checkpoint and requeue a running job (SIGTERM, grace, back in the queue, new attempt)."""

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
 
 from gpucluster import containers, labels
 from gpucluster.clientbase import DEFAULT_QUEUE_PAGE as DEFAULT_QUEUE_PAGE
+from gpucluster.core.arrays import (
+    MAX_ARRAY_ELEMENTS,
+    ArraySpec,
+    ArraySyntaxError,
+    check_size,
+    parse_array,
+    parse_sweep,
+)
 from gpucluster.core.states import JobState
 from gpucluster.durations import parse_duration
 
@@ -33,6 +41,8 @@ MAX_ENV_VALUE = 32768
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_METRICS = 32
 METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+MAX_DEPENDENCIES = 1000
+DependencyId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 PriorityName = Literal["low", "normal", "high", "critical"]
@@ -224,6 +234,86 @@ class JobSpec(StorableText):
         description="stop the job (failed) before its cost over all its attempts would exceed this much money "
         "(prices per GPU-hour are the head's)",
     )
+
+    # ---- holds, dependencies, arrays and sweeps (issue 20; README "Sweeps and pipelines") ----
+    hold: bool = Field(False, description="submit held: it never starts until `gpucluster release`")
+    after: list[DependencyId] = Field(
+        default_factory=list, max_length=MAX_DEPENDENCIES, description="start once these jobs (or arrays) have started"
+    )
+    afterok: list[DependencyId] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description="start once these jobs (or every element of these arrays) succeeded; cancelled if one cannot",
+    )
+    afternotok: list[DependencyId] = Field(
+        default_factory=list, max_length=MAX_DEPENDENCIES, description="start once these jobs failed or were cancelled"
+    )
+    afterany: list[DependencyId] = Field(
+        default_factory=list, max_length=MAX_DEPENDENCIES, description="start once these jobs ended, however"
+    )
+    aftercorr: DependencyId | None = Field(
+        None, description="an array's element i starts once element i of this array succeeded"
+    )
+    array: str | None = Field(
+        None,
+        max_length=1024,
+        description="submit an array: indices such as 0-199, 0-99:2 or 1,5,7, and an optional %N throttle "
+        "(at most N elements run at once)",
+    )
+    sweep: dict[str, Any] | None = Field(
+        None,
+        description="a parameter sweep, as an array: {lr: [0.001, 0.0003], batch: [32, 64]} (every combination), "
+        "or with random: N and seed: S (N points drawn); each element gets its values as environment variables "
+        "and in {name} placeholders of its command",
+    )
+    throttle: int | None = Field(None, ge=1, le=1_000_000, description="an array's or sweep's most elements at once")
+    allow_large_array: bool = Field(False, description=f"allow an array of more than {MAX_ARRAY_ELEMENTS:,} elements")
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_array(v)
+            except ArraySyntaxError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            try:
+                parse_sweep(v)
+            except ArraySyntaxError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @property
+    def array_spec(self) -> ArraySpec | None:
+        """The array this spec submits (from `array` or `sweep`), or None for a single job."""
+        if self.sweep is not None:
+            return ArraySpec(tuple(range(parse_sweep(self.sweep).count)), self.throttle)
+        if self.array is not None:
+            parsed = parse_array(self.array)
+            return ArraySpec(parsed.indices, self.throttle or parsed.throttle)
+        return None
+
+    @model_validator(mode="after")
+    def _array_consistent(self) -> JobSpec:
+        if self.sweep is not None and self.array is not None:
+            raise ValueError("a sweep makes its own array; leave out array (set throttle: N to limit it)")
+        if self.throttle is not None and self.sweep is None and self.array is None:
+            raise ValueError("throttle is for an array or a sweep")
+        if self.aftercorr is not None and self.sweep is None and self.array is None:
+            raise ValueError("aftercorr is for an array: element i waits for element i of another array")
+        shape = self.array_spec
+        if shape is not None:
+            try:
+                check_size(len(shape.indices), self.allow_large_array)
+            except ArraySyntaxError as e:
+                raise ValueError(str(e)) from None
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -541,6 +631,25 @@ class Job(Model):
     # started_at. Not ended_at - started_at: that counts a requeued job's wait in the queue.
     ran_s: float = 0
     metrics: list[MetricSeries] = Field(default_factory=list)  # gpucluster.train.report's, in GET /v1/jobs/{id}
+    held: bool = False  # held by its user: never started until released
+    array_id: int | None = None  # an array's element: the array's id (its first element's job id)
+    array_index: int | None = None
+    # In a collapsed listing (GET /v1/jobs?collapse=true) an array is one entry, its first
+    # element, with every element counted by state here; also on a submitted array's answer.
+    array_counts: dict[str, int] | None = None
+
+
+class HoldOut(Model):
+    """What a hold or release changed (queued jobs only): how many, and which (listed for a job
+    or an element; not for a whole array, which may have 100,000)."""
+
+    count: int = 0
+    changed: list[int] = Field(default_factory=list)
+
+
+class ArrayUpdate(Model):
+    model_config = ConfigDict(extra="forbid")
+    throttle: int | None = Field(..., ge=1, le=1_000_000, description="most elements at once; null: no limit")
 
 
 class JobList(Model):

@@ -36,7 +36,9 @@ from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.models import (
     DEFAULT_QUEUE_PAGE,
     MAX_QUEUE_PAGE,
+    ArrayUpdate,
     HealthOut,
+    HoldOut,
     Job,
     JobList,
     JobSpec,
@@ -118,6 +120,9 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     item's position means nothing to someone who typed `--state nope`; `_message` names the value)."""
     parts = [str(p) for p in loc if p not in ("body", "query", "path") and not isinstance(p, int)]
     return ".".join(parts) or "body"
+
+
+ArrayIndex = Annotated[int | None, Query(ge=0, le=10_000_000, description="one element of the array (ID[7])")]
 
 
 def _message(msg: str, error: dict[str, Any] | None = None) -> str:
@@ -258,7 +263,7 @@ def create_app(
         access.check_can_run(who)
         if team != spec.team:
             spec = spec.model_copy(update={"team": team})
-        job = await service.submit_async(spec, owner=who.user)
+        job = await service.submit_async(spec, owner=who.user, can_see=who.can_see)
         # Serialised directly: FastAPI would re-validate a Job we just built from validated data.
         return Response(job.model_dump_json(), status_code=201, media_type="application/json")
 
@@ -274,6 +279,9 @@ def create_app(
         q: Annotated[
             str | None, Query(max_length=128, description="name or owner contains this (any case), or the id is it")
         ] = None,
+        collapse: Annotated[
+            bool, Query(description="an array as one entry (its first element) with array_counts by state")
+        ] = False,
     ) -> JobList:
         """Jobs of your teams (a cluster admin: all jobs), oldest first. With `limit`, `total` says
         how many match in all, so a client can page through them (the dashboard's jobs page)."""
@@ -283,8 +291,8 @@ def create_app(
             raise Rejected("q", problem)  # PostgreSQL refuses a NUL even in a query's parameter
         teams = who.visible_teams()
         text = q.strip() if q and q.strip() else None
-        jobs = service.jobs(state, team, limit, teams=teams, text=text, offset=offset)
-        total = service.count_jobs(state, team, teams=teams, text=text) if limit is not None else None
+        jobs = service.jobs(state, team, limit, teams=teams, text=text, offset=offset, collapse=collapse)
+        total = None if limit is None else service.count_jobs(state, team, teams=teams, text=text, collapse=collapse)
         return JobList(jobs=jobs, total=total)
 
     @app.get("/v1/jobs/{job_id}", openapi_extra=allow(Rule.JOB_VIEW))
@@ -295,8 +303,25 @@ def create_app(
         )
 
     @app.post("/v1/jobs/{job_id}/cancel", openapi_extra=allow(Rule.JOB_OPERATE))
-    def cancel(job_id: Id) -> Job:
-        return service.cancel(job_id)
+    def cancel(job_id: Id, index: ArrayIndex = None) -> Job:
+        """Cancel a job; an array's id cancels every element (or only element `index`)."""
+        return service.cancel_many(job_id, index)
+
+    @app.post("/v1/jobs/{job_id}/hold", openapi_extra=allow(Rule.JOB_OPERATE))
+    def hold(job_id: Id, index: ArrayIndex = None) -> HoldOut:
+        """Hold a queued job (never started until released); an array's id holds its queued
+        elements (or only element `index`). `changed`: the jobs it held."""
+        return service.hold(job_id, True, index)
+
+    @app.post("/v1/jobs/{job_id}/release", openapi_extra=allow(Rule.JOB_OPERATE))
+    def release(job_id: Id, index: ArrayIndex = None) -> HoldOut:
+        """Release a held job (or an array's held elements, or element `index`)."""
+        return service.hold(job_id, False, index)
+
+    @app.post("/v1/jobs/{job_id}/array", openapi_extra=allow(Rule.JOB_OPERATE))
+    def update_array(job_id: Id, change: ArrayUpdate) -> Job:
+        """Change an array's throttle (the most elements that run at once; null: no limit)."""
+        return service.set_throttle(job_id, change.throttle)
 
     @app.post("/v1/jobs/{job_id}/requeue", openapi_extra=allow(Rule.JOB_OPERATE))
     def requeue(job_id: Id) -> Job:

@@ -446,6 +446,22 @@ def submit(
             "--mount", help="with --image: SRC:DST[:ro] bind mount, repeatable (SRC under the policy's roots)"
         ),
     ] = None,
+    hold: Annotated[bool, typer.Option("--hold", help="submit held: it starts only after gpucluster release")] = False,
+    after: Annotated[str | None, typer.Option("--after", help="start once these jobs started: ID[,ID...]")] = None,
+    afterok: Annotated[
+        str | None, typer.Option("--afterok", help="start once these jobs (or arrays) succeeded: ID[,ID...]")
+    ] = None,
+    afternotok: Annotated[
+        str | None, typer.Option("--afternotok", help="start once these jobs failed or were cancelled")
+    ] = None,
+    afterany: Annotated[str | None, typer.Option("--afterany", help="start once these jobs ended, however")] = None,
+    aftercorr: Annotated[
+        int | None, typer.Option("--aftercorr", help="an array: element i waits for element i of this array")
+    ] = None,
+    array: Annotated[
+        str | None, typer.Option("--array", help="submit an array: 0-199, 0-99:2 or 1,5,7, with %N: N at once")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="allow an array or sweep of more than 100,000 elements")] = False,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -476,6 +492,14 @@ def submit(
         "max_cost": max_cost,
         "image": image,
         "mounts": list(mount) if mount else None,
+        "after": _id_list("--after", after),
+        "afterok": _id_list("--afterok", afterok),
+        "afternotok": _id_list("--afternotok", afternotok),
+        "afterany": _id_list("--afterany", afterany),
+        "aftercorr": aftercorr,
+        "array": array,
+        "hold": True if hold else None,
+        "allow_large_array": True if yes else None,
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
     if isinstance(fields.get("image"), str):
@@ -526,8 +550,33 @@ def submit(
                 fail(str(e))
     if as_json:
         _print_json(job)
+    elif job.array_id is not None:
+        count = sum((job.array_counts or {}).values())
+        out.print(f"submitted array {job.array_id} ({job.name}): {count} elements {job.state}", markup=False)
     else:
-        out.print(f"submitted job {job.id} ({job.name}): {job.state}")
+        held = " (held)" if job.held else ""
+        out.print(f"submitted job {job.id} ({job.name}): {job.state}{held}", markup=False)
+
+
+def _id_list(option: str, text: str | None) -> list[int] | None:
+    """`41,42` -> [41, 42]; one line of error for anything else."""
+    if text is None:
+        return None
+    try:
+        ids = [int(p) for p in text.replace(":", ",").split(",") if p.strip()]
+    except ValueError:
+        fail(f"{option} {text!r}: give job ids separated by commas, e.g. {option} 41,42")
+    if not ids or any(i < 1 for i in ids):
+        fail(f"{option} {text!r}: give job ids separated by commas, e.g. {option} 41,42")
+    return ids
+
+
+def parse_job_ref(text: str) -> tuple[int, int | None]:
+    """`41` -> (41, None): a job, or every element of array 41; `41[7]` -> (41, 7): element 7."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:\[\s*(\d+)\s*\])?\s*", text)
+    if m is None or int(m.group(1)) < 1:
+        fail(f"{text!r} is not a job id; write 41, or 41[7] for element 7 of array 41")
+    return int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None
 
 
 def _validated(fields: dict[str, Any], node: Any, source: Path | None) -> Any:
@@ -557,11 +606,14 @@ def jobs(
     ] = None,
     team: Annotated[str | None, typer.Option(help="only this team's jobs")] = None,
     limit: Annotated[int | None, typer.Option(help="the newest N jobs", min=1)] = None,
+    expand: Annotated[bool, typer.Option("--expand", help="list every element of arrays")] = False,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List jobs, oldest first."""
-    params = {k: v for k, v in (("state", state), ("team", team), ("limit", limit)) if v}
+    """List jobs, oldest first; an array is one line with its elements counted by state."""
+    params: dict[str, Any] = {k: v for k, v in (("state", state), ("team", team), ("limit", limit)) if v}
+    if not expand:
+        params["collapse"] = "true"
     with _head(url) as h:
         listing = _call(h.json, "GET", "/v1/jobs", params).jobs
     if as_json:
@@ -570,11 +622,20 @@ def jobs(
     table = Table("ID", "NAME", "TEAM", "STATE", "GPUS", "PRIO", "SUBMITTED", "WHERE / WHY", box=None)
     for j in listing:
         where = _gpus(j) if j.state == "running" else j.reason
+        ident, shown = str(j.id), j.state
+        if j.array_counts:
+            ident = f"{j.id}[]"
+            shown = " ".join(f"{n} {s}" for s, n in sorted(j.array_counts.items()))
+            where = f"array of {sum(j.array_counts.values())}"
+        elif j.array_id is not None:
+            ident = f"{j.array_id}[{j.array_index}]"
+        if j.held and j.state == "queued" and not j.array_counts:
+            shown = "queued (held)"
         table.add_row(
-            str(j.id),
+            ident,
             j.name,
             j.spec.team,
-            j.state,
+            shown,
             _gpu_count(j),
             j.spec.priority,
             _ts(j.submitted_at),
@@ -611,6 +672,13 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
     if getattr(s, "image", None):
         mounts = "".join(f"   -v {m}" for m in (getattr(s, "mounts", None) or []))
         lines.insert(7, f"  image:      {s.image}{mounts}")
+    if job.array_id is not None:
+        whole = f"; the array: {_counts(job.array_counts)}" if job.array_counts else ""
+        lines.insert(
+            1, f"  array:      {job.array_id}, element {job.array_index} ({job.array_id}[{job.array_index}]){whole}"
+        )
+    if job.held and job.state == "queued":
+        lines.insert(2, "  held:       yes (gpucluster release to let it start)")
     p = job.progress
     if p is not None:
         step = f"step {p.step}" if p.step is not None else "no step reported"
@@ -744,35 +812,98 @@ def _rank_count(job: Job) -> int:
 
 @app.command()
 def cancel(
-    job_ids: Annotated[list[int], typer.Argument(help="job id(s)")],
+    job_ids: Annotated[list[str], typer.Argument(help="job id(s); an array's id: all its elements; 41[7]: one")],
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel jobs: queued ones at once, running ones with SIGTERM, then SIGKILL after the grace period."""
     _for_each_job(
-        job_ids,
+        [parse_job_ref(j) for j in job_ids],
         url,
         as_json,
         "cancel",
-        lambda job: "cancelled" if job.state == "cancelled" else "stopping (SIGTERM sent)",
+        lambda job: (
+            "array: " + _counts(job.array_counts)
+            if job.array_counts
+            else ("cancelled" if job.state == "cancelled" else "stopping (SIGTERM sent)")
+        ),
     )
 
 
+@app.command()
+def hold(
+    job_ids: Annotated[list[str], typer.Argument(help="job id(s); an array's id: all its elements; 41[7]: one")],
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hold queued jobs: they are never started until released."""
+    _for_each_job(
+        [parse_job_ref(j) for j in job_ids], url, as_json, "hold", lambda r: f"held {_id_count(r.count, r.changed)}"
+    )
+
+
+@app.command()
+def release(
+    job_ids: Annotated[list[str], typer.Argument(help="job id(s); an array's id: all its elements; 41[7]: one")],
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Release held jobs: they wait for GPUs (and their dependencies) again."""
+    _for_each_job(
+        [parse_job_ref(j) for j in job_ids],
+        url,
+        as_json,
+        "release",
+        lambda r: f"released {_id_count(r.count, r.changed)}",
+    )
+
+
+@app.command()
+def update(
+    array_id: Annotated[int, typer.Argument(help="array id")],
+    throttle: Annotated[
+        int | None, typer.Option("--throttle", min=0, help="the most elements that run at once; 0: no limit")
+    ] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change an array: gpucluster update 41 --throttle 32"""
+    if throttle is None:
+        fail("nothing to change; e.g. gpucluster update 41 --throttle 32")
+    with _head(url) as h:
+        job = _call(h.json, "POST", job_path(array_id, "array"), body={"throttle": throttle or None})
+    if as_json:
+        _print_json(job)
+    else:
+        out.print(f"array {array_id}: throttle {throttle or 'none'}", markup=False)
+
+
+def _counts(counts: dict[str, int] | None) -> str:
+    return ", ".join(f"{n} {s}" for s, n in sorted((counts or {}).items()))
+
+
+def _id_count(count: int, ids: list[int]) -> str:
+    return f"job {ids[0]}" if count == 1 and len(ids) == 1 else f"{count} job{'s' if count != 1 else ''}"
+
+
 def _for_each_job(
-    job_ids: list[int],
+    job_ids: list[int] | list[tuple[int, int | None]],
     url: str | None,
     as_json: bool,
     action: str,
     says: Callable[[View], str],
 ) -> None:
-    """POST `action` to each job: a refused job is reported and the rest still go; exit 1 if any
-    was refused; an unreachable head stops at once."""
+    """POST `action` to each job (or array, or `(array, index)` element): a refused job is
+    reported and the rest still go; exit 1 if any was refused; an unreachable head stops at once."""
     results = []
     failed = False
     with _head(url) as h:
-        for job_id in job_ids:
+        for ref in job_ids:
+            job_id, index = ref if isinstance(ref, tuple) else (ref, None)
+            label = f"{job_id}[{index}]" if index is not None else str(job_id)
             try:
-                job = h.json("POST", job_path(job_id, action))
+                path = job_path(job_id, action) + (f"?index={index}" if index is not None else "")
+                job = h.json("POST", path)
             except ApiError as e:
                 failed = True
                 err.print(f"[red]error:[/red] {e}")
@@ -781,7 +912,7 @@ def _for_each_job(
                 fail(str(e))
             results.append(job)
             if not as_json:
-                out.print(f"job {job.id}: {says(job)}")
+                out.print(f"job {label}: {says(job)}", markup=False)
     if as_json:
         _print_json(results)
     if failed:

@@ -66,6 +66,7 @@ from gpucluster.executors.logfile import read_job_file
 from gpucluster.executors.podman import ContainerSpec
 from gpucluster.head.accounting import Accountant
 from gpucluster.head.estimates import EstimateRefresher
+from gpucluster.head.gates import Gates
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
@@ -154,6 +155,7 @@ class Head:
         self._usage_at = saved_at if saved_at is not None else clock()
         self._usage_saved_at = self._usage_at
         self.queue = QueueCache(store)
+        self.gates = Gates(self)  # holds, dependencies, array throttles (issue 20)
         self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
         self.estimates = EstimateRefresher()
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
@@ -505,7 +507,8 @@ class Head:
 
     def snapshot(self) -> Snapshot:
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
-        queued = self.accounting.admit(self.queue.requests())  # not the jobs held for a budget
+        queued = self.gates.admit(self.queue.requests(), self.clock())  # not held, blocked or throttled ones
+        queued = self.accounting.admit(queued)  # not the jobs held for a budget
         if self.preempted_for:  # forget preemptors that started or left the queue
             ids = {r.job_id for r in queued}
             self.preempted_for = {v: p for v, p in self.preempted_for.items() if p in ids}
@@ -533,6 +536,7 @@ class Head:
         self._grow_elastic(snap, now)
         if not snap.queued:
             self.queue_order = []
+            self._record_waits(dict(self.gates.waits))
             return
         started = time.perf_counter()
         plan = decide(snap, self.policy, now)
@@ -552,6 +556,9 @@ class Head:
             self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)
         waiting = self.estimates.waits(snap, self.policy, now, plan)  # every job's estimated start
+        self._record_waits({**waiting, **self.gates.waits})
+
+    def _record_waits(self, waiting: dict[int, Wait]) -> None:
         changed = {k: v for k, v in waiting.items() if self._reasons.get(k) != v}
         self.store.set_wait_reasons(changed)
         self._reasons = waiting
@@ -626,6 +633,7 @@ class Head:
 
     def _launch_spec(self, job: JobRecord) -> LaunchSpec:
         """What to start for the job's current attempt: one process, or one per rank."""
+        job = self.gates.element(job)  # an array element: its index, count and sweep values
         assert job.allocation is not None
         slices = job.allocation.slices
         attempt = job.attempt

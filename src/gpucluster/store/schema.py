@@ -26,7 +26,8 @@ from sqlalchemy import (
 # 5: attempts.cpu_s, attempts.memory_peak_bytes
 # 6: job_metrics
 # 7: attempts.pull_s
-SCHEMA_VERSION = 7
+# 8: jobs.held, jobs.array_id, jobs.array_index; arrays
+SCHEMA_VERSION = 8
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -79,9 +80,27 @@ jobs = Table(
     Column("progress_at", Float),
     Column("checkpoint_step", Integer),
     Column("owner", String(128)),  # the user who submitted it; NULL for jobs from before identities
+    # Held by its user (submit --hold, gpucluster hold): never started until released. NULL: not held.
+    Column("held", Boolean),
+    # An array's element: the array (the id of its first element) and the element's index.
+    Column("array_id", Integer),
+    Column("array_index", Integer),
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)
+Index("ix_jobs_array", jobs.c.array_id, jobs.c.array_index)
+
+# One row per job array (issue 20); its id is its first element's job id, so a job id names the
+# array the way Slurm's does. The elements are ordinary jobs rows sharing one spec text.
+arrays = Table(
+    "arrays",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("count", Integer, nullable=False),
+    Column("throttle", Integer),  # at most this many elements run at once; NULL: no limit
+    Column("sweep", Text),  # the sweep's parameters as JSON (core/arrays.Sweep), for each element's values
+    Column("created_at", Float, nullable=False),
+)
 Index("ix_jobs_team_state", jobs.c.team, jobs.c.state)
 
 job_events = Table(
