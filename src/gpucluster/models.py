@@ -198,6 +198,11 @@ class JobSpec(StorableText):
     max_restarts: int = Field(
         0, ge=0, le=MAX_RESTARTS, description="after a failure, restart the job up to this many times, with backoff"
     )
+    interactive: bool = Field(
+        False,
+        description="an interactive session (`gpucluster run`): the command runs on a terminal that the owner "
+        "attaches to through the head; one process, never restarted, subject to the policy's `interactive:` class",
+    )
     max_cost: float | None = Field(
         None,
         gt=0,
@@ -339,7 +344,20 @@ class JobSpec(StorableText):
             raise ValueError("per_gpu and launcher need whole GPUs (one process per GPU)")
         if self.launcher is not None and self.shell:
             raise ValueError("launcher runs the command under torchrun; it cannot be combined with shell")
+        if self.interactive:
+            if self.distributed or (self.nodes or 1) > 1 or self.min_gpus is not None:
+                raise ValueError(
+                    "an interactive session is one process on one node: no per_gpu, launcher, "
+                    "nodes above 1 or GPU range"
+                )
+            if self.max_restarts:
+                raise ValueError("an interactive session is never restarted: leave max_restarts out")
         return self
+
+    @property
+    def kind(self) -> str:
+        """What sort of work: `batch`, or `session` (interactive); stored in jobs.kind."""
+        return "session" if self.interactive else "batch"
 
     @property
     def gpu_types(self) -> tuple[str, ...]:
@@ -503,6 +521,7 @@ class Job(Model):
     progress: Progress | None = None
     attempts: list[Attempt] = Field(default_factory=list)  # filled by GET /v1/jobs/{id}, as events
     owner: str | None = None  # the user who submitted it (jobs from before identities: none)
+    kind: str = "batch"  # batch, or session (interactive: `gpucluster run`, `attach`, `forward`)
     flags: list[JobFlagOut] = Field(default_factory=list)  # telemetry's findings (idle), in GET /v1/jobs/{id}
     gpu_usage: list[GpuUseOut] = Field(default_factory=list)  # its GPUs now, in GET /v1/jobs/{id}
     # Seconds its ended attempts ran, summed; a running job's current attempt adds the time since

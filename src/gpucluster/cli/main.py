@@ -980,6 +980,14 @@ from gpucluster.cli.usage import budgets, parse_prices, usage  # noqa: E402
 app.command()(usage)
 app.command()(budgets)
 
+# ---- interactive sessions (issue 21) --------------------------------------------------------
+
+from gpucluster.cli.session import attach, forward, run  # noqa: E402
+
+app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(run)
+app.command()(attach)
+app.command()(forward)
+
 
 def _invoked(args: list[str]) -> str | None:
     """The subcommand named in `args`, skipping the global options before it; None for none."""

@@ -91,6 +91,18 @@ def _load_cgroups() -> Any:
     return module
 
 
+def _load_session() -> Any:
+    """executors/_session.py (interactive sessions: a PTY served on a socket), by path as above."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_gpucluster_session", os.path.join(os.path.dirname(__file__), "_session.py")
+    )
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
 # ---- the job side: runs as the job's user -----------------------------------------------------
 
 
@@ -198,6 +210,12 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     except OSError as e:
         tell({"error": f"cannot put the job in its cgroup: {e}"})
         return CANNOT_START
+    session = _load_session() if spec.get("session_dir") else None
+    try:  # in the head's run dir, before the drop: only the head can connect (see _session.py)
+        listener = session.bind_at(spec["session_dir"]) if session is not None else None
+    except OSError as e:
+        tell({"error": f"cannot open the session's socket: {e}"})
+        return CANNOT_START
     try:
         account_env = _drop_privileges(spec["user"]) if spec.get("user") else _account_env(pwd.getpwuid(os.getuid()))
     except (OSError, KeyError) as e:
@@ -235,6 +253,12 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
         who = f" as {spec['user']}" if spec.get("user") else ""
         return fail(f"cannot enter the workdir {spec['workdir']}{who}: {e.strerror}")
     argv = spec["argv"]
+    if session is not None:  # an interactive session: the command on a PTY, served on the socket
+        os.close(out)
+        pump.join(timeout=2)
+        code, sig = session.serve(listener, argv, env, log, stops)
+        tell({"exit_code": code, "signal": sig})
+        return int(code)
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True)
     except OSError as e:

@@ -49,6 +49,9 @@ class LaunchSpec:
     # The job's own directory (its logs and checkpoints): made for `user` (0700, owned by it) by
     # the executor on the first attempt; everything inside is made by the job's processes.
     job_dir: Path | None = None
+    # An interactive session (one process only): the command runs on a PTY, served on a unix
+    # socket in run_dir for the head to relay (executors/_session.py).
+    session: bool = False
 
 
 @dataclass(frozen=True)

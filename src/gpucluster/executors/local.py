@@ -135,6 +135,7 @@ def write_shim_spec(
     make_dirs: list[str] | None = None,
     cgroup: dict[str, str] | None = None,
     die_with_parent: bool = False,
+    session_dir: Path | None = None,
 ) -> None:
     """What the shim in `run_dir` runs (_shim.py): a file only the head can read, so the command
     and its environment never show in `ps` nor reach another account."""
@@ -149,6 +150,8 @@ def write_shim_spec(
         "cgroup": cgroup or {},
         "die_with_parent": die_with_parent,
     }
+    if session_dir is not None:
+        spec["session_dir"] = str(session_dir)
     write_json_atomic(run_dir / SPEC, spec)
 
 
@@ -185,14 +188,18 @@ class LocalExecutor:
             prepare_job_dir(spec.job_dir, spec.user)
         if spec.processes:
             return self._launch_ranks(spec)
-        return self._launch_one(
+        handle = self._launch_one(
             ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path),
             spec.workdir,
             spec.user,
             cgroups.job_name(spec.job_id, spec.attempt),
+            session=spec.session,
         )
+        if spec.marker:  # a session's: its command is in a session of its own (executors/_session.py)
+            handle["marker"] = spec.marker
+        return handle
 
-    def _launch_one(self, p: ProcessSpec, workdir: str, user: str | None, leaf: str) -> Handle:
+    def _launch_one(self, p: ProcessSpec, workdir: str, user: str | None, leaf: str, session: bool = False) -> Handle:
         p.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         cgroup = self._new_cgroup(leaf)
         if cgroup is not None and self.gpu_minors:
@@ -210,6 +217,7 @@ class LocalExecutor:
             make_dirs=[checkpoints] if checkpoints else [],
             cgroup=cgroup.to_json() if cgroup is not None else None,
             die_with_parent=self.die_with_parent,
+            session_dir=p.run_dir if session else None,
         )
         # The shim's own messages (never the job's output) go to the run dir, the head's alone.
         with open(p.run_dir / "shim.log", "ab") as shim_log:
@@ -329,7 +337,7 @@ class LocalExecutor:
     def signal(self, handle: Handle, signum: int) -> None:
         for r in handle.get("ranks", [handle]):
             self._signal_one(r, signum)
-        if signum == signal.SIGKILL and "ranks" in handle:
+        if signum == signal.SIGKILL and "marker" in handle:
             self._kill_marked(handle)
 
     def _signal_one(self, handle: Handle, signum: int) -> None:

@@ -27,6 +27,7 @@ on by itself when it is back.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -653,7 +654,13 @@ class Head:
             log_path=self.data_dir.log(job.id, attempt),
             user=self.identity.run_as(job.owner) if self.identity is not None else None,
             job_dir=self.data_dir.job_dir(job.id),
+            session=job.spec.interactive,
         )
+        if job.spec.interactive:
+            # The session's command leads a session of its own (its PTY's), out of the shim's
+            # process group: the marker finds what it leaves, as it finds torchrun's workers.
+            spec.env[ENV_ATTEMPT_MARKER] = str(run_dir)
+            return dataclasses.replace(spec, marker=f"{ENV_ATTEMPT_MARKER}={run_dir}")
         if not job.spec.distributed:
             return spec
         marker = f"{ENV_ATTEMPT_MARKER}={run_dir}"

@@ -94,6 +94,7 @@ class ClusterService:
             reason="submitted",
             events=[JobEvent(at=now, state=JobState.QUEUED, reason="submitted")],
             owner=owner,
+            kind=spec.kind,
         )
 
     def _check_fits(self, spec: JobSpec) -> None:
@@ -443,5 +444,6 @@ def to_wire(
         else None,
         attempts=_attempts(r, attempts) if attempts is not None else [],
         owner=r.owner,
+        kind=spec.kind,
         ran_s=ran_s,
     )

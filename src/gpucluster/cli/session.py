@@ -1,0 +1,214 @@
+"""`gpucluster run`, `attach`, `forward`: interactive sessions (issue 21).
+
+`run` submits a session (a job of kind `session`), shows its place in the queue on one live
+line while it waits, then attaches the terminal (cli/terminal.py) and exits with the command's
+exit code. `attach` returns to a running session; `forward` makes a port of a session's node
+reachable on this machine, through the head.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpucluster.cli import terminal
+from gpucluster.cli.common import UrlOpt, call, err, fail
+from gpucluster.cli.common import head as _head
+from gpucluster.cli.transport import Head, job_path
+from gpucluster.clientbase import ApiError, ClusterUnreachable
+from gpucluster.launch.env import exported_env
+
+ENDED = ("succeeded", "failed", "cancelled")
+POLL_S = 1.0
+
+
+def run(
+    command: Annotated[list[str] | None, typer.Argument(help="the program and its arguments, after --")] = None,
+    gpus: Annotated[str, typer.Option(help="GPUs for the session, or a share of one GPU such as 0.5")] = "1",
+    gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="GPU model, or a preference list")] = None,
+    time_limit: Annotated[
+        str | None, typer.Option("--time-limit", help="e.g. 30m, 4h [default: the policy's session limit]")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="a name for the session")] = None,
+    team: Annotated[str | None, typer.Option(help="the team the session is accounted to")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="K=V, repeatable")] = None,
+    export: Annotated[
+        str, typer.Option("--export", help="your environment for the session: ALL, NONE, or VAR,VAR,...")
+    ] = "ALL",
+    workdir: Annotated[str | None, typer.Option(help="working directory [default: the current one]")] = None,
+    url: UrlOpt = None,
+) -> None:
+    """Start an interactive session and attach to it: gpucluster run --gpus 1 -- bash
+
+    Waits in the queue (its position and estimated start on one line), then the terminal is the
+    session's: Ctrl-C, Ctrl-D and the window size pass through, and the command's exit code is
+    this one's. Detach with Ctrl-] then d; `gpucluster attach JOB` returns."""
+    if not command:
+        fail("no command given; put it after --, e.g. gpucluster run --gpus 1 -- bash")
+    fields: dict[str, Any] = {"command": list(command), "interactive": True, "gpus": gpus}
+    optional = {
+        "gpu_type": gpu_type.split(",") if gpu_type and "," in gpu_type else gpu_type,
+        "time_limit": time_limit,
+        "name": name,
+        "team": team,
+    }
+    fields.update({k: v for k, v in optional.items() if v is not None})
+    if env:
+        pairs = {}
+        for item in env:
+            key, sep, value = item.partition("=")
+            if not sep:
+                fail(f"--env {item!r}: write it as KEY=VALUE")
+            pairs[key] = value
+        fields["env"] = pairs
+    environment = dict(os.environ)
+    try:
+        exported = exported_env(environment, export)
+    except ValueError as e:
+        fail(str(e))
+    if exported is not None:
+        exported.setdefault("TERM", environment.get("TERM", "xterm-256color"))
+        fields["exported_env"] = exported
+    fields["workdir"] = str(Path(workdir or os.getcwd()).expanduser().absolute())
+    with _head(url) as h:
+        job = call(h.json, "POST", "/v1/jobs", body=fields)
+        err.print(f"session {job.id} submitted; Ctrl-C while it waits cancels it", markup=False, highlight=False)
+        try:
+            state = _wait_running(h, int(job.id))
+        except KeyboardInterrupt:
+            _clear_line()
+            call(h.json, "POST", job_path(int(job.id), "cancel"))
+            fail(f"session {job.id} cancelled while it waited", 130)
+        raise typer.Exit(_attach_or_report(h, int(job.id), state))
+
+
+def attach(
+    job_id: Annotated[int, typer.Argument(help="the session's job id")],
+    url: UrlOpt = None,
+) -> None:
+    """Return to a running session (the terminal as `run` gives it); detach with Ctrl-] then d."""
+    with _head(url) as h:
+        try:
+            state = _wait_running(h, job_id)
+        except KeyboardInterrupt:
+            _clear_line()
+            raise typer.Exit(130) from None
+        raise typer.Exit(_attach_or_report(h, job_id, state))
+
+
+def forward(
+    job_id: Annotated[int, typer.Argument(help="the job (a session) whose port to reach")],
+    port: Annotated[int, typer.Argument(help="the port on the job's node", min=1, max=65535)],
+    local: Annotated[
+        int | None, typer.Option("--local", help="the port here [default: the same]", min=0, max=65535)
+    ] = None,
+    url: UrlOpt = None,
+) -> None:
+    """Reach a port of a session's node from this machine, through the head:
+    gpucluster forward 42 8888 (then open http://127.0.0.1:8888). Ctrl-C stops."""
+    with _head(url) as h:
+        uri, headers, ssl_context = h.websocket(job_path(job_id, f"forward/{port}"))
+
+    def open_tunnel() -> Any:
+        return terminal.open_ws(uri, headers, ssl_context)
+
+    try:  # one tunnel first: a refusal (403, no such job, nothing on that port) is said at once
+        open_tunnel().close()
+    except terminal.Refused as e:
+        fail(str(e))
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("127.0.0.1", port if local is None else local))
+    except OSError as e:
+        fail(f"cannot listen on 127.0.0.1:{port if local is None else local}: {e.strerror}; choose another --local")
+    listener.listen(64)
+    bound = listener.getsockname()[1]
+    err.print(f"forwarding 127.0.0.1:{bound} -> job {job_id} port {port}; Ctrl-C stops", markup=False, highlight=False)
+    try:
+        terminal.serve_forward(listener, open_tunnel, lambda m: err.print(f"forward: {m}", markup=False))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        listener.close()
+
+
+# ---- waiting and attaching -------------------------------------------------------------------
+
+
+def _wait_running(h: Head, job_id: int) -> str:
+    """Until the job runs or has ended (its state), a live status line on stderr meanwhile."""
+    shown = False
+    while True:
+        job = call(h.json, "GET", job_path(job_id))
+        state = str(job.state)
+        if state == "running" or state in ENDED:
+            if shown:
+                _clear_line()
+            return state
+        line = f"session {job_id} {state}"
+        if state == "queued":
+            page = call(h.json, "GET", "/v1/queue", {"job": job_id, "limit": 1})
+            if page.entries:
+                line += f", position {page.entries[0].position}"
+            start = page.entries[0].job.estimated_start if page.entries else None
+            if start:
+                line += f", estimated start {time.strftime('%H:%M', time.localtime(start))}"
+            if job.reason:
+                line += f" ({job.reason})"
+        sys.stderr.write("\r\x1b[K" + line[:200])
+        sys.stderr.flush()
+        shown = True
+        time.sleep(POLL_S)
+
+
+def _clear_line() -> None:
+    sys.stderr.write("\r\x1b[K")
+    sys.stderr.flush()
+
+
+def _attach_or_report(h: Head, job_id: int, state: str) -> int:
+    """Attach to the running session; the exit code to leave with."""
+    if state in ENDED:
+        return _ended(h, job_id)
+    rows, cols = terminal.terminal_size()
+    uri, headers, ssl_context = h.websocket(job_path(job_id, "attach"), {"rows": rows, "cols": cols})
+    try:
+        ws = terminal.open_ws(uri, headers, ssl_context)
+    except terminal.Refused as e:
+        fail(str(e))
+    code = terminal.attach(ws)
+    if code == terminal.DETACHED:
+        err.print(
+            f"\ndetached from session {job_id}; it goes on. Return with: gpucluster attach {job_id}",
+            markup=False,
+            highlight=False,
+        )
+        return 0
+    if code == terminal.LOST:
+        try:
+            job = h.json("GET", job_path(job_id))
+        except (ApiError, ClusterUnreachable):
+            job = None
+        if job is not None and str(job.state) in ENDED:
+            return _ended(h, job_id)
+        err.print(
+            f"\nlost the connection to session {job_id}; it goes on. Return with: gpucluster attach {job_id}",
+            markup=False,
+            highlight=False,
+        )
+        return 255
+    return code
+
+
+def _ended(h: Head, job_id: int) -> int:
+    job = call(h.json, "GET", job_path(job_id))
+    err.print(f"session {job_id} {job.state}: {job.reason}", markup=False, highlight=False)
+    code = job.exit_code
+    return int(code) if code is not None else 1

@@ -1,0 +1,25 @@
+"""Version 7: jobs.kind, what sort of work a job is (batch, or an interactive session).
+
+Revision ID: 0007
+Revises: 0006
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from gpucluster.store.migrations import helpers as h
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    # NULL for every job from before: they were all batch jobs.
+    h.add_columns("jobs", sa.Column("kind", sa.String(16)))
+
+
+def downgrade() -> None:
+    raise NotImplementedError("gpucluster never downgrades a data dir")
