@@ -131,7 +131,7 @@ def attach(ws: Any, stdin: int = 0, stdout: int = 1) -> int:
 
     old_winch = signal.signal(signal.SIGWINCH, resized) if is_tty else None
     if saved is not None:
-        tty.setraw(stdin)
+        tty.setraw(stdin, termios.TCSANOW)  # not TCSAFLUSH: what was typed while attaching is kept
     receiver = threading.Thread(target=receive, daemon=True)
     receiver.start()
     detach = _Detach()

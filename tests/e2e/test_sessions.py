@@ -1,0 +1,247 @@
+"""Interactive sessions end to end: a real head, the real CLI on a real PTY (tests/e2e/ptyterm.py),
+a real bash on the session's PTY on the node, WebSockets through the head."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from gpucluster.client import Client
+
+from .headproc import HeadProcess, free_port, pid_alive, wait_for
+from .ptyterm import Term
+
+CLI = [sys.executable, "-m", "gpucluster.cli.main"]
+BASH = ["bash", "--norc", "--noprofile"]
+PROMPT = "P> "
+
+
+@pytest.fixture
+def terms() -> Iterator[list[Term]]:
+    """Every terminal a test opens, closed (its program killed by id) even after a failure."""
+    opened: list[Term] = []
+    yield opened
+    for t in opened:
+        t.close()
+
+
+def term(terms: list[Term], head: HeadProcess, *args: str, token: str | None = None, rows: int = 24) -> Term:
+    env = {**head.env, "TERM": "xterm"}
+    if token is not None:
+        env["GPUCLUSTER_TOKEN"] = token
+    t = Term([*CLI, *args], env, rows=rows, cols=100)
+    terms.append(t)
+    return t
+
+
+def run_bash(terms: list[Term], head: HeadProcess, rows: int = 24) -> tuple[Term, int]:
+    """`gpucluster run -- bash` at its first prompt; the terminal and the session's job id."""
+    t = term(terms, head, "run", "--gpus", "1", "--env", f"PS1={PROMPT}", "--", *BASH, rows=rows)
+    job_id = int(t.expect(rb"session (\d+) submitted").group(1))
+    t.expect(PROMPT)
+    return t, job_id
+
+
+def cli(head: HeadProcess, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = head.env
+    if token is not None:
+        env["GPUCLUSTER_TOKEN"] = token
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def ws_status(head: HeadProcess, path: str, token: str | None) -> int:
+    """The HTTP status with which the head answers a WebSocket upgrade of `path`."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with connect(f"ws://127.0.0.1:{head.port}{path}", additional_headers=headers, open_timeout=30):
+            return 101
+    except InvalidStatus as e:
+        return int(e.response.status_code)
+
+
+def test_a_session_types_resizes_interrupts_and_returns_the_exit_code(head: HeadProcess, terms: list[Term]) -> None:
+    t, job_id = run_bash(terms, head, rows=30)
+    t.send("echo $((6 * 7))-answer\r")
+    t.expect("42-answer")
+    t.send("stty size\r")
+    t.expect("30 100")
+    t.resize(40, 132)  # SIGWINCH to the CLI, which sends the new size to the remote PTY
+    t.send("stty size\r")
+    t.expect("40 132")
+    t.send("tty; echo CUDA=$CUDA_VISIBLE_DEVICES\r")
+    t.expect(r"/dev/pts/\d+")
+    t.expect(r"CUDA=\d")  # the same GPU isolation as a batch job
+    t.send("sleep 1000; echo not-interrupted\r")
+    with head.client() as c:
+        # The remote `sleep` runs (seen from the node) before Ctrl-C is typed.
+        sleeper = wait_for(lambda: _pids_of(["sleep", "1000"]), timeout=20, what="the remote sleep")
+        t.send("\x03")
+        t.send("echo rc=$?\r")
+        t.expect("rc=130")
+        assert not any(pid_alive(p) for p in sleeper)
+        assert b"\nnot-interrupted" not in t.output  # its own line: the echo of the command line aside
+        t.send("\x04")  # Ctrl-D: end of input to bash, which exits with the last status (0)
+        assert t.wait() == 0
+        job = wait_for(lambda: (j := c.job(job_id)).state.terminal and j, timeout=30, what="the session to end")
+        assert job.kind == "session" and job.exit_code == 0 and job.state.value == "succeeded"
+        transcript = c.logs(job_id)
+        assert "42-answer" in transcript and "rc=130" in transcript
+
+    t2, job2 = run_bash(terms, head)
+    t2.send("exit 7\r")
+    assert t2.wait() == 7
+    with head.client() as c:
+        assert wait_for(lambda: c.job(job2).exit_code == 7, timeout=30, what="exit code 7 recorded")
+
+
+def _pids_of(argv: list[str]) -> list[int]:
+    want = "\0".join(argv).encode() + b"\0"
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if f.read() == want:
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_detach_reattach_client_kill_and_head_restart_keep_the_session(
+    head_factory: type[HeadProcess], tmp_path: Path, terms: list[Term]
+) -> None:
+    head = head_factory(tmp_path / "data").start()
+    t, job_id = run_bash(terms, head)
+    t.send("X=kept; echo pid=$$\r")
+    shell = int(t.expect(rb"pid=(\d+)").group(1))
+
+    t.send(b"\x1dd")  # Ctrl-] then d
+    assert t.wait() == 0
+    assert b"detached from session" in t.output and pid_alive(shell)
+
+    t = term(terms, head, "attach", str(job_id))
+    t.send("echo again-$X-$$\r")
+    t.expect(f"again-kept-{shell}")
+    os.kill(t.pid, signal.SIGKILL)  # the client dies: the session does not
+    t.wait()
+
+    t = term(terms, head, "attach", str(job_id))
+    t.send("echo third-$X\r")
+    t.expect("third-kept")
+    head.kill9()  # the head dies under an attached client
+    assert t.wait() == 255
+    assert b"lost the connection to session" in t.output
+    assert pid_alive(shell)
+
+    head = head_factory(tmp_path / "data", port=head.port).start()
+    t = term(terms, head, "attach", str(job_id))
+    t.send("echo back-$X-$$\r")
+    t.expect(f"back-kept-{shell}")
+    t.send("exit 3\r")
+    assert t.wait() == 3
+    with head.client() as c:
+        assert wait_for(lambda: c.job(job_id).exit_code == 3, timeout=30, what="the exit code after the restart")
+    r = cli(head, "attach", str(job_id))  # an ended session: its end, and its exit code
+    assert r.returncode == 3 and f"session {job_id} failed" in r.stderr
+
+
+def test_only_the_owner_attaches_and_only_the_team_forwards(head: HeadProcess, terms: list[Term]) -> None:
+    me = os.environ.get("USER") or "root"
+    with head.client() as admin:
+        alice = admin.add_user("alice", ["vision"], unix_user=me).token
+        carol = admin.add_user("carol", ["vision"], unix_user=me).token
+        bob = admin.add_user("bob", ["nlp"], unix_user=me).token
+    with Client(head.url, token=alice) as c:
+        job = c.submit(["sleep", "1000"], interactive=True, workdir="/tmp")
+        wait_for(lambda: c.job(job.id).state.value == "running", timeout=30, what="the session to run")
+    attach, fwd = f"/v1/jobs/{job.id}/attach", f"/v1/jobs/{job.id}/forward/9"
+    assert ws_status(head, attach, bob) == 403  # another team's
+    assert ws_status(head, fwd, bob) == 403
+    assert ws_status(head, attach, carol) == 403  # her team's, not her own: typing would run as alice
+    assert ws_status(head, "/v1/jobs/999999/attach", alice) == 403  # the same as another team's
+    assert ws_status(head, attach, None) == 401
+    r = cli(head, "attach", str(job.id), token=bob)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"error: no job with id {job.id}"  # as `logs` and `show` say it
+    r = cli(head, "forward", str(job.id), "9", "--local", "0", token=bob)
+    assert r.returncode == 1 and f"job {job.id} is not a job of your teams" in r.stderr
+    r = cli(head, "forward", str(job.id), "9", "--local", "0", token=carol)  # allowed; nothing listens there
+    assert r.returncode == 1 and "nothing answers on port 9" in r.stderr
+    with Client(head.url, token=alice) as c:
+        c.cancel(job.id)
+
+
+def test_a_forwarded_port_serves_a_real_http_request(head: HeadProcess, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "hello.txt").write_text("hello through the head\n")
+    port, local = free_port(), free_port()
+    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    with head.client() as c:
+        job = c.submit(server, interactive=True, workdir=str(site))
+        wait_for(lambda: c.job(job.id).state.value == "running", timeout=30, what="the session to run")
+        wait_for(lambda: b"Serving HTTP" in _log_bytes(c, job.id), timeout=30, what="the server to listen")
+    fwd = subprocess.Popen(
+        [*CLI, "forward", str(job.id), str(port), "--local", str(local)],
+        env=head.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        assert fwd.stdout is not None
+        line = fwd.stdout.readline().decode()
+        assert f"forwarding 127.0.0.1:{local} -> job {job.id} port {port}" in line, line
+        for _ in range(3):  # several connections, one tunnel each
+            r = httpx.get(f"http://127.0.0.1:{local}/hello.txt", timeout=30)
+            assert r.status_code == 200 and r.text == "hello through the head\n"
+    finally:
+        os.killpg(fwd.pid, signal.SIGKILL)
+        fwd.wait(10)
+        with head.client() as c:
+            c.cancel(job.id)
+
+
+def _log_bytes(c: Client, job_id: int) -> bytes:
+    return c.logs(job_id).encode()
+
+
+def test_bad_session_requests_get_one_line_errors(head: HeadProcess, tmp_path: Path) -> None:
+    r = cli(head, "run", "--gpus", "64", "--", "bash")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "asks for 64 GPUs but this cluster can never host that" in r.stderr
+    r = cli(head, "run", "--gpus", "1")
+    assert r.returncode == 1 and "no command given" in r.stderr
+    with head.client() as c:
+        batch = c.submit(["sleep", "1000"], workdir="/tmp")
+        wait_for(lambda: c.job(batch.id).state.value == "running", timeout=30, what="the batch job to run")
+        r = cli(head, "attach", str(batch.id))
+        assert r.returncode == 1 and f"job {batch.id} is a batch job, not a session" in r.stderr
+        c.cancel(batch.id)
+    spec = {"command": ["bash"], "interactive": True, "per_gpu": True, "gpus": 2}
+    answer = httpx.post(f"{head.url}/v1/jobs", json=spec, headers=head.headers)
+    assert answer.status_code == 422 and "an interactive session is one process on one node" in answer.json()["error"]
+
+
+def test_the_policy_session_class_limits_gpus_and_time(head_factory: type[HeadProcess], tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("interactive: {max_gpus_per_user: 2, time_limit: 1h, priority: high}\n")
+    head = head_factory(tmp_path / "data", extra_args=("--policy", str(policy))).start()
+    with head.client() as c:
+        first = c.submit(["sleep", "1000"], interactive=True, gpus=2, workdir="/tmp")
+        assert first.spec.priority == "high" and first.spec.time_limit == 3600  # the class's
+        r = cli(head, "run", "--gpus", "1", "--", "bash")
+        assert r.returncode == 1 and "your sessions would hold 3 GPUs; the policy allows 2 per user" in r.stderr
+        c.cancel(first.id)
+        r = cli(head, "run", "--gpus", "1", "--time-limit", "2h", "--", "bash")
+        assert r.returncode == 1 and "sessions may run at most 1h" in r.stderr
