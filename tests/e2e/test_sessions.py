@@ -243,5 +243,37 @@ def test_the_policy_session_class_limits_gpus_and_time(head_factory: type[HeadPr
         r = cli(head, "run", "--gpus", "1", "--", "bash")
         assert r.returncode == 1 and "your sessions would hold 3 GPUs; the policy allows 2 per user" in r.stderr
         c.cancel(first.id)
+        wait_for(lambda: c.job(first.id).state.terminal, timeout=30, what="the first session to end")
         r = cli(head, "run", "--gpus", "1", "--time-limit", "2h", "--", "bash")
         assert r.returncode == 1 and "sessions may run at most 1h" in r.stderr
+
+
+def test_an_idle_session_is_warned_in_its_terminal_then_stopped(
+    head_factory: type[HeadProcess], tmp_path: Path, terms: list[Term]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("interactive: {idle: {after: 2s, grace: 3s, action: stop}}\n")
+    head = head_factory(tmp_path / "data", extra_args=("--policy", str(policy), "--telemetry-interval", "0.2s")).start()
+    t, job_id = run_bash(terms, head)
+
+    def gpus_at(percent: float) -> None:  # synthetic telemetry: what the job says it does
+        r = httpx.post(f"{head.url}/v1/jobs/{job_id}/progress", json={"gpu_utilization": percent}, headers=head.headers)
+        assert r.status_code == 204, r.text
+
+    gpus_at(0)
+    t.expect(r"\[gpucluster\] this session is idle \(GPUs at or under 1% and no input for \d+s\); it will be stopped")
+    with head.client() as c:
+        assert [f.flag for f in c.job(job_id).flags] == ["idle"]  # the dashboard shows it too
+    t.send("echo still-here\r")  # a key withdraws the warning
+    t.expect(r"\[gpucluster\] activity again: the session stays")
+    gpus_at(100)  # busy GPUs and a silent terminal (a long training step): not idle
+    with head.client() as c:
+        wait_for(lambda: not c.job(job_id).flags, timeout=20, what="the idle flag to go")
+    gpus_at(0)
+    t.expect(r"\[gpucluster\] this session is idle")
+    t.expect(r"\[gpucluster\] stopped: idle session")
+    code = t.wait()
+    assert code in (137, 143), code  # SIGTERM; an interactive bash ignores it, so SIGKILL after the grace
+    with head.client() as c:
+        job = wait_for(lambda: (j := c.job(job_id)).state.terminal and j, timeout=30, what="the session to end")
+        assert job.state.value == "failed" and job.reason.startswith("stopped: idle session")

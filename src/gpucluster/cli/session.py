@@ -26,6 +26,7 @@ from gpucluster.launch.env import exported_env
 
 ENDED = ("succeeded", "failed", "cancelled")
 POLL_S = 1.0
+LOST_WAIT_S = 10.0  # after a lost connection, how long the head gets to record the session's end
 
 
 def run(
@@ -192,12 +193,19 @@ def _attach_or_report(h: Head, job_id: int, state: str) -> int:
         )
         return 0
     if code == terminal.LOST:
-        try:
-            job = h.json("GET", job_path(job_id))
-        except (ApiError, ClusterUnreachable):
-            job = None
-        if job is not None and str(job.state) in ENDED:
-            return _ended(h, job_id)
+        # The session may have been killed outright (a stop's SIGKILL takes its server too): the
+        # head records how it ended within moments. A head that is gone says nothing.
+        deadline = time.monotonic() + LOST_WAIT_S
+        while True:
+            try:
+                job = h.json("GET", job_path(job_id))
+            except (ApiError, ClusterUnreachable):
+                break
+            if str(job.state) in ENDED:
+                return _ended(h, job_id)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         err.print(
             f"\nlost the connection to session {job_id}; it goes on. Return with: gpucluster attach {job_id}",
             markup=False,

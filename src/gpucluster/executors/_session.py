@@ -19,8 +19,10 @@ Protocol: a client sends one JSON line, the *hello*, and reads one JSON line bac
   (which gets a NOTICE and is closed), as `tmux attach -d` does; the last output is replayed.
 - forward {"op": "forward", "port": P}: a TCP connection to 127.0.0.1:P made as the submitter,
   then raw bytes both ways.
-- status {"op": "status"}: {"ok": true, "quiet_s": seconds since the last byte of terminal or
-  forwarded traffic, "attached": bool}: what idle reclaim asks (telemetry/monitor.py).
+- status {"op": "status"}: {"ok": true, "quiet_s": seconds since the user last did something,
+  "attached": bool}: what idle reclaim asks (telemetry/session_idle.py). Doing something is an
+  attach, a keystroke or a resize, or a byte either way through a forwarded port (a notebook open
+  in a browser talks to its server); output to a terminal alone is not (`top` left open is idle).
 - notice {"op": "notice", "text": T}: T shown to the viewer (and in the transcript, and to the
   next viewer in the replay): the idle warning.
 
@@ -169,7 +171,6 @@ class _Server:
         """Under the lock. A viewer that cannot take output for 10 s is dropped, not waited for."""
         try:
             viewer.sendall(data)
-            self.traffic()
         except OSError:
             with contextlib.suppress(OSError):
                 viewer.close()

@@ -73,22 +73,23 @@ def connect(record: JobRecord, hello: dict[str, Any], timeout: float = 5.0) -> t
         raise NotReachable(f"job {record.id}'s session is not reachable yet ({e}); try again in a moment") from e
 
 
-def status(record: JobRecord) -> dict[str, Any] | None:
-    """The session's {"quiet_s", "attached"}; None when it cannot be asked."""
+def quiet_s(run_dir: str) -> float | None:
+    """Seconds since the session's user last did something (executors/_session.py's `status`);
+    None when the session cannot be asked."""
     try:
-        sock, answer = connect(record, {"op": "status"}, timeout=2.0)
-    except NotReachable:
+        sock, answer = _session.dial(run_dir, {"op": "status"}, timeout=2.0)
+    except OSError:
         return None
     sock.close()
     quiet = answer.get("quiet_s")
-    return answer if isinstance(quiet, int | float) and math.isfinite(quiet) else None
+    return float(quiet) if isinstance(quiet, int | float) and math.isfinite(quiet) else None
 
 
-def notify(record: JobRecord, text: str) -> bool:
-    """Show `text` in the session's terminal (and transcript); whether it was delivered."""
+def notify(run_dir: str, text: str) -> bool:
+    """Show `text` in the session's terminal (and transcript, and the next attach's replay)."""
     try:
-        sock, answer = connect(record, {"op": "notice", "text": text}, timeout=2.0)
-    except NotReachable:
+        sock, answer = _session.dial(run_dir, {"op": "notice", "text": text}, timeout=2.0)
+    except OSError:
         return False
     sock.close()
     return bool(answer.get("ok"))
