@@ -3,6 +3,7 @@ a real bash on the session's PTY on the node, WebSockets through the head."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from gpucluster.client import Client
@@ -177,8 +178,16 @@ def test_only_the_owner_attaches_and_only_the_team_forwards(head: HeadProcess, t
     assert r.returncode == 1 and f"job {job.id} is not a job of your teams" in r.stderr
     r = cli(head, "forward", str(job.id), "9", "--local", "0", token=carol)  # allowed; nothing listens there
     assert r.returncode == 1 and "nothing answers on port 9" in r.stderr
-    with Client(head.url, token=alice) as c:
-        c.cancel(job.id)
+
+    # An open terminal ends within moments of its token's revocation.
+    with connect(f"ws://127.0.0.1:{head.port}{attach}", additional_headers={"Authorization": f"Bearer {alice}"}) as ws:
+        tokens = json.loads(cli(head, "admin", "tokens", "--user", "alice", "--json").stdout)
+        assert cli(head, "admin", "revoke", str(tokens[0]["id"])).returncode == 0
+        with pytest.raises(ConnectionClosed):
+            while True:
+                ws.recv(timeout=30)
+    with head.client() as admin:
+        admin.cancel(job.id)
 
 
 def test_a_forwarded_port_serves_a_real_http_request(head: HeadProcess, tmp_path: Path) -> None:

@@ -254,6 +254,10 @@ def create_app(
         above normal needs a grant in the policy (`priority_grants`; 403 without one)."""
         team = who.submit_team(spec.team if "team" in spec.model_fields_set else None)
         session_class = service.head.policy.interactive
+        if spec.interactive and not getattr(service.head.executor, "supports_sessions", False):
+            raise Rejected(
+                "interactive", "this head runs jobs on Ray; interactive sessions need the local executor (for now)"
+            )
         if spec.interactive:  # the policy's session class: its priority (no grant needed) and limits
             held = await run_in_threadpool(service.store.session_gpus, who.user)
             spec = sessions.apply_class(spec, session_class, held)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -36,6 +37,8 @@ from gpucluster.head import sessions
 from gpucluster.head.service import ClusterService
 from gpucluster.models import MAX_SQL_INT
 from gpucluster.store import JobRecord
+
+RECHECK_S = 5.0  # how soon a revoked token or a removed member loses an open terminal or tunnel
 
 
 class _Refused(Exception):
@@ -54,7 +57,7 @@ def add_session_routes(app: FastAPI, service: ClusterService, access: AccessCont
         except _Refused as e:
             await _deny(ws, e.status, str(e))
             return
-        await _relay(ws, sock)
+        await _relay(ws, sock, lambda: _authorize(ws, service, access, owner_only=True))
 
     async def forward(ws: WebSocket) -> None:
         try:
@@ -66,7 +69,7 @@ def add_session_routes(app: FastAPI, service: ClusterService, access: AccessCont
         except _Refused as e:
             await _deny(ws, e.status, str(e))
             return
-        await _relay(ws, sock)
+        await _relay(ws, sock, lambda: _authorize(ws, service, access, owner_only=False, rated=False))
 
     app.router.routes.append(WebSocketRoute("/v1/jobs/{job_id}/attach", attach, name="attach"))
     app.router.routes.append(WebSocketRoute("/v1/jobs/{job_id}/forward/{port}", forward, name="forward"))
@@ -86,11 +89,13 @@ def _token(ws: WebSocket) -> str | None:
 
 
 async def _authorize(
-    ws: WebSocket, service: ClusterService, access: AccessControl, owner_only: bool
+    ws: WebSocket, service: ClusterService, access: AccessControl, owner_only: bool, rated: bool = True
 ) -> tuple[JobRecord, Identity]:
+    """The job and the caller, if the caller may do this with it now; _Refused says why not."""
     try:
         who = await run_in_threadpool(access.authenticate, _token(ws))
-        access.check_rate(who)
+        if rated:
+            access.check_rate(who)
     except Unauthorized as e:
         raise _Refused(401, str(e)) from None
     except RateLimited as e:
@@ -148,8 +153,10 @@ async def _deny(ws: WebSocket, status: int, message: str) -> None:
         await ws.close(code=1008, reason=message[:120])
 
 
-async def _relay(ws: WebSocket, sock: socket.socket) -> None:
-    """Bytes both ways until either side ends; then both are closed."""
+async def _relay(ws: WebSocket, sock: socket.socket, still_allowed: Callable[[], Awaitable[object]]) -> None:
+    """Bytes both ways until either side ends, or the caller may no longer do this (a token
+    revoked, a user taken out of the team, the session ended: `still_allowed` raises _Refused,
+    asked every RECHECK_S); then both are closed."""
     await ws.accept()
     sock.setblocking(False)
     reader, writer = await asyncio.open_unix_connection(sock=sock)
@@ -171,7 +178,19 @@ async def _relay(ws: WebSocket, sock: socket.socket) -> None:
                 return
             await ws.send_bytes(data)
 
-    tasks = [asyncio.create_task(up()), asyncio.create_task(down())]
+    async def recheck() -> None:
+        while True:
+            await asyncio.sleep(RECHECK_S)
+            try:
+                await still_allowed()
+            except _Refused as e:
+                with contextlib.suppress(Exception):
+                    await ws.close(code=1008, reason=str(e)[:120])
+                return
+            except Exception:  # the database away for a moment: the next check decides
+                continue
+
+    tasks = [asyncio.create_task(up()), asyncio.create_task(down()), asyncio.create_task(recheck())]
     try:
         _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for t in pending:

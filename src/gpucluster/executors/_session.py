@@ -47,6 +47,7 @@ MAX_FRAME = 1 << 20
 MAX_HELLO = 4096
 REPLAY_BYTES = 16384  # the newest output, shown to whoever attaches next
 CANNOT_START = 127
+SEND_TIMEOUT_S = 10.0
 
 
 # ---- framing, used by both ends (and by the CLI, which speaks it through the head) ---------------
@@ -168,7 +169,7 @@ class _Server:
                 self._send(viewer, frame(DATA, data))
 
     def _send(self, viewer: socket.socket, data: bytes) -> None:
-        """Under the lock. A viewer that cannot take output for 10 s is dropped, not waited for."""
+        """Under the lock. A viewer that cannot take output for SEND_TIMEOUT_S is dropped."""
         try:
             viewer.sendall(data)
         except OSError:
@@ -228,6 +229,9 @@ class _Server:
 
     def attach(self, conn: socket.socket, rows: int, cols: int) -> None:
         conn.sendall(_line({"ok": True, "pid": self.child}))
+        # A viewer that takes no output for this long is dropped (`_send`), rather than holding
+        # the lock and the terminal's output (and a new attach) up for ever.
+        conn.settimeout(SEND_TIMEOUT_S)
         with contextlib.suppress(OSError):
             _set_size(self.master, rows, cols)
         with self.lock:
@@ -244,7 +248,12 @@ class _Server:
         reader = FrameReader()
         try:
             while True:
-                data = conn.recv(1 << 16)
+                try:
+                    data = conn.recv(1 << 16)
+                except TimeoutError:  # nothing typed for a while: fine
+                    if self.viewer is not conn:
+                        break
+                    continue
                 if not data:
                     break
                 self.traffic()

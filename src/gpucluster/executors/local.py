@@ -161,6 +161,9 @@ def shim_argv(run_dir: Path) -> list[str]:
 
 
 class LocalExecutor:
+    # Interactive sessions (executors/_session.py): the head dials their socket on this machine.
+    supports_sessions = True
+
     def __init__(
         self,
         die_with_parent: bool = False,
