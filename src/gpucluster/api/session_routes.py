@@ -136,7 +136,7 @@ async def _connect(record: JobRecord, hello: dict[str, Any]) -> socket.socket:
         except sessions.NotReachable as e:
             if loop.time() > deadline:
                 raise _Refused(409, str(e)) from None
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.02)
     if not answer.get("ok"):
         sock.close()
         raise _Refused(502, str(answer.get("error") or "the session refused the connection"))

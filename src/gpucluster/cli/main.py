@@ -532,7 +532,7 @@ def jobs(
         where = _gpus(j) if j.state == "running" else j.reason
         table.add_row(
             str(j.id),
-            j.name,
+            j.name + (" (session)" if j.get("kind") == "session" else ""),
             j.spec.team,
             j.state,
             _gpu_count(j),
@@ -557,6 +557,11 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         f"job {job.id} ({job.name})",
         f"  state:      {job.state} — {job.reason}",
         f"  command:    {' '.join(s.command) if not s.shell else s.command[0] + '   (shell)'}",
+        *(
+            [f"  kind:       interactive session (gpucluster attach {job.id}; its log is the transcript)"]
+            if job.get("kind") == "session"
+            else []
+        ),
         f"  gpus:       {_gpus_label(s)}{' x ' + ' or '.join(gpu_types(s.gpu_type)) if s.gpu_type else ''}"
         f"   ({_mode(job)})",
         f"  team:       {s.team}   priority: {s.priority}",

@@ -146,6 +146,7 @@ def forward(
 def _wait_running(h: Head, job_id: int) -> str:
     """Until the job runs or has ended (its state), a live status line on stderr meanwhile."""
     shown = False
+    polls = 0
     while True:
         job = call(h.json, "GET", job_path(job_id))
         state = str(job.state)
@@ -166,7 +167,9 @@ def _wait_running(h: Head, job_id: int) -> str:
         sys.stderr.write("\r\x1b[K" + line[:200])
         sys.stderr.flush()
         shown = True
-        time.sleep(POLL_S)
+        # Soon at first (a free GPU starts the session within a scheduling cycle), then every POLL_S.
+        time.sleep(min(POLL_S, 0.02 * 2**polls))
+        polls += 1
 
 
 def _clear_line() -> None:
