@@ -688,6 +688,10 @@ class UsageRowOut(Model):
     lost_gpu_hours_preemption: float  # ... and to preemptions (requeues included)
     attempts: int
     jobs: int
+    # Of gpu_hours, those held by interactive sessions, and of those the GPU-hours whose telemetry
+    # found the GPUs idle (at or under 1% utilisation): what sessions hoard.
+    session_gpu_hours: float = 0.0
+    session_idle_gpu_hours: float = 0.0
 
 
 class UsageOut(Model):

@@ -25,7 +25,7 @@ from sqlalchemy import (
 # 4: jobs.owner; users, memberships, tokens, audit; telemetry, presence and accounting tables
 # 5: attempts.cpu_s, attempts.memory_peak_bytes
 # 6: job_metrics
-# 7: jobs.kind (batch | session)
+# 7: jobs.kind (batch | session); job_usage.kind, job_usage.idle_gpu_seconds
 SCHEMA_VERSION = 7
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
@@ -297,6 +297,8 @@ job_usage = Table(
     Column("energy_j", Float, nullable=False, default=0.0),
     Column("used_gpu_seconds", Float, nullable=False, default=0.0),  # utilisation x seconds x share
     Column("sampled_gpu_seconds", Float, nullable=False, default=0.0),  # seconds x share with a reading
+    Column("kind", String(16)),  # the job's: batch | session; NULL reads as batch
+    Column("idle_gpu_seconds", Float),  # seconds x share with a reading at or under IDLE_UTILIZATION
     Column("final", Boolean, nullable=False, default=False),
     Column("outcome", String(16)),
     Column("work_lost_s", Float),

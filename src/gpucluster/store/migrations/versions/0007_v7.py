@@ -1,4 +1,5 @@
-"""Version 7: jobs.kind, what sort of work a job is (batch, or an interactive session).
+"""Version 7: jobs.kind, what sort of work a job is (batch, or an interactive session); the same
+on each accounting row, with the GPU-seconds it held idle (for `gpucluster usage`'s sessions).
 
 Revision ID: 0007
 Revises: 0006
@@ -19,6 +20,7 @@ depends_on = None
 def upgrade() -> None:
     # NULL for every job from before: they were all batch jobs.
     h.add_columns("jobs", sa.Column("kind", sa.String(16)))
+    h.add_columns("job_usage", sa.Column("kind", sa.String(16)), sa.Column("idle_gpu_seconds", sa.Float))
 
 
 def downgrade() -> None:
