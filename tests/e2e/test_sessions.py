@@ -286,3 +286,57 @@ def test_an_idle_session_is_warned_in_its_terminal_then_stopped(
     with head.client() as c:
         job = wait_for(lambda: (j := c.job(job_id)).state.terminal and j, timeout=30, what="the session to end")
         assert job.state.value == "failed" and job.reason.startswith("stopped: idle session")
+
+
+# What `jupyter lab` does for `gpucluster notebook`, in a few lines (Jupyter is not installed
+# here): serve HTTP on 127.0.0.1:--port, and answer only requests with the JUPYTER_TOKEN.
+FAKE_JUPYTER = """#!PYTHON
+import os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port = int(next(a for a in sys.argv if a.startswith("--port=")).split("=")[1])
+assert sys.argv[1:4] == ["lab", "--no-browser", "--ip=127.0.0.1"], sys.argv
+class Lab(BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.path == "/lab?token=" + os.environ["JUPYTER_TOKEN"]
+        self.send_response(200 if ok else 403)
+        self.end_headers()
+        self.wfile.write(b"jupyter lab" if ok else b"bad token")
+print("fake jupyter lab on", port, flush=True)
+HTTPServer(("127.0.0.1", port), Lab).serve_forever()
+"""
+
+
+def test_notebook_prints_a_url_that_reaches_jupyter_through_the_head(head: HeadProcess, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "jupyter").write_text(FAKE_JUPYTER.replace("PYTHON", sys.executable))
+    (bin_dir / "jupyter").chmod(0o755)
+    port, local = free_port(), free_port()
+    env = {**head.env, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    argv = [*CLI, "notebook", "--gpus", "1", "--port", str(port), "--local", str(local), "--workdir", "/tmp"]
+    nb = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert nb.stdout is not None
+        url = nb.stdout.readline().decode().strip()
+        assert url.startswith(f"http://127.0.0.1:{local}/lab?token="), url
+        r = httpx.get(url, timeout=30)
+        assert r.status_code == 200 and r.text == "jupyter lab"
+        assert httpx.get(url + "x", timeout=30).status_code == 403  # the token is checked
+        with head.client() as c:
+            [job] = [j for j in c.jobs() if j.kind == "session" and j.state.value == "running"]
+            assert job.spec.command[:2] == ["jupyter", "lab"] and not any("token" in a for a in job.spec.command)
+    finally:
+        os.killpg(nb.pid, signal.SIGKILL)
+        nb.wait(10)
+    with head.client() as c:
+        c.cancel(job.id)
+
+    r = subprocess.run(  # no Jupyter in the session's environment: said in one line
+        [*CLI, "notebook", "--workdir", "/tmp", "--port", str(port)],
+        env={**head.env, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "before Jupyter answered" in r.stderr and "pip install jupyterlab" in r.stderr

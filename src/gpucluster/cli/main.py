@@ -987,11 +987,12 @@ app.command()(budgets)
 
 # ---- interactive sessions (issue 21) --------------------------------------------------------
 
-from gpucluster.cli.session import attach, forward, run  # noqa: E402
+from gpucluster.cli.session import attach, forward, notebook, run  # noqa: E402
 
 app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(run)
 app.command()(attach)
 app.command()(forward)
+app.command()(notebook)
 
 
 def _invoked(args: list[str]) -> str | None:

@@ -9,6 +9,7 @@ reachable on this machine, through the head.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import sys
 import time
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from gpucluster.cli import terminal
-from gpucluster.cli.common import UrlOpt, call, err, fail
+from gpucluster.cli.common import UrlOpt, call, err, fail, out
 from gpucluster.cli.common import head as _head
 from gpucluster.cli.transport import Head, job_path
 from gpucluster.clientbase import ApiError, ClusterUnreachable
@@ -26,23 +27,33 @@ from gpucluster.launch.env import exported_env
 
 ENDED = ("succeeded", "failed", "cancelled")
 POLL_S = 1.0
+NOTEBOOK_START_S = 300.0  # how long Jupyter may take to answer once its session runs
 LOST_WAIT_S = 10.0  # after a lost connection, how long the head gets to record the session's end
+
+
+# Options of both `run` and `notebook`.
+GpusOpt = Annotated[str, typer.Option(help="GPUs for the session, or a share of one GPU such as 0.5")]
+GpuTypeOpt = Annotated[str | None, typer.Option("--gpu-type", help="GPU model, or a preference list")]
+TimeLimitOpt = Annotated[
+    str | None, typer.Option("--time-limit", help="e.g. 30m, 4h [default: the policy's session limit]")
+]
+NameOpt = Annotated[str | None, typer.Option(help="a name for the session")]
+TeamOpt = Annotated[str | None, typer.Option(help="the team the session is accounted to")]
+EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="K=V, repeatable")]
+ExportOpt = Annotated[str, typer.Option("--export", help="your environment for the session: ALL, NONE, or VAR,VAR,...")]
+WorkdirOpt = Annotated[str | None, typer.Option(help="working directory [default: the current one]")]
 
 
 def run(
     command: Annotated[list[str] | None, typer.Argument(help="the program and its arguments, after --")] = None,
-    gpus: Annotated[str, typer.Option(help="GPUs for the session, or a share of one GPU such as 0.5")] = "1",
-    gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="GPU model, or a preference list")] = None,
-    time_limit: Annotated[
-        str | None, typer.Option("--time-limit", help="e.g. 30m, 4h [default: the policy's session limit]")
-    ] = None,
-    name: Annotated[str | None, typer.Option(help="a name for the session")] = None,
-    team: Annotated[str | None, typer.Option(help="the team the session is accounted to")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", help="K=V, repeatable")] = None,
-    export: Annotated[
-        str, typer.Option("--export", help="your environment for the session: ALL, NONE, or VAR,VAR,...")
-    ] = "ALL",
-    workdir: Annotated[str | None, typer.Option(help="working directory [default: the current one]")] = None,
+    gpus: GpusOpt = "1",
+    gpu_type: GpuTypeOpt = None,
+    time_limit: TimeLimitOpt = None,
+    name: NameOpt = None,
+    team: TeamOpt = None,
+    env: EnvOpt = None,
+    export: ExportOpt = "ALL",
+    workdir: WorkdirOpt = None,
     url: UrlOpt = None,
 ) -> None:
     """Start an interactive session and attach to it: gpucluster run --gpus 1 -- bash
@@ -52,7 +63,96 @@ def run(
     this one's. Detach with Ctrl-] then d; `gpucluster attach JOB` returns."""
     if not command:
         fail("no command given; put it after --, e.g. gpucluster run --gpus 1 -- bash")
-    fields: dict[str, Any] = {"command": list(command), "interactive": True, "gpus": gpus}
+    fields = _session_fields(list(command), gpus, gpu_type, time_limit, name, team, env, export, workdir, {})
+    with _head(url) as h:
+        job_id, state = _submit_and_wait(h, fields)
+        raise typer.Exit(_attach_or_report(h, job_id, state))
+
+
+def notebook(
+    gpus: GpusOpt = "1",
+    port: Annotated[int, typer.Option(help="Jupyter's port on the session's node", min=1, max=65535)] = 8888,
+    local: Annotated[
+        int | None, typer.Option("--local", help="the port here [default: the same]", min=0, max=65535)
+    ] = None,
+    gpu_type: GpuTypeOpt = None,
+    time_limit: TimeLimitOpt = None,
+    name: NameOpt = None,
+    team: TeamOpt = None,
+    env: EnvOpt = None,
+    export: ExportOpt = "ALL",
+    workdir: WorkdirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """Start Jupyter Lab in a session (it must be installed in your environment there) and print
+    a URL that reaches it from this machine, through the head; Ctrl-C stops the forwarding, the
+    notebook goes on (`gpucluster forward JOB PORT` again, `gpucluster cancel JOB` to end it).
+
+    The notebook listens on the node's loopback only, with a token made here (sent as
+    JUPYTER_TOKEN with your environment, which only you and cluster admins can read), so other
+    jobs on that node cannot use it."""
+    token = secrets.token_urlsafe(24)
+    command = ["jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0"]
+    fields = _session_fields(
+        command, gpus, gpu_type, time_limit, name, team, env, export, workdir, {"JUPYTER_TOKEN": token}
+    )
+    with _head(url) as h:
+        job_id, state = _submit_and_wait(h, fields)
+        if state in ENDED:
+            raise typer.Exit(_ended(h, job_id))
+        uri, headers, ssl_context = h.websocket(job_path(job_id, f"forward/{port}"))
+
+        def open_tunnel() -> Any:
+            return terminal.open_ws(uri, headers, ssl_context)
+
+        err.print(f"session {job_id} running; waiting for Jupyter on port {port}", markup=False, highlight=False)
+        deadline = time.monotonic() + NOTEBOOK_START_S
+        while True:
+            try:
+                open_tunnel().close()
+                break
+            except terminal.Refused as e:
+                refused = e
+            job = call(h.json, "GET", job_path(job_id))
+            if str(job.state) in ENDED:
+                hint = (
+                    " (is Jupyter installed in your environment? pip install jupyterlab)"
+                    if job.exit_code == 127
+                    else ""
+                )
+                fail(f"session {job_id} {job.state} before Jupyter answered: {job.reason}{hint}; "
+                     f"its output: gpucluster logs {job_id}")  # fmt: skip
+            if refused.status != 502 or time.monotonic() > deadline:
+                fail(str(refused))
+            time.sleep(0.5)
+    listener = _listen(port if local is None else local)
+    bound = listener.getsockname()[1]
+    out.print(f"http://127.0.0.1:{bound}/lab?token={token}", markup=False, highlight=False)
+    sys.stdout.flush()
+    err.print(
+        f"session {job_id}: Jupyter forwarded to 127.0.0.1:{bound}; Ctrl-C stops the forwarding (the notebook "
+        f"goes on; gpucluster cancel {job_id} ends it)",
+        markup=False,
+        highlight=False,
+    )
+    _serve(listener, open_tunnel)
+
+
+def _session_fields(
+    command: list[str],
+    gpus: str,
+    gpu_type: str | None,
+    time_limit: str | None,
+    name: str | None,
+    team: str | None,
+    env: list[str] | None,
+    export: str,
+    workdir: str | None,
+    secret_env: dict[str, str],
+) -> dict[str, Any]:
+    """The submission of a session. `secret_env` goes with the exported environment, which only
+    the owner and cluster admins can read back (`env` is shown to the team)."""
+    fields: dict[str, Any] = {"command": command, "interactive": True, "gpus": gpus}
     optional = {
         "gpu_type": gpu_type.split(",") if gpu_type and "," in gpu_type else gpu_type,
         "time_limit": time_limit,
@@ -73,20 +173,25 @@ def run(
         exported = exported_env(environment, export)
     except ValueError as e:
         fail(str(e))
-    if exported is not None:
+    if exported is not None or secret_env:
+        exported = exported or {}
         exported.setdefault("TERM", environment.get("TERM", "xterm-256color"))
-        fields["exported_env"] = exported
+        fields["exported_env"] = {**exported, **secret_env}
     fields["workdir"] = str(Path(workdir or os.getcwd()).expanduser().absolute())
-    with _head(url) as h:
-        job = call(h.json, "POST", "/v1/jobs", body=fields)
-        err.print(f"session {job.id} submitted; Ctrl-C while it waits cancels it", markup=False, highlight=False)
-        try:
-            state = _wait_running(h, int(job.id))
-        except KeyboardInterrupt:
-            _clear_line()
-            call(h.json, "POST", job_path(int(job.id), "cancel"))
-            fail(f"session {job.id} cancelled while it waited", 130)
-        raise typer.Exit(_attach_or_report(h, int(job.id), state))
+    return fields
+
+
+def _submit_and_wait(h: Head, fields: dict[str, Any]) -> tuple[int, str]:
+    """Submit the session and wait for it to run (a live status line); Ctrl-C cancels it."""
+    job = call(h.json, "POST", "/v1/jobs", body=fields)
+    job_id = int(job.id)
+    err.print(f"session {job_id} submitted; Ctrl-C while it waits cancels it", markup=False, highlight=False)
+    try:
+        return job_id, _wait_running(h, job_id)
+    except KeyboardInterrupt:
+        _clear_line()
+        call(h.json, "POST", job_path(job_id, "cancel"))
+        fail(f"session {job_id} cancelled while it waited", 130)
 
 
 def attach(
@@ -123,15 +228,28 @@ def forward(
         open_tunnel().close()
     except terminal.Refused as e:
         fail(str(e))
+    listener = _listen(port if local is None else local)
+    err.print(
+        f"forwarding 127.0.0.1:{listener.getsockname()[1]} -> job {job_id} port {port}; Ctrl-C stops",
+        markup=False,
+        highlight=False,
+    )
+    _serve(listener, open_tunnel)
+
+
+def _listen(port: int) -> socket.socket:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind(("127.0.0.1", port if local is None else local))
+        listener.bind(("127.0.0.1", port))
     except OSError as e:
-        fail(f"cannot listen on 127.0.0.1:{port if local is None else local}: {e.strerror}; choose another --local")
+        listener.close()
+        fail(f"cannot listen on 127.0.0.1:{port}: {e.strerror}; choose another --local")
     listener.listen(64)
-    bound = listener.getsockname()[1]
-    err.print(f"forwarding 127.0.0.1:{bound} -> job {job_id} port {port}; Ctrl-C stops", markup=False, highlight=False)
+    return listener
+
+
+def _serve(listener: socket.socket, open_tunnel: Any) -> None:
     try:
         terminal.serve_forward(listener, open_tunnel, lambda m: err.print(f"forward: {m}", markup=False))
     except KeyboardInterrupt:
