@@ -340,3 +340,15 @@ def test_notebook_prints_a_url_that_reaches_jupyter_through_the_head(head: HeadP
     )
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "before Jupyter answered" in r.stderr and "pip install jupyterlab" in r.stderr
+
+
+def test_a_cancel_says_so_in_the_terminal_and_stops_the_running_command(head: HeadProcess, terms: list[Term]) -> None:
+    t, job_id = run_bash(terms, head)
+    t.send("sleep 1000\r")
+    sleeper = wait_for(lambda: _pids_of(["sleep", "1000"]), timeout=20, what="the remote sleep")
+    assert cli(head, "cancel", str(job_id)).returncode == 0
+    t.expect(r"\[gpucluster\] the session is being stopped \(SIGTERM\)")
+    assert t.wait() in (137, 143)
+    assert not any(pid_alive(p) for p in sleeper)
+    with head.client() as c:
+        assert wait_for(lambda: c.job(job_id).state.value == "cancelled", timeout=30, what="the session cancelled")

@@ -346,8 +346,17 @@ def serve(listener: socket.socket, argv: list, env: dict, log: object, stops: li
     server = _Server(listener, master, child, log)
 
     def pass_on(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child, signum)
+        """To the session's leader's group and to the terminal's foreground group (a shell's
+        running command has a group of its own: job control), as a terminal's hang-up reaches both."""
+        groups = {child}
+        with contextlib.suppress(OSError):
+            groups.add(os.tcgetpgrp(master))
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signum)
+        if signum == signal.SIGTERM:  # a cancel, a time limit, a preemption or idle reclaim: say so
+            text = b"\r\n[gpucluster] the session is being stopped (SIGTERM); it is killed after the grace period\r\n"
+            threading.Thread(target=server.show, args=(text,), daemon=True).start()
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, pass_on)
