@@ -18,7 +18,7 @@ from websockets.sync.client import connect
 
 from gpucluster.client import Client
 
-from .headproc import HeadProcess, free_port, pid_alive, wait_for
+from .headproc import HeadProcess, free_port, passable_dir, pid_alive, wait_for
 from .ptyterm import Term
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
@@ -352,3 +352,42 @@ def test_a_cancel_says_so_in_the_terminal_and_stops_the_running_command(head: He
     assert not any(pid_alive(p) for p in sleeper)
     with head.client() as c:
         assert wait_for(lambda: c.job(job_id).state.value == "cancelled", timeout=30, what="the session cancelled")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root head runs sessions as other accounts")
+def test_a_root_head_runs_the_session_as_its_owner_and_only_the_head_reaches_its_socket(
+    head_factory: type[HeadProcess], terms: list[Term]
+) -> None:
+    with passable_dir("gc-sess-") as root:  # the job's directory must be reachable by `nobody`
+        head = head_factory(root / "data").start()
+        with head.client() as admin:
+            nob = admin.add_user("nob", ["t"], unix_user="nobody").token
+        t = term(terms, head, "run", "--workdir", "/tmp", "--env", f"PS1={PROMPT}", "--", *BASH, token=nob)
+        job_id = int(t.expect(rb"session (\d+) submitted").group(1))
+        t.expect(PROMPT)
+        t.send("echo me=$(id -un)\r")
+        t.expect("me=nobody")
+        sock = root / "data" / "run" / str(job_id) / "attempt-1" / "session.sock"
+        st = sock.stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
+        assert (sock.parent.stat().st_mode & 0o777) == 0o700
+        probe = f"import socket; socket.socket(socket.AF_UNIX).connect({str(sock)!r})"
+        t.send(f"python3 -c {probe!r} 2>&1 | tail -1\r")  # as nobody, from inside the session
+        t.expect("PermissionError")
+        t.send("exit 4\r")
+        assert t.wait() == 4
+
+
+def test_a_waiting_session_shows_its_place_in_the_queue_then_starts(
+    head_factory: type[HeadProcess], tmp_path: Path, terms: list[Term]
+) -> None:
+    head = head_factory(tmp_path / "data", gpus=1).start()
+    with head.client() as c:
+        batch = c.submit(["sleep", "1000"], workdir="/tmp", time_limit="1h")
+        wait_for(lambda: c.job(batch.id).state.value == "running", timeout=30, what="the batch job to hold the GPU")
+        t = term(terms, head, "run", "--gpus", "1", "--env", f"PS1={PROMPT}", "--", *BASH)
+        t.expect(r"session \d+ queued, position 1, estimated start \d\d:\d\d")  # the live line
+        c.cancel(batch.id)
+    t.expect(PROMPT)  # the GPU freed, the session starts and attaches
+    t.send("exit\r")
+    assert t.wait() == 0
