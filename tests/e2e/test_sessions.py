@@ -188,6 +188,9 @@ def test_only_the_owner_attaches_and_only_the_team_forwards(head: HeadProcess, t
                 ws.recv(timeout=30)
     with head.client() as admin:
         admin.cancel(job.id)
+    audit = json.loads(cli(head, "admin", "audit", "--json").stdout)
+    assert ("alice", "attach", f"job {job.id}") in {(e["user"], e["action"], e["target"]) for e in audit}
+    assert ("carol", "forward", f"job {job.id}") not in {(e["user"], e["action"], e["target"]) for e in audit}
 
 
 def test_a_forwarded_port_serves_a_real_http_request(head: HeadProcess, tmp_path: Path) -> None:

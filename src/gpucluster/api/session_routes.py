@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,6 +39,8 @@ from gpucluster.head.service import ClusterService
 from gpucluster.models import MAX_SQL_INT
 from gpucluster.store import JobRecord
 
+log = logging.getLogger("gpucluster.api")
+
 RECHECK_S = 5.0  # how soon a revoked token or a removed member loses an open terminal or tunnel
 
 
@@ -50,18 +53,19 @@ class _Refused(Exception):
 def add_session_routes(app: FastAPI, service: ClusterService, access: AccessControl) -> None:
     async def attach(ws: WebSocket) -> None:
         try:
-            record, _ = await _authorize(ws, service, access, owner_only=True)
+            record, who = await _authorize(ws, service, access, owner_only=True)
             rows = _int(ws.query_params.get("rows"), 24, 1, 10000)
             cols = _int(ws.query_params.get("cols"), 80, 1, 10000)
             sock = await _connect(record, {"op": "attach", "rows": rows, "cols": cols})
         except _Refused as e:
             await _deny(ws, e.status, str(e))
             return
+        await _audit(access, who, "attach", record.id, "WS /v1/jobs/{job_id}/attach")
         await _relay(ws, sock, lambda: _authorize(ws, service, access, owner_only=True))
 
     async def forward(ws: WebSocket) -> None:
         try:
-            record, _ = await _authorize(ws, service, access, owner_only=False)
+            record, who = await _authorize(ws, service, access, owner_only=False)
             port = _int(ws.path_params.get("port"), 0, 1, 65535)
             if port == 0:
                 raise _Refused(422, "port: a TCP port is 1-65535")
@@ -69,10 +73,19 @@ def add_session_routes(app: FastAPI, service: ClusterService, access: AccessCont
         except _Refused as e:
             await _deny(ws, e.status, str(e))
             return
+        await _audit(access, who, "forward", record.id, f"WS /v1/jobs/{{job_id}}/forward/{port}")
         await _relay(ws, sock, lambda: _authorize(ws, service, access, owner_only=False, rated=False))
 
     app.router.routes.append(WebSocketRoute("/v1/jobs/{job_id}/attach", attach, name="attach"))
     app.router.routes.append(WebSocketRoute("/v1/jobs/{job_id}/forward/{port}", forward, name="forward"))
+
+
+async def _audit(access: AccessControl, who: Identity, action: str, job_id: int, detail: str) -> None:
+    """Who opened a terminal or a tunnel into which job: in the audit log, as changes are."""
+    try:
+        await run_in_threadpool(access.record, who.user, action, f"job {job_id}", detail)
+    except Exception:  # the connection is made; a failed audit write must not hide that
+        log.exception("could not write the audit entry for %s of job %s", action, job_id)
 
 
 def _int(raw: Any, default: int, low: int, high: int) -> int:
