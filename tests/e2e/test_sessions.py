@@ -133,21 +133,30 @@ def test_detach_reattach_client_kill_and_head_restart_keep_the_session(
     t = term(terms, head, "attach", str(job_id))
     t.send("echo again-$X-$$\r")
     t.expect(f"again-kept-{shell}")
+    second = term(terms, head, "attach", str(job_id))  # attached from elsewhere: the first lets go
+    t.expect(r"\[gpucluster\] attached from elsewhere; detached here")
+    assert t.wait() == 0
+    t = second
+    t.send("echo taken-$X\r")
+    t.expect("taken-kept")
     os.kill(t.pid, signal.SIGKILL)  # the client dies: the session does not
     t.wait()
 
     t = term(terms, head, "attach", str(job_id))
     t.send("echo third-$X\r")
     t.expect("third-kept")
-    head.kill9()  # the head dies under an attached client
-    assert t.wait() == 255
-    assert b"lost the connection to session" in t.output
+    head.kill9()  # the head dies under an attached client, which waits for it
+    t.expect("lost the head; reconnecting to session")
     assert pid_alive(shell)
-
     head = head_factory(tmp_path / "data", port=head.port).start()
-    t = term(terms, head, "attach", str(job_id))
-    t.send("echo back-$X-$$\r")
+    t.send("echo back-$X-$$\r")  # typed while the client reconnects: kept, and sent once attached
     t.expect(f"back-kept-{shell}")
+    t.send(b"\x1dd")
+    assert t.wait() == 0
+
+    t = term(terms, head, "attach", str(job_id))  # and a new client attaches through the new head
+    t.send("echo new-$X\r")
+    t.expect("new-kept")
     t.send("exit 3\r")
     assert t.wait() == 3
     with head.client() as c:

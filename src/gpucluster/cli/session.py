@@ -29,6 +29,8 @@ ENDED = ("succeeded", "failed", "cancelled")
 POLL_S = 1.0
 NOTEBOOK_START_S = 300.0  # how long Jupyter may take to answer once its session runs
 LOST_WAIT_S = 10.0  # after a lost connection, how long the head gets to record the session's end
+RECONNECT_S = 60.0  # how long a lost head (a restart) is waited for before giving up
+MAX_RECONNECTS = 20
 
 
 # Options of both `run` and `notebook`.
@@ -296,44 +298,82 @@ def _clear_line() -> None:
 
 
 def _attach_or_report(h: Head, job_id: int, state: str) -> int:
-    """Attach to the running session; the exit code to leave with."""
+    """Attach to the running session, again after a lost connection (a head restart); the
+    exit code to leave with."""
     if state in ENDED:
         return _ended(h, job_id)
-    rows, cols = terminal.terminal_size()
-    uri, headers, ssl_context = h.websocket(job_path(job_id, "attach"), {"rows": rows, "cols": cols})
+    for attempt in range(MAX_RECONNECTS + 1):
+        rows, cols = terminal.terminal_size()
+        uri, headers, ssl_context = h.websocket(job_path(job_id, "attach"), {"rows": rows, "cols": cols})
+        try:
+            ws = terminal.open_ws(uri, headers, ssl_context)
+        except terminal.Refused as e:
+            if attempt == 0:
+                fail(str(e))
+            return _gave_up(job_id, str(e))
+        code = terminal.attach(ws)
+        if code in (terminal.DETACHED, terminal.TAKEN_OVER):
+            how = "detached from" if code == terminal.DETACHED else "attached elsewhere:"
+            err.print(
+                f"\n{how} session {job_id}; it goes on. Return with: gpucluster attach {job_id}",
+                markup=False,
+                highlight=False,
+            )
+            return 0
+        if code != terminal.LOST:
+            return code
+        after = _after_lost(h, job_id)
+        if after is not None:
+            return after
+    return _gave_up(job_id, "the connection kept dropping")
+
+
+def _after_lost(h: Head, job_id: int) -> int | None:
+    """After a lost connection: the exit code to leave with, or None to attach again.
+
+    The session may have been killed outright (a stop's SIGKILL takes its server too): the head
+    records how it ended within moments. A head that is gone (restarting) is waited for, up to
+    RECONNECT_S: the session goes on without it."""
+    said = False
+    ended_by = time.monotonic() + LOST_WAIT_S
+    head_by = time.monotonic() + RECONNECT_S
     try:
-        ws = terminal.open_ws(uri, headers, ssl_context)
-    except terminal.Refused as e:
-        fail(str(e))
-    code = terminal.attach(ws)
-    if code == terminal.DETACHED:
-        err.print(
-            f"\ndetached from session {job_id}; it goes on. Return with: gpucluster attach {job_id}",
-            markup=False,
-            highlight=False,
-        )
-        return 0
-    if code == terminal.LOST:
-        # The session may have been killed outright (a stop's SIGKILL takes its server too): the
-        # head records how it ended within moments. A head that is gone says nothing.
-        deadline = time.monotonic() + LOST_WAIT_S
         while True:
             try:
                 job = h.json("GET", job_path(job_id))
-            except (ApiError, ClusterUnreachable):
-                break
+            except ClusterUnreachable:
+                if not said:
+                    err.print(
+                        f"\nlost the head; reconnecting to session {job_id} for up to {RECONNECT_S:.0f} s "
+                        "(Ctrl-C gives up; the session goes on)",
+                        markup=False,
+                        highlight=False,
+                    )
+                    said = True
+                if time.monotonic() > head_by:
+                    return _gave_up(job_id, "the head did not come back")
+                time.sleep(1.0)
+                continue
+            except ApiError as e:
+                return _gave_up(job_id, str(e))
             if str(job.state) in ENDED:
                 return _ended(h, job_id)
-            if time.monotonic() > deadline:
-                break
+            if str(job.state) != "running":  # preempted: back in the queue
+                return _gave_up(job_id, f"it is {job.state}")
+            if said or time.monotonic() > ended_by:
+                return None  # the head is back, or the connection dropped while it ran: again
             time.sleep(0.2)
-        err.print(
-            f"\nlost the connection to session {job_id}; it goes on. Return with: gpucluster attach {job_id}",
-            markup=False,
-            highlight=False,
-        )
-        return 255
-    return code
+    except KeyboardInterrupt:
+        return _gave_up(job_id, "interrupted")
+
+
+def _gave_up(job_id: int, why: str) -> int:
+    err.print(
+        f"\nlost the connection to session {job_id} ({why}); it goes on. Return with: gpucluster attach {job_id}",
+        markup=False,
+        highlight=False,
+    )
+    return 255
 
 
 def _ended(h: Head, job_id: int) -> int:

@@ -20,12 +20,13 @@ import sys
 import threading
 from typing import Any
 
-from gpucluster.executors._session import DATA, EXIT, NOTICE, RESIZE, FrameReader, frame, resize_payload
+from gpucluster.executors._session import DATA, EXIT, NOTICE, RESIZE, TAKEN, FrameReader, frame, resize_payload
 
 DETACH_PREFIX = b"\x1d"  # Ctrl-]
 DETACH_KEY = b"d"
 DETACHED = -1  # attach() result: the user detached
 LOST = -2  # attach() result: the connection went without an exit code
+TAKEN_OVER = -3  # attach() result: the session was attached from elsewhere
 
 
 class Refused(Exception):
@@ -119,6 +120,10 @@ def attach(ws: Any, stdin: int = 0, stdout: int = 1) -> int:
                         _write_all(stdout, b"\r\n[gpucluster] " + payload + b"\r\n")
                     elif kind == EXIT:
                         result.append(int(payload or b"0"))
+                        return
+                    elif kind == TAKEN:
+                        _write_all(stdout, b"\r\n[gpucluster] " + payload + b"\r\n")
+                        result.append(TAKEN_OVER)
                         return
         except Exception:  # the connection went: LOST, below
             pass

@@ -16,7 +16,7 @@ Protocol: a client sends one JSON line, the *hello*, and reads one JSON line bac
 - attach {"op": "attach", "rows": R, "cols": C}: frames both ways (`frame`, `FrameReader`):
   DATA (keystrokes in, terminal output out), RESIZE ("R C", in), NOTICE (text for the viewer,
   out), EXIT (the command's exit code, out, last). A new attach takes over from the previous one
-  (which gets a NOTICE and is closed), as `tmux attach -d` does; the last output is replayed.
+  (which gets TAKEN and is closed), as `tmux attach -d` does; the last output is replayed.
 - forward {"op": "forward", "port": P}: a TCP connection to 127.0.0.1:P made as the submitter,
   then raw bytes both ways.
 - status {"op": "status"}: {"ok": true, "quiet_s": seconds since the user last did something,
@@ -41,7 +41,7 @@ import threading
 import time
 
 SOCKET_NAME = "session.sock"
-DATA, RESIZE, NOTICE, EXIT = b"D", b"R", b"N", b"X"
+DATA, RESIZE, NOTICE, EXIT, TAKEN = b"D", b"R", b"N", b"X", b"T"
 _HEADER = struct.Struct(">cI")
 MAX_FRAME = 1 << 20
 MAX_HELLO = 4096
@@ -237,7 +237,7 @@ class _Server:
         with self.lock:
             old, self.viewer = self.viewer, conn
             if old is not None:
-                self._send(old, frame(NOTICE, b"attached from elsewhere; detached here"))
+                self._send(old, frame(TAKEN, b"attached from elsewhere; detached here"))
                 with contextlib.suppress(OSError):
                     old.shutdown(socket.SHUT_RDWR)
             if self.exit_code is None:
