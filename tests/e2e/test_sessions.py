@@ -212,6 +212,8 @@ def test_a_forwarded_port_serves_a_real_http_request(head: HeadProcess, tmp_path
         job = c.submit(server, interactive=True, workdir=str(site))
         wait_for(lambda: c.job(job.id).state.value == "running", timeout=30, what="the session to run")
         wait_for(lambda: b"Serving HTTP" in _log_bytes(c, job.id), timeout=30, what="the server to listen")
+    assert f"job-{job.id} (session)" in cli(head, "jobs").stdout  # a session is a job, marked as one
+    assert f"interactive session (gpucluster attach {job.id}" in cli(head, "show", str(job.id)).stdout
     fwd = subprocess.Popen(
         [*CLI, "forward", str(job.id), str(port), "--local", str(local)],
         env=head.env,
