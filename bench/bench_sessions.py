@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import httpx
+
 import _head
 from gpucluster import userconfig
 
@@ -73,7 +75,7 @@ class Pty:
         os.write(self.fd, data)
 
     def finish(self) -> int:
-        self.send(b"exit\r")
+        self.send(b"\x15exit\r")  # Ctrl-U first: whatever is on the line goes
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
@@ -110,6 +112,19 @@ def echo_times(p: Pty, keys: int) -> list[float]:
         p.until(b"a")
         out.append(time.perf_counter() - t0)
     return out
+
+
+def cancel_running(head: _head.Head, timeout: float = 60.0) -> None:
+    """Sessions outlive their head by design: any still running (a failed round) is cancelled
+    through the API, and waited for, before the head stops."""
+    url, headers = head.url, head.headers
+    jobs = httpx.get(f"{url}/v1/jobs", params={"state": "running"}, headers=headers, timeout=30).json()["jobs"]
+    for job in jobs:
+        httpx.post(f"{url}/v1/jobs/{job['id']}/cancel", headers=headers, timeout=30)
+    deadline = time.monotonic() + timeout
+    while jobs and time.monotonic() < deadline:
+        time.sleep(0.2)
+        jobs = httpx.get(f"{url}/v1/jobs", params={"state": "running"}, headers=headers, timeout=30).json()["jobs"]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -150,6 +165,7 @@ def main() -> None:
                 echoes[name] = echo_times(p, args.keys)
                 p.finish()
         finally:
+            cancel_running(head)
             head.stop()
     s50, l50 = statistics.median(starts["session"]), statistics.median(starts["local"])
     e50, e99 = pct(echoes["session"], 50), pct(echoes["session"], 99)
