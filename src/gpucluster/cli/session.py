@@ -9,7 +9,6 @@ reachable on this machine, through the head.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import sys
 import time
@@ -18,7 +17,6 @@ from typing import Annotated, Any
 
 import typer
 
-from gpucluster.cli import terminal
 from gpucluster.cli.common import UrlOpt, call, err, fail, out
 from gpucluster.cli.common import head as _head
 from gpucluster.cli.transport import Head, job_path
@@ -26,6 +24,7 @@ from gpucluster.clientbase import ApiError, ClusterUnreachable
 from gpucluster.launch.env import exported_env
 
 ENDED = ("succeeded", "failed", "cancelled")
+
 POLL_S = 1.0
 NOTEBOOK_START_S = 300.0  # how long Jupyter may take to answer once its session runs
 LOST_WAIT_S = 10.0  # after a lost connection, how long the head gets to record the session's end
@@ -93,6 +92,10 @@ def notebook(
     The notebook listens on the node's loopback only, with a token made here (sent as
     JUPYTER_TOKEN with your environment, which only you and cluster admins can read), so other
     jobs on that node cannot use it."""
+    import secrets
+
+    from gpucluster.cli import terminal  # here, not at every CLI command's start
+
     token = secrets.token_urlsafe(24)
     command = ["jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0"]
     fields = _session_fields(
@@ -220,6 +223,8 @@ def forward(
 ) -> None:
     """Reach a port of a session's node from this machine, through the head:
     gpucluster forward 42 8888 (then open http://127.0.0.1:8888). Ctrl-C stops."""
+    from gpucluster.cli import terminal  # here, not at every CLI command's start
+
     with _head(url) as h:
         uri, headers, ssl_context = h.websocket(job_path(job_id, f"forward/{port}"))
 
@@ -252,6 +257,8 @@ def _listen(port: int) -> socket.socket:
 
 
 def _serve(listener: socket.socket, open_tunnel: Any) -> None:
+    from gpucluster.cli import terminal  # here, not at every CLI command's start
+
     try:
         terminal.serve_forward(listener, open_tunnel, lambda m: err.print(f"forward: {m}", markup=False))
     except KeyboardInterrupt:
@@ -300,6 +307,8 @@ def _clear_line() -> None:
 def _attach_or_report(h: Head, job_id: int, state: str) -> int:
     """Attach to the running session, again after a lost connection (a head restart); the
     exit code to leave with."""
+    from gpucluster.cli import terminal  # here, not at every CLI command's start
+
     if state in ENDED:
         return _ended(h, job_id)
     for attempt in range(MAX_RECONNECTS + 1):
