@@ -256,7 +256,8 @@ def create_app(
         session_class = service.head.policy.interactive
         if spec.interactive and not getattr(service.head.executor, "supports_sessions", False):
             raise Rejected(
-                "interactive", "this head runs jobs on Ray; interactive sessions need the local executor (for now)"
+                "interactive",
+                "this head cannot host interactive sessions: they need the local executor (a --ray head has none yet)",
             )
         if spec.interactive:  # the policy's session class: its priority (no grant needed) and limits
             held = await run_in_threadpool(service.store.session_gpus, who.user)
