@@ -81,10 +81,10 @@ def test_a_session_types_resizes_interrupts_and_returns_the_exit_code(head: Head
     t.send("tty; echo CUDA=$CUDA_VISIBLE_DEVICES\r")
     t.expect(r"/dev/pts/\d+")
     t.expect(r"CUDA=\d")  # the same GPU isolation as a batch job
-    t.send("sleep 1000; echo not-interrupted\r")
+    t.send("sleep 4321; echo not-interrupted\r")  # a duration no other test's sleep has
     with head.client() as c:
         # The remote `sleep` runs (seen from the node) before Ctrl-C is typed.
-        sleeper = wait_for(lambda: _pids_of(["sleep", "1000"]), timeout=20, what="the remote sleep")
+        sleeper = wait_for(lambda: _pids_of(["sleep", "4321"]), timeout=20, what="the remote sleep")
         t.send("\x03")
         t.send("echo rc=$?\r")
         t.expect("rc=130")
@@ -358,8 +358,8 @@ def test_notebook_prints_a_url_that_reaches_jupyter_through_the_head(head: HeadP
 
 def test_a_cancel_says_so_in_the_terminal_and_stops_the_running_command(head: HeadProcess, terms: list[Term]) -> None:
     t, job_id = run_bash(terms, head)
-    t.send("sleep 1000\r")
-    sleeper = wait_for(lambda: _pids_of(["sleep", "1000"]), timeout=20, what="the remote sleep")
+    t.send("sleep 4322\r")
+    sleeper = wait_for(lambda: _pids_of(["sleep", "4322"]), timeout=20, what="the remote sleep")
     assert cli(head, "cancel", str(job_id)).returncode == 0
     t.expect(r"\[gpucluster\] the session is being stopped \(SIGTERM\)")
     assert t.wait() in (137, 143)

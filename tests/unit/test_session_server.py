@@ -5,6 +5,7 @@ run dir whose path is longer than a unix socket's path may be."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,3 +141,29 @@ def test_frames_survive_any_split_and_the_detach_keys() -> None:
     assert d.feed(b"d") == (b"", True)
     d = _Detach()
     assert d.feed(b"\x1d\x1dx\x1dq") == (b"\x1dx\x1dq", False)  # Ctrl-] twice: one; another key: both
+
+
+def test_a_stop_reaches_the_foreground_command_and_is_announced(session: tuple) -> None:  # type: ignore[type-arg]
+    ex, handle, _ = session  # no cgroup here: the session passes the keeper's SIGTERM on itself
+    run_dir = Path(handle["run_dir"])
+    v = Viewer(run_dir)
+    v.until(S.DATA, b"P> ")
+    v.send(b"sleep 4323; echo after=$?\r")  # the shell puts `sleep` in a process group of its own
+    v.until(S.DATA, b"\r\n")
+    wait_for(lambda: _sleeping(), timeout=20, what="the sleep")
+    ex.signal(handle, signal.SIGTERM)
+    v.until(S.DATA, b"[gpucluster] the session is being stopped (SIGTERM)")
+    v.until(S.DATA, b"after=143")  # the foreground command got it; the interactive shell ignores it
+    assert not _sleeping()
+
+
+def _sleeping() -> bool:
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if f.read() == b"sleep\x004323\x00":
+                        return True
+            except OSError:
+                continue
+    return False

@@ -325,13 +325,23 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[n:]
 
 
-def serve(listener: socket.socket, argv: list, env: dict, log: object, stops: list) -> tuple[int, int | None]:  # type: ignore[type-arg]
+def serve(
+    listener: socket.socket,
+    argv: list[str],
+    env: dict[str, str],
+    log: object,
+    stops: list[int],
+    relay_signals: bool = True,
+) -> tuple[int, int | None]:
     """Run argv on a new PTY (its own session, the PTY its controlling terminal) and serve it
     until it exits; return its exit code (shell convention: 128 + N when killed by signal N) and
     the signal that killed it, if one did.
 
-    `stops` are the signals the job side received (a cancel, a preemption): passed on to the
-    session's process group, as a terminal's hang-up would be."""
+    `stops` are the signals the job side received before the command existed (a cancel, a
+    preemption): passed on to it. Later ones are passed on too when `relay_signals` (no cgroup:
+    the keeper's signal reaches only the job side's process group); in a cgroup the keeper has
+    signalled every process of the job already, and a second signal a moment after the first
+    would kill what the first one's handler starts (see _shim.py's `send`)."""
     try:
         child, master = pty.fork()
     except OSError as e:
@@ -345,23 +355,25 @@ def serve(listener: socket.socket, argv: list, env: dict, log: object, stops: li
         os._exit(CANNOT_START)
     server = _Server(listener, master, child, log)
 
-    def pass_on(signum: int, _frame: object) -> None:
+    def pass_on(signum: int, _frame: object, relay: bool = relay_signals) -> None:
         """To the session's leader's group and to the terminal's foreground group (a shell's
         running command has a group of its own: job control), as a terminal's hang-up reaches both."""
+        if signum == signal.SIGTERM:  # a cancel, a time limit, a preemption or idle reclaim: say so
+            text = b"\r\n[gpucluster] the session is being stopped (SIGTERM); it is killed after the grace period\r\n"
+            threading.Thread(target=server.show, args=(text,), daemon=True).start()
+        if not relay:
+            return
         groups = {child}
         with contextlib.suppress(OSError):
             groups.add(os.tcgetpgrp(master))
         for group in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signum)
-        if signum == signal.SIGTERM:  # a cancel, a time limit, a preemption or idle reclaim: say so
-            text = b"\r\n[gpucluster] the session is being stopped (SIGTERM); it is killed after the grace period\r\n"
-            threading.Thread(target=server.show, args=(text,), daemon=True).start()
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, pass_on)
-    for signum in stops:  # arrived before the command existed
-        pass_on(signum, None)
+    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(stop, pass_on)
+    for early in stops:  # arrived before the command existed, which no signal reached then
+        pass_on(early, None, relay=True)
     threading.Thread(target=server.accept_loop, daemon=True).start()
     pump = threading.Thread(target=server.pump_output, daemon=True)
     pump.start()

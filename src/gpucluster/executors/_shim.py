@@ -256,7 +256,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     if session is not None:  # an interactive session: the command on a PTY, served on the socket
         os.close(out)
         pump.join(timeout=2)
-        code, sig = session.serve(listener, argv, env, log, stops)
+        code, sig = session.serve(listener, argv, env, log, stops, relay_signals=not spec.get("cgroup"))
         tell({"exit_code": code, "signal": sig})
         return int(code)
     try:
