@@ -401,6 +401,12 @@ def test_a_waiting_session_shows_its_place_in_the_queue_then_starts(
         wait_for(lambda: c.job(batch.id).state.value == "running", timeout=30, what="the batch job to hold the GPU")
         t = term(terms, head, "run", "--gpus", "1", "--env", f"PS1={PROMPT}", "--", *BASH)
         t.expect(r"session \d+ queued, position 1, estimated start \d\d:\d\d")  # the live line
+        quitter = term(terms, head, "run", "--", *BASH)  # Ctrl-C while it waits: cancelled
+        gave_up = int(quitter.expect(rb"session (\d+) submitted").group(1))
+        quitter.expect("position 2")
+        quitter.send("\x03")
+        assert quitter.wait() == 130
+        assert c.job(gave_up).state.value == "cancelled"
         c.cancel(batch.id)
     t.expect(PROMPT)  # the GPU freed, the session starts and attaches
     t.send("exit\r")
