@@ -53,3 +53,29 @@ def test_a_head_whose_executor_cannot_host_sessions_refuses_them(tmp_path: Path)
             assert api.post("/v1/jobs", json={"command": ["true"]}).status_code == 201
     finally:
         cluster.close()
+
+
+def test_a_preempted_session_ends_instead_of_starting_again_with_nobody_attached(tmp_path: Path) -> None:
+    from signal import SIGTERM
+
+    from gpucluster.core.states import JobState
+    from gpucluster.executors.base import Exited
+
+    from .headkit import T0
+
+    cluster = make_cluster(tmp_path)
+    try:
+        session = cluster.service.submit(spec(gpus=8, priority="low")).id
+        cluster.tick_at(T0)
+        assert cluster.state(session) is JobState.RUNNING
+        high = cluster.submit(command=["train"], gpus=8, priority="high")
+        cluster.tick_at(T0 + 1)  # the preemption is planned
+        cluster.tick_at(T0 + 2)  # SIGTERM
+        cluster.proc(session).status = Exited(128 + SIGTERM, SIGTERM)
+        cluster.tick_at(T0 + 3)
+        record = cluster.record(session)
+        assert record.state is JobState.CANCELLED and "not requeued after a preemption" in record.reason
+        assert [e.state for e in cluster.store.events(session)][-2:] == [JobState.PREEMPTED, JobState.CANCELLED]
+        assert cluster.state(high) is JobState.RUNNING
+    finally:
+        cluster.close()

@@ -103,6 +103,7 @@ OUTAGE_RETRY_MAX_S = 2.0
 # unique to one data dir, job and attempt): the executor finds by it the processes that left
 # their process group, such as torchrun's workers.
 ENV_ATTEMPT_MARKER = "GPUCLUSTER_ATTEMPT_DIR"
+SESSION_NOT_REQUEUED = "ended: an interactive session is not requeued after a preemption; start a new one"
 
 
 class Head:
@@ -451,6 +452,12 @@ class Head:
             self._requeue_after_preemption(job.id, now, not_before)
 
     def _requeue_after_preemption(self, job_id: int, now: float, not_before: float | None) -> None:
+        job = self.store.get_job(job_id)
+        if job is not None and job.spec.interactive:
+            # A session is not requeued: it would start again as a fresh shell, later, with nobody
+            # at its terminal, and hold GPUs for no one. Its owner starts a new one.
+            self.store.transition(job_id, JobState.CANCELLED, now, SESSION_NOT_REQUEUED, expect=[JobState.PREEMPTED])
+            return
         self.store.transition(
             job_id,
             JobState.QUEUED,
