@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +168,52 @@ def _sleeping() -> bool:
             except OSError:
                 continue
     return False
+
+
+def test_the_head_never_waits_long_on_a_server_its_user_controls(tmp_path: Path) -> None:
+    """The session server runs as the job's user, who could make it dribble or answer nonsense."""
+    import threading
+
+    listener = S.bind_at(str(tmp_path))
+    stop = threading.Event()
+
+    def dribble() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                if stop.is_set():
+                    return
+                for _ in range(20):  # one byte every 0.2 s, never a newline
+                    if stop.wait(0.2):
+                        return
+                    conn.sendall(b"x")
+
+    t = threading.Thread(target=dribble, daemon=True)
+    t.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(OSError, match="session not reachable"):
+            S.dial(str(tmp_path), {"op": "status"}, timeout=1.0)
+        assert time.monotonic() - began < 3.0  # the whole answer's deadline, not one per byte
+    finally:
+        stop.set()
+        listener.close()
+        t.join(5)
+    listener = S.bind_at(str(tmp_path))  # an answer that is JSON but no object
+    try:
+        threading.Thread(target=lambda: _answer_once(listener, b"[1, 2]\n"), daemon=True).start()
+        with pytest.raises(OSError, match="not a JSON object"):
+            S.dial(str(tmp_path), {"op": "status"}, timeout=5.0)
+    finally:
+        listener.close()
+
+
+def _answer_once(listener: socket.socket, answer: bytes) -> None:
+    conn, _ = listener.accept()
+    with conn:
+        conn.recv(4096)
+        conn.sendall(answer)

@@ -106,14 +106,19 @@ def bind_at(run_dir: str) -> socket.socket:
 def dial(run_dir: str, hello: dict, timeout: float = 5.0) -> tuple[socket.socket, dict]:  # type: ignore[type-arg]
     """Connect to a session's socket, say hello, return the socket and the server's answer.
 
-    Raises OSError when there is no session server there (yet, or any more)."""
+    Raises OSError when there is no session server there (yet, or any more), or when it does not
+    answer a JSON object within `timeout` in all: the server runs as the job's user, who could
+    make it answer slowly or oddly, and the head (telemetry, a relay) must not wait on that."""
+    deadline = time.monotonic() + timeout
     dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
         sock.connect(_proc_path(dir_fd))
         sock.sendall(json.dumps(hello).encode() + b"\n")
-        answer = json.loads(_read_line(sock) or b"{}")
+        answer = json.loads(_read_line(sock, deadline) or b"{}")
+        if not isinstance(answer, dict):
+            raise ValueError("the answer is not a JSON object")
         sock.settimeout(None)
     except (OSError, ValueError) as e:
         sock.close()
@@ -123,10 +128,15 @@ def dial(run_dir: str, hello: dict, timeout: float = 5.0) -> tuple[socket.socket
     return sock, answer
 
 
-def _read_line(sock: socket.socket) -> bytes:
-    """One line, read a byte at a time so nothing after it is taken from the stream."""
+def _read_line(sock: socket.socket, deadline: float) -> bytes:
+    """One line, read a byte at a time so nothing after it is taken from the stream; TimeoutError
+    past `deadline` (time.monotonic), however slowly the bytes come."""
     line = bytearray()
     while len(line) < MAX_HELLO:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no whole line in time")
+        sock.settimeout(left)
         b = sock.recv(1)
         if not b:
             break
@@ -202,8 +212,7 @@ class _Server:
         """One client; attach and forward keep the connection (and close it themselves)."""
         kept = False
         try:
-            conn.settimeout(10)
-            hello = json.loads(_read_line(conn) or b"{}")
+            hello = json.loads(_read_line(conn, time.monotonic() + 10) or b"{}")
             conn.settimeout(None)
             op = hello.get("op")
             if op == "attach":
