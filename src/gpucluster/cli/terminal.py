@@ -130,9 +130,14 @@ def attach(ws: Any, stdin: int = 0, stdout: int = 1) -> int:
         finally:
             os.write(wake_w, b"x")
 
+    # SIGWINCH only wakes the loop below, which sends the new size: a send from the handler could
+    # interrupt a send of keys in this same thread, inside the WebSocket's lock.
+    winch_r, winch_w = os.pipe()
+    os.set_blocking(winch_w, False)
+
     def resized(*_: object) -> None:
-        with contextlib.suppress(Exception):
-            ws.send(frame(RESIZE, resize_payload(*terminal_size())))
+        with contextlib.suppress(BlockingIOError):
+            os.write(winch_w, b"w")
 
     old_winch = signal.signal(signal.SIGWINCH, resized) if is_tty else None
     if saved is not None:
@@ -143,9 +148,19 @@ def attach(ws: Any, stdin: int = 0, stdout: int = 1) -> int:
     reading = True
     try:
         while True:
-            ready, _, _ = select.select([stdin, wake_r] if reading else [wake_r], [], [])
+            try:
+                ready, _, _ = select.select([stdin, wake_r, winch_r] if reading else [wake_r, winch_r], [], [])
+            except InterruptedError:
+                continue
             if wake_r in ready:
                 break
+            if winch_r in ready:
+                os.read(winch_r, 4096)
+                try:
+                    ws.send(frame(RESIZE, resize_payload(*terminal_size())))
+                except Exception:
+                    break
+                continue
             data = os.read(stdin, 4096)
             if not data:
                 reading = False  # stdin ended (not a terminal): the session decides when to end
@@ -167,8 +182,8 @@ def attach(ws: Any, stdin: int = 0, stdout: int = 1) -> int:
         with contextlib.suppress(Exception):
             ws.close()
         receiver.join(timeout=5)
-        os.close(wake_r)
-        os.close(wake_w)
+        for fd in (wake_r, wake_w, winch_r, winch_w):
+            os.close(fd)
     return result[0] if result else LOST
 
 
