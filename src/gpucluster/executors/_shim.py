@@ -36,6 +36,10 @@ With die_with_parent (the Ray executor's node agent) the job is killed when the 
 the parent is the node's agent, which dies only with the node's Ray (the head then requeues the
 job elsewhere), so the job must not run on unseen, holding GPUs. The keeper watches the agent; the
 job side watches the keeper, because Ray SIGKILLs a dying worker's direct children.
+
+An interactive session (spec `session_dir`, executors/_session.py): the job side binds the
+session's socket in the run dir before the drop (so only the head can connect), and after it runs
+the command on a PTY that it serves there, its output going to the log as a transcript.
 """
 
 import contextlib
