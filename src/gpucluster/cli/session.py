@@ -165,23 +165,20 @@ def _session_fields(
         "team": team,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
-    if env:
-        pairs = {}
-        for item in env:
-            key, sep, value = item.partition("=")
-            if not sep:
-                fail(f"--env {item!r}: write it as KEY=VALUE")
-            pairs[key] = value
-        fields["env"] = pairs
-    environment = dict(os.environ)
+    # The terminal's type is the terminal's, not the environment's: sent whatever --export says.
+    pairs = {"TERM": os.environ.get("TERM") or "xterm-256color"}
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            fail(f"--env {item!r}: write it as KEY=VALUE")
+        pairs[key] = value
+    fields["env"] = pairs
     try:
-        exported = exported_env(environment, export)
+        exported = exported_env(os.environ, export)
     except ValueError as e:
         fail(str(e))
     if exported is not None or secret_env:
-        exported = exported or {}
-        exported.setdefault("TERM", environment.get("TERM", "xterm-256color"))
-        fields["exported_env"] = {**exported, **secret_env}
+        fields["exported_env"] = {**(exported or {}), **secret_env}
     fields["workdir"] = str(Path(workdir or os.getcwd()).expanduser().absolute())
     return fields
 
