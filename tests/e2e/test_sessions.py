@@ -90,6 +90,7 @@ def test_a_session_types_resizes_interrupts_and_returns_the_exit_code(head: Head
         t.expect("rc=130")
         assert not any(pid_alive(p) for p in sleeper)
         assert b"\nnot-interrupted" not in t.output  # its own line: the echo of the command line aside
+        t.expect(PROMPT)  # at its prompt: a Ctrl-D typed ahead, while the PTY is still cooked, is lost
         t.send("\x04")  # Ctrl-D: end of input to bash, which exits with the last status (0)
         assert t.wait() == 0
         job = wait_for(lambda: (j := c.job(job_id)).state.terminal and j, timeout=30, what="the session to end")
