@@ -227,6 +227,11 @@ class JobSpec(StorableText):
         description="with image: SRC:DST[:ro] bind mounts (absolute paths; SRC under the policy's containers: "
         "mount_roots:); the workdir and the checkpoint dir are mounted at their own paths anyway",
     )
+    interactive: bool = Field(
+        False,
+        description="an interactive session (`gpucluster run`): the command runs on a terminal that the owner "
+        "attaches to through the head; one process, never restarted, subject to the policy's `interactive:` class",
+    )
     max_cost: float | None = Field(
         None,
         gt=0,
@@ -460,7 +465,20 @@ class JobSpec(StorableText):
             raise ValueError("mounts are for a container job; give an image too (--image)")
         if self.launcher is not None and self.shell:
             raise ValueError("launcher runs the command under torchrun; it cannot be combined with shell")
+        if self.interactive:
+            if self.distributed or (self.nodes or 1) > 1 or self.min_gpus is not None:
+                raise ValueError(
+                    "an interactive session is one process on one node: no per_gpu, launcher, "
+                    "nodes above 1 or GPU range"
+                )
+            if self.max_restarts:
+                raise ValueError("an interactive session is never restarted: leave max_restarts out")
         return self
+
+    @property
+    def kind(self) -> str:
+        """What sort of work: `batch`, or `session` (interactive); stored in jobs.kind."""
+        return "session" if self.interactive else "batch"
 
     @property
     def gpu_types(self) -> tuple[str, ...]:
@@ -625,6 +643,7 @@ class Job(Model):
     progress: Progress | None = None
     attempts: list[Attempt] = Field(default_factory=list)  # filled by GET /v1/jobs/{id}, as events
     owner: str | None = None  # the user who submitted it (jobs from before identities: none)
+    kind: str = "batch"  # batch, or session (interactive: `gpucluster run`, `attach`, `forward`)
     flags: list[JobFlagOut] = Field(default_factory=list)  # telemetry's findings (idle), in GET /v1/jobs/{id}
     gpu_usage: list[GpuUseOut] = Field(default_factory=list)  # its GPUs now, in GET /v1/jobs/{id}
     # Seconds its ended attempts ran, summed; a running job's current attempt adds the time since
@@ -811,6 +830,10 @@ class UsageRowOut(Model):
     lost_gpu_hours_preemption: float  # ... and to preemptions (requeues included)
     attempts: int
     jobs: int
+    # Of gpu_hours, those held by interactive sessions, and of those the GPU-hours whose telemetry
+    # found the GPUs idle (at or under 1% utilisation): what sessions hoard.
+    session_gpu_hours: float = 0.0
+    session_idle_gpu_hours: float = 0.0
 
 
 class UsageOut(Model):

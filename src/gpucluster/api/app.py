@@ -23,6 +23,7 @@ from gpucluster.api.admin import add_admin_routes
 from gpucluster.api.errors import MAX_ID, Id, document_errors
 from gpucluster.api.follow import DEFAULT_PER_USER as DEFAULT_FOLLOWS_PER_USER
 from gpucluster.api.follow import LogFollows
+from gpucluster.api.session_routes import add_session_routes
 from gpucluster.api.telemetry_routes import add_telemetry_routes
 from gpucluster.auth import grants, rules
 from gpucluster.auth.control import AccessControl
@@ -32,6 +33,7 @@ from gpucluster.containers import check_mounts, outside_roots
 from gpucluster.core.states import JobState
 from gpucluster.dashboard import serve as dashboard_serve
 from gpucluster.executors.logfile import read_log
+from gpucluster.head import sessions
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.models import (
     DEFAULT_QUEUE_PAGE,
@@ -257,7 +259,19 @@ def create_app(
         """Submit to one of your teams (`team`, default: your first); the job is yours. A class
         above normal needs a grant in the policy (`priority_grants`; 403 without one)."""
         team = who.submit_team(spec.team if "team" in spec.model_fields_set else None)
-        grants.check_priority(who, team, spec.priority, service.head.policy)
+        session_class = service.head.policy.interactive
+        if spec.interactive and not getattr(service.head.executor, "supports_sessions", False):
+            raise Rejected(
+                "interactive",
+                "this head cannot host interactive sessions: they need the local executor (a --ray head has none yet)",
+            )
+        if spec.interactive and spec.image:
+            raise Rejected("interactive", "a session runs on the node's own system; leave out image (a container)")
+        if spec.interactive:  # the policy's session class: its priority (no grant needed) and limits
+            held = await run_in_threadpool(service.store.session_gpus, who.user)
+            spec = sessions.apply_class(spec, session_class, held)
+        if not (spec.interactive and session_class.priority is not None):
+            grants.check_priority(who, team, spec.priority, service.head.policy)
         if spec.mounts and (why := outside_roots(check_mounts(spec.mounts), service.head.policy.mount_roots)):
             raise Rejected("mounts", why)
         access.check_can_run(who)
@@ -405,6 +419,7 @@ def create_app(
         return NodeList(nodes=service.nodes())
 
     add_admin_routes(app, access)
+    add_session_routes(app, service, access)  # WebSockets: a session's terminal, tunnels to a job's ports
     add_telemetry_routes(app, service, public_team_usage=public_team_usage)  # drain/undrain, GPU samples, /metrics
     add_accounting_routes(app, service)  # usage, budgets
     document_errors(app)  # every route's error answers in the OpenAPI document (api/errors.py)

@@ -633,7 +633,7 @@ def jobs(
             shown = "queued (held)"
         table.add_row(
             ident,
-            j.name,
+            j.name + (" (session)" if j.get("kind") == "session" else ""),
             j.spec.team,
             shown,
             _gpu_count(j),
@@ -658,6 +658,11 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         f"job {job.id} ({job.name})",
         f"  state:      {job.state} — {job.reason}",
         f"  command:    {' '.join(s.command) if not s.shell else s.command[0] + '   (shell)'}",
+        *(
+            [f"  kind:       interactive session (gpucluster attach {job.id}; its log is the transcript)"]
+            if job.get("kind") == "session"
+            else []
+        ),
         f"  gpus:       {_gpus_label(s)}{' x ' + ' or '.join(gpu_types(s.gpu_type)) if s.gpu_type else ''}"
         f"   ({_mode(job)})",
         f"  team:       {s.team}   priority: {s.priority}",
@@ -1155,6 +1160,15 @@ from gpucluster.cli.usage import budgets, parse_prices, usage  # noqa: E402
 
 app.command()(usage)
 app.command()(budgets)
+
+# ---- interactive sessions (issue 21) --------------------------------------------------------
+
+from gpucluster.cli.session import attach, forward, notebook, run  # noqa: E402
+
+app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(run)
+app.command()(attach)
+app.command()(forward)
+app.command()(notebook)
 
 
 def _invoked(args: list[str]) -> str | None:

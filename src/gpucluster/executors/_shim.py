@@ -44,6 +44,10 @@ With die_with_parent (the Ray executor's node agent) the job is killed when the 
 the parent is the node's agent, which dies only with the node's Ray (the head then requeues the
 job elsewhere), so the job must not run on unseen, holding GPUs. The keeper watches the agent; the
 job side watches the keeper, because Ray SIGKILLs a dying worker's direct children.
+
+An interactive session (spec `session_dir`, executors/_session.py): the job side binds the
+session's socket in the run dir before the drop (so only the head can connect), and after it runs
+the command on a PTY that it serves there, its output going to the log as a transcript.
 """
 
 import contextlib
@@ -94,6 +98,18 @@ def _load_cgroups() -> Any:
 
     spec = importlib.util.spec_from_file_location(
         "_gpucluster_cgroups", os.path.join(os.path.dirname(__file__), "cgroups.py")
+    )
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _load_session() -> Any:
+    """executors/_session.py (interactive sessions: a PTY served on a socket), by path as above."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_gpucluster_session", os.path.join(os.path.dirname(__file__), "_session.py")
     )
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -283,6 +299,12 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     except OSError as e:
         tell({"error": f"cannot put the job in its cgroup: {e}"})
         return CANNOT_START
+    session = _load_session() if spec.get("session_dir") else None
+    try:  # in the head's run dir, before the drop: only the head can connect (see _session.py)
+        listener = session.bind_at(spec["session_dir"]) if session is not None else None
+    except OSError as e:
+        tell({"error": f"cannot open the session's socket: {e}"})
+        return CANNOT_START
     try:
         account_env = _drop_privileges(spec["user"]) if spec.get("user") else _account_env(pwd.getpwuid(os.getuid()))
     except (OSError, KeyError) as e:
@@ -338,6 +360,12 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
             return 128 + stops[0]
         argv = [container["podman"], "run", *container["options"], image, *argv]
         env = podman_env
+    if session is not None:  # an interactive session: the command on a PTY, served on the socket
+        os.close(out)
+        pump.join(timeout=2)
+        code, sig = session.serve(listener, argv, env, log, stops, relay_signals=not spec.get("cgroup"))
+        tell({"exit_code": code, "signal": sig})
+        return int(code)
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True)
     except OSError as e:

@@ -54,6 +54,9 @@ class LaunchSpec:
     job_dir: Path | None = None
     # Run every process in this container image (executors/podman.py); None: bare processes.
     container: ContainerSpec | None = None
+    # An interactive session (one process only): the command runs on a PTY, served on a unix
+    # socket in run_dir for the head to relay (executors/_session.py).
+    session: bool = False
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,7 @@ def write_shim_spec(
     cgroup: dict[str, str] | None = None,
     die_with_parent: bool = False,
     container: dict[str, Any] | None = None,
+    session_dir: Path | None = None,
 ) -> None:
     """What the shim in `run_dir` runs (_shim.py): a file only the head can read, so the command
     and its environment never show in `ps` nor reach another account."""
@@ -152,6 +153,8 @@ def write_shim_spec(
     }
     if container:
         spec["container"] = container
+    if session_dir is not None:
+        spec["session_dir"] = str(session_dir)
     write_json_atomic(run_dir / SPEC, spec)
 
 
@@ -161,6 +164,9 @@ def shim_argv(run_dir: Path) -> list[str]:
 
 
 class LocalExecutor:
+    # Interactive sessions (executors/_session.py): the head dials their socket on this machine.
+    supports_sessions = True
+
     def __init__(
         self,
         die_with_parent: bool = False,
@@ -191,13 +197,17 @@ class LocalExecutor:
             prepare_job_dir(spec.job_dir, spec.user)
         if spec.processes:
             return self._launch_ranks(spec)
-        return self._launch_one(
+        handle = self._launch_one(
             ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path),
             spec.workdir,
             spec.user,
             cgroups.job_name(spec.job_id, spec.attempt),
             spec.container,
+            session=spec.session,
         )
+        if spec.marker:  # a session's: its command is in a session of its own (executors/_session.py)
+            handle["marker"] = spec.marker
+        return handle
 
     def _container(
         self, container: podman.ContainerSpec, leaf: str, env: dict[str, str], workdir: str, user: str | None
@@ -225,6 +235,7 @@ class LocalExecutor:
         user: str | None,
         leaf: str,
         container: podman.ContainerSpec | None = None,
+        session: bool = False,
     ) -> Handle:
         p.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         cgroup = self._new_cgroup(leaf)
@@ -244,6 +255,7 @@ class LocalExecutor:
             cgroup=cgroup.to_json() if cgroup is not None else None,
             die_with_parent=self.die_with_parent,
             container=self._container(container, leaf, p.env, workdir, user) if container is not None else None,
+            session_dir=p.run_dir if session else None,
         )
         # The shim's own messages (never the job's output) go to the run dir, the head's alone.
         with open(p.run_dir / "shim.log", "ab") as shim_log:
@@ -369,7 +381,7 @@ class LocalExecutor:
     def signal(self, handle: Handle, signum: int) -> None:
         for r in handle.get("ranks", [handle]):
             self._signal_one(r, signum)
-        if signum == signal.SIGKILL and "ranks" in handle:
+        if signum == signal.SIGKILL and "marker" in handle:
             self._kill_marked(handle)
 
     def _signal_one(self, handle: Handle, signum: int) -> None:

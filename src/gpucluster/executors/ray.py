@@ -103,6 +103,8 @@ class RayExecutor:
     # ---- Executor ---------------------------------------------------------------------------
 
     def launch(self, spec: LaunchSpec) -> Handle:
+        if spec.session:
+            raise LaunchError("interactive sessions run on the head's own node (the local executor), not on Ray")
         multi = bool(spec.processes)
         procs = list(spec.processes) or [ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path)]
         by_node: dict[str, list[tuple[int, ProcessSpec]]] = defaultdict(list)

@@ -27,6 +27,7 @@ on by itself when it is back.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -104,6 +105,7 @@ OUTAGE_RETRY_MAX_S = 2.0
 # unique to one data dir, job and attempt): the executor finds by it the processes that left
 # their process group, such as torchrun's workers.
 ENV_ATTEMPT_MARKER = "GPUCLUSTER_ATTEMPT_DIR"
+SESSION_NOT_REQUEUED = "ended: an interactive session is not requeued after a preemption; start a new one"
 
 
 class Head:
@@ -461,6 +463,12 @@ class Head:
             self._requeue_after_preemption(job.id, now, not_before)
 
     def _requeue_after_preemption(self, job_id: int, now: float, not_before: float | None) -> None:
+        job = self.store.get_job(job_id)
+        if job is not None and job.spec.interactive:
+            # A session is not requeued: it would start again as a fresh shell, later, with nobody
+            # at its terminal, and hold GPUs for no one. Its owner starts a new one.
+            self.store.transition(job_id, JobState.CANCELLED, now, SESSION_NOT_REQUEUED, expect=[JobState.PREEMPTED])
+            return
         self.store.transition(
             job_id,
             JobState.QUEUED,
@@ -671,7 +679,13 @@ class Head:
             user=self.identity.run_as(job.owner) if self.identity is not None else None,
             job_dir=self.data_dir.job_dir(job.id),
             container=ContainerSpec(job.spec.image, tuple(job.spec.mounts)) if job.spec.image else None,
+            session=job.spec.interactive,
         )
+        if job.spec.interactive:
+            # The session's command leads a session of its own (its PTY's), out of the shim's
+            # process group: the marker finds what it leaves, as it finds torchrun's workers.
+            spec.env[ENV_ATTEMPT_MARKER] = str(run_dir)
+            return dataclasses.replace(spec, marker=f"{ENV_ATTEMPT_MARKER}={run_dir}")
         if not job.spec.distributed:
             return spec
         marker = f"{ENV_ATTEMPT_MARKER}={run_dir}"

@@ -192,6 +192,7 @@ class ClusterService:
             events=[JobEvent(at=now, state=JobState.QUEUED, reason="submitted")],
             owner=owner,
             held=spec.hold,
+            kind=spec.kind,
         )
 
     def _check_fits(self, spec: JobSpec) -> None:
@@ -572,6 +573,7 @@ def to_wire(
         else None,
         attempts=_attempts(r, attempts) if attempts is not None else [],
         owner=r.owner,
+        kind=spec.kind,
         ran_s=ran_s,
         held=r.held,
         array_id=r.array_id,

@@ -27,7 +27,8 @@ from sqlalchemy import (
 # 6: job_metrics
 # 7: attempts.pull_s
 # 8: jobs.held, jobs.array_id, jobs.array_index; arrays
-SCHEMA_VERSION = 8
+# 9: jobs.kind (batch | session); job_usage.kind, job_usage.idle_gpu_seconds
+SCHEMA_VERSION = 9
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -85,6 +86,7 @@ jobs = Table(
     # An array's element: the array (the id of its first element) and the element's index.
     Column("array_id", Integer),
     Column("array_index", Integer),
+    Column("kind", String(16)),  # batch | session (interactive); NULL reads as batch
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)
@@ -316,6 +318,8 @@ job_usage = Table(
     Column("energy_j", Float, nullable=False, default=0.0),
     Column("used_gpu_seconds", Float, nullable=False, default=0.0),  # utilisation x seconds x share
     Column("sampled_gpu_seconds", Float, nullable=False, default=0.0),  # seconds x share with a reading
+    Column("kind", String(16)),  # the job's: batch | session; NULL reads as batch
+    Column("idle_gpu_seconds", Float),  # seconds x share with a reading at or under IDLE_UTILIZATION
     Column("final", Boolean, nullable=False, default=False),
     Column("outcome", String(16)),
     Column("work_lost_s", Float),

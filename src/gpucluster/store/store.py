@@ -709,6 +709,7 @@ class Store:
             "kill_sent": False,
             "owner": owner,
             "held": True if spec.hold else None,
+            "kind": spec.kind,
         }
 
     # ---- arrays, holds and dependencies (issue 20) ---------------------------------------
@@ -1170,6 +1171,17 @@ class Store:
                     insert(schema.team_usage),
                     [{"team": t, "gpu_seconds": v, "updated_at": now} for t, v in usage.items()],
                 )
+
+    def session_gpus(self, owner: str) -> float:
+        """GPUs `owner`'s interactive sessions hold or wait for (queued, preempted, running): what
+        the policy's interactive.max_gpus_per_user bounds."""
+        j = schema.jobs.c
+        active = [JobState.QUEUED.value, JobState.PREEMPTED.value, JobState.RUNNING.value]
+        with self._read() as c:
+            total = c.execute(
+                select(func.sum(j.gpus)).where(j.owner == owner, j.kind == "session", j.state.in_(active))
+            ).scalar()
+        return float(total or 0.0)
 
     def count_jobs(self) -> dict[str, int]:
         with self._read() as c:
