@@ -1,0 +1,345 @@
+"""Keeps each service's replicas alive, probed, scaled and on its newest revision.
+
+A thread of the head, one pass every `interval_s`: read each service's replica rows and their
+jobs, probe the running ones (GET the readiness path), tell the gateway which are ready, ask the
+autoscaler how many there should be, then start, drain or stop replicas to get there. Every
+decision is made again from the store at each pass, so a head that restarts picks up where the
+last one stopped (replica rows, jobs and the service's revision are durable; probes are redone).
+
+Replacing: a replica whose job ended, or that answered its probe once and then failed it
+`UNREADY_LIMIT` times in a row, is stopped and a new one started. A replica not ready within
+`startup_timeout_s` of its job starting is stopped; if the service has never had a ready
+replica, the service fails with that reason (a command that can never serve).
+
+Draining: a replica leaving (scale-down, rolling update) first gets no new requests, then is
+stopped once its requests in flight are answered (or after `DRAIN_TIMEOUT_S`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from gpucluster.core.states import JobState
+from gpucluster.head.service import ClusterService, Conflict, NotFound
+from gpucluster.services.autoscaler import Autoscaler, ScaleBounds
+from gpucluster.services.runtime import Access, Runtimes
+from gpucluster.services.spec import REPLICA_PORT_BASE, ReplicaOut, ServiceSpec, replica_name
+from gpucluster.store.services import ReplicaRecord, ServiceGone, ServiceRecord, ServiceStore
+from gpucluster.store.store import JobRecord
+
+log = logging.getLogger("gpucluster.services")
+
+INTERVAL_S = 0.25
+PROBE_TIMEOUT_S = 2.0
+UNREADY_LIMIT = 3  # failed probes in a row before a once-ready replica is replaced
+DRAIN_TIMEOUT_S = 60.0
+PORT_SPAN = 20000
+
+
+@dataclass
+class _Probe:
+    ready_once: bool = False
+    fails: int = 0
+
+
+class Reconciler:
+    def __init__(
+        self,
+        cluster: ClusterService,
+        runtimes: Runtimes,
+        clock: Callable[[], float] = time.time,
+        interval_s: float = INTERVAL_S,
+        port_free: Callable[[int], bool] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.services = ServiceStore(cluster.store)
+        self.runtimes = runtimes
+        self.clock = clock
+        self.interval_s = interval_s
+        self.port_free = port_free or _port_free_here
+        self._probes: dict[int, _Probe] = {}
+        self._scalers: dict[str, Autoscaler] = {}
+        self._desired: dict[str, int] = {}
+        self._phases: dict[int, str] = {}
+        self._last_exit: dict[str, str] = {}
+        self._first_started: dict[str, float] = {}
+        self._backoff_until: dict[str, float] = {}
+        self._early_exits: dict[str, int] = {}
+        self._failed: set[str] = set()  # failed in this pass: start nothing more for them
+        self._stop = threading.Event()
+        self.wake = threading.Event()
+        self._http = httpx.Client(timeout=PROBE_TIMEOUT_S)
+        self._thread: threading.Thread | None = None
+
+    # ---- the thread ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="services", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._http.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # one bad pass (the database away) must not end the services
+                log.exception("services: reconcile pass failed; retrying")
+            self.wake.wait(self.interval_s)
+            self.wake.clear()
+
+    # ---- one pass -------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        records = self.services.all()
+        live = {s.name for s in records if s.state == "running"}
+        for name in self.runtimes.names():
+            if name not in live:
+                self.runtimes.drop_service(name)
+        self._failed &= {s.name for s in records if s.state != "running"}
+        used = {r.port for r in self.services.replicas()}
+        for svc in records:
+            if svc.state == "running":
+                self._reconcile(svc, used)
+
+    def desired(self, name: str) -> int:
+        return self._desired.get(name, 0)
+
+    def phase(self, replica_id: int) -> str:
+        return self._phases.get(replica_id, "queued")
+
+    def describe(self, svc: ServiceRecord) -> list[ReplicaOut]:
+        _, per = self.runtimes.in_flight(svc.name)
+        return [
+            ReplicaOut(
+                id=r.id,
+                job_id=r.job_id,
+                port=r.port,
+                revision=r.revision,
+                phase=self.phase(r.id),  # type: ignore[arg-type]
+                in_flight=per.get(r.id, 0),
+            )
+            for r in self.services.replicas(svc.name)
+        ]
+
+    def _reconcile(self, svc: ServiceRecord, used_ports: set[int]) -> None:
+        now = self.clock()
+        spec = svc.spec
+        endpoints: list[tuple[int, str, str]] = []
+        live: list[tuple[ReplicaRecord, str]] = []  # (replica, phase) of those not leaving
+        _, per_flight = self.runtimes.in_flight(svc.name)
+        for r in self.services.replicas(svc.name):
+            job = self._job_of(svc, r)
+            if job is None or job.state.terminal:
+                self._gone(svc, r, job)
+                continue
+            phase = self._phase(svc, r, job, now, per_flight.get(r.id, 0))
+            if phase is None:
+                continue  # stopped just now
+            self._phases[r.id] = phase
+            if job.state is JobState.RUNNING:
+                endpoints.append((r.id, self._url(job, r.port), phase))
+            if phase != "draining":
+                live.append((r, phase))
+        self.runtimes.set_service(svc.name, Access(svc.team, spec.public), endpoints)
+        if any(p == "ready" for _, p in live):
+            self._early_exits.pop(svc.name, None)
+            self._backoff_until.pop(svc.name, None)
+            if not svc.ready_once:
+                self.services.mark_ready_once(svc.name)
+        elif not svc.ready_once and now - self._first_started.get(svc.name, now) > spec.startup_timeout_s:
+            last = self._last_exit.get(svc.name)
+            self._fail(
+                svc,
+                f"no replica answered GET {spec.readiness} with 2xx/3xx within its startup timeout "
+                f"({spec.startup_timeout_s:g} s)" + (f"; last: {last}" if last else ""),
+            )
+            return
+        total, _ = self.runtimes.in_flight(svc.name)
+        scaler = self._scalers.get(svc.name)
+        if scaler is None:
+            initial = max(spec.min_replicas, min(spec.max_replicas, max(1, len(live))))
+            scaler = self._scalers[svc.name] = Autoscaler(initial, now)
+        scaler.observe(now, total)
+        want = scaler.desired(
+            now, ScaleBounds(spec.min_replicas, spec.max_replicas, spec.target_concurrency, spec.scale_down_delay_s)
+        )
+        self._desired[svc.name] = want
+        self._converge(svc, live, want, now, used_ports)
+
+    def _converge(
+        self, svc: ServiceRecord, live: list[tuple[ReplicaRecord, str]], want: int, now: float, used: set[int]
+    ) -> None:
+        old = [(r, p) for r, p in live if r.revision < svc.revision]
+        new = [(r, p) for r, p in live if r.revision >= svc.revision]
+        if old:
+            # Rolling: one new replica at a time; an old one leaves once a new one is ready.
+            target = max(want, 1)
+            if len(new) < target and all(p == "ready" for _, p in new):
+                self._add(svc, used, now)
+            ready_new = sum(1 for _, p in new if p == "ready")
+            if ready_new > 0 and ready_new + len(old) > target:
+                victim = min(old, key=lambda rp: rp[1] == "ready")  # a not-ready old one first
+                self._leave(svc, victim[0], victim[1], now)
+            return
+        if len(live) < want:
+            for _ in range(want - len(live)):
+                self._add(svc, used, now)
+        elif len(live) > want:
+            _, per = self.runtimes.in_flight(svc.name)
+            # Not-ready ones first (nothing to drain), then the least busy.
+            order = sorted(live, key=lambda rp: (rp[1] == "ready", per.get(rp[0].id, 0), -rp[0].id))
+            for r, p in order[: len(live) - want]:
+                self._leave(svc, r, p, now)
+
+    # ---- one replica ----------------------------------------------------------------------------
+
+    def _job_of(self, svc: ServiceRecord, r: ReplicaRecord) -> JobRecord | None:
+        store = self.cluster.store
+        if r.job_id is not None:
+            return store.get_job(r.job_id)
+        # The row was written and the head died before its job's id was: find the job by name.
+        name = replica_name(svc.name, r.id)
+        found = [j for j in store.list_jobs(text=name) if j.name == name]
+        if found:
+            self.services.set_replica_job(r.id, found[0].id)
+            return found[0]
+        return self._submit(svc, r)
+
+    def _phase(self, svc: ServiceRecord, r: ReplicaRecord, job: JobRecord, now: float, in_flight: int) -> str | None:
+        spec = svc.spec
+        if r.draining_since is not None:
+            if in_flight == 0 or now - r.draining_since > DRAIN_TIMEOUT_S or job.state is not JobState.RUNNING:
+                self._stop_job(job.id)
+            return "draining"
+        if job.state is not JobState.RUNNING:
+            return "queued"
+        started = job.started_at or now
+        self._first_started.setdefault(svc.name, started)
+        probe = self._probes.setdefault(r.id, _Probe())
+        ok = self._probe(self._url(job, r.port) + spec.readiness)
+        if ok:
+            probe.ready_once, probe.fails = True, 0
+            return "ready"
+        if probe.ready_once:
+            probe.fails += 1
+            if probe.fails >= UNREADY_LIMIT:
+                log.info("service %s: replica job %d failed %d probes; replacing it", svc.name, job.id, probe.fails)
+                self._stop_job(job.id)
+            return "unready"
+        if svc.ready_once and now - started > spec.startup_timeout_s:
+            log.info(
+                "service %s: replica job %d not ready in %g s; replacing it", svc.name, job.id, spec.startup_timeout_s
+            )
+            self._stop_job(job.id)
+            return None
+        return "starting"
+
+    def _gone(self, svc: ServiceRecord, r: ReplicaRecord, job: JobRecord | None) -> None:
+        self.services.remove_replica(r.id)
+        self._phases.pop(r.id, None)
+        if job is not None and r.draining_since is None:
+            what = f"replica job {job.id} ended ({job.state.value}: {job.reason or 'no reason given'})"
+            self._last_exit[svc.name] = what
+            log.info("service %s: %s; replacing it", svc.name, what)
+            if not self._probes.get(r.id, _Probe()).ready_once:
+                n = self._early_exits[svc.name] = self._early_exits.get(svc.name, 0) + 1
+                self._backoff_until[svc.name] = self.clock() + min(30.0, 0.5 * 2 ** (n - 1))
+        self._probes.pop(r.id, None)
+
+    def _fail(self, svc: ServiceRecord, why: str) -> None:
+        log.warning("service %s failed: %s", svc.name, why)
+        self._failed.add(svc.name)
+        self.services.set_state(svc.name, "failed", why)
+        for r in self.services.replicas(svc.name):
+            if r.job_id is not None:
+                self._stop_job(r.job_id)
+        self.runtimes.drop_service(svc.name)
+
+    def _add(self, svc: ServiceRecord, used: set[int], now: float) -> None:
+        if svc.name in self._failed or now < self._backoff_until.get(svc.name, 0.0):
+            return  # replicas exited before they were ready: not a new one each pass
+        port = self._free_port(svc.spec, used)
+        used.add(port)
+        try:
+            r = self.services.add_replica(svc.name, port, svc.revision)
+        except ServiceGone:
+            return
+        self._submit(svc, r)
+
+    def _submit(self, svc: ServiceRecord, r: ReplicaRecord) -> JobRecord | None:
+        job_spec = svc.spec.replica_job(r.id, r.port)
+        try:
+            job = self.cluster.submit(job_spec, svc.owner)
+        except Exception as e:  # the cluster refuses it now (a policy change): the service says why
+            self.services.remove_replica(r.id)
+            self._fail(svc, f"a replica could not be submitted: {e}")
+            return None
+        self.services.set_replica_job(r.id, job.id)
+        return self.cluster.store.get_job(job.id)
+
+    def _leave(self, svc: ServiceRecord, r: ReplicaRecord, phase: str, now: float) -> None:
+        if phase == "ready":
+            self.services.set_draining(r.id, now)  # no new requests; stopped once its own are answered
+            self._phases[r.id] = "draining"
+            self.runtimes.set_service(
+                svc.name,
+                Access(svc.team, svc.spec.public),
+                [(e_id, url, "draining" if e_id == r.id else p) for e_id, url, p in self._endpoints(svc.name)],
+            )
+        elif r.job_id is not None:
+            self.services.set_draining(r.id, now)
+            self._stop_job(r.job_id)
+
+    def _endpoints(self, name: str) -> list[tuple[int, str, str]]:
+        with self.runtimes._lock:
+            svc = self.runtimes._services.get(name)
+            return [(e.replica_id, e.url, e.phase) for e in svc.endpoints.values()] if svc else []
+
+    def _stop_job(self, job_id: int) -> None:
+        with contextlib.suppress(Conflict, NotFound):  # it ended meanwhile
+            self.cluster.cancel(job_id)
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def _url(self, job: JobRecord, port: int) -> str:
+        host = "127.0.0.1"
+        inventory = getattr(self.cluster.head, "inventory", None)
+        if job.allocation is not None and job.allocation.slices and inventory is not None:
+            host = inventory.address(job.allocation.slices[0].node) or host
+        return f"http://{host}:{port}"
+
+    def _probe(self, url: str) -> bool:
+        try:
+            return 200 <= self._http.get(url).status_code < 400
+        except httpx.HTTPError:
+            return False
+
+    def _free_port(self, spec: ServiceSpec, used: set[int]) -> int:
+        base = spec.port or REPLICA_PORT_BASE
+        for port in range(base, base + PORT_SPAN):
+            if port not in used and port <= 65535 and self.port_free(port):
+                return port
+        raise RuntimeError("no free port for a replica")
+
+
+def _port_free_here(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
