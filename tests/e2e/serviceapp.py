@@ -37,7 +37,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         url = urlsplit(self.path)
         me = {"pid": os.getpid(), "port": PORT, "version": VERSION}
         if url.path == "/health":
@@ -59,7 +59,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._json(me)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         n = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(n)
         self._json({"echo": body.decode(), "port": PORT, "version": VERSION})
