@@ -25,6 +25,7 @@ NEVER_READY = os.environ.get("NEVER_READY") == "1"
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    wbufsize = 65536  # headers and body in one write (flushed after each request): no Nagle stall
 
     def log_message(self, *_: object) -> None:
         pass

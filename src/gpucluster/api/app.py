@@ -48,10 +48,12 @@ from gpucluster.models import (
     unstorable,
 )
 from gpucluster.ranklogs import prefix_lines
+from gpucluster.services.gateway import Gateway, GatewayRoutes
 from gpucluster.services.manager import ServiceManager
 from gpucluster.store import DatabaseUnavailable, DataDirUnwritable, LeaseLost
 
 MAX_BODY_BYTES = 1024 * 1024
+GATEWAY_MAX_BODY_BYTES = 64 * 1024 * 1024  # a request to a service (an image, a batch) may be larger
 BODY_READ_TIMEOUT_S = 30.0
 
 
@@ -387,11 +389,15 @@ def create_app(
     add_telemetry_routes(app, service, public_team_usage=public_team_usage)  # drain/undrain, GPU samples, /metrics
     add_accounting_routes(app, service)  # usage, budgets
     if services is not None:
-        add_service_routes(app, services, access)  # /v1/services, the gateway at /serve/NAME/
+        add_service_routes(app, services, access)  # /v1/services
     document_errors(app)  # every route's error answers in the OpenAPI document (api/errors.py)
     dashboard_serve.mount(app)  # the web UI at `/`: static files that read this API like any client
 
-    return BodyLimit(rules.AuditLog(app, access), MAX_BODY_BYTES)  # type: ignore[return-value]
+    api = BodyLimit(rules.AuditLog(app, access), MAX_BODY_BYTES)
+    if services is not None:  # the gateway at /serve/NAME/, in front of the API (services/gateway.py)
+        gateway = Gateway(services.runtimes, access)
+        return GatewayRoutes(api, BodyLimit(gateway, GATEWAY_MAX_BODY_BYTES))  # type: ignore[return-value]
+    return api  # type: ignore[return-value]
 
 
 def _read_from(path: Any, offset: int) -> str:

@@ -1,4 +1,5 @@
-"""Routes of services (issue 23): create, list, show, update, delete; and the gateway `/serve/NAME/...`.
+"""Routes of services (issue 23): create, list, show, update, delete (the gateway, `/serve/NAME/...`,
+is in front of the API: services/gateway.py).
 
 Who may do what: any member creates a service in one of their teams (a class above normal needs
 a grant, as a job); its team's members see it; its owner, its team's admins and cluster admins
@@ -10,8 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import FastAPI, Path, Request
-from fastapi.responses import Response
+from fastapi import FastAPI, Path
 
 from gpucluster.auth import grants
 from gpucluster.auth.control import AccessControl
@@ -19,18 +19,14 @@ from gpucluster.auth.identity import Denied, Identity
 from gpucluster.auth.rules import Caller, Rule, allow
 from gpucluster.containers import check_mounts, outside_roots
 from gpucluster.head.service import NotFound, Rejected
-from gpucluster.services.gateway import Gateway
 from gpucluster.services.manager import ServiceManager
 from gpucluster.services.spec import ServiceList, ServiceOut, ServiceSpec, ServiceUpdate
 from gpucluster.store.services import ServiceRecord
 
 ServiceName = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
-GATEWAY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 def add_service_routes(app: FastAPI, services: ServiceManager, access: AccessControl) -> None:
-    gateway = Gateway(services.runtimes, access)
-    app.state.gateway = gateway
 
     def visible(name: str, who: Identity) -> ServiceRecord:
         record = services.record(name)
@@ -82,18 +78,3 @@ def add_service_routes(app: FastAPI, services: ServiceManager, access: AccessCon
         """Stop every replica and forget the service."""
         operable(name, who)
         return services.delete(name)
-
-    @app.api_route(
-        "/serve/{name}/{path:path}",
-        methods=GATEWAY_METHODS,
-        include_in_schema=False,
-        openapi_extra=allow(Rule.PUBLIC, audit=False),
-    )
-    async def serve(request: Request, name: str, path: str) -> Response:
-        return await gateway.handle(request, name, path)
-
-    @app.api_route(
-        "/serve/{name}", methods=GATEWAY_METHODS, include_in_schema=False, openapi_extra=allow(Rule.PUBLIC, audit=False)
-    )
-    async def serve_root(request: Request, name: str) -> Response:
-        return await gateway.handle(request, name, "")

@@ -12,14 +12,18 @@ connection dropped before the response began) only if its method is idempotent.
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from collections.abc import AsyncIterator
 
 import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpucluster.auth.control import AccessControl
+from gpucluster.auth.identity import RateLimited, Unauthorized
 from gpucluster.services.balancer import Endpoint
 from gpucluster.services.runtime import Runtimes
 from gpucluster.services.spec import IDEMPOTENT_METHODS
@@ -41,6 +45,27 @@ _HOP = frozenset(
     }
 )
 HOLD_TIMEOUT_S = 300.0  # a request waits this long for a replica of a service scaled to zero
+PREFIX = "/serve/"
+WHOLE_BODY_BYTES = 256 * 1024  # answers up to this size (with a Content-Length) are read whole
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class GatewayRoutes:
+    """ASGI: `/serve/NAME/...` goes to the gateway, everything else to the API.
+
+    Why in front of FastAPI rather than a route in it: a proxied request needs none of the API's
+    routing, dependency resolution, audit and error machinery, which cost milliseconds per
+    request on a busy head; the gateway checks its own callers."""
+
+    def __init__(self, api: ASGIApp, gateway: ASGIApp) -> None:
+        self.api = api
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(PREFIX):
+            await self.gateway(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
 
 
 class Gateway:
@@ -63,6 +88,22 @@ class Gateway:
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name, _, path = scope["path"][len(PREFIX) :].partition("/")
+        request = Request(scope, receive)
+        if not _NAME.match(name):
+            response: Response = _error(404, f"{name!r} is not a service name")
+        else:
+            try:
+                response = await self.handle(request, name, path)
+            except Unauthorized as e:
+                response = _error(401, str(e))
+                response.headers["WWW-Authenticate"] = "Bearer"
+            except RateLimited as e:
+                response = _error(429, str(e))
+                response.headers["Retry-After"] = str(max(1, math.ceil(e.retry_after_s - 1e-9)))
+        await response(scope, receive, send)
 
     def _refuse(self, name: str, request: Request) -> Response | None:
         """401/403/404 for a caller who may not call this service; None when they may."""
@@ -116,6 +157,23 @@ class Gateway:
                     continue
                 break
             out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+            length = upstream.headers.get("content-length", "")
+            if length.isdigit() and int(length) <= WHOLE_BODY_BYTES:
+                # A small body of known length: read at once, without a streaming response's
+                # per-request task group (a third of the gateway's CPU for small answers).
+                try:
+                    content = await upstream.aread()
+                except httpx.TransportError as e:
+                    self._failed(name, endpoint)
+                    last_error = f"replica {endpoint.replica_id}: {e.__class__.__name__}"
+                    if idempotent:
+                        continue
+                    break
+                finally:
+                    await upstream.aclose()
+                self.runtimes.release(name, endpoint)
+                self.runtimes.record(name, time.perf_counter() - started, ok=upstream.status_code < 500)
+                return Response(content, status_code=upstream.status_code, headers=out_headers)
             return StreamingResponse(
                 self._relay(name, endpoint, upstream, started),
                 status_code=upstream.status_code,
