@@ -63,6 +63,9 @@ teams:
 # job stay for the other operations (a delete would take both), and the fuzzing identities stay.
 DOOMED = {("PATCH", "/v1/admin/users/{name}"): "fuzz-patched", ("DELETE", "/v1/admin/users/{name}"): "fuzz-doomed"}
 
+SERVICE = "fuzz-svc"
+DOOMED_SERVICES = {"member": "fuzz-svc-doomed-m", "admin": "fuzz-svc-doomed-a"}
+
 # Operations no call can succeed on here: requeue and progress need a running job, and the one
 # node stays drained.
 ALLOWED_NEVER_OK = {
@@ -115,6 +118,10 @@ class Fixture:
         self.post(f"/v1/jobs/{ended}/cancel", None, member)
         other = self.post("/v1/jobs", {"command": ["true"], "gpus": 2}, self._headers(spare["token"]))["id"]
         self.job_ids = [own, ended, other]
+        # Services (their replicas are jobs, held like the others): one to read and update, and one
+        # for each role's delete to remove.
+        for svc in (SERVICE, *DOOMED_SERVICES.values()):
+            self.post("/v1/services", {"name": svc, "command": ["true"], "gpus": 0.5}, member)
         # The policy alone holds them, on a node with every GPU free...
         for job_id in (own, other):
             job = wait_for(lambda j=job_id: self.job(j)["wait_reason"] and self.job(j), what="a scheduling cycle")
@@ -178,7 +185,7 @@ def admin_schema(fuzz: Fixture) -> Any:
     return _schema(fuzz, "fuzz-admin")
 
 
-def _aim(fuzz: Fixture, case: Any) -> bool:
+def _aim(fuzz: Fixture, case: Any, who: str = "member") -> bool:
     """Point part of the cases at things that exist; False for a call that must not be made."""
     params = case.path_parameters or {}
     path = case.operation.path
@@ -193,6 +200,11 @@ def _aim(fuzz: Fixture, case: Any) -> bool:
         params["name"] = NODE
     if path.startswith("/v1/admin/users/") and isinstance(name, str) and len(name) % 2:
         params["name"] = DOOMED.get((case.method.upper(), path), "fuzz-spare")
+    if path.startswith("/v1/services/") and isinstance(name, str) and len(name) % 2:
+        params["name"] = DOOMED_SERVICES[who] if case.method.upper() == "DELETE" else SERVICE
+    body = case.body if isinstance(getattr(case, "body", None), dict) else None
+    if path == "/v1/services" and who == "admin" and body is not None and isinstance(body.get("name"), str):
+        body["name"] = f"a{body['name']}"[:100]  # the generator is deterministic: the member took each name
     if case.query and "follow" in case.query:
         case.query["follow"] = "false"
     if path == "/v1/nodes/{name}/undrain" and str(params.get("name")) == NODE:
@@ -217,7 +229,7 @@ admin = schemathesis.pytest.from_fixture("admin_schema")
 
 
 def _call(fuzz: Fixture, case: Any, who: str) -> None:
-    if _aim(fuzz, case):
+    if _aim(fuzz, case, who):
         response = case.call_and_validate(checks=CHECKS)
         fuzz.seen.setdefault((who, case.operation.label), set()).add(response.status_code)
 

@@ -9,7 +9,9 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from gpucluster.head.service import ClusterService, Conflict, NotFound
+from pydantic import ValidationError
+
+from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.services.reconciler import Reconciler
 from gpucluster.services.runtime import Runtimes
 from gpucluster.services.spec import ServiceOut, ServiceSpec, ServiceUpdate
@@ -70,7 +72,11 @@ class ServiceManager:
         if record.state != "running":
             raise Conflict(f"service {name} is {record.state} ({record.reason}); delete it and create it again")
         fields = change.model_dump(exclude_unset=True)
-        spec = ServiceSpec.model_validate({**record.spec.model_dump(), **fields})
+        try:
+            spec = ServiceSpec.model_validate({**record.spec.model_dump(), **fields})
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise Rejected(".".join(str(p) for p in first["loc"]) or "update", first["msg"]) from None
         rolls = any(k in fields for k in ("command", "image", "env"))
         self.store.set_spec(name, spec, new_revision=rolls)
         self.reconciler.wake.set()

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpucluster.models import JobSpec, Model, Name, PriorityName, StorableText
 
 MAX_REPLICAS = 64
+# A service's name: room left for its replicas' job names (`<name>.r<id>`, a job name's 128 chars).
+ServiceName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 REPLICA_PORT_BASE = 20000  # replicas listen from here up, unless the spec names a port
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
@@ -23,7 +25,7 @@ class ServiceSpec(StorableText):
         },
     )
 
-    name: Name
+    name: ServiceName
     command: list[str] = Field(min_length=1, max_length=4096)
     gpus: float = Field(1, gt=0, le=64, description="GPUs per replica, or a share of one such as 0.25")
     gpu_type: str | list[str] | None = None
@@ -66,6 +68,12 @@ class ServiceSpec(StorableText):
     def _range(self) -> ServiceSpec:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} is above max_replicas {self.max_replicas}")
+        try:
+            self.replica_job(0, REPLICA_PORT_BASE)  # what a job may not be, a replica may not be: 422 now
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "spec"
+            raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
         return self
 
     def replica_job(self, replica_id: int, port: int) -> JobSpec:
