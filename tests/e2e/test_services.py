@@ -107,6 +107,10 @@ def test_the_gateway_streams_events_as_they_come_and_passes_bodies(head: HeadPro
         assert all(got < sent_next for (got, _), (_, sent_next) in itertools.pairwise(arrived))
         r2 = httpx.post(f"{head.url}/serve/stream/echo?x=1", content=b"hello", headers=head.headers, timeout=30)
         assert r2.status_code == 200 and r2.json()["echo"] == "hello"
+        # A service's page cannot script the head's origin (where the dashboard keeps its token).
+        assert r2.headers["content-security-policy"].startswith("sandbox") and "allow-same-origin" not in str(
+            r2.headers
+        )
         c.delete_service("stream")
 
 

@@ -2,7 +2,8 @@
 
 Built on httpx.AsyncClient with one connection pool for all services (keep-alive to replicas, so
 a request costs no new TCP connection). The caller's token is checked here and never forwarded:
-a replica runs as its owner and must not see other users' tokens. Responses are streamed as
+a replica runs as its owner and must not see other users' tokens (nor cookies), and its answers
+are sandboxed (their own origin, not the head's: see SANDBOX). Responses are streamed as
 they come (chunked bodies, server-sent events), never buffered whole.
 
 Retries: a request that could not be sent (connection refused: the replica just died) is sent
@@ -42,8 +43,14 @@ _HOP = frozenset(
         "host",
         "content-length",
         "authorization",
+        "cookie",
+        "set-cookie",
     }
 )
+# A service's pages are served from the head's origin, where the dashboard keeps its token (in
+# localStorage): a sandboxed document gets an opaque origin of its own, so a member's service
+# cannot script the head's origin to read another user's token.
+SANDBOX = {"content-security-policy": "sandbox allow-scripts allow-forms allow-popups allow-downloads"}
 HOLD_TIMEOUT_S = 300.0  # a request waits this long for a replica of a service scaled to zero
 PREFIX = "/serve/"
 WHOLE_BODY_BYTES = 256 * 1024  # answers up to this size (with a Content-Length) are read whole
@@ -156,7 +163,7 @@ class Gateway:
                 if idempotent:
                     continue
                 break
-            out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+            out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP} | SANDBOX
             length = upstream.headers.get("content-length", "")
             if length.isdigit() and int(length) <= WHOLE_BODY_BYTES:
                 # A small body of known length: read at once, without a streaming response's
