@@ -204,3 +204,45 @@ def test_a_rolling_update_under_load_loses_nothing(head: HeadProcess) -> None:
         assert 'gpucluster_service_replicas{phase="ready",service="roll",team="default"} 2.0' in metrics
         assert 'gpucluster_service_errors_total{service="roll",team="default"} 0.0' in metrics
         c.delete_service("roll")
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # one `nobody` may run (a virtualenv under /root is not)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK), reason="needs root: a listener of another account"
+)
+def test_another_accounts_listener_on_a_replicas_port_never_gets_traffic(head: HeadProcess, root: Path) -> None:
+    """The port is picked by the head; another account binding it first is not the replica."""
+    with head.client() as c:
+        # The replica (run as this test's account) waits for a file before it binds its port.
+        gate = root / "gate"
+        command = ["/bin/sh", "-c", f'while [ ! -e {gate} ]; do sleep 0.1; done; exec "$@"', "sh", *APP]
+        c.create_service("hijack", command, gpus=0.25, readiness="/health", env={"PID_DIR": str(root / "pids")})
+        port = wait_for(
+            lambda: (rs := c.service("hijack").replicas) and rs[0].phase == "starting" and rs[0].port,
+            timeout=60,
+            what="the replica running",
+        )
+        log_size = head.log_path.stat().st_size
+        squatter = subprocess.Popen(
+            [SYSTEM_PYTHON, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+            user="nobody",
+            cwd="/",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for(
+                lambda: f"port {port} of replica job" in head.log_path.read_text()[log_size:],
+                timeout=60,
+                what="the head to notice the other account's listener",
+            )
+            assert c.service("hijack").replicas[0].phase == "starting"  # not ready: the gateway sends it nothing
+        finally:
+            squatter.kill()
+            squatter.wait(10)
+        gate.touch()  # now the replica binds its port and is ready
+        wait_ready(c, "hijack", 1)
+        assert httpx.get(f"{head.url}/serve/hijack/", headers=head.headers).json()["port"] == port
+        c.delete_service("hijack")

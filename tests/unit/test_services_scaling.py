@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpucluster.services.autoscaler import Autoscaler, ScaleBounds
 from gpucluster.services.balancer import Endpoint, pick
+from gpucluster.services.listeners import listener_uids
 from gpucluster.services.spec import ServiceSpec, parse_replicas
 
 BOUNDS = ScaleBounds(min_replicas=1, max_replicas=4, target_concurrency=2.0, scale_down_delay_s=30.0)
@@ -97,3 +100,17 @@ def test_a_replica_is_a_job_told_its_port() -> None:
 def test_a_service_may_not_set_port_itself() -> None:
     with pytest.raises(ValueError, match="PORT is set by the cluster"):
         ServiceSpec(name="clf", command=["x"], env={"PORT": "1"})
+
+
+def test_listener_uids_reads_the_listening_sockets_of_a_port(tmp_path: Path) -> None:
+    table = tmp_path / "tcp"
+    table.write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:4E20 00000000:0000 0A 00000000:00000000 00:00000000 00000000  65534        0 1\n"
+        "   1: 0100007F:4E20 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2\n"
+        "   2: 00000000:4E21 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 3\n"
+    )
+    assert listener_uids(20000, (table,)) == {65534}  # the listener's, not the connection's
+    assert listener_uids(20001, (table,)) == {1000}
+    assert listener_uids(20002, (table,)) == set()
+    assert listener_uids(20000, (tmp_path / "missing",)) is None

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import pwd
 import socket
 import threading
 import time
@@ -30,6 +32,7 @@ import httpx
 from gpucluster.core.states import JobState
 from gpucluster.head.service import ClusterService, Conflict, NotFound
 from gpucluster.services.autoscaler import Autoscaler, ScaleBounds
+from gpucluster.services.listeners import listener_uids
 from gpucluster.services.runtime import Access, Runtimes
 from gpucluster.services.spec import REPLICA_PORT_BASE, ReplicaOut, ServiceSpec, replica_name
 from gpucluster.store.services import ReplicaRecord, ServiceGone, ServiceRecord, ServiceStore
@@ -230,7 +233,7 @@ class Reconciler:
         started = job.started_at or now
         self._first_started.setdefault(svc.name, started)
         probe = self._probes.setdefault(r.id, _Probe())
-        ok = self._probe(self._url(job, r.port) + spec.readiness)
+        ok = self._owns_port(svc, job, r.port) and self._probe(self._url(job, r.port) + spec.readiness)
         if ok:
             probe.ready_once, probe.fails = True, 0
             return "ready"
@@ -321,6 +324,39 @@ class Reconciler:
         if job.allocation is not None and job.allocation.slices and inventory is not None:
             host = inventory.address(job.allocation.slices[0].node) or host
         return f"http://{host}:{port}"
+
+    def _owns_port(self, svc: ServiceRecord, job: JobRecord, port: int) -> bool:
+        """Whether the socket on the replica's port is its job's account's (this node only: a Ray
+        node's sockets are not visible here). Another account's listener there is never routed to."""
+        if getattr(self.cluster.head, "inventory", None) is not None:
+            return True
+        uids = listener_uids(port)
+        if not uids:
+            return True  # nobody listens yet (the probe fails), or no /proc to ask
+        expected = self._uid_of(svc.owner)
+        if expected is None or expected in uids:
+            return True
+        log.warning(
+            "service %s: port %d of replica job %d is held by uid %s, not the replica's account (uid %d)",
+            svc.name,
+            port,
+            job.id,
+            ",".join(map(str, sorted(uids))),
+            expected,
+        )
+        return False
+
+    def _uid_of(self, owner: str | None) -> int | None:
+        identity = getattr(self.cluster.head, "identity", None)
+        if identity is None:
+            return os.geteuid()
+        account = identity.run_as(owner)
+        if account is None:
+            return os.geteuid()  # jobs run as the head's own account
+        try:
+            return pwd.getpwnam(account).pw_uid
+        except KeyError:
+            return None
 
     def _probe(self, url: str) -> bool:
         try:
