@@ -203,7 +203,10 @@ def test_a_rolling_update_under_load_loses_nothing(head: HeadProcess) -> None:
         metrics = httpx.get(f"{head.url}/metrics", headers=head.headers).text
         assert 'gpucluster_service_replicas{phase="ready",service="roll",team="default"} 2.0' in metrics
         assert 'gpucluster_service_errors_total{service="roll",team="default"} 0.0' in metrics
-        c.delete_service("roll")
+        assert c.delete_service("roll").state == "deleting"
+        wait_for(lambda: "roll" not in {s.name for s in c.services()}, timeout=60, what="the service gone")
+        replicas = [j for j in c.jobs() if j.name.startswith("roll.r")]
+        assert len(replicas) >= 4 and all(j.state.value == "cancelled" for j in replicas)  # 2 + 2 rolled
 
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # one `nobody` may run (a virtualenv under /root is not)

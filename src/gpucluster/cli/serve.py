@@ -78,7 +78,7 @@ def serve(
         elif verb == "delete":
             with _head(url) as h:
                 _call(h.json, "DELETE", _path(target_name))
-            out.print(f"deleted service {target_name}")
+            out.print(f"deleting service {target_name}: its replicas are being stopped")
         else:
             change: dict[str, Any] = {}
             if command is not None:

@@ -83,14 +83,18 @@ class ServiceManager:
         return self.describe(self.record(name))
 
     def delete(self, name: str) -> ServiceOut:
+        """Stop every replica and forget the service. Marked `deleting` first (durable), so a head
+        that dies midway finishes it at its next start; the name is free once every replica ended."""
         record = self.record(name)
         out = self.describe(record)
-        for r in self.store.delete(name):
+        self.store.set_state(name, "deleting", "deleted by its owner")
+        self.runtimes.drop_service(name)
+        for r in self.store.replicas(name):
             if r.job_id is not None:
                 with contextlib.suppress(Conflict, NotFound):  # ended already
                     self.cluster.cancel(r.job_id)
-        self.runtimes.drop_service(name)
-        out.state = "deleted"
+        self.reconciler.wake.set()  # drops the rows once the jobs have ended
+        out.state = "deleting"
         return out
 
 

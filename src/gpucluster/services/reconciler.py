@@ -117,6 +117,33 @@ class Reconciler:
         for svc in records:
             if svc.state == "running":
                 self._reconcile(svc, used)
+            else:
+                self._wind_down(svc)
+
+    def _wind_down(self, svc: ServiceRecord) -> None:
+        """A failed or deleted service: stop what is left of its replicas (a head that died midway
+        through a failure or a delete left them running), then drop their rows (and a deleted
+        service's own row). Durable state first, so no crash leaves a replica nobody stops."""
+        left = False
+        for r in self.services.replicas(svc.name):
+            job = self.cluster.store.get_job(r.job_id) if r.job_id is not None else None
+            if job is not None and not job.state.terminal:
+                left = True
+                if job.stop_reason is None:
+                    self._stop_job(job.id)
+            elif job is None and r.job_id is None:
+                # Its job may exist under its name (the head died between submit and record).
+                name = replica_name(svc.name, r.id)
+                found = [j for j in self.cluster.store.list_jobs(text=name) if j.name == name]
+                if found and not found[0].state.terminal:
+                    self.services.set_replica_job(r.id, found[0].id)
+                    left = True
+                    continue
+                self.services.remove_replica(r.id)
+            else:
+                self.services.remove_replica(r.id)
+        if not left and svc.state == "deleting":
+            self.services.delete(svc.name)
 
     def desired(self, name: str) -> int:
         return self._desired.get(name, 0)
@@ -266,11 +293,9 @@ class Reconciler:
     def _fail(self, svc: ServiceRecord, why: str) -> None:
         log.warning("service %s failed: %s", svc.name, why)
         self._failed.add(svc.name)
-        self.services.set_state(svc.name, "failed", why)
-        for r in self.services.replicas(svc.name):
-            if r.job_id is not None:
-                self._stop_job(r.job_id)
+        self.services.set_state(svc.name, "failed", why)  # durable first: _wind_down finishes it
         self.runtimes.drop_service(svc.name)
+        self._wind_down(self.services.get(svc.name) or svc)
 
     def _add(self, svc: ServiceRecord, used: set[int], now: float) -> None:
         if svc.name in self._failed or now < self._backoff_until.get(svc.name, 0.0):

@@ -314,7 +314,7 @@ services = Table(
     Column("team", String(128), nullable=False),
     Column("owner", String(128)),
     Column("spec", Text, nullable=False),
-    Column("state", String(16), nullable=False),  # running, failed
+    Column("state", String(16), nullable=False),  # running, failed, deleting
     Column("reason", Text, nullable=False, default=""),
     Column("revision", Integer, nullable=False, default=1),
     Column("created_at", Float, nullable=False),

@@ -30,7 +30,7 @@ class ServiceRecord:
     team: str
     owner: str | None
     spec: ServiceSpec
-    state: str  # running, failed
+    state: str  # running, failed, deleting
     reason: str
     revision: int
     created_at: float
@@ -55,7 +55,9 @@ class ServiceStore:
         t = schema.services
         with self.store._write() as c:
             if c.execute(select(t.c.name).where(t.c.name == spec.name)).first() is not None:
-                raise ServiceExists(f"a service named {spec.name!r} exists; delete it first or pick another name")
+                raise ServiceExists(
+                    f"a service named {spec.name!r} exists (or is being deleted); delete it first or pick another name"
+                )
             c.execute(
                 insert(t).values(
                     name=spec.name,
