@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -42,15 +43,19 @@ log = logging.getLogger("gpucluster.services")
 
 INTERVAL_S = 0.25
 PROBE_TIMEOUT_S = 2.0
+READY_PROBE_S = 1.0  # a ready replica is probed this often; one not ready at every pass
 UNREADY_LIMIT = 3  # failed probes in a row before a once-ready replica is replaced
 DRAIN_TIMEOUT_S = 60.0
 PORT_SPAN = 20000
+PROBES_AT_ONCE = 16
 
 
 @dataclass
 class _Probe:
     ready_once: bool = False
     fails: int = 0
+    ok: bool = False  # the last probe's answer
+    at: float = 0.0  # when it was made
 
 
 class Reconciler:
@@ -79,7 +84,8 @@ class Reconciler:
         self._failed: set[str] = set()  # failed in this pass: start nothing more for them
         self._stop = threading.Event()
         self.wake = threading.Event()
-        self._http = httpx.Client(timeout=PROBE_TIMEOUT_S)
+        self._http = httpx.Client(timeout=PROBE_TIMEOUT_S, limits=httpx.Limits(max_connections=PROBES_AT_ONCE))
+        self._pool = ThreadPoolExecutor(PROBES_AT_ONCE, thread_name_prefix="probe")
         self._thread: threading.Thread | None = None
 
     # ---- the thread ---------------------------------------------------------------------------
@@ -93,6 +99,7 @@ class Reconciler:
         self.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._pool.shutdown(wait=True)
         self._http.close()
 
     def _run(self) -> None:
@@ -171,12 +178,22 @@ class Reconciler:
         endpoints: list[tuple[int, str, str]] = []
         live: list[tuple[ReplicaRecord, str]] = []  # (replica, phase) of those not leaving
         _, per_flight = self.runtimes.in_flight(svc.name)
+        present: list[tuple[ReplicaRecord, JobRecord]] = []
         for r in self.services.replicas(svc.name):
             job = self._job_of(svc, r)
             if job is None or job.state.terminal:
                 self._gone(svc, r, job)
-                continue
-            phase = self._phase(svc, r, job, now, per_flight.get(r.id, 0))
+            else:
+                present.append((r, job))
+        # Probes in parallel: one replica that hangs costs the pass one probe timeout, not one each.
+        probes = {
+            r.id: self._pool.submit(self._check, svc, job, r.port)
+            for r, job in present
+            if job.state is JobState.RUNNING and r.draining_since is None and self._due(svc.name, r.id, now)
+        }
+        for r, job in present:
+            probed = probes[r.id].result() if r.id in probes else None
+            phase = self._phase(svc, r, job, now, per_flight.get(r.id, 0), probed)
             if phase is None:
                 continue  # stopped just now
             self._phases[r.id] = phase
@@ -249,7 +266,22 @@ class Reconciler:
             return found[0]
         return self._submit(svc, r)
 
-    def _phase(self, svc: ServiceRecord, r: ReplicaRecord, job: JobRecord, now: float, in_flight: int) -> str | None:
+    def _due(self, name: str, replica_id: int, now: float) -> bool:
+        """Probe now? A ready replica every READY_PROBE_S (the gateway reports a failed
+        connection at once), one not (yet) ready at every pass."""
+        probe = self._probes.get(replica_id)
+        if probe is None or not probe.ok or now - probe.at >= READY_PROBE_S:
+            return True
+        return self.runtimes.phase_of(name, replica_id) == "unready"
+
+    def _check(self, svc: ServiceRecord, job: JobRecord, port: int) -> bool:
+        return self._owns_port(svc, job, port) and self._probe(self._url(job, port) + svc.spec.readiness)
+
+    def _phase(
+        self, svc: ServiceRecord, r: ReplicaRecord, job: JobRecord, now: float, in_flight: int, probed: bool | None
+    ) -> str | None:
+        """The replica's phase now, stopping it where it must go; `probed`: this pass's probe
+        result, None to keep the last one (a ready replica between its probes)."""
         spec = svc.spec
         if r.draining_since is not None:
             if in_flight == 0 or now - r.draining_since > DRAIN_TIMEOUT_S or job.state is not JobState.RUNNING:
@@ -260,12 +292,14 @@ class Reconciler:
         started = job.started_at or now
         self._first_started.setdefault(svc.name, started)
         probe = self._probes.setdefault(r.id, _Probe())
-        ok = self._owns_port(svc, job, r.port) and self._probe(self._url(job, r.port) + spec.readiness)
-        if ok:
+        if probed is not None:
+            probe.ok, probe.at = probed, now
+        if probe.ok:
             probe.ready_once, probe.fails = True, 0
             return "ready"
         if probe.ready_once:
-            probe.fails += 1
+            if probed is not None:
+                probe.fails += 1
             if probe.fails >= UNREADY_LIMIT:
                 log.info("service %s: replica job %d failed %d probes; replacing it", svc.name, job.id, probe.fails)
                 self._stop_job(job.id)

@@ -100,6 +100,13 @@ class Runtimes:
             latency_p99_s=_quantile(latencies, 0.99),
         )
 
+    def phase_of(self, name: str, replica_id: int) -> str | None:
+        """The phase the gateway holds for a replica (it marks one `unready` on a failed connection)."""
+        with self._lock:
+            svc = self._services.get(name)
+            e = svc.endpoints.get(replica_id) if svc is not None else None
+            return e.phase if e is not None else None
+
     def names(self) -> list[str]:
         with self._lock:
             return list(self._services)
