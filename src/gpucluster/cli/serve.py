@@ -100,7 +100,9 @@ def serve(
             if as_json:
                 _print_json(svc)
             else:
-                out.print(f"service {svc.name}: revision {svc.revision}, replicas replaced one by one")
+                rolls = any(k in change for k in ("command", "image", "env"))
+                then = ", its replicas replaced one by one" if rolls else ""
+                out.print(f"service {svc.name} updated: revision {svc.revision}{then}")
         return
     fields: dict[str, Any] = {}
     if file is not None:

@@ -40,6 +40,8 @@ from gpucluster.store.services import ReplicaRecord, ServiceGone, ServiceRecord,
 from gpucluster.store.store import JobRecord
 
 log = logging.getLogger("gpucluster.services")
+# httpx logs every request at INFO: four probes a second per replica would flood the head's log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 INTERVAL_S = 0.25
 PROBE_TIMEOUT_S = 2.0
