@@ -11,14 +11,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gpucluster.client import Client
+from gpucluster.client import ApiError, Client
 
-from .headproc import HeadProcess, passable_dir, wait_for
+from .headproc import SLACK, HeadProcess, passable_dir, wait_for
 from .servicekit import APP, Load, wait_ready
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
@@ -120,8 +121,12 @@ def test_a_service_that_never_becomes_ready_fails_with_the_reason(head: HeadProc
         "--env", "NEVER_READY=1", "--", *APP,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    with head.client() as c:
+    with head.client() as c, ThreadPoolExecutor(1) as pool:
+        # A request held for a ready replica is answered when the service fails, not at its timeout.
+        held = pool.submit(httpx.get, f"{head.url}/serve/never/", headers=head.headers, timeout=120)
         svc = wait_for(lambda: (s := c.service("never")).state == "failed" and s, timeout=60, what="the failure")
+        answer = held.result(timeout=60 * SLACK)
+        assert answer.status_code == 503 and "no replica became ready" in answer.json()["error"], answer.text
         assert "no replica answered GET /health with 2xx/3xx within its startup timeout (3 s)" in svc.reason
         wait_for(
             lambda: all(c.job(j).state.terminal for j in [r.id for r in c.jobs() if r.name.startswith("never.")]),
@@ -136,7 +141,6 @@ def test_a_service_that_never_becomes_ready_fails_with_the_reason(head: HeadProc
 
 def test_another_teams_member_gets_403_and_a_public_service_needs_no_token(head: HeadProcess) -> None:
     with head.client() as admin:
-        admin.add_user("svc-owner", ["vision"], unix_user=None)
         outsider = admin.add_user("svc-outsider", ["nlp"]).token
         admin.create_service("priv", APP, gpus=0.25, readiness="/health", team="vision")
         wait_ready(admin, "priv", 1)
@@ -146,6 +150,17 @@ def test_another_teams_member_gets_403_and_a_public_service_needs_no_token(head:
         assert httpx.get(f"{head.url}/serve/priv/").status_code == 401  # no token
         with Client(head.url, token=outsider) as c:
             assert "priv" not in {s.name for s in c.services()}  # nor listed for them
+        # The API: another team's member sees nothing of it; a teammate may not change an owner's.
+        with Client(head.url, token=outsider) as c:
+            for call in (lambda: c.service("priv"), lambda: c.update_service("priv", public=True)):
+                with pytest.raises(ApiError, match="no service named 'priv'"):
+                    call()
+        teammate = admin.add_user("svc-teammate", ["vision"]).token
+        with Client(head.url, token=teammate) as c:
+            assert c.service("priv").team == "vision"
+            with pytest.raises(ApiError, match="only they, an admin of its team, or a cluster admin"):
+                c.delete_service("priv")
+            assert httpx.get(f"{head.url}/serve/priv/", headers={"Authorization": f"Bearer {teammate}"}).is_success
         admin.update_service("priv", public=True)
         wait_for(lambda: httpx.get(f"{head.url}/serve/priv/").status_code == 200, timeout=30, what="public access")
         admin.delete_service("priv")

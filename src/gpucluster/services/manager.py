@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.services.reconciler import Reconciler
-from gpucluster.services.runtime import Runtimes
+from gpucluster.services.runtime import Access, Runtimes
 from gpucluster.services.spec import ServiceOut, ServiceSpec, ServiceUpdate
 from gpucluster.store.services import ServiceExists, ServiceRecord, ServiceStore
 
@@ -37,6 +37,8 @@ class ServiceManager:
             record = self.store.create(spec, owner, self.clock())
         except ServiceExists as e:
             raise Conflict(str(e)) from None
+        # Known to the gateway at once: a request right after the create is held, not a 404.
+        self.runtimes.set_service(spec.name, Access(spec.team, spec.public), [])
         self.reconciler.wake.set()
         return self.describe(record)
 

@@ -70,8 +70,12 @@ class Runtimes:
             loop.call_soon_threadsafe(event.set)
 
     def drop_service(self, name: str) -> None:
+        """The service failed or was deleted: requests held for it are answered now, not at their timeout."""
         with self._lock:
-            self._services.pop(name, None)
+            gone = self._services.pop(name, None)
+            waiters = list(self._waiters) if gone is not None else []
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
 
     def in_flight(self, name: str) -> tuple[int, dict[int, int]]:
         """All requests in flight or waiting for the service, and those of each replica."""
@@ -166,6 +170,8 @@ class Runtimes:
         try:
             while True:
                 with self._lock:
+                    if self._services.get(name) is not svc:
+                        return False  # failed or deleted meanwhile
                     if any(e.phase == "ready" for e in svc.endpoints.values()):
                         return True
                     event.clear()
