@@ -116,9 +116,10 @@ class Reconciler:
     # ---- one pass -------------------------------------------------------------------------------
 
     def tick(self) -> None:
+        known = self.runtimes.names()  # before the read: a service created after it is not dropped
         records = self.services.all()
         live = {s.name for s in records if s.state == "running"}
-        for name in self.runtimes.names():
+        for name in known:
             if name not in live:
                 self.runtimes.drop_service(name)
         self._failed &= {s.name for s in records if s.state != "running"}
