@@ -40,7 +40,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
-        me = {"pid": os.getpid(), "port": PORT, "version": VERSION}
+        me = {
+            "pid": os.getpid(),
+            "port": PORT,
+            "version": VERSION,
+            "path": self.path,
+            "prefix": self.headers.get("X-Forwarded-Prefix"),
+            "auth": self.headers.get("Authorization"),
+        }
         if url.path == "/health":
             self._json({"ok": not NEVER_READY}, 503 if NEVER_READY else 200)
         elif url.path == "/slow":

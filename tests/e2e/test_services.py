@@ -108,6 +108,9 @@ def test_the_gateway_streams_events_as_they_come_and_passes_bodies(head: HeadPro
         assert all(got < sent_next for (got, _), (_, sent_next) in itertools.pairwise(arrived))
         r2 = httpx.post(f"{head.url}/serve/stream/echo?x=1", content=b"hello", headers=head.headers, timeout=30)
         assert r2.status_code == 200 and r2.json()["echo"] == "hello"
+        seen = httpx.get(f"{head.url}/serve/stream/a%2Fb/c?q=1", headers=head.headers, timeout=30).json()
+        assert seen["path"] == "/a%2Fb/c?q=1" and seen["prefix"] == "/serve/stream"
+        assert seen["auth"] is None  # the caller's token stays at the gateway
         # A service's page cannot script the head's origin (where the dashboard keeps its token).
         assert r2.headers["content-security-policy"].startswith("sandbox") and "allow-same-origin" not in str(
             r2.headers

@@ -97,7 +97,10 @@ class Gateway:
             await self._client.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        name, _, path = scope["path"][len(PREFIX) :].partition("/")
+        # The path as the caller encoded it (raw_path): `%2F` in a segment stays one segment.
+        raw = scope.get("raw_path") or scope["path"].encode()
+        name_raw, _, path_raw = raw[len(PREFIX) :].partition(b"/")
+        name, path = name_raw.decode("latin-1"), path_raw.decode("latin-1")
         request = Request(scope, receive)
         if not _NAME.match(name):
             response: Response = _error(404, f"{name!r} is not a service name")
@@ -135,7 +138,12 @@ class Gateway:
         started = time.perf_counter()
         body = await request.body()
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
-        headers.append(("x-forwarded-for", request.client.host if request.client else ""))
+        headers += [
+            ("x-forwarded-for", request.client.host if request.client else ""),
+            ("x-forwarded-host", request.headers.get("host", "")),
+            ("x-forwarded-proto", request.url.scheme),
+            ("x-forwarded-prefix", f"{PREFIX}{name}"),  # where the app is mounted, for the links it makes
+        ]
         idempotent = request.method in IDEMPOTENT_METHODS
         tried: frozenset[int] = frozenset()
         last_error = ""
