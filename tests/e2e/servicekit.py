@@ -22,8 +22,18 @@ class Load:
     `total` requests in all); every answer's status (or the exception's name) is counted."""
 
     def __init__(
-        self, url: str, headers: dict[str, str], path: str = "", workers: int = 4, total: int | None = None
+        self,
+        url: str,
+        headers: dict[str, str],
+        path: str = "",
+        workers: int = 4,
+        total: int | None = None,
+        retry_unreachable: bool = False,
     ) -> None:
+        """`retry_unreachable`: a request that finds no head (refused, or cut by the head's death)
+        is sent again, as a client of a restarting server does; `retries` counts them."""
+        self.retry_unreachable = retry_unreachable
+        self.retries = 0
         self.url = url
         self.headers = headers
         self.path = path
@@ -61,12 +71,19 @@ class Load:
     def _work(self) -> None:
         with httpx.Client(timeout=60, headers=self.headers) as c:
             while self._take():
-                try:
-                    r = c.get(self.url + self.path)
-                    outcome = str(r.status_code)
-                    body = r.json() if r.status_code == 200 else {"error": r.text}
-                except httpx.HTTPError as e:
-                    outcome, body = type(e).__name__, {}
+                while True:
+                    try:
+                        r = c.get(self.url + self.path)
+                        outcome = str(r.status_code)
+                        body = r.json() if r.status_code == 200 else {"error": r.text}
+                    except httpx.TransportError as e:
+                        if self.retry_unreachable and not self._stop.is_set():
+                            with self._lock:
+                                self.retries += 1
+                            self._stop.wait(0.05)  # the head is restarting: poll for it
+                            continue
+                        outcome, body = type(e).__name__, {}
+                    break
                 with self._lock:
                     self._sent -= 1
                     self.outcomes[outcome] += 1

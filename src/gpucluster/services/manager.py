@@ -6,6 +6,7 @@ Thin over the store and the reconciler: the API checks who may do what, this mod
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,8 @@ from gpucluster.services.runtime import Access, Runtimes
 from gpucluster.services.spec import ServiceOut, ServiceSpec, ServiceUpdate
 from gpucluster.store.services import ServiceExists, ServiceRecord, ServiceStore
 
+log = logging.getLogger("gpucluster.services")
+
 
 class ServiceManager:
     def __init__(self, cluster: ClusterService, clock: Callable[[], float] = time.time) -> None:
@@ -27,6 +30,12 @@ class ServiceManager:
         self.reconciler = Reconciler(cluster, self.runtimes, clock)
 
     def start(self) -> None:
+        """One pass before the head takes requests (a restarted head knows its services' ready
+        replicas from its first request on), then the reconciler's thread."""
+        try:
+            self.reconciler.tick()
+        except Exception:  # the thread retries; the head starts regardless
+            log.exception("services: first reconcile pass failed")
         self.reconciler.start()
 
     def stop(self) -> None:
