@@ -9,6 +9,7 @@ import pytest
 from gpucluster.services.autoscaler import Autoscaler, ScaleBounds
 from gpucluster.services.balancer import Endpoint, pick
 from gpucluster.services.listeners import listener_uids
+from gpucluster.services.runtime import Access, Runtimes
 from gpucluster.services.spec import ServiceSpec, parse_replicas
 
 BOUNDS = ScaleBounds(min_replicas=1, max_replicas=4, target_concurrency=2.0, scale_down_delay_s=30.0)
@@ -114,3 +115,27 @@ def test_listener_uids_reads_the_listening_sockets_of_a_port(tmp_path: Path) -> 
     assert listener_uids(20001, (table,)) == {1000}
     assert listener_uids(20002, (table,)) == set()
     assert listener_uids(20000, (tmp_path / "missing",)) is None
+
+
+def test_a_requests_per_second_target_scales_on_whichever_wants_more() -> None:
+    bounds = ScaleBounds(
+        min_replicas=1, max_replicas=8, target_concurrency=10.0, scale_down_delay_s=0.0, target_rps=50.0
+    )
+    scaler = Autoscaler(initial=1, now=0.0)
+    t = 0.0
+    while t <= 3.0:  # 2 in flight (1 replica by concurrency) but 220 requests/s: 5 replicas
+        scaler.observe(t, 2, rps=220.0)
+        want = scaler.desired(t, bounds)
+        t += 0.25
+    assert want == 5
+
+
+def test_runtime_rate_counts_recent_answers_on_its_clock() -> None:
+    now = [100.0]
+    rt = Runtimes(clock=lambda: now[0])
+    rt.set_service("s", Access("t", False), [])
+    for i in range(30):
+        now[0] = 100.0 + i * 0.1  # 10 answers a second for 3 s
+        rt.record("s", 0.001, ok=True)
+    assert rt.rate("s", 2.0) == pytest.approx(10.0, abs=0.6)
+    assert rt.stats("s").requests == 30

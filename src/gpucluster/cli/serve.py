@@ -45,6 +45,9 @@ def serve(
     target: Annotated[
         float | None, typer.Option("--target", help="requests in flight per replica the autoscaler aims at")
     ] = None,
+    target_rps: Annotated[
+        float | None, typer.Option("--target-rps", help="also scale on requests per second per replica")
+    ] = None,
     team: Annotated[str | None, typer.Option(help="the team the replicas are accounted to")] = None,
     priority: Annotated[str | None, typer.Option(help="the replicas' priority class")] = None,
     image: Annotated[str | None, typer.Option("--image", help="run the replicas in this container image")] = None,
@@ -116,6 +119,7 @@ def serve(
         "port": port,
         "readiness": readiness,
         "target_concurrency": target,
+        "target_rps": target_rps,
         "team": team,
         "priority": priority,
         "image": image,

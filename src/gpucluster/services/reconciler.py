@@ -50,6 +50,7 @@ UNREADY_LIMIT = 3  # failed probes in a row before a once-ready replica is repla
 DRAIN_TIMEOUT_S = 60.0
 PORT_SPAN = 20000
 PROBES_AT_ONCE = 16
+RATE_WINDOW_S = 2.0  # requests per second over this, for a target_rps
 
 
 @dataclass
@@ -227,10 +228,11 @@ class Reconciler:
         if scaler is None:
             initial = max(spec.min_replicas, min(spec.max_replicas, max(1, len(live))))
             scaler = self._scalers[svc.name] = Autoscaler(initial, now)
-        scaler.observe(now, total)
-        want = scaler.desired(
-            now, ScaleBounds(spec.min_replicas, spec.max_replicas, spec.target_concurrency, spec.scale_down_delay_s)
+        scaler.observe(now, total, self.runtimes.rate(svc.name, RATE_WINDOW_S) if spec.target_rps else 0.0)
+        bounds = ScaleBounds(
+            spec.min_replicas, spec.max_replicas, spec.target_concurrency, spec.scale_down_delay_s, spec.target_rps
         )
+        want = scaler.desired(now, bounds)
         self._desired[svc.name] = want
         self._converge(svc, live, want, now, used_ports)
 

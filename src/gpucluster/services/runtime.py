@@ -104,6 +104,20 @@ class Runtimes:
             latency_p99_s=_quantile(latencies, 0.99),
         )
 
+    def rate(self, name: str, window_s: float) -> float:
+        """Requests answered per second over the last `window_s`."""
+        now = self.clock()
+        with self._lock:
+            svc = self._services.get(name)
+            if svc is None:
+                return 0.0
+            count = 0
+            for at, _ in reversed(svc.done):
+                if at < now - window_s:
+                    break
+                count += 1
+        return count / window_s
+
     def phase_of(self, name: str, replica_id: int) -> str | None:
         """The phase the gateway holds for a replica (it marks one `unready` on a failed connection)."""
         with self._lock:

@@ -47,6 +47,9 @@ class ServiceSpec(StorableText):
     target_concurrency: float = Field(
         4.0, gt=0, le=10000, description="in-flight requests per replica the autoscaler aims at"
     )
+    target_rps: float | None = Field(
+        None, gt=0, le=1e6, description="requests per second per replica; scales on it too (whichever wants more)"
+    )
     scale_down_delay_s: float = Field(30.0, ge=0, le=86400, description="low load this long before a scale-down")
     public: bool = Field(False, description="anyone may call it through the gateway, without a token")
 
