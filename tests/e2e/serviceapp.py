@@ -10,6 +10,7 @@ Writes its pid to $PID_DIR/<port>.pid so a test can kill it with -9.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -53,6 +54,14 @@ class Handler(BaseHTTPRequestHandler):
         elif url.path == "/slow":
             time.sleep(float(parse_qs(url.query).get("s", ["0.5"])[0]))
             self._json(me)
+        elif url.path == "/gzip":
+            data = gzip.compress(json.dumps(me).encode())
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         elif url.path == "/stream":
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")

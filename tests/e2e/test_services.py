@@ -114,6 +114,8 @@ def test_the_gateway_streams_events_as_they_come_and_passes_bodies(head: HeadPro
         seen = httpx.get(f"{head.url}/serve/stream/a%2Fb/c?q=1", headers=head.headers, timeout=30).json()
         assert seen["path"] == "/a%2Fb/c?q=1" and seen["prefix"] == "/serve/stream"
         assert seen["auth"] is None  # the caller's token stays at the gateway
+        zipped = httpx.get(f"{head.url}/serve/stream/gzip", headers=head.headers, timeout=30)
+        assert zipped.headers["content-encoding"] == "gzip" and zipped.json()["port"]  # passed through as sent
         # A service's page cannot script the head's origin (where the dashboard keeps its token).
         assert r2.headers["content-security-policy"].startswith("sandbox") and "allow-same-origin" not in str(
             r2.headers

@@ -177,7 +177,8 @@ class Gateway:
                 # A small body of known length: read at once, without a streaming response's
                 # per-request task group (a third of the gateway's CPU for small answers).
                 try:
-                    content = await upstream.aread()
+                    # Raw bytes, as sent: aread() would decode a gzip body the header still names.
+                    content = b"".join([chunk async for chunk in upstream.aiter_raw()])
                 except httpx.TransportError as e:
                     self._failed(name, endpoint)
                     last_error = f"replica {endpoint.replica_id}: {e.__class__.__name__}"
