@@ -37,7 +37,7 @@ from gpucluster.services.listeners import listener_uids
 from gpucluster.services.runtime import Access, Runtimes
 from gpucluster.services.spec import REPLICA_PORT_BASE, ReplicaOut, ServiceSpec, replica_name
 from gpucluster.store.services import ReplicaRecord, ServiceGone, ServiceRecord, ServiceStore
-from gpucluster.store.store import JobRecord
+from gpucluster.store.store import DatabaseUnavailable, JobRecord, LeaseLost
 
 log = logging.getLogger("gpucluster.services")
 # httpx logs every request at INFO: four probes a second per replica would flood the head's log.
@@ -111,9 +111,13 @@ class Reconciler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self.cluster.head.lease_lost is not None:
+                break  # another head holds the database: its reconciler runs the services now
             try:
                 self.tick()
-            except Exception:  # one bad pass (the database away) must not end the services
+            except (DatabaseUnavailable, LeaseLost):
+                pass  # the store says it once per outage; the next pass retries
+            except Exception:  # one bad pass must not end the services
                 log.exception("services: reconcile pass failed; retrying")
             self.wake.wait(self.interval_s)
             self.wake.clear()
