@@ -230,7 +230,10 @@ class Reconciler:
         total, _ = self.runtimes.in_flight(svc.name)
         scaler = self._scalers.get(svc.name)
         if scaler is None:
-            initial = max(spec.min_replicas, min(spec.max_replicas, max(1, len(live))))
+            # A new service starts with one replica at least; one a restarted head finds keeps
+            # what it has (a service scaled to zero stays there until a request comes).
+            have = len(live) if svc.ready_once else max(1, len(live))
+            initial = max(spec.min_replicas, min(spec.max_replicas, have))
             scaler = self._scalers[svc.name] = Autoscaler(initial, now)
         scaler.observe(now, total, self.runtimes.rate(svc.name, RATE_WINDOW_S) if spec.target_rps else 0.0)
         bounds = ScaleBounds(
