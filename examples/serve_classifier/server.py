@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,12 +126,14 @@ def standardization(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def create_app(batcher: Batcher, source: str) -> FastAPI:
-    app = FastAPI(title="digits")
-    requests = 0
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(batcher.run())  # the one loop that runs the model
+        yield
+        task.cancel()
 
-    @app.on_event("startup")
-    async def _start() -> None:
-        app.state.task = asyncio.create_task(batcher.run())
+    app = FastAPI(title="digits", lifespan=lifespan)
+    requests = 0
 
     @app.get("/health")
     async def health() -> dict[str, str]:
