@@ -75,8 +75,16 @@ def test_two_replicas_serve_every_request_while_one_is_killed_and_the_head_resta
             wait_for(lambda: load.done >= 100, timeout=60, what="a fifth of the requests")
             os.kill(pid_of(root, victim.port), signal.SIGKILL)
             wait_for(lambda: load.done >= 250, timeout=120, what="half of the requests")
-            svc = wait_ready(c, "clf", 2)  # replaced
-            assert victim.id not in {r.id for r in svc.replicas}
+            svc = wait_for(
+                lambda: (
+                    (s := c.service("clf"))
+                    and victim.id not in {r.id for r in s.replicas}
+                    and sum(r.phase == "ready" for r in s.replicas) == 2
+                    and s
+                ),
+                timeout=60,
+                what="the killed replica replaced",
+            )
             # The head dies (-9) and comes back: the replicas run on, are adopted and serve again.
             before = {r.job_id for r in svc.replicas}
             head.kill9()
@@ -251,8 +259,13 @@ def test_another_accounts_listener_on_a_replicas_port_never_gets_traffic(head: H
             what="the replica running",
         )
         log_size = head.log_path.stat().st_size
+        squat = root / "squat"  # what the squatter serves: a /health that answers 200
+        squat.mkdir()
+        (squat / "health").write_text("ok")
+        squat.chmod(0o755)
+        (squat / "health").chmod(0o644)
         squatter = subprocess.Popen(
-            [SYSTEM_PYTHON, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+            [SYSTEM_PYTHON, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(squat)],
             user="nobody",
             cwd="/",
             stdout=subprocess.DEVNULL,
@@ -264,6 +277,7 @@ def test_another_accounts_listener_on_a_replicas_port_never_gets_traffic(head: H
                 timeout=60,
                 what="the head to notice the other account's listener",
             )
+            assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200  # it would pass the probe
             assert c.service("hijack").replicas[0].phase == "starting"  # not ready: the gateway sends it nothing
         finally:
             squatter.kill()
