@@ -108,6 +108,47 @@ class Client(AdminCalls):
                 body["exported_env"] = exported
         return Job.model_validate(self._request("POST", "/v1/jobs", json=body).json())
 
+    # ---- services (issue 23) ----------------------------------------------------------------
+
+    def create_service(
+        self, name: str, command: list[str], *, export: str | Sequence[str] = "ALL", **fields: Any
+    ) -> Any:
+        """Create a service: `replicas` of `command` (each told its port in $PORT), reached through
+        the head at /serve/NAME/; fields as services.spec.ServiceSpec (gpus, readiness,
+        min_replicas, max_replicas, target_concurrency, public, ...)."""
+        from gpucluster.services.spec import ServiceOut
+
+        body: dict[str, Any] = {"name": name, "command": command, **fields}
+        if body.get("exported_env") is None:
+            body.pop("exported_env", None)
+            exported = exported_env(os.environ, export)
+            if exported is not None:
+                body["exported_env"] = exported
+        body.setdefault("workdir", os.getcwd())
+        return ServiceOut.model_validate(self._request("POST", "/v1/services", json=body).json())
+
+    def services(self) -> list[Any]:
+        from gpucluster.services.spec import ServiceList
+
+        return ServiceList.model_validate(self._request("GET", "/v1/services").json()).services
+
+    def service(self, name: str) -> Any:
+        from gpucluster.services.spec import ServiceOut
+
+        return ServiceOut.model_validate(self._request("GET", f"/v1/services/{quote(name, safe='')}").json())
+
+    def update_service(self, name: str, **changes: Any) -> Any:
+        """A rolling update (command, image, env) or new bounds (min_replicas, max_replicas, public)."""
+        from gpucluster.services.spec import ServiceOut
+
+        path = f"/v1/services/{quote(name, safe='')}/update"
+        return ServiceOut.model_validate(self._request("POST", path, json=changes).json())
+
+    def delete_service(self, name: str) -> Any:
+        from gpucluster.services.spec import ServiceOut
+
+        return ServiceOut.model_validate(self._request("DELETE", f"/v1/services/{quote(name, safe='')}").json())
+
     def job(self, job_id: int) -> Job:
         return Job.model_validate(self._request("GET", f"/v1/jobs/{job_id}").json())
 

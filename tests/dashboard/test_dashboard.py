@@ -21,6 +21,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from gpucluster.client import ApiError
 from gpucluster.models import ProgressIn
 from tests.dashboard.conftest import Dashboard
+from tests.e2e.servicekit import APP
 
 POLL_MS = 300  # the page's ?poll=: fast, so state changes show within a second
 
@@ -288,3 +289,23 @@ def test_an_array_is_a_progress_bar_on_the_jobs_page(signed_in: Dashboard) -> No
     finally:
         c.cancel(array_id)
     assert console_errors(driver) == []
+
+
+def test_services_page_shows_a_service_and_its_replicas(signed_in: Dashboard) -> None:
+    driver: WebDriver = signed_in.driver  # type: ignore[assignment]
+    c = signed_in.client
+    c.create_service("web", APP, gpus=0.25, readiness="/health", team="default")
+    try:
+        wait(driver, "a ready replica", lambda _: any(r.phase == "ready" for r in c.service("web").replicas), 60)
+        console_errors(driver)
+        go(driver, "#/services")
+        css = "[data-testid=services] [data-service='web'] [data-testid=ready]"
+        wait(driver, "the service ready on the page", lambda d: text_of(d, css) == "1 / 1")
+        replica = c.service("web").replicas[0]
+        row = wait(driver, "its replica", lambda d: text_of(d, f"[data-testid=replicas] [data-replica='{replica.id}']"))
+        assert "ready" in row and str(replica.port) in row
+        time.sleep(2 * POLL_MS / 1000)  # a couple of live refreshes, which must not log errors either
+        signed_in.screenshot("services")
+        assert console_errors(driver) == [], "services page logged errors"
+    finally:
+        c.delete_service("web")

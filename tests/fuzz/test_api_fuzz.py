@@ -63,6 +63,9 @@ teams:
 # job stay for the other operations (a delete would take both), and the fuzzing identities stay.
 DOOMED = {("PATCH", "/v1/admin/users/{name}"): "fuzz-patched", ("DELETE", "/v1/admin/users/{name}"): "fuzz-doomed"}
 
+SERVICE = "fuzz-svc"
+DOOMED_SERVICES = {"member": "fuzz-svc-doomed-m", "admin": "fuzz-svc-doomed-a"}
+
 # Operations no call can succeed on here: requeue and progress need a running job, and the one
 # node stays drained.
 ALLOWED_NEVER_OK = {
@@ -126,6 +129,10 @@ class Fixture:
             op: self.post("/v1/jobs", {"command": ["true"], "name": f"for-{op}"}, spare_headers)["id"]
             for op in ("cancel", "hold", "release")
         }
+        # Services (their replicas are jobs, held like the others): one to read and update, and one
+        # for each role's delete to remove.
+        for svc in (SERVICE, *DOOMED_SERVICES.values()):
+            self.post("/v1/services", {"name": svc, "command": ["true"], "gpus": 0.5}, member)
         # The policy alone holds them, on a node with every GPU free...
         for job_id in (own, other):
             job = wait_for(lambda j=job_id: self.job(j)["wait_reason"] and self.job(j), what="a scheduling cycle")
@@ -211,13 +218,12 @@ def _aim(fuzz: Fixture, case: Any, who: str = "member") -> bool:
         params["name"] = NODE
     if path.startswith("/v1/admin/users/") and isinstance(name, str) and len(name) % 2:
         params["name"] = DOOMED.get((case.method.upper(), path), "fuzz-spare")
-    body = case.body
-    if (
-        path == "/v1/admin/users"
-        and isinstance(body, dict)
-        and isinstance(body.get("name"), str)
-        and len(body["name"]) % 2
-    ):
+    if path.startswith("/v1/services/") and isinstance(name, str) and len(name) % 2:
+        params["name"] = DOOMED_SERVICES[who] if case.method.upper() == "DELETE" else SERVICE
+    body = case.body if isinstance(getattr(case, "body", None), dict) else None
+    if path == "/v1/services" and who == "admin" and body is not None and isinstance(body.get("name"), str):
+        body["name"] = f"a{body['name']}"[:100]  # the generator is deterministic: the member took each name
+    if path == "/v1/admin/users" and body is not None and isinstance(body.get("name"), str) and len(body["name"]) % 2:
         # A root head accepts a user only with an existing Unix account and known teams, which
         # drawn strings seldom are: half the named bodies get ones that exist, so a creation is
         # seen succeeding whatever the draw (it varied with the schema and the run's other tests).

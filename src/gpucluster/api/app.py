@@ -23,6 +23,7 @@ from gpucluster.api.admin import add_admin_routes
 from gpucluster.api.errors import MAX_ID, Id, document_errors
 from gpucluster.api.follow import DEFAULT_PER_USER as DEFAULT_FOLLOWS_PER_USER
 from gpucluster.api.follow import LogFollows
+from gpucluster.api.service_routes import add_service_routes
 from gpucluster.api.session_routes import add_session_routes
 from gpucluster.api.telemetry_routes import add_telemetry_routes
 from gpucluster.auth import grants, rules
@@ -51,9 +52,12 @@ from gpucluster.models import (
     unstorable,
 )
 from gpucluster.ranklogs import prefix_lines
+from gpucluster.services.gateway import Gateway, GatewayRoutes
+from gpucluster.services.manager import ServiceManager
 from gpucluster.store import DatabaseUnavailable, DataDirUnwritable, LeaseLost
 
 MAX_BODY_BYTES = 1024 * 1024
+GATEWAY_MAX_BODY_BYTES = 64 * 1024 * 1024  # a request to a service (an image, a batch) may be larger
 BODY_READ_TIMEOUT_S = 30.0
 
 
@@ -143,12 +147,14 @@ def create_app(
     *,
     follow_limit: int = DEFAULT_FOLLOWS_PER_USER,
     public_team_usage: bool = False,
+    services: ServiceManager | None = None,
 ) -> FastAPI:
     """The API; every route needs a token unless its rule says otherwise (see auth/rules.py).
 
     `follow_limit`: log follows one user may hold open at once (api/follow.py).
     `public_team_usage`: /metrics shows each team's usage and spend without a token (a cluster
-    admin's token is needed otherwise; api/telemetry_routes.py)."""
+    admin's token is needed otherwise; api/telemetry_routes.py).
+    `services`: the services' routes and gateway (api/service_routes.py), when the head runs them."""
     app = FastAPI(
         title="gpucluster",
         version=__version__,
@@ -422,10 +428,16 @@ def create_app(
     add_session_routes(app, service, access)  # WebSockets: a session's terminal, tunnels to a job's ports
     add_telemetry_routes(app, service, public_team_usage=public_team_usage)  # drain/undrain, GPU samples, /metrics
     add_accounting_routes(app, service)  # usage, budgets
+    if services is not None:
+        add_service_routes(app, services, access)  # /v1/services
     document_errors(app)  # every route's error answers in the OpenAPI document (api/errors.py)
     dashboard_serve.mount(app)  # the web UI at `/`: static files that read this API like any client
 
-    return BodyLimit(rules.AuditLog(app, access), MAX_BODY_BYTES)  # type: ignore[return-value]
+    api = BodyLimit(rules.AuditLog(app, access), MAX_BODY_BYTES)
+    if services is not None:  # the gateway at /serve/NAME/, in front of the API (services/gateway.py)
+        gateway = Gateway(services.runtimes, access)
+        return GatewayRoutes(api, BodyLimit(gateway, GATEWAY_MAX_BODY_BYTES))  # type: ignore[return-value]
+    return api  # type: ignore[return-value]
 
 
 def _read_from(path: Any, offset: int) -> str:

@@ -1171,6 +1171,14 @@ app.command()(forward)
 app.command()(notebook)
 
 
+# ---- services (issue 23) --------------------------------------------------------------------
+
+from gpucluster.cli.serve import serve, services  # noqa: E402
+
+app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(serve)
+app.command()(services)
+
+
 def _invoked(args: list[str]) -> str | None:
     """The subcommand named in `args`, skipping the global options before it; None for none."""
     i = 0
@@ -1242,7 +1250,8 @@ def hoist_global_options(args: list[str]) -> list[str]:
     i = 0
     while i < len(rest):
         a = rest[i]
-        if a == "--" or (name == "submit" and not a.startswith("-") and (not kept or not kept[-1].startswith("-"))):
+        command_word = not a.startswith("-") and (not kept or not kept[-1].startswith("-"))
+        if a == "--" or (name in ("submit", "serve") and command_word):
             kept += rest[i:]
             break
         flag, eq, value = a.partition("=")

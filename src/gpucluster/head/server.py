@@ -51,6 +51,7 @@ from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.security import SecurityError, SecurityOptions, check_listen, client_url, setup_access, ssl_options
 from gpucluster.head.service import ClusterService
 from gpucluster.policyfile import PolicyFileError
+from gpucluster.services.manager import start_services
 from gpucluster.store import Store, StoreError
 from gpucluster.store.lease import DEFAULT_LEASE_S, Holder
 from gpucluster.telemetry.setup import DEFAULT_INTERVAL_S as DEFAULT_TELEMETRY_INTERVAL_S
@@ -252,7 +253,14 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
             f"holding at most {max_connections} HTTP connections (--max-connections {opts.max_connections} "
             "is more than the open-files limit allows; raise it with ulimit -n)\n"
         )
-    app = create_app(service, access, follow_limit=opts.max_follows_per_user, public_team_usage=opts.public_team_usage)
+    services = start_services(service)  # services/: replicas, probes, autoscaling; the gateway's routes
+    app = create_app(
+        service,
+        access,
+        follow_limit=opts.max_follows_per_user,
+        public_team_usage=opts.public_team_usage,
+        services=services,
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -278,6 +286,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     try:
         server.run()
     finally:
+        services.stop()
         service.close()
         try:
             shut_down(head, opts.on_shutdown)

@@ -44,6 +44,8 @@ from gpucluster.store.store import request_from, request_json
 from gpucluster.telemetry.view import describe_job, describe_nodes
 
 if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
     from gpucluster.telemetry.monitor import TelemetryMonitor
 
 REQUEUED_BY_USER = "requeued by user"
@@ -71,6 +73,8 @@ class ClusterService:
         self.batcher = SubmitBatcher(head.store, on_committed=head.wake.set)
         self._empty: tuple[object, Capacity] | None = None  # an empty cluster, for submit checks
         self.telemetry: TelemetryMonitor | None = None  # set when the head samples its GPUs
+        # More /metrics series for a cluster admin's eyes only (services/metrics.py adds one).
+        self.private_collectors: list[Collector] = []
 
     def close(self) -> None:
         self.batcher.close()

@@ -28,7 +28,8 @@ from sqlalchemy import (
 # 7: attempts.pull_s
 # 8: jobs.held, jobs.array_id, jobs.array_index; arrays
 # 9: jobs.kind (batch | session); job_usage.kind, job_usage.idle_gpu_seconds
-SCHEMA_VERSION = 9
+# 10: services, service_replicas
+SCHEMA_VERSION = 10
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -326,3 +327,33 @@ job_usage = Table(
 )
 Index("ix_job_usage_until", job_usage.c.accrued_until)
 Index("ix_job_usage_team_until", job_usage.c.team, job_usage.c.accrued_until)
+
+
+# A service (services/): its spec as JSON, its state, and the revision a rolling update moves to.
+services = Table(
+    "services",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("team", String(128), nullable=False),
+    Column("owner", String(128)),
+    Column("spec", Text, nullable=False),
+    Column("state", String(16), nullable=False),  # running, failed, deleting
+    Column("reason", Text, nullable=False, default=""),
+    Column("revision", Integer, nullable=False, default=1),
+    Column("created_at", Float, nullable=False),
+    Column("ready_once", Boolean, nullable=False, default=False),  # some replica answered its probe
+)
+
+# One row per replica: written before its job is submitted (job_id NULL until then), so a head
+# that dies in between finds the job by its name (`<service>.r<id>`) instead of starting another.
+service_replicas = Table(
+    "service_replicas",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("service", String(128), ForeignKey("services.name"), nullable=False),
+    Column("job_id", Integer),
+    Column("port", Integer, nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("draining_since", Float),
+)
+Index("ix_service_replicas_service", service_replicas.c.service)

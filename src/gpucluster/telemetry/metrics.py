@@ -181,6 +181,8 @@ def metrics_registry(service: ClusterService, team_usage: bool = True) -> Collec
     registry.register(ClusterCollector(service, team_usage))
     if team_usage:
         registry.register(AccountingCollector(service.head.accounting))
+        for collector in service.private_collectors:  # each service's numbers (services/metrics.py)
+            registry.register(collector)
     return registry
 
 

@@ -6,6 +6,7 @@ import { jobPage } from "./pages/job.js";
 import { jobsPage } from "./pages/jobs.js";
 import { overviewPage } from "./pages/overview.js";
 import { queuePage } from "./pages/queue.js";
+import { servicesPage } from "./pages/services.js";
 import { usagePage } from "./pages/usage.js";
 import { h } from "./ui.js";
 
@@ -18,6 +19,7 @@ const ROUTES = [
   { pattern: /^\/jobs$/, page: jobsPage, nav: "/jobs" },
   { pattern: /^\/jobs\/(\d+)$/, page: jobPage, nav: "/jobs" },
   { pattern: /^\/usage$/, page: usagePage, nav: "/usage" },
+  { pattern: /^\/services$/, page: servicesPage, nav: "/services" },
 ];
 
 const view = document.getElementById("view");
