@@ -97,6 +97,9 @@ class _Bar:
             TimeElapsedColumn(),
             console=_consoles()[0],
             transient=False,
+            # Refreshed by `update` (the parent polls its workers every 0.2 s), not by a thread
+            # of its own: sim/run.py forks only from a single-threaded process.
+            auto_refresh=False,
         )
         self.tasks: dict[str, Any] = {}  # policy -> rich TaskID
 
@@ -120,6 +123,7 @@ class _Bar:
         if task is None:
             task = self.tasks[policy] = self.progress.add_task(policy, total=total, day=0.0)
         self.progress.update(task, completed=done, total=total, day=sim_t / 86400.0)
+        self.progress.refresh()
 
 
 def _hours(s: Any) -> str:

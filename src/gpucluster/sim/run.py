@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import resource
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -112,7 +113,7 @@ def run_policies(
 
     Why fork: the workload (a million jobs) is inherited, not pickled; each child only sends
     its RunResult back. Progress crosses over through a shared array the parent polls."""
-    if workers <= 1 or len(policies) <= 1 or "fork" not in mp.get_all_start_methods():
+    if workers <= 1 or len(policies) <= 1 or "fork" not in mp.get_all_start_methods() or _threaded():
         return [
             Engine(
                 spec,
@@ -140,6 +141,20 @@ def run_policies(
             return [p.get() for p in pending]
     finally:
         _SHARED = None
+
+
+def _threaded() -> bool:
+    """Whether this process runs other threads, native ones included (/proc/self/task).
+
+    Why it matters: a forked child gets a copy of every lock as it was, held or not, but only the
+    forking thread; a lock another thread held (an allocator's, a logging handler's, Ray's core
+    worker's) is never released in the child, which then hangs. Seen: `simulate` called in a test
+    process that had started Ray hung forever in its first forked worker. The command line's
+    own process is single-threaded, so it still forks; anything else runs the policies in turn."""
+    try:
+        return len(os.listdir("/proc/self/task")) > 1
+    except OSError:
+        return threading.active_count() > 1
 
 
 def _named(on_progress: PolicyProgressFn | None, name: str) -> ProgressFn | None:
