@@ -30,7 +30,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -42,9 +41,10 @@ from typing import TYPE_CHECKING, Any
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.elastic import grow
 from gpucluster.core.fairshare import accrue
+from gpucluster.core.lifecycle import AttemptResult, Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
-from gpucluster.core.restarts import RESTART_BACKOFF_S, restart_backoff
+from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.states import JobState
@@ -249,13 +249,14 @@ class Head:
     def _requeue_unlaunched(self, job: JobRecord, now: float, why: str) -> None:
         self.queue.invalidate()
         self._capacity_changed = True
+        after = after_attempt(None, Exit.NOT_STARTED)
         self.store.transition(
             job.id,
-            JobState.QUEUED,
+            after.state,
             now,
             f"requeued: {why}",
             expect=[JobState.RUNNING],
-            ended_attempt=self._attempt_record(job, now, "not_started", why, ()),
+            ended_attempt=self._attempt_record(job, now, after.attempt.value, why, ()),
             queued_at=now,
             allocation=None,
             started_at=None,
@@ -271,7 +272,7 @@ class Head:
         """
         if "ranks" not in handle or job.kill_sent:
             return False
-        if job.term_sent and job.stop_reason not in (None, "failure"):
+        if job.term_sent and job.stop_reason not in (None, StopReason.FAILURE):
             return False
         failed = next(((r, s) for r, s in enumerate(statuses) if _failed(s)), None)
         if failed is None:
@@ -279,7 +280,7 @@ class Head:
         message = f"{_unit(job)} {failed[0]} {_how(failed[1])}" + self._error_of(job, failed[0])
         # Durable before the kill, so the outcome names the rank that failed even if the head
         # dies now; a stop already under way (a preemption, a cancel) keeps its own outcome.
-        if self.store.request_stop(job.id, "failure", now, message=message):
+        if self.store.request_stop(job.id, StopReason.FAILURE, now, message=message, failed_rank=failed[0]):
             log.info("job %s: %s; stopping the other processes", job.id, message)
         self.executor.signal(handle, signal.SIGKILL)
         self.store.update_job(job.id, JobState.RUNNING, term_sent=True, kill_sent=True)
@@ -305,7 +306,7 @@ class Head:
         limit = job.spec.time_limit
         assert job.started_at is not None
         if job.stop_reason is None and isinstance(limit, float) and now - job.started_at >= limit:
-            self.store.request_stop(job.id, "time_limit", now)
+            self.store.request_stop(job.id, StopReason.TIME_LIMIT, now)
             job = self._reload(job)
         if job.stop_reason is None or job.stop_requested_at is None:
             return
@@ -322,94 +323,103 @@ class Head:
         return fresh
 
     def _finish(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> None:
+        """Every process of the attempt has ended: what happens next is the lifecycle's
+        (core/lifecycle.py); this applies it to the store and says it in the job's events."""
         self._capacity_changed = True
         job = self._reload(job)
         if job.kill_sent:  # a process that vanished after our SIGKILL was killed by it
             statuses = [Exited(128 + signal.SIGKILL, signal.SIGKILL) if isinstance(s, Lost) else s for s in statuses]
-        # A job that finished before a preemption reached it (no SIGTERM sent yet) succeeded:
-        # requeueing it would run finished work again. Once signalled, the head's intent rules.
-        finished_first = not job.term_sent and all(isinstance(s, Exited) and s.exit_code == 0 for s in statuses)
-        if job.stop_reason == "preempt" and not finished_first:
-            self._requeue_preempted(job, statuses, now)
+        stop = StopReason(job.stop_reason) if job.stop_reason is not None else None
+        codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
+        # The rank that failed first, recorded when it did (the others were killed after it).
+        told = job.failed_rank if stop in (StopReason.FAILURE, StopReason.CANCEL) else None
+        if told is not None and not 0 <= told < len(statuses):
+            told = None
+        bad = told if told is not None else next((r for r, s in enumerate(statuses) if _failed(s)), None)
+        first_bad = statuses[bad] if bad is not None else None
+        after = after_attempt(
+            stop,
+            _exit_of(codes, first_bad),
+            signalled=job.term_sent,
+            restarts=job.restarts,
+            max_restarts=job.spec.max_restarts,
+            first_backoff_s=self.restart_backoff_s,
+        )
+        if after.why is Why.PREEMPTED:
+            self._requeue_preempted(job, statuses, now, after)
+            return
+        if after.why is Why.ASKED_REQUEUE:
+            # It checkpointed and asked to run again without being asked to stop (someone
+            # else sent SIGTERM): requeued like a preemption, after a backoff.
+            self._requeue_preempted(job, statuses, now, after, message="the job asked to be requeued")
             return
         multi = "ranks" in handle
-        codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
-        first_bad = next((s for s in statuses if _failed(s)), None)
-        if job.stop_reason in ("failure", "cancel") and job.stop_message and (m := _RANK.match(job.stop_message)):
-            first_bad = statuses[int(m.group(1))]  # the rank that failed first; the others were killed
         status = first_bad or statuses[0]
         code = status.exit_code if isinstance(status, Exited) else None
         how = _describe_end(statuses, _unit(job)) if multi else _how(status)
-        if multi and first_bad is not None and job.stop_reason is None:  # all ended at once: say why
-            how += self._error_of(job, statuses.index(first_bad))
+        if multi and bad is not None and stop is None:  # all ended at once: say why
+            how += self._error_of(job, bad)
         ended = self._ended_attempt(job, now, codes, statuses)
-        if job.stop_reason == "cancel":
-            if job.stop_message and _RANK.match(job.stop_message):
+        if after.why is Why.CANCELLED:
+            if told is not None and job.stop_message:
                 how = job.stop_message  # cancelled while a failed rank was being handled
             reason = f"cancelled by user ({how})" if code is not None else "cancelled by user"
-            state = JobState.CANCELLED
-        elif job.stop_reason == "time_limit":
+        elif after.why is Why.TIME_LIMIT:
             limit = format_duration(float(job.spec.time_limit or 0))
             reason = f"time limit {limit} exceeded ({how})" if code is not None else f"time limit {limit} exceeded"
-            state = JobState.FAILED
-        elif job.stop_reason == "policy":  # telemetry (over its memory share, idle) or accounting
+        elif after.why is Why.POLICY:  # telemetry (over its memory share, idle) or accounting
             what = job.stop_message or "stopped by policy"
             reason = f"{what} ({how})" if code is not None else what
-            state = JobState.FAILED
+        elif after.why is Why.SUCCEEDED:
+            reason = how
         else:
-            outcome = AttemptOutcome.FAILED if first_bad is not None else attempt_outcome([c or 0 for c in codes])
-            if outcome is AttemptOutcome.SUCCEEDED:
-                state, reason = JobState.SUCCEEDED, how
-            elif outcome is AttemptOutcome.REQUEUE:
-                # It checkpointed and asked to run again without being asked to stop (someone
-                # else sent SIGTERM): requeued like a preemption, after a backoff.
-                self._requeue_preempted(
-                    job, statuses, now, message="the job asked to be requeued", backoff_s=self.restart_backoff_s
-                )
-                return
-            else:
-                if job.stop_reason == "failure" and job.stop_message:
-                    how = job.stop_message  # the process that failed first, not those killed after
-                elif isinstance(status, Lost) and not multi:
-                    how = f"process lost: {status.reason}"
-                self._fail_or_restart(job, how, code, ended, now)
-                return
+            if stop is StopReason.FAILURE and job.stop_message:
+                how = job.stop_message  # the process that failed first, not those killed after
+            elif isinstance(status, Lost) and not multi:
+                how = f"process lost: {status.reason}"
+            self._fail_or_restart(job, how, code, ended, now, after)
+            return
         self.store.transition(
             job.id,
-            state,
+            after.state,
             now,
             reason,
             expect=[JobState.RUNNING],
-            ended_attempt=ended(state.value, reason),
+            ended_attempt=ended(after.attempt.value, reason),
             exit_code=code,
         )
 
     def _fail_or_restart(
-        self, job: JobRecord, how: str, code: int | None, ended: Callable[[str, str], AttemptRecord], now: float
+        self,
+        job: JobRecord,
+        how: str,
+        code: int | None,
+        ended: Callable[[str, str], AttemptRecord],
+        now: float,
+        after: Next,
     ) -> None:
         """A failed attempt: back to the queue after a backoff while restarts are left, else failed."""
         limit = job.spec.max_restarts
-        if job.restarts >= limit:
-            reason = how if not limit else f"{how}; no restarts left ({job.restarts} of {limit} used)"
+        if not after.requeued:
+            reason = how if after.why is Why.FAILED else f"{how}; no restarts left ({job.restarts} of {limit} used)"
             self.store.transition(
                 job.id,
-                JobState.FAILED,
+                after.state,
                 now,
                 reason,
                 expect=[JobState.RUNNING],
-                ended_attempt=ended("failed", how),
+                ended_attempt=ended(after.attempt.value, how),
                 exit_code=code,
             )
             return
-        n = job.restarts + 1
-        delay = restart_backoff(n, self.restart_backoff_s)
+        n, delay = after.restart, after.backoff_s
         if self.store.transition(
             job.id,
-            JobState.QUEUED,
+            after.state,
             now,
             f"{how}; restart {n} of {limit} in {format_duration(delay)}",
             expect=[JobState.RUNNING],
-            ended_attempt=ended("failed", how),
+            ended_attempt=ended(after.attempt.value, how),
             exit_code=code,
             restarts=n,
             queued_at=now,
@@ -420,12 +430,7 @@ class Head:
             self.queue.invalidate()
 
     def _requeue_preempted(
-        self,
-        job: JobRecord,
-        statuses: list[Status],
-        now: float,
-        message: str | None = None,
-        backoff_s: float | None = None,
+        self, job: JobRecord, statuses: list[Status], now: float, after: Next, message: str | None = None
     ) -> None:
         """`preempted`, then straight back to `queued`: same id, next start is a new attempt.
 
@@ -437,14 +442,14 @@ class Head:
         how = _codes(codes, _unit(job))
         message = (message or job.stop_message or "preempted") + (f" ({how})" if how else "")
         ended = self._ended_attempt(job, now, codes, statuses)
-        not_before = now + backoff_s if backoff_s else None
+        not_before = now + after.backoff_s if after.backoff_s else None
         if self.store.transition(
             job.id,
             JobState.PREEMPTED,
             now,
             message,
             expect=[JobState.RUNNING],
-            ended_attempt=ended("preempted", message),
+            ended_attempt=ended(after.attempt.value, message),
             not_before=not_before,
         ):
             self._requeue_after_preemption(job.id, now, not_before)
@@ -478,7 +483,7 @@ class Head:
         self, job: JobRecord, now: float, outcome: str, reason: str, codes: tuple[int | None, ...]
     ) -> AttemptRecord:
         lost = None
-        if outcome not in ("succeeded", "not_started"):
+        if AttemptResult(outcome).loses_work:
             lost = work_lost(job, now, _newest_entry(self.data_dir.checkpoints(job.id)))
         return AttemptRecord(
             job_id=job.id,
@@ -593,6 +598,7 @@ class Head:
             stop_reason=None,
             stop_requested_at=None,
             stop_message=None,
+            failed_rank=None,
             term_sent=False,
             kill_sent=False,
             not_before=None,
@@ -604,13 +610,14 @@ class Head:
             handle = self.executor.launch(self._launch_spec(job))
         except (LaunchError, OSError) as e:
             reason = f"could not start: {e}"
+            after = after_attempt(None, Exit.LAUNCH_ERROR)
             self.store.transition(
                 job_id,
-                JobState.FAILED,
+                after.state,
                 self.clock(),
                 reason,
                 expect=[JobState.RUNNING],
-                ended_attempt=self._attempt_record(job, self.clock(), "failed", reason, ()),
+                ended_attempt=self._attempt_record(job, self.clock(), after.attempt.value, reason, ()),
             )
             return
         self.store.update_job(job_id, JobState.RUNNING, launch=handle)
@@ -776,9 +783,6 @@ class Head:
         self.wake.set()
 
 
-_RANK = re.compile(r"(?:rank|node) (\d+) ")  # the start of a failure's stop_message
-
-
 def _unit(job: JobRecord) -> str:
     """What one process of a distributed job is: a rank, or a node's launcher."""
     return "node" if job.spec.launcher else "rank"
@@ -791,6 +795,7 @@ _REQUEUED: dict[str, Any] = {
     "stop_reason": None,
     "stop_requested_at": None,
     "stop_message": None,
+    "failed_rank": None,
     "term_sent": False,
     "kill_sent": False,
 }
@@ -839,6 +844,17 @@ def _used(statuses: list[Status]) -> dict[str, Any]:
     cpu = [s.cpu_s for s in statuses if isinstance(s, Exited) and s.cpu_s is not None]
     memory = [s.memory_peak_bytes for s in statuses if isinstance(s, Exited) and s.memory_peak_bytes is not None]
     return {"cpu_s": sum(cpu) if cpu else None, "memory_peak_bytes": sum(memory) if memory else None}
+
+
+def _exit_of(codes: tuple[int | None, ...], first_bad: Status | None) -> Exit:
+    """How an attempt's processes ended, for the lifecycle: a failed one dooms it; else all 0 is
+    a success and 0s with REQUEUE_EXIT_CODE a requeue the job asked for (launch/ranks.py)."""
+    if first_bad is not None:
+        return Exit.FAILURE
+    outcome = attempt_outcome([c or 0 for c in codes])
+    if outcome is AttemptOutcome.SUCCEEDED:
+        return Exit.SUCCESS
+    return Exit.REQUEUE if outcome is AttemptOutcome.REQUEUE else Exit.FAILURE
 
 
 def _failed(s: Status) -> bool:

@@ -32,7 +32,10 @@ from typing import cast
 
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.elastic import grow
+from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.restarts import RESTART_BACKOFF_S
+from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob, Start
 from gpucluster.sim import scheduling
 from gpucluster.sim.errors import SimulationError
@@ -47,10 +50,14 @@ EPS = 1e-9
 # event kinds
 _END, _STOPPED, _CKPT, _FAIL, _REPAIR, _REPLAN = range(6)
 _BACKOFF, _PERIODIC, _CYCLE = 0, 1, 2  # why a _REPLAN
-# job states
-QUEUED, RUNNING, STOPPING = 0, 1, 2
-# outcomes
+# outcomes, as RunResult.outcome stores them (one byte per job); the lifecycle says which
 SUCCEEDED, FAILED_TIME_LIMIT, FAILED_RESTARTS, NEVER_STARTED = 0, 1, 2, 3
+_OUTCOME_OF = {
+    Why.SUCCEEDED: SUCCEEDED,
+    Why.TIME_LIMIT: FAILED_TIME_LIMIT,
+    Why.NO_RESTARTS_LEFT: FAILED_RESTARTS,
+    Why.FAILED: FAILED_RESTARTS,
+}
 # per-team totals: GPU-seconds allocated, money, kWh, GPU-seconds writing periodic checkpoints,
 # lost to failures (work since the last checkpoint + restart time), lost to preemption (the
 # checkpoint written on preemption, work it could not save, restart time)
@@ -78,6 +85,7 @@ class SimJob:
         "saves_on_stop",
         "startup",
         "state",
+        "stop",
         "stop_elapsed",
         "team",
         "token",
@@ -90,7 +98,8 @@ class SimJob:
         self.request = request
         self.interval = interval
         self.team = team
-        self.state = QUEUED
+        self.state = JobState.QUEUED
+        self.stop: StopReason | None = None  # the stop under way (a preemption), as the head's stop_reason
         self.token = 0  # bumped whenever this job's scheduled events become stale
         self.attempts = 0
         self.restarts = 0
@@ -353,7 +362,8 @@ class Engine:
         self._enqueue(job)
 
     def _enqueue(self, job: SimJob) -> None:
-        job.state = QUEUED
+        job.state = JobState.QUEUED
+        job.stop = None
         self._queued[job.trace.job_id] = job.request
         self._queue_index.add(job.request)
         self._team_queued[job.team] += job.trace.gpus
@@ -454,7 +464,7 @@ class Engine:
 
     def _start(self, start: Start, now: float) -> None:
         job = self._active.get(start.job_id)
-        if job is None or job.state != QUEUED:
+        if job is None or job.state is not JobState.QUEUED:
             raise SimulationError(f"t={now}: the plan starts job {start.job_id}, which is not queued")
         alloc = start.allocation
         self._claim(job, alloc, now)
@@ -482,7 +492,7 @@ class Engine:
             speed /= allreduce_slowdown(self.spec.allreduce, gpus, len(alloc.slices), g.nvlink_gbps, g.network_gbps)
         if job.trace.gpus >= 1 and job.held < job.trace.gpus:
             speed *= job.held / job.trace.gpus  # elastic, started smaller: the same work takes longer
-        job.state = RUNNING
+        job.state = JobState.RUNNING
         job.price_s = price_s
         job.power_w = power_w
         job.rate = speed
@@ -562,26 +572,31 @@ class Engine:
 
     def _on_end(self, job_id: int, token: int, now: float) -> None:
         job = self._active.get(job_id)
-        if job is None or job.token != token or job.state != RUNNING:
+        if job is None or job.token != token or job.state is not JobState.RUNNING or job.stop is not None:
             return  # an attempt that was interrupted meanwhile
         timed_out = now - job.run_start < job.plan.total_s - EPS
         self._release(job, now, LOST_FAIL, saved_all=True)
         self._dirty = True
-        self._finish(job, now, FAILED_TIME_LIMIT if timed_out else SUCCEEDED)
+        if timed_out:  # the head asks a time-limit stop, and the job's processes die of it
+            after = after_attempt(StopReason.TIME_LIMIT, Exit.FAILURE)
+        else:
+            after = after_attempt(None, Exit.SUCCESS, signalled=False)
+        self._finish(job, now, after)
 
     def _on_checkpoint(self, job_id: int, token: int, now: float) -> None:
         """The job finished writing a periodic checkpoint: it reports it, as a live job would."""
         job = self._active.get(job_id)
-        if job is None or job.token != token or job.state != RUNNING or job.interval is None:
+        if job is None or job.token != token or job.stop is not None or job.interval is None:
             return
         self._running[job_id] = scheduling.checkpointed(self._running[job_id], now)
         done = round((now - job.run_start - job.startup) / (job.interval + self.spec.checkpoints.cost_s))
         if done < job.plan.checkpoints:
             self._push(now + job.interval + self.spec.checkpoints.cost_s, _CKPT, job_id, token)
 
-    def _finish(self, job: SimJob, now: float, outcome: int) -> None:
+    def _finish(self, job: SimJob, now: float, after: Next) -> None:
         del self._active[job.trace.job_id]
-        self._record(job, now, outcome)
+        job.state = after.state
+        self._record(job, now, _OUTCOME_OF[after.why])
 
     def _record(self, job: SimJob, now: float, outcome: int) -> None:
         res = self.result
@@ -599,14 +614,14 @@ class Engine:
         checkpoint (if it checkpoints at all and the grace period allows) and exits; its GPUs
         stay held until then. Then it goes back to the queue."""
         job = self._active.get(job_id)
-        if job is None or job.state == STOPPING:
+        if job is None or job.stop is not None:
             return
-        if job.state != RUNNING:
+        if job.state is not JobState.RUNNING:
             raise SimulationError(f"t={now}: the plan preempts job {job_id}, which is not running")
         cost, grace = self.spec.checkpoints.cost_s, self.policy.grace_period_s
         job.saves_on_stop = job.interval is not None and cost <= grace
         job.stop_elapsed = now - job.run_start
-        job.state = STOPPING
+        job.stop = StopReason.PREEMPT
         job.token += 1
         self._running[job_id] = scheduling.stopping(self._running[job_id])
         self._capacity.stopping(self._running[job_id])
@@ -619,8 +634,10 @@ class Engine:
 
     def _on_stopped(self, job_id: int, token: int, now: float) -> None:
         job = self._active.get(job_id)
-        if job is None or job.token != token or job.state != STOPPING:
+        if job is None or job.token != token or job.stop is not StopReason.PREEMPT:
             return
+        after = after_attempt(job.stop, Exit.REQUEUE if job.saves_on_stop else Exit.FAILURE)
+        assert after.requeued and not after.backoff_s  # a preemption: straight back to the queue
         saves = job.saves_on_stop
         p = self._release(job, now, LOST_PREEMPT, saved_all=saves)
         if self.keep_starts:
@@ -661,12 +678,19 @@ class Engine:
         job.token += 1
         job.cause = LOST_FAIL
         limit = job.trace.max_restarts
-        if job.restarts >= (self.spec.failures.max_restarts if limit is None else limit):
-            self._finish(job, now, FAILED_RESTARTS)
+        after = after_attempt(
+            None,
+            Exit.FAILURE,
+            restarts=job.restarts,
+            max_restarts=self.spec.failures.max_restarts if limit is None else limit,
+            first_backoff_s=RESTART_BACKOFF_S,
+        )
+        if not after.requeued:
+            self._finish(job, now, after)
             return
-        job.restarts += 1
+        job.restarts = after.restart
         self.result.restarts += 1
-        wake = now + scheduling.restart_delay(job.restarts)
+        wake = now + after.backoff_s
         job.request = scheduling.job_request(job.trace, queued_at=now, not_before=wake)
         self._wake(wake)
         self._enqueue(job)

@@ -25,7 +25,8 @@ from sqlalchemy import (
 # 4: jobs.owner; users, memberships, tokens, audit; telemetry, presence and accounting tables
 # 5: attempts.cpu_s, attempts.memory_peak_bytes
 # 6: job_metrics
-SCHEMA_VERSION = 6
+# 7: jobs.failed_rank
+SCHEMA_VERSION = 7
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -78,6 +79,9 @@ jobs = Table(
     Column("progress_at", Float),
     Column("checkpoint_step", Integer),
     Column("owner", String(128)),  # the user who submitted it; NULL for jobs from before identities
+    # Which process of a distributed attempt failed first (with stop_reason "failure"), so the
+    # attempt's end names it, not one of the others killed after it.
+    Column("failed_rank", Integer),
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)

@@ -50,6 +50,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
+from gpucluster.core.lifecycle import StopReason, stop_overrides
 from gpucluster.core.states import JobState, can_transition
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, Priority, RunningJob, Wait
 from gpucluster.models import JobSpec
@@ -221,6 +222,7 @@ class JobRecord:
     progress_at: float | None = None
     checkpoint_step: int | None = None
     owner: str | None = None  # who submitted it (None: before identities existed)
+    failed_rank: int | None = None  # the process that failed first (stop_reason "failure")
 
     def request(self) -> JobRequest:
         return request_from(
@@ -1016,41 +1018,32 @@ class Store:
             ).all()
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
-    def request_stop(self, job_id: int, reason: str, now: float, message: str | None = None) -> bool:
+    def request_stop(
+        self, job_id: int, reason: str, now: float, message: str | None = None, failed_rank: int | None = None
+    ) -> bool:
         """Mark a running job to be stopped, unless a stop is already under way.
 
         A second request (a cancel during a time-limit stop) must not restart the grace period,
-        nor change why the job is ending; only a cancel during a preemption changes the outcome.
+        nor change why the job is ending; which stop may replace which one under way is the
+        lifecycle's table (core/lifecycle.py `stop_overrides`), applied here in one conditional
+        UPDATE each so a concurrent request cannot slip between a read and a write.
         """
+        stop = StopReason(reason)
         j = schema.jobs.c
+        running = update(schema.jobs).where(j.id == job_id).where(j.state == JobState.RUNNING.value)
         with self._write() as c:
             res = c.execute(
-                update(schema.jobs)
-                .where(j.id == job_id)
-                .where(j.state == JobState.RUNNING.value)
-                .where(j.stop_reason.is_(None))
-                .values(stop_reason=reason, stop_requested_at=now, stop_message=message)
+                running.where(j.stop_reason.is_(None)).values(
+                    stop_reason=stop.value, stop_requested_at=now, stop_message=message, failed_rank=failed_rank
+                )
             )
-            if res.rowcount == 0 and reason == "cancel":
-                # A user's cancel outranks a preemption already under way (the job must not be
-                # requeued), but keeps its grace timer.
-                res = c.execute(
-                    update(schema.jobs)
-                    .where(j.id == job_id)
-                    .where(j.state == JobState.RUNNING.value)
-                    .where(j.stop_reason == "preempt")
-                    .values(stop_reason=reason, stop_message=message)
-                )
-            if res.rowcount == 0 and reason == "cancel":
-                # ... and a failure being handled (the job must not be restarted); the message
-                # still names the process that failed.
-                res = c.execute(
-                    update(schema.jobs)
-                    .where(j.id == job_id)
-                    .where(j.state == JobState.RUNNING.value)
-                    .where(j.stop_reason == "failure")
-                    .values(stop_reason=reason)
-                )
+            for override in stop_overrides(stop):
+                if res.rowcount:
+                    break
+                values: dict[str, Any] = {"stop_reason": stop.value}
+                if not override.keeps_message:
+                    values["stop_message"] = message
+                res = c.execute(running.where(j.stop_reason == override.replaces.value).values(**values))
         return res.rowcount == 1
 
     def update_job(self, job_id: int, expect: JobState, **fields: Any) -> bool:
@@ -1187,6 +1180,7 @@ def _job(r: Any) -> JobRecord:
         progress_at=r["progress_at"],
         checkpoint_step=r["checkpoint_step"],
         owner=r["owner"],
+        failed_rank=r["failed_rank"],
     )
 
 
