@@ -46,7 +46,7 @@ from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.scheduler import decide
-from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Node, Wait
 from gpucluster.durations import format_duration
@@ -158,6 +158,7 @@ class Head:
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
         self._free_since: float | None = None  # GPUs free with nothing queued since (elastic growth)
         self._last_plan_at: float | None = None
+        self._next_release: float | None = None  # the earliest backoff of a queued job that ends after the last plan
         self.last_decide_s = 0.0
         self.last_cycle_at: float | None = None  # end of the last cycle that succeeded
         self.last_error: str | None = None  # why the last cycle failed, if it did
@@ -521,11 +522,17 @@ class Head:
             return
         queue_changed = self.queue.refresh(now)
         due = self._last_plan_at is None or now - self._last_plan_at >= REPLAN_EVERY_S
-        if not (queue_changed or self._capacity_changed or due):
+        # A backoff that ends is an event, as in the simulator: the job may start at that very
+        # instant, not at the next periodic replan.
+        released = self._next_release is not None and now >= self._next_release
+        if not (queue_changed or self._capacity_changed or due or released):
             return  # nothing a new plan could differ on
         self._capacity_changed = False
         self._last_plan_at = now
         snap = self.snapshot()
+        self._next_release = min(
+            (j.not_before for j in snap.queued if j.not_before and j.not_before > now), default=None
+        )
         self._grow_elastic(snap, now)
         if not snap.queued:
             self.queue_order = []
@@ -533,17 +540,17 @@ class Head:
         started = time.perf_counter()
         plan = decide(snap, self.policy, now)
         self.last_decide_s = time.perf_counter() - started
+        stopped = []
         for p in plan.preemptions:
-            if self.store.request_stop(p.job_id, "preempt", now, message=p.reason):
+            if self.store.request_stop(p.job_id, StopReason.PREEMPT, now, message=p.reason):
                 log.info("job %s: %s", p.job_id, p.reason)
-                self.preempted_for[p.job_id] = p.for_job
+                stopped.append(p.job_id)
                 self.wake.set()
         for start in plan.starts:
             self.queue.remove(start.job_id)
             self._start(start.job_id, start.allocation, now)
-        if self.preempted_for and plan.starts:  # a preemptor that starts holds nothing back any more
-            begun = {s.job_id for s in plan.starts}
-            self.preempted_for = {v: p for v, p in self.preempted_for.items() if p not in begun}
+        # a preemptor that starts holds nothing back any more
+        self.preempted_for = held_back_after(self.preempted_for, plan, stopped)
         if plan.starts:
             self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)

@@ -35,6 +35,7 @@ from gpucluster.core.elastic import grow
 from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.restarts import RESTART_BACKOFF_S
+from gpucluster.core.snapshot import held_back_after
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob, Start
 from gpucluster.sim import scheduling
@@ -424,8 +425,8 @@ class Engine:
         res.decide_running_max = max(res.decide_running_max, len(snap.running))
         for victim in scheduling.preemptions(plan):
             self._preempt(victim, now)
-        if plan.preemptions:
-            self._preempted_for.update(scheduling.preempted_for(plan))
+        if plan.preemptions or (plan.starts and self._preempted_for):
+            self._preempted_for = held_back_after(self._preempted_for, plan)
         for start in plan.starts:
             self._start(start, now)
         if self.spec.replan_every_s and self._queued and not self._replan_pending:
