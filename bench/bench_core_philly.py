@@ -1,6 +1,7 @@
 """Whole Philly per shipped policy, a baseline tree beside this one (issue 15).
 
   python bench/bench_core_philly.py [--baseline DIR] [--policies fifo,priority,default] [--jobs N]
+      [--trace CSV]
 
 For each tree (this checkout's src/, and --baseline's src/ when given, e.g. `git archive` of the
 commit before a refactor) and each policy: CPU seconds of one Engine run in a fresh process, and
@@ -45,9 +46,9 @@ print(json.dumps({"cpu_s": cpu, "digest": h.hexdigest()[:16], "jobs": len(res.en
 """
 
 
-def run(src: Path, policy: str, jobs: int) -> dict[str, object]:
+def run(src: Path, policy: str, jobs: int, trace: Path = PHILLY) -> dict[str, object]:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(PHILLY), str(SPEC), policy, str(jobs)],
+        [sys.executable, "-c", CHILD, str(trace), str(SPEC), policy, str(jobs)],
         env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
@@ -64,14 +65,15 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, default=None, help="a tree with src/ to compare against")
     ap.add_argument("--policies", default="fifo,priority,default")
     ap.add_argument("--jobs", type=int, default=0, help="a prefix of the trace (0: all of it)")
+    ap.add_argument("--trace", type=Path, default=PHILLY)
     args = ap.parse_args()
     for policy in args.policies.split(","):
-        this = run(ROOT / "src", policy, args.jobs)
+        this = run(ROOT / "src", policy, args.jobs, args.trace)
         print(
             f"{policy:9s} this     cpu {this['cpu_s']:7.1f} s  jobs {this['jobs']}  digest {this['digest']}", flush=True
         )
         if args.baseline is not None:
-            base = run(args.baseline / "src", policy, args.jobs)
+            base = run(args.baseline / "src", policy, args.jobs, args.trace)
             print(f"{policy:9s} baseline cpu {base['cpu_s']:7.1f} s  jobs {base['jobs']}  digest {base['digest']}")
             ratio = float(str(base["cpu_s"])) / float(str(this["cpu_s"]))
             same = "identical" if base["digest"] == this["digest"] else "DIFFERENT"
