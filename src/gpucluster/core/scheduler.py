@@ -25,6 +25,7 @@ from dataclasses import replace
 from functools import partial
 from operator import attrgetter, is_not
 
+from gpucluster.core.admission import admit
 from gpucluster.core.backfill import EndTimes, Reservation, reserve
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
@@ -48,7 +49,14 @@ def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *
     one trial scope: with a kept index (`snapshot.capacity`) its end undoes them from an undo
     log, so the index is as it was whatever happens in the cycle. Whether the garbage
     collector runs meanwhile is the caller's choice (`gc_paused`): it is process-wide, and a
-    head's API threads share it."""
+    head's API threads share it.
+
+    Drained nodes and held teams (`snapshot.drained`, `snapshot.holds`) are admitted first
+    (core/admission.py): a held job waits with a BUDGET wait and its hold's reason."""
+    snapshot, held = admit(snapshot)
+    if held:
+        plan = decide(snapshot, policy, now, reasons=reasons)
+        return replace(plan, waiting={**plan.waiting, **held})
     index = snapshot.capacity
     scope = (
         index.trial(snapshot.nodes, snapshot.running)

@@ -29,6 +29,10 @@ class Snapshot:
     # take back the GPUs it was stopped to free (a livelock: it did, round after round). Entries
     # whose preemptor is no longer queued (it started, or left) are ignored.
     preempted_for: Mapping[int, int] = field(default_factory=dict)
+    # Admission (core/admission.py, applied by `decide`): nodes that take no new job (drained,
+    # unhealthy, down), and teams whose queued jobs are held (a spent budget) -> why.
+    drained: frozenset[str] = frozenset()
+    holds: Mapping[str, str] = field(default_factory=dict)
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()

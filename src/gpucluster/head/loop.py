@@ -38,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpucluster.core.admission import admit
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.elastic import grow
 from gpucluster.core.fairshare import accrue
@@ -81,7 +82,6 @@ from gpucluster.launch.ranks import (
 from gpucluster.store import AttemptRecord, DatabaseUnavailable, DataDirUnwritable, JobRecord, LeaseLost, Store
 from gpucluster.store.lease import RENEW_FRACTION
 from gpucluster.store.telemetry import TelemetryStore
-from gpucluster.telemetry.drain import schedulable
 from gpucluster.telemetry.loopstats import LoopStats
 
 if TYPE_CHECKING:
@@ -501,11 +501,16 @@ class Head:
     # ---- scheduling -------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
+        """The snapshot to plan on, admitted (core/admission.py): no new jobs on drained or down
+        nodes, none of a team over budget. The head plans on it after admission (its estimates
+        and elastic growth read the same view); `decide` would admit a raw one the same way."""
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
-        queued = self.accounting.admit(self.queue.requests())  # not the jobs held for a budget
+        queued = self.queue.requests()
+        self.accounting.note_holds(queued)  # the held jobs' reasons, in `why` and the queue
         if self.preempted_for:  # forget preemptors that started or left the queue
-            ids = {r.job_id for r in queued}
+            ids = {r.job_id for r in queued if r.team not in self.accounting.held}
             self.preempted_for = {v: p for v, p in self.preempted_for.items() if p in ids}
+        down = self.inventory.down() if self.inventory is not None else frozenset()
         snap = Snapshot(
             nodes=nodes,
             running=tuple(self.store.running_jobs()),
@@ -513,9 +518,10 @@ class Head:
             usage=dict(self.usage),
             capacity=self.capacity_index,
             preempted_for=dict(self.preempted_for),
+            drained=self.telemetry.drained() | down,
+            holds=dict(self.accounting.held),
         )
-        down = self.inventory.down() if self.inventory is not None else frozenset()
-        return schedulable(snap, self.telemetry.drained() | down)  # drained and down nodes get no new jobs
+        return admit(snap)[0]
 
     def _schedule(self, now: float) -> None:
         if self.hold_starts:
