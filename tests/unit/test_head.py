@@ -10,7 +10,8 @@ import pytest
 
 from gpucluster.core.states import JobState
 from gpucluster.executors.base import Exited, Lost, Running
-from gpucluster.head.loop import LAUNCH_GRACE_S, Head
+from gpucluster.head.loop import Head
+from gpucluster.head.recovery import LAUNCH_GRACE_S
 from gpucluster.head.service import Conflict, NotFound, Rejected
 from gpucluster.store import Store
 

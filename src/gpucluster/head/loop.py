@@ -1,5 +1,10 @@
 """The head loop: reconcile running jobs, then snapshot -> decide -> commit -> launch.
 
+Split by concern: this module is the loop's mechanics (cycles, reconciling, stops, applying the
+plan and the lifecycle's answer to the store); head/recovery.py is crash recovery (adopting or
+requeueing what a previous head left), head/launch_specs.py what to start for an attempt, and
+head/attempts.py how an attempt's processes ended, in data and in words.
+
 Order matters for crash safety. An allocation is committed (state `running`, attempt n) before
 the process is launched, and the launch handle is committed after; a head that dies in between
 finds, on restart, either the shim's own pid file (the job started: adopt it) or nothing after a
@@ -26,7 +31,6 @@ on by itself when it is back.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -35,7 +39,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpucluster.core.admission import admit
@@ -58,27 +61,31 @@ from gpucluster.executors.base import (
     LaunchError,
     LaunchSpec,
     Lost,
-    ProcessSpec,
     Running,
     Status,
-    complete,
 )
 from gpucluster.executors.logfile import read_job_file
 from gpucluster.head.accounting import Accountant
+from gpucluster.head.attempts import (
+    codes_text,
+    describe_allocation,
+    describe_end,
+    exit_of,
+    how_ended,
+    is_failure,
+    newest_entry,
+    resources_used,
+    unit_of,
+    work_lost,
+)
 from gpucluster.head.estimates import EstimateRefresher
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
+from gpucluster.head.launch_specs import launch_spec
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
-from gpucluster.launch.env import inherited, job_env
-from gpucluster.launch.ranks import (
-    REQUEUE_EXIT_CODE,
-    AttemptOutcome,
-    attempt_outcome,
-    launcher_commands,
-    per_gpu_envs,
-    pick_free_port,
-)
+from gpucluster.head.recovery import adopt_launch, requeue_left_preempted
+from gpucluster.launch.env import inherited
 from gpucluster.store import AttemptRecord, DatabaseUnavailable, DataDirUnwritable, JobRecord, LeaseLost, Store
 from gpucluster.store.lease import RENEW_FRACTION
 from gpucluster.store.telemetry import TelemetryStore
@@ -89,8 +96,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpucluster.head")
 
-# A running job with no recorded launch and no shim pid file after this long never started.
-LAUNCH_GRACE_S = 10.0
 # Even when nothing seems to change, plan again this often (the safety net for missed events).
 REPLAN_EVERY_S = 1.0
 USAGE_SAVE_EVERY_S = 10.0
@@ -98,10 +103,6 @@ USAGE_SAVE_EVERY_S = 10.0
 OUTAGE_RETRY_MAX_S = 2.0
 # Restarts after failures back off by core/restarts.py's rule (1 s doubling, at most 5 minutes;
 # `gpucluster up --restart-backoff` sets the first wait), the rule the simulator uses too.
-# Every process of a distributed attempt has this in its environment (the attempt's run dir, so
-# unique to one data dir, job and attempt): the executor finds by it the processes that left
-# their process group, such as torchrun's workers.
-ENV_ATTEMPT_MARKER = "GPUCLUSTER_ATTEMPT_DIR"
 
 
 class Head:
@@ -191,7 +192,7 @@ class Head:
         if self.inventory is not None and self.inventory.refresh(now):
             self._capacity_changed = True
         if self._preempted_left:
-            self._requeue_left_preempted(now)
+            requeue_left_preempted(self, now)
             self._preempted_left = False
         running = self.store.list_jobs(states=[JobState.RUNNING])
         if self.inventory is not None:
@@ -222,22 +223,9 @@ class Head:
             self._usage_saved_at = now
 
     def _reconcile(self, job: JobRecord, now: float) -> None:
-        handle = job.launch
+        handle = job.launch if job.launch is not None else adopt_launch(self, job, now)
         if handle is None:
-            handle = self.executor.recover(self.data_dir.run_dir(job.id, job.attempt))
-            overdue = job.started_at is not None and now - job.started_at > LAUNCH_GRACE_S
-            if handle is not None and not complete(handle):
-                # The head stopped while starting the processes: the missing ones never will.
-                if overdue:
-                    self.executor.signal(handle, signal.SIGKILL)
-                    self.executor.cleanup(handle)
-                    self._requeue_unlaunched(job, now, "the head stopped while starting the job's processes")
-                return
-            if handle is None:
-                if overdue:
-                    self._requeue_unlaunched(job, now, "the head stopped before the process was launched")
-                return
-            self.store.update_job(job.id, JobState.RUNNING, launch=handle)
+            return
         statuses = self.executor.poll_ranks(handle)
         if not any(isinstance(s, Running) for s in statuses):
             self.executor.cleanup(handle)
@@ -246,22 +234,6 @@ class Head:
         if self._stop_on_rank_failure(job, handle, statuses, now):
             return
         self._enforce_stop(job, handle, now)
-
-    def _requeue_unlaunched(self, job: JobRecord, now: float, why: str) -> None:
-        self.queue.invalidate()
-        self._capacity_changed = True
-        after = after_attempt(None, Exit.NOT_STARTED)
-        self.store.transition(
-            job.id,
-            after.state,
-            now,
-            f"requeued: {why}",
-            expect=[JobState.RUNNING],
-            ended_attempt=self._attempt_record(job, now, after.attempt.value, why, ()),
-            queued_at=now,
-            allocation=None,
-            started_at=None,
-        )
 
     def _stop_on_rank_failure(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> bool:
         """One process of a multi-process attempt failed: SIGKILL the others now. True if so.
@@ -275,10 +247,10 @@ class Head:
             return False
         if job.term_sent and job.stop_reason not in (None, StopReason.FAILURE):
             return False
-        failed = next(((r, s) for r, s in enumerate(statuses) if _failed(s)), None)
+        failed = next(((r, s) for r, s in enumerate(statuses) if is_failure(s)), None)
         if failed is None:
             return False
-        message = f"{_unit(job)} {failed[0]} {_how(failed[1])}" + self._error_of(job, failed[0])
+        message = f"{unit_of(job)} {failed[0]} {how_ended(failed[1])}" + self._error_of(job, failed[0])
         # Durable before the kill, so the outcome names the rank that failed even if the head
         # dies now; a stop already under way (a preemption, a cancel) keeps its own outcome.
         if self.store.request_stop(job.id, StopReason.FAILURE, now, message=message, failed_rank=failed[0]):
@@ -336,11 +308,11 @@ class Head:
         told = job.failed_rank if stop in (StopReason.FAILURE, StopReason.CANCEL) else None
         if told is not None and not 0 <= told < len(statuses):
             told = None
-        bad = told if told is not None else next((r for r, s in enumerate(statuses) if _failed(s)), None)
+        bad = told if told is not None else next((r for r, s in enumerate(statuses) if is_failure(s)), None)
         first_bad = statuses[bad] if bad is not None else None
         after = after_attempt(
             stop,
-            _exit_of(codes, first_bad),
+            exit_of(codes, first_bad),
             signalled=job.term_sent,
             restarts=job.restarts,
             max_restarts=job.spec.max_restarts,
@@ -357,7 +329,7 @@ class Head:
         multi = "ranks" in handle
         status = first_bad or statuses[0]
         code = status.exit_code if isinstance(status, Exited) else None
-        how = _describe_end(statuses, _unit(job)) if multi else _how(status)
+        how = describe_end(statuses, unit_of(job)) if multi else how_ended(status)
         if multi and bad is not None and stop is None:  # all ended at once: say why
             how += self._error_of(job, bad)
         ended = self._ended_attempt(job, now, codes, statuses)
@@ -440,7 +412,7 @@ class Head:
         (`_requeue_left_preempted`), its backoff kept in not_before.
         """
         codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
-        how = _codes(codes, _unit(job))
+        how = codes_text(codes, unit_of(job))
         message = (message or job.stop_message or "preempted") + (f" ({how})" if how else "")
         ended = self._ended_attempt(job, now, codes, statuses)
         not_before = now + after.backoff_s if after.backoff_s else None
@@ -468,16 +440,10 @@ class Head:
         )
         self.queue.invalidate()
 
-    def _requeue_left_preempted(self, now: float) -> None:
-        """Jobs preempted but not requeued (the head stopped, or a cycle failed, in between)."""
-        for job in self.store.list_jobs(states=[JobState.PREEMPTED]):
-            log.info("job %s: left preempted, not requeued (the head stopped or a cycle failed); requeued", job.id)
-            self._requeue_after_preemption(job.id, now, job.not_before)
-
     def _ended_attempt(
         self, job: JobRecord, now: float, codes: tuple[int | None, ...], statuses: list[Status]
     ) -> Callable[[str, str], AttemptRecord]:
-        used = _used(statuses)
+        used = resources_used(statuses)
         return lambda outcome, reason: replace(self._attempt_record(job, now, outcome, reason, codes), **used)
 
     def _attempt_record(
@@ -485,7 +451,7 @@ class Head:
     ) -> AttemptRecord:
         lost = None
         if AttemptResult(outcome).loses_work:
-            lost = work_lost(job, now, _newest_entry(self.data_dir.checkpoints(job.id)))
+            lost = work_lost(job, now, newest_entry(self.data_dir.checkpoints(job.id)))
         return AttemptRecord(
             job_id=job.id,
             attempt=job.attempt,
@@ -602,7 +568,7 @@ class Head:
             job_id,
             JobState.RUNNING,
             now,
-            f"started on {_describe(allocation)}",
+            f"started on {describe_allocation(allocation)}",
             expect=[JobState.QUEUED],
             allocation=allocation,
             attempt=attempt,
@@ -636,84 +602,7 @@ class Head:
         self.store.update_job(job_id, JobState.RUNNING, launch=handle)
 
     def _launch_spec(self, job: JobRecord) -> LaunchSpec:
-        """What to start for the job's current attempt: one process, or one per rank."""
-        assert job.allocation is not None
-        slices = job.allocation.slices
-        attempt = job.attempt
-        checkpoints = self.data_dir.checkpoints(job.id)  # made by the job's own processes
-        envs = {
-            s.node: job_env(
-                base=self.base_env,
-                user_env=job.spec.env,
-                submitter_env=job.spec.exported_env,
-                job_id=job.id,
-                job_name=job.name,
-                team=job.team,
-                attempt=attempt,
-                slice_=s,
-                head_url=self.head_url,
-                virtual_gpus=self.virtual_gpus,
-                grace_period_s=self.grace_period_s,
-                checkpoint_dir=str(checkpoints),
-            )
-            for s in slices
-        }
-        if self.identity is not None:
-            extra = self.identity.job_env(job)
-            for env in envs.values():
-                env.update(extra)
-        run_dir = self.data_dir.run_dir(job.id, attempt)
-        spec = LaunchSpec(
-            job_id=job.id,
-            attempt=attempt,
-            argv=job.spec.argv,
-            env=envs[slices[0].node],
-            workdir=job.spec.workdir or "~",  # the home of the account it runs as
-            run_dir=run_dir,
-            log_path=self.data_dir.log(job.id, attempt),
-            user=self.identity.run_as(job.owner) if self.identity is not None else None,
-            job_dir=self.data_dir.job_dir(job.id),
-        )
-        if not job.spec.distributed:
-            return spec
-        marker = f"{ENV_ATTEMPT_MARKER}={run_dir}"
-        for env in envs.values():
-            env[ENV_ATTEMPT_MARKER] = str(run_dir)
-        addresses = {s.node: self._node_address(s.node) for s in slices}
-        # A fresh port every attempt (a dead attempt's store is never dialled), free on rank 0's node.
-        port = self.inventory.free_port(slices[0].node) if self.inventory is not None else pick_free_port()
-        argvs: list[tuple[str, list[str], dict[str, str]]]
-        try:
-            if job.spec.per_gpu:
-                argvs = [
-                    (pe.placement.node, job.spec.argv, pe.apply(envs[pe.placement.node]))
-                    for pe in per_gpu_envs(
-                        slices,
-                        addresses,
-                        port,
-                        job_id=job.id,
-                        attempt=attempt,
-                        max_restarts=job.spec.max_restarts,
-                        # next to the rank's log, in the job's directory, where its processes write
-                        error_file=lambda p: str(self.data_dir.log(job.id, attempt, p.rank).parent / "error.json"),
-                    )
-                ]
-            else:
-                argvs = [
-                    (c.node, list(c.argv), {**envs[c.node], **c.env})
-                    for c in launcher_commands(slices, addresses, port, job.spec.argv, job_id=job.id, attempt=attempt)
-                ]
-        except ValueError as e:
-            raise LaunchError(str(e)) from None
-        processes = tuple(
-            ProcessSpec(argv, env, run_dir / f"rank-{r}", self.data_dir.log(job.id, attempt, r))
-            for r, (_, argv, env) in enumerate(argvs)
-        )
-        return replace(spec, processes=processes, marker=marker)
-
-    def _node_address(self, node: str) -> str:
-        known = self.inventory.address(node) if self.inventory is not None else None
-        return known or self.node_addresses.get(node, "127.0.0.1")
+        return launch_spec(self, job)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -796,11 +685,6 @@ class Head:
         self.wake.set()
 
 
-def _unit(job: JobRecord) -> str:
-    """What one process of a distributed job is: a rank, or a node's launcher."""
-    return "node" if job.spec.launcher else "rank"
-
-
 # Fields reset when a job goes back to the queue.
 _REQUEUED: dict[str, Any] = {
     "allocation": None,
@@ -812,103 +696,3 @@ _REQUEUED: dict[str, Any] = {
     "term_sent": False,
     "kill_sent": False,
 }
-
-
-def work_lost(job: JobRecord, now: float, checkpoint_at: float | None = None) -> float | None:
-    """Seconds of work an interrupted attempt lost: from its last checkpoint (or its start, if it
-    made none since) to the interruption. A checkpoint written after the head asked the job to
-    stop (preemption, requeue) saved everything: nothing is lost.
-
-    The last checkpoint is the newer of the job's own report and `checkpoint_at` (what the head
-    sees in the job's checkpoint directory): reports come at most every 10 s, the files do not lie.
-    """
-    if job.started_at is None:
-        return None
-    known = [t for t in (job.last_checkpoint_at, checkpoint_at) if t is not None]
-    ckpt = max(known) if known else None
-    asked = job.stop_requested_at if job.stop_reason not in (None, "failure") else None
-    if ckpt is not None and asked is not None and ckpt >= asked:
-        return 0.0
-    # A failure is noticed when its first process dies; the others are killed only after.
-    interrupted = job.stop_requested_at if job.stop_reason == "failure" and job.stop_requested_at else now
-    since = max(job.started_at, ckpt) if ckpt is not None else job.started_at
-    return max(0.0, interrupted - since)
-
-
-def _newest_entry(directory: Path) -> float | None:
-    """When the newest complete entry of a checkpoint directory was written (names starting with
-    '.' are writes in progress, by gpucluster.train's convention and most others')."""
-    newest = None
-    try:
-        with os.scandir(directory) as it:
-            for e in it:
-                if not e.name.startswith("."):
-                    with contextlib.suppress(OSError):
-                        t = e.stat(follow_symlinks=False).st_mtime
-                        newest = t if newest is None else max(newest, t)
-    except OSError:
-        return None
-    return newest
-
-
-def _used(statuses: list[Status]) -> dict[str, Any]:
-    """What an attempt's processes used, from their cgroups: CPU seconds and peak memory, summed;
-    None where none of them was measured."""
-    cpu = [s.cpu_s for s in statuses if isinstance(s, Exited) and s.cpu_s is not None]
-    memory = [s.memory_peak_bytes for s in statuses if isinstance(s, Exited) and s.memory_peak_bytes is not None]
-    return {"cpu_s": sum(cpu) if cpu else None, "memory_peak_bytes": sum(memory) if memory else None}
-
-
-def _exit_of(codes: tuple[int | None, ...], first_bad: Status | None) -> Exit:
-    """How an attempt's processes ended, for the lifecycle: a failed one dooms it; else all 0 is
-    a success and 0s with REQUEUE_EXIT_CODE a requeue the job asked for (launch/ranks.py)."""
-    if first_bad is not None:
-        return Exit.FAILURE
-    outcome = attempt_outcome([c or 0 for c in codes])
-    if outcome is AttemptOutcome.SUCCEEDED:
-        return Exit.SUCCESS
-    return Exit.REQUEUE if outcome is AttemptOutcome.REQUEUE else Exit.FAILURE
-
-
-def _failed(s: Status) -> bool:
-    """A process that ended in a way that dooms its attempt (a rank's 0 or 79 does not)."""
-    return isinstance(s, Lost) or (isinstance(s, Exited) and s.exit_code not in (0, REQUEUE_EXIT_CODE))
-
-
-def _how(s: Status) -> str:
-    if isinstance(s, Lost):
-        return f"lost: {s.reason}"
-    if isinstance(s, Exited):
-        if s.error:
-            return s.error  # "cannot enter the workdir ...", "cannot start ..."
-        return f"killed by {signal.Signals(s.signal).name}" if s.signal else f"exit code {s.exit_code}"
-    return "running"
-
-
-def _describe_end(statuses: list[Status], unit: str = "rank") -> str:
-    """How a multi-process attempt ended: 'exit code 0 on all 4 ranks', 'rank 2 killed by SIGKILL'."""
-    bad = [(r, s) for r, s in enumerate(statuses) if _failed(s)]
-    if bad:
-        return f"{unit} {bad[0][0]} {_how(bad[0][1])}"
-    hows = {_how(s) for s in statuses}
-    if len(statuses) == 1:
-        return hows.pop()
-    if len(hows) == 1:
-        return f"{hows.pop()} on all {len(statuses)} {unit}s"
-    return ", ".join(f"{unit} {r} {_how(s)}" for r, s in enumerate(statuses))
-
-
-def _codes(codes: tuple[int | None, ...], unit: str = "rank") -> str:
-    known = [c for c in codes if c is not None]
-    if not known:
-        return ""
-    if len(codes) == 1:
-        return f"exit code {known[0]}"
-    if len(set(codes)) == 1:
-        return f"exit code {known[0]} on all {len(codes)} {unit}s"
-    return "exit codes " + ", ".join("lost" if c is None else str(c) for c in codes)
-
-
-def _describe(allocation: object) -> str:
-    slices = getattr(allocation, "slices", ())
-    return "; ".join(f"{s.node} GPUs {','.join(map(str, s.gpu_indices))}" for s in slices)
