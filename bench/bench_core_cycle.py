@@ -3,10 +3,10 @@
   python bench/bench_core_cycle.py --baseline DIR [--nodes 10000] [--jobs 100000] [--cycles 5]
 
 issue 15 moved the garbage collector's pause out of `decide` (the caller's choice: the head's
-API threads share the process-wide collector, the simulator pauses it) and the capacity fork's
-undo into an explicit trial scope. This measures what that costs a cycle as the head runs it
-(a kept capacity index, the collector on) and as the simulator runs it (collector paused), each
-in a fresh process, against the baseline tree's `decide` (which paused the collector itself),
+API threads share the process-wide collector; the head's loop and the simulator pause it around
+their own call) and the capacity fork's undo into an explicit trial scope. This measures a cycle
+with a kept capacity index, the collector left on and paused by the caller, each in a fresh
+process, against the baseline tree's `decide` (which paused the collector itself),
 on bench_scheduler.py's snapshot (Philly's GPU counts, 50 teams with quotas, ~90% full).
 Prints the median and p99 of the cycles after the first, and baseline / this.
 """
@@ -70,8 +70,8 @@ def main() -> None:
     args = ap.parse_args()
     rows = [
         ("baseline (decide pauses gc)", args.baseline / "src", "on"),
-        ("this, gc on (the head)", ROOT / "src", "on"),
-        ("this, gc paused (the simulator)", ROOT / "src", "paused"),
+        ("this, gc left on", ROOT / "src", "on"),
+        ("this, gc paused (head's, sim's choice)", ROOT / "src", "paused"),
     ]
     base = None
     for name, src, mode in rows:
