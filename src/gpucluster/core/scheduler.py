@@ -69,11 +69,12 @@ def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Hold the cyclic garbage collector off, for a caller that owns its process (the
-    simulator). Why: a cycle allocates hundreds of thousands of short-lived tuples that
-    reference counting frees anyway, and the collector's passes over the (large, long-lived)
-    snapshot cost 10-20% of a cycle at 100,000 queued jobs. It is switched back on at once,
-    even on error, and only if it was on."""
+    """Hold the cyclic garbage collector off around a caller's own call of `decide` (the
+    simulator's, the head's loop's). Why: a cycle allocates hundreds of thousands of
+    short-lived tuples that reference counting frees anyway, and the collector's passes over
+    the (large, long-lived) snapshot cost a third of a cycle at 100,000 queued jobs
+    (bench/bench_core_cycle.py). It is switched back on at once, even on error, and only if it
+    was on."""
     was = gc.isenabled()
     gc.disable()
     try:

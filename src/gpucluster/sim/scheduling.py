@@ -165,9 +165,8 @@ def decide(snap: Snapshot, policy: SimPolicy, now: float, reasons: bool = False)
     (`reasons=False`, the same starts and preemptions as the head's full cycle); `reasons=True`
     when a wait's message is wanted (see `Engine._infeasible`).
 
-    The garbage collector is paused for the cycle: the simulator owns its process, and the
-    collector's passes over the snapshot cost 10-20% of a cycle (the head leaves it on: its API
-    threads share it)."""
+    The garbage collector is paused for the cycle, by this caller's choice (the head's loop makes
+    the same one around its call): its passes over the snapshot cost 10-20% of a cycle."""
     with gc_paused():
         return core_decide(snap, policy.core, now, reasons=reasons)
 
