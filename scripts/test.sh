@@ -35,6 +35,21 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     echo "postgresql missing and cannot apt-get it: the PostgreSQL tests will be skipped" >&2
   fi
 fi
+# Container jobs (tests/e2e/test_containers.py) run real Podman with runc (the cgroupfs manager: the
+# test's own containers.conf), on an image the tests build from a static busybox; uidmap gives
+# rootless podman its subordinate ids, catatonit is podman's --init. Installed here when missing,
+# as root; nothing of the machine's podman config is changed (the tests use a private one).
+if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v busybox >/dev/null \
+    || ! command -v newuidmap >/dev/null || ! { command -v catatonit >/dev/null || [ -x /usr/libexec/podman/catatonit ]; }; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing podman, runc, uidmap, catatonit and busybox-static (apt)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        podman runc uidmap catatonit busybox-static; } \
+      >/dev/null || echo "apt-get could not install podman: the container tests will be skipped" >&2
+  else
+    echo "podman/runc/busybox missing and cannot apt-get them: the container tests will be skipped" >&2
+  fi
+fi
 echo "== ruff"; .venv/bin/ruff check src tests bench && .venv/bin/ruff format --check -q src tests bench
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"

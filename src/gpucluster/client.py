@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
+from datetime import date
 from typing import Any
 from urllib.parse import quote
 
@@ -20,12 +22,14 @@ from gpucluster.clientbase import (
     resolve_url,
     unreachable,
 )
+from gpucluster.durations import begin_time
 from gpucluster.launch.env import exported_env
 from gpucluster.models import (
     BudgetList,
     BudgetOut,
     GpuSampleList,
     GpuSampleOut,
+    HoldOut,
     Job,
     JobList,
     JobSpec,
@@ -82,7 +86,8 @@ class Client(AdminCalls):
     def submit(
         self, command: list[str] | JobSpec | None = None, *, export: str | Sequence[str] = "ALL", **fields: Any
     ) -> Job:
-        """Submit a job: a JobSpec, or a command list plus JobSpec fields (gpus=2, team=...).
+        """Submit a job: a JobSpec, or a command list plus JobSpec fields (gpus=2, team=...);
+        `begin` may be a Unix time, a datetime or what `--begin` reads ("22:00", "now+2h").
 
         `export` is sbatch's --export: the job runs with this process's environment ("ALL", the
         default, less what the cluster or the node sets: launch/env.py), only the variables named,
@@ -94,6 +99,8 @@ class Client(AdminCalls):
                 body.pop("team", None)  # the head picks the caller's default team
         else:
             body = {"command": command, **fields} if command is not None else dict(fields)
+        if isinstance(body.get("begin"), str | date):  # "22:00", "now+2h", a datetime: resolved here
+            body["begin"] = begin_time(body["begin"], time.time())
         if body.get("exported_env") is None:
             body.pop("exported_env", None)
             exported = exported_env(os.environ, export)
@@ -112,10 +119,12 @@ class Client(AdminCalls):
         *,
         offset: int = 0,
         text: str | None = None,
+        collapse: bool = False,
     ) -> list[Job]:
         """Jobs, oldest first; `limit` the newest N after skipping the newest `offset`; `text`
-        those whose name or owner contains it, or whose id it is."""
-        params: dict[str, Any] = {}
+        those whose name or owner contains it, or whose id it is; `collapse` an array as one
+        entry with `array_counts`."""
+        params: dict[str, Any] = {"collapse": "true"} if collapse else {}
         if state:
             params["state"] = state
         if team:
@@ -128,8 +137,26 @@ class Client(AdminCalls):
             params["q"] = text
         return JobList.model_validate(self._request("GET", "/v1/jobs", params=params).json()).jobs
 
-    def cancel(self, job_id: int) -> Job:
-        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel").json())
+    def cancel(self, job_id: int, index: int | None = None) -> Job:
+        """Cancel a job; an array's id cancels every element, `index` only that one (ID[7])."""
+        params = {"index": index} if index is not None else None
+        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel", params=params).json())
+
+    def hold(self, job_id: int, index: int | None = None) -> list[int]:
+        """Hold a queued job (or an array's queued elements, or element `index`); the ids held."""
+        params = {"index": index} if index is not None else None
+        return HoldOut.model_validate(self._request("POST", f"/v1/jobs/{job_id}/hold", params=params).json()).changed
+
+    def release(self, job_id: int, index: int | None = None) -> list[int]:
+        """Release held jobs, as `hold`; the ids released."""
+        params = {"index": index} if index is not None else None
+        return HoldOut.model_validate(self._request("POST", f"/v1/jobs/{job_id}/release", params=params).json()).changed
+
+    def set_throttle(self, array_id: int, throttle: int | None) -> Job:
+        """Change how many of an array's elements may run at once (None: no limit)."""
+        return Job.model_validate(
+            self._request("POST", f"/v1/jobs/{array_id}/array", json={"throttle": throttle}).json()
+        )
 
     def requeue(self, job_id: int) -> Job:
         """Checkpoint and requeue a running job (SIGTERM, grace, back in the queue, new attempt)."""

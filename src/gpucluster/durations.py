@@ -5,6 +5,7 @@ from __future__ import annotations
 import calendar
 import re
 import time
+from datetime import date, datetime, timedelta, tzinfo
 
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
@@ -56,3 +57,52 @@ def parse_since(text: str, now: float) -> float | None:
     except ValueError:
         raise ValueError(f"cannot read {text!r}; give a duration (30d, 12h), a date (2025-01-31) or all") from None
     return now - ago
+
+
+_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?")
+MAX_BEGIN_AHEAD_S = 366 * 86400  # a begin time further off is a typo (a year), not a plan
+
+
+def parse_begin(text: str, now: float, zone: tzinfo | None = None) -> float:
+    """The Unix time of `--begin`, as sbatch reads it: `HH:MM[:SS]` (its next occurrence in
+    `zone`, the submitter's local time by default: today, or tomorrow if it has passed), a date
+    or date and time (`2026-11-26`, `2026-11-26T08:00`, in `zone` unless it names its own offset),
+    `now+DURATION` or `+DURATION` (`now+2h`, `+30m`), or `now`. ValueError says what is allowed.
+
+    Resolved where the person is (the CLI), with their clock and zone: "22:00" means their 22:00,
+    whatever zone the head runs in; the API takes the resulting Unix time."""
+    s = text.strip().lower()
+    here = datetime.fromtimestamp(now, zone).astimezone(zone)
+    if s == "now":
+        return now
+    if s.startswith(("now+", "+")):
+        return now + parse_duration(s.split("+", 1)[1])
+    m = _CLOCK.fullmatch(s)
+    if m:
+        hour, minute, second = int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+        if hour > 23 or minute > 59 or second > 59:
+            raise ValueError(f"{text!r} is not a time of day; write HH:MM or HH:MM:SS, e.g. 22:00")
+        at = here.replace(hour=hour, minute=minute, second=second, microsecond=0)
+        if at.timestamp() <= now:
+            at = (here + timedelta(days=1)).replace(hour=hour, minute=minute, second=second, microsecond=0)
+        return at.timestamp()
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"cannot read the begin time {text!r}; give a time of day (22:00), a date and time "
+            "(2026-11-26T08:00), now+DURATION (now+2h) or +DURATION (+30m)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=here.tzinfo)
+    return when.timestamp()
+
+
+def begin_time(value: str | date, now: float) -> float:
+    """`parse_begin` for what a person wrote, also a YAML job file's date or timestamp (which the
+    YAML reader hands over as a date or datetime; one without a zone is the submitter's local)."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.astimezone()).timestamp()
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day).astimezone().timestamp()
+    return parse_begin(value, now)

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from gpucluster import labels
+from gpucluster import containers, labels
 from gpucluster.clientbase import DEFAULT_QUEUE_PAGE as DEFAULT_QUEUE_PAGE
+from gpucluster.core.arrays import (
+    MAX_ARRAY_ELEMENTS,
+    ArraySpec,
+    ArraySyntaxError,
+    check_size,
+    parse_array,
+    parse_sweep,
+)
 from gpucluster.core.states import JobState
 from gpucluster.durations import parse_duration
 from gpucluster.sizes import parse_mib
@@ -34,6 +42,8 @@ MAX_ENV_VALUE = 32768
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_METRICS = 32
 METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+MAX_DEPENDENCIES = 1000
+DependencyId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 PriorityName = Literal["low", "normal", "high", "critical"]
@@ -198,6 +208,30 @@ class JobSpec(StorableText):
     max_restarts: int = Field(
         0, ge=0, le=MAX_RESTARTS, description="after a failure, restart the job up to this many times, with backoff"
     )
+    begin: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="do not start before this Unix time (sbatch --begin); the CLI and job files also read "
+        "22:00, now+2h or 2026-11-26T08:00 in the submitter's zone",
+    )
+    image: str | None = Field(
+        None,
+        max_length=1024,
+        description="run the command in this container image (podman on the node): a registry reference "
+        "(python:3.11, ghcr.io/org/img:tag) or a local archive (docker-archive:/abs/env.tar, oci-archive:/abs/env.tar)",
+    )
+    mounts: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="with image: SRC:DST[:ro] bind mounts (absolute paths; SRC under the policy's containers: "
+        "mount_roots:); the workdir and the checkpoint dir are mounted at their own paths anyway",
+    )
+    interactive: bool = Field(
+        False,
+        description="an interactive session (`gpucluster run`): the command runs on a terminal that the owner "
+        "attaches to through the head; one process, never restarted, subject to the policy's `interactive:` class",
+    )
     max_cost: float | None = Field(
         None,
         gt=0,
@@ -205,6 +239,86 @@ class JobSpec(StorableText):
         description="stop the job (failed) before its cost over all its attempts would exceed this much money "
         "(prices per GPU-hour are the head's)",
     )
+
+    # ---- holds, dependencies, arrays and sweeps (issue 20; README "Sweeps and pipelines") ----
+    hold: bool = Field(False, description="submit held: it never starts until `gpucluster release`")
+    after: list[DependencyId] = Field(
+        default_factory=list, max_length=MAX_DEPENDENCIES, description="start once these jobs (or arrays) have started"
+    )
+    afterok: list[DependencyId] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description="start once these jobs (or every element of these arrays) succeeded; cancelled if one cannot",
+    )
+    afternotok: list[DependencyId] = Field(
+        default_factory=list, max_length=MAX_DEPENDENCIES, description="start once these jobs failed or were cancelled"
+    )
+    afterany: list[DependencyId] = Field(
+        default_factory=list, max_length=MAX_DEPENDENCIES, description="start once these jobs ended, however"
+    )
+    aftercorr: DependencyId | None = Field(
+        None, description="an array's element i starts once element i of this array succeeded"
+    )
+    array: str | None = Field(
+        None,
+        max_length=1024,
+        description="submit an array: indices such as 0-199, 0-99:2 or 1,5,7, and an optional %N throttle "
+        "(at most N elements run at once)",
+    )
+    sweep: dict[str, Any] | None = Field(
+        None,
+        description="a parameter sweep, as an array: {lr: [0.001, 0.0003], batch: [32, 64]} (every combination), "
+        "or with random: N and seed: S (N points drawn); each element gets its values as environment variables "
+        "and in {name} placeholders of its command",
+    )
+    throttle: int | None = Field(None, ge=1, le=1_000_000, description="an array's or sweep's most elements at once")
+    allow_large_array: bool = Field(False, description=f"allow an array of more than {MAX_ARRAY_ELEMENTS:,} elements")
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_array(v)
+            except ArraySyntaxError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            try:
+                parse_sweep(v)
+            except ArraySyntaxError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @property
+    def array_spec(self) -> ArraySpec | None:
+        """The array this spec submits (from `array` or `sweep`), or None for a single job."""
+        if self.sweep is not None:
+            return ArraySpec(tuple(range(parse_sweep(self.sweep).count)), self.throttle)
+        if self.array is not None:
+            parsed = parse_array(self.array)
+            return ArraySpec(parsed.indices, self.throttle or parsed.throttle)
+        return None
+
+    @model_validator(mode="after")
+    def _array_consistent(self) -> JobSpec:
+        if self.sweep is not None and self.array is not None:
+            raise ValueError("a sweep makes its own array; leave out array (set throttle: N to limit it)")
+        if self.throttle is not None and self.sweep is None and self.array is None:
+            raise ValueError("throttle is for an array or a sweep")
+        if self.aftercorr is not None and self.sweep is None and self.array is None:
+            raise ValueError("aftercorr is for an array: element i waits for element i of another array")
+        shape = self.array_spec
+        if shape is not None:
+            try:
+                check_size(len(shape.indices), self.allow_large_array)
+            except ArraySyntaxError as e:
+                raise ValueError(str(e)) from None
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -306,6 +420,16 @@ class JobSpec(StorableText):
                 raise ValueError(f"environment variable {key} is too long or has a NUL byte")
         return v
 
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        return None if v is None else containers.check_image(v)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        return [str(m) for m in containers.check_mounts(v)]
+
     @field_validator("workdir")
     @classmethod
     def _workdir(cls, v: str | None) -> str | None:
@@ -337,9 +461,24 @@ class JobSpec(StorableText):
             raise ValueError("per_gpu and launcher are two ways to start a distributed job; choose one")
         if (self.per_gpu or self.launcher is not None) and self.fractional:
             raise ValueError("per_gpu and launcher need whole GPUs (one process per GPU)")
+        if self.mounts and self.image is None:
+            raise ValueError("mounts are for a container job; give an image too (--image)")
         if self.launcher is not None and self.shell:
             raise ValueError("launcher runs the command under torchrun; it cannot be combined with shell")
+        if self.interactive:
+            if self.distributed or (self.nodes or 1) > 1 or self.min_gpus is not None:
+                raise ValueError(
+                    "an interactive session is one process on one node: no per_gpu, launcher, "
+                    "nodes above 1 or GPU range"
+                )
+            if self.max_restarts:
+                raise ValueError("an interactive session is never restarted: leave max_restarts out")
         return self
+
+    @property
+    def kind(self) -> str:
+        """What sort of work: `batch`, or `session` (interactive); stored in jobs.kind."""
+        return "session" if self.interactive else "batch"
 
     @property
     def gpu_types(self) -> tuple[str, ...]:
@@ -455,6 +594,7 @@ class Attempt(Model):
     work_lost_s: float | None = None  # time since its last checkpoint (or start) at the interruption
     cpu_s: float | None = None  # CPU seconds of all its processes (their cgroups); None: not measured
     memory_peak_bytes: int | None = None  # peak memory, each process's cgroup's peak summed
+    pull_s: float | None = None  # a container job's image pull (the longest rank's); None: no pull
 
 
 class JobFlagOut(Model):
@@ -503,12 +643,32 @@ class Job(Model):
     progress: Progress | None = None
     attempts: list[Attempt] = Field(default_factory=list)  # filled by GET /v1/jobs/{id}, as events
     owner: str | None = None  # the user who submitted it (jobs from before identities: none)
+    kind: str = "batch"  # batch, or session (interactive: `gpucluster run`, `attach`, `forward`)
     flags: list[JobFlagOut] = Field(default_factory=list)  # telemetry's findings (idle), in GET /v1/jobs/{id}
     gpu_usage: list[GpuUseOut] = Field(default_factory=list)  # its GPUs now, in GET /v1/jobs/{id}
     # Seconds its ended attempts ran, summed; a running job's current attempt adds the time since
     # started_at. Not ended_at - started_at: that counts a requeued job's wait in the queue.
     ran_s: float = 0
     metrics: list[MetricSeries] = Field(default_factory=list)  # gpucluster.train.report's, in GET /v1/jobs/{id}
+    held: bool = False  # held by its user: never started until released
+    array_id: int | None = None  # an array's element: the array's id (its first element's job id)
+    array_index: int | None = None
+    # In a collapsed listing (GET /v1/jobs?collapse=true) an array is one entry, its first
+    # element, with every element counted by state here; also on a submitted array's answer.
+    array_counts: dict[str, int] | None = None
+
+
+class HoldOut(Model):
+    """What a hold or release changed (queued jobs only): how many, and which (listed for a job
+    or an element; not for a whole array, which may have 100,000)."""
+
+    count: int = 0
+    changed: list[int] = Field(default_factory=list)
+
+
+class ArrayUpdate(Model):
+    model_config = ConfigDict(extra="forbid")
+    throttle: int | None = Field(..., ge=1, le=1_000_000, description="most elements at once; null: no limit")
 
 
 class JobList(Model):
@@ -646,6 +806,7 @@ class PolicyOut(Model):
     default_time_limit_s: float
     teams: list[TeamOut]
     priority_grants: dict[str, GrantOut] = Field(default_factory=dict)  # high, critical
+    mount_roots: list[str] = Field(default_factory=list)  # where a container job's mounts may come from
 
 
 # ---- accounting (GET /v1/usage, GET /v1/budgets) ----------------------------------------------
@@ -669,6 +830,10 @@ class UsageRowOut(Model):
     lost_gpu_hours_preemption: float  # ... and to preemptions (requeues included)
     attempts: int
     jobs: int
+    # Of gpu_hours, those held by interactive sessions, and of those the GPU-hours whose telemetry
+    # found the GPUs idle (at or under 1% utilisation): what sessions hoard.
+    session_gpu_hours: float = 0.0
+    session_idle_gpu_hours: float = 0.0
 
 
 class UsageOut(Model):

@@ -16,6 +16,12 @@
     prices: {H100-80GB: 3.60}   # money per GPU-hour per GPU model (accounting)
     budgets:
       vision: {period: 30d, money: 1000, on_exceed: finish}   # or gpu_hours: 500; period: month; stop
+    containers: {mount_roots: [/data, /scratch]}   # where a container job's --mount may come from
+    interactive:                # sessions (`gpucluster run`): their class, limits and idle reclaim
+      max_gpus_per_user: 2      # one user's sessions, queued and running, hold at most this many GPUs
+      time_limit: 8h            # a session's limit when it gives none, and the most it may ask for
+      priority: high            # the class sessions start in (no grant needed)
+      idle: {after: 30m, grace: 5m, threshold: 1, action: stop}   # GPUs idle AND no traffic; warn, then act
     priority_grants:            # who may submit above normal (low, normal: every member)
       high:     {roles: [team-admin], teams: [vision], users: [alice]}
       critical: {}              # cluster admins only (they may use every class)
@@ -141,6 +147,56 @@ class IdleIn(_Strict):
         return v
 
 
+class SessionIdleIn(_Strict):
+    """interactive.idle: reclaim a session whose GPUs and terminal both sat idle for `after`."""
+
+    after: Duration | None = None  # None: sessions are never reclaimed for idleness
+    grace: Duration = "5m"  # between the warning in the terminal and the action
+    threshold: float = 1.0
+    action: Literal["stop", "notify"] = "stop"
+
+    @field_validator("after", "grace")
+    @classmethod
+    def _dur(cls, v: Duration | None) -> Duration | None:
+        if v is not None and _seconds(v, "idle durations") < 0:
+            raise ValueError("idle durations cannot be negative")
+        return v
+
+    @field_validator("threshold")
+    @classmethod
+    def _pct(cls, v: float) -> float:
+        if not 0 <= v <= 100:
+            raise ValueError("threshold is a percentage, 0 to 100")
+        return v
+
+
+class InteractiveIn(_Strict):
+    """interactive: the session class (core.policy.InteractivePolicy)."""
+
+    max_gpus_per_user: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    time_limit: Duration | None = None
+    priority: Literal["low", "normal", "high", "critical"] | None = None
+    idle: SessionIdleIn = Field(default_factory=SessionIdleIn)
+
+    @field_validator("time_limit")
+    @classmethod
+    def _limit(cls, v: Duration | None) -> Duration | None:
+        if v is not None and _seconds(v, "time_limit") <= 0:
+            raise ValueError("time_limit must be positive")
+        return v
+
+    def to_policy(self) -> core.InteractivePolicy:
+        return core.InteractivePolicy(
+            max_gpus_per_user=self.max_gpus_per_user,
+            time_limit_s=_seconds(self.time_limit, "time_limit") if self.time_limit is not None else None,
+            priority=self.priority,
+            idle_after_s=_seconds(self.idle.after, "after") if self.idle.after is not None else None,
+            idle_grace_s=_seconds(self.idle.grace, "grace"),
+            idle_threshold=self.idle.threshold,
+            idle_action=self.idle.action,
+        )
+
+
 class ElasticIn(_Strict):
     """elastic: {enabled: true, grow_after: 60s, grow_every: 5m, restart_cost: 60s} (core/elastic.py)."""
 
@@ -233,6 +289,20 @@ class GrantIn(_Strict):
         return core.Grant(frozenset(self.teams), frozenset(self.roles), frozenset(self.users))
 
 
+class ContainersIn(_Strict):
+    """containers: {mount_roots: [/data, /scratch]}: where a container job's --mount may come from."""
+
+    mount_roots: list[str] = Field(default_factory=list, max_length=64)
+
+    @field_validator("mount_roots")
+    @classmethod
+    def _roots(cls, v: list[str]) -> list[str]:
+        for root in v:
+            if not root.startswith("/") or ".." in root.split("/"):
+                raise ValueError(f"mount root {root!r} must be an absolute path without '..'")
+        return v
+
+
 class PolicyIn(_Strict):
     teams: dict[TeamName, TeamIn] = Field(default_factory=dict)
     orgs: dict[str, OrgIn] = Field(default_factory=dict)
@@ -245,9 +315,11 @@ class PolicyIn(_Strict):
     idle: IdleIn = Field(default_factory=IdleIn)
     health: HealthIn = Field(default_factory=HealthIn)
     elastic: ElasticIn = Field(default_factory=ElasticIn)
+    interactive: InteractiveIn = Field(default_factory=InteractiveIn)
     prices: dict[str, float] = Field(default_factory=dict, description="GPU model -> money per GPU-hour")
     budgets: dict[TeamName, BudgetIn] = Field(default_factory=dict)
     priority_grants: dict[str, GrantIn] = Field(default_factory=dict)
+    containers: ContainersIn = Field(default_factory=ContainersIn)
 
     _check_prices = field_validator("prices")(_prices)
 
@@ -329,6 +401,8 @@ class PolicyIn(_Strict):
                 fatal_xids=frozenset(self.health.fatal_xids) if self.health.fatal_xids is not None else None,
             ),
             elastic=self.elastic.to_policy(),
+            mount_roots=tuple(self.containers.mount_roots),
+            interactive=self.interactive.to_policy(),
             priority_grants={
                 **core.DEFAULT_GRANTS,
                 **{Priority.parse(c): g.to_grant() for c, g in self.priority_grants.items()},

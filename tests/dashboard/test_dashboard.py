@@ -264,3 +264,27 @@ def test_job_page_charts_reported_metrics_and_shows_all_ranks(signed_in: Dashboa
     finally:
         with contextlib.suppress(ApiError):
             c.cancel(job.id)
+
+
+def test_an_array_is_a_progress_bar_on_the_jobs_page(signed_in: Dashboard) -> None:
+    driver: WebDriver = signed_in.driver  # type: ignore[assignment]
+    c = signed_in.client
+    first = c.submit(["sh", "-c", "sleep 60"], array="0-3%1", name="sweep-bar")
+    array_id = first.array_id
+    assert array_id is not None
+    try:
+        go(driver, "#/jobs")
+        row = f"[data-testid=arrays] [data-array-id='{array_id}']"
+        wait(
+            driver,
+            "the array's bar",
+            lambda d: "1 running, 3 queued" in text_of(d, f"{row} [data-testid=array-counts]"),
+            timeout=20,
+        )
+        states = [e.get_attribute("data-state") for e in driver.find_elements(By.CSS_SELECTOR, f"{row} .progress span")]
+        assert states == ["running", "queued"]
+        assert "0 of 4 ended" in text_of(driver, f"{row} [data-testid=array-counts]")
+        signed_in.screenshot("array-progress")
+    finally:
+        c.cancel(array_id)
+    assert console_errors(driver) == []

@@ -6,6 +6,7 @@ import itertools
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -266,6 +267,9 @@ def test_cli_errors_are_one_message_without_a_traceback(head: HeadProcess, tmp_p
         (["submit", "--gpu-type", "A100", "--", "true"], "unknown GPU type"),
         (["submit", "--gpus", "1"], "no command given"),
         (["submit", "--env", "NOEQUALS", "--", "true"], "KEY=VALUE"),
+        (["submit", "--begin", "25:00", "--", "true"], "--begin: '25:00' is not a time of day"),
+        (["submit", "--begin", "soon", "--", "true"], "--begin: cannot read the begin time 'soon'"),
+        (["submit", "--begin", "now+400d", "--", "true"], "begin: is more than 366 days ahead"),
         (["submit", "-f", str(bad_yaml)], f"{bad_yaml}:3"),
         (["submit", "-f", str(wrong_field)], f"{wrong_field}:3: gpus"),
         (["submit", "-f", str(tmp_path / "missing.yaml")], "cannot read job file"),
@@ -359,3 +363,24 @@ def test_a_second_head_on_the_same_data_dir_is_refused(head: HeadProcess) -> Non
         timeout=30,
     )
     assert r.returncode == 1 and "another head is already running" in r.stderr
+
+
+def test_cli_begin_holds_a_job_until_its_time_on_a_real_head(head: HeadProcess, tmp_path: Path) -> None:
+    """`--begin +3s` (and a job file's `begin:`): held though every GPU is free, started at or
+    after that time, never before (the wait's reason and estimate: test_head_estimates.py)."""
+    job_file = tmp_path / "later.yaml"
+    job_file.write_text('command: ["true"]\nbegin: now+3s\n')
+    asked = time.time()
+    r = run_cli(head, "submit", "--json", "--begin", "+3s", "--", "true")
+    assert r.returncode == 0, r.stderr
+    by_option = json.loads(r.stdout)
+    by_file = json.loads(run_cli(head, "submit", "--json", "-f", str(job_file)).stdout)
+    for job in (by_option, by_file):
+        assert asked + 3 <= job["spec"]["begin"] <= time.time() + 3
+    shown = run_cli(head, "show", str(by_option["id"])).stdout
+    assert "begin: " in shown, shown
+    with head.client():
+        for job in (by_option, by_file):
+            done = finished(head, job["id"])
+            assert done.state.value == "succeeded"
+            assert (done.started_at or 0) >= job["spec"]["begin"]

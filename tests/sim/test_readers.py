@@ -150,3 +150,20 @@ def test_empty_trace_and_missing_file(tmp_path: Path, spec) -> None:  # type: ig
     assert read_trace(p, spec, seed=0).jobs == []
     with pytest.raises(SimInputError, match="cannot read trace"):
         read_trace(tmp_path / "missing.csv", spec, seed=0, fmt="philly")
+
+
+def test_native_rows_of_arrays_or_dependencies_are_refused_not_replayed_as_one_job(tmp_path: Path, spec) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "n.jsonl"
+    rows = [
+        {"submit_time": 0, "duration": 60, "array": "0-9%2"},
+        {"submit_time": 1, "duration": 60, "afterok": [1]},
+        {"submit_time": 2, "duration": 60, "hold": False},  # said, but nothing to simulate
+    ]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = read_trace(p, spec, seed=0)
+    messages = {e.line: e.message for e in t.errors}
+    assert messages == {
+        1: "array: arrays, sweeps, holds and dependencies are not simulated yet",
+        2: "afterok: arrays, sweeps, holds and dependencies are not simulated yet",
+    }
+    assert len(t.jobs) == 1

@@ -264,3 +264,34 @@ def test_a_released_job_gets_its_schedulers_reason_back(tmp_path: Path) -> None:
         assert r.wait_reason in ("resources", "reserved") and not r.reason.startswith("held:"), r.reason
     finally:
         c.close()
+
+
+def test_usage_reports_the_gpu_hours_sessions_held_and_how_many_idle(cluster: Cluster) -> None:
+    session = cluster.submit(gpus=1, interactive=True)
+    batch = cluster.submit(gpus=1)
+    cluster.tick_at(T0)
+    held = {j: cluster.record(j).allocation for j in (session, batch)}
+    samples = []
+    for job, busy in ((session, [0.0] * 90 + [50.0] * 270), (batch, [0.0] * 360)):
+        alloc = held[job]
+        assert alloc is not None
+        [s] = alloc.slices
+        # 10 s samples for an hour: the session idle its first quarter hour (the batch job idle
+        # throughout, which is not a session's and counts in no session column).
+        samples += [
+            GpuSample("n1", s.gpu_indices[0], T0 + 10 * i, 10.0, (job,), utilization=u) for i, u in enumerate(busy)
+        ]
+    cluster.head.telemetry.add_samples(samples)
+    cluster.tick_at(T0 + 3600)
+    cluster.fake.finish(session, 0)
+    cluster.fake.finish(batch, 0)
+    cluster.tick_at(T0 + 3600)
+    [row] = rows(cluster, session)
+    assert (row.kind, row.idle_gpu_seconds) == ("session", pytest.approx(900.0))
+    with api_client(cluster.service) as api:
+        body = api.get("/v1/usage", params={"by": "job", "since": "all"}).json()
+    by_job = {r["job_id"]: r for r in body["rows"]}
+    assert by_job[session]["session_gpu_hours"] == pytest.approx(1.0)
+    assert by_job[session]["session_idle_gpu_hours"] == pytest.approx(0.25)
+    assert by_job[batch]["session_gpu_hours"] == 0.0 and by_job[batch]["session_idle_gpu_hours"] == 0.0
+    assert body["total"]["gpu_hours"] == pytest.approx(2.0) and body["total"]["session_gpu_hours"] == pytest.approx(1.0)

@@ -19,6 +19,7 @@ from gpucluster.jobfile import JobFileError, read_job_file
 from gpucluster.models import JobSpec
 from gpucluster.policyfile import PolicyFileError, load_policy
 from gpucluster.store import Store
+from gpucluster.store.telemetry import GpuSample
 
 from .authkit import World
 
@@ -238,3 +239,24 @@ def test_a_stalled_request_body_is_408(world: World) -> None:
     asyncio.run(run())
     assert sent[0]["status"] == 408
     assert json.loads(sent[1]["body"]) == {"error": "the request body stalled for 0.3 s", "detail": []}  # type: ignore[arg-type]
+
+
+# ---- GPU readings tell another team's jobs nothing -------------------------------------------
+
+
+def test_gpu_samples_name_only_the_callers_jobs_and_job_filter_is_team_scoped(world: World) -> None:
+    """A GPU's readings are the node's; which job held it, and a job's own readings, are its team's."""
+    now = world.cluster.clock.t
+    world.cluster.head.telemetry.add_samples(
+        [GpuSample("n1", 0, now, 1.0, jobs=(world.own,), utilization=97.0, power_w=300.0)]
+    )
+    theirs = world.app.get("/v1/telemetry/samples", headers=world.as_("bob"))
+    assert theirs.status_code == 200, theirs.text
+    assert [(s["utilization"], s["jobs"]) for s in theirs.json()["samples"]] == [(97.0, [])]
+    mine = world.app.get("/v1/telemetry/samples", headers=world.as_("alice")).json()["samples"]
+    assert [s["jobs"] for s in mine] == [[world.own]]
+    assert world.app.get(f"/v1/telemetry/samples?job={world.own}", headers=world.as_("alice")).status_code == 200
+    probe = world.app.get(f"/v1/telemetry/samples?job={world.own}", headers=world.as_("bob"))
+    assert (probe.status_code, probe.json()["error"]) == (404, f"no job with id {world.own}")
+    admin = world.app.get(f"/v1/telemetry/samples?job={world.own}", headers=world.as_("root")).json()["samples"]
+    assert [s["jobs"] for s in admin] == [[world.own]]

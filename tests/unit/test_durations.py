@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, date, datetime, timedelta, timezone
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucluster.durations import format_duration, parse_duration
+from gpucluster.durations import begin_time, format_duration, parse_begin, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -77,3 +79,44 @@ def test_format_is_canonical(d: int, h: int, m: int, s: int) -> None:
     expected = "".join(f"{v}{u}" for v, u in ((d, "d"), (h, "h"), (m, "m"), (s, "s")) if v) or "0s"
     assert text == expected
     assert format_duration(parse_duration(text)) == text
+
+
+# ---- --begin ------------------------------------------------------------------------------------
+
+NOON = datetime(2026, 11, 25, 12, 0, tzinfo=UTC).timestamp()  # a Wednesday noon, UTC
+
+
+@pytest.mark.parametrize(
+    ("text", "after_noon"),
+    [
+        ("now", 0.0),
+        ("+30m", 1800.0),
+        ("now+2h", 7200.0),
+        ("22:00", 10 * 3600.0),  # later today
+        ("12:00", 24 * 3600.0),  # now exactly: the next one, tomorrow (sbatch's reading)
+        ("08:15:30", 20 * 3600.0 + 15 * 60 + 30),  # passed today: tomorrow
+        ("2026-11-26T08:00", 20 * 3600.0),  # in the submitter's zone (UTC here)
+        ("2026-11-26T08:00+01:00", 19 * 3600.0),  # its own offset wins
+        ("2026-11-26", 12 * 3600.0),  # midnight
+    ],
+)
+def test_begin_reads_what_sbatch_reads(text: str, after_noon: float) -> None:
+    assert parse_begin(text, NOON, UTC) - NOON == after_noon
+
+
+def test_a_time_of_day_is_the_submitters_not_the_heads() -> None:
+    tokyo = timezone(timedelta(hours=9))  # 12:00 UTC is 21:00 in Tokyo: 22:00 there is 1 h away
+    assert parse_begin("22:00", NOON, tokyo) - NOON == 3600.0
+
+
+@pytest.mark.parametrize("text", ["25:00", "12:61", "tomorrow", "", "now+", "+2x", "2026-13-01"])
+def test_an_unreadable_begin_says_what_is_allowed(text: str) -> None:
+    with pytest.raises(ValueError, match=r"time of day|cannot read"):
+        parse_begin(text, NOON, UTC)
+
+
+def test_a_yaml_date_or_datetime_is_a_begin_too() -> None:
+    aware = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
+    assert begin_time(aware, NOON) == aware.timestamp()
+    assert begin_time(date(2026, 11, 26), NOON) == datetime(2026, 11, 26).astimezone().timestamp()
+    assert begin_time("+1h", NOON) == NOON + 3600

@@ -13,7 +13,7 @@ from gpucluster.executors.base import Exited, Lost, Running
 from gpucluster.head.loop import Head
 from gpucluster.head.recovery import LAUNCH_GRACE_S
 from gpucluster.head.service import Conflict, NotFound, Rejected
-from gpucluster.store import Store
+from gpucluster.store import DatabaseUnavailable, Store
 
 from .builders import allocation, node, spec
 from .headkit import T0, Cluster, make_cluster
@@ -384,6 +384,33 @@ def test_running_job_never_launched_is_requeued_after_grace_and_runs_again(clust
         (JobState.QUEUED, "requeued: the head stopped before the process was launched"),
         (JobState.RUNNING, "started on n1 GPUs 0,1"),
     ]
+
+
+def test_a_database_lost_right_after_the_start_commit_still_launches_that_attempt(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen on CI with a PostgreSQL restart: the start was committed, the read after it failed,
+    nothing was launched, and LAUNCH_GRACE_S later the job ran again as attempt 2. The launch
+    needs no read after the commit, so the attempt that was committed is the one that runs."""
+    job_id = cluster.submit(gpus=2)
+    committed = cluster.store.transition
+
+    def transition(*args: object, **kw: object) -> bool:
+        ok = bool(committed(*args, **kw))
+        if ok and args[1] is JobState.RUNNING:
+            monkeypatch.setattr(cluster.store, "get_job", _unreachable)
+        return ok
+
+    monkeypatch.setattr(cluster.store, "transition", transition)
+    cluster.tick_at(T0)
+    monkeypatch.undo()
+    assert cluster.proc(job_id, 1).spec.env["GPUCLUSTER_ATTEMPT"] == "1"
+    record = cluster.record(job_id)
+    assert (record.state, record.attempt, record.launch) == (JobState.RUNNING, 1, {"job_id": job_id, "attempt": 1})
+
+
+def _unreachable(*_: object) -> None:
+    raise DatabaseUnavailable("database unavailable: connection refused")
 
 
 def test_lost_process_fails_the_job(cluster: Cluster) -> None:

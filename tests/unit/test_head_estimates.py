@@ -59,3 +59,26 @@ def test_past_the_estimated_part_the_reason_says_not_before(cluster: Cluster) ->
     r = cluster.record(second)
     assert r.estimated_start is None
     assert "starts no earlier than" in r.reason and "first 1 in line" in r.reason
+
+
+def test_a_begin_time_holds_the_job_says_so_and_is_its_estimate(cluster: Cluster) -> None:
+    """`--begin`: not started before its time though GPUs are free; `why` names the time (not a
+    backoff), the estimate is the begin time; at that time it starts. One already past runs now."""
+    later = cluster.submit(gpus=2, begin=T0 + 100)
+    past = cluster.submit(gpus=2, begin=T0 - 100)
+    cluster.tick_at(T0 + 1)
+    assert cluster.state(past).value == "running"
+    r = cluster.record(later)
+    assert (r.state.value, r.estimated_start) == ("queued", T0 + 100)
+    assert r.wait_reason == "begin" and r.reason.startswith("waits for its begin time "), r.reason
+    cluster.tick_at(T0 + 99)
+    assert cluster.state(later).value == "queued"
+    cluster.tick_at(T0 + 100)
+    assert cluster.state(later).value == "running"
+    assert cluster.record(later).started_at == T0 + 100
+
+
+def test_a_begin_time_more_than_a_year_ahead_is_refused_at_the_field(cluster: Cluster) -> None:
+    r = api_client(cluster.service).post("/v1/jobs", json={"command": ["true"], "begin": T0 + 400 * 86400})
+    assert r.status_code == 422, r.text
+    assert "begin" in r.json()["error"] and "within a year" in r.json()["error"], r.text

@@ -23,19 +23,24 @@ from gpucluster.api.admin import add_admin_routes
 from gpucluster.api.errors import MAX_ID, Id, document_errors
 from gpucluster.api.follow import DEFAULT_PER_USER as DEFAULT_FOLLOWS_PER_USER
 from gpucluster.api.follow import LogFollows
+from gpucluster.api.session_routes import add_session_routes
 from gpucluster.api.telemetry_routes import add_telemetry_routes
 from gpucluster.auth import grants, rules
 from gpucluster.auth.control import AccessControl
 from gpucluster.auth.identity import Denied
 from gpucluster.auth.rules import Caller, Rule, allow
+from gpucluster.containers import check_mounts, outside_roots
 from gpucluster.core.states import JobState
 from gpucluster.dashboard import serve as dashboard_serve
 from gpucluster.executors.logfile import read_log
+from gpucluster.head import sessions
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.models import (
     DEFAULT_QUEUE_PAGE,
     MAX_QUEUE_PAGE,
+    ArrayUpdate,
     HealthOut,
+    HoldOut,
     Job,
     JobList,
     JobSpec,
@@ -117,6 +122,9 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     item's position means nothing to someone who typed `--state nope`; `_message` names the value)."""
     parts = [str(p) for p in loc if p not in ("body", "query", "path") and not isinstance(p, int)]
     return ".".join(parts) or "body"
+
+
+ArrayIndex = Annotated[int | None, Query(ge=0, le=10_000_000, description="one element of the array (ID[7])")]
 
 
 def _message(msg: str, error: dict[str, Any] | None = None) -> str:
@@ -251,11 +259,25 @@ def create_app(
         """Submit to one of your teams (`team`, default: your first); the job is yours. A class
         above normal needs a grant in the policy (`priority_grants`; 403 without one)."""
         team = who.submit_team(spec.team if "team" in spec.model_fields_set else None)
-        grants.check_priority(who, team, spec.priority, service.head.policy)
+        session_class = service.head.policy.interactive
+        if spec.interactive and not getattr(service.head.executor, "supports_sessions", False):
+            raise Rejected(
+                "interactive",
+                "this head cannot host interactive sessions: they need the local executor (a --ray head has none yet)",
+            )
+        if spec.interactive and spec.image:
+            raise Rejected("interactive", "a session runs on the node's own system; leave out image (a container)")
+        if spec.interactive:  # the policy's session class: its priority (no grant needed) and limits
+            held = await run_in_threadpool(service.store.session_gpus, who.user)
+            spec = sessions.apply_class(spec, session_class, held)
+        if not (spec.interactive and session_class.priority is not None):
+            grants.check_priority(who, team, spec.priority, service.head.policy)
+        if spec.mounts and (why := outside_roots(check_mounts(spec.mounts), service.head.policy.mount_roots)):
+            raise Rejected("mounts", why)
         access.check_can_run(who)
         if team != spec.team:
             spec = spec.model_copy(update={"team": team})
-        job = await service.submit_async(spec, owner=who.user)
+        job = await service.submit_async(spec, owner=who.user, can_see=who.can_see)
         # Serialised directly: FastAPI would re-validate a Job we just built from validated data.
         return Response(job.model_dump_json(), status_code=201, media_type="application/json")
 
@@ -271,6 +293,9 @@ def create_app(
         q: Annotated[
             str | None, Query(max_length=128, description="name or owner contains this (any case), or the id is it")
         ] = None,
+        collapse: Annotated[
+            bool, Query(description="an array as one entry (its first element) with array_counts by state")
+        ] = False,
     ) -> JobList:
         """Jobs of your teams (a cluster admin: all jobs), oldest first. With `limit`, `total` says
         how many match in all, so a client can page through them (the dashboard's jobs page)."""
@@ -280,8 +305,8 @@ def create_app(
             raise Rejected("q", problem)  # PostgreSQL refuses a NUL even in a query's parameter
         teams = who.visible_teams()
         text = q.strip() if q and q.strip() else None
-        jobs = service.jobs(state, team, limit, teams=teams, text=text, offset=offset)
-        total = service.count_jobs(state, team, teams=teams, text=text) if limit is not None else None
+        jobs = service.jobs(state, team, limit, teams=teams, text=text, offset=offset, collapse=collapse)
+        total = None if limit is None else service.count_jobs(state, team, teams=teams, text=text, collapse=collapse)
         return JobList(jobs=jobs, total=total)
 
     @app.get("/v1/jobs/{job_id}", openapi_extra=allow(Rule.JOB_VIEW))
@@ -292,8 +317,25 @@ def create_app(
         )
 
     @app.post("/v1/jobs/{job_id}/cancel", openapi_extra=allow(Rule.JOB_OPERATE))
-    def cancel(job_id: Id) -> Job:
-        return service.cancel(job_id)
+    def cancel(job_id: Id, index: ArrayIndex = None) -> Job:
+        """Cancel a job; an array's id cancels every element (or only element `index`)."""
+        return service.cancel_many(job_id, index)
+
+    @app.post("/v1/jobs/{job_id}/hold", openapi_extra=allow(Rule.JOB_OPERATE))
+    def hold(job_id: Id, index: ArrayIndex = None) -> HoldOut:
+        """Hold a queued job (never started until released); an array's id holds its queued
+        elements (or only element `index`). `changed`: the jobs it held."""
+        return service.hold(job_id, True, index)
+
+    @app.post("/v1/jobs/{job_id}/release", openapi_extra=allow(Rule.JOB_OPERATE))
+    def release(job_id: Id, index: ArrayIndex = None) -> HoldOut:
+        """Release a held job (or an array's held elements, or element `index`)."""
+        return service.hold(job_id, False, index)
+
+    @app.post("/v1/jobs/{job_id}/array", openapi_extra=allow(Rule.JOB_OPERATE))
+    def update_array(job_id: Id, change: ArrayUpdate) -> Job:
+        """Change an array's throttle (the most elements that run at once; null: no limit)."""
+        return service.set_throttle(job_id, change.throttle)
 
     @app.post("/v1/jobs/{job_id}/requeue", openapi_extra=allow(Rule.JOB_OPERATE))
     def requeue(job_id: Id) -> Job:
@@ -377,6 +419,7 @@ def create_app(
         return NodeList(nodes=service.nodes())
 
     add_admin_routes(app, access)
+    add_session_routes(app, service, access)  # WebSockets: a session's terminal, tunnels to a job's ports
     add_telemetry_routes(app, service, public_team_usage=public_team_usage)  # drain/undrain, GPU samples, /metrics
     add_accounting_routes(app, service)  # usage, budgets
     document_errors(app)  # every route's error answers in the OpenAPI document (api/errors.py)

@@ -7,7 +7,8 @@ what it is, not from a list kept by hand beside each route:
 - a route that needs a token (every rule but `public`): 401, 403, 429;
 - a route with path or query parameters, or a body: 422; with a body: 400 (unreadable JSON)
   and 413 (too large);
-- a route with path parameters (a job, node, user or token): 404;
+- a route with path parameters (a job, node, user or token), or one that declares `x-job-query`
+  (a `job` query parameter that must name a job the caller may see): 404;
 - a route that changes something (any method but GET/HEAD): 409 (the state forbids it now),
   503 and 507 (the data dir is read-only or full: nothing was changed).
 
@@ -43,6 +44,10 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     507: "the data dir is full: nothing was changed",
 }
 
+# Declared (openapi_extra) by a route whose `job` query parameter answers 404 for a job the
+# caller may not see, as a path's job id does.
+JOB_QUERY_KEY = "x-job-query"
+
 _ERROR_CONTENT = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
 
 
@@ -57,7 +62,7 @@ def errors_of(method: str, operation: dict[str, Any]) -> set[int]:
         out.add(422)
     if has_body:
         out |= {400, 413}
-    if any(p.get("in") == "path" for p in params):
+    if operation.get(JOB_QUERY_KEY) or any(p.get("in") == "path" for p in params):
         out.add(404)
     if method.upper() not in ("GET", "HEAD"):
         out |= {409, 503, 507}

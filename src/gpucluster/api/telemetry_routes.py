@@ -10,14 +10,16 @@ anyone when the head runs with `--public-team-usage` (a scraper on a trusted net
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials
 
-from gpucluster.api.errors import MAX_ID
-from gpucluster.auth.rules import Rule, allow, bearer
+from gpucluster.api.errors import JOB_QUERY_KEY, MAX_ID
+from gpucluster.auth.identity import Identity
+from gpucluster.auth.rules import Caller, Rule, allow, bearer
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.models import DrainIn, ErrorBody, GpuSampleList, GpuSampleOut, NodeOut
 from gpucluster.telemetry.metrics import CONTENT_TYPE, metrics_registry, render_metrics
@@ -64,7 +66,7 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, *, public_team_u
         service.head.nodes_changed()
         return node_out(name)
 
-    @router.get("/v1/telemetry/samples", openapi_extra=allow(Rule.SIGNED_IN))
+    @router.get("/v1/telemetry/samples", openapi_extra={**allow(Rule.SIGNED_IN), JOB_QUERY_KEY: True})
     def samples(
         node: Annotated[str | None, Query(max_length=255)] = None,
         gpu: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
@@ -73,11 +75,20 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, *, public_team_u
         until: Annotated[float | None, Query(ge=0, description="Unix time")] = None,
         level: Annotated[int | None, Query(ge=0, le=2, description="0 raw, 1 minute means, 2 hour means")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_SAMPLES, description="newest N")] = 10_000,
+        *,
+        who: Caller,
     ) -> GpuSampleList:
         """Stored GPU samples, oldest first: each covers [at, at + seconds), so energy in joules
-        is the sum of power_w x seconds. Written in batches: the newest ~10 s may be missing."""
+        is the sum of power_w x seconds. Written in batches: the newest ~10 s may be missing.
+
+        A GPU's readings are the node's, for every signed-in caller (as nvidia-smi would show
+        them); which jobs held it is told only for jobs the caller's teams may see, and `job=`
+        of another team's job answers as a missing one: what another team's job did is theirs."""
         if since is not None and until is not None and until < since:
             raise Rejected("until", "must not be before since")
+        visible = _visible_jobs(who)
+        if job is not None and not visible(job):
+            raise NotFound(f"no job with id {job}")  # word for word what a missing job answers
         rows = service.head.telemetry.samples(node=node, gpu=gpu, since=since, until=until, job_id=job, level=level)
         return GpuSampleList(
             samples=[
@@ -87,7 +98,7 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, *, public_team_u
                     at=s.at,
                     seconds=s.seconds,
                     level=s.level,
-                    jobs=list(s.jobs),
+                    jobs=[j for j in s.jobs if visible(j)],
                     utilization=s.utilization,
                     memory_used_mb=s.memory_used_mb,
                     temperature_c=s.temperature_c,
@@ -98,6 +109,20 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, *, public_team_u
                 for s in rows[-limit:]
             ]
         )
+
+    def _visible_jobs(who: Identity) -> Callable[[int], bool]:
+        """Whether the caller may see a job, one store read per distinct job id."""
+        if who.visible_teams() is None:
+            return lambda _job_id: True
+        seen: dict[int, bool] = {}
+
+        def visible(job_id: int) -> bool:
+            if job_id not in seen:
+                record = service.store.get_job(job_id)
+                seen[job_id] = record is not None and who.can_see(record.team)
+            return seen[job_id]
+
+        return visible
 
     @router.get(
         "/metrics",

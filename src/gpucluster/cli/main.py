@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -27,7 +29,7 @@ from gpucluster.cli.common import ts as _ts
 from gpucluster.cli.console import Table, escape
 from gpucluster.cli.transport import Head, View, job_path
 from gpucluster.clientbase import DEFAULT_QUEUE_PAGE, ApiError, ClusterUnreachable
-from gpucluster.durations import format_duration
+from gpucluster.durations import begin_time, format_duration
 from gpucluster.jobfile import JobFileError, read_job_file
 from gpucluster.labels import gpu_types, gpus_label
 from gpucluster.launch.env import exported_env
@@ -264,6 +266,14 @@ def up(
             "--header-timeout", help="close a connection whose request headers are not all in after this long"
         ),
     ] = "15s",
+    container_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--container-config",
+            help="a directory with containers.conf and/or storage.conf for the podman of container jobs "
+            "(--image) [default: the system's]",
+        ),
+    ] = None,
 ) -> None:
     """Start the head (HTTP API) and a local worker on this machine, or use a Ray cluster's nodes; runs until Ctrl-C."""
     import socket
@@ -343,6 +353,7 @@ def up(
         max_follows_per_user=max_follows,
         max_connections=max_connections,
         header_timeout_s=headers_within,
+        container_config=container_config,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
         ),
@@ -384,6 +395,10 @@ def submit(
     team: Annotated[str | None, typer.Option(help="the team the job is accounted to")] = None,
     priority: Annotated[str | None, typer.Option(help="low, normal, high or critical (above normal: a grant)")] = None,
     time_limit: Annotated[str | None, typer.Option("--time-limit", help="e.g. 30m, 2h, 1d")] = None,
+    begin: Annotated[
+        str | None,
+        typer.Option("--begin", help="do not start before: 22:00, now+2h, +30m or 2026-11-26T08:00 (your zone)"),
+    ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="K=V, repeatable")] = None,
     export: Annotated[
         str,
@@ -412,6 +427,36 @@ def submit(
         float | None,
         typer.Option("--max-cost", help="stop the job before its cost (all attempts) would exceed this much money"),
     ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            "--image",
+            help="run in this container image (podman on the node): NAME[:TAG], HOST/NAME[:TAG], or a local "
+            "archive ./env.tar (docker-archive:/oci-archive:)",
+        ),
+    ] = None,
+    mount: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mount", help="with --image: SRC:DST[:ro] bind mount, repeatable (SRC under the policy's roots)"
+        ),
+    ] = None,
+    hold: Annotated[bool, typer.Option("--hold", help="submit held: it starts only after gpucluster release")] = False,
+    after: Annotated[str | None, typer.Option("--after", help="start once these jobs started: ID[,ID...]")] = None,
+    afterok: Annotated[
+        str | None, typer.Option("--afterok", help="start once these jobs (or arrays) succeeded: ID[,ID...]")
+    ] = None,
+    afternotok: Annotated[
+        str | None, typer.Option("--afternotok", help="start once these jobs failed or were cancelled")
+    ] = None,
+    afterany: Annotated[str | None, typer.Option("--afterany", help="start once these jobs ended, however")] = None,
+    aftercorr: Annotated[
+        int | None, typer.Option("--aftercorr", help="an array: element i waits for element i of this array")
+    ] = None,
+    array: Annotated[
+        str | None, typer.Option("--array", help="submit an array: 0-199, 0-99:2 or 1,5,7, with %N: N at once")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="allow an array or sweep of more than 100,000 elements")] = False,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -436,11 +481,26 @@ def submit(
         "team": team,
         "priority": priority,
         "time_limit": time_limit,
+        "begin": begin,
         "launcher": launcher,
         "max_restarts": max_restarts,
         "max_cost": max_cost,
+        "image": image,
+        "mounts": list(mount) if mount else None,
+        "after": _id_list("--after", after),
+        "afterok": _id_list("--afterok", afterok),
+        "afternotok": _id_list("--afternotok", afternotok),
+        "afterany": _id_list("--afterany", afterany),
+        "aftercorr": aftercorr,
+        "array": array,
+        "hold": True if hold else None,
+        "allow_large_array": True if yes else None,
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(fields.get("image"), str):
+        from gpucluster.containers import local_image  # only for a container job: the CLI starts light
+
+        fields["image"] = local_image(fields["image"], source.parent if source is not None else Path.cwd())
     if shell:
         fields["shell"] = True
     if per_gpu:
@@ -455,6 +515,11 @@ def submit(
         fields["env"] = merged
     if "command" not in fields:
         fail("no command given; put it after --, e.g. gpucluster submit --gpus 1 -- python train.py")
+    if isinstance(fields.get("begin"), str | date):  # the option, or a job file's `begin: 22:00`
+        try:
+            fields["begin"] = begin_time(fields["begin"], time.time())
+        except ValueError as e:
+            fail(f"--begin: {e}")
     try:
         exported = exported_env(os.environ, export)  # sbatch --export=ALL: PATH, a venv, PYTHONPATH...
     except ValueError as e:
@@ -480,8 +545,33 @@ def submit(
                 fail(str(e))
     if as_json:
         _print_json(job)
+    elif job.array_id is not None:
+        count = sum((job.array_counts or {}).values())
+        out.print(f"submitted array {job.array_id} ({job.name}): {count} elements {job.state}", markup=False)
     else:
-        out.print(f"submitted job {job.id} ({job.name}): {job.state}")
+        held = " (held)" if job.held else ""
+        out.print(f"submitted job {job.id} ({job.name}): {job.state}{held}", markup=False)
+
+
+def _id_list(option: str, text: str | None) -> list[int] | None:
+    """`41,42` -> [41, 42]; one line of error for anything else."""
+    if text is None:
+        return None
+    try:
+        ids = [int(p) for p in text.replace(":", ",").split(",") if p.strip()]
+    except ValueError:
+        fail(f"{option} {text!r}: give job ids separated by commas, e.g. {option} 41,42")
+    if not ids or any(i < 1 for i in ids):
+        fail(f"{option} {text!r}: give job ids separated by commas, e.g. {option} 41,42")
+    return ids
+
+
+def parse_job_ref(text: str) -> tuple[int, int | None]:
+    """`41` -> (41, None): a job, or every element of array 41; `41[7]` -> (41, 7): element 7."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:\[\s*(\d+)\s*\])?\s*", text)
+    if m is None or int(m.group(1)) < 1:
+        fail(f"{text!r} is not a job id; write 41, or 41[7] for element 7 of array 41")
+    return int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None
 
 
 def _validated(fields: dict[str, Any], node: Any, source: Path | None) -> Any:
@@ -511,11 +601,14 @@ def jobs(
     ] = None,
     team: Annotated[str | None, typer.Option(help="only this team's jobs")] = None,
     limit: Annotated[int | None, typer.Option(help="the newest N jobs", min=1)] = None,
+    expand: Annotated[bool, typer.Option("--expand", help="list every element of arrays")] = False,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List jobs, oldest first."""
-    params = {k: v for k, v in (("state", state), ("team", team), ("limit", limit)) if v}
+    """List jobs, oldest first; an array is one line with its elements counted by state."""
+    params: dict[str, Any] = {k: v for k, v in (("state", state), ("team", team), ("limit", limit)) if v}
+    if not expand:
+        params["collapse"] = "true"
     with _head(url) as h:
         listing = _call(h.json, "GET", "/v1/jobs", params).jobs
     if as_json:
@@ -524,11 +617,20 @@ def jobs(
     table = Table("ID", "NAME", "TEAM", "STATE", "GPUS", "PRIO", "SUBMITTED", "WHERE / WHY", box=None)
     for j in listing:
         where = _gpus(j) if j.state == "running" else j.reason
+        ident, shown = str(j.id), j.state
+        if j.array_counts:
+            ident = f"{j.id}[]"
+            shown = " ".join(f"{n} {s}" for s, n in sorted(j.array_counts.items()))
+            where = f"array of {sum(j.array_counts.values())}"
+        elif j.array_id is not None:
+            ident = f"{j.array_id}[{j.array_index}]"
+        if j.held and j.state == "queued" and not j.array_counts:
+            shown = "queued (held)"
         table.add_row(
-            str(j.id),
-            j.name,
+            ident,
+            j.name + (" (session)" if j.get("kind") == "session" else ""),
             j.spec.team,
-            j.state,
+            shown,
             _gpu_count(j),
             j.spec.priority,
             _ts(j.submitted_at),
@@ -551,16 +653,32 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         f"job {job.id} ({job.name})",
         f"  state:      {job.state} — {job.reason}",
         f"  command:    {' '.join(s.command) if not s.shell else s.command[0] + '   (shell)'}",
+        *(
+            [f"  kind:       interactive session (gpucluster attach {job.id}; its log is the transcript)"]
+            if job.get("kind") == "session"
+            else []
+        ),
         f"  gpus:       {_gpus_label(s)}{' x ' + ' or '.join(gpu_types(s.gpu_type)) if s.gpu_type else ''}"
         f"   ({_mode(job)})",
         f"  team:       {s.team}   priority: {s.priority}",
-        f"  time limit: {format_duration(float(s.time_limit)) if s.time_limit else 'none'}",
+        f"  time limit: {format_duration(float(s.time_limit)) if s.time_limit else 'none'}"
+        + (f"   begin: {_ts(s.begin)}" if s.begin else ""),
         f"  workdir:    {s.workdir or '-'}",
         f"  allocation: {_gpus(job)}",
         f"  attempt:    {job.attempt}{restarts}",
         f"  exit code:  {job.exit_code if job.exit_code is not None else '-'}",
         f"  submitted:  {_ts(job.submitted_at)}   started: {_ts(job.started_at)}   ended: {_ts(job.ended_at)}",
     ]
+    if getattr(s, "image", None):
+        mounts = "".join(f"   -v {m}" for m in (getattr(s, "mounts", None) or []))
+        lines.insert(7, f"  image:      {s.image}{mounts}")
+    if job.array_id is not None:
+        whole = f"; the array: {_counts(job.array_counts)}" if job.array_counts else ""
+        lines.insert(
+            1, f"  array:      {job.array_id}, element {job.array_index} ({job.array_id}[{job.array_index}]){whole}"
+        )
+    if job.held and job.state == "queued":
+        lines.insert(2, "  held:       yes (gpucluster release to let it start)")
     p = job.progress
     if p is not None:
         step = f"step {p.step}" if p.step is not None else "no step reported"
@@ -586,6 +704,7 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
             codes = f"   exit codes {shown}" if a.exit_codes else ""
             used = f"   CPU {a.cpu_s:.1f}s" if a.cpu_s is not None else ""
             used += f", peak memory {a.memory_peak_bytes / 2**20:.0f} MiB" if a.memory_peak_bytes is not None else ""
+            used += f"   image pull {pull:.1f}s" if (pull := getattr(a, "pull_s", None)) is not None else ""
             lines.append(
                 f"    #{a.attempt}  {_ts(a.started_at)} .. {_ts(a.ended_at) if a.ended_at else 'running':<19}  "
                 f"{a.gpus:g} GPUs  {a.outcome:<11} {a.reason}{codes}{lost}{used}"
@@ -693,35 +812,98 @@ def _rank_count(job: Job) -> int:
 
 @app.command()
 def cancel(
-    job_ids: Annotated[list[int], typer.Argument(help="job id(s)")],
+    job_ids: Annotated[list[str], typer.Argument(help="job id(s); an array's id: all its elements; 41[7]: one")],
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel jobs: queued ones at once, running ones with SIGTERM, then SIGKILL after the grace period."""
     _for_each_job(
-        job_ids,
+        [parse_job_ref(j) for j in job_ids],
         url,
         as_json,
         "cancel",
-        lambda job: "cancelled" if job.state == "cancelled" else "stopping (SIGTERM sent)",
+        lambda job: (
+            "array: " + _counts(job.array_counts)
+            if job.array_counts
+            else ("cancelled" if job.state == "cancelled" else "stopping (SIGTERM sent)")
+        ),
     )
 
 
+@app.command()
+def hold(
+    job_ids: Annotated[list[str], typer.Argument(help="job id(s); an array's id: all its elements; 41[7]: one")],
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hold queued jobs: they are never started until released."""
+    _for_each_job(
+        [parse_job_ref(j) for j in job_ids], url, as_json, "hold", lambda r: f"held {_id_count(r.count, r.changed)}"
+    )
+
+
+@app.command()
+def release(
+    job_ids: Annotated[list[str], typer.Argument(help="job id(s); an array's id: all its elements; 41[7]: one")],
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Release held jobs: they wait for GPUs (and their dependencies) again."""
+    _for_each_job(
+        [parse_job_ref(j) for j in job_ids],
+        url,
+        as_json,
+        "release",
+        lambda r: f"released {_id_count(r.count, r.changed)}",
+    )
+
+
+@app.command()
+def update(
+    array_id: Annotated[int, typer.Argument(help="array id")],
+    throttle: Annotated[
+        int | None, typer.Option("--throttle", min=0, help="the most elements that run at once; 0: no limit")
+    ] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change an array: gpucluster update 41 --throttle 32"""
+    if throttle is None:
+        fail("nothing to change; e.g. gpucluster update 41 --throttle 32")
+    with _head(url) as h:
+        job = _call(h.json, "POST", job_path(array_id, "array"), body={"throttle": throttle or None})
+    if as_json:
+        _print_json(job)
+    else:
+        out.print(f"array {array_id}: throttle {throttle or 'none'}", markup=False)
+
+
+def _counts(counts: dict[str, int] | None) -> str:
+    return ", ".join(f"{n} {s}" for s, n in sorted((counts or {}).items()))
+
+
+def _id_count(count: int, ids: list[int]) -> str:
+    return f"job {ids[0]}" if count == 1 and len(ids) == 1 else f"{count} job{'s' if count != 1 else ''}"
+
+
 def _for_each_job(
-    job_ids: list[int],
+    job_ids: list[int] | list[tuple[int, int | None]],
     url: str | None,
     as_json: bool,
     action: str,
     says: Callable[[View], str],
 ) -> None:
-    """POST `action` to each job: a refused job is reported and the rest still go; exit 1 if any
-    was refused; an unreachable head stops at once."""
+    """POST `action` to each job (or array, or `(array, index)` element): a refused job is
+    reported and the rest still go; exit 1 if any was refused; an unreachable head stops at once."""
     results = []
     failed = False
     with _head(url) as h:
-        for job_id in job_ids:
+        for ref in job_ids:
+            job_id, index = ref if isinstance(ref, tuple) else (ref, None)
+            label = f"{job_id}[{index}]" if index is not None else str(job_id)
             try:
-                job = h.json("POST", job_path(job_id, action))
+                path = job_path(job_id, action) + (f"?index={index}" if index is not None else "")
+                job = h.json("POST", path)
             except ApiError as e:
                 failed = True
                 err.print(f"[red]error:[/red] {e}")
@@ -730,7 +912,7 @@ def _for_each_job(
                 fail(str(e))
             results.append(job)
             if not as_json:
-                out.print(f"job {job.id}: {says(job)}")
+                out.print(f"job {label}: {says(job)}", markup=False)
     if as_json:
         _print_json(results)
     if failed:
@@ -973,6 +1155,15 @@ from gpucluster.cli.usage import budgets, parse_prices, usage  # noqa: E402
 
 app.command()(usage)
 app.command()(budgets)
+
+# ---- interactive sessions (issue 21) --------------------------------------------------------
+
+from gpucluster.cli.session import attach, forward, notebook, run  # noqa: E402
+
+app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})(run)
+app.command()(attach)
+app.command()(forward)
+app.command()(notebook)
 
 
 def _invoked(args: list[str]) -> str | None:

@@ -248,6 +248,13 @@ class Head:
         """The answer's JSON, every object a View."""
         return json.loads(self.request(method, path, params, body), object_hook=View)
 
+    def websocket(self, path: str, params: dict[str, Any] | None = None) -> tuple[str, dict[str, str], Any]:
+        """Where a WebSocket of the head's is (ws:// or wss://), the headers that authenticate
+        it, and the TLS context for a wss:// head (None for ws://)."""
+        uri = f"{'wss' if self._tls else 'ws'}://{self._headers['Host']}{self._target(path, params)}"
+        headers = {k: v for k, v in self._headers.items() if k in ("Authorization", "User-Agent")}
+        return uri, headers, _tls_context(self.url) if self._tls else None
+
     def stream(self, path: str, params: dict[str, Any] | None = None) -> Iterator[str]:
         """The answer's text as it arrives (a followed log), with no read deadline."""
         self.close()

@@ -32,6 +32,8 @@ CSV_COLUMNS = (
     "lost_gpu_hours_preemption",
     "attempts",
     "jobs",
+    "session_gpu_hours",
+    "session_idle_gpu_hours",
 )
 
 
@@ -91,10 +93,14 @@ def usage(
     out.print(f"usage by {by}, {window}", markup=False)
     head = {"team": "TEAM", "user": "USER", "job": "JOB", "gpu-model": "GPU MODEL"}[by]
     extra = ["NAME", "TEAM"] if by == "job" else []
+    # Sessions' GPU-hours and how many of them idle, when there were sessions (heads from before
+    # issue 21 send no such field).
+    sessions = bool(report.total.get("session_gpu_hours"))
     table = Table(head, *extra, "GPU-HOURS", "COST", "ENERGY kWh", "UTIL", "LOST (FAIL)", "LOST (PREEMPT)", "JOBS",
-                  box=None)  # fmt: skip
+                  *(["SESSIONS (IDLE)"] if sessions else []), box=None)  # fmt: skip
     for r in [*report.rows, report.total]:
-        table.add_row(r.key, *_extra(r, by), *_cells(r))
+        held = [f"{_num(r.session_gpu_hours)} ({_num(r.session_idle_gpu_hours)})"] if sessions else []
+        table.add_row(r.key, *_extra(r, by), *_cells(r), *held)
     out.print(table)
 
 

@@ -27,8 +27,14 @@ one conditional UPDATE).
 | none / failure       | asked to requeue (79)   | preempted -> queued after the first backoff       |
 | none / failure       | a process failed/lost   | restarts left: queued, restart n after            |
 |                      |                         | restart_backoff(n); else failed (no restarts left)|
+| none / failure       | failed for good (an     | failed at once: no restart would help             |
+|                      | image that cannot be    |                                                   |
+|                      | pulled)                 |                                                   |
 | -                    | never started           | queued again (the head died before the launch)    |
 | -                    | could not be launched   | failed: could not start                           |
+
+A preempted interactive session is not requeued but ends `cancelled` (the head's
+`_requeue_after_preemption`): it would start again as a fresh shell with nobody at its terminal.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class Exit(Enum):
     SUCCESS = "success"  # every process exited 0
     REQUEUE = "requeue"  # the job checkpointed and asked to run again (REQUEUE_EXIT_CODE)
     FAILURE = "failure"  # a process exited non-zero (not REQUEUE_EXIT_CODE), was killed, or was lost
+    FATAL = "fatal"  # a process failed in a way no restart would help (an image that cannot be pulled)
     NOT_STARTED = "not_started"  # the processes never started (the head stopped before the launch)
     LAUNCH_ERROR = "launch_error"  # the executor could not start them
 
@@ -64,7 +71,7 @@ class Why(Enum):
     """The code of what happened, for the sentence a caller makes of it."""
 
     SUCCEEDED = "succeeded"
-    FAILED = "failed"  # a process failed and the job had no restarts at all
+    FAILED = "failed"  # a process failed and the job had no restarts at all, or failed for good
     NO_RESTARTS_LEFT = "no_restarts_left"  # a process failed and every restart is used
     RESTART = "restart"  # a process failed: restart `restart` of `max_restarts` after `backoff_s`
     PREEMPTED = "preempted"  # stopped by a preemption (or a requeue, a lost node, ...)
@@ -146,6 +153,8 @@ def after_attempt(
         return Next(
             Why.ASKED_REQUEUE, JobState.QUEUED, AttemptResult.PREEMPTED, via_preempted=True, backoff_s=first_backoff_s
         )
+    if exit is Exit.FATAL:
+        return Next(Why.FAILED, JobState.FAILED, AttemptResult.FAILED)
     if restarts >= max_restarts:
         why = Why.NO_RESTARTS_LEFT if max_restarts else Why.FAILED
         return Next(why, JobState.FAILED, AttemptResult.FAILED)

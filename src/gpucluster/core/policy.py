@@ -54,6 +54,27 @@ class IdlePolicy:
 
 
 @dataclass(frozen=True)
+class InteractivePolicy:
+    """The session class (`gpucluster run`): what a session may hold and when it is reclaimed.
+
+    A session starts at `priority` (no grant needed: the class is the policy's), gets `time_limit_s`
+    when it asks for none and may not ask for more; one user's sessions hold at most
+    `max_gpus_per_user` GPUs together (queued ones count). Idle reclaim needs both signals: its
+    GPUs at or under `idle_threshold` percent AND no terminal or forwarded traffic, for
+    `idle_after_s`; the user is then warned in their terminal, and after `idle_grace_s` more of
+    the same, `idle_action` happens (stop; notify: the warning only). None: no such limit.
+    """
+
+    max_gpus_per_user: float | None = None
+    time_limit_s: float | None = None
+    priority: str | None = None
+    idle_after_s: float | None = None
+    idle_grace_s: float = 300.0
+    idle_threshold: float = 1.0
+    idle_action: str = "stop"  # stop | notify
+
+
+@dataclass(frozen=True)
 class ElasticPolicy:
     """When a running elastic job below its maximum is grown (core/elastic.py): GPUs free, with
     nothing queued, for `grow_after_s`; at most once per `grow_every_s` of a job's run; and only
@@ -142,6 +163,9 @@ class Policy:
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     elastic: ElasticPolicy = field(default_factory=ElasticPolicy)
+    # Directories a container job may bind-mount from (checked at submit; `decide` never reads it).
+    mount_roots: tuple[str, ...] = ()
+    interactive: InteractivePolicy = field(default_factory=InteractivePolicy)
     # Who may submit each class above normal (checked at submit; `decide` never reads it).
     priority_grants: dict[Priority, Grant] = field(default_factory=_default_grants)
 

@@ -13,4 +13,8 @@ class WaitReason(StrEnum):
     QUOTA = "quota"  # its team is at its borrowing limit, or others' guaranteed GPUs are idle but protected
     NO_FIT = "no_fit"  # no node could ever host it as asked
     BACKOFF = "backoff"  # a restart after a failure, held back until its backoff has passed
+    BEGIN = "begin"  # its submitter asked for it not to start before a time (--begin)
     BUDGET = "budget"  # its team has spent its budget for the period (held by the head's accountant)
+    HELD = "held"  # held by its user (submit --hold, gpucluster hold) until released
+    DEPENDENCY = "dependency"  # waits for other jobs to start or end (--after, --afterok, ...)
+    THROTTLE = "throttle"  # its array already runs as many elements as its throttle allows

@@ -289,6 +289,10 @@ class _Cycle:
             return Plan(starts=tuple(starts), preemptions=tuple(preemptions), waiting=waiting)
         for job in queues.held:  # last in line: they may not start yet
             assert job.not_before is not None
+            if job.begin is not None and job.not_before <= job.begin:
+                until = _time.strftime("%Y-%m-%d %H:%M:%S %Z", _time.localtime(job.not_before))
+                self._wait(job, WaitReason.BEGIN, f"waits for its begin time {until}", job.not_before)
+                continue
             until = _time.strftime("%H:%M:%S", _time.localtime(job.not_before))
             self._wait(job, WaitReason.BACKOFF, f"restart held back until {until} (backoff)", job.not_before)
         return Plan(starts=tuple(self.starts), preemptions=tuple(self.preemptions), waiting=self.waiting)

@@ -7,7 +7,7 @@ so the core stays importable without FastAPI or pydantic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from functools import cached_property
 
 from gpucluster.core.reasons import WaitReason
@@ -78,6 +78,23 @@ class Allocation:
         return frozenset((s.node, i) for s in self.slices for i in s.gpu_indices)
 
 
+class DependencyKind(StrEnum):
+    """Slurm's dependency kinds: start once the target has started (`after`), ended well
+    (`afterok`), ended badly (`afternotok`) or ended at all (`afterany`)."""
+
+    AFTER = "after"
+    AFTEROK = "afterok"
+    AFTERNOTOK = "afternotok"
+    AFTERANY = "afterany"
+
+
+@dataclass(frozen=True)
+class Dependency:
+    kind: DependencyKind
+    job_id: int  # a job, or with `array` the id of an array (all its elements)
+    array: bool = False
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """What the scheduler needs to know about a queued job: its demand and its place in line."""
@@ -98,8 +115,15 @@ class JobRequest:
     # Elastic: the job may start on as few as `min_gpus` whole GPUs when `gpus` are not free;
     # the scheduler starts it at the largest size that fits now.
     min_gpus: int | None = None
-    # Not to be considered before this time (a restart waiting out its backoff).
+    # Not to be considered before this time (a restart waiting out its backoff, or `begin`).
     not_before: float | None = None
+    # The submitter's begin time (sbatch --begin): a `not_before` up to it is that, not a backoff.
+    begin: float | None = None
+    # Eligibility (core/eligibility.py), applied before the scheduler sees the queue: a held job,
+    # one whose dependencies are unmet, or an array element over its array's throttle waits.
+    held: bool = False
+    after: tuple[Dependency, ...] = ()
+    array_id: int | None = None
 
     @property
     def fractional(self) -> bool:
@@ -175,6 +199,8 @@ class Plan:
 
 __all__ = [
     "Allocation",
+    "Dependency",
+    "DependencyKind",
     "Gpu",
     "JobRequest",
     "JobState",

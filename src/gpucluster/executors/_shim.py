@@ -4,7 +4,7 @@ Why it exists: a job must outlive a crash of the head, and its exit code must st
 the head comes back. The shim is the parent of the user's command, so it alone can reap it; it
 writes the exit code to a file the head reads, whether or not the head is still its parent.
 
-usage: python -I -S _shim.py RUN_DIR
+usage: python -I -S _shim.py RUN_DIR [--remove-container]
 
 Everything else comes from RUN_DIR/spec.json, which the executor wrote into the head's own
 directory (mode 0600): the command, its environment, workdir, Unix account, log and cgroup. So no
@@ -32,10 +32,22 @@ rotation holds an exclusive flock on LOG.lock, which readers take shared
 (gpucluster/executors/logfile.py reads this layout; its append_log keeps the head's copy of a Ray
 job's log in the same layout with this file's _CappedLog).
 
+A container job (spec "container", built by executors/podman.py): the job side, already the job's
+user, makes sure the image is there (`podman image exists`, else `podman pull`: a phase it reports
+to the keeper, which keeps RUN_DIR/phase.json while it lasts) and runs `podman run ... IMAGE ARGV`
+as its command. The keeper sends a stop to the job side's process group only, where podman passes
+it to the container once; a kill also removes the container (`podman rm -f`, run as the job's
+user), and so does the end of an attempt whose podman did not end by
+itself. `_shim.py RUN_DIR --remove-container` does that removal alone, for the executor's cleanup.
+
 With die_with_parent (the Ray executor's node agent) the job is killed when the agent dies: there
 the parent is the node's agent, which dies only with the node's Ray (the head then requeues the
 job elsewhere), so the job must not run on unseen, holding GPUs. The keeper watches the agent; the
 job side watches the keeper, because Ray SIGKILLs a dying worker's direct children.
+
+An interactive session (spec `session_dir`, executors/_session.py): the job side binds the
+session's socket in the run dir before the drop (so only the head can connect), and after it runs
+the command on a PTY that it serves there, its output going to the log as a transcript.
 """
 
 import contextlib
@@ -52,6 +64,7 @@ from typing import Any
 
 SPEC = "spec.json"
 EXIT = "exit.json"
+PHASE = "phase.json"  # what a running job's process is doing before its command starts (a pull)
 # The signal that asks the keeper to SIGKILL the job (SIGKILL itself would kill the keeper).
 KILL_REQUEST = signal.SIGUSR1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -85,6 +98,18 @@ def _load_cgroups() -> Any:
 
     spec = importlib.util.spec_from_file_location(
         "_gpucluster_cgroups", os.path.join(os.path.dirname(__file__), "cgroups.py")
+    )
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _load_session() -> Any:
+    """executors/_session.py (interactive sessions: a PTY served on a socket), by path as above."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_gpucluster_session", os.path.join(os.path.dirname(__file__), "_session.py")
     )
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -179,6 +204,82 @@ def _watch_keeper(keeper: int) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
+# ---- containers: the job's command through `podman run` (executors/podman.py builds the options)
+
+
+def _container_env(container: dict, env: dict) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    """The job's environment as the container sees it, and podman's own (the job's, which `-e NAME`
+    reads values from, plus the node's podman config, which the job cannot override)."""
+    env = {**env, **container.get("env_changes", {})}
+    # podman finds its helpers (newuidmap, runc) on PATH, whatever the submitter's PATH holds;
+    # the container never sees this PATH (the image's is used: executors/podman.py).
+    system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    path = f"{env['PATH']}:{system}" if env.get("PATH") else system
+    return env, {**env, "PATH": path, **container.get("config_env", {})}
+
+
+def _ensure_image(container: dict, env: dict, out: int, tell: Any) -> tuple[str, float | None, str | None]:  # type: ignore[type-arg]
+    """The image to run (as given, or the id an archive loaded as), the seconds a pull took (None
+    when it was already here), and why it cannot be had (None when it can). The pull is a phase
+    the keeper records in RUN_DIR/phase.json while it lasts, for the head to show."""
+    podman, image = container["podman"], container["image"]
+    archive = image.startswith(("docker-archive:", "oci-archive:", "oci:"))
+    if not archive:
+        local = image.removeprefix("docker://")  # how the store names it
+        try:
+            here = subprocess.run(
+                [podman, "image", "exists", local], env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
+            )
+        except OSError as e:
+            return image, None, f"cannot run podman ({podman}) on this node: {e.strerror}"
+        if here.returncode == 0:
+            return image, None, None
+    os.write(out, f"gpucluster: preparing: pulling image {image}\n".encode())
+    tell({"phase": f"pulling image {image}"})
+    started = time.monotonic()
+    try:
+        pulled = subprocess.run(
+            [podman, "pull", "--quiet", image], env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
+        )
+    except OSError as e:
+        return image, None, f"cannot run podman ({podman}) to pull image {image}: {e.strerror}"
+    finally:
+        tell({"phase": None})
+    pull_s = round(time.monotonic() - started, 3)
+    if pulled.returncode != 0:
+        lines = pulled.stderr.decode(errors="replace").strip().splitlines()
+        lines = lines or [f"podman pull exit code {pulled.returncode}"]
+        return image, pull_s, f"cannot pull image {image}: {lines[-1].removeprefix('Error: ')}"
+    ids = pulled.stdout.decode().split()
+    return (ids[-1] if archive and ids else image), pull_s, None
+
+
+def remove_container(spec: dict) -> bool:  # type: ignore[type-arg]
+    """`podman rm -f` of the job's container, as the job's account (the container is in that
+    account's podman; its groups, gid and uid are set in the child before the exec, the way
+    _drop_privileges does), so nothing of it runs on; True when it is gone."""
+    container = spec.get("container")
+    if not container:
+        return True
+    try:
+        account = pwd.getpwnam(spec["user"]) if spec.get("user") else pwd.getpwuid(os.getuid())
+    except KeyError:
+        return False  # the account is gone, and its podman store with it
+    drop: dict = {}  # type: ignore[type-arg]
+    if spec.get("user"):
+        groups = os.getgrouplist(account.pw_name, account.pw_gid)
+        drop = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_account_env(account), **container.get("config_env", {})}
+    argv = [container["podman"], "rm", "--force", "--ignore", "--time", "0", container["name"]]
+    try:
+        done = subprocess.run(
+            argv, env=env, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, check=False, **drop
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
 def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type-arg]
     """The forked child: cgroup, drop, then everything the user controls; returns its exit code.
 
@@ -190,13 +291,19 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
 
     def tell(record: dict) -> None:  # type: ignore[type-arg]
         with contextlib.suppress(OSError):
-            os.write(report, json.dumps(record).encode())
+            os.write(report, json.dumps(record).encode() + b"\n")
 
     try:
         if spec.get("cgroup"):
             _load_cgroups().join(spec["cgroup"])  # as root, before the drop: a user cannot leave it
     except OSError as e:
         tell({"error": f"cannot put the job in its cgroup: {e}"})
+        return CANNOT_START
+    session = _load_session() if spec.get("session_dir") else None
+    try:  # in the head's run dir, before the drop: only the head can connect (see _session.py)
+        listener = session.bind_at(spec["session_dir"]) if session is not None else None
+    except OSError as e:
+        tell({"error": f"cannot open the session's socket: {e}"})
         return CANNOT_START
     try:
         account_env = _drop_privileges(spec["user"]) if spec.get("user") else _account_env(pwd.getpwuid(os.getuid()))
@@ -220,11 +327,12 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     pump = threading.Thread(target=_pump, args=(read_fd, log), daemon=True)
     pump.start()
 
-    def fail(message: str) -> int:
+    def fail(message: str, final: bool = False, **extra: object) -> int:
         os.write(out, f"gpucluster: {message}\n".encode())
         os.close(out)
         pump.join(timeout=2)
-        tell({"exit_code": CANNOT_START, "signal": None, "error": message})
+        record = {"exit_code": CANNOT_START, "signal": None, "error": message, **extra}
+        tell(record | ({"final": True} if final else {}))
         return CANNOT_START
 
     if spec["workdir"] == "~":
@@ -235,6 +343,29 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
         who = f" as {spec['user']}" if spec.get("user") else ""
         return fail(f"cannot enter the workdir {spec['workdir']}{who}: {e.strerror}")
     argv = spec["argv"]
+    container = spec.get("container")
+    extra: dict = {}  # type: ignore[type-arg]
+    if container:
+        env, podman_env = _container_env(container, env)
+        image, pull_s, problem = _ensure_image(container, podman_env, out, tell)
+        if pull_s is not None:
+            extra["pull_s"] = pull_s
+        extra["container_ended"] = True  # none started yet
+        if problem is not None:
+            return fail(problem, final=True, **extra)
+        if stops:  # stopped while the image was pulled: the command never starts
+            os.close(out)
+            pump.join(timeout=2)
+            tell({"exit_code": 128 + stops[0], "signal": stops[0], **extra})
+            return 128 + stops[0]
+        argv = [container["podman"], "run", *container["options"], image, *argv]
+        env = podman_env
+    if session is not None:  # an interactive session: the command on a PTY, served on the socket
+        os.close(out)
+        pump.join(timeout=2)
+        code, sig = session.serve(listener, argv, env, log, stops, relay_signals=not spec.get("cgroup"))
+        tell({"exit_code": code, "signal": sig})
+        return int(code)
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True)
     except OSError as e:
@@ -247,10 +378,16 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
             proc.send_signal(stops[0])
     rc = proc.wait()
     code, sig = (rc, None) if rc >= 0 else (128 - rc, -rc)
+    if container:
+        # podman run returned the container's own code (not its own 125-127, nor a signal to
+        # podman itself): the container has ended and --rm removed it.
+        extra["container_ended"] = 0 <= rc < 125 or rc > 127
+        if 128 < code <= 128 + 64:
+            sig = code - 128  # podman run says a signal's end as the shell does: 128 + N
     # All of the command's output is in the log before its exit is recorded; background
     # children still holding the pipe do not hold the record up (the keeper kills them).
     pump.join(timeout=2)
-    tell({"exit_code": code, "signal": sig})
+    tell({"exit_code": code, "signal": sig, **extra})
     return code
 
 
@@ -264,6 +401,7 @@ class _Keeper:
         self.child = 0
         self.parent = os.getppid()
         self.pending: list[int] = []  # stops that came before the job side existed
+        self.killed = False  # a kill was asked for: a container job's container is removed
 
     def on_signal(self, signum: int, _frame: object) -> None:
         kill = signum == KILL_REQUEST
@@ -276,7 +414,20 @@ class _Keeper:
         """Once to every process of the job: its cgroup's members, else its process group.
 
         Once: a second SIGTERM a moment after the first would kill what the job's own handler of
-        the first one starts (a shell trap's `$(date)`)."""
+        the first one starts (a shell trap's `$(date)`). A container job's stop goes to `podman
+        run` alone, which passes it on to the container once; its kill removes the container."""
+        if self.spec.get("container"):
+            if signum == signal.SIGKILL:
+                self.killed = True
+                threading.Thread(target=remove_container, args=(self.spec,), daemon=True).start()
+            elif self.cgroup is None or self.child in self.cgroup.pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.child, signum)
+                return
+            else:  # not yet in its cgroup nor its own group: it keeps the stop for its command
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.child, signum)
+                return
         if self.cgroup is not None:
             joined = self.child in self.cgroup.pids()
             self.cgroup.signal(signum)
@@ -315,11 +466,12 @@ class _Keeper:
         write_json_atomic(
             os.path.join(self.run_dir, "shim.json"),
             {"pid": pid, "pgid": os.getpgid(0), "start_ticks": _start_ticks(pid), "job_pgid": child}
-            | ({"cgroup": self.cgroup.to_json()} if self.cgroup is not None else {}),
+            | ({"cgroup": self.cgroup.to_json()} if self.cgroup is not None else {})
+            | ({"container": self.spec["container"]["name"]} if self.spec.get("container") else {}),
         )
         for signum in self.pending:
             self.send(signal.SIGKILL if signum == KILL_REQUEST else signum)
-        chunks = []
+        pending, final = b"", b""
         while True:
             try:
                 data = os.read(read_fd, 1 << 16)
@@ -327,7 +479,11 @@ class _Keeper:
                 continue
             if not data:
                 break
-            chunks.append(data)
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                final = line if not self._phase(line) else final
+        if pending and not self._phase(pending):
+            final = pending
         os.close(read_fd)
         # The job side has ended (or is ending) but stays unreaped: its group id cannot be reused
         # while whatever the job left behind is killed.
@@ -349,9 +505,32 @@ class _Keeper:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child, signal.SIGKILL)
         _, status = os.waitpid(child, 0)
-        record = {**self._record(b"".join(chunks), status), **used}
+        record = {**self._record(final, status), **used}
+        if self.spec.get("container"):
+            # podman run ended by itself with the container's own code: --rm removed it. Else
+            # (killed, or podman's own failure, 125-127) nothing of it may run on.
+            record["container_gone"] = (not self.killed and record.pop("container_ended", False)) or remove_container(
+                self.spec
+            )
         self._save(record)
         return int(record["exit_code"])
+
+    def _phase(self, line: bytes) -> bool:
+        """A phase report of the job side ({"phase": "pulling image ..."}, or null when it ends):
+        RUN_DIR/phase.json while it lasts. False for any other line (the final report)."""
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(message, dict) or "phase" not in message:
+            return False
+        path = os.path.join(self.run_dir, PHASE)
+        with contextlib.suppress(OSError):
+            if message["phase"]:
+                write_json_atomic(path, {"phase": str(message["phase"])[:500], "since": time.time()})
+            else:
+                os.unlink(path)
+        return True
 
     @staticmethod
     def _record(reported: bytes, status: int) -> dict:  # type: ignore[type-arg]
@@ -384,6 +563,8 @@ def main() -> int:
     run_dir = sys.argv[1]
     with open(os.path.join(run_dir, SPEC)) as f:
         spec = json.load(f)
+    if sys.argv[2:] == ["--remove-container"]:  # the executor's cleanup of a keeper that died
+        return 0 if remove_container(spec) else 1
     return _Keeper(run_dir, spec).run()
 
 

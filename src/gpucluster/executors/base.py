@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from gpucluster.executors.podman import ContainerSpec
 
 Handle = dict[str, Any]
 
@@ -49,6 +52,11 @@ class LaunchSpec:
     # The job's own directory (its logs and checkpoints): made for `user` (0700, owned by it) by
     # the executor on the first attempt; everything inside is made by the job's processes.
     job_dir: Path | None = None
+    # Run every process in this container image (executors/podman.py); None: bare processes.
+    container: ContainerSpec | None = None
+    # An interactive session (one process only): the command runs on a PTY, served on a unix
+    # socket in run_dir for the head to relay (executors/_session.py).
+    session: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,9 @@ class Exited:
     # What the process and everything it started used, from its cgroup; None: no cgroup there.
     cpu_s: float | None = None
     memory_peak_bytes: int | None = None
+    # No restart can help (an image that cannot be pulled): the job fails with `error`.
+    final: bool = False
+    pull_s: float | None = None  # a container job's image pull, when it had to pull
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpucluster.executors import cgroups
+from gpucluster.executors import cgroups, podman
 from gpucluster.executors._shim import EXIT, KILL_REQUEST, SPEC, write_json_atomic
 from gpucluster.executors.base import (
     Exited,
@@ -135,6 +135,8 @@ def write_shim_spec(
     make_dirs: list[str] | None = None,
     cgroup: dict[str, str] | None = None,
     die_with_parent: bool = False,
+    container: dict[str, Any] | None = None,
+    session_dir: Path | None = None,
 ) -> None:
     """What the shim in `run_dir` runs (_shim.py): a file only the head can read, so the command
     and its environment never show in `ps` nor reach another account."""
@@ -149,6 +151,10 @@ def write_shim_spec(
         "cgroup": cgroup or {},
         "die_with_parent": die_with_parent,
     }
+    if container:
+        spec["container"] = container
+    if session_dir is not None:
+        spec["session_dir"] = str(session_dir)
     write_json_atomic(run_dir / SPEC, spec)
 
 
@@ -158,6 +164,9 @@ def shim_argv(run_dir: Path) -> list[str]:
 
 
 class LocalExecutor:
+    # Interactive sessions (executors/_session.py): the head dials their socket on this machine.
+    supports_sessions = True
+
     def __init__(
         self,
         die_with_parent: bool = False,
@@ -165,6 +174,7 @@ class LocalExecutor:
         cgroup_support: cgroups.CgroupSupport | None = None,
         instance: str = "head",
         gpu_minors: dict[int, int] | None = None,
+        container_node: podman.ContainerNode | None = None,
     ) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         # > 0: each process's shim writes its log, rotated past this size (_shim.py, logfile.py).
@@ -179,20 +189,54 @@ class LocalExecutor:
         # Real GPUs: NVML index -> /dev/nvidia<minor>. A job's cgroup may open only its own GPUs
         # (where the node has the v1 devices controller); CUDA_VISIBLE_DEVICES alone fences nothing.
         self.gpu_minors = gpu_minors
+        # How this node runs a container job (--image): podman and its config (executors/podman.py).
+        self.container_node = container_node or podman.ContainerNode()
 
     def launch(self, spec: LaunchSpec) -> Handle:
         if spec.job_dir is not None:
             prepare_job_dir(spec.job_dir, spec.user)
         if spec.processes:
             return self._launch_ranks(spec)
-        return self._launch_one(
+        handle = self._launch_one(
             ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path),
             spec.workdir,
             spec.user,
             cgroups.job_name(spec.job_id, spec.attempt),
+            spec.container,
+            session=spec.session,
         )
+        if spec.marker:  # a session's: its command is in a session of its own (executors/_session.py)
+            handle["marker"] = spec.marker
+        return handle
 
-    def _launch_one(self, p: ProcessSpec, workdir: str, user: str | None, leaf: str) -> Handle:
+    def _container(
+        self, container: podman.ContainerSpec, leaf: str, env: dict[str, str], workdir: str, user: str | None
+    ) -> dict[str, Any]:
+        """The shim's `container` record: how its job side runs the command in the image."""
+        if workdir == "~":  # the account's home, as for a bare job
+            workdir = pwd.getpwnam(user).pw_dir if user else str(Path.home())
+        as_root = (pwd.getpwnam(user).pw_uid if user else os.geteuid()) == 0
+        name = podman.container_name(self.instance, leaf)
+        node = self.container_node
+        options, env_changes = podman.run_options(node, container, name=name, env=env, workdir=workdir, as_root=as_root)
+        return {
+            "podman": node.podman,
+            "image": container.image,
+            "name": name,
+            "options": options,
+            "env_changes": env_changes,
+            "config_env": node.config_env,
+        }
+
+    def _launch_one(
+        self,
+        p: ProcessSpec,
+        workdir: str,
+        user: str | None,
+        leaf: str,
+        container: podman.ContainerSpec | None = None,
+        session: bool = False,
+    ) -> Handle:
         p.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         cgroup = self._new_cgroup(leaf)
         if cgroup is not None and self.gpu_minors:
@@ -210,6 +254,8 @@ class LocalExecutor:
             make_dirs=[checkpoints] if checkpoints else [],
             cgroup=cgroup.to_json() if cgroup is not None else None,
             die_with_parent=self.die_with_parent,
+            container=self._container(container, leaf, p.env, workdir, user) if container is not None else None,
+            session_dir=p.run_dir if session else None,
         )
         # The shim's own messages (never the job's output) go to the run dir, the head's alone.
         with open(p.run_dir / "shim.log", "ab") as shim_log:
@@ -229,6 +275,8 @@ class LocalExecutor:
         handle: Handle = {"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks, "run_dir": str(p.run_dir)}
         if cgroup is not None:
             handle["cgroup"] = cgroup.to_json()
+        if container is not None:
+            handle["container"] = podman.container_name(self.instance, leaf)
         return handle
 
     def _new_cgroup(self, leaf: str) -> cgroups.JobCgroup | None:
@@ -255,7 +303,9 @@ class LocalExecutor:
         try:
             for rank, p in enumerate(spec.processes):
                 leaf = cgroups.job_name(spec.job_id, spec.attempt, rank)
-                handle["ranks"].append({"rank": rank, **self._launch_one(p, spec.workdir, spec.user, leaf)})
+                handle["ranks"].append(
+                    {"rank": rank, **self._launch_one(p, spec.workdir, spec.user, leaf, spec.container)}
+                )
         except OSError as e:
             self.signal(handle, signal.SIGKILL)
             self.cleanup(handle)
@@ -316,6 +366,8 @@ class LocalExecutor:
                 record.get("error"),
                 cpu_s=record.get("cpu_s"),
                 memory_peak_bytes=record.get("memory_peak_bytes"),
+                final=bool(record.get("final")),
+                pull_s=record.get("pull_s"),
             )
         if child is not None and child.returncode is not None:
             if child.returncode < 0:  # the shim itself was killed: the job was killed with it
@@ -329,7 +381,7 @@ class LocalExecutor:
     def signal(self, handle: Handle, signum: int) -> None:
         for r in handle.get("ranks", [handle]):
             self._signal_one(r, signum)
-        if signum == signal.SIGKILL and "ranks" in handle:
+        if signum == signal.SIGKILL and "marker" in handle:
             self._kill_marked(handle)
 
     def _signal_one(self, handle: Handle, signum: int) -> None:
@@ -347,6 +399,8 @@ class LocalExecutor:
         signalled by number: the shim killed its job's group before recording the exit, while
         the id was still the job's."""
         for r in handle.get("ranks", [handle]):
+            if r.get("container"):
+                self._remove_container(r)
             if r.get("cgroup"):
                 cgroup = cgroups.JobCgroup.from_json(r["cgroup"])
                 if cgroup.pids():  # the shim kills it before its record: usually empty by now
@@ -354,6 +408,23 @@ class LocalExecutor:
                 with contextlib.suppress(OSError):
                     cgroup.remove()
         self._kill_marked(handle)
+
+    def _remove_container(self, handle: Handle) -> None:
+        """A container its keeper did not see gone (the keeper was killed): `podman rm -f` through
+        the shim's own code, which drops to the job's account first."""
+        run_dir = Path(handle["run_dir"])
+        record = _read_json(run_dir / EXIT)
+        if (record is not None and record.get("container_gone")) or self._alive(handle):
+            return
+        subprocess.run(
+            [*shim_argv(run_dir), "--remove-container"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env=SHIM_ENV,
+            cwd="/",
+            check=False,
+            timeout=120,
+        )
 
     def _kill_marked(self, handle: Handle) -> None:
         marker = handle.get("marker")

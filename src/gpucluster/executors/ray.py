@@ -74,8 +74,16 @@ def node_run_dir(root: Path, job_id: int, attempt: int) -> Path:
 
 
 class RayExecutor:
-    def __init__(self, inventory: RayInventory, sync_every_s: float = SYNC_EVERY_S, max_log_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        inventory: RayInventory,
+        sync_every_s: float = SYNC_EVERY_S,
+        max_log_bytes: int = 0,
+        container_config: Path | None = None,
+    ) -> None:
         self.inventory = inventory
+        # `gpucluster up --container-config`: the same path on every node (its podman config).
+        self.container_config = str(container_config) if container_config is not None else None
         self._every = sync_every_s
         self.max_log_bytes = max_log_bytes  # > 0: each process's log rotates past it (node and head)
         self._lock = threading.Lock()
@@ -95,6 +103,8 @@ class RayExecutor:
     # ---- Executor ---------------------------------------------------------------------------
 
     def launch(self, spec: LaunchSpec) -> Handle:
+        if spec.session:
+            raise LaunchError("interactive sessions run on the head's own node (the local executor), not on Ray")
         multi = bool(spec.processes)
         procs = list(spec.processes) or [ProcessSpec(spec.argv, spec.env, spec.run_dir, spec.log_path)]
         by_node: dict[str, list[tuple[int, ProcessSpec]]] = defaultdict(list)
@@ -122,12 +132,12 @@ class RayExecutor:
                 local = LaunchSpec(
                     spec.job_id, spec.attempt, spec.argv, members[0][1].env, spec.workdir, local_run,
                     local_logs / "output.log", processes=local_procs, marker=spec.marker, user=spec.user,
-                    job_dir=local_job,
+                    job_dir=local_job, container=spec.container,
                 )  # fmt: skip
             else:
                 local = LaunchSpec(
                     spec.job_id, spec.attempt, spec.argv, spec.env, spec.workdir, local_run,
-                    local_logs / "output.log", user=spec.user, job_dir=local_job,
+                    local_logs / "output.log", user=spec.user, job_dir=local_job, container=spec.container,
                 )  # fmt: skip
             entries.append(
                 {
@@ -151,7 +161,8 @@ class RayExecutor:
         manifest = {"multi": multi, "expected": len(procs), "marker": spec.marker, "nodes": public}
         write_json_atomic(spec.run_dir / MANIFEST, manifest)  # before any process exists: `recover` reads it
         cap = self.max_log_bytes
-        refs = [e["actor"].launch.remote(local, cap) for e, local in zip(entries, local_specs, strict=True)]
+        config = self.container_config
+        refs = [e["actor"].launch.remote(local, cap, config) for e, local in zip(entries, local_specs, strict=True)]
         handles: list[Handle | None] = []
         error: str | None = None
         for e, ref in zip(entries, refs, strict=True):

@@ -41,6 +41,7 @@ from gpucluster.executors.base import Handle, LaunchSpec, Status
 from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.executors.local import LocalExecutor
 from gpucluster.executors.logfile import read_log
+from gpucluster.executors.podman import ContainerNode
 from gpucluster.head.paths import DataDir
 from gpucluster.launch.ranks import pick_free_port
 from gpucluster.telemetry.attribution import PidResolver
@@ -94,10 +95,16 @@ class NodeAgent:
         """A port free on this node now: MASTER_PORT when rank 0 runs here."""
         return pick_free_port()
 
-    def launch(self, spec: LaunchSpec, max_log_bytes: int = 0) -> Handle:
-        """Start an attempt's processes here; > 0: each one's log is rotated past that size."""
+    def launch(self, spec: LaunchSpec, max_log_bytes: int = 0, container_config: str | None = None) -> Handle:
+        """Start an attempt's processes here; > 0: each one's log is rotated past that size. A
+        container job uses this node's podman config: $GPUCLUSTER_CONTAINER_CONFIG of `ray start`'s
+        environment, else the head's --container-config path, else the system's (per launch: the
+        agent outlives heads, which may be started with another config)."""
         with self._launching:
             self.local.max_log_bytes = max_log_bytes
+            if spec.container is not None:
+                config = os.environ.get("GPUCLUSTER_CONTAINER_CONFIG") or container_config
+                self.local.container_node = ContainerNode.from_config_dir(Path(config) if config else None)
             return self.local.launch(spec)
 
     def recover(self, run_dir: str) -> Handle | None:

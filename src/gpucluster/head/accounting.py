@@ -49,6 +49,10 @@ ACCRUE_EVERY_S = 5.0
 # Attempts are looked for this far before the last step's time too (a clock that stepped back).
 ATTEMPT_SLACK_S = 60.0
 
+# A GPU at or under this utilisation (percent) in a sample is idle for `gpucluster usage`'s
+# sessions column: the default idle threshold of the policy (`idle:`, `interactive.idle`).
+IDLE_UTILIZATION = 1.0
+
 
 class Accountant:
     def __init__(self, head: Head, prices: Mapping[str, float] | None = None) -> None:
@@ -122,7 +126,7 @@ class Accountant:
             before.setdefault(key, row)
             r = rate(a.allocation, models, config.prices)
             if row is None:
-                row = _new_row(a.job_id, a.attempt, ended.team, ended.owner, a.allocation, a.started_at, r)
+                row = _new_row(a.job_id, a.attempt, ended.team, ended.owner, a.allocation, a.started_at, r, ended.kind)
             if a.outcome == "not_started":  # the process never ran: nothing to bill
                 row = replace(row, accrued_until=a.ended_at, gpu_seconds=0.0, cost=0.0)
             else:
@@ -155,7 +159,7 @@ class Accountant:
         self._rates[key] = r
         row = self.open.get(key)
         if row is None:
-            row = _new_row(job.id, job.attempt, job.team, job.owner, job.allocation, job.started_at, r)
+            row = _new_row(job.id, job.attempt, job.team, job.owner, job.allocation, job.started_at, r, job.spec.kind)
             self.open[key] = row
             self._prior[key] = self.usage.cost_of_other_attempts(job.id, job.attempt)
         return row
@@ -195,6 +199,8 @@ class Accountant:
                     energy_j=row.energy_j + (s.power_w or 0.0) * held_s,
                     used_gpu_seconds=row.used_gpu_seconds + (s.utilization / 100.0 * held_s if s.utilization else 0.0),
                     sampled_gpu_seconds=row.sampled_gpu_seconds + (held_s if s.utilization is not None else 0.0),
+                    idle_gpu_seconds=row.idle_gpu_seconds
+                    + (held_s if s.utilization is not None and s.utilization <= IDLE_UTILIZATION else 0.0),
                 )
                 changed[row.key] = new
                 if row.key in self.open:
@@ -332,9 +338,17 @@ class Accountant:
 
 
 def _new_row(
-    job_id: int, attempt: int, team: str, owner: str | None, allocation: Allocation, started_at: float, r: Rate
+    job_id: int,
+    attempt: int,
+    team: str,
+    owner: str | None,
+    allocation: Allocation,
+    started_at: float,
+    r: Rate,
+    kind: str = "batch",
 ) -> UsageRow:
     return UsageRow(
+        kind=kind,
         job_id=job_id,
         attempt=attempt,
         team=team,

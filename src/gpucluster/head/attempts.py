@@ -64,17 +64,23 @@ def newest_entry(directory: Path) -> float | None:
 
 def resources_used(statuses: list[Status]) -> dict[str, Any]:
     """What an attempt's processes used, from their cgroups: CPU seconds and peak memory, summed;
-    None where none of them was measured."""
+    and the longest image pull of a container job; None where none of them was measured."""
     cpu = [s.cpu_s for s in statuses if isinstance(s, Exited) and s.cpu_s is not None]
     memory = [s.memory_peak_bytes for s in statuses if isinstance(s, Exited) and s.memory_peak_bytes is not None]
-    return {"cpu_s": sum(cpu) if cpu else None, "memory_peak_bytes": sum(memory) if memory else None}
+    pulls = [s.pull_s for s in statuses if isinstance(s, Exited) and s.pull_s is not None]
+    return {
+        "cpu_s": sum(cpu) if cpu else None,
+        "memory_peak_bytes": sum(memory) if memory else None,
+        "pull_s": max(pulls) if pulls else None,
+    }
 
 
-def exit_of(codes: tuple[int | None, ...], first_bad: Status | None) -> Exit:
-    """How an attempt's processes ended, for the lifecycle: a failed one dooms it; else all 0 is
-    a success and 0s with REQUEUE_EXIT_CODE a requeue the job asked for (launch/ranks.py)."""
+def exit_of(codes: tuple[int | None, ...], first_bad: Status | None, final: bool = False) -> Exit:
+    """How an attempt's processes ended, for the lifecycle: a failed one dooms it (for good when
+    `final`: an executor said no restart would help); else all 0 is a success and 0s with
+    REQUEUE_EXIT_CODE a requeue the job asked for (launch/ranks.py)."""
     if first_bad is not None:
-        return Exit.FAILURE
+        return Exit.FATAL if final else Exit.FAILURE
     outcome = attempt_outcome([c or 0 for c in codes])
     if outcome is AttemptOutcome.SUCCEEDED:
         return Exit.SUCCESS

@@ -2,7 +2,8 @@
 
 Split out of head/loop.py (the loop commits the allocation, then asks this for the launch spec
 and hands it to the executor): the job's environment from its allocation, the ranks' addresses
-and a fresh rendezvous port, the per-rank log and error files.
+and a fresh rendezvous port, the per-rank log and error files; an array element's own
+environment and command (head/gates.py), a container job's image and mounts, a session's PTY.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpucluster.executors.base import LaunchError, LaunchSpec, ProcessSpec
+from gpucluster.executors.podman import ContainerSpec
 from gpucluster.launch.env import job_env
 from gpucluster.launch.ranks import launcher_commands, per_gpu_envs, pick_free_port
 from gpucluster.store import JobRecord
@@ -26,6 +28,7 @@ ENV_ATTEMPT_MARKER = "GPUCLUSTER_ATTEMPT_DIR"
 
 def launch_spec(head: Head, job: JobRecord) -> LaunchSpec:
     """What to start for the job's current attempt: one process, or one per rank."""
+    job = head.gates.element(job)  # an array element: its index, count and sweep values
     assert job.allocation is not None
     slices = job.allocation.slices
     attempt = job.attempt
@@ -62,7 +65,14 @@ def launch_spec(head: Head, job: JobRecord) -> LaunchSpec:
         log_path=head.data_dir.log(job.id, attempt),
         user=head.identity.run_as(job.owner) if head.identity is not None else None,
         job_dir=head.data_dir.job_dir(job.id),
+        container=ContainerSpec(job.spec.image, tuple(job.spec.mounts)) if job.spec.image else None,
+        session=job.spec.interactive,
     )
+    if job.spec.interactive:
+        # The session's command leads a session of its own (its PTY's), out of the shim's
+        # process group: the marker finds what it leaves, as it finds torchrun's workers.
+        spec.env[ENV_ATTEMPT_MARKER] = str(run_dir)
+        return replace(spec, marker=f"{ENV_ATTEMPT_MARKER}={run_dir}")
     if not job.spec.distributed:
         return spec
     marker = f"{ENV_ATTEMPT_MARKER}={run_dir}"

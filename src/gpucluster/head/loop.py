@@ -52,7 +52,7 @@ from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.scheduler import decide, gc_paused
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Node, Wait
+from gpucluster.core.types import Allocation, Node, Wait
 from gpucluster.durations import format_duration
 from gpucluster.executors.base import (
     Executor,
@@ -79,6 +79,7 @@ from gpucluster.head.attempts import (
     work_lost,
 )
 from gpucluster.head.estimates import EstimateRefresher
+from gpucluster.head.gates import Gates
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
 from gpucluster.head.launch_specs import launch_spec
 from gpucluster.head.paths import DataDir
@@ -103,6 +104,7 @@ USAGE_SAVE_EVERY_S = 10.0
 OUTAGE_RETRY_MAX_S = 2.0
 # Restarts after failures back off by core/restarts.py's rule (1 s doubling, at most 5 minutes;
 # `gpucluster up --restart-backoff` sets the first wait), the rule the simulator uses too.
+SESSION_NOT_REQUEUED = "ended: an interactive session is not requeued after a preemption; start a new one"
 
 
 class Head:
@@ -154,6 +156,7 @@ class Head:
         self._usage_at = saved_at if saved_at is not None else clock()
         self._usage_saved_at = self._usage_at
         self.queue = QueueCache(store)
+        self.gates = Gates(self)  # holds, dependencies, array throttles (issue 20)
         self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
         self.estimates = EstimateRefresher()
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
@@ -310,9 +313,11 @@ class Head:
             told = None
         bad = told if told is not None else next((r for r, s in enumerate(statuses) if is_failure(s)), None)
         first_bad = statuses[bad] if bad is not None else None
+        # An executor's word that no restart would help (an image that cannot be pulled).
+        final = any(isinstance(s, Exited) and s.final for s in statuses)
         after = after_attempt(
             stop,
-            exit_of(codes, first_bad),
+            exit_of(codes, first_bad, final),
             signalled=job.term_sent,
             restarts=job.restarts,
             max_restarts=job.spec.max_restarts,
@@ -371,7 +376,9 @@ class Head:
         now: float,
         after: Next,
     ) -> None:
-        """A failed attempt: back to the queue after a backoff while restarts are left, else failed."""
+        """A failed attempt: back to the queue after a backoff while restarts are left, else failed
+        (at once for a failure no restart would help: an image that cannot be pulled). `after` is
+        the lifecycle's answer."""
         limit = job.spec.max_restarts
         if not after.requeued:
             reason = how if after.why is Why.FAILED else f"{how}; no restarts left ({job.restarts} of {limit} used)"
@@ -428,6 +435,12 @@ class Head:
             self._requeue_after_preemption(job.id, now, not_before)
 
     def _requeue_after_preemption(self, job_id: int, now: float, not_before: float | None) -> None:
+        job = self.store.get_job(job_id)
+        if job is not None and job.spec.interactive:
+            # A session is not requeued: it would start again as a fresh shell, later, with nobody
+            # at its terminal, and hold GPUs for no one. Its owner starts a new one.
+            self.store.transition(job_id, JobState.CANCELLED, now, SESSION_NOT_REQUEUED, expect=[JobState.PREEMPTED])
+            return
         self.store.transition(
             job_id,
             JobState.QUEUED,
@@ -471,7 +484,7 @@ class Head:
         nodes, none of a team over budget. The head plans on it after admission (its estimates
         and elastic growth read the same view); `decide` would admit a raw one the same way."""
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
-        queued = self.queue.requests()
+        queued = self.gates.eligible(self.queue.requests(), self.clock())  # not held, blocked or throttled ones
         self.accounting.note_holds(queued)  # the held jobs' reasons, in `why` and the queue
         if self.preempted_for:  # forget preemptors that started or left the queue
             ids = {r.job_id for r in queued if r.team not in self.accounting.held}
@@ -508,6 +521,7 @@ class Head:
         self._grow_elastic(snap, now)
         if not snap.queued:
             self.queue_order = []
+            self._record_waits(dict(self.gates.waits))
             return
         started = time.perf_counter()
         # The collector paused for the cycle, by the loop's choice (decide never touches it):
@@ -531,6 +545,9 @@ class Head:
             self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)
         waiting = self.estimates.waits(snap, self.policy, now, plan)  # every job's estimated start
+        self._record_waits({**waiting, **self.gates.waits})
+
+    def _record_waits(self, waiting: dict[int, Wait]) -> None:
         changed = {k: v for k, v in waiting.items() if self._reasons.get(k) != v}
         self.store.set_wait_reasons(changed)
         self._reasons = waiting
@@ -563,32 +580,37 @@ class Head:
             if r.job_id in started:
                 self.stats.started(r.team, r.priority.label, now - (r.queued_at or r.submitted_at))
 
-    def _start(self, job_id: int, allocation: object, now: float) -> None:
+    def _start(self, job_id: int, allocation: Allocation, now: float) -> None:
         job = self.store.get_job(job_id)
         if job is None or job.state is not JobState.QUEUED:
             return
-        attempt = job.attempt + 1
+        started: dict[str, Any] = {
+            "allocation": allocation,
+            "attempt": job.attempt + 1,
+            "started_at": now,
+            "launch": None,
+            "stop_reason": None,
+            "stop_requested_at": None,
+            "stop_message": None,
+            "failed_rank": None,
+            "term_sent": False,
+            "kill_sent": False,
+            "not_before": None,
+        }
         ok = self.store.transition(
             job_id,
             JobState.RUNNING,
             now,
             f"started on {describe_allocation(allocation)}",
             expect=[JobState.QUEUED],
-            allocation=allocation,
-            attempt=attempt,
-            started_at=now,
-            launch=None,
-            stop_reason=None,
-            stop_requested_at=None,
-            stop_message=None,
-            failed_rank=None,
-            term_sent=False,
-            kill_sent=False,
-            not_before=None,
+            **started,
         )
         if not ok:
             return  # cancelled between snapshot and start
-        job = self._reload(job)
+        # The record as committed, made here rather than read back: a database that goes away
+        # right after the commit must not stop the launch, or the committed attempt would wait
+        # out LAUNCH_GRACE_S and be requeued as a second attempt of a job that never ran.
+        job = replace(job, state=JobState.RUNNING, **started)
         try:
             handle = self.executor.launch(self._launch_spec(job))
         except (LaunchError, OSError) as e:

@@ -13,6 +13,7 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from gpucluster.head.paths import DataDir
@@ -49,7 +50,14 @@ def cluster_id(data: DataDir) -> str:
     return hashlib.sha1(f"{socket.gethostname()}:{data.root}".encode()).hexdigest()[:10]
 
 
-def start_ray(address: str, data: DataDir, store: Store, say: IO[str], max_log_bytes: int = 0) -> RayMode:
+def start_ray(
+    address: str,
+    data: DataDir,
+    store: Store,
+    say: IO[str],
+    max_log_bytes: int = 0,
+    container_config: Path | None = None,
+) -> RayMode:
     try:
         import ray
     except ImportError:
@@ -80,7 +88,8 @@ def start_ray(address: str, data: DataDir, store: Store, say: IO[str], max_log_b
     say.write(f"Ray cluster: {len(nodes)} node(s) with GPUs, {gpus} GPU(s) in all\n")
     if not nodes:
         say.write("no Ray node declares GPUs yet (ray start --num-gpus N or --resources '{\"gpu_model:H100\": 8}')\n")
-    executor = RayExecutor(inventory, max_log_bytes=max_log_bytes)  # the nodes' logs rotate as local ones
+    # The nodes' logs rotate as local ones; container jobs use --container-config's path on each node.
+    executor = RayExecutor(inventory, max_log_bytes=max_log_bytes, container_config=container_config)
     return RayMode(executor, inventory, all_virtual=all(r.virtual for r in nodes))
 
 

@@ -43,6 +43,8 @@ from gpucluster.discovery.gpus import NoGpus, discover_nvml, nvml_minor_numbers,
 from gpucluster.executors.base import Executor
 from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.executors.local import LocalExecutor
+from gpucluster.executors.podman import ContainerNode
+from gpucluster.executors.podman import describe_node as describe_container_node
 from gpucluster.head.loop import Head
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
@@ -93,6 +95,7 @@ class UpOptions:
     max_follows_per_user: int = DEFAULT_FOLLOWS_PER_USER
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # lowered to fit the open-files limit
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    container_config: Path | None = None  # containers.conf + storage.conf for container jobs' podman
 
 
 def default_data_dir() -> Path:
@@ -184,7 +187,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         from gpucluster.head.ray_up import RayStartupError, start_ray
 
         try:
-            ray_mode = start_ray(opts.ray_address, data, store, say, opts.max_log_bytes)
+            ray_mode = start_ray(opts.ray_address, data, store, say, opts.max_log_bytes, opts.container_config)
         except RayStartupError as e:
             raise StartupError(str(e)) from None
         is_virtual = ray_mode.all_virtual
@@ -195,11 +198,16 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         say.write(f"{cgroup_support.describe()}\n")  # what jobs get (or lose) from this node's cgroups
         # Job cgroups live under gpucluster/<instance>, one instance per data dir.
         instance = "head-" + hashlib.sha256(str(data.root).encode()).hexdigest()[:12]
+        container_node = ContainerNode.from_config_dir(
+            opts.container_config, gpu_uuids=None if is_virtual else {g.index: g.uuid for g in node.gpus if g.uuid}
+        )
+        say.write(f"{describe_container_node(container_node)}\n")  # what --image jobs need of this node
         executor = LocalExecutor(
             max_log_bytes=opts.max_log_bytes,
             cgroup_support=cgroup_support,
             instance=instance,
             gpu_minors=None if is_virtual else nvml_minor_numbers(),
+            container_node=container_node,
         )
         store.put_node(node, is_virtual, time.time())
     if os.geteuid() == 0 and (closed := data.unreachable_by_jobs()) is not None:

@@ -32,6 +32,8 @@ class _Sum:
     lost_preempt_s: float = 0.0
     attempts: int = 0
     jobs: set[int] = field(default_factory=set)
+    session_s: float = 0.0
+    session_idle_s: float = 0.0
 
     def add(self, row: UsageRow, since: float | None, until: float) -> None:
         f = overlap(row.started_at, row.accrued_until, since, until)
@@ -43,6 +45,9 @@ class _Sum:
         self.energy_j += row.energy_j * f
         self.used_s += row.used_gpu_seconds * f
         self.sampled_s += row.sampled_gpu_seconds * f
+        if row.kind == "session":
+            self.session_s += row.gpu_seconds * f
+            self.session_idle_s += row.idle_gpu_seconds * f
         if ended_inside and row.work_lost_s:
             lost = row.work_lost_s * row.gpus
             if row.outcome == "failed":
@@ -63,6 +68,8 @@ class _Sum:
             lost_gpu_hours_preemption=self.lost_preempt_s / 3600.0,
             attempts=self.attempts,
             jobs=len(self.jobs),
+            session_gpu_hours=self.session_s / 3600.0,
+            session_idle_gpu_hours=self.session_idle_s / 3600.0,
             **labels,  # type: ignore[arg-type]
         )
 

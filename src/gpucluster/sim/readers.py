@@ -35,6 +35,19 @@ TIRESIAS_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_nam
 NATIVE_SIM_FIELDS = ("submit_time", "duration", "checkpoint_interval")
 NATIVE_FIELDS = NATIVE_SIM_FIELDS + tuple(JobSpec.model_fields)
 MAX_DURATION_S = 10 * 365 * 86400.0
+# JobSpec fields of arrays, sweeps, holds and dependencies (issue 20): the live head's only.
+NOT_SIMULATED = (
+    "array",
+    "sweep",
+    "throttle",
+    "hold",
+    "after",
+    "afterok",
+    "afternotok",
+    "afterany",
+    "aftercorr",
+    "allow_large_array",
+)
 
 
 class RowError(ValueError):
@@ -237,6 +250,11 @@ def native_job(row: dict[str, Any]) -> RawJob:
     if unknown:
         raise RowError(f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(NATIVE_FIELDS)}")
     fields = {k: v for k, v in row.items() if k not in NATIVE_SIM_FIELDS and v is not None and v != ""}
+    live_only = sorted(k for k in fields if k in NOT_SIMULATED and fields[k] not in (False, [], "false"))
+    if live_only:
+        # Accepted by the live head, but the simulator would run such a row as one plain job:
+        # refused rather than replayed wrongly (write an array's elements as rows of their own).
+        raise RowError(f"{', '.join(live_only)}: arrays, sweeps, holds and dependencies are not simulated yet")
     if isinstance(fields.get("command"), str):
         fields["command"] = [fields["command"]] if _truthy(fields.get("shell")) else shlex.split(fields["command"])
     if isinstance(fields.get("env"), str):

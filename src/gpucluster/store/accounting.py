@@ -40,6 +40,8 @@ class UsageRow:
     final: bool = False
     outcome: str | None = None
     work_lost_s: float | None = None
+    kind: str = "batch"  # the job's: batch | session
+    idle_gpu_seconds: float = 0.0  # GPU-seconds held with a reading at or under IDLE_UTILIZATION
 
     @property
     def key(self) -> tuple[int, int]:
@@ -75,6 +77,7 @@ class EndedAttempt:
     record: AttemptRecord
     team: str
     owner: str | None
+    kind: str = "batch"
 
 
 _COLUMNS = [c.name for c in schema.job_usage.columns]
@@ -84,6 +87,8 @@ def _row(r: Any) -> UsageRow:
     d = dict(r)
     d["allocation"] = allocation_from_json(d["allocation"])
     d["final"] = bool(d["final"])
+    d["kind"] = d.get("kind") or "batch"  # rows from before version 7
+    d["idle_gpu_seconds"] = d.get("idle_gpu_seconds") or 0.0
     return UsageRow(**d)
 
 
@@ -129,7 +134,7 @@ class UsageStore:
         a, j, u = schema.attempts.c, schema.jobs.c, schema.job_usage.c
         q = (
             select(a.job_id, a.attempt, a.started_at, a.ended_at, a.allocation, a.outcome, a.reason)
-            .add_columns(a.work_lost_s, j.team, j.owner)
+            .add_columns(a.work_lost_s, j.team, j.owner, j.kind)
             .join_from(schema.attempts, schema.jobs, j.id == a.job_id)
             .outerjoin(schema.job_usage, and_(u.job_id == a.job_id, u.attempt == a.attempt))
             .where(a.ended_at >= since, or_(u.final.is_(None), u.final.is_(False)))
@@ -151,6 +156,7 @@ class UsageStore:
                 ),
                 team=r[8],
                 owner=r[9],
+                kind=r[10] or "batch",
             )
             for r in rows
         ]

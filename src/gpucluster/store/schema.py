@@ -25,8 +25,11 @@ from sqlalchemy import (
 # 4: jobs.owner; users, memberships, tokens, audit; telemetry, presence and accounting tables
 # 5: attempts.cpu_s, attempts.memory_peak_bytes
 # 6: job_metrics
-# 7: jobs.failed_rank
-SCHEMA_VERSION = 7
+# 7: attempts.pull_s
+# 8: jobs.held, jobs.array_id, jobs.array_index; arrays
+# 9: jobs.kind (batch | session); job_usage.kind, job_usage.idle_gpu_seconds
+# 10: jobs.failed_rank
+SCHEMA_VERSION = 10
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -79,12 +82,31 @@ jobs = Table(
     Column("progress_at", Float),
     Column("checkpoint_step", Integer),
     Column("owner", String(128)),  # the user who submitted it; NULL for jobs from before identities
+    # Held by its user (submit --hold, gpucluster hold): never started until released. NULL: not held.
+    Column("held", Boolean),
+    # An array's element: the array (the id of its first element) and the element's index.
+    Column("array_id", Integer),
+    Column("array_index", Integer),
+    Column("kind", String(16)),  # batch | session (interactive); NULL reads as batch
     # Which process of a distributed attempt failed first (with stop_reason "failure"), so the
     # attempt's end names it, not one of the others killed after it.
     Column("failed_rank", Integer),
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)
+Index("ix_jobs_array", jobs.c.array_id, jobs.c.array_index)
+
+# One row per job array (issue 20); its id is its first element's job id, so a job id names the
+# array the way Slurm's does. The elements are ordinary jobs rows sharing one spec text.
+arrays = Table(
+    "arrays",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("count", Integer, nullable=False),
+    Column("throttle", Integer),  # at most this many elements run at once; NULL: no limit
+    Column("sweep", Text),  # the sweep's parameters as JSON (core/arrays.Sweep), for each element's values
+    Column("created_at", Float, nullable=False),
+)
 Index("ix_jobs_team_state", jobs.c.team, jobs.c.state)
 
 job_events = Table(
@@ -133,6 +155,7 @@ attempts = Table(
     # sum over its processes' cgroups of each one's peak memory; null where the node had none.
     Column("cpu_s", Float),
     Column("memory_peak_bytes", BigInteger),
+    Column("pull_s", Float),  # a container job's image pull, the longest of its processes'; null: none
 )
 # The accountant looks for attempts that ended since its last step every few seconds.
 Index("ix_attempts_ended_at", attempts.c.ended_at)
@@ -299,6 +322,8 @@ job_usage = Table(
     Column("energy_j", Float, nullable=False, default=0.0),
     Column("used_gpu_seconds", Float, nullable=False, default=0.0),  # utilisation x seconds x share
     Column("sampled_gpu_seconds", Float, nullable=False, default=0.0),  # seconds x share with a reading
+    Column("kind", String(16)),  # the job's: batch | session; NULL reads as batch
+    Column("idle_gpu_seconds", Float),  # seconds x share with a reading at or under IDLE_UTILIZATION
     Column("final", Boolean, nullable=False, default=False),
     Column("outcome", String(16)),
     Column("work_lost_s", Float),

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,18 @@ from sqlalchemy import (
     Connection,
     Engine,
     Select,
+    String,
     Table,
+    and_,
     bindparam,
+    case,
+    cast,
     create_engine,
     event,
     exists,
     func,
     insert,
+    literal,
     make_url,
     or_,
     select,
@@ -50,9 +55,21 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
+from gpucluster.core.eligibility import Target
 from gpucluster.core.lifecycle import StopReason, stop_overrides
 from gpucluster.core.states import JobState, can_transition
-from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, Priority, RunningJob, Wait
+from gpucluster.core.types import (
+    Allocation,
+    Dependency,
+    DependencyKind,
+    Gpu,
+    JobRequest,
+    Node,
+    NodeSlice,
+    Priority,
+    RunningJob,
+    Wait,
+)
 from gpucluster.models import JobSpec
 from gpucluster.store import lease as leases
 from gpucluster.store import migrate, schema
@@ -223,6 +240,9 @@ class JobRecord:
     checkpoint_step: int | None = None
     owner: str | None = None  # who submitted it (None: before identities existed)
     failed_rank: int | None = None  # the process that failed first (stop_reason "failure")
+    held: bool = False
+    array_id: int | None = None  # an array's element: its array (the first element's id) ...
+    array_index: int | None = None  # ... and its index there
 
     def request(self) -> JobRequest:
         return request_from(
@@ -251,6 +271,7 @@ class AttemptRecord:
     work_lost_s: float | None
     cpu_s: float | None = None  # all its processes, from their cgroups; None: no cgroups there
     memory_peak_bytes: int | None = None  # each process's cgroup's peak, summed
+    pull_s: float | None = None  # a container job's image pull (the longest of its processes'); None: none
 
 
 @dataclass(frozen=True)
@@ -288,9 +309,13 @@ def allocation_from_json(text: str | None) -> Allocation | None:
     )
 
 
-def request_json(spec: JobSpec) -> str:
-    """The scheduler-facing part of a spec, compact: what `queued_requests` needs besides columns."""
+def request_json(spec: JobSpec, after: tuple[Dependency, ...] = ()) -> str:
+    """The scheduler-facing part of a spec, compact: what `queued_requests` needs besides columns.
+    `after`: its dependencies as resolved at submit (a target id that names an array means the
+    whole array; aftercorr becomes one dependency per element)."""
     d: dict[str, Any] = {}
+    if after:
+        d["d"] = [[a.kind.value, a.job_id, 1 if a.array else 0] for a in after]
     if spec.gpu_types:
         d["t"] = list(spec.gpu_types)
     if spec.gpu_memory_mb is not None:
@@ -303,6 +328,8 @@ def request_json(spec: JobSpec) -> str:
         d["n"] = spec.nodes
     if spec.min_gpus is not None:
         d["mn"] = spec.min_gpus
+    if spec.begin is not None:
+        d["b"] = spec.begin
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -315,8 +342,11 @@ def request_from(
     request: str | None,
     queued_at: float | None = None,
     not_before: float | None = None,
+    held: bool = False,
+    array_id: int | None = None,
 ) -> JobRequest:
     d = json.loads(request) if request else {}
+    deps = d.get("d")
     return JobRequest(
         job_id=job_id,
         gpus=gpus,
@@ -331,6 +361,10 @@ def request_from(
         queued_at=queued_at,
         min_gpus=d.get("mn"),
         not_before=not_before,
+        begin=d.get("b"),
+        held=held,
+        after=tuple(Dependency(DependencyKind(k), i, bool(a)) for k, i, a in deps) if deps else (),
+        array_id=array_id,
     )
 
 
@@ -629,28 +663,13 @@ class Store:
         return out
 
     def _insert_jobs(self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None) -> list[int]:
-        rows = [
-            {
-                "name": spec.name or "",  # unnamed jobs read back as job-<id>
-                "team": spec.team,
-                "state": JobState.QUEUED.value,
-                "priority": int(Priority.parse(spec.priority)),
-                "gpus": spec.gpu_count,
-                "gpu_type": ",".join(spec.gpu_types) or None,
-                "request": request_json(spec),
-                "spec": spec.model_dump_json(),
-                "submitted_at": now,
-                "queued_at": now,
-                "reason": "submitted",
-                "attempt": 0,
-                "term_sent": False,
-                "kill_sent": False,
-                "owner": owners[n] if owners else None,
-            }
-            for n, (spec, now) in enumerate(items)
-        ]
         with self._errors_mapped(), self._writer.begin() as c:
             self._check_lease(c)
+            arrays = self._arrays_among(c, {i for spec, _ in items for _, i in _dependency_ids(spec)})
+            rows = [
+                self._job_row(spec, now, owners[n] if owners else None, _resolve(spec, arrays))
+                for n, (spec, now) in enumerate(items)
+            ]
             ids = [
                 int(r[0])
                 for r in c.execute(insert(schema.jobs).returning(schema.jobs.c.id, sort_by_parameter_order=True), rows)
@@ -664,10 +683,274 @@ class Store:
             )
         return ids
 
+    @staticmethod
+    def _arrays_among(c: Connection, ids: set[int]) -> set[int]:
+        """Which of `ids` name an array (a dependency on one waits for all its elements)."""
+        if not ids:
+            return set()
+        a = schema.arrays.c
+        return {int(r[0]) for r in c.execute(select(a.id).where(a.id.in_(list(ids))))}
+
+    @staticmethod
+    def _job_row(spec: JobSpec, now: float, owner: str | None, after: tuple[Dependency, ...]) -> dict[str, Any]:
+        return {
+            "name": spec.name or "",  # unnamed jobs read back as job-<id>
+            "team": spec.team,
+            "state": JobState.QUEUED.value,
+            "priority": int(Priority.parse(spec.priority)),
+            "gpus": spec.gpu_count,
+            "gpu_type": ",".join(spec.gpu_types) or None,
+            "request": request_json(spec, after),
+            "spec": spec.model_dump_json(),
+            "submitted_at": now,
+            "queued_at": now,
+            "not_before": spec.begin if spec.begin is not None and spec.begin > now else None,
+            "reason": "submitted",
+            "attempt": 0,
+            "term_sent": False,
+            "kill_sent": False,
+            "owner": owner,
+            "held": True if spec.hold else None,
+            "kind": spec.kind,
+        }
+
+    # ---- arrays, holds and dependencies (issue 20) ---------------------------------------
+
+    def create_array(
+        self,
+        spec: JobSpec,
+        indices: tuple[int, ...],
+        now: float,
+        owner: str | None = None,
+        throttle: int | None = None,
+        sweep: str | None = None,
+        corr: int | None = None,
+    ) -> int:
+        """Insert an array's elements, one queued job each, in one transaction; returns the array's
+        id (its first element's job id) once durable. The elements share one spec text and one
+        request; `corr`: an array whose element i each element i waits for (aftercorr)."""
+        j = schema.jobs.c
+        with self._write() as c:
+            arrays = self._arrays_among(c, {i for _, i in _dependency_ids(spec)})
+            after = _resolve(spec, arrays)
+            base = self._job_row(spec, now, owner, after)
+            first = int(
+                c.execute(insert(schema.jobs).returning(j.id), [{**base, "array_index": indices[0]}]).scalar_one()
+            )
+            c.execute(update(schema.jobs).where(j.id == first).values(array_id=first))
+            c.execute(
+                insert(schema.arrays).values(
+                    id=first, count=len(indices), throttle=throttle, sweep=sweep, created_at=now
+                )
+            )
+            # The other elements are copies of the first made by the database itself, one
+            # INSERT ... SELECT per run of evenly spaced indices: nothing per element crosses
+            # from Python (100,000 rows sent as parameters took seconds; this well under one).
+            source = schema.jobs.alias("source")
+            copied = [c.name for c in schema.jobs.c if c.name not in ("id", "array_index")]
+            for run_first, run_last, step in _runs(indices[1:]):
+                seq = select(literal(run_first).label("i"), literal(first).label("source")).cte("seq", recursive=True)
+                seq = seq.union_all(select(seq.c.i + step, seq.c.source).where(seq.c.i + step <= run_last))
+                # The spec text is the first element's alone (`_shared_specs` reads it for the
+                # others): a 100,000-element array stores it once, not 100,000 times.
+                columns = [literal("").label(name) if name == "spec" else source.c[name] for name in copied]
+                rows = (
+                    select(*columns, seq.c.i)
+                    .select_from(source.join(seq, source.c.id == seq.c.source))  # the first row, once per index
+                    .where(source.c.id == first)
+                    .order_by(seq.c.i)
+                )
+                c.execute(insert(schema.jobs).from_select([*copied, "array_index"], rows))
+            if corr is not None:
+                # aftercorr: element i also waits for element i of `corr` (afterok), where it has one.
+                request = json.loads(str(base["request"]))
+                slot = -1  # where each element's partner id goes, in the request's JSON text
+                d = [*request.get("d", []), [DependencyKind.AFTEROK.value, slot, 0]]
+                before, after_ = json.dumps({**request, "d": d}, separators=(",", ":")).rsplit(str(slot), 1)
+                partner = schema.jobs.alias("partner")
+                same = and_(partner.c.array_id == corr, partner.c.array_index == j.array_index)
+                pick = select(cast(partner.c.id, String)).where(same).scalar_subquery()
+                c.execute(
+                    update(schema.jobs)
+                    .where(j.array_id == first, exists().where(same))
+                    .values(request=literal(before) + pick + literal(after_))
+                )
+            # One "submitted" event for the array, on its first element: `events` reads it for
+            # every element (100,000 event rows cost a quarter of the insert).
+            c.execute(
+                insert(schema.job_events).values(
+                    job_id=first, at=now, state=JobState.QUEUED.value, reason=f"submitted (array of {len(indices)})"
+                )
+            )
+        return first
+
+    def array(self, array_id: int) -> tuple[int, int | None, str | None] | None:
+        """An array's element count, throttle and sweep (JSON); None if `array_id` names no array."""
+        a = schema.arrays.c
+        with self._read() as c:
+            row = c.execute(select(a.count, a.throttle, a.sweep).where(a.id == array_id)).first()
+        return None if row is None else (int(row[0]), row[1], row[2])
+
+    def set_throttle(self, array_id: int, throttle: int | None) -> bool:
+        with self._write() as c:
+            res = c.execute(update(schema.arrays).where(schema.arrays.c.id == array_id).values(throttle=throttle))
+        return res.rowcount == 1
+
+    def array_elements(self, array_id: int, index: int | None = None) -> list[tuple[int, JobState]]:
+        """An array's elements (or the one at `index`) as (job id, state), in index order."""
+        j = schema.jobs.c
+        q = select(j.id, j.state).where(j.array_id == array_id).order_by(j.array_index)
+        if index is not None:
+            q = q.where(j.array_index == index)
+        with self._read() as c:
+            return [(int(i), JobState(st)) for i, st in c.execute(q)]
+
+    def array_counts(self, array_ids: Iterable[int]) -> dict[int, dict[str, int]]:
+        """Each array's elements counted by state, for a one-line listing."""
+        wanted = list(array_ids)
+        j = schema.jobs.c
+        out: dict[int, dict[str, int]] = {}
+        with self._read() as c:
+            for at in range(0, len(wanted), IDS_PER_QUERY):
+                q = (
+                    select(j.array_id, j.state, func.count())
+                    .where(j.array_id.in_(wanted[at : at + IDS_PER_QUERY]))
+                    .group_by(j.array_id, j.state)
+                )
+                for a, st, n in c.execute(q):
+                    out.setdefault(int(a), {})[st] = int(n)
+        return out
+
+    def set_held(self, ids: Iterable[int], held: bool) -> list[int]:
+        """Hold or release queued jobs; the ids it changed (jobs not queued are left alone)."""
+        wanted = list(ids)
+        j = schema.jobs.c
+        changed: list[int] = []
+        with self._write() as c:
+            for at in range(0, len(wanted), IDS_PER_QUERY):
+                chunk = wanted[at : at + IDS_PER_QUERY]
+                q = select(j.id).where(j.id.in_(chunk), j.state == JobState.QUEUED.value)
+                q = q.where(j.held.is_(None) | (j.held == False)) if held else q.where(j.held == True)  # noqa: E712
+                hit = [int(r[0]) for r in c.execute(q)]
+                if hit:
+                    c.execute(update(schema.jobs).where(j.id.in_(hit)).values(held=True if held else None))
+                changed += hit
+        return changed
+
+    def set_array_held(self, array_id: int, held: bool) -> int:
+        """Hold or release an array's queued elements in one statement; how many changed."""
+        j = schema.jobs.c
+        q = update(schema.jobs).where(j.array_id == array_id, j.state == JobState.QUEUED.value)
+        q = q.where(j.held.is_(None) | (j.held == False)) if held else q.where(j.held == True)  # noqa: E712
+        with self._write() as c:
+            return int(c.execute(q.values(held=True if held else None)).rowcount)
+
+    def cancel_array_queued(self, array_id: int, now: float, reason: str) -> int:
+        """Cancel an array's queued (and preempted) elements in one transaction; how many."""
+        j = schema.jobs.c
+        waiting = and_(j.array_id == array_id, j.state.in_([JobState.QUEUED.value, JobState.PREEMPTED.value]))
+        with self._write() as c:
+            c.execute(
+                insert(schema.job_events).from_select(
+                    ["job_id", "at", "state", "reason"],
+                    select(j.id, literal(now), literal(JobState.CANCELLED.value), literal(reason)).where(waiting),
+                )
+            )
+            res = c.execute(
+                update(schema.jobs).where(waiting).values(state=JobState.CANCELLED.value, reason=reason, ended_at=now)
+            )
+        return int(res.rowcount)
+
+    def running_by_array(self) -> dict[int, int]:
+        """Running elements per array: what an array's throttle is measured against."""
+        j = schema.jobs.c
+        q = (
+            select(j.array_id, func.count())
+            .where(j.state == JobState.RUNNING.value, j.array_id.is_not(None))
+            .group_by(j.array_id)
+        )
+        with self._read() as c:
+            return {int(a): int(n) for a, n in c.execute(q)}
+
+    def throttles(self, array_ids: Iterable[int]) -> dict[int, int]:
+        wanted = list(array_ids)
+        a = schema.arrays.c
+        out: dict[int, int] = {}
+        with self._read() as c:
+            for at in range(0, len(wanted), IDS_PER_QUERY):
+                q = select(a.id, a.throttle).where(a.id.in_(wanted[at : at + IDS_PER_QUERY]), a.throttle.is_not(None))
+                out.update({int(i): int(t) for i, t in c.execute(q)})
+        return out
+
+    def dependency_targets(
+        self, wanted: Iterable[tuple[int, bool]], default_time_limit_s: float, now: float = 0.0
+    ) -> dict[tuple[int, bool], Target]:
+        """Each dependency target's state and expected start and end (eligibility's view): a job,
+        or (is_array) an array's elements summed up, its end that of its last element."""
+        keys = set(wanted)
+        jobs = [i for i, is_array in keys if not is_array]
+        arrays = [i for i, is_array in keys if is_array]
+        j = schema.jobs.c
+        out: dict[tuple[int, bool], Target] = {}
+        with self._read() as c:
+            for at in range(0, len(jobs), IDS_PER_QUERY):
+                q = select(j.id, j.state, j.started_at, j.request, j.estimated_start, j.attempt).where(
+                    j.id.in_(jobs[at : at + IDS_PER_QUERY])
+                )
+                for i, st, started, request, estimate, attempt in c.execute(q):
+                    state = JobState(st)
+                    limit = json.loads(request).get("tl") if request else None
+                    duration = limit or default_time_limit_s
+                    start = started if state is JobState.RUNNING else estimate
+                    end = None if start is None or state.terminal else start + duration
+                    out[(int(i), False)] = Target(state, bool(attempt), False, start, end)
+            for array_id in arrays:
+                counts: dict[str, int] = {}
+                ever = 0
+                pending = j.state.in_([JobState.QUEUED.value, JobState.PREEMPTED.value])
+                per_state = select(
+                    j.state,
+                    func.count(),
+                    func.sum(case((j.attempt > 0, 1), else_=0)),
+                    func.max(case((j.state == JobState.RUNNING.value, j.started_at), else_=j.estimated_start)),
+                    func.sum(case((and_(pending, j.estimated_start.is_(None)), 1), else_=0)),
+                ).where(j.array_id == array_id)
+                latest: float | None = None  # the latest known start of a pending element
+                unknown = 0  # pending elements without an estimate (past the throttle, say)
+                for st, n, begun, start, blind in c.execute(per_state.group_by(j.state)):
+                    counts[st] = int(n)
+                    ever += int(begun or 0)
+                    if not JobState(st).terminal:
+                        latest = start if latest is None or (start is not None and start > latest) else latest
+                        unknown += int(blind or 0)
+                if counts:
+                    shape = c.execute(
+                        select(j.request, schema.arrays.c.throttle)
+                        .join_from(schema.jobs, schema.arrays, schema.arrays.c.id == j.id)
+                        .where(j.id == array_id)
+                    ).first()
+                    limit = (json.loads(shape[0]).get("tl") if shape and shape[0] else None) or default_time_limit_s
+                    throttle = shape[1] if shape else None
+                    end = _array_end(latest, unknown, limit, throttle, now)
+                    out[(array_id, True)] = replace(_array_target(counts, ever), expected_end=end)
+        return out
+
     def get_job(self, job_id: int) -> JobRecord | None:
         with self._read() as c:
             row = c.execute(select(schema.jobs).where(schema.jobs.c.id == job_id)).mappings().first()
-        return _job(row) if row else None
+            shared = self._shared_specs(c, [row] if row else [])
+        return _job(row, shared) if row else None
+
+    @staticmethod
+    def _shared_specs(c: Connection, rows: Iterable[Any]) -> dict[int, JobSpec]:
+        """The spec of each array among `rows` whose elements share their first element's."""
+        wanted = sorted({int(r["array_id"]) for r in rows if not r["spec"] and r["array_id"] is not None})
+        j = schema.jobs.c
+        out: dict[int, JobSpec] = {}
+        for at in range(0, len(wanted), IDS_PER_QUERY):
+            q = select(j.id, j.spec).where(j.id.in_(wanted[at : at + IDS_PER_QUERY]))
+            out.update({int(i): JobSpec.model_validate_json(text) for i, text in c.execute(q)})
+        return out
 
     def list_jobs(
         self,
@@ -678,6 +961,7 @@ class Store:
         ids: Iterable[int] | None = None,
         text: str | None = None,
         offset: int = 0,
+        collapse: bool = False,
     ) -> list[JobRecord]:
         """Jobs, oldest first; `teams` keeps only those teams' jobs (what a member may see);
         `ids` only those jobs (not with `limit`); `text` those whose name or owner contains it
@@ -685,7 +969,7 @@ class Store:
         (a page of a newest-first listing)."""
         if ids is not None and (limit is not None or offset):
             raise ValueError("list_jobs: `limit` picks the newest jobs, `ids` names them: give one")
-        q = self._jobs_where(select(schema.jobs), states, team, teams, text).order_by(schema.jobs.c.id)
+        q = self._jobs_where(select(schema.jobs), states, team, teams, text, collapse).order_by(schema.jobs.c.id)
         if limit is not None or offset:
             q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit).offset(offset or None)
         with self._read() as c:
@@ -698,7 +982,8 @@ class Store:
                     for at in range(0, len(wanted), IDS_PER_QUERY)
                     for r in c.execute(q.where(schema.jobs.c.id.in_(wanted[at : at + IDS_PER_QUERY]))).mappings()
                 ]
-        records = [_job(r) for r in rows]
+            shared = self._shared_specs(c, rows)
+        records = [_job(r, shared) for r in rows]
         return sorted(records, key=lambda j: j.id)
 
     def count_matching_jobs(
@@ -707,10 +992,11 @@ class Store:
         team: str | None = None,
         teams: Iterable[str] | None = None,
         text: str | None = None,
+        collapse: bool = False,
     ) -> int:
         """How many jobs `list_jobs` with the same filters lists without a limit: the total a
         paged listing shows ("51-100 of 1,234")."""
-        q = self._jobs_where(select(func.count()).select_from(schema.jobs), states, team, teams, text)
+        q = self._jobs_where(select(func.count()).select_from(schema.jobs), states, team, teams, text, collapse)
         with self._read() as c:
             return int(c.execute(q).scalar_one())
 
@@ -721,9 +1007,19 @@ class Store:
         team: str | None,
         teams: Iterable[str] | None,
         text: str | None,
+        collapse: bool = False,
     ) -> Select[Any]:
+        """`collapse`: an array only as its first element, which a state filter keeps if any of
+        the array's elements is in one of the states."""
         j = schema.jobs.c
-        if states is not None:
+        if collapse:
+            q = q.where(or_(j.array_id.is_(None), j.array_id == j.id))
+        if states is not None and collapse:
+            values = [s.value for s in states]
+            element = schema.jobs.alias("element")
+            any_in = exists().where(element.c.array_id == j.id, element.c.state.in_(values))
+            q = q.where(or_(and_(j.array_id.is_(None), j.state.in_(values)), and_(j.array_id == j.id, any_in)))
+        elif states is not None:
             q = q.where(j.state.in_([s.value for s in states]))
         if team is not None:
             q = q.where(j.team == team)
@@ -764,14 +1060,35 @@ class Store:
         """The scheduler's view of the queue: only the columns it needs, no spec parsing."""
         j = schema.jobs.c
         q = select(
-            j.id, j.gpus, j.priority, j.submitted_at, j.team, j.request, j.spec, j.queued_at, j.not_before
+            j.id,
+            j.gpus,
+            j.priority,
+            j.submitted_at,
+            j.team,
+            j.request,
+            j.spec,
+            j.queued_at,
+            j.not_before,
+            j.held,
+            j.array_id,
         ).where(j.state == JobState.QUEUED.value)
         if after_id is not None:
             q = q.where(j.id > after_id)
         with self._read() as c:
             rows = c.execute(q).all()
         return [
-            request_from(r[0], r[1], r[2], r[3], r[4], r[5] if r[5] is not None else _request_of_spec(r[6]), r[7], r[8])
+            request_from(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                r[5] if r[5] is not None else _request_of_spec(r[6]),
+                r[7],
+                r[8],
+                held=bool(r[9]),
+                array_id=r[10],
+            )
             for r in rows
         ]
 
@@ -857,23 +1174,40 @@ class Store:
                     [{"team": t, "gpu_seconds": v, "updated_at": now} for t, v in usage.items()],
                 )
 
+    def session_gpus(self, owner: str) -> float:
+        """GPUs `owner`'s interactive sessions hold or wait for (queued, preempted, running): what
+        the policy's interactive.max_gpus_per_user bounds."""
+        j = schema.jobs.c
+        active = [JobState.QUEUED.value, JobState.PREEMPTED.value, JobState.RUNNING.value]
+        with self._read() as c:
+            total = c.execute(
+                select(func.sum(j.gpus)).where(j.owner == owner, j.kind == "session", j.state.in_(active))
+            ).scalar()
+        return float(total or 0.0)
+
     def count_jobs(self) -> dict[str, int]:
         with self._read() as c:
             rows = c.execute(select(schema.jobs.c.state, func.count()).group_by(schema.jobs.c.state)).all()
         return {str(s): int(n) for s, n in rows}
 
     def events(self, job_id: int) -> list[EventRecord]:
+        """A job's history, oldest first; an array element's starts with its array's submission
+        (recorded once, on the first element)."""
+        e, j = schema.job_events.c, schema.jobs.c
         with self._read() as c:
-            rows = (
-                c.execute(
-                    select(schema.job_events)
-                    .where(schema.job_events.c.job_id == job_id)
-                    .order_by(schema.job_events.c.id)
+            array_id = c.execute(select(j.array_id).where(j.id == job_id)).scalar()
+            q = select(schema.job_events).where(e.job_id == job_id)
+            if array_id is not None and array_id != job_id:
+                q = select(schema.job_events).where(
+                    or_(e.job_id == job_id, and_(e.job_id == array_id, e.id == self._first_event(array_id)))
                 )
-                .mappings()
-                .all()
-            )
+            rows = c.execute(q.order_by(e.id)).mappings().all()
         return [EventRecord(r["at"], JobState(r["state"]), r["reason"]) for r in rows]
+
+    @staticmethod
+    def _first_event(job_id: int) -> Any:
+        e = schema.job_events.c
+        return select(func.min(e.id)).where(e.job_id == job_id).scalar_subquery()
 
     def transition(
         self,
@@ -928,6 +1262,7 @@ class Store:
                         work_lost_s=a.work_lost_s,
                         cpu_s=a.cpu_s,
                         memory_peak_bytes=a.memory_peak_bytes,
+                        pull_s=a.pull_s,
                     )
                 )
         return True
@@ -950,6 +1285,7 @@ class Store:
                 work_lost_s=r["work_lost_s"],
                 cpu_s=r["cpu_s"],
                 memory_peak_bytes=r["memory_peak_bytes"],
+                pull_s=r["pull_s"],
             )
             for r in rows
         ]
@@ -1148,7 +1484,7 @@ class Store:
         return problems
 
 
-def _job(r: Any) -> JobRecord:
+def _job(r: Any, shared: dict[int, JobSpec] | None = None) -> JobRecord:
     return JobRecord(
         id=r["id"],
         name=r["name"] or f"job-{r['id']}",
@@ -1157,7 +1493,7 @@ def _job(r: Any) -> JobRecord:
         priority=Priority(r["priority"]),
         gpus=r["gpus"],
         gpu_type=r["gpu_type"],
-        spec=JobSpec.model_validate_json(r["spec"]),
+        spec=JobSpec.model_validate_json(r["spec"]) if r["spec"] else (shared or {})[r["array_id"]],
         submitted_at=r["submitted_at"],
         started_at=r["started_at"],
         ended_at=r["ended_at"],
@@ -1181,7 +1517,69 @@ def _job(r: Any) -> JobRecord:
         checkpoint_step=r["checkpoint_step"],
         owner=r["owner"],
         failed_rank=r["failed_rank"],
+        held=bool(r["held"]),
+        array_id=r["array_id"],
+        array_index=r["array_index"],
     )
+
+
+def _runs(indices: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """Sorted indices as runs (first, last, step) of evenly spaced ones: 0-99999 is one run."""
+    runs: list[tuple[int, int, int]] = []
+    n = 0
+    while n < len(indices):
+        first = indices[n]
+        if n + 1 == len(indices):
+            runs.append((first, first, 1))
+            break
+        step = indices[n + 1] - first
+        last = n + 1
+        while last + 1 < len(indices) and indices[last + 1] - indices[last] == step:
+            last += 1
+        runs.append((first, indices[last], step))
+        n = last + 1
+    return runs
+
+
+def _dependency_ids(spec: JobSpec) -> list[tuple[DependencyKind, int]]:
+    return [
+        (kind, i)
+        for kind, ids in (
+            (DependencyKind.AFTER, spec.after),
+            (DependencyKind.AFTEROK, spec.afterok),
+            (DependencyKind.AFTERNOTOK, spec.afternotok),
+            (DependencyKind.AFTERANY, spec.afterany),
+        )
+        for i in ids
+    ]
+
+
+def _resolve(spec: JobSpec, arrays: set[int]) -> tuple[Dependency, ...]:
+    """A spec's dependencies, each target a job or (its id names an array) the whole array."""
+    return tuple(Dependency(kind, i, i in arrays) for kind, i in _dependency_ids(spec))
+
+
+def _array_end(latest: float | None, unknown: int, limit: float, throttle: int | None, now: float) -> float | None:
+    """When an array's last element is expected to end: the latest known start of its pending
+    elements plus their (shared) limit; elements with no estimate yet (held back by the throttle)
+    follow in waves of `throttle`, each one limit long. None: nothing pending, or no way to tell."""
+    if unknown == 0:
+        return None if latest is None else latest + limit
+    if throttle is None:
+        return None
+    base = max(now, latest + limit if latest is not None else now)
+    return base + -(-unknown // throttle) * limit
+
+
+def _array_target(counts: dict[str, int], started: int) -> Target:
+    total = sum(counts.values())
+    pending = {s: counts.get(s.value, 0) for s in (JobState.RUNNING, JobState.PREEMPTED, JobState.QUEUED)}
+    bad = counts.get(JobState.FAILED.value, 0) + counts.get(JobState.CANCELLED.value, 0)
+    if any(pending.values()):
+        state = next(s for s, n in pending.items() if n)
+    else:
+        state = JobState.FAILED if bad else JobState.SUCCEEDED
+    return Target(state, started == total, bad > 0)
 
 
 def _request_of_spec(spec_json: str) -> str:

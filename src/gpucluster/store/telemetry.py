@@ -99,6 +99,7 @@ class Holding:
     allocation: Allocation
     launch: dict[str, Any] | None
     stop_reason: str | None
+    kind: str = "batch"  # or session: idle reclaim follows the policy's interactive class
 
 
 class TelemetryStore:
@@ -111,11 +112,11 @@ class TelemetryStore:
         """Running jobs with an allocation; only the columns telemetry reads (no spec parsing:
         at 128 running jobs that halves the cost of a telemetry round)."""
         j = schema.jobs.c
-        q = select(j.id, j.allocation, j.launch, j.stop_reason).where(j.state == JobState.RUNNING.value)
+        q = select(j.id, j.allocation, j.launch, j.stop_reason, j.kind).where(j.state == JobState.RUNNING.value)
         with self.store._read() as c:
             rows = c.execute(q).all()
         return [
-            Holding(r[0], a, json.loads(r[2]) if r[2] else None, r[3])
+            Holding(r[0], a, json.loads(r[2]) if r[2] else None, r[3], r[4] or "batch")
             for r in rows
             if (a := allocation_from_json(r[1])) is not None
         ]

@@ -30,12 +30,14 @@ from typing import Protocol
 
 from gpucluster.core.policy import HealthPolicy, IdlePolicy
 from gpucluster.durations import format_duration
+from gpucluster.head import sessions
 from gpucluster.head.loop import Head
 from gpucluster.store import StoreError
 from gpucluster.store.telemetry import NODE_WIDE, GpuProblem, GpuSample, Holding, JobFlag, TelemetryStore
 from gpucluster.telemetry.attribution import PidResolver, job_groups
 from gpucluster.telemetry.health import SILENT, STICKY, gpu_problems
 from gpucluster.telemetry.readings import GpuReading, NodeReading
+from gpucluster.telemetry.session_idle import SESSION, Probe, SessionReclaim
 from gpucluster.telemetry.synthetic import Holders, LoadBook
 
 log = logging.getLogger("gpucluster.telemetry")
@@ -100,6 +102,7 @@ class TelemetryMonitor:
         resolver: Resolver | None = None,
         loads: LoadBook | None = None,
         clock: Callable[[], float] | None = None,
+        session_probe: Probe | None = None,
     ) -> None:
         self.head = head
         self.store: TelemetryStore = head.telemetry
@@ -127,6 +130,13 @@ class TelemetryMonitor:
         self._stop = threading.Event()
         self.steps = 0
         self.last_step_s = 0.0
+        self.sessions = SessionReclaim(
+            lambda: self.head.policy.interactive,
+            self.head.request_stop,
+            self.store.set_flag,
+            lambda job_id: self.store.clear_flag(job_id, IDLE),
+            probe=session_probe or sessions.quiet_s,
+        )
 
     # ---- inputs -----------------------------------------------------------------------------
 
@@ -318,13 +328,19 @@ class TelemetryMonitor:
                         if self.head.request_stop(job.id, POLICY_STOP, message):
                             log.warning("job %s %s", job.id, message)
             known = [u.utilization for u in uses]
-            idle = bool(known) and all(u is not None and u <= policy.threshold for u in known)
+            session = job.kind == SESSION
+            threshold = self.head.policy.interactive.idle_threshold if session else policy.threshold
+            idle = bool(known) and all(u is not None and u <= threshold for u in known)
             since: float | None = None
             if idle:
                 since = self._idle_since.setdefault(job.id, now)
             else:
                 self._idle_since.pop(job.id, None)
             self.jobs[job.id] = JobUsage(now, tuple(uses), since)
+            if session:  # both signals, the session class's rule (telemetry/session_idle.py)
+                self.sessions.check(job, since, now)
+                flagged.discard(job.id)  # its flag is the session rule's to clear
+                continue
             if since is not None and now - since >= policy.after_s:
                 if job.id not in flagged:
                     idle_for = format_duration(now - since)
@@ -338,6 +354,7 @@ class TelemetryMonitor:
                 flagged.discard(job.id)
         for job_id in flagged - live:
             self.store.clear_flag(job_id, IDLE)
+        self.sessions.keep_only(live)
         for job_id in [j for j in self.jobs if j not in live]:
             del self.jobs[job_id]
             self._idle_since.pop(job_id, None)

@@ -40,6 +40,7 @@ function specFields(job, policy) {
     field("GPUs", gpusLabel(s), s.gpu_type ? ` × ${[s.gpu_type].flat().join(" or ")}` : ""),
     s.nodes ? field("nodes", s.nodes) : null,
     field("mode", mode),
+    job.kind === "session" ? field("kind", "interactive session: ", h("code", {}, `gpucluster attach ${job.id}`)) : null,
     field("command", h("code", {}, s.shell ? s.command[0] : s.command.map(quote).join(" "))),
     s.workdir ? field("workdir", h("code", {}, s.workdir)) : null,
     field("time limit", s.time_limit ? fmtDuration(s.time_limit) : "none"),

@@ -81,6 +81,28 @@ function waitingRow(job) {
   );
 }
 
+// An array's elements by state, as one bar (GET /v1/jobs?collapse=true gives the counts).
+const BAR_STATES = ["succeeded", "failed", "cancelled", "running", "preempted", "queued"];
+
+function arrayRow(job) {
+  const counts = job.array_counts;
+  const total = Object.values(counts).reduce((a, b) => a + b, 0) || 1;
+  const segments = BAR_STATES.filter((s) => counts[s]).map((s) =>
+    h("span", { class: `state-${s}`, "data-state": s, style: { width: `${(100 * counts[s]) / total}%` }, title: `${counts[s]} ${s}` }));
+  const ended = (counts.succeeded || 0) + (counts.failed || 0) + (counts.cancelled || 0);
+  return h(
+    "tr",
+    { "data-array-id": job.array_id },
+    h("td", {}, jobLink(job.id, `${job.array_id}[]`)),
+    h("td", {}, job.name),
+    h("td", {}, job.spec.team),
+    h("td", {}, h("div", { class: "progress", "data-testid": "array-progress" }, segments)),
+    h("td", { "data-testid": "array-counts" },
+      `${fmtNumber(ended, 0)} of ${fmtNumber(total, 0)} ended · `,
+      BAR_STATES.filter((s) => counts[s]).map((s) => `${counts[s]} ${s}`).join(", ")),
+  );
+}
+
 function endedRow(job) {
   return h(
     "tr",
@@ -172,12 +194,15 @@ export function jobsPage(root) {
       const wanted = filter.state ? [filter.state] : null;
       const showLive = !wanted || LIVE.includes(filter.state);
       const showEnded = !wanted || ENDED.includes(filter.state);
-      const [active, ended, nodes] = await Promise.all([
+      const [active, ended, nodes, arrays] = await Promise.all([
         showLive ? api(query(wanted ?? LIVE, filter)) : { jobs: [] },
         showEnded ? api(query(wanted ?? ENDED, filter, `&limit=${PAGE_SIZE}&offset=${offset}`)) : { jobs: [], total: 0 },
         api("/v1/nodes"),
+        // Arrays with an element still to run, one entry each with its counts by state.
+        showLive ? api(query(wanted ?? LIVE, filter, "&collapse=true")) : { jobs: [] },
       ]);
       if (mine !== generation) return;
+      const inProgress = arrays.jobs.filter((j) => j.array_counts);
       if (showEnded && offset > 0 && offset >= ended.total) {
         offset = Math.max(0, Math.floor((ended.total - 1) / PAGE_SIZE) * PAGE_SIZE); // the list shrank
         return page.refresh();
@@ -189,7 +214,7 @@ export function jobsPage(root) {
       const running = active.jobs.filter((j) => j.state === "running");
       const waiting = active.jobs.filter((j) => j.state !== "running");
       const newestFirst = [...ended.jobs].reverse();
-      if (!unchanged(content, [filter, offset, active, ended, [...byGpu]])) {
+      if (!unchanged(content, [filter, offset, active, ended, [...byGpu], inProgress])) {
         const goTo = (at) => {
           offset = at;
           page.refresh().catch(() => {});
@@ -197,6 +222,10 @@ export function jobsPage(root) {
         const filtered = filter.state || filter.team || filter.text.trim();
         fill(content,
           filtered ? h("p", { class: "muted", "data-testid": "filter-note" }, "Only jobs matching the filter are shown.") : null,
+          inProgress.length ? [
+            h("h2", {}, `Arrays in progress (${inProgress.length})`),
+            table(["array", "name", "team", "progress", "elements"], inProgress.map(arrayRow), { testid: "arrays" }),
+          ] : null,
           showLive && (!wanted || filter.state === "running") ? [
             h("h2", {}, `Running (${running.length})`),
             table(

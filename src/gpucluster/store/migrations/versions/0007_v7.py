@@ -1,8 +1,4 @@
-"""Version 7: jobs.failed_rank, which process of a distributed attempt failed first, as data.
-
-Before, the rank was written at the start of `stop_message` ("rank 2 exit code 1") and parsed
-back with a regular expression when the attempt ended; a message that changed wording would have
-silently lost it.
+"""Version 7: how long a container job's attempt waited for its image (attempts.pull_s).
 
 Revision ID: 0007
 Revises: 0006
@@ -21,7 +17,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    h.add_columns("jobs", sa.Column("failed_rank", sa.Integer))
+    h.add_columns("attempts", sa.Column("pull_s", sa.Float))
 
 
 def downgrade() -> None:
