@@ -18,6 +18,8 @@ from gpucluster.core.lifecycle import (
 )
 from gpucluster.core.restarts import MAX_RESTART_BACKOFF_S, restart_backoff
 from gpucluster.core.states import TERMINAL_STATES, JobState, can_transition
+from gpucluster.executors.base import Exited, Lost, Status
+from gpucluster.head.attempts import stop_reached
 
 PROCESS_ENDS = (Exit.SUCCESS, Exit.REQUEUE, Exit.FAILURE)
 
@@ -36,6 +38,9 @@ TABLE = {
     (None, Exit.REQUEUE, False): (Why.ASKED_REQUEUE, JobState.QUEUED, AttemptResult.PREEMPTED, True),
     (None, Exit.NOT_STARTED, False): (Why.NOT_STARTED, JobState.QUEUED, AttemptResult.NOT_STARTED, False),
     (None, Exit.LAUNCH_ERROR, False): (Why.LAUNCH_ERROR, JobState.FAILED, AttemptResult.FAILED, False),
+    # restarts left (0 of 3 used), but no restart would help (an image that cannot be pulled)
+    (None, Exit.FATAL, False): (Why.FAILED, JobState.FAILED, AttemptResult.FAILED, False),
+    (StopReason.PREEMPT, Exit.FATAL, True): (Why.PREEMPTED, JobState.QUEUED, AttemptResult.PREEMPTED, True),
 }
 
 
@@ -107,3 +112,39 @@ def test_which_stop_wins() -> None:
         assert stop_wins(current, new) == expected, (current, new)
     keeps = {o.replaces: o.keeps_message for o in stop_overrides(StopReason.CANCEL)}
     assert keeps == {StopReason.PREEMPT: False, StopReason.FAILURE: True}
+
+
+# ---- signalled: did the stop reach the attempt before it ended (head/attempts.stop_reached) ----
+
+ON_ITS_OWN = Exited(0, stopped=False)  # the shim: the command ended before any stop reached it
+STOPPED = Exited(143, 15, stopped=True)
+UNSAID = Exited(0)  # a record from before the shim said it
+
+
+@pytest.mark.parametrize(
+    ("term_sent", "statuses", "signalled"),
+    [
+        (False, [STOPPED], False),  # no SIGTERM from the head: whatever ended it, not the head's stop
+        (True, [ON_ITS_OWN], False),  # the SIGTERM landed in an empty process group
+        (True, [ON_ITS_OWN, ON_ITS_OWN], False),
+        (True, [STOPPED], True),
+        (True, [ON_ITS_OWN, STOPPED], True),  # one rank was still running when the stop came
+        (True, [UNSAID], True),  # not known: the head's intent rules, as before
+        (True, [ON_ITS_OWN, Lost("gone")], True),
+        (True, [], True),
+    ],
+)
+def test_a_stop_reaches_an_attempt_only_if_a_process_was_still_running_for_it(
+    term_sent: bool, statuses: list[Status], signalled: bool
+) -> None:
+    assert stop_reached(term_sent, statuses) is signalled
+
+
+def test_a_preempted_job_whose_command_exited_0_before_the_sigterm_landed_succeeded() -> None:
+    """The race test_crash_consistency.py found: the head sent SIGTERM to a job that had just
+    exited 0 by itself; it must succeed, not be requeued to run finished work again."""
+    ended = [ON_ITS_OWN]
+    after = after_attempt(StopReason.PREEMPT, Exit.SUCCESS, signalled=stop_reached(True, ended))
+    assert after.why is Why.SUCCEEDED and after.state is JobState.SUCCEEDED
+    stopped = after_attempt(StopReason.PREEMPT, Exit.SUCCESS, signalled=stop_reached(True, [Exited(0, stopped=True)]))
+    assert stopped.why is Why.PREEMPTED and stopped.requeued

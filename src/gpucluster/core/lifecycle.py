@@ -18,8 +18,9 @@ one conditional UPDATE).
 | preempt (signalled)  | any                     | preempted -> queued, no backoff, work since the   |
 |                      |                         | last checkpoint lost (node lost, requeue, resize, |
 |                      |                         | idle requeue and shutdown are preemptions)        |
-| preempt (not yet     | all 0                   | succeeded (finished before the stop reached it)   |
-| signalled)           |                         |                                                   |
+| preempt (not yet     | all 0                   | succeeded (finished before the stop reached it:   |
+| signalled)           |                         | no SIGTERM sent yet, or sent into a group whose   |
+|                      |                         | command had already ended, as the shim reports)   |
 | cancel               | any                     | cancelled                                         |
 | time_limit           | any                     | failed: time limit exceeded                       |
 | policy               | any                     | failed: the policy's message (max cost, budget,   |
@@ -130,7 +131,8 @@ def after_attempt(
 ) -> Next:
     """What happens to a job whose attempt ended so.
 
-    `signalled`: the head had already sent the stop (SIGTERM) when the processes ended. A job
+    `signalled`: the stop (SIGTERM) had reached the processes before they ended (the head sent
+    it and the shim did not report an end before it: head/attempts.py `stop_reached`). A job
     that finished before a preemption reached it succeeded: requeueing it would run finished
     work again; once signalled, the head's intent rules. `restarts`: restarts after failures
     already used; `max_restarts`: the job's limit.

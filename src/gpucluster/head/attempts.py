@@ -87,6 +87,19 @@ def exit_of(codes: tuple[int | None, ...], first_bad: Status | None, final: bool
     return Exit.REQUEUE if outcome is AttemptOutcome.REQUEUE else Exit.FAILURE
 
 
+def stop_reached(term_sent: bool, statuses: list[Status]) -> bool:
+    """Whether the head's stop reached the attempt before it ended: the lifecycle's `signalled`.
+
+    The head sent SIGTERM (`term_sent`) and not every process says it ended before a stop reached
+    it. A SIGTERM sent just as the command ended by itself (the head still saw it running) lands
+    in an empty process group: every process's record then says `stopped` False, and the job
+    finished first. A status that does not say (an old record, a lost process) keeps the head's
+    intent, as before the shim reported it."""
+    if not term_sent:
+        return False
+    return not statuses or not all(isinstance(s, Exited) and s.stopped is False for s in statuses)
+
+
 def is_failure(s: Status) -> bool:
     """A process that ended in a way that dooms its attempt (a rank's 0 or 79 does not)."""
     return isinstance(s, Lost) or (isinstance(s, Exited) and s.exit_code not in (0, REQUEUE_EXIT_CODE))

@@ -75,6 +75,7 @@ from gpucluster.head.attempts import (
     is_failure,
     newest_entry,
     resources_used,
+    stop_reached,
     unit_of,
     work_lost,
 )
@@ -318,7 +319,7 @@ class Head:
         after = after_attempt(
             stop,
             exit_of(codes, first_bad, final),
-            signalled=job.term_sent,
+            signalled=stop_reached(job.term_sent, statuses),
             restarts=job.restarts,
             max_restarts=job.spec.max_restarts,
             first_backoff_s=self.restart_backoff_s,
