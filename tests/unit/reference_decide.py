@@ -6,7 +6,8 @@ GPU indices. It covers the rules the fast `decide` applies to whole-GPU jobs tha
 node of a single GPU model, under a policy without quotas or fair share (those get their own
 property tests in test_scheduler_properties.py):
 
-1. Order: jobs still backing off (`not_before` in the future) wait last (BACKOFF); the others
+1. Order: jobs still backing off (`not_before` in the future) wait last (BACKOFF; BEGIN up to
+   their submitter's begin time); the others
    by age if waiting longer than the starvation age, then by priority class (highest first),
    then by age (submitted, then id).
 2. Placement: best fit, the node left with the fewest free GPUs, on its lowest free GPU
@@ -135,8 +136,9 @@ def reference_decide(snap: Snapshot, policy: Policy, now: float) -> RefPlan:
             continue
         reservation = (best[0], frozenset({best[1]}), job.job_id)
         waits[job.job_id] = (WaitReason.RESERVED, best[0])
-    for job in held:
-        waits[job.job_id] = (WaitReason.BACKOFF, job.not_before)
+    for job in held:  # a submitter's begin time (--begin) or a restart's backoff
+        begins = job.begin is not None and job.not_before is not None and job.not_before <= job.begin
+        waits[job.job_id] = (WaitReason.BEGIN if begins else WaitReason.BACKOFF, job.not_before)
     return RefPlan(tuple(starts), tuple(preemptions), waits)
 
 

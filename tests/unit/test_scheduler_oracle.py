@@ -86,7 +86,7 @@ def _compare(fast: Plan, ref: RefPlan, where: str) -> None:
     assert [(s.job_id, s.allocation) for s in fast.starts] == list(ref.starts), f"{where}: starts"
     assert [(p.job_id, p.for_job) for p in fast.preemptions] == list(ref.preemptions), f"{where}: preemptions"
     got = {
-        j: (w.reason, w.estimated_start if w.reason.value in ("reserved", "backoff") else None)
+        j: (w.reason, w.estimated_start if w.reason.value in ("reserved", "backoff", "begin") else None)
         for j, w in fast.waiting.items()
     }
     assert got == ref.waits, f"{where}: waits"
@@ -104,6 +104,8 @@ def test_equal_plans_on_random_states(seed: int) -> None:
         job = _job(rng, i + 1, now)
         if rng.random() < 0.15:
             job = replace(job, not_before=now + rng.choice([-5.0, 30.0]), queued_at=now - rng.uniform(0, 900))
+            if rng.random() < 0.5:  # submitted with --begin: the same hold, a wait of its own
+                job = replace(job, begin=job.not_before)
         queued.append(job)
     snap = Snapshot(nodes, tuple(running), tuple(queued))
     _compare(decide(snap, policy, now), reference_decide(snap, policy, now), f"seed {seed}")
