@@ -483,7 +483,9 @@ class Head:
     def snapshot(self) -> Snapshot:
         """The snapshot to plan on, admitted (core/admission.py): no new jobs on drained or down
         nodes, none of a team over budget. The head plans on it after admission (its estimates
-        and elastic growth read the same view); `decide` would admit a raw one the same way."""
+        and elastic growth read the same view); `decide` would admit a raw one the same way.
+        Its queue is the eligible one (core/eligibility.py via head/gates.py): no job held by its
+        user, waiting on a dependency or over its array's throttle."""
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
         queued = self.gates.eligible(self.queue.requests(), self.clock())  # not held, blocked or throttled ones
         self.accounting.note_holds(queued)  # the held jobs' reasons, in `why` and the queue
