@@ -600,6 +600,17 @@ class Head:
             "kill_sent": False,
             "not_before": None,
         }
+        # The record as it will be committed, made here rather than read back, and the launch
+        # spec made from it before the commit (it reads the store: the Unix account the job runs
+        # as, an array element's values): a database that goes away right after the commit must
+        # not stop the launch, or the committed attempt would wait out LAUNCH_GRACE_S and be
+        # requeued as a second attempt of a job that never ran.
+        job = replace(job, state=JobState.RUNNING, **started)
+        spec: LaunchSpec | LaunchError | OSError
+        try:
+            spec = self._launch_spec(job)
+        except (LaunchError, OSError) as e:
+            spec = e  # recorded as the attempt's end once the start is committed
         ok = self.store.transition(
             job_id,
             JobState.RUNNING,
@@ -610,12 +621,10 @@ class Head:
         )
         if not ok:
             return  # cancelled between snapshot and start
-        # The record as committed, made here rather than read back: a database that goes away
-        # right after the commit must not stop the launch, or the committed attempt would wait
-        # out LAUNCH_GRACE_S and be requeued as a second attempt of a job that never ran.
-        job = replace(job, state=JobState.RUNNING, **started)
         try:
-            handle = self.executor.launch(self._launch_spec(job))
+            if not isinstance(spec, LaunchSpec):
+                raise spec
+            handle = self.executor.launch(spec)
         except (LaunchError, OSError) as e:
             reason = f"could not start: {e}"
             after = after_attempt(None, Exit.LAUNCH_ERROR)
