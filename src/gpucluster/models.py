@@ -25,6 +25,7 @@ from gpucluster.core.arrays import (
 )
 from gpucluster.core.states import JobState
 from gpucluster.durations import parse_duration
+from gpucluster.sizes import parse_mib
 
 # The largest training runs use 16,000+ GPUs (Llama 3) and planners simulate 100,000-GPU
 # clusters: the bound only catches typos, not real jobs.
@@ -46,18 +47,17 @@ DependencyId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 PriorityName = Literal["low", "normal", "high", "critical"]
-MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(GiB|GB|G|MiB|MB|M)\s*", re.IGNORECASE)
 
 
 def parse_memory_mb(value: str | int | float) -> int:
-    """'80GiB' / '16384MiB' / a number of MiB -> MiB."""
+    """'80GiB' / '16384MiB' / a number of MiB -> MiB (sizes.py: the one size parser)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         mb = float(value)
     else:
-        m = MEMORY.fullmatch(str(value))
-        if not m:
-            raise ValueError(f"cannot read memory size {value!r}; use e.g. 10GiB or 16384MiB")
-        mb = float(m.group(1)) * (1024 if m.group(2).upper().startswith("G") else 1)
+        try:
+            mb = float(parse_mib(str(value)))
+        except ValueError:
+            raise ValueError(f"cannot read memory size {value!r}; use e.g. 10GiB or 16384MiB") from None
     if math.isnan(mb) or mb <= 0 or mb > 16 * 1024 * 1024:
         raise ValueError(f"memory size {value!r} is out of range")
     return int(mb)
@@ -124,7 +124,7 @@ DURATION_PATTERN = r"^\s*(\d+(\.\d+)?|(\d+(\.\d+)?[dhmsDHMS])+)\s*$"
 _MEMORY_SCHEMA: JsonDict = {
     "minimum": 1,
     "maximum": 16 * 1024 * 1024,
-    "pattern": r"^\s*\d+(\.\d+)?\s*([GgMm]([Ii]?[Bb])?)\s*$",
+    "pattern": r"^\s*\d+(\.\d+)?\s*([KkMmGgTt]([Ii]?[Bb])?|[Bb])?\s*$",  # sizes.py
 }
 _GPU_TYPE: JsonDict = {"minLength": 1, "maxLength": 64, "pattern": r"\S"}
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpucluster.head.loop import LAUNCH_GRACE_S
+from gpucluster.head.recovery import LAUNCH_GRACE_S
 
 # A job: `sh -c JOB_SCRIPT sh SECONDS EXIT_CODE`. It appends start/end lines to $CC_DIR/events
 # (O_APPEND, one write each), and holds flocks while it runs: one on its job's lock file and one

@@ -1,17 +1,18 @@
-"""Round 7's journaling fork: a capacity index's base lends its containers to the cycle's fork,
-which journals what it overwrites, and the base takes them back (undoing the journal) when the
-fork is freed, or when the base must change or fork again while the fork still lives (the fork
-first takes copies). Over seeded random histories of starts and ends, checked against fresh
-`Capacity` builds: every fork equals a fresh build (bucket and shared-GPU order included), what
-a fork takes and releases gives the very placements and state a fresh build given the same
-writes gives, the base's content is exactly what it was once the fork is gone, a fork kept
-alive across later base changes (and forks) keeps its own state, and a fork's fork is
-independent of both.
+"""The capacity trial: a capacity index's base lends its containers to the cycle's copy inside
+a `with base.trial()` block; the copy journals what it overwrites (an undo log), and the base
+takes them back (undoing the journal) when the block ends, or when the base must change or open
+another trial while the block is still open (the copy first takes copies). Over seeded random
+histories of starts and ends, checked against fresh `Capacity` builds: every copy equals a
+fresh build (bucket and shared-GPU order included), what a copy takes and releases gives the
+very placements and state a fresh build given the same writes gives, the base's content is
+exactly what it was once the block has ended, a copy kept open across later base changes (and
+trials) keeps its own state, and a copy's fork is independent of both.
 """
 
 from __future__ import annotations
 
 import random
+from contextlib import ExitStack
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_journaling_forks_equal_fresh_builds_and_give_their_base_back(seed: int)
     nodes = _nodes(rng.choice([9, 16]))
     base = Capacity(nodes, [])
     running: dict[int, Allocation] = {}
-    kept: list[tuple[Capacity, object]] = []  # forks kept alive, and what they must show
+    kept: list[tuple[ExitStack, Capacity, object]] = []  # trials kept open, and what they must show
     next_id = 1
     started = 0
     lazy_zero = 0  # cycles whose fork put nodes into a bucket 0 its base holds out of order
@@ -84,11 +85,12 @@ def test_journaling_forks_equal_fresh_builds_and_give_their_base_back(seed: int)
                 running[next_id] = got
                 base.occupy(got)
             next_id += 1
-        for fork, state in kept:
+        for _, fork, state in kept:
             assert _state(fork) == state, f"cycle {cycle}: a fork kept alive changed with its base"
         base._reclaim()  # a kept fork's writes show in its base until the base takes them back
         before = _content(base)
-        fork = base.fork()
+        trial = ExitStack()
+        fork = trial.enter_context(base.trial())
         assert fork._journal is not None  # the fast path: a lending base
         fresh = Capacity(nodes, _running(running))
         if rng.random() < 0.3:  # not always: reading `buckets` puts in order what the fork would touch unsorted
@@ -118,38 +120,74 @@ def test_journaling_forks_equal_fresh_builds_and_give_their_base_back(seed: int)
             next_id += 1
             assert _state(fork) == _state(fresh), f"cycle {cycle}: writing to a fork's fork changed the fork"
         if rng.random() < 0.25:
-            kept.append((fork, _state(fork)))  # alive across the next base changes: detached then
+            kept.append((trial, fork, _state(fork)))  # open across the next base changes: detached then
+            for old, _, _ in kept[:-3]:
+                old.close()  # detached already: its end undoes nothing of the base's
             kept = kept[-3:]
         else:
-            del fork  # refcounting frees it: its callback undoes the journal at once
+            trial.close()  # the block's end undoes the journal at once
             assert base._lent is None
             assert _content(base) == before, f"cycle {cycle}: the fork's writes stayed in its base"
     assert started > 20, "the history started too little: it tests little"
     assert lazy_zero > 0, "no fork wrote to an unsorted bucket 0: the history tests little"
 
 
-def test_a_freed_fork_is_undone_at_once_and_a_live_one_is_detached() -> None:
-    """Refcounting frees a cycle's fork when the cycle ends: its weakref callback undoes the
-    journal then, not at the base's next change. A fork still alive when its base forks again
-    keeps what it took; the new fork does not see it."""
+def test_a_trial_is_undone_when_its_block_ends_and_an_open_one_is_detached() -> None:
+    """The end of a trial's block undoes its journal then, not at the base's next change (nor
+    when a garbage collector gets to it), even when the block ends by an error; a copy used
+    after its block fails loudly instead of reading its base. A trial still open when its base
+    opens another keeps what it took; the new one does not see it."""
     nodes = _nodes(4)
     base = Capacity(nodes, [])
     job = JobRequest(1, 8.0, team="a", priority=Priority(1), submitted_at=0.0)
     before = _content(base)
-    fork = base.fork()
-    fork.take(fork.place(job, "H100"))
-    assert base._lent is not None
-    del fork
+    with base.trial() as fork:
+        fork.take(fork.place(job, "H100"))
+        assert base._lent is not None and _content(base) != before
     assert base._lent is None
     assert _content(base) == before
-    first = base.fork()
-    alloc = first.place(job, "H100")
-    assert alloc is not None
-    first.take(alloc)
-    mine = _state(first)
-    second = base.fork()  # `first` still alive: it detaches, the base undoes its writes
-    assert first._journal is None
-    assert _state(first) == mine
-    assert _state(second) == _state(Capacity(nodes, []))
-    second.take(alloc)
-    assert _state(first) == mine
+    with pytest.raises(AttributeError):
+        fork.place(job, "H100")
+    with pytest.raises(RuntimeError), base.trial() as failing:
+        failing.take(failing.place(job, "H100"))
+        raise RuntimeError("the cycle failed")
+    assert base._lent is None and _content(base) == before
+    with base.trial() as first:
+        alloc = first.place(job, "H100")
+        assert alloc is not None
+        first.take(alloc)
+        mine = _state(first)
+        with base.trial() as second:  # `first` still open: it detaches, the base undoes its writes
+            assert first._journal is None
+            assert _state(first) == mine
+            assert _state(second) == _state(Capacity(nodes, []))
+            second.take(alloc)
+            assert _state(first) == mine
+        assert _content(base) == before
+    assert _state(first) == mine  # detached: its own copies, still readable
+    assert _content(base) == before
+
+
+def test_decide_leaves_the_garbage_collector_to_its_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector is process-wide (a head's API threads share it): decide() never switches it
+    off; the simulator pauses it around its own calls (`gc_paused`), and only if it was on."""
+    import gc
+
+    from gpucluster.core.capacity_index import CapacityIndex
+    from gpucluster.core.scheduler import decide, gc_paused
+    from gpucluster.core.snapshot import Snapshot
+
+    def forbidden() -> None:
+        raise AssertionError("decide() switched the garbage collector off")
+
+    nodes = tuple(_nodes(4))
+    job = JobRequest(1, 2.0, team="a", priority=Priority(1), submitted_at=0.0)
+    index = CapacityIndex()
+    with monkeypatch.context() as m:
+        m.setattr(gc, "disable", forbidden)
+        plan = decide(Snapshot(nodes, (), (job,), capacity=index), now=1.0)
+    assert [s.job_id for s in plan.starts] == [1]
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()

@@ -10,9 +10,11 @@ import pytest
 
 from gpucluster.core.states import JobState
 from gpucluster.executors.base import Exited, Lost, Running
-from gpucluster.head.loop import LAUNCH_GRACE_S, Head
+from gpucluster.head.loop import Head
+from gpucluster.head.recovery import LAUNCH_GRACE_S
 from gpucluster.head.service import Conflict, NotFound, Rejected
 from gpucluster.store import DatabaseUnavailable, Store
+from gpucluster.store.access import AccessStore
 
 from .builders import allocation, node, spec
 from .headkit import T0, Cluster, make_cluster
@@ -404,6 +406,43 @@ def test_a_database_lost_right_after_the_start_commit_still_launches_that_attemp
     cluster.tick_at(T0)
     monkeypatch.undo()
     assert cluster.proc(job_id, 1).spec.env["GPUCLUSTER_ATTEMPT"] == "1"
+    record = cluster.record(job_id)
+    assert (record.state, record.attempt, record.launch) == (JobState.RUNNING, 1, {"job_id": job_id, "attempt": 1})
+
+
+def test_a_database_lost_right_after_the_start_commit_still_launches_as_the_jobs_user(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, under `gpucluster up` as root: the Unix account a job runs as is read from the
+    store (its owner's mapping). Read after the commit, a PostgreSQL restart there left the
+    committed attempt unlaunched (test_crash_consistency's PostgreSQL test, 2 runs in 8)."""
+
+    access = AccessStore(cluster.store)
+
+    class Identity:
+        def job_env(self, job: object) -> dict[str, str]:
+            return {}
+
+        def run_as(self, owner: str | None) -> str | None:
+            access.user(owner or "alice")  # the store read auth.control's makes
+            return "alice"
+
+    cluster.head.identity = Identity()  # type: ignore[assignment]
+    job_id = cluster.submit(gpus=2)
+    committed = cluster.store.transition
+
+    def transition(*args: object, **kw: object) -> bool:
+        ok = bool(committed(*args, **kw))
+        if ok and args[1] is JobState.RUNNING:
+            monkeypatch.setattr(cluster.store, "get_job", _unreachable)
+            monkeypatch.setattr(cluster.store, "array", _unreachable)
+            monkeypatch.setattr(access, "user", _unreachable)
+        return ok
+
+    monkeypatch.setattr(cluster.store, "transition", transition)
+    cluster.tick_at(T0)
+    monkeypatch.undo()
+    assert cluster.proc(job_id, 1).spec.user == "alice"
     record = cluster.record(job_id)
     assert (record.state, record.attempt, record.launch) == (JobState.RUNNING, 1, {"job_id": job_id, "attempt": 1})
 

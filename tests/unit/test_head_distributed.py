@@ -15,7 +15,8 @@ import pytest
 from gpucluster.core.states import JobState
 from gpucluster.executors.base import Exited, Running
 from gpucluster.executors.fake import FakeProcess
-from gpucluster.head.loop import LAUNCH_GRACE_S, work_lost
+from gpucluster.head.attempts import work_lost
+from gpucluster.head.recovery import LAUNCH_GRACE_S
 from gpucluster.head.service import Conflict, NotFound
 from gpucluster.launch.ranks import REQUEUE_EXIT_CODE
 from gpucluster.models import ProgressIn

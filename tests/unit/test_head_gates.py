@@ -1,4 +1,4 @@
-"""The head applying admission (head/gates.py): a real store (SQLite and PostgreSQL: arrays are
+"""The head applying eligibility (head/gates.py): a real store (SQLite and PostgreSQL: arrays are
 copied by SQL of their own), a fake executor, a hand-moved clock."""
 
 from __future__ import annotations

@@ -217,16 +217,55 @@ def test_a_victim_that_finishes_before_its_sigterm_is_sent_succeeded_and_is_not_
     assert (low, 2) not in cluster.fake.processes
 
 
-def test_a_victim_that_exits_0_after_its_sigterm_is_requeued_as_the_head_intended(cluster: Cluster) -> None:
+@pytest.mark.parametrize("stopped", [True, None], ids=["the-shim-says-stopped", "an-old-record-says-nothing"])
+def test_a_victim_that_exits_0_after_its_sigterm_is_requeued_as_the_head_intended(
+    cluster: Cluster, stopped: bool | None
+) -> None:
     low = cluster.submit(gpus=8, priority="low")
     cluster.tick_at(T0)
     cluster.submit(gpus=8, priority="high")
     cluster.tick_at(T0 + 1)
     cluster.tick_at(T0 + 2)
     assert cluster.proc(low).signals == [SIGTERM]
-    cluster.fake.finish(low, 0)
+    cluster.fake.finish(low, 0, stopped=stopped)
     cluster.tick_at(T0 + 3)
     assert [e.state for e in cluster.store.events(low)][-2:] == [JobState.PREEMPTED, JobState.QUEUED]
+    assert [a.outcome for a in cluster.store.attempts(low)] == ["preempted"]
+
+
+def test_a_victim_whose_command_ended_by_itself_just_before_its_sigterm_succeeded(cluster: Cluster) -> None:
+    """Found by tests/e2e/test_crash_consistency.py (2 runs in 11): the command exited 0 while the
+    head still saw it running; the head's SIGTERM went into an empty process group and it was
+    requeued as preempted. The shim's record says no stop reached it before it ended."""
+    low = cluster.submit(gpus=8, priority="low")
+    cluster.tick_at(T0)
+    high = cluster.submit(gpus=8, priority="high")
+    cluster.tick_at(T0 + 1)
+    cluster.tick_at(T0 + 2)
+    assert cluster.record(low).term_sent and cluster.proc(low).signals == [SIGTERM]
+    cluster.fake.finish(low, 0, stopped=False)  # it had ended before the SIGTERM landed
+    cluster.tick_at(T0 + 3)
+    done = cluster.record(low)
+    assert (done.state, done.attempt, done.exit_code) == (JobState.SUCCEEDED, 1, 0)
+    assert [a.outcome for a in cluster.store.attempts(low)] == ["succeeded"]
+    assert JobState.PREEMPTED not in [e.state for e in cluster.store.events(low)]
+    cluster.tick_at(T0 + 4)
+    assert (low, 2) not in cluster.fake.processes
+    assert cluster.state(high) is JobState.RUNNING
+
+
+def test_a_victim_that_failed_by_itself_just_before_its_sigterm_is_still_requeued(cluster: Cluster) -> None:
+    """Only a success wins over the preemption: a failure while being preempted requeues, as a
+    preemption does, without using a restart."""
+    low = cluster.submit(gpus=8, priority="low")
+    cluster.tick_at(T0)
+    cluster.submit(gpus=8, priority="high")
+    cluster.tick_at(T0 + 1)
+    cluster.tick_at(T0 + 2)
+    cluster.fake.finish(low, 3, stopped=False)
+    cluster.tick_at(T0 + 3)
+    assert [e.state for e in cluster.store.events(low)][-2:] == [JobState.PREEMPTED, JobState.QUEUED]
+    assert cluster.record(low).restarts == 0
 
 
 def test_a_job_left_preempted_by_a_head_that_died_before_requeueing_it_is_requeued_by_the_next(

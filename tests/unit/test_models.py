@@ -103,7 +103,7 @@ def test_gpu_memory_forms(given: Any, mb: int) -> None:
     assert not make(min_gpu_memory=given).fractional  # a minimum only filters GPUs
 
 
-@pytest.mark.parametrize("given", ["ten gigs", "10TB", "0GiB", -1, 0, "99999999GiB"])
+@pytest.mark.parametrize("given", ["ten gigs", "100TB", "10PB", "0GiB", -1, 0, "99999999GiB"])
 def test_bad_gpu_memory_is_refused(given: Any) -> None:
     assert refused(gpu_memory=given).errors()[0]["loc"] == ("gpu_memory",)
     assert refused(min_gpu_memory=given).errors()[0]["loc"] == ("min_gpu_memory",)

@@ -348,6 +348,20 @@ def test_a_cancel_outranks_a_preemption_under_way_but_keeps_its_grace_timer(stor
     assert record is not None and (record.stop_reason, record.stop_requested_at) == ("cancel", T0 + 7)
 
 
+def test_the_failed_rank_is_data_and_survives_a_cancel(store: Store) -> None:
+    """Which process failed first is its own column, not parsed back from the message; a cancel
+    that outranks the failure keeps both (the job ends cancelled, naming the rank that failed)."""
+    a = store.create_job(spec(), T0)
+    start(store, a, 0)
+    assert store.request_stop(a, "failure", T0 + 7, message="rank 3 exit code 1", failed_rank=3)
+    assert store.request_stop(a, "cancel", T0 + 9, message="by user")
+    record = store.get_job(a)
+    assert record is not None
+    assert (record.stop_reason, record.stop_message, record.failed_rank) == ("cancel", "rank 3 exit code 1", 3)
+    with pytest.raises(ValueError):
+        store.request_stop(a, "not-a-reason", T0 + 10)
+
+
 def test_usage_is_saved_and_loaded(db: Path | str) -> None:
     first = Store(db)
     assert first.load_usage() == ({}, None)

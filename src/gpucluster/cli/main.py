@@ -34,6 +34,7 @@ from gpucluster.jobfile import JobFileError, read_job_file
 from gpucluster.labels import gpu_types, gpus_label
 from gpucluster.launch.env import exported_env
 from gpucluster.ranklogs import LinePrefixer
+from gpucluster.sizes import parse_bytes
 
 if TYPE_CHECKING:  # the SDK's types, for --all-ranks only (the CLI starts without them)
     from gpucluster.client import Client
@@ -110,16 +111,10 @@ def _mode(job: View) -> str:
 
 # ---- up ------------------------------------------------------------------------------------
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3}
-
 
 def parse_size(text: str) -> int:
     """'100MiB' / '64KiB' / '1GiB' / a number of bytes -> bytes (binary units: logs are files)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"cannot read size {text!r}; use e.g. 100MiB, 64KiB or 1GiB")
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+    return parse_bytes(text, 1, "100MiB, 64KiB or 1GiB")
 
 
 @app.command()

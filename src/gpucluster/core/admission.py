@@ -1,168 +1,57 @@
-"""Which queued jobs the scheduler may consider now: holds, dependencies and array throttles.
+"""Admission: what `decide` may plan with, from the snapshot's drains and holds.
 
-Why a step of its own before `decide`: these rules say whether a job may start at all, not
-where or in which order, so they filter the queue the scheduler sees and leave the scheduler
-untouched. The head applies them when it builds a cycle's snapshot, the simulator can apply
-the same function to its own queue. Pure: targets' states, running counts and `now` come in.
+Why in the core: drained (or down) nodes and budget holds decide which jobs may start, as much as
+quotas do; applied outside the core (by the head alone), the simulator could not model them.
+The snapshot carries them as inputs (`Snapshot.drained`, `Snapshot.holds`); `decide` admits
+before it plans, and a held job's wait is a BUDGET wait with the hold's reason.
 
-A job that waits here gets a named reason (held, dependency, throttle) and, for a dependency,
-an estimated start from its targets' expected ends, so a pipeline has a timeline through the
-chain: jobs are looked at in id order, and a dependency's id is always smaller than its
-dependent's (it existed at submit), so a target that itself waits has its estimate by then.
+A drained node is gone for new jobs while its running jobs go on. The scheduler places only on
+the snapshot's nodes, so a drained node is left out, and so are running jobs' slices on it: the
+core must never consider a GPU it does not know (preemption would look it up), and a job
+spanning a drained and a healthy node still holds its GPUs on the healthy one. The price:
+preemption never picks a job for GPUs on a drained node, which is what a drain means anyway.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import replace
 
 from gpucluster.core.reasons import WaitReason
-from gpucluster.core.states import JobState
-from gpucluster.core.types import Dependency, DependencyKind, JobRequest, Wait
-
-HELD_BY_USER = "held by user"
+from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.types import Allocation, Wait
 
 
-class Verdict(Enum):
-    MET = "met"
-    WAITING = "waiting"
-    NEVER = "never"  # the target ended in a way the dependency cannot accept
-
-
-@dataclass(frozen=True)
-class Target:
-    """A dependency's target as admission sees it: a job, or an array's elements summed up
-    (state: the first element's pending state while any is pending, else succeeded if all
-    did, else failed)."""
-
-    state: JobState
-    started: bool = False  # it (for an array: every element) has started at least once
-    any_failed: bool = False  # an array: some element already ended badly (afterok can never be met)
-    expected_start: float | None = None
-    expected_end: float | None = None
-
-
-@dataclass(frozen=True)
-class Admission:
-    eligible: tuple[JobRequest, ...]  # what the scheduler may start from
-    waits: dict[int, Wait] = field(default_factory=dict)  # why the others wait
-    doomed: dict[int, str] = field(default_factory=dict)  # a dependency that can never be met -> why
-
-
-def verdict(kind: DependencyKind, target: Target) -> Verdict:
-    if kind is DependencyKind.AFTER:
-        return Verdict.MET if target.started or target.state.terminal else Verdict.WAITING
-    if kind is DependencyKind.AFTEROK and target.any_failed:
-        return Verdict.NEVER
-    if not target.state.terminal:
-        return Verdict.WAITING
-    if kind is DependencyKind.AFTERANY:
-        return Verdict.MET
-    ok = target.state is JobState.SUCCEEDED
-    if kind is DependencyKind.AFTEROK:
-        return Verdict.MET if ok else Verdict.NEVER
-    return Verdict.NEVER if ok else Verdict.MET  # afternotok
-
-
-def label(dep: Dependency) -> str:
-    return f"{'array' if dep.array else 'job'} {dep.job_id}"
-
-
-def admit(
-    queued: Iterable[JobRequest],
-    targets: Mapping[tuple[int, bool], Target],
-    running_by_array: Mapping[int, int],
-    throttles: Mapping[int, int],
-    now: float,
-    default_time_limit_s: float,
-) -> Admission:
-    """Split the queue into what the scheduler may consider and what waits here, and why.
-
-    `targets` has every dependency's target, keyed (id, is_array); one missing (purged) counts
-    as never met. `throttles`: array id -> the most elements that may run at once."""
-    eligible: list[JobRequest] = []
+def admit(snapshot: Snapshot) -> tuple[Snapshot, dict[int, Wait]]:
+    """The snapshot to plan on (no drained node, no held team's queued job, and no drains or
+    holds left to apply), and the wait of every job held back."""
+    if not snapshot.drained and not snapshot.holds:
+        return snapshot, {}
+    snap = without_nodes(snapshot, snapshot.drained)
     waits: dict[int, Wait] = {}
-    doomed: dict[int, str] = {}
-    ends: dict[int, float] = {}  # jobs waiting here: expected end, for their own dependents
-    queue = queued if isinstance(queued, tuple | list) else tuple(queued)
-    # Dependent jobs first, in id order (a chain's earlier steps have smaller ids); the rest of
-    # the queue is not sorted: a cycle with 100,000 queued pays for no sort it does not need.
-    for job in sorted((r for r in queue if r.after), key=lambda r: r.job_id):
-        blocked = _dependencies(job, targets, ends, now)
-        if isinstance(blocked, str):
-            doomed[job.job_id] = blocked
-        elif blocked is not None:
-            waits[job.job_id] = blocked
-            if blocked.estimated_start is not None:
-                ends[job.job_id] = blocked.estimated_start + (job.time_limit_s or default_time_limit_s)
-    throttled: dict[int, list[JobRequest]] = {}
-    for job in queue:
-        if job.job_id in waits or job.job_id in doomed:
-            continue
-        if job.held:
-            waits[job.job_id] = Wait(WaitReason.HELD, HELD_BY_USER)
-        elif job.array_id is not None and job.array_id in throttles:
-            throttled.setdefault(job.array_id, []).append(job)
-        else:
-            eligible.append(job)
-    for array_id, elements in throttled.items():
-        limit = throttles[array_id]
-        running = running_by_array.get(array_id, 0)
-        room = max(0, limit - running)
-        elements.sort(key=lambda r: r.job_id)  # the lowest indices go first
-        eligible.extend(elements[:room])
-        busy = running + min(room, len(elements))  # the admitted ones start in this very cycle
-        wait = Wait(
-            WaitReason.THROTTLE,
-            f"array {array_id} runs at most {limit} element{'s' if limit != 1 else ''} at once ({busy} running)",
-        )
-        for job in elements[room:]:
-            waits[job.job_id] = wait
-    return Admission(tuple(eligible), waits, doomed)
+    holds = snapshot.holds
+    if holds:
+        keep = []
+        for job in snap.queued:
+            why = holds.get(job.team)
+            if why is None:
+                keep.append(job)
+            else:
+                waits[job.job_id] = Wait(WaitReason.BUDGET, why)
+        if waits:
+            # A kept queue index holds every queued job: the cycle sorts the admitted ones itself.
+            snap = replace(snap, queued=tuple(keep), queue_index=None)
+    return replace(snap, drained=frozenset(), holds={}), waits
 
 
-def _dependencies(
-    job: JobRequest, targets: Mapping[tuple[int, bool], Target], ends: Mapping[int, float], now: float
-) -> Wait | str | None:
-    """None: all met. A Wait: some unmet, with the first named. A string: one never can be."""
-    unmet: list[tuple[Dependency, Target]] = []
-    for dep in job.after:
-        target = targets.get((dep.job_id, dep.array))
-        if target is None:
-            return f"dependency can never be met: {label(dep)} no longer exists ({dep.kind.value})"
-        v = verdict(dep.kind, target)
-        if v is Verdict.NEVER:
-            return f"dependency can never be met: {label(dep)} {target.state.value} ({dep.kind.value})"
-        if v is Verdict.WAITING:
-            if not dep.array and dep.job_id in ends:
-                target = Target(target.state, target.started, target.any_failed, None, ends[dep.job_id])
-            unmet.append((dep, target))
-    if not unmet:
-        return None
-    starts: list[float | None] = [
-        t.expected_start if d.kind is DependencyKind.AFTER else t.expected_end for d, t in unmet
-    ]
-    known = [s for s in starts if s is not None]
-    estimate = max([now, *known]) if len(known) == len(starts) else None
-    dep, target = unmet[0]
-    message = f"waits for {label(dep)} ({_describe(dep, target, now)})"
-    if len(unmet) > 1:
-        message += f" and {len(unmet) - 1} more"
-    return Wait(WaitReason.DEPENDENCY, message, estimate)
-
-
-def _describe(dep: Dependency, target: Target, now: float) -> str:
-    when = target.expected_start if dep.kind is DependencyKind.AFTER else target.expected_end
-    verb = "start" if dep.kind is DependencyKind.AFTER else "end"
-    state = "waiting" if target.state is JobState.QUEUED else target.state.value
-    if when is None:
-        return f"{state}, {verb} not estimated yet"
-    return f"{state}, expected to {verb} {clock_text(when, now)}"
-
-
-def clock_text(t: float, now: float) -> str:
-    """14:20 within a day of now, else 2026-11-27 14:20 (local time, as the rest of the CLI)."""
-    fmt = "%H:%M" if abs(t - now) < 86400 else "%Y-%m-%d %H:%M"
-    return time.strftime(fmt, time.localtime(t))
+def without_nodes(snap: Snapshot, drained: frozenset[str]) -> Snapshot:
+    """`snap` without the `drained` nodes and without running jobs' slices on them."""
+    if not drained:
+        return snap
+    running = []
+    for job in snap.running:
+        slices = tuple(s for s in job.allocation.slices if s.node not in drained)
+        if len(slices) == len(job.allocation.slices):
+            running.append(job)
+        elif slices:
+            running.append(replace(job, allocation=Allocation(slices)))
+    return replace(snap, nodes=tuple(n for n in snap.nodes if n.name not in drained), running=tuple(running))

@@ -4,10 +4,11 @@ Why: building `Capacity` from every node and running job costs O(GPUs + running)
 (~0.3 s at 10,000 nodes x 8 GPUs and 60,000 running jobs on a loaded 2-core machine), while
 between two cycles only a few jobs start or end and the nodes rarely change. The index keeps
 the last cycle's occupancy and applies the difference: jobs gone are released, jobs new (or
-moved) are occupied. Each cycle then works on a `fork`, so the index itself never sees the
-cycle's tentative starts.
+moved) are occupied. Each cycle then works inside a `trial` (a `with` block whose end undoes
+the cycle's writes from an undo log), so the index itself never sees the cycle's tentative
+starts.
 
-`decide` stays a pure function of its snapshot: `fork` restores the canonical order a fresh
+`decide` stays a pure function of its snapshot: the trial's copy has the canonical order a fresh
 `Capacity` has, so a plan made through the index equals one made without it (the unit tests
 check this over random histories). The index is not thread-safe; one caller, one index.
 
@@ -28,7 +29,8 @@ another default time limit, the book is rebuilt from the cycle's running jobs.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from gpucluster.core.backfill import EndBook
 from gpucluster.core.counts import bump
@@ -52,7 +54,19 @@ class CapacityIndex:
         self._class_of: dict[int, int] = {}  # job id -> its class, as counted
 
     def capacity(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> Capacity:
-        """A fresh working copy of the free capacity for these nodes and running jobs."""
+        """An independent working copy of the free capacity for these nodes and running jobs
+        (a full copy: for a cycle, `trial` is the cheap way)."""
+        return self._base_for(nodes, running).fork()
+
+    @contextmanager
+    def trial(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> Iterator[Capacity]:
+        """A working copy of the free capacity for these nodes and running jobs, for one cycle:
+        valid inside the `with` block, whose end undoes what the cycle wrote (`Capacity.trial`)."""
+        with self._base_for(nodes, running).trial() as cap:
+            yield cap
+
+    def _base_for(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> Capacity:
+        """The kept base, brought up to these nodes and running jobs."""
         base = self._base
         if base is None or (nodes is not self._nodes and nodes != self._nodes):
             self._base = Capacity(nodes, running)
@@ -62,11 +76,11 @@ class CapacityIndex:
             self.rebuilds += 1
             self._changes.clear()
             self._book = None
-            return self._base.fork()
+            return self._base
         if self._told:
             self._apply_changes(base)
             if len(self._running) == len(running):
-                return base.fork()
+                return base
         self.diffs += 1
         self._book = None
         self._count_classes(running)
@@ -81,7 +95,7 @@ class CapacityIndex:
             if was is None or (was is not alloc and was != alloc):
                 base.occupy(alloc)
         self._running = new
-        return base.fork()
+        return base
 
     def add(self, job: RunningJob) -> None:
         """A told index: `job` started (applied at the next `capacity`)."""

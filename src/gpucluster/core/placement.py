@@ -11,9 +11,8 @@ O(GPUs per node), not O(nodes): a cycle over 100,000 queued jobs on 10,000 nodes
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Iterable
-from functools import partial
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, RunningJob
@@ -38,14 +37,6 @@ def _undo(journal: _Journal) -> None:
         else:
             container[key] = old
     journal.clear()
-
-
-def _fork_gone(lender_ref: weakref.ref[Capacity], journal: _Journal, _fork_ref: object) -> None:
-    """A journaling fork was freed (its cycle is over): its lender takes its containers back."""
-    lender = lender_ref()
-    if lender is not None and lender._lent is not None and lender._lent[1] is journal:
-        lender._lent = None
-        _undo(journal)
 
 
 def acceptable_models(job: JobRequest, model_memory: dict[str, int], models_by_memory: list[str]) -> list[str]:
@@ -134,7 +125,7 @@ class Capacity:
         self._unsorted: set[tuple[str, int]] = set()
         # Journaling forks (see `fork`): only an object built here lends its containers.
         self._lender = True
-        self._lent: tuple[weakref.ref[Capacity], _Journal] | None = None  # the live fork's
+        self._lent: tuple[Capacity, _Journal] | None = None  # the fork of the open trial, its undo log
         self._journal: _Journal | None = None  # a journaling fork: undo records for its lender
         self._lazy: set[tuple[str, int]] | None = None  # a journaling fork: its lender's `_unsorted`
         self._own_buckets: set[tuple[str, int]] | None = None  # a journaling fork: buckets it copied
@@ -168,30 +159,41 @@ class Capacity:
         return self._buckets
 
     def fork(self) -> Capacity:
-        """A working copy for one cycle, exactly as `Capacity(nodes, running)` would build it
-        for the running jobs this one holds: the inventory is shared (it is never changed), and
-        bucket and shared-GPU order are those a fresh build gives, so a plan never depends on
-        the order jobs came and went in.
+        """An independent working copy, exactly as `Capacity(nodes, running)` would build it
+        for the running jobs this one holds (a full copy, every bucket in name order). For one
+        cycle's trial on a kept base, `trial` is the cheap way."""
+        return self._copy()
 
-        A `Capacity` built by `__init__` (a capacity index's base) lends its free state
-        to the fork instead of copying it. Why: at 100,000 GPUs copying the buckets, free lists
-        and used shares (O(nodes + busy GPUs), at C speed) was ~0.7 ms a cycle, most of a cycle
-        when one job waits, while a cycle changes a few nodes. The fork writes into the base's
-        containers and journals what each held before (`_journal`); when the fork is freed
-        (its cycle is over) a weakref callback undoes the journal, newest first, so the base is
-        as it was. Orders come back exactly: a key the fork added is deleted (the rest keep
-        their order), a free list or a bucket the fork removes a node from is first copied and
-        the copy put in the base's slot (the original comes back on undo). Buckets the base
-        put a node into out of name order (`_unsorted`) are sorted in place when the fork
-        first touches them (`_settle`): only the order changes, to the canonical one the base
-        owes its forks anyway; bucket 0, whose order no placement reads, is not sorted for a
-        change, only for `buckets` (see `_move`). If the base must change or fork again while the fork is still
-        alive, the fork first takes copies of everything (`_detach`) and then the base undoes.
-        While a fork is alive the base's containers show the fork's changes: read the base only
-        through its methods (the index never reads it otherwise). Any other object forks by a
-        full copy (`_copy`)."""
+    @contextmanager
+    def trial(self) -> Iterator[Capacity]:
+        """A working copy for one cycle, valid inside the `with` block only; when the block
+        ends (even on error) this object is exactly as it was before.
+
+        The copy is what `fork` gives (the inventory shared, bucket and shared-GPU order those
+        of a fresh build, so a plan never depends on the order jobs came and went in), but a
+        `Capacity` built by `__init__` (a capacity index's base) lends its free state to it
+        instead of copying it. Why: at 100,000 GPUs copying the buckets, free lists and used
+        shares (O(nodes + busy GPUs), at C speed) was ~0.7 ms a cycle, most of a cycle when
+        one job waits, while a cycle changes a few nodes. The trial's copy writes into this
+        object's containers and keeps an undo log (`_journal`) of what each held before; the
+        end of the block replays it, newest first. Orders come back exactly: a key the copy
+        added is deleted (the rest keep their order), a free list or a bucket it removes a
+        node from is first copied and the copy put in this object's slot (the original comes
+        back on undo). Buckets this object put a node into out of name order (`_unsorted`)
+        are sorted in place when the copy first touches them (`_settle`): only the order
+        changes, to the canonical one it owes its copies anyway; bucket 0, whose order no
+        placement reads, is not sorted for a change, only for `buckets` (see `_move`).
+
+        Why a block and not the garbage collector: the undo used to run from a weakref
+        callback when the copy was freed, so when it ran depended on who still held the copy
+        (a traceback, a debugger); the block says where the trial ends. If this object must
+        change or open another trial while one is open, the open trial's copy first takes
+        copies of everything (`_detach`) and the undo runs at once. While a trial is open this
+        object's containers show the copy's changes: read it only through its methods (the
+        index never reads it otherwise). Any other object's trial is a full copy (`fork`)."""
         if not self._lender:
-            return self._copy()
+            yield self._copy()
+            return
         if self._lent is not None:
             self._reclaim()
         c = self._sharing_inventory()
@@ -211,8 +213,17 @@ class Capacity:
         c._own_buckets = set()
         c._zero_added = {}
         c._zero_done = set()
-        self._lent = (weakref.ref(c, partial(_fork_gone, weakref.ref(self), journal)), journal)
-        return c
+        self._lent = (c, journal)
+        try:
+            yield c
+        finally:
+            lent = self._lent
+            if lent is not None and lent[1] is journal:  # not reclaimed by a change meanwhile
+                self._lent = None
+                _undo(journal)
+                # The copy's containers are its lender's again: one kept past its block must
+                # fail loudly (AttributeError), not read the lender's state as its own.
+                del c.free, c._buckets, c.used_share, c.used_mem, c.total_free, c.partial
 
     def _copy(self) -> Capacity:
         """A fork that copies everything (a fork of a fork): free lists, used shares, and every
@@ -306,10 +317,8 @@ class Capacity:
         if lent is None:
             return
         self._lent = None
-        ref, journal = lent
-        fork = ref()
-        if fork is not None:
-            fork._detach()
+        fork, journal = lent
+        fork._detach()
         _undo(journal)
 
     def _detach(self) -> None:

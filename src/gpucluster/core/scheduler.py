@@ -20,11 +20,12 @@ import gc
 import time as _time
 from collections import deque
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from functools import partial
 from operator import attrgetter, is_not
 
+from gpucluster.core.admission import admit
 from gpucluster.core.backfill import EndTimes, Reservation, reserve
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
@@ -42,17 +43,38 @@ _BUSY = Wait(WaitReason.RESOURCES, "")
 
 def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *, reasons: bool = True) -> Plan:
     """The plan for this snapshot. `reasons=False`: the same starts and preemptions, but the
-    wait of every job is not worked out (see the module docstring)."""
-    with _gc_paused():
-        return _Cycle(snapshot, policy or DEFAULT_POLICY, now, reasons).run()
+    wait of every job is not worked out (see the module docstring).
+
+    The cycle's tentative starts go to a working copy of the free capacity that lives inside
+    one trial scope: with a kept index (`snapshot.capacity`) its end undoes them from an undo
+    log, so the index is as it was whatever happens in the cycle. Whether the garbage
+    collector runs meanwhile is the caller's choice (`gc_paused`): it is process-wide, and a
+    head's API threads share it.
+
+    Drained nodes and held teams (`snapshot.drained`, `snapshot.holds`) are admitted first
+    (core/admission.py): a held job waits with a BUDGET wait and its hold's reason."""
+    snapshot, held = admit(snapshot)
+    if held:
+        plan = decide(snapshot, policy, now, reasons=reasons)
+        return replace(plan, waiting={**plan.waiting, **held})
+    index = snapshot.capacity
+    scope = (
+        index.trial(snapshot.nodes, snapshot.running)
+        if index
+        else nullcontext(Capacity(snapshot.nodes, snapshot.running))
+    )
+    with scope as cap:
+        return _Cycle(snapshot, policy or DEFAULT_POLICY, now, reasons, cap).run()
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Hold the cyclic garbage collector off for one cycle. Why: a cycle allocates hundreds of
-    thousands of short-lived tuples that reference counting frees anyway, and the collector's
-    passes over the (large, long-lived) snapshot cost 10-20% of a cycle at 100,000 queued
-    jobs. It is switched back on at once, even on error, and only if it was on."""
+def gc_paused() -> Iterator[None]:
+    """Hold the cyclic garbage collector off around a caller's own call of `decide` (the
+    simulator's, the head's loop's). Why: a cycle allocates hundreds of thousands of
+    short-lived tuples that reference counting frees anyway, and the collector's passes over
+    the (large, long-lived) snapshot cost a third of a cycle at 100,000 queued jobs
+    (bench/bench_core_cycle.py). It is switched back on at once, even on error, and only if it
+    was on."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -166,15 +188,15 @@ class _Cycle:
     # `_victim_pool`). Off only in the tests that check it changes no plan.
     pool_by_class = True
 
-    def __init__(self, snapshot: Snapshot, policy: Policy, now: float, reasons: bool = True) -> None:
+    def __init__(
+        self, snapshot: Snapshot, policy: Policy, now: float, reasons: bool = True, cap: Capacity | None = None
+    ) -> None:
         self.s = snapshot
         self.reasons = reasons
         self.policy = policy
         self.now = now
-        index = snapshot.capacity
-        self.cap = (
-            index.capacity(snapshot.nodes, snapshot.running) if index else Capacity(snapshot.nodes, snapshot.running)
-        )
+        # The cycle's working copy (see `decide`); a fresh build when none is given (tests).
+        self.cap = cap if cap is not None else Capacity(snapshot.nodes, snapshot.running)
         self.quotas = QuotaBook(policy, snapshot.running, self.cap.gpus)
         self.reservations: dict[str, Reservation] = {}
         self.starts: list[Start] = []

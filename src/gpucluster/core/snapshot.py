@@ -5,12 +5,12 @@ Built once per cycle from the store (live) or from simulator state; the schedule
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.queue_index import QueueIndex
-from gpucluster.core.types import JobRequest, Node, RunningJob
+from gpucluster.core.types import JobRequest, Node, Plan, RunningJob
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,10 @@ class Snapshot:
     # take back the GPUs it was stopped to free (a livelock: it did, round after round). Entries
     # whose preemptor is no longer queued (it started, or left) are ignored.
     preempted_for: Mapping[int, int] = field(default_factory=dict)
+    # Admission (core/admission.py, applied by `decide`): nodes that take no new job (drained,
+    # unhealthy, down), and teams whose queued jobs are held (a spent budget) -> why.
+    drained: frozenset[str] = frozenset()
+    holds: Mapping[str, str] = field(default_factory=dict)
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()
@@ -40,3 +44,22 @@ class Snapshot:
         """Wholly free GPU indices per node, in index order."""
         used = self.used_gpus()
         return {node.name: [g.index for g in node.gpus if (node.name, g.index) not in used] for node in self.nodes}
+
+
+def held_back_after(
+    preempted_for: Mapping[int, int], plan: Plan, stopped: Iterable[int] | None = None
+) -> dict[int, int]:
+    """`Snapshot.preempted_for` once `plan` is carried out: its preemptions added (victim ->
+    the job it was stopped for; `stopped`: only these victims, those whose stop was taken), and
+    every entry whose preemptor the plan starts dropped (it holds nothing back any more).
+
+    One rule for the head and the simulator: the simulator used to drop an entry only when its
+    preemptor was not queued at the next plan, so a preemptor that started and came straight
+    back (a failure) kept its victims behind it there, and not on the head."""
+    taken = None if stopped is None else set(stopped)
+    out = dict(preempted_for)
+    out.update({p.job_id: p.for_job for p in plan.preemptions if taken is None or p.job_id in taken})
+    if plan.starts and out:
+        begun = {s.job_id for s in plan.starts}
+        out = {v: p for v, p in out.items() if p not in begun}
+    return out

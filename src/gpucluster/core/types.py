@@ -119,7 +119,7 @@ class JobRequest:
     not_before: float | None = None
     # The submitter's begin time (sbatch --begin): a `not_before` up to it is that, not a backoff.
     begin: float | None = None
-    # Admission (core/admission.py), applied before the scheduler sees the queue: a held job,
+    # Eligibility (core/eligibility.py), applied before the scheduler sees the queue: a held job,
     # one whose dependencies are unmet, or an array element over its array's throttle waits.
     held: bool = False
     after: tuple[Dependency, ...] = ()

@@ -283,7 +283,13 @@ def remove_container(spec: dict) -> bool:  # type: ignore[type-arg]
 def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type-arg]
     """The forked child: cgroup, drop, then everything the user controls; returns its exit code.
 
-    Reports {"exit_code", "signal"} (or {"error"}) to the keeper on `report`."""
+    Reports {"exit_code", "signal", "stopped"} (or {"error"}) to the keeper on `report`.
+    `stopped`: a stop signal (SIGTERM, ...) had reached the job before its command ended. The job
+    side is in the job's process group and cgroup, so a stop reaches it when it reaches the
+    command; taken as soon as the command's wait returns, it tells a command that ended on its
+    own from one that ended because it was stopped. The head needs that: a stop it sends just
+    as the command ends by itself lands in an empty group, and a job that finished first must
+    not be requeued as preempted."""
     stops: list[int] = []
     for stop in STOP_SIGNALS:
         signal.signal(stop, lambda signum, _: stops.append(signum))
@@ -356,7 +362,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
         if stops:  # stopped while the image was pulled: the command never starts
             os.close(out)
             pump.join(timeout=2)
-            tell({"exit_code": 128 + stops[0], "signal": stops[0], **extra})
+            tell({"exit_code": 128 + stops[0], "signal": stops[0], "stopped": True, **extra})
             return 128 + stops[0]
         argv = [container["podman"], "run", *container["options"], image, *argv]
         env = podman_env
@@ -364,7 +370,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
         os.close(out)
         pump.join(timeout=2)
         code, sig = session.serve(listener, argv, env, log, stops, relay_signals=not spec.get("cgroup"))
-        tell({"exit_code": code, "signal": sig})
+        tell({"exit_code": code, "signal": sig, "stopped": bool(stops)})
         return int(code)
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True)
@@ -377,6 +383,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(stops[0])
     rc = proc.wait()
+    stopped = bool(stops)  # now, before a stop that comes after the command's end is counted
     code, sig = (rc, None) if rc >= 0 else (128 - rc, -rc)
     if container:
         # podman run returned the container's own code (not its own 125-127, nor a signal to
@@ -387,7 +394,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     # All of the command's output is in the log before its exit is recorded; background
     # children still holding the pipe do not hold the record up (the keeper kills them).
     pump.join(timeout=2)
-    tell({"exit_code": code, "signal": sig, **extra})
+    tell({"exit_code": code, "signal": sig, "stopped": stopped, **extra})
     return code
 
 

@@ -75,6 +75,11 @@ class Exited:
     # No restart can help (an image that cannot be pulled): the job fails with `error`.
     final: bool = False
     pull_s: float | None = None  # a container job's image pull, when it had to pull
+    # Whether a stop (SIGTERM, ...) had reached the process before its command ended, as the
+    # shim saw it; None: not known (a record from before the shim said so, a shim killed itself).
+    # A stop sent just as the command ended by itself finds nothing to stop: the lifecycle then
+    # treats the job as finished before the stop reached it.
+    stopped: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,8 @@ class FakeExecutor:
         proc.signals.append(signum)
         if signum in self.exit_on_signal:
             proc.ranks = [
-                Exited(self.exit_on_signal[signum], signum) if isinstance(s, Running) else s for s in proc.ranks
+                Exited(self.exit_on_signal[signum], signum, stopped=True) if isinstance(s, Running) else s
+                for s in proc.ranks
             ]
 
     def cleanup(self, handle: Handle) -> None:
@@ -73,10 +74,11 @@ class FakeExecutor:
     def running(self) -> list[int]:
         return sorted(j for (j, _), p in self.processes.items() if isinstance(p.status, Running))
 
-    def finish(self, job_id: int, exit_code: int = 0) -> None:
+    def finish(self, job_id: int, exit_code: int = 0, stopped: bool | None = None) -> None:
+        """The job's running attempt ends; `stopped` as the shim reports it (None: not said)."""
         for (j, _), p in self.processes.items():
             if j == job_id and isinstance(p.status, Running):
-                p.status = Exited(exit_code)
+                p.status = Exited(exit_code, stopped=stopped)
 
     def end_rank(self, job_id: int, rank: int, status: Status, attempt: int | None = None) -> None:
         """One process of the job's latest (or given) attempt ends."""

@@ -368,6 +368,7 @@ class LocalExecutor:
                 memory_peak_bytes=record.get("memory_peak_bytes"),
                 final=bool(record.get("final")),
                 pull_s=record.get("pull_s"),
+                stopped=record["stopped"] if isinstance(record.get("stopped"), bool) else None,
             )
         if child is not None and child.returncode is not None:
             if child.returncode < 0:  # the shim itself was killed: the job was killed with it

@@ -282,21 +282,20 @@ class Accountant:
             self.held = held
             self.head.nodes_changed()  # plan again now, with or without the held teams' jobs
 
-    def admit(self, queued: tuple[JobRequest, ...]) -> tuple[JobRequest, ...]:
-        """The queue the scheduler may start from: without the jobs of teams over budget, which
-        get their hold reason recorded (once) instead of a scheduler's wait reason."""
+    def note_holds(self, queued: tuple[JobRequest, ...]) -> None:
+        """Record the hold reason of every queued job of a team over budget (once per change),
+        and how many each team has held. The holding itself is the core's admission
+        (core/admission.py): the loop hands `held` to the snapshot."""
         if not self.held:
             self._held_jobs.clear()
             self.held_count = {}
-            return queued
-        keep = []
+            return
         write: dict[int, str] = {}
         now_held: dict[int, str] = {}
         count: dict[str, int] = {}
         for r in queued:
             why = self.held.get(r.team)
             if why is None:
-                keep.append(r)
                 continue
             now_held[r.job_id] = why
             count[r.team] = count.get(r.team, 0) + 1
@@ -309,7 +308,6 @@ class Accountant:
             self.head._reasons.pop(job_id, None)
         self._held_jobs = now_held
         self.held_count = count
-        return tuple(keep)
 
     def budget_report(self, now: float, teams: Iterable[str] | None = None) -> list[dict[str, object]]:
         """Each budget with its period, limits, spending so far and whether the team is held."""

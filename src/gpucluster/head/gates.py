@@ -1,8 +1,8 @@
-"""The head's side of admission (core/admission.py): gather what the rules need from the store,
+"""The head's side of eligibility (core/eligibility.py): gather what the rules need from the store,
 apply them to the queue a cycle's snapshot is built from, and carry out what they decide.
 
 Why apart from the loop: holds, dependencies and throttles only filter the queue; the loop
-calls `admit` where it builds the snapshot and merges `waits` into the reasons it records, and
+calls `eligible` where it builds the snapshot and merges `waits` into the reasons it records, and
 otherwise knows nothing of them. An array element's per-element environment and command are
 made here too (`element`), at launch, so its elements can share one stored spec.
 """
@@ -14,8 +14,8 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from gpucluster.core.admission import Admission, admit
 from gpucluster.core.arrays import Sweep, element_env, substitute
+from gpucluster.core.eligibility import Eligibility, eligible
 from gpucluster.core.states import JobState
 from gpucluster.core.types import JobRequest, Wait
 
@@ -29,9 +29,9 @@ log = logging.getLogger(__name__)
 class Gates:
     def __init__(self, head: Head) -> None:
         self.head = head
-        self.waits: dict[int, Wait] = {}  # the jobs admission kept back in the last cycle, and why
+        self.waits: dict[int, Wait] = {}  # the jobs eligibility kept back in the last cycle, and why
 
-    def admit(self, queued: tuple[JobRequest, ...], now: float) -> tuple[JobRequest, ...]:
+    def eligible(self, queued: tuple[JobRequest, ...], now: float) -> tuple[JobRequest, ...]:
         """The queue the scheduler may start from; the rest get their reason in `waits`, and a
         job whose dependency can never be met is cancelled with that reason."""
         wanted: set[tuple[int, bool]] = set()
@@ -51,7 +51,7 @@ class Gates:
             return queued  # nothing held, nothing waits on another job, no array throttled
         targets = store.dependency_targets(wanted, policy.default_time_limit_s, now) if wanted else {}
         running = store.running_by_array() if throttles else {}
-        result: Admission = admit(queued, targets, running, throttles, now, policy.default_time_limit_s)
+        result: Eligibility = eligible(queued, targets, running, throttles, now, policy.default_time_limit_s)
         for job_id, why in result.doomed.items():
             if store.transition(job_id, JobState.CANCELLED, now, why, expect=[JobState.QUEUED]):
                 log.info("job %s: %s", job_id, why)

@@ -1,5 +1,10 @@
 """The head loop: reconcile running jobs, then snapshot -> decide -> commit -> launch.
 
+Split by concern: this module is the loop's mechanics (cycles, reconciling, stops, applying the
+plan and the lifecycle's answer to the store); head/recovery.py is crash recovery (adopting or
+requeueing what a previous head left), head/launch_specs.py what to start for an attempt, and
+head/attempts.py how an attempt's processes ended, in data and in words.
+
 Order matters for crash safety. An allocation is committed (state `running`, attempt n) before
 the process is launched, and the launch handle is committed after; a head that dies in between
 finds, on restart, either the shim's own pid file (the job started: adopt it) or nothing after a
@@ -26,28 +31,26 @@ on by itself when it is back.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import logging
 import os
-import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpucluster.core.admission import admit
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.elastic import grow
 from gpucluster.core.fairshare import accrue
+from gpucluster.core.lifecycle import AttemptResult, Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
-from gpucluster.core.restarts import RESTART_BACKOFF_S, restart_backoff
-from gpucluster.core.scheduler import decide
-from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.restarts import RESTART_BACKOFF_S
+from gpucluster.core.scheduler import decide, gc_paused
+from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, Node, Wait
 from gpucluster.durations import format_duration
@@ -58,33 +61,36 @@ from gpucluster.executors.base import (
     LaunchError,
     LaunchSpec,
     Lost,
-    ProcessSpec,
     Running,
     Status,
-    complete,
 )
 from gpucluster.executors.logfile import read_job_file
-from gpucluster.executors.podman import ContainerSpec
 from gpucluster.head.accounting import Accountant
+from gpucluster.head.attempts import (
+    codes_text,
+    describe_allocation,
+    describe_end,
+    exit_of,
+    how_ended,
+    is_failure,
+    newest_entry,
+    resources_used,
+    stop_reached,
+    unit_of,
+    work_lost,
+)
 from gpucluster.head.estimates import EstimateRefresher
 from gpucluster.head.gates import Gates
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
+from gpucluster.head.launch_specs import launch_spec
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
-from gpucluster.launch.env import inherited, job_env
-from gpucluster.launch.ranks import (
-    REQUEUE_EXIT_CODE,
-    AttemptOutcome,
-    attempt_outcome,
-    launcher_commands,
-    per_gpu_envs,
-    pick_free_port,
-)
+from gpucluster.head.recovery import adopt_launch, requeue_left_preempted
+from gpucluster.launch.env import inherited
 from gpucluster.store import AttemptRecord, DatabaseUnavailable, DataDirUnwritable, JobRecord, LeaseLost, Store
 from gpucluster.store.lease import RENEW_FRACTION
 from gpucluster.store.telemetry import TelemetryStore
-from gpucluster.telemetry.drain import schedulable
 from gpucluster.telemetry.loopstats import LoopStats
 
 if TYPE_CHECKING:
@@ -92,8 +98,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpucluster.head")
 
-# A running job with no recorded launch and no shim pid file after this long never started.
-LAUNCH_GRACE_S = 10.0
 # Even when nothing seems to change, plan again this often (the safety net for missed events).
 REPLAN_EVERY_S = 1.0
 USAGE_SAVE_EVERY_S = 10.0
@@ -101,10 +105,6 @@ USAGE_SAVE_EVERY_S = 10.0
 OUTAGE_RETRY_MAX_S = 2.0
 # Restarts after failures back off by core/restarts.py's rule (1 s doubling, at most 5 minutes;
 # `gpucluster up --restart-backoff` sets the first wait), the rule the simulator uses too.
-# Every process of a distributed attempt has this in its environment (the attempt's run dir, so
-# unique to one data dir, job and attempt): the executor finds by it the processes that left
-# their process group, such as torchrun's workers.
-ENV_ATTEMPT_MARKER = "GPUCLUSTER_ATTEMPT_DIR"
 SESSION_NOT_REQUEUED = "ended: an interactive session is not requeued after a preemption; start a new one"
 
 
@@ -163,6 +163,7 @@ class Head:
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
         self._free_since: float | None = None  # GPUs free with nothing queued since (elastic growth)
         self._last_plan_at: float | None = None
+        self._next_release: float | None = None  # the earliest backoff of a queued job that ends after the last plan
         self.last_decide_s = 0.0
         self.last_cycle_at: float | None = None  # end of the last cycle that succeeded
         self.last_error: str | None = None  # why the last cycle failed, if it did
@@ -195,7 +196,7 @@ class Head:
         if self.inventory is not None and self.inventory.refresh(now):
             self._capacity_changed = True
         if self._preempted_left:
-            self._requeue_left_preempted(now)
+            requeue_left_preempted(self, now)
             self._preempted_left = False
         running = self.store.list_jobs(states=[JobState.RUNNING])
         if self.inventory is not None:
@@ -226,22 +227,9 @@ class Head:
             self._usage_saved_at = now
 
     def _reconcile(self, job: JobRecord, now: float) -> None:
-        handle = job.launch
+        handle = job.launch if job.launch is not None else adopt_launch(self, job, now)
         if handle is None:
-            handle = self.executor.recover(self.data_dir.run_dir(job.id, job.attempt))
-            overdue = job.started_at is not None and now - job.started_at > LAUNCH_GRACE_S
-            if handle is not None and not complete(handle):
-                # The head stopped while starting the processes: the missing ones never will.
-                if overdue:
-                    self.executor.signal(handle, signal.SIGKILL)
-                    self.executor.cleanup(handle)
-                    self._requeue_unlaunched(job, now, "the head stopped while starting the job's processes")
-                return
-            if handle is None:
-                if overdue:
-                    self._requeue_unlaunched(job, now, "the head stopped before the process was launched")
-                return
-            self.store.update_job(job.id, JobState.RUNNING, launch=handle)
+            return
         statuses = self.executor.poll_ranks(handle)
         if not any(isinstance(s, Running) for s in statuses):
             self.executor.cleanup(handle)
@@ -250,21 +238,6 @@ class Head:
         if self._stop_on_rank_failure(job, handle, statuses, now):
             return
         self._enforce_stop(job, handle, now)
-
-    def _requeue_unlaunched(self, job: JobRecord, now: float, why: str) -> None:
-        self.queue.invalidate()
-        self._capacity_changed = True
-        self.store.transition(
-            job.id,
-            JobState.QUEUED,
-            now,
-            f"requeued: {why}",
-            expect=[JobState.RUNNING],
-            ended_attempt=self._attempt_record(job, now, "not_started", why, ()),
-            queued_at=now,
-            allocation=None,
-            started_at=None,
-        )
 
     def _stop_on_rank_failure(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> bool:
         """One process of a multi-process attempt failed: SIGKILL the others now. True if so.
@@ -276,15 +249,15 @@ class Head:
         """
         if "ranks" not in handle or job.kill_sent:
             return False
-        if job.term_sent and job.stop_reason not in (None, "failure"):
+        if job.term_sent and job.stop_reason not in (None, StopReason.FAILURE):
             return False
-        failed = next(((r, s) for r, s in enumerate(statuses) if _failed(s)), None)
+        failed = next(((r, s) for r, s in enumerate(statuses) if is_failure(s)), None)
         if failed is None:
             return False
-        message = f"{_unit(job)} {failed[0]} {_how(failed[1])}" + self._error_of(job, failed[0])
+        message = f"{unit_of(job)} {failed[0]} {how_ended(failed[1])}" + self._error_of(job, failed[0])
         # Durable before the kill, so the outcome names the rank that failed even if the head
         # dies now; a stop already under way (a preemption, a cancel) keeps its own outcome.
-        if self.store.request_stop(job.id, "failure", now, message=message):
+        if self.store.request_stop(job.id, StopReason.FAILURE, now, message=message, failed_rank=failed[0]):
             log.info("job %s: %s; stopping the other processes", job.id, message)
         self.executor.signal(handle, signal.SIGKILL)
         self.store.update_job(job.id, JobState.RUNNING, term_sent=True, kill_sent=True)
@@ -310,7 +283,7 @@ class Head:
         limit = job.spec.time_limit
         assert job.started_at is not None
         if job.stop_reason is None and isinstance(limit, float) and now - job.started_at >= limit:
-            self.store.request_stop(job.id, "time_limit", now)
+            self.store.request_stop(job.id, StopReason.TIME_LIMIT, now)
             job = self._reload(job)
         if job.stop_reason is None or job.stop_requested_at is None:
             return
@@ -327,66 +300,71 @@ class Head:
         return fresh
 
     def _finish(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> None:
+        """Every process of the attempt has ended: what happens next is the lifecycle's
+        (core/lifecycle.py); this applies it to the store and says it in the job's events."""
         self._capacity_changed = True
         job = self._reload(job)
         if job.kill_sent:  # a process that vanished after our SIGKILL was killed by it
             statuses = [Exited(128 + signal.SIGKILL, signal.SIGKILL) if isinstance(s, Lost) else s for s in statuses]
-        # A job that finished before a preemption reached it (no SIGTERM sent yet) succeeded:
-        # requeueing it would run finished work again. Once signalled, the head's intent rules.
-        finished_first = not job.term_sent and all(isinstance(s, Exited) and s.exit_code == 0 for s in statuses)
-        if job.stop_reason == "preempt" and not finished_first:
-            self._requeue_preempted(job, statuses, now)
+        stop = StopReason(job.stop_reason) if job.stop_reason is not None else None
+        codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
+        # The rank that failed first, recorded when it did (the others were killed after it).
+        told = job.failed_rank if stop in (StopReason.FAILURE, StopReason.CANCEL) else None
+        if told is not None and not 0 <= told < len(statuses):
+            told = None
+        bad = told if told is not None else next((r for r, s in enumerate(statuses) if is_failure(s)), None)
+        first_bad = statuses[bad] if bad is not None else None
+        # An executor's word that no restart would help (an image that cannot be pulled).
+        final = any(isinstance(s, Exited) and s.final for s in statuses)
+        after = after_attempt(
+            stop,
+            exit_of(codes, first_bad, final),
+            signalled=stop_reached(job.term_sent, statuses),
+            restarts=job.restarts,
+            max_restarts=job.spec.max_restarts,
+            first_backoff_s=self.restart_backoff_s,
+        )
+        if after.why is Why.PREEMPTED:
+            self._requeue_preempted(job, statuses, now, after)
+            return
+        if after.why is Why.ASKED_REQUEUE:
+            # It checkpointed and asked to run again without being asked to stop (someone
+            # else sent SIGTERM): requeued like a preemption, after a backoff.
+            self._requeue_preempted(job, statuses, now, after, message="the job asked to be requeued")
             return
         multi = "ranks" in handle
-        codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
-        first_bad = next((s for s in statuses if _failed(s)), None)
-        if job.stop_reason in ("failure", "cancel") and job.stop_message and (m := _RANK.match(job.stop_message)):
-            first_bad = statuses[int(m.group(1))]  # the rank that failed first; the others were killed
         status = first_bad or statuses[0]
         code = status.exit_code if isinstance(status, Exited) else None
-        how = _describe_end(statuses, _unit(job)) if multi else _how(status)
-        if multi and first_bad is not None and job.stop_reason is None:  # all ended at once: say why
-            how += self._error_of(job, statuses.index(first_bad))
+        how = describe_end(statuses, unit_of(job)) if multi else how_ended(status)
+        if multi and bad is not None and stop is None:  # all ended at once: say why
+            how += self._error_of(job, bad)
         ended = self._ended_attempt(job, now, codes, statuses)
-        if job.stop_reason == "cancel":
-            if job.stop_message and _RANK.match(job.stop_message):
+        if after.why is Why.CANCELLED:
+            if told is not None and job.stop_message:
                 how = job.stop_message  # cancelled while a failed rank was being handled
             reason = f"cancelled by user ({how})" if code is not None else "cancelled by user"
-            state = JobState.CANCELLED
-        elif job.stop_reason == "time_limit":
+        elif after.why is Why.TIME_LIMIT:
             limit = format_duration(float(job.spec.time_limit or 0))
             reason = f"time limit {limit} exceeded ({how})" if code is not None else f"time limit {limit} exceeded"
-            state = JobState.FAILED
-        elif job.stop_reason == "policy":  # telemetry (over its memory share, idle) or accounting
+        elif after.why is Why.POLICY:  # telemetry (over its memory share, idle) or accounting
             what = job.stop_message or "stopped by policy"
             reason = f"{what} ({how})" if code is not None else what
-            state = JobState.FAILED
+        elif after.why is Why.SUCCEEDED:
+            reason = how
         else:
-            outcome = AttemptOutcome.FAILED if first_bad is not None else attempt_outcome([c or 0 for c in codes])
-            if outcome is AttemptOutcome.SUCCEEDED:
-                state, reason = JobState.SUCCEEDED, how
-            elif outcome is AttemptOutcome.REQUEUE:
-                # It checkpointed and asked to run again without being asked to stop (someone
-                # else sent SIGTERM): requeued like a preemption, after a backoff.
-                self._requeue_preempted(
-                    job, statuses, now, message="the job asked to be requeued", backoff_s=self.restart_backoff_s
-                )
-                return
-            else:
-                if job.stop_reason == "failure" and job.stop_message:
-                    how = job.stop_message  # the process that failed first, not those killed after
-                elif isinstance(status, Lost) and not multi:
-                    how = f"process lost: {status.reason}"
-                final = any(isinstance(s, Exited) and s.final for s in statuses)
-                self._fail_or_restart(job, how, code, ended, now, final=final)
-                return
+            if stop is StopReason.FAILURE and job.stop_message:
+                how = job.stop_message  # the process that failed first, not those killed after
+            elif isinstance(status, Lost) and not multi:
+                how = f"process lost: {status.reason}"
+            self._fail_or_restart(job, how, code, ended, now, after)
+            return
         self.store.transition(
             job.id,
-            state,
+            after.state,
             now,
             reason,
             expect=[JobState.RUNNING],
-            ended_attempt=ended(state.value, reason),
+            ended_attempt=ended(after.attempt.value, reason),
             exit_code=code,
         )
 
@@ -397,32 +375,32 @@ class Head:
         code: int | None,
         ended: Callable[[str, str], AttemptRecord],
         now: float,
-        final: bool = False,
+        after: Next,
     ) -> None:
-        """A failed attempt: back to the queue after a backoff while restarts are left, else failed.
-        A `final` failure (an image that cannot be pulled) fails at once: no restart would help."""
+        """A failed attempt: back to the queue after a backoff while restarts are left, else failed
+        (at once for a failure no restart would help: an image that cannot be pulled). `after` is
+        the lifecycle's answer."""
         limit = job.spec.max_restarts
-        if job.restarts >= limit or final:
-            reason = how if not limit or final else f"{how}; no restarts left ({job.restarts} of {limit} used)"
+        if not after.requeued:
+            reason = how if after.why is Why.FAILED else f"{how}; no restarts left ({job.restarts} of {limit} used)"
             self.store.transition(
                 job.id,
-                JobState.FAILED,
+                after.state,
                 now,
                 reason,
                 expect=[JobState.RUNNING],
-                ended_attempt=ended("failed", how),
+                ended_attempt=ended(after.attempt.value, how),
                 exit_code=code,
             )
             return
-        n = job.restarts + 1
-        delay = restart_backoff(n, self.restart_backoff_s)
+        n, delay = after.restart, after.backoff_s
         if self.store.transition(
             job.id,
-            JobState.QUEUED,
+            after.state,
             now,
             f"{how}; restart {n} of {limit} in {format_duration(delay)}",
             expect=[JobState.RUNNING],
-            ended_attempt=ended("failed", how),
+            ended_attempt=ended(after.attempt.value, how),
             exit_code=code,
             restarts=n,
             queued_at=now,
@@ -433,12 +411,7 @@ class Head:
             self.queue.invalidate()
 
     def _requeue_preempted(
-        self,
-        job: JobRecord,
-        statuses: list[Status],
-        now: float,
-        message: str | None = None,
-        backoff_s: float | None = None,
+        self, job: JobRecord, statuses: list[Status], now: float, after: Next, message: str | None = None
     ) -> None:
         """`preempted`, then straight back to `queued`: same id, next start is a new attempt.
 
@@ -447,17 +420,17 @@ class Head:
         (`_requeue_left_preempted`), its backoff kept in not_before.
         """
         codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
-        how = _codes(codes, _unit(job))
+        how = codes_text(codes, unit_of(job))
         message = (message or job.stop_message or "preempted") + (f" ({how})" if how else "")
         ended = self._ended_attempt(job, now, codes, statuses)
-        not_before = now + backoff_s if backoff_s else None
+        not_before = now + after.backoff_s if after.backoff_s else None
         if self.store.transition(
             job.id,
             JobState.PREEMPTED,
             now,
             message,
             expect=[JobState.RUNNING],
-            ended_attempt=ended("preempted", message),
+            ended_attempt=ended(after.attempt.value, message),
             not_before=not_before,
         ):
             self._requeue_after_preemption(job.id, now, not_before)
@@ -481,24 +454,18 @@ class Head:
         )
         self.queue.invalidate()
 
-    def _requeue_left_preempted(self, now: float) -> None:
-        """Jobs preempted but not requeued (the head stopped, or a cycle failed, in between)."""
-        for job in self.store.list_jobs(states=[JobState.PREEMPTED]):
-            log.info("job %s: left preempted, not requeued (the head stopped or a cycle failed); requeued", job.id)
-            self._requeue_after_preemption(job.id, now, job.not_before)
-
     def _ended_attempt(
         self, job: JobRecord, now: float, codes: tuple[int | None, ...], statuses: list[Status]
     ) -> Callable[[str, str], AttemptRecord]:
-        used = _used(statuses)
+        used = resources_used(statuses)
         return lambda outcome, reason: replace(self._attempt_record(job, now, outcome, reason, codes), **used)
 
     def _attempt_record(
         self, job: JobRecord, now: float, outcome: str, reason: str, codes: tuple[int | None, ...]
     ) -> AttemptRecord:
         lost = None
-        if outcome not in ("succeeded", "not_started"):
-            lost = work_lost(job, now, _newest_entry(self.data_dir.checkpoints(job.id)))
+        if AttemptResult(outcome).loses_work:
+            lost = work_lost(job, now, newest_entry(self.data_dir.checkpoints(job.id)))
         return AttemptRecord(
             job_id=job.id,
             attempt=job.attempt,
@@ -514,12 +481,18 @@ class Head:
     # ---- scheduling -------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
+        """The snapshot to plan on, admitted (core/admission.py): no new jobs on drained or down
+        nodes, none of a team over budget. The head plans on it after admission (its estimates
+        and elastic growth read the same view); `decide` would admit a raw one the same way.
+        Its queue is the eligible one (core/eligibility.py via head/gates.py): no job held by its
+        user, waiting on a dependency or over its array's throttle."""
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
-        queued = self.gates.admit(self.queue.requests(), self.clock())  # not held, blocked or throttled ones
-        queued = self.accounting.admit(queued)  # not the jobs held for a budget
+        queued = self.gates.eligible(self.queue.requests(), self.clock())  # not held, blocked or throttled ones
+        self.accounting.note_holds(queued)  # the held jobs' reasons, in `why` and the queue
         if self.preempted_for:  # forget preemptors that started or left the queue
-            ids = {r.job_id for r in queued}
+            ids = {r.job_id for r in queued if r.team not in self.accounting.held}
             self.preempted_for = {v: p for v, p in self.preempted_for.items() if p in ids}
+        down = self.inventory.down() if self.inventory is not None else frozenset()
         snap = Snapshot(
             nodes=nodes,
             running=tuple(self.store.running_jobs()),
@@ -527,39 +500,50 @@ class Head:
             usage=dict(self.usage),
             capacity=self.capacity_index,
             preempted_for=dict(self.preempted_for),
+            drained=self.telemetry.drained() | down,
+            holds=dict(self.accounting.held),
         )
-        down = self.inventory.down() if self.inventory is not None else frozenset()
-        return schedulable(snap, self.telemetry.drained() | down)  # drained and down nodes get no new jobs
+        return admit(snap)[0]
 
     def _schedule(self, now: float) -> None:
         if self.hold_starts:
             return
         queue_changed = self.queue.refresh(now)
         due = self._last_plan_at is None or now - self._last_plan_at >= REPLAN_EVERY_S
-        if not (queue_changed or self._capacity_changed or due):
+        # A backoff that ends is an event, as in the simulator: the job may start at that very
+        # instant, not at the next periodic replan.
+        released = self._next_release is not None and now >= self._next_release
+        if not (queue_changed or self._capacity_changed or due or released):
             return  # nothing a new plan could differ on
         self._capacity_changed = False
         self._last_plan_at = now
         snap = self.snapshot()
+        self._next_release = min(
+            (j.not_before for j in snap.queued if j.not_before and j.not_before > now), default=None
+        )
         self._grow_elastic(snap, now)
         if not snap.queued:
             self.queue_order = []
             self._record_waits(dict(self.gates.waits))
             return
         started = time.perf_counter()
-        plan = decide(snap, self.policy, now)
+        # The collector paused for the cycle, by the loop's choice (decide never touches it):
+        # its passes over a 100,000-job snapshot made a cycle at 10,000 nodes 1.6x slower
+        # (bench/bench_core_cycle.py); the API threads only miss cyclic collection for it.
+        with gc_paused():
+            plan = decide(snap, self.policy, now)
         self.last_decide_s = time.perf_counter() - started
+        stopped = []
         for p in plan.preemptions:
-            if self.store.request_stop(p.job_id, "preempt", now, message=p.reason):
+            if self.store.request_stop(p.job_id, StopReason.PREEMPT, now, message=p.reason):
                 log.info("job %s: %s", p.job_id, p.reason)
-                self.preempted_for[p.job_id] = p.for_job
+                stopped.append(p.job_id)
                 self.wake.set()
         for start in plan.starts:
             self.queue.remove(start.job_id)
             self._start(start.job_id, start.allocation, now)
-        if self.preempted_for and plan.starts:  # a preemptor that starts holds nothing back any more
-            begun = {s.job_id for s in plan.starts}
-            self.preempted_for = {v: p for v, p in self.preempted_for.items() if p not in begun}
+        # a preemptor that starts holds nothing back any more
+        self.preempted_for = held_back_after(self.preempted_for, plan, stopped)
         if plan.starts:
             self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)
@@ -611,121 +595,52 @@ class Head:
             "stop_reason": None,
             "stop_requested_at": None,
             "stop_message": None,
+            "failed_rank": None,
             "term_sent": False,
             "kill_sent": False,
             "not_before": None,
         }
+        # The record as it will be committed, made here rather than read back, and the launch
+        # spec made from it before the commit (it reads the store: the Unix account the job runs
+        # as, an array element's values): a database that goes away right after the commit must
+        # not stop the launch, or the committed attempt would wait out LAUNCH_GRACE_S and be
+        # requeued as a second attempt of a job that never ran.
+        job = replace(job, state=JobState.RUNNING, **started)
+        spec: LaunchSpec | LaunchError | OSError
+        try:
+            spec = self._launch_spec(job)
+        except (LaunchError, OSError) as e:
+            spec = e  # recorded as the attempt's end once the start is committed
         ok = self.store.transition(
-            job_id, JobState.RUNNING, now, f"started on {_describe(allocation)}", expect=[JobState.QUEUED], **started
+            job_id,
+            JobState.RUNNING,
+            now,
+            f"started on {describe_allocation(allocation)}",
+            expect=[JobState.QUEUED],
+            **started,
         )
         if not ok:
             return  # cancelled between snapshot and start
-        # The record as committed, made here rather than read back: a database that goes away
-        # right after the commit must not stop the launch, or the committed attempt would wait
-        # out LAUNCH_GRACE_S and be requeued as a second attempt of a job that never ran.
-        job = replace(job, state=JobState.RUNNING, **started)
         try:
-            handle = self.executor.launch(self._launch_spec(job))
+            if not isinstance(spec, LaunchSpec):
+                raise spec
+            handle = self.executor.launch(spec)
         except (LaunchError, OSError) as e:
             reason = f"could not start: {e}"
+            after = after_attempt(None, Exit.LAUNCH_ERROR)
             self.store.transition(
                 job_id,
-                JobState.FAILED,
+                after.state,
                 self.clock(),
                 reason,
                 expect=[JobState.RUNNING],
-                ended_attempt=self._attempt_record(job, self.clock(), "failed", reason, ()),
+                ended_attempt=self._attempt_record(job, self.clock(), after.attempt.value, reason, ()),
             )
             return
         self.store.update_job(job_id, JobState.RUNNING, launch=handle)
 
     def _launch_spec(self, job: JobRecord) -> LaunchSpec:
-        """What to start for the job's current attempt: one process, or one per rank."""
-        job = self.gates.element(job)  # an array element: its index, count and sweep values
-        assert job.allocation is not None
-        slices = job.allocation.slices
-        attempt = job.attempt
-        checkpoints = self.data_dir.checkpoints(job.id)  # made by the job's own processes
-        envs = {
-            s.node: job_env(
-                base=self.base_env,
-                user_env=job.spec.env,
-                submitter_env=job.spec.exported_env,
-                job_id=job.id,
-                job_name=job.name,
-                team=job.team,
-                attempt=attempt,
-                slice_=s,
-                head_url=self.head_url,
-                virtual_gpus=self.virtual_gpus,
-                grace_period_s=self.grace_period_s,
-                checkpoint_dir=str(checkpoints),
-            )
-            for s in slices
-        }
-        if self.identity is not None:
-            extra = self.identity.job_env(job)
-            for env in envs.values():
-                env.update(extra)
-        run_dir = self.data_dir.run_dir(job.id, attempt)
-        spec = LaunchSpec(
-            job_id=job.id,
-            attempt=attempt,
-            argv=job.spec.argv,
-            env=envs[slices[0].node],
-            workdir=job.spec.workdir or "~",  # the home of the account it runs as
-            run_dir=run_dir,
-            log_path=self.data_dir.log(job.id, attempt),
-            user=self.identity.run_as(job.owner) if self.identity is not None else None,
-            job_dir=self.data_dir.job_dir(job.id),
-            container=ContainerSpec(job.spec.image, tuple(job.spec.mounts)) if job.spec.image else None,
-            session=job.spec.interactive,
-        )
-        if job.spec.interactive:
-            # The session's command leads a session of its own (its PTY's), out of the shim's
-            # process group: the marker finds what it leaves, as it finds torchrun's workers.
-            spec.env[ENV_ATTEMPT_MARKER] = str(run_dir)
-            return dataclasses.replace(spec, marker=f"{ENV_ATTEMPT_MARKER}={run_dir}")
-        if not job.spec.distributed:
-            return spec
-        marker = f"{ENV_ATTEMPT_MARKER}={run_dir}"
-        for env in envs.values():
-            env[ENV_ATTEMPT_MARKER] = str(run_dir)
-        addresses = {s.node: self._node_address(s.node) for s in slices}
-        # A fresh port every attempt (a dead attempt's store is never dialled), free on rank 0's node.
-        port = self.inventory.free_port(slices[0].node) if self.inventory is not None else pick_free_port()
-        argvs: list[tuple[str, list[str], dict[str, str]]]
-        try:
-            if job.spec.per_gpu:
-                argvs = [
-                    (pe.placement.node, job.spec.argv, pe.apply(envs[pe.placement.node]))
-                    for pe in per_gpu_envs(
-                        slices,
-                        addresses,
-                        port,
-                        job_id=job.id,
-                        attempt=attempt,
-                        max_restarts=job.spec.max_restarts,
-                        # next to the rank's log, in the job's directory, where its processes write
-                        error_file=lambda p: str(self.data_dir.log(job.id, attempt, p.rank).parent / "error.json"),
-                    )
-                ]
-            else:
-                argvs = [
-                    (c.node, list(c.argv), {**envs[c.node], **c.env})
-                    for c in launcher_commands(slices, addresses, port, job.spec.argv, job_id=job.id, attempt=attempt)
-                ]
-        except ValueError as e:
-            raise LaunchError(str(e)) from None
-        processes = tuple(
-            ProcessSpec(argv, env, run_dir / f"rank-{r}", self.data_dir.log(job.id, attempt, r))
-            for r, (_, argv, env) in enumerate(argvs)
-        )
-        return replace(spec, processes=processes, marker=marker)
-
-    def _node_address(self, node: str) -> str:
-        known = self.inventory.address(node) if self.inventory is not None else None
-        return known or self.node_addresses.get(node, "127.0.0.1")
+        return launch_spec(self, job)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -808,14 +723,6 @@ class Head:
         self.wake.set()
 
 
-_RANK = re.compile(r"(?:rank|node) (\d+) ")  # the start of a failure's stop_message
-
-
-def _unit(job: JobRecord) -> str:
-    """What one process of a distributed job is: a rank, or a node's launcher."""
-    return "node" if job.spec.launcher else "rank"
-
-
 # Fields reset when a job goes back to the queue.
 _REQUEUED: dict[str, Any] = {
     "allocation": None,
@@ -823,100 +730,7 @@ _REQUEUED: dict[str, Any] = {
     "stop_reason": None,
     "stop_requested_at": None,
     "stop_message": None,
+    "failed_rank": None,
     "term_sent": False,
     "kill_sent": False,
 }
-
-
-def work_lost(job: JobRecord, now: float, checkpoint_at: float | None = None) -> float | None:
-    """Seconds of work an interrupted attempt lost: from its last checkpoint (or its start, if it
-    made none since) to the interruption. A checkpoint written after the head asked the job to
-    stop (preemption, requeue) saved everything: nothing is lost.
-
-    The last checkpoint is the newer of the job's own report and `checkpoint_at` (what the head
-    sees in the job's checkpoint directory): reports come at most every 10 s, the files do not lie.
-    """
-    if job.started_at is None:
-        return None
-    known = [t for t in (job.last_checkpoint_at, checkpoint_at) if t is not None]
-    ckpt = max(known) if known else None
-    asked = job.stop_requested_at if job.stop_reason not in (None, "failure") else None
-    if ckpt is not None and asked is not None and ckpt >= asked:
-        return 0.0
-    # A failure is noticed when its first process dies; the others are killed only after.
-    interrupted = job.stop_requested_at if job.stop_reason == "failure" and job.stop_requested_at else now
-    since = max(job.started_at, ckpt) if ckpt is not None else job.started_at
-    return max(0.0, interrupted - since)
-
-
-def _newest_entry(directory: Path) -> float | None:
-    """When the newest complete entry of a checkpoint directory was written (names starting with
-    '.' are writes in progress, by gpucluster.train's convention and most others')."""
-    newest = None
-    try:
-        with os.scandir(directory) as it:
-            for e in it:
-                if not e.name.startswith("."):
-                    with contextlib.suppress(OSError):
-                        t = e.stat(follow_symlinks=False).st_mtime
-                        newest = t if newest is None else max(newest, t)
-    except OSError:
-        return None
-    return newest
-
-
-def _used(statuses: list[Status]) -> dict[str, Any]:
-    """What an attempt's processes used, from their cgroups: CPU seconds and peak memory, summed;
-    None where none of them was measured."""
-    cpu = [s.cpu_s for s in statuses if isinstance(s, Exited) and s.cpu_s is not None]
-    memory = [s.memory_peak_bytes for s in statuses if isinstance(s, Exited) and s.memory_peak_bytes is not None]
-    pulls = [s.pull_s for s in statuses if isinstance(s, Exited) and s.pull_s is not None]
-    return {
-        "cpu_s": sum(cpu) if cpu else None,
-        "memory_peak_bytes": sum(memory) if memory else None,
-        "pull_s": max(pulls) if pulls else None,
-    }
-
-
-def _failed(s: Status) -> bool:
-    """A process that ended in a way that dooms its attempt (a rank's 0 or 79 does not)."""
-    return isinstance(s, Lost) or (isinstance(s, Exited) and s.exit_code not in (0, REQUEUE_EXIT_CODE))
-
-
-def _how(s: Status) -> str:
-    if isinstance(s, Lost):
-        return f"lost: {s.reason}"
-    if isinstance(s, Exited):
-        if s.error:
-            return s.error  # "cannot enter the workdir ...", "cannot start ..."
-        return f"killed by {signal.Signals(s.signal).name}" if s.signal else f"exit code {s.exit_code}"
-    return "running"
-
-
-def _describe_end(statuses: list[Status], unit: str = "rank") -> str:
-    """How a multi-process attempt ended: 'exit code 0 on all 4 ranks', 'rank 2 killed by SIGKILL'."""
-    bad = [(r, s) for r, s in enumerate(statuses) if _failed(s)]
-    if bad:
-        return f"{unit} {bad[0][0]} {_how(bad[0][1])}"
-    hows = {_how(s) for s in statuses}
-    if len(statuses) == 1:
-        return hows.pop()
-    if len(hows) == 1:
-        return f"{hows.pop()} on all {len(statuses)} {unit}s"
-    return ", ".join(f"{unit} {r} {_how(s)}" for r, s in enumerate(statuses))
-
-
-def _codes(codes: tuple[int | None, ...], unit: str = "rank") -> str:
-    known = [c for c in codes if c is not None]
-    if not known:
-        return ""
-    if len(codes) == 1:
-        return f"exit code {known[0]}"
-    if len(set(codes)) == 1:
-        return f"exit code {known[0]} on all {len(codes)} {unit}s"
-    return "exit codes " + ", ".join("lost" if c is None else str(c) for c in codes)
-
-
-def _describe(allocation: object) -> str:
-    slices = getattr(allocation, "slices", ())
-    return "; ".join(f"{s.node} GPUs {','.join(map(str, s.gpu_indices))}" for s in slices)

@@ -30,9 +30,14 @@ from dataclasses import dataclass, field
 from itertools import accumulate, count
 from typing import cast
 
+from gpucluster.core.accounting import Budget, Spend, hold_message, over_budget, period_end
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.elastic import grow
+from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.restarts import RESTART_BACKOFF_S
+from gpucluster.core.snapshot import held_back_after
+from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob, Start
 from gpucluster.sim import scheduling
 from gpucluster.sim.errors import SimulationError
@@ -47,10 +52,15 @@ EPS = 1e-9
 # event kinds
 _END, _STOPPED, _CKPT, _FAIL, _REPAIR, _REPLAN = range(6)
 _BACKOFF, _PERIODIC, _CYCLE = 0, 1, 2  # why a _REPLAN
-# job states
-QUEUED, RUNNING, STOPPING = 0, 1, 2
-# outcomes
-SUCCEEDED, FAILED_TIME_LIMIT, FAILED_RESTARTS, NEVER_STARTED = 0, 1, 2, 3
+# outcomes, as RunResult.outcome stores them (one byte per job); the lifecycle says which
+SUCCEEDED, FAILED_TIME_LIMIT, FAILED_RESTARTS, NEVER_STARTED, FAILED_BUDGET = 0, 1, 2, 3, 4
+_OUTCOME_OF = {
+    Why.SUCCEEDED: SUCCEEDED,
+    Why.TIME_LIMIT: FAILED_TIME_LIMIT,
+    Why.NO_RESTARTS_LEFT: FAILED_RESTARTS,
+    Why.FAILED: FAILED_RESTARTS,
+    Why.POLICY: FAILED_BUDGET,  # the only policy stop the simulator models: a budget's `on_exceed: stop`
+}
 # per-team totals: GPU-seconds allocated, money, kWh, GPU-seconds writing periodic checkpoints,
 # lost to failures (work since the last checkpoint + restart time), lost to preemption (the
 # checkpoint written on preemption, work it could not save, restart time)
@@ -78,6 +88,7 @@ class SimJob:
         "saves_on_stop",
         "startup",
         "state",
+        "stop",
         "stop_elapsed",
         "team",
         "token",
@@ -90,7 +101,8 @@ class SimJob:
         self.request = request
         self.interval = interval
         self.team = team
-        self.state = QUEUED
+        self.state = JobState.QUEUED
+        self.stop: StopReason | None = None  # the stop under way (a preemption), as the head's stop_reason
         self.token = 0  # bumped whenever this job's scheduled events become stale
         self.attempts = 0
         self.restarts = 0
@@ -161,6 +173,9 @@ class RunResult:
     cpu_s: float = 0.0  # CPU time of the run (time.process_time): steadier than wall on a shared machine
     truncated: bool = False  # stopped by wall_budget_s: the metrics cover only part of the trace
     truncated_at: float = 0.0
+    # Teams with a budget: money and GPU-hours spent over the run, seconds and times held,
+    # running jobs stopped by `on_exceed: stop` (see Engine._check_budgets).
+    budgets: dict[str, dict[str, float]] = field(default_factory=dict)
     starts: list[tuple[float, int, Allocation]] = field(default_factory=list)  # with keep_starts
     interruptions_log: list[tuple[float, int, str]] = field(default_factory=list)  # with keep_starts
 
@@ -244,6 +259,25 @@ class Engine:
         self.result.series = Series(bin_s or nice_bin(last_submit + _p99_duration(jobs)))
         self._last_t = 0.0
         self._next_sample = self.result.series.bin_s
+        # Budgets (the policy file's `budgets:`), as the head's accountant applies them: spend
+        # accrues with the running jobs' prices (the cluster spec's) and GPUs; a team over its
+        # budget for the period has its queued jobs held (Snapshot.holds, admitted by the core)
+        # until the period rolls over, and with `on_exceed: stop` its running jobs are stopped.
+        self._budgets = {t: b for t, b in policy.accounting.budgets.items() if t in self._team_index}
+        self._spend: dict[str, list[float]] = {t: [0.0, 0.0] for t in self._budgets}  # period's money, GPU-s
+        self._rate: dict[str, list[float]] = {t: [0.0, 0.0] for t in self._budgets}  # money/s, GPUs
+        self._spend_at: dict[str, float] = {t: 0.0 for t in self._budgets}
+        self._holds: dict[str, str] = {}
+        self._held_since: dict[str, float] = {}
+        self._budget_wake: dict[str, float] = {}
+        for t in self._budgets:
+            self.result.budgets[t] = {
+                "spent_money": 0.0,
+                "spent_gpu_hours": 0.0,
+                "held_s": 0.0,
+                "holds": 0,
+                "stopped_jobs": 0,
+            }
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -292,6 +326,8 @@ class Engine:
                         self._cycle_pending = False
                         at_cycle = True
                     self._dirty = True
+            if self._budgets:
+                self._check_budgets(t)
             tick = math.ceil(t / self.cycle_s) * self.cycle_s if self.cycle_s else t
             if self._dirty and self._queued and tick > t and not at_cycle:
                 if not self._cycle_pending:  # a fixed cycle: plan at its next tick, not now
@@ -321,6 +357,10 @@ class Engine:
         self._active.clear()
         res.last_end = max(res.end) if len(res.end) else res.first_submit
         self._advance(max(res.last_end, self._last_t))
+        for team in self._budgets:
+            self._bring_spend(team, max(res.last_end, self._last_t))
+            if team in self._held_since:
+                res.budgets[team]["held_s"] += max(res.last_end, self._last_t) - self._held_since.pop(team)
         self._close_series()
         res.wall_s = self.clock() - started
         res.cpu_s = time.process_time() - cpu_started
@@ -353,7 +393,8 @@ class Engine:
         self._enqueue(job)
 
     def _enqueue(self, job: SimJob) -> None:
-        job.state = QUEUED
+        job.state = JobState.QUEUED
+        job.stop = None
         self._queued[job.trace.job_id] = job.request
         self._queue_index.add(job.request)
         self._team_queued[job.team] += job.trace.gpus
@@ -401,6 +442,7 @@ class Engine:
             self._capacity,
             self._queue_index,
             self._preempted_for,
+            self._holds,
         )
         t0 = time.process_time()  # CPU time: on a shared machine wall time mostly measures the others
         plan = scheduling.decide(snap, self.policy, now)
@@ -414,8 +456,8 @@ class Engine:
         res.decide_running_max = max(res.decide_running_max, len(snap.running))
         for victim in scheduling.preemptions(plan):
             self._preempt(victim, now)
-        if plan.preemptions:
-            self._preempted_for.update(scheduling.preempted_for(plan))
+        if plan.preemptions or (plan.starts and self._preempted_for):
+            self._preempted_for = held_back_after(self._preempted_for, plan)
         for start in plan.starts:
             self._start(start, now)
         if self.spec.replan_every_s and self._queued and not self._replan_pending:
@@ -454,7 +496,7 @@ class Engine:
 
     def _start(self, start: Start, now: float) -> None:
         job = self._active.get(start.job_id)
-        if job is None or job.state != QUEUED:
+        if job is None or job.state is not JobState.QUEUED:
             raise SimulationError(f"t={now}: the plan starts job {start.job_id}, which is not queued")
         alloc = start.allocation
         self._claim(job, alloc, now)
@@ -482,7 +524,9 @@ class Engine:
             speed /= allreduce_slowdown(self.spec.allreduce, gpus, len(alloc.slices), g.nvlink_gbps, g.network_gbps)
         if job.trace.gpus >= 1 and job.held < job.trace.gpus:
             speed *= job.held / job.trace.gpus  # elastic, started smaller: the same work takes longer
-        job.state = RUNNING
+        job.state = JobState.RUNNING
+        if job.trace.team in self._budgets:
+            self._budget_rate(job.trace.team, price_s, job.held, now)
         job.price_s = price_s
         job.power_w = power_w
         job.rate = speed
@@ -537,6 +581,8 @@ class Engine:
             else:
                 self._used[(node, i)] = left
         held = job.held
+        if job.trace.team in self._budgets:
+            self._budget_rate(job.trace.team, -job.price_s, -held, now)
         self._busy_gpus -= held
         self._team_running[job.team] -= held
         if self._usage is not None:
@@ -562,26 +608,31 @@ class Engine:
 
     def _on_end(self, job_id: int, token: int, now: float) -> None:
         job = self._active.get(job_id)
-        if job is None or job.token != token or job.state != RUNNING:
+        if job is None or job.token != token or job.state is not JobState.RUNNING or job.stop is not None:
             return  # an attempt that was interrupted meanwhile
         timed_out = now - job.run_start < job.plan.total_s - EPS
         self._release(job, now, LOST_FAIL, saved_all=True)
         self._dirty = True
-        self._finish(job, now, FAILED_TIME_LIMIT if timed_out else SUCCEEDED)
+        if timed_out:  # the head asks a time-limit stop, and the job's processes die of it
+            after = after_attempt(StopReason.TIME_LIMIT, Exit.FAILURE)
+        else:
+            after = after_attempt(None, Exit.SUCCESS, signalled=False)
+        self._finish(job, now, after)
 
     def _on_checkpoint(self, job_id: int, token: int, now: float) -> None:
         """The job finished writing a periodic checkpoint: it reports it, as a live job would."""
         job = self._active.get(job_id)
-        if job is None or job.token != token or job.state != RUNNING or job.interval is None:
+        if job is None or job.token != token or job.stop is not None or job.interval is None:
             return
         self._running[job_id] = scheduling.checkpointed(self._running[job_id], now)
         done = round((now - job.run_start - job.startup) / (job.interval + self.spec.checkpoints.cost_s))
         if done < job.plan.checkpoints:
             self._push(now + job.interval + self.spec.checkpoints.cost_s, _CKPT, job_id, token)
 
-    def _finish(self, job: SimJob, now: float, outcome: int) -> None:
+    def _finish(self, job: SimJob, now: float, after: Next) -> None:
         del self._active[job.trace.job_id]
-        self._record(job, now, outcome)
+        job.state = after.state
+        self._record(job, now, _OUTCOME_OF[after.why])
 
     def _record(self, job: SimJob, now: float, outcome: int) -> None:
         res = self.result
@@ -592,6 +643,84 @@ class Engine:
         res.team.append(job.team)
         res.outcome.append(outcome)
 
+    # ---- budgets ----------------------------------------------------------------------------
+
+    def _bring_spend(self, team: str, now: float) -> None:
+        """The team's spending in its current period, brought up to `now` at its running rate
+        (rolling over at each period's end on the way)."""
+        budget, spend, rate, total = self._budgets[team], self._spend[team], self._rate[team], self.result.budgets[team]
+        at = self._spend_at[team]
+        while at < now:
+            end = period_end(budget, at)
+            until = min(now, end)
+            dt = until - at
+            spend[0] += rate[0] * dt
+            spend[1] += rate[1] * dt
+            total["spent_money"] += rate[0] * dt
+            total["spent_gpu_hours"] += rate[1] * dt / 3600.0
+            at = until
+            if at == end:  # a new period: its spending starts at 0
+                spend[0] = spend[1] = 0.0
+        self._spend_at[team] = max(at, self._spend_at[team])
+
+    def _budget_rate(self, team: str, money_s: float, gpus: float, now: float) -> None:
+        self._bring_spend(team, now)
+        rate = self._rate[team]
+        rate[0] += money_s
+        rate[1] += gpus
+        if team not in self._holds:
+            self._wake_at_crossing(team, self._budgets[team], now)
+
+    def _check_budgets(self, now: float) -> None:
+        """Hold a team once it is over its budget (and stop its running jobs if the budget says
+        so), release it when its period rolls over; wake up when a team will cross its budget
+        at its present rate, and when a held team's period ends."""
+        for team, budget in self._budgets.items():
+            self._bring_spend(team, now)
+            money, gpu_s = self._spend[team]
+            why = over_budget(budget, Spend(money, gpu_s / 3600.0))
+            if why is not None and team not in self._holds:
+                self._holds[team] = hold_message(why, budget, now)
+                self._held_since[team] = now
+                self.result.budgets[team]["holds"] += 1
+                self._dirty = True
+                self._wake(period_end(budget, now))
+                if budget.on_exceed == "stop":
+                    for jid in [j for j, r in self._running.items() if r.team == team]:
+                        self._stop_for_budget(self._active[jid], now)
+            elif why is None and team in self._holds:
+                del self._holds[team]
+                self.result.budgets[team]["held_s"] += now - self._held_since.pop(team)
+                self._dirty = True
+            if why is None:
+                self._wake_at_crossing(team, budget, now)
+
+    def _wake_at_crossing(self, team: str, budget: Budget, now: float) -> None:
+        rate, spend = self._rate[team], self._spend[team]
+        waits = []
+        if budget.money is not None and rate[0] > 0:
+            waits.append((budget.money - spend[0]) / rate[0])
+        if budget.gpu_hours is not None and rate[1] > 0:
+            waits.append((budget.gpu_hours * 3600.0 - spend[1]) / rate[1])
+        if not waits:
+            return
+        at = min(period_end(budget, now), now + max(0.0, min(waits)))
+        pending = self._budget_wake.get(team)
+        if pending is None or pending <= now or at < pending:
+            self._budget_wake[team] = at
+            self._wake(at)
+
+    def _stop_for_budget(self, job: SimJob, now: float) -> None:
+        """A budget's `on_exceed: stop`: the job ends now, failed by policy (the lifecycle's
+        POLICY stop); its work since the last checkpoint is lost."""
+        if job.stop is not None:
+            return
+        self._release(job, now, LOST_FAIL, saved_all=False)
+        job.token += 1
+        self.result.budgets[job.trace.team]["stopped_jobs"] += 1
+        self._dirty = True
+        self._finish(job, now, after_attempt(StopReason.POLICY, Exit.FAILURE))
+
     # ---- interruptions ----------------------------------------------------------------------
 
     def _preempt(self, job_id: int, now: float, resize: bool = False) -> None:
@@ -599,14 +728,14 @@ class Engine:
         checkpoint (if it checkpoints at all and the grace period allows) and exits; its GPUs
         stay held until then. Then it goes back to the queue."""
         job = self._active.get(job_id)
-        if job is None or job.state == STOPPING:
+        if job is None or job.stop is not None:
             return
-        if job.state != RUNNING:
+        if job.state is not JobState.RUNNING:
             raise SimulationError(f"t={now}: the plan preempts job {job_id}, which is not running")
         cost, grace = self.spec.checkpoints.cost_s, self.policy.grace_period_s
         job.saves_on_stop = job.interval is not None and cost <= grace
         job.stop_elapsed = now - job.run_start
-        job.state = STOPPING
+        job.stop = StopReason.PREEMPT
         job.token += 1
         self._running[job_id] = scheduling.stopping(self._running[job_id])
         self._capacity.stopping(self._running[job_id])
@@ -619,8 +748,10 @@ class Engine:
 
     def _on_stopped(self, job_id: int, token: int, now: float) -> None:
         job = self._active.get(job_id)
-        if job is None or job.token != token or job.state != STOPPING:
+        if job is None or job.token != token or job.stop is not StopReason.PREEMPT:
             return
+        after = after_attempt(job.stop, Exit.REQUEUE if job.saves_on_stop else Exit.FAILURE)
+        assert after.requeued and not after.backoff_s  # a preemption: straight back to the queue
         saves = job.saves_on_stop
         p = self._release(job, now, LOST_PREEMPT, saved_all=saves)
         if self.keep_starts:
@@ -661,12 +792,19 @@ class Engine:
         job.token += 1
         job.cause = LOST_FAIL
         limit = job.trace.max_restarts
-        if job.restarts >= (self.spec.failures.max_restarts if limit is None else limit):
-            self._finish(job, now, FAILED_RESTARTS)
+        after = after_attempt(
+            None,
+            Exit.FAILURE,
+            restarts=job.restarts,
+            max_restarts=self.spec.failures.max_restarts if limit is None else limit,
+            first_backoff_s=RESTART_BACKOFF_S,
+        )
+        if not after.requeued:
+            self._finish(job, now, after)
             return
-        job.restarts += 1
+        job.restarts = after.restart
         self.result.restarts += 1
-        wake = now + scheduling.restart_delay(job.restarts)
+        wake = now + after.backoff_s
         job.request = scheduling.job_request(job.trace, queued_at=now, not_before=wake)
         self._wake(wake)
         self._enqueue(job)

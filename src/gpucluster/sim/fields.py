@@ -9,13 +9,11 @@ mapping from pydantic's error locations back to lines.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from gpucluster.durations import parse_duration
 from gpucluster.sim.yamlspec import Located, Path_
-
-_MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(TiB|TB|GiB|GB|G|MiB|MB|M)\s*", re.IGNORECASE)
+from gpucluster.sizes import parse_mib
 
 
 class Fields:
@@ -113,13 +111,12 @@ class Fields:
 
 
 def parse_memory_mb(text: str) -> int:
-    """'80GiB' -> 81920 MiB; 'GB' and 'GiB' both mean GiB here, as NVML and vendors mix them."""
-    m = _MEMORY.fullmatch(text)
-    if not m:
-        raise ValueError(f"cannot read memory size {text!r}; use e.g. 80GiB or 16384MiB")
-    value, unit = float(m.group(1)), m.group(2).upper()
-    factor = 1024 * 1024 if unit.startswith("T") else 1024 if unit.startswith("G") else 1
-    return int(value * factor)
+    """'80GiB' -> 81920 MiB; 'GB' and 'GiB' both mean GiB here, as NVML and vendors mix them
+    (sizes.py: the one size parser)."""
+    try:
+        return parse_mib(text)
+    except ValueError:
+        raise ValueError(f"cannot read memory size {text!r}; use e.g. 80GiB or 16384MiB") from None
 
 
 def _get(data: Any, path: Path_) -> Any:

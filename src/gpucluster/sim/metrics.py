@@ -27,6 +27,7 @@ from gpucluster.sim.engine import (
     CKPT,
     COST,
     ENERGY,
+    FAILED_BUDGET,
     FAILED_RESTARTS,
     FAILED_TIME_LIMIT,
     LOST_FAIL,
@@ -91,7 +92,7 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
     attributed = math.fsum(t[COST] for t in totals)
     busy_kwh = math.fsum(t[ENERGY] for t in totals)
     contended = [j for j in res.series.jain if not math.isnan(j)]
-    outcomes = array("i", [0, 0, 0, 0])
+    outcomes = array("i", [0, 0, 0, 0, 0])
     for o in res.outcome:
         outcomes[o] += 1
     return {
@@ -103,6 +104,7 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
             "failed_time_limit": outcomes[FAILED_TIME_LIMIT],
             "failed_too_many_restarts": outcomes[FAILED_RESTARTS],
             "never_started": outcomes[NEVER_STARTED],
+            "failed_budget_stop": outcomes[FAILED_BUDGET],
             "skipped": sum(res.skipped.values()),
             "skipped_reasons": dict(sorted(res.skipped.items())),
             "skipped_gpu_hours": r(res.skipped_gpu_s / H),
@@ -137,6 +139,17 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
         "cost": {"attributed": r(attributed, 2), "idle": r(idle_cost, 2), "total": r(attributed + idle_cost, 2)},
         "energy_kwh": {"busy": r(busy_kwh, 2), "idle": r(idle_kwh, 2), "total": r(busy_kwh + idle_kwh, 2)},
         "per_team": _per_team(res, jct, delay, ended, started, used),
+        # teams with a budget (the policy file's `budgets:`): spent over the run, time and times held
+        "budgets": {
+            team: {
+                "spent_money": r(b["spent_money"], 2),
+                "spent_gpu_hours": r(b["spent_gpu_hours"], 2),
+                "held_hours": r(b["held_s"] / H, 2),
+                "holds": int(b["holds"]),
+                "stopped_jobs": int(b["stopped_jobs"]),
+            }
+            for team, b in sorted(res.budgets.items())
+        },
         "series": {
             "bin_s": res.series.bin_s,
             # busy / live GPU-seconds per bin; null while every node is down

@@ -12,20 +12,21 @@ shipped baseline name: `fifo`, `priority` or `default` (see gpucluster.core.poli
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpucluster.core import policy as core_policy
+from gpucluster.core.accounting import Accounting
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import Policy
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.restarts import restart_backoff
 from gpucluster.core.scheduler import decide as core_decide
+from gpucluster.core.scheduler import gc_paused
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Node, Plan, RunningJob
-from gpucluster.policyfile import PolicyFileError
-from gpucluster.policyfile import load_policy as load_policy_file
+from gpucluster.policyfile import PolicyFileError, load_policy_file
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.workload import TraceJob
 
@@ -39,6 +40,9 @@ class SimPolicy:
     name: str
     source: str  # the file it came from, or "built-in"
     core: Policy
+    # The file's `budgets:` (prices come from the cluster spec's node groups): teams over budget
+    # are held as on the head, by the core's admission (Snapshot.holds).
+    accounting: Accounting = field(default_factory=Accounting)
 
     @property
     def grace_period_s(self) -> float:
@@ -62,12 +66,14 @@ class SimPolicy:
 def load_policy(arg: str) -> SimPolicy:
     """`fifo`, `priority`, `default`, or a policy YAML file, read by the head's own loader."""
     if arg in BUILTIN_POLICIES:
-        return SimPolicy(name=arg, source="built-in", core=load_policy_file(arg))
+        core, accounting = load_policy_file(arg)
+        return SimPolicy(name=arg, source="built-in", core=core, accounting=accounting)
     path = Path(arg)
     if not path.is_file():
         raise SimInputError(f"--policy {arg}: no such file, and not a shipped baseline ({', '.join(BUILTIN_POLICIES)})")
     try:
-        return SimPolicy(name=path.stem, source=str(path), core=load_policy_file(path))
+        core, accounting = load_policy_file(path)
+        return SimPolicy(name=path.stem, source=str(path), core=core, accounting=accounting)
     except PolicyFileError as e:
         raise SimInputError(str(e)) from None
 
@@ -129,6 +135,7 @@ def snapshot(
     capacity: CapacityIndex | None = None,
     queue_index: QueueIndex | None = None,
     preempted_for: dict[int, int] | None = None,
+    holds: dict[str, str] | None = None,
 ) -> Snapshot:
     """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
     one, so free GPUs are updated from the jobs that changed rather than rebuilt; `queue_index`
@@ -141,6 +148,7 @@ def snapshot(
         capacity=capacity,
         queue_index=queue_index,
         preempted_for=preempted_for or {},
+        holds=holds or {},
     )
 
 
@@ -155,8 +163,12 @@ def decide(snap: Snapshot, policy: SimPolicy, now: float, reasons: bool = False)
     """One scheduling cycle of the real core. The simulator reads only the starts and
     preemptions, so by default the core stops once nothing else in line could start
     (`reasons=False`, the same starts and preemptions as the head's full cycle); `reasons=True`
-    when a wait's message is wanted (see `Engine._infeasible`)."""
-    return core_decide(snap, policy.core, now, reasons=reasons)
+    when a wait's message is wanted (see `Engine._infeasible`).
+
+    The garbage collector is paused for the cycle, by this caller's choice (the head's loop makes
+    the same one around its call): its passes over the snapshot cost 10-20% of a cycle."""
+    with gc_paused():
+        return core_decide(snap, policy.core, now, reasons=reasons)
 
 
 def preemptions(plan: Plan) -> tuple[int, ...]:

@@ -29,7 +29,8 @@ from sqlalchemy import (
 # 8: jobs.held, jobs.array_id, jobs.array_index; arrays
 # 9: jobs.kind (batch | session); job_usage.kind, job_usage.idle_gpu_seconds
 # 10: services, service_replicas
-SCHEMA_VERSION = 10
+# 11: jobs.failed_rank
+SCHEMA_VERSION = 11
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -88,6 +89,9 @@ jobs = Table(
     Column("array_id", Integer),
     Column("array_index", Integer),
     Column("kind", String(16)),  # batch | session (interactive); NULL reads as batch
+    # Which process of a distributed attempt failed first (with stop_reason "failure"), so the
+    # attempt's end names it, not one of the others killed after it.
+    Column("failed_rank", Integer),
     sqlite_autoincrement=True,
 )
 Index("ix_jobs_state", jobs.c.state)

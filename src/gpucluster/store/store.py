@@ -55,7 +55,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
-from gpucluster.core.admission import Target
+from gpucluster.core.eligibility import Target
+from gpucluster.core.lifecycle import StopReason, stop_overrides
 from gpucluster.core.states import JobState, can_transition
 from gpucluster.core.types import (
     Allocation,
@@ -238,6 +239,7 @@ class JobRecord:
     progress_at: float | None = None
     checkpoint_step: int | None = None
     owner: str | None = None  # who submitted it (None: before identities existed)
+    failed_rank: int | None = None  # the process that failed first (stop_reason "failure")
     held: bool = False
     array_id: int | None = None  # an array's element: its array (the first element's id) ...
     array_index: int | None = None  # ... and its index there
@@ -883,7 +885,7 @@ class Store:
     def dependency_targets(
         self, wanted: Iterable[tuple[int, bool]], default_time_limit_s: float, now: float = 0.0
     ) -> dict[tuple[int, bool], Target]:
-        """Each dependency target's state and expected start and end (admission's view): a job,
+        """Each dependency target's state and expected start and end (eligibility's view): a job,
         or (is_array) an array's elements summed up, its end that of its last element."""
         keys = set(wanted)
         jobs = [i for i, is_array in keys if not is_array]
@@ -1352,41 +1354,32 @@ class Store:
             ).all()
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
-    def request_stop(self, job_id: int, reason: str, now: float, message: str | None = None) -> bool:
+    def request_stop(
+        self, job_id: int, reason: str, now: float, message: str | None = None, failed_rank: int | None = None
+    ) -> bool:
         """Mark a running job to be stopped, unless a stop is already under way.
 
         A second request (a cancel during a time-limit stop) must not restart the grace period,
-        nor change why the job is ending; only a cancel during a preemption changes the outcome.
+        nor change why the job is ending; which stop may replace which one under way is the
+        lifecycle's table (core/lifecycle.py `stop_overrides`), applied here in one conditional
+        UPDATE each so a concurrent request cannot slip between a read and a write.
         """
+        stop = StopReason(reason)
         j = schema.jobs.c
+        running = update(schema.jobs).where(j.id == job_id).where(j.state == JobState.RUNNING.value)
         with self._write() as c:
             res = c.execute(
-                update(schema.jobs)
-                .where(j.id == job_id)
-                .where(j.state == JobState.RUNNING.value)
-                .where(j.stop_reason.is_(None))
-                .values(stop_reason=reason, stop_requested_at=now, stop_message=message)
+                running.where(j.stop_reason.is_(None)).values(
+                    stop_reason=stop.value, stop_requested_at=now, stop_message=message, failed_rank=failed_rank
+                )
             )
-            if res.rowcount == 0 and reason == "cancel":
-                # A user's cancel outranks a preemption already under way (the job must not be
-                # requeued), but keeps its grace timer.
-                res = c.execute(
-                    update(schema.jobs)
-                    .where(j.id == job_id)
-                    .where(j.state == JobState.RUNNING.value)
-                    .where(j.stop_reason == "preempt")
-                    .values(stop_reason=reason, stop_message=message)
-                )
-            if res.rowcount == 0 and reason == "cancel":
-                # ... and a failure being handled (the job must not be restarted); the message
-                # still names the process that failed.
-                res = c.execute(
-                    update(schema.jobs)
-                    .where(j.id == job_id)
-                    .where(j.state == JobState.RUNNING.value)
-                    .where(j.stop_reason == "failure")
-                    .values(stop_reason=reason)
-                )
+            for override in stop_overrides(stop):
+                if res.rowcount:
+                    break
+                values: dict[str, Any] = {"stop_reason": stop.value}
+                if not override.keeps_message:
+                    values["stop_message"] = message
+                res = c.execute(running.where(j.stop_reason == override.replaces.value).values(**values))
         return res.rowcount == 1
 
     def update_job(self, job_id: int, expect: JobState, **fields: Any) -> bool:
@@ -1523,6 +1516,7 @@ def _job(r: Any, shared: dict[int, JobSpec] | None = None) -> JobRecord:
         progress_at=r["progress_at"],
         checkpoint_step=r["checkpoint_step"],
         owner=r["owner"],
+        failed_rank=r["failed_rank"],
         held=bool(r["held"]),
         array_id=r["array_id"],
         array_index=r["array_index"],

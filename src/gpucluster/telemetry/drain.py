@@ -10,21 +10,11 @@ which is what a drain means anyway (nothing new may go there).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from gpucluster.core.admission import without_nodes
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Allocation
 
 
 def schedulable(snap: Snapshot, drained: frozenset[str]) -> Snapshot:
-    """`snap` without the drained nodes and without running jobs' slices on them."""
-    if not drained:
-        return snap
-    running = []
-    for job in snap.running:
-        slices = tuple(s for s in job.allocation.slices if s.node not in drained)
-        if len(slices) == len(job.allocation.slices):
-            running.append(job)
-        elif slices:
-            running.append(replace(job, allocation=Allocation(slices)))
-    return replace(snap, nodes=tuple(n for n in snap.nodes if n.name not in drained), running=tuple(running))
+    """`snap` without the drained nodes and without running jobs' slices on them (the core's
+    admission rule, core/admission.py)."""
+    return without_nodes(snap, drained)

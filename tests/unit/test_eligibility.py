@@ -1,10 +1,9 @@
-"""The admission rules (core/admission.py) and the array and sweep syntax (core/arrays.py)."""
+"""The eligibility rules (core/eligibility.py) and the array and sweep syntax (core/arrays.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpucluster.core.admission import Target, Verdict, admit, verdict
 from gpucluster.core.arrays import (
     ArraySyntaxError,
     check_size,
@@ -13,6 +12,7 @@ from gpucluster.core.arrays import (
     parse_sweep,
     substitute,
 )
+from gpucluster.core.eligibility import Target, Verdict, eligible, verdict
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Dependency, DependencyKind, JobRequest
@@ -144,39 +144,39 @@ def test_afterok_on_an_array_with_a_failed_element_can_never_be_met() -> None:
     assert verdict(ANY, Target(JobState.RUNNING, any_failed=True)) is Verdict.WAITING
 
 
-# ---- admission ---------------------------------------------------------------------------------
+# ---- eligibility --------------------------------------------------------------------------------
 
 
-def test_nothing_to_admit_passes_the_queue_through() -> None:
+def test_nothing_to_check_passes_the_queue_through() -> None:
     queue = (job(1), job(2))
-    result = admit(queue, {}, {}, {}, NOW, LIMIT)
+    result = eligible(queue, {}, {}, {}, NOW, LIMIT)
     assert result.eligible == queue and not result.waits and not result.doomed
 
 
 def test_a_held_job_waits_with_its_reason() -> None:
-    result = admit((job(1, held=True), job(2)), {}, {}, {}, NOW, LIMIT)
+    result = eligible((job(1, held=True), job(2)), {}, {}, {}, NOW, LIMIT)
     assert [r.job_id for r in result.eligible] == [2]
     assert result.waits[1].reason is WaitReason.HELD and result.waits[1].message == "held by user"
 
 
-def test_a_dependency_waits_then_is_admitted_or_doomed() -> None:
+def test_a_dependency_waits_then_is_eligible_or_doomed() -> None:
     dep = (Dependency(OK, 41),)
     running = {(41, False): Target(JobState.RUNNING, True, expected_end=NOW + 600)}
-    result = admit((job(50, after=dep),), running, {}, {}, NOW, LIMIT)
+    result = eligible((job(50, after=dep),), running, {}, {}, NOW, LIMIT)
     assert not result.eligible
     wait = result.waits[50]
     assert wait.reason is WaitReason.DEPENDENCY and wait.estimated_start == NOW + 600
     assert wait.message.startswith("waits for job 41 (running, expected to end ")
     done = {(41, False): Target(JobState.SUCCEEDED, True)}
-    assert [r.job_id for r in admit((job(50, after=dep),), done, {}, {}, NOW, LIMIT).eligible] == [50]
+    assert [r.job_id for r in eligible((job(50, after=dep),), done, {}, {}, NOW, LIMIT).eligible] == [50]
     failed = {(41, False): Target(JobState.FAILED, True)}
-    doomed = admit((job(50, after=dep),), failed, {}, {}, NOW, LIMIT).doomed
+    doomed = eligible((job(50, after=dep),), failed, {}, {}, NOW, LIMIT).doomed
     assert doomed == {50: "dependency can never be met: job 41 failed (afterok)"}
 
 
 def test_a_held_job_with_a_dependency_that_fails_is_still_cancelled() -> None:
     failed = {(41, False): Target(JobState.FAILED, True)}
-    result = admit((job(50, held=True, after=(Dependency(OK, 41),)),), failed, {}, {}, NOW, LIMIT)
+    result = eligible((job(50, held=True, after=(Dependency(OK, 41),)),), failed, {}, {}, NOW, LIMIT)
     assert 50 in result.doomed
 
 
@@ -190,7 +190,7 @@ def test_a_chain_is_estimated_through_each_step() -> None:
         job(41, after=(Dependency(OK, 40),), time_limit_s=1200.0),
         job(42, after=(Dependency(ANY, 41),)),
     )
-    result = admit(queue, targets, {}, {}, NOW, LIMIT)
+    result = eligible(queue, targets, {}, {}, NOW, LIMIT)
     assert result.waits[41].estimated_start == NOW + 600
     assert result.waits[42].estimated_start == NOW + 600 + 1200
     assert "waiting, expected to end" in result.waits[42].message
@@ -198,32 +198,32 @@ def test_a_chain_is_estimated_through_each_step() -> None:
 
 def test_an_unknown_end_gives_no_estimate() -> None:
     targets = {(40, False): Target(JobState.QUEUED)}
-    result = admit((job(41, after=(Dependency(OK, 40),)),), targets, {}, {}, NOW, LIMIT)
+    result = eligible((job(41, after=(Dependency(OK, 40),)),), targets, {}, {}, NOW, LIMIT)
     assert result.waits[41].estimated_start is None and "end not estimated yet" in result.waits[41].message
 
 
 def test_a_missing_target_can_never_be_met() -> None:
-    result = admit((job(41, after=(Dependency(OK, 9),)),), {}, {}, {}, NOW, LIMIT)
+    result = eligible((job(41, after=(Dependency(OK, 9),)),), {}, {}, {}, NOW, LIMIT)
     assert "job 9 no longer exists" in result.doomed[41]
 
 
-def test_the_throttle_admits_only_the_room_left_lowest_ids_first() -> None:
+def test_the_throttle_lets_through_only_the_room_left_lowest_ids_first() -> None:
     queue = tuple(job(i, array_id=10) for i in range(10, 20))
-    result = admit(queue, {}, {10: 2}, {10: 5}, NOW, LIMIT)
+    result = eligible(queue, {}, {10: 2}, {10: 5}, NOW, LIMIT)
     assert [r.job_id for r in result.eligible] == [10, 11, 12]
     assert all(result.waits[i].reason is WaitReason.THROTTLE for i in range(13, 20))
-    full = admit(queue, {}, {10: 5}, {10: 5}, NOW, LIMIT)
+    full = eligible(queue, {}, {10: 5}, {10: 5}, NOW, LIMIT)
     assert not full.eligible and "at most 5 elements at once (5 running)" in full.waits[10].message
     assert "at most 5 elements at once (5 running)" in result.waits[13].message  # 2 running, 3 starting
 
 
 def test_held_or_blocked_elements_take_no_room_under_the_throttle() -> None:
     queue = (job(10, array_id=10, held=True), job(11, array_id=10), job(12, array_id=10))
-    result = admit(queue, {}, {}, {10: 1}, NOW, LIMIT)
+    result = eligible(queue, {}, {}, {10: 1}, NOW, LIMIT)
     assert [r.job_id for r in result.eligible] == [11]
     assert result.waits[10].reason is WaitReason.HELD and result.waits[12].reason is WaitReason.THROTTLE
 
 
 def test_an_array_without_a_throttle_is_not_limited() -> None:
     queue = tuple(job(i, array_id=10) for i in range(10, 15))
-    assert len(admit(queue, {}, {}, {}, NOW, LIMIT).eligible) == 5
+    assert len(eligible(queue, {}, {}, {}, NOW, LIMIT).eligible) == 5

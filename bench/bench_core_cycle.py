@@ -1,0 +1,89 @@
+"""One cycle at 10,000 nodes x 8 GPUs with 100,000 queued, a baseline tree beside this one (issue 15).
+
+  python bench/bench_core_cycle.py --baseline DIR [--nodes 10000] [--jobs 100000] [--cycles 5]
+
+issue 15 moved the garbage collector's pause out of `decide` (the caller's choice: the head's
+API threads share the process-wide collector; the head's loop and the simulator pause it around
+their own call) and the capacity fork's undo into an explicit trial scope. This measures a cycle
+with a kept capacity index, the collector left on and paused by the caller, each in a fresh
+process, against the baseline tree's `decide` (which paused the collector itself),
+on bench_scheduler.py's snapshot (Philly's GPU counts, 50 teams with quotas, ~90% full).
+Prints the first cycle, the median and the slowest of the others (CPU seconds: on a machine
+others load, wall time mostly measures them), and baseline / this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import gc, json, statistics, sys, time
+from dataclasses import replace
+sys.path.insert(0, sys.argv[1])
+from bench_scheduler import build
+from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core import scheduler
+nodes, jobs, cycles, pause = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "paused"
+snap, policy = build(nodes, jobs)
+snap = replace(snap, capacity=CapacityIndex())
+times = []
+for _ in range(cycles + 1):
+    t0 = time.process_time()
+    if pause:
+        gc.disable()
+    try:
+        plan = scheduler.decide(snap, policy, 0.0)
+    finally:
+        gc.enable()
+    times.append(time.process_time() - t0)
+rest = sorted(times[1:])
+got = {"first_s": times[0], "median_s": statistics.median(rest), "max_s": rest[-1], "starts": len(plan.starts)}
+print(json.dumps(got))
+"""
+
+
+def run(src: Path, nodes: int, jobs: int, cycles: int, mode: str) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT / "bench"), str(nodes), str(jobs), str(cycles), mode],
+        env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode:
+        raise SystemExit(f"{src} ({mode}): {out.stderr.strip()[-2000:]}")
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", type=Path, required=True, help="a tree with src/ (decide pausing the collector)")
+    ap.add_argument("--nodes", type=int, default=10_000)
+    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--cycles", type=int, default=5)
+    args = ap.parse_args()
+    rows = [
+        ("baseline (decide pauses gc)", args.baseline / "src", "on"),
+        ("this, gc left on", ROOT / "src", "on"),
+        ("this, gc paused (head's, sim's choice)", ROOT / "src", "paused"),
+    ]
+    base = None
+    for name, src, mode in rows:
+        got = run(src, args.nodes, args.jobs, args.cycles, mode)
+        base = base or got["median_s"]
+        print(
+            f"{name:34s} first {got['first_s']:.3f} s  median {got['median_s']:.3f} s  max {got['max_s']:.3f} s"
+            f"  starts {got['starts']:.0f}  baseline/this {base / got['median_s']:.2f}x",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
