@@ -78,7 +78,8 @@ def test_each_rank_runs_under_its_own_shim_and_session_and_is_polled_and_killed(
     os.kill(procs[1][0], signal.SIGKILL)  # kill -9 of one rank
     wait_for(lambda: isinstance(executor.poll_ranks(handle)[1], Exited), 10, what="rank 1 to be seen dead")
     statuses = executor.poll_ranks(handle)
-    assert statuses[1] == Exited(137, signal.SIGKILL) and statuses[0] == statuses[2] == Running()
+    # killed straight, with no stop through the shim first: `stopped` is False
+    assert statuses[1] == Exited(137, signal.SIGKILL, stopped=False) and statuses[0] == statuses[2] == Running()
     assert executor.poll(handle) == Running()
 
     executor.signal(handle, signal.SIGKILL)
@@ -95,7 +96,8 @@ def test_sigterm_reaches_every_rank_and_each_exit_code_is_recorded(executor: Loc
     time.sleep(0.5)  # the handlers are installed
     executor.signal(handle, signal.SIGTERM)
     wait_for(lambda: not any(isinstance(s, Running) for s in executor.poll_ranks(handle)), 10, what="all to end")
-    assert executor.poll_ranks(handle) == [Exited(79), Exited(0), Exited(79)]
+    # each rank's shim saw the stop reach it before its command ended
+    assert executor.poll_ranks(handle) == [Exited(79, stopped=True), Exited(0, stopped=True), Exited(79, stopped=True)]
 
 
 def test_a_new_head_recovers_every_rank_from_the_run_dir(executor: LocalExecutor, tmp_path: Path) -> None:
