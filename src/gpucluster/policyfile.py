@@ -127,6 +127,13 @@ class BackfillIn(_Strict):
         return v
 
 
+def _percentage(v: float) -> float:
+    """An idle threshold's check, for batch jobs' and sessions' `idle:` alike."""
+    if not 0 <= v <= 100:
+        raise ValueError("threshold is a percentage, 0 to 100")
+    return v
+
+
 class IdleIn(_Strict):
     after: Duration = "30m"
     threshold: float = 1.0  # percent GPU utilisation at or under which a GPU is idle
@@ -142,9 +149,7 @@ class IdleIn(_Strict):
     @field_validator("threshold")
     @classmethod
     def _pct(cls, v: float) -> float:
-        if not 0 <= v <= 100:
-            raise ValueError("threshold is a percentage, 0 to 100")
-        return v
+        return _percentage(v)
 
 
 class SessionIdleIn(_Strict):
@@ -165,9 +170,7 @@ class SessionIdleIn(_Strict):
     @field_validator("threshold")
     @classmethod
     def _pct(cls, v: float) -> float:
-        if not 0 <= v <= 100:
-            raise ValueError("threshold is a percentage, 0 to 100")
-        return v
+        return _percentage(v)
 
 
 class InteractiveIn(_Strict):
