@@ -7,16 +7,19 @@ Two Store objects on one database are two heads (each its own engines and connec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import DBAPIError
 
 from gpucluster.core.states import JobState
 from gpucluster.models import JobSpec
 from gpucluster.store import DatabaseUnavailable, LeaseHeld, LeaseLost, Store
+from gpucluster.store import store as store_module
 from gpucluster.store.lease import Holder
 from tests.pgserver import PostgresServer
 
@@ -169,6 +172,38 @@ def test_a_write_racing_a_takeover_either_lands_before_it_or_is_refused(store_ta
         assert sorted(j.id for j in b.list_jobs()) == sorted(acked)
     finally:
         stop.set()
+        a.close()
+        b.close()
+
+
+@pytest.mark.backends("postgresql")
+def test_a_head_frozen_inside_a_write_does_not_block_the_takeover_forever(
+    store_target: Path | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head stopped (SIGSTOP, a paused VM) in the middle of a write transaction holds the one
+    write lock; the server ends its idle session (store.FROZEN_WRITER_TIMEOUT_S), so the next head
+    takes over once the lease expires instead of waiting on the lock for ever. Seen in the crash
+    harness on a loaded machine: the second head hung silently until the test gave up."""
+    monkeypatch.setattr(store_module, "FROZEN_WRITER_TIMEOUT_S", 1.0)
+    a, b = Store(store_target), Store(store_target)
+    frozen = a._writer.connect()
+    taken: list[object] = []
+    try:
+        a.claim(HERE, duration_s=0.5)
+        frozen.begin()  # takes the write lock (store._postgres_engine), then never goes on: frozen
+        t = threading.Thread(target=lambda: taken.append(b.claim(THERE, duration_s=30)), daemon=True)
+        t.start()
+        t.join(120)  # a bound for a hang only: the server frees the lock after 1 s
+        assert not t.is_alive(), "the second head still waits for the frozen head's write lock"
+        assert len(taken) == 1 and b.lease is not None and b.lease.epoch == 2
+        with pytest.raises(DBAPIError):  # the frozen head's transaction was ended by the server
+            frozen.exec_driver_sql("SELECT 1")
+        with pytest.raises(LeaseLost):  # and once awake, it writes nothing
+            a.create_job(spec(), 1.0)
+        assert b.create_job(spec(), 2.0) >= 1
+    finally:
+        with contextlib.suppress(DBAPIError):
+            frozen.close()
         a.close()
         b.close()
 

@@ -183,8 +183,22 @@ def _target(where: Path | str) -> tuple[URL, Path | None]:
     return URL.create("sqlite", database=str(path)), path
 
 
+# A writer's session idle inside a transaction this long is ended by the server (PostgreSQL's
+# idle_in_transaction_session_timeout). Why: every write transaction holds the one advisory write
+# lock, so a head frozen mid-transaction (SIGSTOP, a paused VM, a debugger) would otherwise hold it
+# forever, and the next head, whose lease takeover is itself a write, would wait for it forever
+# instead of taking over once the frozen head's lease expires. A live head never sits between two
+# statements of a write for anything like this long; if a frozen one wakes, its transaction fails
+# as a database outage does and its next write finds the lease gone (LeaseLost).
+FROZEN_WRITER_TIMEOUT_S = 30.0
+
+
 def _postgres_engine(url: URL, write: bool) -> Engine:
-    options = "-c synchronous_commit=on" if write else "-c default_transaction_read_only=on"
+    options = (
+        f"-c synchronous_commit=on -c idle_in_transaction_session_timeout={int(FROZEN_WRITER_TIMEOUT_S * 1000)}"
+        if write
+        else "-c default_transaction_read_only=on"
+    )
     try:
         engine = create_engine(
             url,
