@@ -11,7 +11,7 @@ PY=${PYTHON:-python3}
 # any torch >= 2.1 (extra `train`).
 .venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q -e '.[test,train,ray]' 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, alembic, psycopg, schemathesis, pytest, pytest_timeout, torch, sklearn, ray.cluster_utils" # fail fast if an install did not take
+.venv/bin/python -c "import gpucluster, fastapi, sqlalchemy, alembic, psycopg, schemathesis, pytest, pytest_timeout, xdist, torch, sklearn, ray.cluster_utils" # fail fast if an install did not take
 # The dashboard's browser tests drive Debian's chromium through its chromedriver (no browser
 # download: only package registries are reachable). Installed here when missing, as root.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
@@ -54,7 +54,10 @@ echo "== ruff"; .venv/bin/ruff check src tests bench && .venv/bin/ruff format --
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"
 set +e
-.venv/bin/pytest -q "$@"
+# Two workers (pytest-xdist): the tests with real heads, clusters and browsers run in order on one
+# (tests/conftest.py's SERIAL_DIRS), the pure ones on the other; GPUCLUSTER_TEST_WORKERS=0 runs
+# everything in this one process, as before.
+.venv/bin/pytest -q -n "${GPUCLUSTER_TEST_WORKERS:-2}" --dist loadgroup "$@"
 rc=$?
 set -e
 [ "$rc" -eq 5 ] && { echo "no tests ran" >&2; exit 1; }

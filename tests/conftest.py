@@ -19,11 +19,27 @@ from tests.pgserver import (  # noqa: F401 - PostgreSQL for the store's tests
     private_postgres,
 )
 
+# The tests that start real heads, clusters, browsers and Unix accounts run one after another on
+# one pytest-xdist worker (`scripts/test.sh` runs `-n 2 --dist loadgroup`), while the other worker
+# takes the unit, simulator and training tests beside them. Why not all in parallel: they share
+# machine-wide things (the Unix accounts test_isolation and test_containers create, Ray's
+# 127.0.0.2-4, podman's storage, the cores a crash harness's timings assume), and two of them at
+# once on a 2-core machine only trade wall time for flakiness; the pure tests share nothing.
+SERIAL_DIRS = ("dashboard", "e2e", "fuzz", "ray")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "backends(*names): the store backends (sqlite, postgresql) a test runs on (tests/unit/conftest.py)"
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(tests_dir).parts if item.path.is_relative_to(tests_dir) else ()
+        if parts and parts[0] in SERIAL_DIRS:
+            item.add_marker(pytest.mark.xdist_group("serial"))
 
 
 @pytest.fixture(scope="session", autouse=True)
