@@ -140,22 +140,27 @@ def _kill_job_groups(data_dir: Path, grace: float = 5) -> tuple[int, list[int]]:
 
     Returns how many there were and the pgids that survived even SIGKILL.
     """
-    alive: list[tuple[int, int, int]] = []
-    for shim in data_dir.glob("jobs/*/attempt-*/shim.json"):
+    alive: list[tuple[int, tuple[int, ...], int]] = []
+    # The head's own records (head/paths.py): run/<job>/attempt-N/shim.json, and one per rank.
+    shims = [*data_dir.glob("run/*/attempt-*/shim.json"), *data_dir.glob("run/*/attempt-*/rank-*/shim.json")]
+    for shim in shims:
         try:
             info = json.loads(shim.read_text())
-            pid, pgid, ticks = int(info["pid"]), int(info["pgid"]), int(info["start_ticks"])
+            pid, ticks = int(info["pid"]), int(info["start_ticks"])
+            # The keeper's group, and the command's own (the job side leads a session of its own).
+            pgids = (int(info["pgid"]), *([int(info["job_pgid"])] if info.get("job_pgid") else []))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if _start_ticks(pid) == ticks:  # the shim is still that process, not a recycled pid
-            alive.append((pid, pgid, ticks))
+            alive.append((pid, pgids, ticks))
     found = len(alive)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for _, pgid, _ in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
+        for _, pgids, _ in alive:
+            for pgid in pgids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, sig)
         deadline = time.monotonic() + grace
         while alive and time.monotonic() < deadline:
             time.sleep(0.1)
             alive = [a for a in alive if _start_ticks(a[0]) == a[2]]
-    return found, [pgid for _, pgid, _ in alive]
+    return found, [pgids[0] for _, pgids, _ in alive]
