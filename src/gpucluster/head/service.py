@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpucluster.core.placement import Capacity
+from gpucluster.core.policy import Limit
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation
 from gpucluster.durations import MAX_BEGIN_AHEAD_S
@@ -29,6 +30,8 @@ from gpucluster.models import (
     Job,
     JobEvent,
     JobSpec,
+    LimitOut,
+    LimitsOut,
     MetricSeries,
     NodeOut,
     PolicyOut,
@@ -442,6 +445,11 @@ class ClusterService:
                 for c, g in sorted(p.priority_grants.items())
             },
             mount_roots=list(p.mount_roots),
+            limits=LimitsOut(
+                per_user=_limit_out(p.limits.per_user),
+                users={name: _limit_out(x) for name, x in sorted(p.limits.users.items())},
+                per_class={c.label: _limit_out(x) for c, x in sorted(p.limits.per_class.items())},
+            ),
         )
 
     def nodes(self) -> list[NodeOut]:
@@ -595,3 +603,11 @@ def preparing(run_dir: Path, now: float) -> str | None:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return None
+
+
+def _limit_out(limit: Limit) -> LimitOut:
+    return LimitOut(
+        max_running_gpus=limit.max_running_gpus,
+        max_queued_jobs=limit.max_queued_jobs,
+        max_gpu_hours_in_flight=limit.max_gpu_hours_in_flight,
+    )

@@ -253,6 +253,7 @@ class JobRecord:
             self.team,
             request_json(self.spec),
             not_before=self.not_before,
+            user=self.owner or "",
         )
 
 
@@ -344,6 +345,7 @@ def request_from(
     not_before: float | None = None,
     held: bool = False,
     array_id: int | None = None,
+    user: str = "",
 ) -> JobRequest:
     d = json.loads(request) if request else {}
     deps = d.get("d")
@@ -365,6 +367,7 @@ def request_from(
         held=held,
         after=tuple(Dependency(DependencyKind(k), i, bool(a)) for k, i, a in deps) if deps else (),
         array_id=array_id,
+        user=user,
     )
 
 
@@ -1071,6 +1074,7 @@ class Store:
             j.not_before,
             j.held,
             j.array_id,
+            j.owner,
         ).where(j.state == JobState.QUEUED.value)
         if after_id is not None:
             q = q.where(j.id > after_id)
@@ -1088,6 +1092,7 @@ class Store:
                 r[8],
                 held=bool(r[9]),
                 array_id=r[10],
+                user=r[11] or "",
             )
             for r in rows
         ]
@@ -1106,6 +1111,7 @@ class Store:
             j.last_checkpoint_at,
             j.stop_reason,
             j.gpus,
+            j.owner,
         ).where(j.state == JobState.RUNNING.value)
         with self._read() as c:
             rows = c.execute(q).all()
@@ -1130,6 +1136,7 @@ class Store:
                     last_checkpoint_at=checkpoint,
                     stopping=r[8] is not None,
                     max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
+                    user=r[10] or "",
                 )
             )
         return out
