@@ -73,9 +73,7 @@ def test_several_jobs_of_one_user_start_in_one_cycle_only_up_to_the_limit() -> N
 
 
 def test_a_named_user_overrides_the_default_field_by_field() -> None:
-    limits = Limits(
-        per_user=Limit(max_running_gpus=4, max_queued_jobs=7), users={"alice": Limit(max_running_gpus=12)}
-    )
+    limits = Limits(per_user=Limit(max_running_gpus=4, max_queued_jobs=7), users={"alice": Limit(max_running_gpus=12)})
     queued = [mine(job(i).gpus(4), "alice") for i in (1, 2, 3, 4)] + [mine(job(i).gpus(4), "bob") for i in (5, 6)]
     plan = decide(snapshot([*NODES, node("n3").gpus(8)], [], queued), policy(limits=limits), NOW)
     assert started(plan) == {1, 2, 3, 5}
@@ -242,9 +240,12 @@ def histories(draw: st.DrawFn) -> tuple[Limits, list[JobRequest], dict[int, floa
     return limits, jobs, runtime
 
 
+History = tuple[Limits, list[JobRequest], dict[int, float]]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories(), st.booleans())
-def test_no_user_ever_runs_beyond_a_limit(history: tuple[Limits, list[JobRequest], dict[int, float]], pre: bool) -> None:
+def test_no_user_ever_runs_beyond_a_limit(history: History, pre: bool) -> None:
     limits, jobs, runtime = history
     pol = Policy(limits=limits, preemption=Preemption(enabled=pre, grace_period_s=30), default_time_limit_s=HOUR)
     c = Cycles((node("n1").gpus(8).build(), node("n2").gpus(4).build()), pol, jobs, runtime=runtime)
