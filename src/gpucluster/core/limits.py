@@ -55,12 +55,16 @@ class _Use:
     ends: list[tuple[float, float]] = field(default_factory=list)  # (end, GPUs) of jobs with a limit
     pending_gpus: float = 0.0
     pending_hours: float = 0.0
+    _hours: float | None = None  # `hours(now)`, once: `now` is one instant per call of `within_limits`
 
     def hours(self, now: float) -> float:
-        return self.fixed_hours + sum(g * max(0.0, end - now) for end, g in self.ends) / HOUR
+        """GPU-hours in flight of the running jobs at `now` (asked per queued job: summed once)."""
+        if self._hours is None:
+            self._hours = self.fixed_hours + sum(g * max(0.0, end - now) for end, g in self.ends) / HOUR
+        return self._hours
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Check:
     kind: str  # GPUS or HOURS
     key: _Key
@@ -77,7 +81,10 @@ class _Check:
 
 def within_limits(snapshot: Snapshot, policy: Policy, now: float) -> tuple[Snapshot, dict[int, Wait]]:
     """The snapshot to plan on (no job beyond its user's limits; `limited` set so it is not
-    applied twice), and the wait of every job held back. Unchanged without running limits."""
+    applied twice), and the wait of every job held back. Unchanged without running limits.
+
+    One pass over the queue, each job checked against its (user, class)'s few checks with the
+    usage objects looked up once per (user, class): at 100,000 queued every step per job shows."""
     limits = policy.limits
     if snapshot.limited or not limits.active:
         return snapshot, {}
@@ -88,34 +95,40 @@ def within_limits(snapshot: Snapshot, policy: Policy, now: float) -> tuple[Snaps
             mine.setdefault(job.user, []).append(job)
     if not mine:
         return replace(snapshot, limited=True), {}
-    use = _usage(snapshot.running, mine, now, default)
-    checks: dict[tuple[str, Priority], list[_Check]] = {}
+    use = _usage(snapshot.running, mine, default)
+    plans: dict[tuple[str, Priority], _Plan] = {}
     waits: dict[int, Wait] = {}
     resized: dict[int, JobRequest] = {}
     said: dict[tuple[object, ...], Wait] = {}  # equal jobs at the same point get one sentence
     for user, jobs in mine.items():
         jobs.sort(key=lambda r: (-int(r.priority), r.queued_at or r.submitted_at, r.job_id))
         for job in jobs:
-            todo = checks.get((user, job.priority))
-            if todo is None:
-                todo = checks[(user, job.priority)] = _checks(limits, user, job.priority)
-            if not todo:
+            plan = plans.get((user, job.priority))
+            if plan is None:
+                plan = plans[(user, job.priority)] = _plan(limits, user, job.priority, use, now)
+            pairs, mine_all, mine_class = plan
+            if not pairs:
                 continue
-            sized, over = _admit(job, todo, use, now, default)
+            gpus = job.gpus
+            hours = gpus * (job.time_limit_s or default) / HOUR
+            over = _first_over(pairs, gpus, hours)
+            if over is not None and job.min_gpus is not None and gpus >= 1:
+                for n in range(int(gpus) - 1, job.min_gpus - 1, -1):
+                    if _first_over(pairs, float(n), n * (job.time_limit_s or default) / HOUR) is None:
+                        resized[job.job_id] = replace(job, gpus=float(n))
+                        gpus, hours, over = float(n), n * (job.time_limit_s or default) / HOUR, None
+                        break
             if over is None:
-                gpus, hours = sized.gpus, sized.gpus * (sized.time_limit_s or default) / HOUR
-                for key in ((user, None), (user, job.priority)):
-                    u = use.setdefault(key, _Use())
-                    u.pending_gpus += gpus
-                    u.pending_hours += hours
-                if sized is not job:
-                    resized[job.job_id] = sized
+                mine_all.pending_gpus += gpus
+                mine_all.pending_hours += hours
+                mine_class.pending_gpus += gpus
+                mine_class.pending_hours += hours
                 continue
-            u = use.setdefault(over.key, _Use())
-            said_key = (over, job.gpus, job.time_limit_s, u.pending_gpus, u.pending_hours)
+            check, u = over
+            said_key = (id(check), gpus, job.time_limit_s, u.pending_gpus, u.pending_hours)
             wait = said.get(said_key)
             if wait is None:
-                wait = said[said_key] = _wait(job, over, u, now, default)
+                wait = said[said_key] = _wait(job, check, u, now, default)
             waits[job.job_id] = wait
     if not waits and not resized:
         return replace(snapshot, limited=True), {}
@@ -124,68 +137,66 @@ def within_limits(snapshot: Snapshot, policy: Policy, now: float) -> tuple[Snaps
     return replace(snapshot, queued=queued, queue_index=None, limited=True), waits
 
 
-def _checks(limits: Limits, user: str, priority: Priority) -> list[_Check]:
-    out = []
+# A (user, class)'s checks with the usage each reads, and its usage in all and in the class.
+_Plan = tuple[list[tuple["_Check", _Use]], _Use, _Use]
+
+
+def _plan(limits: Limits, user: str, priority: Priority, use: dict[_Key, _Use], now: float) -> _Plan:
+    mine_all = use.setdefault((user, None), _Use())
+    mine_class = use.setdefault((user, priority), _Use())
+    pairs: list[tuple[_Check, _Use]] = []
     for kind in (GPUS, HOURS):
         got = limits.of_user(user, kind)
         if got is not None:
-            out.append(_Check(kind, (user, None), *got))
+            pairs.append((_Check(kind, (user, None), *got), mine_all))
     for kind in (GPUS, HOURS):
         got = limits.of_class(priority, kind)
         if got is not None:
-            out.append(_Check(kind, (user, priority), *got))
-    return out
+            pairs.append((_Check(kind, (user, priority), *got), mine_class))
+    for _, u in pairs:
+        u.hours(now)  # summed once, before any job is admitted
+    return pairs, mine_all, mine_class
 
 
-def _usage(
-    running: tuple[RunningJob, ...], users: dict[str, list[JobRequest]], now: float, default: float
-) -> dict[_Key, _Use]:
-    """What each user with queued jobs holds now, in all and per class."""
+def _first_over(pairs: list[tuple[_Check, _Use]], gpus: float, hours: float) -> tuple[_Check, _Use] | None:
+    """The first check a job of `gpus` GPUs and `hours` GPU-hours would go beyond, with its usage."""
+    for check, u in pairs:
+        if check.kind == GPUS:
+            if u.gpus + u.pending_gpus + gpus > check.limit + EPSILON:
+                return check, u
+        elif (u._hours or 0.0) + u.pending_hours + hours > check.limit + EPSILON:
+            return check, u
+    return None
+
+
+def _usage(running: tuple[RunningJob, ...], users: dict[str, list[JobRequest]], default: float) -> dict[_Key, _Use]:
+    """What each user with queued jobs holds now, in all and per class. Summed per (user, class)
+    first and the users' totals from those: one dict step per running job (60,000 at scale)."""
     use: dict[_Key, _Use] = {}
     for r in running:
-        if r.user not in users:
+        user = r.user
+        if user not in users:
             continue
-        gpus = r.allocation.gpu_count
-        for key in ((r.user, None), (r.user, r.priority)):
-            u = use.get(key)
-            if u is None:
-                u = use[key] = _Use()
-            u.gpus += gpus
-            if r.time_limit_s:
-                u.ends.append((r.started_at + r.time_limit_s, gpus))
-            else:
-                u.fixed_hours += gpus * default / HOUR
-    return use
-
-
-def _admit(
-    job: JobRequest, todo: list[_Check], use: dict[_Key, _Use], now: float, default: float
-) -> tuple[JobRequest, _Check | None]:
-    """The job as admitted (an elastic one maybe smaller), or the first check it is over."""
-    first = _over(job.gpus, job, todo, use, now, default)
-    if first is None:
-        return job, None
-    if job.min_gpus is not None and job.gpus >= 1:
-        for n in range(int(job.gpus) - 1, job.min_gpus - 1, -1):
-            if _over(float(n), job, todo, use, now, default) is None:
-                return replace(job, gpus=float(n)), None
-    return job, first
-
-
-def _over(
-    gpus: float, job: JobRequest, todo: list[_Check], use: dict[_Key, _Use], now: float, default: float
-) -> _Check | None:
-    for check in todo:
-        u = use.get(check.key)
+        slices = r.allocation.slices
+        first = slices[0]
+        gpus = len(first.gpu_indices) * first.share if len(slices) == 1 else r.allocation.gpu_count
+        key = (user, r.priority)
+        u = use.get(key)
         if u is None:
-            u = use[check.key] = _Use()
-        if check.kind == GPUS:
-            held = u.gpus + u.pending_gpus + gpus
+            u = use[key] = _Use()
+        u.gpus += gpus
+        if r.time_limit_s:
+            u.ends.append((r.started_at + r.time_limit_s, gpus))
         else:
-            held = u.hours(now) + u.pending_hours + gpus * (job.time_limit_s or default) / HOUR
-        if held > check.limit + EPSILON:
-            return check
-    return None
+            u.fixed_hours += gpus * default / HOUR
+    for (user, _), u in list(use.items()):
+        total = use.get((user, None))
+        if total is None:
+            total = use[(user, None)] = _Use()
+        total.gpus += u.gpus
+        total.fixed_hours += u.fixed_hours
+        total.ends.extend(u.ends)
+    return use
 
 
 def _wait(job: JobRequest, check: _Check, u: _Use, now: float, default: float) -> Wait:
