@@ -215,7 +215,7 @@ def _wait(job: JobRequest, check: _Check, u: _Use, now: float, default: float) -
         ahead = f" and {u.pending_hours:.1f} more ahead in line" if u.pending_hours else ""
         held = f"{who} {'has' if cls is None else 'have'} {u.hours(now):.1f} GPU-hours in flight{ahead}"
         tail = f"this job adds {asks:.1f} (GPUs x time limit)"
-        when = None if asks > check.limit + EPSILON else _hours_free_at(u, check.limit - asks, now, default)
+        when = None if asks > check.limit + EPSILON else _hours_free_at(u, check.limit - asks, now)
     message = f"{held}, the {scope} limit ({check.path}) is {check.limit:g}; {tail}"
     if asks > check.limit + EPSILON:
         message += ": it can never start under this limit; cancel it and submit it smaller or shorter"
@@ -223,22 +223,22 @@ def _wait(job: JobRequest, check: _Check, u: _Use, now: float, default: float) -
 
 
 def _gpus_free_at(u: _Use, room: float, now: float) -> float | None:
-    """When the user's GPUs (running, and admitted ahead as starting now) first drop to `room`,
-    by their jobs' time limits; None if a job without one would have to end first."""
-    ends = list(u.ends)
+    """When the user's running GPUs first drop to `room`, by their jobs' time limits; None if a
+    job without one, or one admitted ahead in this cycle (not started: its end is unknown), would
+    have to end first."""
     if u.pending_gpus:
-        return None  # jobs ahead in line have not started: when they end is not known yet
+        return None
     held = u.gpus
     if held <= room + EPSILON:
         return now
-    for end, gpus in sorted(ends):
+    for end, gpus in sorted(u.ends):
         held -= gpus
         if held <= room + EPSILON:
             return max(now, end)
     return None
 
 
-def _hours_free_at(u: _Use, room: float, now: float, default: float) -> float | None:
+def _hours_free_at(u: _Use, room: float, now: float) -> float | None:
     """When the user's GPU-hours in flight first drop to `room`: f(t) = fixed + sum of GPUs x
     (end - t) over the jobs not yet ended, piecewise linear and falling, solved segment by
     segment. None when the jobs without a time limit alone hold more, or jobs ahead in line
