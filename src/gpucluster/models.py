@@ -794,6 +794,23 @@ class GrantOut(Model):
     holders: str  # the same, in words
 
 
+class LimitOut(Model):
+    """One set of limits on a user's jobs (None: no such limit); see core/limits.py."""
+
+    max_running_gpus: float | None = None
+    max_queued_jobs: int | None = None
+    max_gpu_hours_in_flight: float | None = None  # GPUs x time limit left, over the user's running jobs
+
+
+class LimitsOut(Model):
+    """The policy's `limits:`: every user's, named users' (over per_user, field by field), and
+    each user's per priority class."""
+
+    per_user: LimitOut = Field(default_factory=LimitOut)
+    users: dict[str, LimitOut] = Field(default_factory=dict)
+    per_class: dict[str, LimitOut] = Field(default_factory=dict)
+
+
 class PolicyOut(Model):
     source: str
     error: str | None
@@ -807,6 +824,7 @@ class PolicyOut(Model):
     teams: list[TeamOut]
     priority_grants: dict[str, GrantOut] = Field(default_factory=dict)  # high, critical
     mount_roots: list[str] = Field(default_factory=list)  # where a container job's mounts may come from
+    limits: LimitsOut = Field(default_factory=LimitsOut)
 
 
 # ---- accounting (GET /v1/usage, GET /v1/budgets) ----------------------------------------------

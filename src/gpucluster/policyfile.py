@@ -22,6 +22,12 @@
       time_limit: 8h            # a session's limit when it gives none, and the most it may ask for
       priority: high            # the class sessions start in (no grant needed)
       idle: {after: 30m, grace: 5m, threshold: 1, action: stop}   # GPUs idle AND no traffic; warn, then act
+    limits:                     # per user and per class (core/limits.py); each field optional
+      per_user: {max_running_gpus: 8, max_queued_jobs: 100, max_gpu_hours_in_flight: 64}
+      users:                    # named users, overriding per_user field by field
+        alice: {max_running_gpus: 16}
+      per_class:                # each user's jobs of one class (low, normal, high, critical)
+        high: {max_running_gpus: 4}
     priority_grants:            # who may submit above normal (low, normal: every member)
       high:     {roles: [team-admin], teams: [vision], users: [alice]}
       critical: {}              # cluster admins only (they may use every class)
@@ -306,6 +312,32 @@ class ContainersIn(_Strict):
         return v
 
 
+class LimitIn(_Strict):
+    """One set of limits (limits.per_user, limits.users.NAME, limits.per_class.CLASS)."""
+
+    max_running_gpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_queued_jobs: int | None = Field(default=None, ge=1)
+    max_gpu_hours_in_flight: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    def to_limit(self) -> core.Limit:
+        return core.Limit(self.max_running_gpus, self.max_queued_jobs, self.max_gpu_hours_in_flight)
+
+
+class LimitsIn(_Strict):
+    """limits: per_user (everyone), users (named users, field by field over per_user), per_class."""
+
+    per_user: LimitIn = Field(default_factory=LimitIn)
+    users: dict[str, LimitIn] = Field(default_factory=dict)
+    per_class: dict[ClassName, LimitIn] = Field(default_factory=dict)
+
+    def to_limits(self) -> core.Limits:
+        return core.Limits(
+            per_user=self.per_user.to_limit(),
+            users={name: x.to_limit() for name, x in self.users.items()},
+            per_class={Priority.parse(c): x.to_limit() for c, x in self.per_class.items()},
+        )
+
+
 class PolicyIn(_Strict):
     teams: dict[TeamName, TeamIn] = Field(default_factory=dict)
     orgs: dict[str, OrgIn] = Field(default_factory=dict)
@@ -323,6 +355,7 @@ class PolicyIn(_Strict):
     budgets: dict[TeamName, BudgetIn] = Field(default_factory=dict)
     priority_grants: dict[str, GrantIn] = Field(default_factory=dict)
     containers: ContainersIn = Field(default_factory=ContainersIn)
+    limits: LimitsIn = Field(default_factory=LimitsIn)
 
     _check_prices = field_validator("prices")(_prices)
 
@@ -410,6 +443,7 @@ class PolicyIn(_Strict):
                 **core.DEFAULT_GRANTS,
                 **{Priority.parse(c): g.to_grant() for c, g in self.priority_grants.items()},
             },
+            limits=self.limits.to_limits(),
         )
 
     def to_accounting(self) -> Accounting:

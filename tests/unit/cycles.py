@@ -103,7 +103,7 @@ class Cycles:
         for s in plan.starts:
             j = self.queued.pop(s.job_id)
             self.running[j.job_id] = RunningJob(
-                j.job_id, s.allocation, j.team, j.priority, self.now, j.time_limit_s, None, False
+                j.job_id, s.allocation, j.team, j.priority, self.now, j.time_limit_s, None, False, user=j.user
             )
             run_for = min(self.runtime.get(j.job_id, self.limit(j.job_id)), self.limit(j.job_id))
             self.ends_at[j.job_id] = self.now + run_for

@@ -151,3 +151,21 @@ def test_an_elastic_victim_comes_back_smaller_right_after_its_preemptor_starts(t
         assert (r.state, r.attempt, r.allocation.gpu_count, r.restarts) == (JobState.RUNNING, 2, 6, 0)  # type: ignore[union-attr]
     finally:
         c.close()
+
+
+def test_never_grows_beyond_its_users_limits() -> None:
+    from dataclasses import replace
+
+    from gpucluster.core.policy import Limit, Limits
+
+    limited = replace(POLICY, limits=Limits(per_user=Limit(max_running_gpus=5)))
+    alice = _running(1, 2, 8, user="alice")
+    other = _running(2, 2, None, user="alice")
+    other = replace(other, allocation=Allocation((NodeSlice("n1", (6, 7)),)))
+    (r,) = grow(_snap(alice, other), limited, now=110, free_since=80)
+    assert r.to_gpus == 3  # 4 GPUs free, but alice may run 5 in all and her other job holds 2
+    # with the other job bob's, 6 would fit, and alice's own limit of 5 caps it
+    assert grow(_snap(alice, replace(other, user="bob")), limited, now=110, free_since=80)[0].to_gpus == 5
+    assert grow(_snap(alice, replace(other, user="bob")), POLICY, now=110, free_since=80)[0].to_gpus == 6
+    full = replace(POLICY, limits=Limits(per_user=Limit(max_running_gpus=4)))
+    assert grow(_snap(alice, other), full, now=110, free_since=80) == ()  # no size above 2 allowed

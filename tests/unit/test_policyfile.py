@@ -7,7 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from gpucluster.core.policy import DEFAULT_TEAM, Org, Policy, Preemption, Team, fifo_policy, priority_policy
+from gpucluster.core.policy import (
+    DEFAULT_TEAM,
+    Limit,
+    Limits,
+    Org,
+    Policy,
+    Preemption,
+    Team,
+    fifo_policy,
+    priority_policy,
+)
 from gpucluster.core.types import Priority
 from gpucluster.policyfile import PolicyFileError, load_policy
 
@@ -227,3 +237,42 @@ def test_listed_shares_of_teams_outside_the_policy_sum_to_one() -> None:
     assert shares["outsider-a"] == shares["outsider-b"] == shares["infra"] == pytest.approx(1 / 6)
     assert shares["vision"] == pytest.approx(3 / 6)
     assert p.shares_of(["infra", "vision"]) == {"infra": p.share("infra"), "vision": p.share("vision")}
+
+
+# ---- limits (issue 16) ---------------------------------------------------------------------------
+
+
+def test_limits_per_user_per_named_user_and_per_class(tmp_path: Path) -> None:
+    p = load_policy(
+        write(
+            tmp_path,
+            "limits:\n"
+            "  per_user: {max_running_gpus: 8, max_queued_jobs: 100, max_gpu_hours_in_flight: 64}\n"
+            "  users:\n    alice: {max_running_gpus: 16}\n"
+            "  per_class:\n    high: {max_running_gpus: 4.5}\n",
+        )
+    )
+    assert p.limits == Limits(
+        per_user=Limit(8, 100, 64),
+        users={"alice": Limit(max_running_gpus=16)},
+        per_class={Priority.HIGH: Limit(max_running_gpus=4.5)},
+    )
+    assert p.limits.of_user("alice", "max_queued_jobs") == (100, "limits.per_user.max_queued_jobs")
+    assert p.limits.of_user("alice", "max_running_gpus") == (16, "limits.users.alice.max_running_gpus")
+    assert load_policy(write(tmp_path, "teams: {}\n")).limits == Limits()
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "words"),
+    [
+        ("limits:\n  per_user: {max_running_gpus: 0}\n", 2, "limits.per_user.max_running_gpus", "greater than 0"),
+        ("limits:\n  per_user:\n    max_queued_jobs: 2.5\n", 3, "limits.per_user.max_queued_jobs", "integer"),
+        ("limits:\n  users:\n    bob: {max_gpu_hours_in_flight: -1}\n", 3, "limits.users.bob", "greater than 0"),
+        ("limits:\n  per_class:\n    urgent: {max_running_gpus: 4}\n", 3, "limits.per_class.urgent", "'low'"),
+        ("limits:\n  per_user: {max_gpus: 4}\n", 2, "limits.per_user.max_gpus", "Extra inputs are not permitted"),
+    ],
+)
+def test_bad_limits_name_their_line_and_field(tmp_path: Path, text: str, line: int, field: str, words: str) -> None:
+    msg = error(tmp_path, text)
+    assert f"policy.yaml:{line}: {field}" in msg, msg
+    assert words in msg, msg

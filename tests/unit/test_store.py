@@ -3,16 +3,18 @@ compare-and-set transitions, scheduler views, durability, schema versions."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from gpucluster.core.policy import Limit, Limits
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
 from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob, Wait
-from gpucluster.store import AttemptRecord, DataDirUnwritable, Store, StoreError
+from gpucluster.store import AttemptRecord, DataDirUnwritable, QueueLimitReached, Store, StoreError
 from gpucluster.store import store as store_module
 
 from .builders import allocation, node, spec
@@ -498,3 +500,60 @@ def test_integrity_problems_are_named(store: Store) -> None:
     store.update_job(a, JobState.RUNNING, allocation=None)
     assert store.integrity_problems() == ["job 1 is running without an allocation"]
     assert not store.integrity_ok()
+
+
+# ---- queued-job limits at submit (issue 16) -------------------------------------------------------
+
+
+def test_a_submission_beyond_max_queued_jobs_is_refused_and_an_array_counts_its_elements(store: Store) -> None:
+    limits = Limits(per_user=Limit(max_queued_jobs=3), per_class={Priority.HIGH: Limit(max_queued_jobs=1)})
+    store.create_job(spec(), T0, "alice", limits)
+    store.create_job(spec(), T0, "alice", limits)
+    with pytest.raises(QueueLimitReached, match=r"alice has 2 jobs queued, the per-user limit .* submission adds 2"):
+        store.create_array(spec(), (0, 1), T0, "alice", limits=limits)
+    store.create_job(spec(), T0, "bob", limits)  # bob's count is his own
+    store.create_job(spec(), T0, None, limits)  # a job without an owner is not limited
+    store.create_job(spec(priority="high"), T0, "alice", limits)
+    with pytest.raises(QueueLimitReached, match=r"limits\.per_user\.max_queued_jobs"):
+        store.create_job(spec(), T0, "alice", limits)
+    # a job that starts leaves the queue, and makes room
+    first = min(r.job_id for r in store.queued_requests() if r.user == "alice" and r.priority is Priority.NORMAL)
+    assert start(store, first, 0)
+    with pytest.raises(QueueLimitReached, match="1 job of class high queued"):
+        store.create_job(spec(priority="high"), T0, "alice", limits)
+    store.create_job(spec(), T0, "alice", limits)
+    assert sum(r.user == "alice" for r in store.queued_requests()) == 3
+
+
+def test_simultaneous_submissions_never_queue_beyond_the_limit(db: Path | str, store: Store) -> None:
+    """Two stores (two heads' worth of writers) and several threads each submit at once: the count
+    is taken in the write transaction, so exactly the limit's worth get in."""
+    limits = Limits(per_user=Limit(max_queued_jobs=3))
+    other = Store(db)
+    outcomes: list[int | Exception] = []
+    go = threading.Barrier(8)
+
+    def submit(s: Store) -> None:
+        go.wait()
+        try:
+            outcomes.append(s.create_job(spec(), T0, "alice", limits))
+        except QueueLimitReached as e:
+            outcomes.append(e)
+
+    try:
+        threads = [threading.Thread(target=submit, args=(s,)) for s in (store, other) * 4]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        other.close()
+    assert len(outcomes) == 8
+    assert sum(isinstance(o, int) for o in outcomes) == 3
+    assert len(store.queued_requests()) == 3
+
+
+def test_batched_submissions_are_refused_one_by_one(store: Store) -> None:
+    limits = Limits(per_user=Limit(max_queued_jobs=2))
+    got = store.create_jobs_each([(spec(), T0)] * 3 + [(spec(), T0)], ["alice", "alice", "alice", "bob"], limits)
+    assert [type(o) for o in got] == [int, int, QueueLimitReached, int]

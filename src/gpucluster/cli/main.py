@@ -1090,6 +1090,26 @@ def policy_check(file: Annotated[Path, typer.Argument(help="policy YAML file")])
     )
 
 
+def _limit_lines(limits: dict[str, Any]) -> list[str]:
+    """`limits:` as `policy show` prints it: one line per set that limits anything."""
+
+    def words(x: dict[str, Any]) -> str:
+        gpus, queued, hours = (x.get(k) for k in ("max_running_gpus", "max_queued_jobs", "max_gpu_hours_in_flight"))
+        parts = [
+            *([f"{gpus:g} running GPUs"] if gpus is not None else []),
+            *([f"{queued} queued jobs"] if queued is not None else []),
+            *([f"{hours:g} GPU-hours in flight"] if hours is not None else []),
+        ]
+        return ", ".join(parts)
+
+    sets = [
+        ("every user (limits.per_user)", limits.get("per_user") or {}),
+        *((f"user {name} (limits.users.{name})", x) for name, x in (limits.get("users") or {}).items()),
+        *((f"each user's {c} jobs (limits.per_class.{c})", x) for c, x in (limits.get("per_class") or {}).items()),
+    ]
+    return [f"limits: {who}: at most {w}" for who, x in sets if (w := words(x))]
+
+
 @policy_app.command("show")
 def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     """The policy in force: teams with their share, quota, usage and running GPUs."""
@@ -1108,6 +1128,8 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     if p.priority_grants:
         granted = "; ".join(f"{c}: {g.holders}" for c, g in p.priority_grants.items())
         out.print(f"priority grants (low, normal: every member): {granted}", markup=False)
+    for line in _limit_lines(p.get("limits") or {}):
+        out.print(line, markup=False)
     table = Table("TEAM", "ORG", "WEIGHT", "SHARE", "QUOTA", "USAGE (GPU-h, decayed)", "RUNNING GPUS", box=None)
     for t in p.teams:
         quota = ", ".join(f"{m}: {n:g}" for m, n in t.quota.items()) or "-"

@@ -16,6 +16,9 @@ assumed to have `default_time_limit_s` left, the backfill's assumption). One job
 one that gains most (then the oldest), so several elastic jobs do not all restart at once for
 the same GPUs.
 
+Never beyond its user's limits (core/limits.py): a size its user may not run is not grown to
+(a restart that the limits would then clamp back would cost a checkpoint for nothing).
+
 Shrinking is the preemption path: a victim that is elastic goes back to the queue and restarts
 at whatever fits, at least its minimum, once its preemptor has started (`Snapshot.preempted_for`).
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from gpucluster.core.limits import within_limits
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.snapshot import Snapshot
@@ -56,7 +60,7 @@ def grow(snapshot: Snapshot, policy: Policy, now: float, free_since: float | Non
     for job in _growable(snapshot.running, now, rule.grow_every_s):
         now_gpus = int(job.allocation.gpu_count)
         assert job.max_gpus is not None
-        size = _largest_fit(snapshot, job, now_gpus, job.max_gpus)
+        size = _largest_fit(snapshot, policy, now, job, now_gpus, job.max_gpus)
         if size is None:
             continue
         limit = job.time_limit_s if job.time_limit_s is not None else policy.default_time_limit_s
@@ -84,13 +88,23 @@ def _growable(running: Iterable[RunningJob], now: float, every_s: float) -> Iter
             yield job
 
 
-def _largest_fit(snapshot: Snapshot, job: RunningJob, now_gpus: int, max_gpus: int) -> int | None:
-    """The largest size above `now_gpus` the job would be placed at if it released its GPUs now."""
+def _largest_fit(
+    snapshot: Snapshot, policy: Policy, now: float, job: RunningJob, now_gpus: int, max_gpus: int
+) -> int | None:
+    """The largest size above `now_gpus` the job would be placed at if it released its GPUs now,
+    and its user may run (the limits asked as they would be when it is queued again)."""
     others = [r for r in snapshot.running if r.job_id != job.job_id]
     capacity = Capacity(snapshot.nodes, others)
     model = Capacity(snapshot.nodes, snapshot.running).model_of(job.allocation)
-    request = JobRequest(job.job_id, float(max_gpus), team=job.team, priority=job.priority)
+    request = JobRequest(
+        job.job_id, float(max_gpus), team=job.team, priority=job.priority, time_limit_s=job.time_limit_s, user=job.user
+    )
+    limited = policy.limits.active and bool(job.user)
     for n in range(max_gpus, now_gpus, -1):
-        if capacity.fits(replace(request, gpus=float(n)), model):
-            return n
+        sized = replace(request, gpus=float(n))
+        if not capacity.fits(sized, model):
+            continue
+        if limited and within_limits(Snapshot(snapshot.nodes, tuple(others), (sized,)), policy, now)[1]:
+            continue  # beyond its user's limits at this size
+        return n
     return None

@@ -99,6 +99,65 @@ class HealthPolicy:
     fatal_xids: frozenset[int] | None = None
 
 
+@dataclass(frozen=True)
+class Limit:
+    """One set of limits on a user's jobs (None: no such limit). `max_running_gpus`: GPUs their
+    running jobs hold together; `max_gpu_hours_in_flight`: the sum over their running jobs of
+    GPUs x time limit left (Slurm's GrpTRESRunMins; a job without a time limit counts the
+    policy's `default_time_limit_s` in full for as long as it runs, since its end is unknown);
+    `max_queued_jobs`: jobs queued at once (an array counts its elements; checked at submit)."""
+
+    max_running_gpus: float | None = None
+    max_queued_jobs: int | None = None
+    max_gpu_hours_in_flight: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.max_running_gpus is None and self.max_queued_jobs is None and self.max_gpu_hours_in_flight is None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-user and per-class limits (issue 16; Slurm's QOS MaxTRESPerUser, MaxSubmitJobsPerUser).
+
+    `per_user` holds for every user; `users` overrides it field by field for named users (a field
+    a named user leaves out is `per_user`'s). `per_class` holds for each user's jobs of one
+    priority class, on top of the per-user limits. Enforced by core/limits.py (running GPUs and
+    GPU-hours in flight, before `decide` plans) and at submit (queued jobs, in the store's write
+    transaction)."""
+
+    per_user: Limit = field(default_factory=Limit)
+    users: dict[str, Limit] = field(default_factory=dict)
+    per_class: dict[Priority, Limit] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        """Whether any running limit is set (what `decide` checks before doing any work)."""
+        every = [self.per_user, *self.users.values(), *self.per_class.values()]
+        return any(x.max_running_gpus is not None or x.max_gpu_hours_in_flight is not None for x in every)
+
+    @property
+    def limits_queued(self) -> bool:
+        every = [self.per_user, *self.users.values(), *self.per_class.values()]
+        return any(x.max_queued_jobs is not None for x in every)
+
+    def of_user(self, user: str, name: str) -> tuple[float, str] | None:
+        """The per-user limit `name` (a `Limit` field) for `user` and the policy path that sets it."""
+        own = self.users.get(user)
+        if own is not None:
+            value = getattr(own, name)
+            if value is not None:
+                return float(value), f"limits.users.{user}.{name}"
+        value = getattr(self.per_user, name)
+        return (float(value), f"limits.per_user.{name}") if value is not None else None
+
+    def of_class(self, priority: Priority, name: str) -> tuple[float, str] | None:
+        """The per-class limit `name` for each user's jobs of `priority`, and its policy path."""
+        limit = self.per_class.get(priority)
+        value = getattr(limit, name) if limit is not None else None
+        return (float(value), f"limits.per_class.{priority.label}.{name}") if value is not None else None
+
+
 # Roles a grant may name: every member of the team submitted to, its admins, cluster admins.
 MEMBER, TEAM_ADMIN, CLUSTER_ADMIN = "member", "team-admin", "cluster-admin"
 
@@ -168,6 +227,8 @@ class Policy:
     interactive: InteractivePolicy = field(default_factory=InteractivePolicy)
     # Who may submit each class above normal (checked at submit; `decide` never reads it).
     priority_grants: dict[Priority, Grant] = field(default_factory=_default_grants)
+    # Per-user and per-class limits (core/limits.py; queued-job limits are checked at submit).
+    limits: Limits = field(default_factory=Limits)
 
     # Teams not listed, made on first use: `team()` is called per queued job per cycle, and a
     # new Team each time cost ~1 us x millions of calls at scale.

@@ -18,3 +18,8 @@ class WaitReason(StrEnum):
     HELD = "held"  # held by its user (submit --hold, gpucluster hold) until released
     DEPENDENCY = "dependency"  # waits for other jobs to start or end (--after, --afterok, ...)
     THROTTLE = "throttle"  # its array already runs as many elements as its throttle allows
+    # Limits (core/limits.py, `limits:` in the policy file): the job's user is at a limit.
+    USER_GPUS = "user_gpus"  # its user runs as many GPUs as limits.per_user (or users.NAME) allows
+    USER_GPU_HOURS = "user_gpu_hours"  # its user's running jobs hold the GPU-hours in flight allowed
+    CLASS_GPUS = "class_gpus"  # its user's jobs of its class run as many GPUs as limits.per_class allows
+    CLASS_GPU_HOURS = "class_gpu_hours"  # likewise for GPU-hours in flight of its class

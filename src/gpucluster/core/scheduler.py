@@ -27,6 +27,7 @@ from operator import attrgetter, is_not
 
 from gpucluster.core.admission import admit
 from gpucluster.core.backfill import EndTimes, Reservation, reserve
+from gpucluster.core.limits import within_limits
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.preempt import CostKey, Guarantees, choose_victims
@@ -52,8 +53,13 @@ def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *
     head's API threads share it.
 
     Drained nodes and held teams (`snapshot.drained`, `snapshot.holds`) are admitted first
-    (core/admission.py): a held job waits with a BUDGET wait and its hold's reason."""
+    (core/admission.py): a held job waits with a BUDGET wait and its hold's reason. Then
+    per-user and per-class limits (core/limits.py): a job beyond one waits with its own reason."""
     snapshot, held = admit(snapshot)
+    if not snapshot.limited:
+        snapshot, over = within_limits(snapshot, policy or DEFAULT_POLICY, now)
+        if over:
+            held = {**held, **over}
     if held:
         plan = decide(snapshot, policy, now, reasons=reasons)
         return replace(plan, waiting={**plan.waiting, **held})

@@ -33,6 +33,10 @@ class Snapshot:
     # unhealthy, down), and teams whose queued jobs are held (a spent budget) -> why.
     drained: frozenset[str] = frozenset()
     holds: Mapping[str, str] = field(default_factory=dict)
+    # Per-user and per-class limits (core/limits.py, applied by `decide`) were applied already:
+    # the queue holds no job beyond its user's limits (the head applies them where it builds
+    # its snapshot, to record their waits; `decide` then does not apply them twice).
+    limited: bool = False
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()

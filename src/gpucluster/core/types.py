@@ -124,6 +124,9 @@ class JobRequest:
     held: bool = False
     after: tuple[Dependency, ...] = ()
     array_id: int | None = None
+    # Who submitted it ("" when unknown: a job from before identities, a trace without users);
+    # per-user and per-class limits (core/limits.py) count it against this user.
+    user: str = ""
 
     @property
     def fractional(self) -> bool:
@@ -134,7 +137,13 @@ class JobRequest:
         """Every field a scheduling cycle reads to decide what it can do with the job, but its
         id, age, queue entry and backoff (which decide *when* it is considered): two jobs with
         equal demands meet the same fate in the same cycle state (`scheduler._Cycle.run`).
-        Cached on the object: a queued job is asked each cycle, and it never changes."""
+        Cached on the object: a queued job is asked each cycle, and it never changes.
+
+        The user is not part of it, though limits depend on the user: they are applied before
+        the cycle (core/limits.py), which admits a user's jobs only while together they fit
+        the user's room, so every job the cycle sees may start whoever its user is, and two
+        users' equal jobs do meet the same fate there. A job at its user's limit never reaches
+        the cycle, so no answer of the cycle is shared between users wrongly."""
         return (self.team, *self.need)
 
     @cached_property
@@ -166,6 +175,7 @@ class RunningJob:
     stopping: bool = False  # a stop (cancel, limit, preemption) is under way: its GPUs free soon
     # Elastic: the most GPUs it may grow to (core/elastic.py); None for a job of one size.
     max_gpus: int | None = None
+    user: str = ""  # who submitted it: per-user limits (core/limits.py) count its GPUs against them
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.elastic import grow
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.lifecycle import AttemptResult, Exit, Next, StopReason, Why, after_attempt
+from gpucluster.core.limits import within_limits
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.restarts import RESTART_BACKOFF_S
@@ -158,6 +159,7 @@ class Head:
         self._usage_saved_at = self._usage_at
         self.queue = QueueCache(store)
         self.gates = Gates(self)  # holds, dependencies, array throttles (issue 20)
+        self.limit_waits: dict[int, Wait] = {}  # jobs at their user's limits in the last snapshot (issue 16)
         self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
         self.estimates = EstimateRefresher()
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
@@ -485,7 +487,8 @@ class Head:
         nodes, none of a team over budget. The head plans on it after admission (its estimates
         and elastic growth read the same view); `decide` would admit a raw one the same way.
         Its queue is the eligible one (core/eligibility.py via head/gates.py): no job held by its
-        user, waiting on a dependency or over its array's throttle."""
+        user, waiting on a dependency or over its array's throttle; nor one beyond its user's limits
+        (core/limits.py), whose waits are kept in `limit_waits` to be recorded with the plan's."""
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
         queued = self.gates.eligible(self.queue.requests(), self.clock())  # not held, blocked or throttled ones
         self.accounting.note_holds(queued)  # the held jobs' reasons, in `why` and the queue
@@ -503,7 +506,8 @@ class Head:
             drained=self.telemetry.drained() | down,
             holds=dict(self.accounting.held),
         )
-        return admit(snap)[0]
+        admitted, self.limit_waits = within_limits(admit(snap)[0], self.policy, self.clock())
+        return admitted
 
     def _schedule(self, now: float) -> None:
         if self.hold_starts:
@@ -524,7 +528,7 @@ class Head:
         self._grow_elastic(snap, now)
         if not snap.queued:
             self.queue_order = []
-            self._record_waits(dict(self.gates.waits))
+            self._record_waits({**self.gates.waits, **self.limit_waits})
             return
         started = time.perf_counter()
         # The collector paused for the cycle, by the loop's choice (decide never touches it):
@@ -548,7 +552,7 @@ class Head:
             self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)
         waiting = self.estimates.waits(snap, self.policy, now, plan)  # every job's estimated start
-        self._record_waits({**waiting, **self.gates.waits})
+        self._record_waits({**waiting, **self.gates.waits, **self.limit_waits})
 
     def _record_waits(self, waiting: dict[int, Wait]) -> None:
         changed = {k: v for k, v in waiting.items() if self._reasons.get(k) != v}

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpucluster.core.placement import Capacity
+from gpucluster.core.policy import Limit
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation
 from gpucluster.durations import MAX_BEGIN_AHEAD_S
@@ -29,6 +31,8 @@ from gpucluster.models import (
     Job,
     JobEvent,
     JobSpec,
+    LimitOut,
+    LimitsOut,
     MetricSeries,
     NodeOut,
     PolicyOut,
@@ -39,7 +43,7 @@ from gpucluster.models import (
     SliceOut,
     TeamOut,
 )
-from gpucluster.store import AttemptRecord, JobRecord
+from gpucluster.store import AttemptRecord, JobRecord, QueueLimitReached
 from gpucluster.store.store import request_from, request_json
 from gpucluster.telemetry.view import describe_job, describe_nodes
 
@@ -70,7 +74,7 @@ class ClusterService:
     def __init__(self, head: Head) -> None:
         self.head = head
         self.store = head.store
-        self.batcher = SubmitBatcher(head.store, on_committed=head.wake.set)
+        self.batcher = SubmitBatcher(head.store, on_committed=head.wake.set, limits=lambda: head.policy.limits)
         self._empty: tuple[object, Capacity] | None = None  # an empty cluster, for submit checks
         self.telemetry: TelemetryMonitor | None = None  # set when the head samples its GPUs
         # More /metrics series for a cluster admin's eyes only (services/metrics.py adds one).
@@ -85,7 +89,8 @@ class ClusterService:
         if spec.array_spec is not None:
             return self._submit_array(spec, owner)
         now = self.head.clock()
-        job_id = self.store.create_job(spec, now, owner)
+        with _queue_limit():
+            job_id = self.store.create_job(spec, now, owner, self.head.policy.limits)
         self.head.wake.set()
         return self._queued(job_id, spec, now, owner)
 
@@ -97,7 +102,8 @@ class ClusterService:
         if spec.array_spec is not None or _dependencies(spec):
             return await asyncio.to_thread(self.submit, spec, owner, can_see)
         now = self.head.clock()
-        job_id = await self.batcher.submit(spec, now, owner)
+        with _queue_limit():
+            job_id = await self.batcher.submit(spec, now, owner)
         return self._queued(job_id, spec, now, owner)
 
     def _submit_array(self, spec: JobSpec, owner: str | None) -> Job:
@@ -106,7 +112,10 @@ class ClusterService:
         assert shape is not None
         now = self.head.clock()
         sweep = json.dumps(spec.sweep) if spec.sweep is not None else None
-        array_id = self.store.create_array(spec, shape.indices, now, owner, shape.throttle, sweep, spec.aftercorr)
+        with _queue_limit():
+            array_id = self.store.create_array(
+                spec, shape.indices, now, owner, shape.throttle, sweep, spec.aftercorr, self.head.policy.limits
+            )
         self.head.wake.set()
         job = self._queued(array_id, spec, now, owner)
         job.array_id, job.array_index = array_id, shape.indices[0]
@@ -442,6 +451,11 @@ class ClusterService:
                 for c, g in sorted(p.priority_grants.items())
             },
             mount_roots=list(p.mount_roots),
+            limits=LimitsOut(
+                per_user=_limit_out(p.limits.per_user),
+                users={name: _limit_out(x) for name, x in sorted(p.limits.users.items())},
+                per_class={c.label: _limit_out(x) for c, x in sorted(p.limits.per_class.items())},
+            ),
         )
 
     def nodes(self) -> list[NodeOut]:
@@ -595,3 +609,21 @@ def preparing(run_dir: Path, now: float) -> str | None:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return None
+
+
+def _limit_out(limit: Limit) -> LimitOut:
+    return LimitOut(
+        max_running_gpus=limit.max_running_gpus,
+        max_queued_jobs=limit.max_queued_jobs,
+        max_gpu_hours_in_flight=limit.max_gpu_hours_in_flight,
+    )
+
+
+@contextmanager
+def _queue_limit() -> Iterator[None]:
+    """A submission beyond its user's `max_queued_jobs` (refused by the store in its write
+    transaction) answers 422 naming the limit, like any other refused field."""
+    try:
+        yield
+    except QueueLimitReached as e:
+        raise Rejected("limits", str(e)) from None

@@ -12,6 +12,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 
+from gpucluster.core.policy import Limits
 from gpucluster.models import JobSpec
 from gpucluster.store import Store
 
@@ -19,8 +20,11 @@ MAX_BATCH = 512
 
 
 class SubmitBatcher:
-    def __init__(self, store: Store, on_committed: Callable[[], None]) -> None:
+    def __init__(
+        self, store: Store, on_committed: Callable[[], None], limits: Callable[[], Limits | None] = lambda: None
+    ) -> None:
         self._store = store
+        self._limits = limits  # the policy's, read at each commit: `max_queued_jobs` is checked there
         self._on_committed = on_committed
         self._pending: list[tuple[JobSpec, float, str | None, asyncio.Future[int], asyncio.AbstractEventLoop]] = []
         self._cond = threading.Condition()
@@ -49,7 +53,7 @@ class SubmitBatcher:
             try:
                 # One submission that cannot be stored fails alone; the others are committed.
                 outcomes = self._store.create_jobs_each(
-                    [(s, t) for s, t, _, _, _ in batch], [o for _, _, o, _, _ in batch]
+                    [(s, t) for s, t, _, _, _ in batch], [o for _, _, o, _, _ in batch], self._limits()
                 )
             except Exception as e:
                 outcomes = [e] * len(batch)

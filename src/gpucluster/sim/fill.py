@@ -4,6 +4,8 @@ Each rule draws from its own random stream, seeded from the run's seed and the r
 the same seed gives the same workload and one rule's draws never shift another's:
 
 - team: the trace's (Philly's `cluster` column; native `team`), else `trace_fill.team`.
+- user: the trace's (Philly's optional `user` column; native `user`), else none: per-user and
+  per-class limits (the policy's `limits:`) then do not apply to the job, as no user is known.
 - priority: the trace's (native), else drawn per job from `trace_fill.priority` (default: all
   normal).
 - GPU type: the trace's (native), else `trace_fill.gpu_type`: `any` (the job takes any model;
@@ -84,6 +86,7 @@ class Filler:
             nodes=raw.nodes,
             min_gpus=raw.min_gpus,
             max_restarts=raw.max_restarts,
+            user=raw.user or "",
         )
 
     def _priority(self) -> Priority:

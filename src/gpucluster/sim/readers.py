@@ -32,7 +32,7 @@ PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 TIRESIAS_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration", "interval")
 # The simulator's own fields; the rest of a native row is what `POST /v1/jobs` accepts (JobSpec).
-NATIVE_SIM_FIELDS = ("submit_time", "duration", "checkpoint_interval")
+NATIVE_SIM_FIELDS = ("submit_time", "duration", "checkpoint_interval", "user")
 NATIVE_FIELDS = NATIVE_SIM_FIELDS + tuple(JobSpec.model_fields)
 MAX_DURATION_S = 10 * 365 * 86400.0
 # JobSpec fields of arrays, sweeps, holds and dependencies (issue 20): the live head's only.
@@ -202,6 +202,7 @@ def _philly(path: Path, f: Any) -> Rows:
             gpus=_gpus(row, "num_gpus"),
             duration=_number(row, "duration", 0.0, MAX_DURATION_S),
             team=team,
+            user=(row.get("user") or "").strip() or None,  # optional: Philly's job log names users
         )
 
     return _csv_rows(path, f, PHILLY_COLUMNS, parse)
@@ -303,7 +304,17 @@ def native_job(row: dict[str, Any]) -> RawJob:
         nodes=spec.nodes,
         min_gpus=spec.min_gpus,
         max_restarts=spec.max_restarts if "max_restarts" in fields else None,
+        user=_user(row.get("user")),
     )
+
+
+def _user(v: Any) -> str | None:
+    """A native row's `user` (who submitted it, for per-user limits); None when it names none."""
+    if v is None or v == "":
+        return None
+    if not isinstance(v, str) or len(v.strip()) > 128:
+        raise RowError(f"user must be a user name (at most 128 characters); got {v!r}")
+    return v.strip() or None
 
 
 def _truthy(v: Any) -> bool:

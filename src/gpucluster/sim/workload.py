@@ -35,6 +35,7 @@ class RawJob(NamedTuple):
     nodes: int | None = None
     min_gpus: int | None = None  # elastic: may start on as few whole GPUs
     max_restarts: int | None = None  # None: the cluster spec's failures.max_restarts
+    user: str | None = None  # who submitted it (Philly's optional `user` column; native `user`)
 
 
 class TraceJob(NamedTuple):
@@ -56,6 +57,7 @@ class TraceJob(NamedTuple):
     nodes: int | None = None
     min_gpus: int | None = None  # elastic: may start on as few whole GPUs
     max_restarts: int | None = None  # None: the cluster spec's failures.max_restarts
+    user: str = ""  # "" when the trace names none: per-user limits (core/limits.py) do not apply
 
 
 @dataclass(frozen=True)

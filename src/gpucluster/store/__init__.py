@@ -8,6 +8,7 @@ from gpucluster.store.store import (
     LeaseHeld,
     LeaseLost,
     NodeRecord,
+    QueueLimitReached,
     Store,
     StoreError,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "NodeRecord",
+    "QueueLimitReached",
     "Store",
     "StoreError",
 ]

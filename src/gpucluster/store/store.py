@@ -57,6 +57,8 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
 from gpucluster.core.eligibility import Target
 from gpucluster.core.lifecycle import StopReason, stop_overrides
+from gpucluster.core.limits import queued_refusal
+from gpucluster.core.policy import Limits
 from gpucluster.core.states import JobState, can_transition
 from gpucluster.core.types import (
     Allocation,
@@ -95,6 +97,12 @@ class DatabaseUnavailable(StoreError):
 
 class LeaseHeld(StoreError):
     """Another head holds the database's lease and is alive: this one must not start."""
+
+
+class QueueLimitReached(StoreError):
+    """A submission would queue more jobs than its user may (the policy's `max_queued_jobs`,
+    core/limits.py); nothing was stored. Checked in the write transaction, so two submissions at
+    once cannot both pass."""
 
 
 class LeaseLost(StoreError):
@@ -267,6 +275,7 @@ class JobRecord:
             self.team,
             request_json(self.spec),
             not_before=self.not_before,
+            user=self.owner or "",
         )
 
 
@@ -358,6 +367,7 @@ def request_from(
     not_before: float | None = None,
     held: bool = False,
     array_id: int | None = None,
+    user: str = "",
 ) -> JobRequest:
     d = json.loads(request) if request else {}
     deps = d.get("d")
@@ -379,6 +389,7 @@ def request_from(
         held=held,
         after=tuple(Dependency(DependencyKind(k), i, bool(a)) for k, i, a in deps) if deps else (),
         array_id=array_id,
+        user=user,
     )
 
 
@@ -620,7 +631,7 @@ class Store:
 
     # ---- jobs -------------------------------------------------------------------------------
 
-    def create_job(self, spec: JobSpec, now: float, owner: str | None = None) -> int:
+    def create_job(self, spec: JobSpec, now: float, owner: str | None = None, limits: Limits | None = None) -> int:
         """Insert a queued job; returns its id once the insert is durable.
 
         Group commit: submissions that arrive while another commit is in flight wait for the
@@ -634,7 +645,9 @@ class Store:
             if not ticket.done():
                 with self._pending_lock:
                     batch, self._pending = self._pending, []
-                outcomes = self._insert_each([(spec, now) for spec, now, _, _ in batch], [o for _, _, o, _ in batch])
+                outcomes = self._insert_each(
+                    [(spec, now) for spec, now, _, _ in batch], [o for _, _, o, _ in batch], limits
+                )
                 for outcome, (_, _, _, t) in zip(outcomes, batch, strict=True):
                     if isinstance(outcome, BaseException):
                         t.set_exception(outcome)
@@ -648,15 +661,16 @@ class Store:
             return self._insert_jobs(items, owners)
 
     def create_jobs_each(
-        self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None
+        self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None, limits: Limits | None = None
     ) -> list[int | Exception]:
         """As `create_jobs`, for submissions of different callers batched together: each one's id,
-        or the error that kept that one alone out (see `_insert_each`)."""
+        or the error that kept that one alone out (see `_insert_each`); `limits`: the policy's,
+        whose `max_queued_jobs` a submission may not go beyond (QueueLimitReached)."""
         with self._write_lock:
-            return self._insert_each(items, owners)
+            return self._insert_each(items, owners, limits)
 
     def _insert_each(
-        self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None
+        self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None, limits: Limits | None = None
     ) -> list[int | Exception]:
         """All items in one transaction; if it fails, each item again in its own, so that one
         item that cannot be stored fails alone rather than every submission batched with it.
@@ -664,21 +678,25 @@ class Store:
         Validation refuses what it knows to be unstorable (models.unstorable); this is for what
         it does not know. A failure of the store itself (a full disk) fails each retry too."""
         try:
-            return list(self._insert_jobs(items, owners))
+            return list(self._insert_jobs(items, owners, limits))
         except Exception as e:
             if len(items) == 1:
                 return [e]
         out: list[int | Exception] = []
         for n, item in enumerate(items):
             try:
-                out.append(self._insert_jobs([item], [owners[n]] if owners else None)[0])
+                out.append(self._insert_jobs([item], [owners[n]] if owners else None, limits)[0])
             except Exception as e:
                 out.append(e)
         return out
 
-    def _insert_jobs(self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None) -> list[int]:
+    def _insert_jobs(
+        self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None, limits: Limits | None = None
+    ) -> list[int]:
         with self._errors_mapped(), self._writer.begin() as c:
             self._check_lease(c)
+            if limits is not None and limits.limits_queued and owners:
+                self._check_queued(c, limits, [(o, spec, 1) for o, (spec, _) in zip(owners, items, strict=True)])
             arrays = self._arrays_among(c, {i for spec, _ in items for _, i in _dependency_ids(spec)})
             rows = [
                 self._job_row(spec, now, owners[n] if owners else None, _resolve(spec, arrays))
@@ -696,6 +714,31 @@ class Store:
                 ],
             )
         return ids
+
+    @staticmethod
+    def _check_queued(c: Connection, limits: Limits, wanted: list[tuple[str | None, JobSpec, int]]) -> None:
+        """Raise QueueLimitReached if queuing `wanted` (owner, spec, how many jobs: an array's
+        elements) would take an owner beyond a `max_queued_jobs`; in the caller's transaction,
+        so the count cannot change before the insert. A job without an owner is not limited."""
+        users = sorted({o for o, _, _ in wanted if o})
+        if not users:
+            return
+        j = schema.jobs.c
+        q = (
+            select(j.owner, j.priority, func.count())
+            .where(j.state == JobState.QUEUED.value, j.owner.in_(users))
+            .group_by(j.owner, j.priority)
+        )
+        queued: dict[tuple[str, int], int] = {(o, int(p)): int(n) for o, p, n in c.execute(q)}
+        for owner, spec, count in wanted:
+            if not owner:
+                continue
+            priority = Priority.parse(spec.priority)
+            total = sum(n for (o, _), n in queued.items() if o == owner)
+            why = queued_refusal(limits, owner, priority, total, queued.get((owner, int(priority)), 0), count)
+            if why is not None:
+                raise QueueLimitReached(why)
+            queued[(owner, int(priority))] = queued.get((owner, int(priority)), 0) + count
 
     @staticmethod
     def _arrays_among(c: Connection, ids: set[int]) -> set[int]:
@@ -739,12 +782,15 @@ class Store:
         throttle: int | None = None,
         sweep: str | None = None,
         corr: int | None = None,
+        limits: Limits | None = None,
     ) -> int:
         """Insert an array's elements, one queued job each, in one transaction; returns the array's
         id (its first element's job id) once durable. The elements share one spec text and one
         request; `corr`: an array whose element i each element i waits for (aftercorr)."""
         j = schema.jobs.c
         with self._write() as c:
+            if limits is not None and limits.limits_queued:
+                self._check_queued(c, limits, [(owner, spec, len(indices))])  # every element counts
             arrays = self._arrays_among(c, {i for _, i in _dependency_ids(spec)})
             after = _resolve(spec, arrays)
             base = self._job_row(spec, now, owner, after)
@@ -1085,6 +1131,7 @@ class Store:
             j.not_before,
             j.held,
             j.array_id,
+            j.owner,
         ).where(j.state == JobState.QUEUED.value)
         if after_id is not None:
             q = q.where(j.id > after_id)
@@ -1102,6 +1149,7 @@ class Store:
                 r[8],
                 held=bool(r[9]),
                 array_id=r[10],
+                user=r[11] or "",
             )
             for r in rows
         ]
@@ -1120,6 +1168,7 @@ class Store:
             j.last_checkpoint_at,
             j.stop_reason,
             j.gpus,
+            j.owner,
         ).where(j.state == JobState.RUNNING.value)
         with self._read() as c:
             rows = c.execute(q).all()
@@ -1144,6 +1193,7 @@ class Store:
                     last_checkpoint_at=checkpoint,
                     stopping=r[8] is not None,
                     max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
+                    user=r[10] or "",
                 )
             )
         return out
