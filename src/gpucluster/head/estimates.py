@@ -29,6 +29,10 @@ class EstimateRefresher:
         self._last: dict[int, Wait] = {}
         self._not_before: dict[float, str] = {}  # lower bound -> its sentence, formatted once
 
+    def forget(self) -> None:
+        """A queued job changed (`gpucluster update`): replay at the next cycle, not in `every_s`."""
+        self._at = None
+
     def waits(self, snap: Snapshot, policy: Policy, now: float, plan: Plan) -> dict[int, Wait]:
         """`plan.waiting` in the same (scheduling) order, each with its estimated start."""
         # At scale the replay is not free (~1 s at 10,000 nodes and 60,000 running jobs on a

@@ -52,7 +52,7 @@ from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.scheduler import decide, gc_paused
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation, Node, Wait
+from gpucluster.core.types import Allocation, JobRequest, Node, Wait
 from gpucluster.durations import format_duration
 from gpucluster.executors.base import (
     Executor,
@@ -87,6 +87,7 @@ from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
 from gpucluster.head.recovery import adopt_launch, requeue_left_preempted
+from gpucluster.head.update import same_request
 from gpucluster.launch.env import inherited
 from gpucluster.store import AttemptRecord, DatabaseUnavailable, DataDirUnwritable, JobRecord, LeaseLost, Store
 from gpucluster.store.lease import RENEW_FRACTION
@@ -142,6 +143,7 @@ class Head:
         # every process on this machine.
         self.node_addresses = dict(node_addresses or {})
         self.wake = threading.Event()
+        self.start_lock = threading.Lock()  # a start's read-and-commit vs `gpucluster update`'s commit
         self._stop = threading.Event()
         self.cycles = 0
         # Jobs may be left `preempted` (not yet requeued) by a previous head that died, or by a
@@ -540,8 +542,8 @@ class Head:
                 stopped.append(p.job_id)
                 self.wake.set()
         for start in plan.starts:
-            self.queue.remove(start.job_id)
-            self._start(start.job_id, start.allocation, now)
+            planned = self.queue.remove(start.job_id)
+            self._start(start.job_id, start.allocation, now, planned)
         # a preemptor that starts holds nothing back any more
         self.preempted_for = held_back_after(self.preempted_for, plan, stopped)
         if plan.starts:
@@ -583,10 +585,21 @@ class Head:
             if r.job_id in started:
                 self.stats.started(r.team, r.priority.label, now - (r.queued_at or r.submitted_at))
 
-    def _start(self, job_id: int, allocation: Allocation, now: float) -> None:
-        job = self.store.get_job(job_id)
-        if job is None or job.state is not JobState.QUEUED:
-            return
+    def _start(self, job_id: int, allocation: Allocation, now: float, planned: JobRequest | None = None) -> None:
+        # Under the lock `gpucluster update` takes for its commit (head/service.py): a job
+        # changed after this cycle's snapshot is not started on a plan made for its old request.
+        with self.start_lock:
+            job = self.store.get_job(job_id)
+            if job is None or job.state is not JobState.QUEUED:
+                return
+            if planned is not None and not same_request(planned, job.request()):
+                self.queue.invalidate()  # changed since the snapshot: planned again next cycle
+                self._capacity_changed = True
+                return
+            self._start_locked(job, allocation, now)
+
+    def _start_locked(self, job: JobRecord, allocation: Allocation, now: float) -> None:
+        job_id = job.id
         started: dict[str, Any] = {
             "allocation": allocation,
             "attempt": job.attempt + 1,

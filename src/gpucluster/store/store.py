@@ -1382,6 +1382,54 @@ class Store:
                 res = c.execute(running.where(j.stop_reason == override.replaces.value).values(**values))
         return res.rowcount == 1
 
+    def change_spec(
+        self,
+        job_id: int,
+        expect: JobState,
+        spec: JobSpec,
+        now: float,
+        reason: str,
+        not_before: float | None = None,
+    ) -> bool:
+        """Replace the spec of a job still in state `expect` (`gpucluster update`), in one
+        transaction with its event: False, changing nothing, if the job left that state.
+
+        A queued job gets its scheduler-facing columns and `request` rewritten from the new spec
+        (the dependencies resolved at submit are kept as they were) and `not_before`; a running
+        one only its spec and request (the head reads its time limit from them every cycle).
+        An array's first element holds the spec its sibling elements share (`spec` ''): before
+        it changes, the siblings get their own copy of the old one."""
+        j = schema.jobs.c
+        with self._write() as c:
+            row = c.execute(select(j.state, j.request, j.spec, j.array_id).where(j.id == job_id)).first()
+            if row is None or row[0] != expect.value:
+                return False
+            old_request = json.loads(row[1]) if row[1] else {}
+            request = json.loads(request_json(spec))
+            if "d" in old_request:
+                request["d"] = old_request["d"]
+            values: dict[str, Any] = {
+                "spec": spec.model_dump_json(),
+                "request": json.dumps(request, separators=(",", ":")),
+            }
+            if expect is JobState.QUEUED:
+                values.update(
+                    name=spec.name or "",
+                    priority=int(Priority.parse(spec.priority)),
+                    gpus=spec.gpu_count,
+                    gpu_type=",".join(spec.gpu_types) or None,
+                    not_before=not_before,
+                )
+            if row[3] == job_id and row[2]:
+                c.execute(
+                    update(schema.jobs).where(j.array_id == job_id, j.id != job_id, j.spec == "").values(spec=row[2])
+                )
+            res = c.execute(update(schema.jobs).where(j.id == job_id, j.state == expect.value).values(**values))
+            if res.rowcount != 1:
+                return False
+            c.execute(insert(schema.job_events).values(job_id=job_id, at=now, state=expect.value, reason=reason))
+        return True
+
     def update_job(self, job_id: int, expect: JobState, **fields: Any) -> bool:
         """Change bookkeeping fields of a job still in state `expect` (no state change, no event)."""
         if "launch" in fields:
