@@ -7,6 +7,7 @@ begin/backoff arithmetic are pure and tested alone; `head/service.py` only appli
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import ValidationError
@@ -62,6 +63,8 @@ def _show(key: str, value: object) -> str:
         return "none"
     if key == "time_limit" and isinstance(value, int | float):
         return format_duration(float(value))
+    if key == "begin" and isinstance(value, int | float):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
     if key == "gpus" and isinstance(value, float) and value == int(value):
         return str(int(value))
     if isinstance(value, list):
