@@ -740,6 +740,7 @@ class NodeOut(Model):
     drain_reason: str | None = None
     drained_by: str | None = None  # user or health
     drained_since: float | None = None
+    drained_until: float | None = None  # the drain's planned end (drain --until); it ends by itself then
     problem: str | None = None  # a problem of the whole node (it stopped reporting)
     last_report_at: float | None = None  # its latest telemetry
     # Nodes from a Ray cluster (`gpucluster up --ray`) come and go; the local node is always up.
@@ -753,6 +754,12 @@ class DrainIn(StorableText):
     model_config = ConfigDict(extra="forbid")
 
     reason: str | None = Field(None, max_length=500, description="why, shown by `gpucluster nodes`")
+    until: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="when the drain ends by itself (Unix time, in the future): waiting jobs' estimates count from it",
+    )
 
 
 class GpuSampleOut(Model):

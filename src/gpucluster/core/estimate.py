@@ -17,6 +17,10 @@ borrowing limits (the wait reason says when a quota holds a job), jobs that end 
 limit (estimates are upper bounds on that account), and sharing: a fractional job is counted
 as one whole GPU.
 
+Drained nodes whose drain has a planned end (`Snapshot.unavailable`, `Snapshot.drains`) are in
+the profile, each GPU free from that end: a job only they can host, or one they would serve
+sooner, is estimated from it.
+
 Only the first `limit` jobs in line are replayed; for the rest the replay's final state gives
 a lower bound ("not before"), because reservations only ever push free times later.
 """
@@ -33,7 +37,7 @@ from gpucluster.core.placement import acceptable_models
 from gpucluster.core.policy import Policy
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Allocation, JobRequest, Plan
+from gpucluster.core.types import Allocation, JobRequest, Node, Plan
 
 DEFAULT_LIMIT = 10_000
 
@@ -71,7 +75,7 @@ class _Profile:
         self.version: dict[tuple[str, str], int] = {}
         self.model_memory: dict[str, int] = {}
         self.node_size: dict[str, int] = {}
-        for node in snapshot.nodes:
+        for node in (*snapshot.nodes, *_returning(snapshot)):
             for g in node.gpus:
                 self.times.setdefault((g.model, node.name), []).append(free_from[(node.name, g.index)])
                 mem = self.model_memory.get(g.model)
@@ -170,6 +174,10 @@ def _demand(job: JobRequest) -> int:
 def _free_from(snapshot: Snapshot, policy: Policy, now: float, plan: Plan) -> dict[tuple[str, int], float]:
     """When each GPU is expected back: running jobs' ends and the plan's starts' ends."""
     free = {(n.name, g.index): now for n in snapshot.nodes for g in n.gpus}
+    for n in _returning(snapshot):  # a drained node with an end: free from then on
+        until = snapshot.drains[n.name].until
+        assert until is not None
+        free.update({(n.name, g.index): max(now, until) for g in n.gpus})
     grace = policy.preemption.grace_period_s
     stopping = {p.job_id for p in plan.preemptions}
 
@@ -190,6 +198,19 @@ def _free_from(snapshot: Snapshot, policy: Policy, now: float, plan: Plan) -> di
     for st in plan.starts:
         hold(st.allocation, now + (limits.get(st.job_id) or policy.default_time_limit_s))
     return free
+
+
+def _returning(snapshot: Snapshot) -> list[Node]:
+    """The drained nodes whose drain has a planned end: back for new jobs from then on.
+
+    Their running jobs' slices were left out at admission, so a job still running there past
+    the drain's end is not seen: the estimate is then early by that much."""
+    out = []
+    for n in snapshot.unavailable:
+        drain = snapshot.drains.get(n.name)
+        if drain is not None and drain.until is not None:
+            out.append(n)
+    return out
 
 
 def estimate_starts(

@@ -14,6 +14,7 @@ import time
 
 from gpucluster.core.estimate import DEFAULT_LIMIT, Estimate, estimate_starts
 from gpucluster.core.policy import Policy
+from gpucluster.core.reasons import WaitReason
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Plan, Wait
 
@@ -63,8 +64,10 @@ class EstimateRefresher:
         return out
 
     def _merge(self, wait: Wait, est: Estimate | None, now: float) -> Wait:
-        if est is None or est.start is None or wait.estimated_start is not None:
-            return wait  # not estimated yet, never fits, or `decide` holds a reservation for it
+        if est is None or est.start is None:
+            return wait  # not estimated yet, or never fits
+        if wait.estimated_start is not None and wait.reason is not WaitReason.DRAINED:
+            return wait  # `decide` holds a reservation for it (a drain's end is only a lower bound)
         if est.exact:
             return Wait(wait.reason, wait.message, est.start)
         sentence = self._not_before.get(est.start)

@@ -52,7 +52,7 @@ from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.scheduler import decide, gc_paused
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation, JobRequest, Node, Wait
+from gpucluster.core.types import Allocation, Drain, JobRequest, Node, Wait
 from gpucluster.durations import format_duration
 from gpucluster.executors.base import (
     Executor,
@@ -196,6 +196,8 @@ class Head:
         if self.policy_source.maybe_reload(now):
             self._capacity_changed = True
         if self.inventory is not None and self.inventory.refresh(now):
+            self._capacity_changed = True
+        if self.telemetry.end_drains_due(now):  # drains with a planned end (drain --until) that came
             self._capacity_changed = True
         if self._preempted_left:
             requeue_left_preempted(self, now)
@@ -504,6 +506,7 @@ class Head:
             preempted_for=dict(self.preempted_for),
             drained=self.telemetry.drained() | down,
             holds=dict(self.accounting.held),
+            drains={**{n: Drain("down: gone from the cluster's inventory") for n in down}, **self.telemetry.drains()},
         )
         return admit(snap)[0]
 
