@@ -11,17 +11,31 @@ recorded value, so the store is not rewritten for every queued job on every refr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from gpucluster.core.estimate import DEFAULT_LIMIT, Estimate, estimate_starts
+from gpucluster.core.estimate import DEFAULT_LIMIT, NO_LATENCY, Estimate, Latency, estimate_starts
 from gpucluster.core.policy import Policy
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Plan, Wait
 
+# Waits whose own estimate the replay's replaces: a drain's end is only a lower bound, and a
+# reservation's shadow leaves out the head's start and stop latencies (the replay has them).
+_REPLAYED = (WaitReason.DRAINED, WaitReason.RESERVED)
+
 
 class EstimateRefresher:
-    def __init__(self, every_s: float = 5.0, limit: int = DEFAULT_LIMIT, jitter_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        every_s: float = 5.0,
+        limit: int = DEFAULT_LIMIT,
+        jitter_s: float = 30.0,
+        latency: Callable[[], Latency] | None = None,
+    ) -> None:
         self.every_s = every_s
+        # The head's start and stop latencies, learned again at each replay (head/latency.py).
+        self.latency = latency
+        self.last_latency = NO_LATENCY
         self.limit = limit
         self.jitter_s = jitter_s
         self._at: float | None = None
@@ -42,7 +56,9 @@ class EstimateRefresher:
         due = self._at is None or now - self._at >= every or now < self._at
         if due and plan.waiting:
             started = time.perf_counter()
-            self._estimates = estimate_starts(snap, policy, now, plan, self.limit)
+            if self.latency is not None:
+                self.last_latency = self.latency()
+            self._estimates = estimate_starts(snap, policy, now, plan, self.limit, self.last_latency)
             self.last_cost_s = time.perf_counter() - started
             self._at = now
             self._not_before.clear()
@@ -66,8 +82,8 @@ class EstimateRefresher:
     def _merge(self, wait: Wait, est: Estimate | None, now: float) -> Wait:
         if est is None or est.start is None:
             return wait  # not estimated yet, or never fits
-        if wait.estimated_start is not None and wait.reason is not WaitReason.DRAINED:
-            return wait  # `decide` holds a reservation for it (a drain's end is only a lower bound)
+        if wait.estimated_start is not None and wait.reason not in _REPLAYED:
+            return wait  # a backoff or begin time: exact
         if est.exact:
             return Wait(wait.reason, wait.message, est.start)
         sentence = self._not_before.get(est.start)

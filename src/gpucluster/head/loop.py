@@ -65,6 +65,7 @@ from gpucluster.executors.base import (
     Status,
 )
 from gpucluster.executors.logfile import read_job_file
+from gpucluster.head import latency
 from gpucluster.head.accounting import Accountant
 from gpucluster.head.attempts import (
     codes_text,
@@ -133,6 +134,7 @@ class Head:
         self.data_dir = data_dir
         self.clock = clock
         self._grace_override = grace_period_s
+        self._planning: tuple[Policy, Policy] | None = None  # (policy, it with the head's grace)
         self.policy_source = policy or PolicySource(None)
         self.head_url = head_url
         self.virtual_gpus = virtual_gpus
@@ -161,7 +163,7 @@ class Head:
         self.queue = QueueCache(store)
         self.gates = Gates(self)  # holds, dependencies, array throttles (issue 20)
         self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
-        self.estimates = EstimateRefresher()
+        self.estimates = EstimateRefresher(latency=lambda: latency.from_store(store))  # learned start/stop latency
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
         self._free_since: float | None = None  # GPUs free with nothing queued since (elastic growth)
         self._last_plan_at: float | None = None
@@ -183,6 +185,20 @@ class Head:
     @property
     def policy(self) -> Policy:
         return self.policy_source.policy
+
+    @property
+    def planning_policy(self) -> Policy:
+        """The policy `decide` and the estimates plan with: the policy in force, with the grace
+        period this head really gives a stopping job (`up --grace-period` overrides the
+        policy's). Planned with the policy's own, a stopping job's GPUs were expected back 30 s
+        on when they came back in 2, and reservations and estimates said so."""
+        policy = self.policy
+        if self._grace_override is None or self._grace_override == policy.preemption.grace_period_s:
+            return policy
+        if self._planning is None or self._planning[0] is not policy:
+            changed = replace(policy.preemption, grace_period_s=self._grace_override)
+            self._planning = (policy, replace(policy, preemption=changed))
+        return self._planning[1]
 
     @property
     def grace_period_s(self) -> float:
@@ -536,7 +552,7 @@ class Head:
         # its passes over a 100,000-job snapshot made a cycle at 10,000 nodes 1.6x slower
         # (bench/bench_core_cycle.py); the API threads only miss cyclic collection for it.
         with gc_paused():
-            plan = decide(snap, self.policy, now)
+            plan = decide(snap, self.planning_policy, now)
         self.last_decide_s = time.perf_counter() - started
         stopped = []
         for p in plan.preemptions:
@@ -552,7 +568,7 @@ class Head:
         if plan.starts:
             self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)
-        waiting = self.estimates.waits(snap, self.policy, now, plan)  # every job's estimated start
+        waiting = self.estimates.waits(snap, self.planning_policy, now, plan)  # every job's estimated start
         self._record_waits({**waiting, **self.gates.waits})
 
     def _record_waits(self, waiting: dict[int, Wait]) -> None:

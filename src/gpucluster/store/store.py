@@ -1267,6 +1267,28 @@ class Store:
                 )
         return True
 
+    def recent_attempts(self, limit: int) -> list[tuple[float, float, Allocation | None, float, float | None, bool]]:
+        """The `limit` attempts that ended last, oldest first, each as (started at, ended at,
+        allocation, its job's queued at, its time limit, whether the head stopped it at that
+        limit): what the head learns its start and stop latencies from (head/latency.py)."""
+        a, j = schema.attempts.c, schema.jobs.c
+        q = (
+            select(a.started_at, a.ended_at, a.allocation, j.queued_at, j.submitted_at, j.request, j.stop_reason)
+            .select_from(schema.attempts.join(schema.jobs, a.job_id == j.id))
+            .add_columns(a.attempt == j.attempt)
+            .where(a.started_at.is_not(None))
+            .order_by(a.ended_at.desc())
+            .limit(limit)
+        )
+        with self._read() as c:
+            rows = c.execute(q).all()
+        out = []
+        for started, ended, alloc, queued, submitted, request, stop, latest in reversed(rows):
+            limit_s = json.loads(request).get("tl") if request else None
+            timed_out = bool(latest) and stop == StopReason.TIME_LIMIT.value
+            out.append((started, ended, allocation_from_json(alloc), queued or submitted, limit_s, timed_out))
+        return out
+
     def attempts(self, job_id: int) -> list[AttemptRecord]:
         """The ended attempts of a job, oldest first."""
         a = schema.attempts.c
