@@ -131,3 +131,10 @@ def test_refused_like_a_submit(cluster: Cluster) -> None:
     with pytest.raises(Rejected, match="nothing to change"):
         update(cluster, job)
     assert cluster.record(job).spec == spec(hold=True)
+
+
+def test_an_array_with_no_queued_element_is_refused(cluster: Cluster) -> None:
+    first = cluster.service.submit(spec(array="0-1")).id
+    cluster.tick_at(T0 + 1)  # 8 GPUs: both elements start
+    with pytest.raises(Conflict, match=f"array {first} has no queued element; only queued elements can change"):
+        update(cluster, first, priority="low")

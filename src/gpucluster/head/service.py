@@ -349,11 +349,15 @@ class ClusterService:
         ids = self.members(job_id, index)
         if len(ids) > 1:  # an array: its queued elements; the others are left as they are
             changes: list[str] = []
+            queued = 0
             for member in ids:
                 record = self.store.get_job(member)
                 if record is not None and record.state is JobState.QUEUED:
+                    queued += 1
                     with contextlib.suppress(Conflict):
                         changes = self._update_one(record, change, who) or changes
+            if not queued:
+                raise Conflict(f"array {job_id} has no queued element; only queued elements can change")
             return self.job(job_id), changes
         record = self.store.get_job(ids[0])
         if record is None:
@@ -366,6 +370,12 @@ class ClusterService:
             spec = merged_spec(record.spec, change)
         except FieldError as e:
             raise Rejected(e.field, e.message) from None
+        session_class = self.head.policy.interactive
+        if spec.interactive:  # a session keeps to its class, as at submit (its priority, limits)
+            from gpucluster.head import sessions  # here: it imports this module's errors
+
+            held = self.store.session_gpus(record.owner) - record.spec.gpu_count if record.owner else 0.0
+            spec = sessions.apply_class(spec, session_class, max(0.0, held))
         if record.state is JobState.RUNNING:
             if set(fields) - RUNNING_FIELDS:
                 others = ", ".join(sorted(set(fields) - RUNNING_FIELDS))
@@ -378,7 +388,8 @@ class ClusterService:
                 f"job {record.id} is {record.state.value}; only a queued job (or a running job's time limit) can change"
             )
         else:
-            if "priority" in fields and spec.priority != record.spec.priority:
+            class_priority = spec.interactive and session_class.priority is not None
+            if "priority" in fields and spec.priority != record.spec.priority and not class_priority:
                 grants.check_priority(who, record.team, spec.priority, self.head.policy)
             self._check_fits(spec)
         said = describe_changes(record.spec, spec, fields)
