@@ -17,6 +17,7 @@ from gpucluster.store import AttemptRecord, Store
 
 from .builders import allocation, job, node, running, spec
 
+STORE_BACKENDS = ("sqlite", "postgresql")  # the store test runs on both (tests/unit/conftest.py)
 H1 = node("h1").gpus(1, "H100").build()
 GPU = frozenset({("h1", 0)})
 
@@ -60,8 +61,8 @@ def test_learned_as_medians_of_the_heads_own_history() -> None:
     assert learn([]) == Latency(0.0, 0.0)
 
 
-def test_learned_from_the_store(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
+def test_learned_from_the_store(store_target: Path | str) -> None:
+    store = Store(store_target)
     store.put_node(H1, virtual=True, now=0.0)
     for n, (start, end) in enumerate([(1.0, 11.5), (11.7, 22.0)], start=1):
         job_id = store.create_job(spec(time_limit=10), 0.0)
@@ -73,4 +74,5 @@ def test_learned_from_the_store(tmp_path: Path) -> None:
         store.transition(job_id, JobState.FAILED, end, "time limit", ended_attempt=record)
         assert n == job_id
     got = from_store(store)
+    store.close()
     assert round(got.stop_s, 6) == 0.4 and round(got.start_s, 6) == 0.2
