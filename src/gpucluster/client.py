@@ -199,6 +199,14 @@ class Client(AdminCalls):
             self._request("POST", f"/v1/jobs/{array_id}/array", json={"throttle": throttle}).json()
         )
 
+    def update(self, job_id: int, index: int | None = None, **fields: Any) -> Job:
+        """Change a queued job (an array: its queued elements, or element `index`) or a running
+        job's time limit: `update(41, priority="high", time_limit="2h")`; a field given as None
+        goes back to the submit default. Refused as a submit would be (422, 403), 409 if the
+        job is no longer queued."""
+        params = {"index": index} if index is not None else None
+        return Job.model_validate(self._request("PATCH", f"/v1/jobs/{job_id}", params=params, json=fields).json())
+
     def requeue(self, job_id: int) -> Job:
         """Checkpoint and requeue a running job (SIGTERM, grace, back in the queue, new attempt)."""
         return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/requeue").json())

@@ -671,6 +671,46 @@ class ArrayUpdate(Model):
     throttle: int | None = Field(..., ge=1, le=1_000_000, description="most elements at once; null: no limit")
 
 
+class JobUpdate(StorableText):
+    """A change to a queued job (or a running job's time limit): `gpucluster update`.
+
+    Why so loose here: the head merges these fields into the job's stored spec and validates the
+    result as a whole `JobSpec`, so a change is refused by the very rules (and words) a submit
+    is. A field sent as null goes back to the submit default (no begin time, no time limit, any
+    GPU type); a field left out keeps its value."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"priority": "low", "time_limit": "2h"}]})
+
+    priority: PriorityName | None = None
+    time_limit: float | str | None = Field(
+        None,
+        description="seconds, or a duration such as 30m or 2h; a running job's owner or team admin may only "
+        "shorten it (a cluster admin may set any)",
+        json_schema_extra={"minimum": 1, "maximum": MAX_TIME_LIMIT_S, "pattern": DURATION_PATTERN},
+    )
+    gpus: float | str | None = Field(
+        None,
+        description="as at submit: whole GPUs, a share of one, or a range 4..8",
+        json_schema_extra={"minimum": 0.01},
+    )
+    gpu_type: str | list[str] | None = Field(
+        None,
+        description="GPU model, or a list of acceptable models, most preferred first",
+        json_schema_extra={**_GPU_TYPE, "minItems": 1, "maxItems": 16, "items": {"type": "string", **_GPU_TYPE}},
+    )
+    name: Name | None = None
+    begin: float | None = Field(None, ge=0, allow_inf_nan=False, description="do not start before this Unix time")
+    nodes: int | None = Field(None, ge=1, le=MAX_NODES_PER_JOB, description="spread over exactly this many nodes")
+    max_restarts: int | None = Field(None, ge=0, le=MAX_RESTARTS, description="restart after a failure up to N times")
+
+    @field_validator("gpus", "time_limit", mode="before")
+    @classmethod
+    def _no_bools(cls, v: object) -> object:
+        if isinstance(v, bool):
+            raise ValueError("must be a number, not true/false")
+        return v
+
+
 class JobList(Model):
     jobs: list[Job]
     # With `limit`: how many jobs match the filters in all, for "51-100 of 1,234"; else None.
@@ -700,6 +740,7 @@ class NodeOut(Model):
     drain_reason: str | None = None
     drained_by: str | None = None  # user or health
     drained_since: float | None = None
+    drained_until: float | None = None  # the drain's planned end (drain --until); it ends by itself then
     problem: str | None = None  # a problem of the whole node (it stopped reporting)
     last_report_at: float | None = None  # its latest telemetry
     # Nodes from a Ray cluster (`gpucluster up --ray`) come and go; the local node is always up.
@@ -713,6 +754,12 @@ class DrainIn(StorableText):
     model_config = ConfigDict(extra="forbid")
 
     reason: str | None = Field(None, max_length=500, description="why, shown by `gpucluster nodes`")
+    until: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="when the drain ends by itself (Unix time, in the future): waiting jobs' estimates count from it",
+    )
 
 
 class GpuSampleOut(Model):

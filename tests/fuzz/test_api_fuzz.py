@@ -129,6 +129,10 @@ class Fixture:
             op: self.post("/v1/jobs", {"command": ["true"], "name": f"for-{op}"}, spare_headers)["id"]
             for op in ("cancel", "hold", "release")
         }
+        # ... and one for the admin's update (PATCH /v1/jobs/{job_id}: the last part of its path).
+        self.admin_targets["{job_id}"] = self.post(
+            "/v1/jobs", {"command": ["true"], "name": "for-update"}, spare_headers
+        )["id"]
         # Services (their replicas are jobs, held like the others): one to read and update, and one
         # for each role's delete to remove.
         for svc in (SERVICE, *DOOMED_SERVICES.values()):

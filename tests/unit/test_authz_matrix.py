@@ -18,6 +18,7 @@ EXPECTED: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/jobs"): Rule.SIGNED_IN,
     ("GET", "/v1/jobs"): Rule.SIGNED_IN,
     ("GET", "/v1/jobs/{job_id}"): Rule.JOB_VIEW,
+    ("PATCH", "/v1/jobs/{job_id}"): Rule.JOB_OPERATE,
     ("POST", "/v1/jobs/{job_id}/cancel"): Rule.JOB_OPERATE,
     ("POST", "/v1/jobs/{job_id}/requeue"): Rule.JOB_OPERATE,
     ("POST", "/v1/jobs/{job_id}/hold"): Rule.JOB_OPERATE,

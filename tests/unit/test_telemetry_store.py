@@ -65,3 +65,13 @@ def test_only_whole_buckets_are_merged_and_recent_rows_stay_raw(ts: TelemetrySto
     assert energy(ts.samples()) == pytest.approx(36 * 5 * 200)
     # [95, 100) ends where the window starts: out; [105, 110) is in
     assert [s.at for s in ts.samples(since=t0 + 100, until=t0 + 110)] == [t0 + 100, t0 + 105]
+
+
+def test_a_drain_with_a_planned_end_is_kept_and_ends_by_itself(ts: TelemetryStore) -> None:
+    assert ts.set_drained("n1", True, "firmware", "user", 100.0, until=500.0)
+    assert ts.drains()["n1"].until == 500.0 and ts.node_states()["n1"].until == 500.0
+    assert ts.set_drained("n1", True, "firmware", "user", 200.0, until=900.0)  # a new end is a change
+    assert ts.node_states()["n1"].since == 100.0
+    assert ts.end_drains_due(899.0) == [] and ts.drained() == {"n1"}
+    assert ts.end_drains_due(900.0) == ["n1"] and ts.drained() == frozenset()
+    assert ts.node_states()["n1"].until is None

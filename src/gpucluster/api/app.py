@@ -45,6 +45,7 @@ from gpucluster.models import (
     Job,
     JobList,
     JobSpec,
+    JobUpdate,
     NodeList,
     PolicyOut,
     ProgressIn,
@@ -342,6 +343,18 @@ def create_app(
     def update_array(job_id: Id, change: ArrayUpdate) -> Job:
         """Change an array's throttle (the most elements that run at once; null: no limit)."""
         return service.set_throttle(job_id, change.throttle)
+
+    @app.patch("/v1/jobs/{job_id}", openapi_extra=allow(Rule.JOB_OPERATE))
+    def update_job(job_id: Id, change: JobUpdate, request: Request, who: Caller, index: ArrayIndex = None) -> Job:
+        """Change a queued job (an array's id: each queued element; `index`: one element), or a
+        running job's time limit: fields as at submit, validated by the same rules (a class above
+        normal needs its grant: 403). A running job's owner or team admin may only shorten its
+        limit; a cluster admin may set any. 409 if the job is no longer queued (or running).
+        Each change is in the job's events and the audit log ('priority normal -> high')."""
+        job, changes = service.update(job_id, change, who, index)
+        target = f"job {job_id}" + (f"[{index}]" if index is not None else "")
+        rules.note_audit(request, target, "; ".join(changes) or "nothing changed")
+        return job
 
     @app.post("/v1/jobs/{job_id}/requeue", openapi_extra=allow(Rule.JOB_OPERATE))
     def requeue(job_id: Id) -> Job:

@@ -42,10 +42,15 @@ def add_telemetry_routes(app: FastAPI, service: ClusterService, *, public_team_u
 
     @router.post("/v1/nodes/{name}/drain", openapi_extra=allow(Rule.CLUSTER_ADMIN))
     def drain(name: NodeName, body: DrainIn | None = None) -> NodeOut:
-        """Take a node out of scheduling: no new jobs go there; its running jobs go on."""
+        """Take a node out of scheduling: no new jobs go there; its running jobs go on. With
+        `until`, the drain ends by itself then, and waiting jobs' estimates count from it."""
         node_out(name)
         reason = (body.reason if body is not None else None) or "drained by user"
-        if service.head.telemetry.set_drained(name, True, reason, "user", service.head.clock()):
+        until = body.until if body is not None else None
+        now = service.head.clock()
+        if until is not None and until <= now:
+            raise Rejected("until", "is not in the future; give when the drain ends, e.g. --until 14:00 or now+2h")
+        if service.head.telemetry.set_drained(name, True, reason, "user", now, until):
             service.head.nodes_changed()
         return node_out(name)
 

@@ -26,7 +26,9 @@ def node_notes(listing: list[NodeOut] | list[Any]) -> list[str]:
         if n.drained:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(n.drained_since)) if n.drained_since else "?"
             who = "by health checks" if n.drained_by == "health" else "by a user"
-            lines.append(f"node {n.name} is drained {who} since {since}: {n.drain_reason}")
+            end = getattr(n, "drained_until", None)
+            until = f" until {_at(end)}" if end else ""
+            lines.append(f"node {n.name} is drained {who} since {since}{until}: {n.drain_reason}")
         if n.problem:
             lines.append(f"node {n.name}: {n.problem}")
         for g in n.gpus:
@@ -38,17 +40,39 @@ def node_notes(listing: list[NodeOut] | list[Any]) -> list[str]:
 def drain(
     node: Annotated[str, typer.Argument(help="the node's name, as `gpucluster nodes` shows it")],
     reason: Annotated[str | None, typer.Option("--reason", help="why; shown by `gpucluster nodes`")] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            "--until",
+            help="when the drain ends by itself: 14:00, now+2h, 2026-11-26T08:00 (your zone); "
+            "waiting jobs' estimates count from it [default: no end, until undrain]",
+        ),
+    ] = None,
     url: Annotated[str | None, typer.Option("--url", envvar="GPUCLUSTER_URL", help="the head's URL")] = None,
 ) -> None:
     """Take a node out of scheduling: no new jobs go there; its running jobs go on."""
     from gpucluster.cli.common import call as _call
+    from gpucluster.cli.common import fail, out
     from gpucluster.cli.common import head as _head
-    from gpucluster.cli.common import out
     from gpucluster.cli.transport import node_path
+    from gpucluster.durations import begin_time
 
+    body: dict[str, Any] = {"reason": reason} if reason else {}
+    if until is not None:
+        try:
+            body["until"] = begin_time(until, time.time())
+        except ValueError as e:
+            fail(f"--until: {e}")
     with _head(url) as h:
-        n = _call(h.json, "POST", node_path(node, "drain"), None, {"reason": reason} if reason else None)
-    out.print(f"node {n.name} drained: {n.drain_reason}; running jobs go on, no new ones start there", markup=False)
+        n = _call(h.json, "POST", node_path(node, "drain"), None, body or None)
+    end = f" until {_at(n.drained_until)}" if n.drained_until else ""
+    out.print(
+        f"node {n.name} drained{end}: {n.drain_reason}; running jobs go on, no new ones start there", markup=False
+    )
+
+
+def _at(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
 
 
 def undrain(

@@ -858,24 +858,9 @@ def release(
     )
 
 
-@app.command()
-def update(
-    array_id: Annotated[int, typer.Argument(help="array id")],
-    throttle: Annotated[
-        int | None, typer.Option("--throttle", min=0, help="the most elements that run at once; 0: no limit")
-    ] = None,
-    url: UrlOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Change an array: gpucluster update 41 --throttle 32"""
-    if throttle is None:
-        fail("nothing to change; e.g. gpucluster update 41 --throttle 32")
-    with _head(url) as h:
-        job = _call(h.json, "POST", job_path(array_id, "array"), body={"throttle": throttle or None})
-    if as_json:
-        _print_json(job)
-    else:
-        out.print(f"array {array_id}: throttle {throttle or 'none'}", markup=False)
+from gpucluster.cli.update import update  # noqa: E402  (queued jobs, running limits, throttles)
+
+app.command()(update)
 
 
 def _counts(counts: dict[str, int] | None) -> str:

@@ -17,6 +17,10 @@ borrowing limits (the wait reason says when a quota holds a job), jobs that end 
 limit (estimates are upper bounds on that account), and sharing: a fractional job is counted
 as one whole GPU.
 
+Drained nodes whose drain has a planned end (`Snapshot.unavailable`, `Snapshot.drains`) are in
+the profile, each GPU free from that end: a job only they can host, or one they would serve
+sooner, is estimated from it.
+
 Only the first `limit` jobs in line are replayed; for the rest the replay's final state gives
 a lower bound ("not before"), because reservations only ever push free times later.
 """
@@ -33,9 +37,26 @@ from gpucluster.core.placement import acceptable_models
 from gpucluster.core.policy import Policy
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Allocation, JobRequest, Plan
+from gpucluster.core.types import Allocation, JobRequest, Node, Plan
 
 DEFAULT_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class Latency:
+    """How long the cluster's own machinery takes, learned by the caller from its history (the
+    head: head/latency.py) and passed in as numbers, so the replay stays pure.
+
+    Why: every job ahead in line that runs to its time limit is not stopped at that instant (the
+    limit is noticed at the next cycle, then SIGTERM, the exit, the exit noticed), and the job
+    behind it is not started at the instant its GPUs free (the next cycle commits it). Left out,
+    each job ahead made an estimate 0.3-0.4 s early on a local head; these add up along a queue."""
+
+    start_s: float = 0.0  # from GPUs freed to the next job's start committed on them
+    stop_s: float = 0.0  # from a time limit reached to its job ended (GPUs free)
+
+
+NO_LATENCY = Latency()
 
 
 @dataclass(frozen=True)
@@ -71,7 +92,7 @@ class _Profile:
         self.version: dict[tuple[str, str], int] = {}
         self.model_memory: dict[str, int] = {}
         self.node_size: dict[str, int] = {}
-        for node in snapshot.nodes:
+        for node in (*snapshot.nodes, *_returning(snapshot)):
             for g in node.gpus:
                 self.times.setdefault((g.model, node.name), []).append(free_from[(node.name, g.index)])
                 mem = self.model_memory.get(g.model)
@@ -167,10 +188,21 @@ def _demand(job: JobRequest) -> int:
     return max(1, int(job.gpus))
 
 
-def _free_from(snapshot: Snapshot, policy: Policy, now: float, plan: Plan) -> dict[tuple[str, int], float]:
-    """When each GPU is expected back: running jobs' ends and the plan's starts' ends."""
+def _free_from(
+    snapshot: Snapshot, policy: Policy, now: float, plan: Plan, latency: Latency = NO_LATENCY
+) -> dict[tuple[str, int], float]:
+    """When each GPU is expected back: running jobs' ends and the plan's starts' ends (a time
+    limit plus the time a stop at it takes)."""
     free = {(n.name, g.index): now for n in snapshot.nodes for g in n.gpus}
+    for n in _returning(snapshot):  # a drained node with an end: free from then on
+        until = snapshot.drains[n.name].until
+        assert until is not None
+        free.update({(n.name, g.index): max(now, until) for g in n.gpus})
+    # A job being stopped ends within the grace period; sooner, as this cluster's stops go, once
+    # its stop latency is known (a SIGTERM usually ends a job well before the grace is up).
     grace = policy.preemption.grace_period_s
+    if latency.stop_s > 0:
+        grace = min(grace, latency.stop_s)
     stopping = {p.job_id for p in plan.preemptions}
 
     def hold(allocation: Allocation, until: float) -> None:
@@ -184,22 +216,42 @@ def _free_from(snapshot: Snapshot, policy: Policy, now: float, plan: Plan) -> di
         if j.stopping or j.job_id in stopping:
             end = now + grace
         else:
-            end = j.started_at + (j.time_limit_s or policy.default_time_limit_s)
+            end = j.started_at + (j.time_limit_s or policy.default_time_limit_s) + latency.stop_s
         hold(j.allocation, max(end, now))
     limits = {q.job_id: q.time_limit_s for q in snapshot.queued}
     for st in plan.starts:
-        hold(st.allocation, now + (limits.get(st.job_id) or policy.default_time_limit_s))
+        hold(st.allocation, now + (limits.get(st.job_id) or policy.default_time_limit_s) + latency.stop_s)
     return free
 
 
+def _returning(snapshot: Snapshot) -> list[Node]:
+    """The drained nodes whose drain has a planned end: back for new jobs from then on.
+
+    Their running jobs' slices were left out at admission, so a job still running there past
+    the drain's end is not seen: the estimate is then early by that much."""
+    out = []
+    for n in snapshot.unavailable:
+        drain = snapshot.drains.get(n.name)
+        if drain is not None and drain.until is not None:
+            out.append(n)
+    return out
+
+
 def estimate_starts(
-    snapshot: Snapshot, policy: Policy, now: float, plan: Plan, limit: int = DEFAULT_LIMIT
+    snapshot: Snapshot,
+    policy: Policy,
+    now: float,
+    plan: Plan,
+    limit: int = DEFAULT_LIMIT,
+    latency: Latency = NO_LATENCY,
 ) -> dict[int, Estimate]:
     """An estimate for every job `plan` has waiting, replaying at most `limit` of them exactly.
+    `latency`: the cluster's own start and stop delays, added to every start after GPUs free
+    and to every end at a time limit.
 
-    Pure: the same snapshot, policy, time and plan always give the same estimates.
+    Pure: the same snapshot, policy, time, plan and latency always give the same estimates.
     """
-    profile = _Profile(snapshot, _free_from(snapshot, policy, now, plan))
+    profile = _Profile(snapshot, _free_from(snapshot, policy, now, plan, latency))
     queued: Mapping[int, JobRequest] = {q.job_id: q for q in snapshot.queued}
     out: dict[int, Estimate] = {}
     bounds: dict[tuple[object, ...], float | None] = {}
@@ -212,7 +264,10 @@ def estimate_starts(
         if wait.reason is WaitReason.NO_FIT:
             out[job_id] = Estimate(None)
             continue
-        earliest = max(now, job.not_before or now, wait.estimated_start or now)
+        # A backoff, a begin time or a drain's end is a floor; a reservation's shadow is not:
+        # the replay makes the same reservation itself, with the latencies `decide` leaves out.
+        floor = wait.estimated_start if wait.reason is not WaitReason.RESERVED else None
+        earliest = max(now, job.not_before or now, floor or now)
         kind = (job.gpu_types, job.gpu_memory_mb, job.min_gpu_memory_mb)
         models = kinds.get(kind)
         if models is None:
@@ -226,7 +281,7 @@ def estimate_starts(
             out[job_id] = Estimate(None if bound is None else max(bound, earliest), exact=False)
             continue
         replayed += 1
-        out[job_id] = Estimate(_replay(profile, job, models, n, earliest, policy))
+        out[job_id] = Estimate(_replay(profile, job, models, n, earliest, policy, now, latency))
     return out
 
 
@@ -250,10 +305,18 @@ def _level(profile: _Profile, model: str, n: int, nodes: int | None) -> int | No
 
 
 def _replay(
-    profile: _Profile, job: JobRequest, models: list[str], n: int, earliest: float, policy: Policy
+    profile: _Profile,
+    job: JobRequest,
+    models: list[str],
+    n: int,
+    earliest: float,
+    policy: Policy,
+    now: float = 0.0,
+    latency: Latency = NO_LATENCY,
 ) -> float | None:
     """The earliest start of `job` on the models it accepts (earlier preference wins ties),
-    reserving its GPUs there for its time limit; None if no model can host it."""
+    reserving its GPUs there for its time limit and the stop at it; None if no model can host
+    it. A start on GPUs that free later than now comes `latency.start_s` after they free."""
     best: tuple[float, str, int, list[tuple[str, int]], list[_Entry]] | None = None
     popped: list[tuple[str, int, list[_Entry]]] = []
     for model in models:
@@ -283,15 +346,15 @@ def _replay(
             profile.push_back(model, k, taken)
     if best is None:
         return None
-    start = max(best[0], earliest)
-    duration = job.time_limit_s or policy.default_time_limit_s
+    start = max(_after(best[0], now, latency), earliest)
+    duration = (job.time_limit_s or policy.default_time_limit_s) + latency.stop_s
     if job.nodes is None:
         hole: tuple[float, str, _Gap] | None = None
         for model in models:
             if n <= profile.node_size[model]:
                 gap = profile.find_gap(model, n, duration, earliest, start if hole is None else hole[0])
                 if gap is not None:
-                    hole = (max(gap.start, earliest), model, gap)
+                    hole = (max(_after(gap.start, now, latency), earliest), model, gap)
         if hole is not None:
             profile.take_gap(hole[1], hole[2], n)
             return hole[0]  # backfilled into a gap: nothing else to reserve
@@ -299,3 +362,9 @@ def _replay(
     for node, gpus in best[3]:
         profile.reserve(best[1], node, gpus, start, end)
     return start
+
+
+def _after(freed: float, now: float, latency: Latency) -> float:
+    """When a job may start on GPUs free from `freed`: then, plus the start latency if that is
+    still to come (GPUs free now are taken by this very cycle's plan, or wait for other reasons)."""
+    return freed + latency.start_s if freed > now else freed

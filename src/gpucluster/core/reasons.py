@@ -12,6 +12,7 @@ class WaitReason(StrEnum):
     PREEMPTING = "preempting"  # lower-priority or borrowing jobs are being stopped for it
     QUOTA = "quota"  # its team is at its borrowing limit, or others' guaranteed GPUs are idle but protected
     NO_FIT = "no_fit"  # no node could ever host it as asked
+    DRAINED = "drained"  # only drained (or unhealthy, or down) nodes could host it
     BACKOFF = "backoff"  # a restart after a failure, held back until its backoff has passed
     BEGIN = "begin"  # its submitter asked for it not to start before a time (--begin)
     BUDGET = "budget"  # its team has spent its budget for the period (held by the head's accountant)

@@ -25,7 +25,7 @@ from dataclasses import replace
 from functools import partial
 from operator import attrgetter, is_not
 
-from gpucluster.core.admission import admit
+from gpucluster.core.admission import admit, explain_drains
 from gpucluster.core.backfill import EndTimes, Reservation, reserve
 from gpucluster.core.limits import within_limits
 from gpucluster.core.placement import Capacity
@@ -70,7 +70,8 @@ def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *
         else nullcontext(Capacity(snapshot.nodes, snapshot.running))
     )
     with scope as cap:
-        return _Cycle(snapshot, policy or DEFAULT_POLICY, now, reasons, cap).run()
+        plan = _Cycle(snapshot, policy or DEFAULT_POLICY, now, reasons, cap).run()
+    return explain_drains(plan, snapshot, now) if reasons else plan
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.queue_index import QueueIndex
-from gpucluster.core.types import JobRequest, Node, Plan, RunningJob
+from gpucluster.core.types import Drain, JobRequest, Node, Plan, RunningJob
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,11 @@ class Snapshot:
     # the queue holds no job beyond its user's limits (the head applies them where it builds
     # its snapshot, to record their waits; `decide` then does not apply them twice).
     limited: bool = False
+    # Why each drained node is out and until when (a node in `drained` without an entry: no
+    # reason given, no end). Admission keeps it, and moves the drained nodes to `unavailable`:
+    # the plan never uses them, but a wait can name them and an estimate count from their end.
+    drains: Mapping[str, Drain] = field(default_factory=dict)
+    unavailable: tuple[Node, ...] = ()
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()

@@ -55,6 +55,15 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Drain:
+    """Why a node takes no new job, and until when: a user's drain may say when it ends
+    (`drain --until`); a health drain, a down node or a drain without an end has `until` None."""
+
+    reason: str
+    until: float | None = None
+
+
+@dataclass(frozen=True)
 class NodeSlice:
     """The GPUs one job holds on one node; `share` < 1 means a fraction of one GPU."""
 

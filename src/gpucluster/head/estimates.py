@@ -11,16 +11,31 @@ recorded value, so the store is not rewritten for every queued job on every refr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from gpucluster.core.estimate import DEFAULT_LIMIT, Estimate, estimate_starts
+from gpucluster.core.estimate import DEFAULT_LIMIT, NO_LATENCY, Estimate, Latency, estimate_starts
 from gpucluster.core.policy import Policy
+from gpucluster.core.reasons import WaitReason
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Plan, Wait
 
+# Waits whose own estimate the replay's replaces: a drain's end is only a lower bound, and a
+# reservation's shadow leaves out the head's start and stop latencies (the replay has them).
+_REPLAYED = (WaitReason.DRAINED, WaitReason.RESERVED)
+
 
 class EstimateRefresher:
-    def __init__(self, every_s: float = 5.0, limit: int = DEFAULT_LIMIT, jitter_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        every_s: float = 5.0,
+        limit: int = DEFAULT_LIMIT,
+        jitter_s: float = 30.0,
+        latency: Callable[[], Latency] | None = None,
+    ) -> None:
         self.every_s = every_s
+        # The head's start and stop latencies, learned again at each replay (head/latency.py).
+        self.latency = latency
+        self.last_latency = NO_LATENCY
         self.limit = limit
         self.jitter_s = jitter_s
         self._at: float | None = None
@@ -28,6 +43,10 @@ class EstimateRefresher:
         self._estimates: dict[int, Estimate] = {}
         self._last: dict[int, Wait] = {}
         self._not_before: dict[float, str] = {}  # lower bound -> its sentence, formatted once
+
+    def forget(self) -> None:
+        """A queued job changed (`gpucluster update`): replay at the next cycle, not in `every_s`."""
+        self._at = None
 
     def waits(self, snap: Snapshot, policy: Policy, now: float, plan: Plan) -> dict[int, Wait]:
         """`plan.waiting` in the same (scheduling) order, each with its estimated start."""
@@ -37,7 +56,9 @@ class EstimateRefresher:
         due = self._at is None or now - self._at >= every or now < self._at
         if due and plan.waiting:
             started = time.perf_counter()
-            self._estimates = estimate_starts(snap, policy, now, plan, self.limit)
+            if self.latency is not None:
+                self.last_latency = self.latency()
+            self._estimates = estimate_starts(snap, policy, now, plan, self.limit, self.last_latency)
             self.last_cost_s = time.perf_counter() - started
             self._at = now
             self._not_before.clear()
@@ -59,8 +80,10 @@ class EstimateRefresher:
         return out
 
     def _merge(self, wait: Wait, est: Estimate | None, now: float) -> Wait:
-        if est is None or est.start is None or wait.estimated_start is not None:
-            return wait  # not estimated yet, never fits, or `decide` holds a reservation for it
+        if est is None or est.start is None:
+            return wait  # not estimated yet, or never fits
+        if wait.estimated_start is not None and wait.reason not in _REPLAYED:
+            return wait  # a backoff or begin time: exact
         if est.exact:
             return Wait(wait.reason, wait.message, est.start)
         sentence = self._not_before.get(est.start)

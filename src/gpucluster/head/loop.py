@@ -53,7 +53,7 @@ from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.scheduler import decide, gc_paused
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation, Node, Wait
+from gpucluster.core.types import Allocation, Drain, JobRequest, Node, Wait
 from gpucluster.durations import format_duration
 from gpucluster.executors.base import (
     Executor,
@@ -66,6 +66,7 @@ from gpucluster.executors.base import (
     Status,
 )
 from gpucluster.executors.logfile import read_job_file
+from gpucluster.head import latency
 from gpucluster.head.accounting import Accountant
 from gpucluster.head.attempts import (
     codes_text,
@@ -88,6 +89,7 @@ from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
 from gpucluster.head.recovery import adopt_launch, requeue_left_preempted
+from gpucluster.head.update import same_request
 from gpucluster.launch.env import inherited
 from gpucluster.store import AttemptRecord, DatabaseUnavailable, DataDirUnwritable, JobRecord, LeaseLost, Store
 from gpucluster.store.lease import RENEW_FRACTION
@@ -133,6 +135,7 @@ class Head:
         self.data_dir = data_dir
         self.clock = clock
         self._grace_override = grace_period_s
+        self._planning: tuple[Policy, Policy] | None = None  # (policy, it with the head's grace)
         self.policy_source = policy or PolicySource(None)
         self.head_url = head_url
         self.virtual_gpus = virtual_gpus
@@ -143,6 +146,7 @@ class Head:
         # every process on this machine.
         self.node_addresses = dict(node_addresses or {})
         self.wake = threading.Event()
+        self.start_lock = threading.Lock()  # a start's read-and-commit vs `gpucluster update`'s commit
         self._stop = threading.Event()
         self.cycles = 0
         # Jobs may be left `preempted` (not yet requeued) by a previous head that died, or by a
@@ -161,7 +165,7 @@ class Head:
         self.gates = Gates(self)  # holds, dependencies, array throttles (issue 20)
         self.limit_waits: dict[int, Wait] = {}  # jobs at their user's limits in the last snapshot (issue 16)
         self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
-        self.estimates = EstimateRefresher()
+        self.estimates = EstimateRefresher(latency=lambda: latency.from_store(store))  # learned start/stop latency
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
         self._free_since: float | None = None  # GPUs free with nothing queued since (elastic growth)
         self._last_plan_at: float | None = None
@@ -185,6 +189,20 @@ class Head:
         return self.policy_source.policy
 
     @property
+    def planning_policy(self) -> Policy:
+        """The policy `decide` and the estimates plan with: the policy in force, with the grace
+        period this head really gives a stopping job (`up --grace-period` overrides the
+        policy's). Planned with the policy's own, a stopping job's GPUs were expected back 30 s
+        on when they came back in 2, and reservations and estimates said so."""
+        policy = self.policy
+        if self._grace_override is None or self._grace_override == policy.preemption.grace_period_s:
+            return policy
+        if self._planning is None or self._planning[0] is not policy:
+            changed = replace(policy.preemption, grace_period_s=self._grace_override)
+            self._planning = (policy, replace(policy, preemption=changed))
+        return self._planning[1]
+
+    @property
     def grace_period_s(self) -> float:
         return self._grace_override if self._grace_override is not None else self.policy.preemption.grace_period_s
 
@@ -196,6 +214,8 @@ class Head:
         if self.policy_source.maybe_reload(now):
             self._capacity_changed = True
         if self.inventory is not None and self.inventory.refresh(now):
+            self._capacity_changed = True
+        if self.telemetry.end_drains_due(now):  # drains with a planned end (drain --until) that came
             self._capacity_changed = True
         if self._preempted_left:
             requeue_left_preempted(self, now)
@@ -505,6 +525,7 @@ class Head:
             preempted_for=dict(self.preempted_for),
             drained=self.telemetry.drained() | down,
             holds=dict(self.accounting.held),
+            drains={**{n: Drain("down: gone from the cluster's inventory") for n in down}, **self.telemetry.drains()},
         )
         admitted, self.limit_waits = within_limits(admit(snap)[0], self.policy, self.clock())
         return admitted
@@ -535,7 +556,7 @@ class Head:
         # its passes over a 100,000-job snapshot made a cycle at 10,000 nodes 1.6x slower
         # (bench/bench_core_cycle.py); the API threads only miss cyclic collection for it.
         with gc_paused():
-            plan = decide(snap, self.policy, now)
+            plan = decide(snap, self.planning_policy, now)
         self.last_decide_s = time.perf_counter() - started
         stopped = []
         for p in plan.preemptions:
@@ -544,14 +565,14 @@ class Head:
                 stopped.append(p.job_id)
                 self.wake.set()
         for start in plan.starts:
-            self.queue.remove(start.job_id)
-            self._start(start.job_id, start.allocation, now)
+            planned = self.queue.remove(start.job_id)
+            self._start(start.job_id, start.allocation, now, planned)
         # a preemptor that starts holds nothing back any more
         self.preempted_for = held_back_after(self.preempted_for, plan, stopped)
         if plan.starts:
             self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)
-        waiting = self.estimates.waits(snap, self.policy, now, plan)  # every job's estimated start
+        waiting = self.estimates.waits(snap, self.planning_policy, now, plan)  # every job's estimated start
         self._record_waits({**waiting, **self.gates.waits, **self.limit_waits})
 
     def _record_waits(self, waiting: dict[int, Wait]) -> None:
@@ -587,10 +608,21 @@ class Head:
             if r.job_id in started:
                 self.stats.started(r.team, r.priority.label, now - (r.queued_at or r.submitted_at))
 
-    def _start(self, job_id: int, allocation: Allocation, now: float) -> None:
-        job = self.store.get_job(job_id)
-        if job is None or job.state is not JobState.QUEUED:
-            return
+    def _start(self, job_id: int, allocation: Allocation, now: float, planned: JobRequest | None = None) -> None:
+        # Under the lock `gpucluster update` takes for its commit (head/service.py): a job
+        # changed after this cycle's snapshot is not started on a plan made for its old request.
+        with self.start_lock:
+            job = self.store.get_job(job_id)
+            if job is None or job.state is not JobState.QUEUED:
+                return
+            if planned is not None and not same_request(planned, job.request()):
+                self.queue.invalidate()  # changed since the snapshot: planned again next cycle
+                self._capacity_changed = True
+                return
+            self._start_locked(job, allocation, now)
+
+    def _start_locked(self, job: JobRecord, allocation: Allocation, now: float) -> None:
+        job_id = job.id
         started: dict[str, Any] = {
             "allocation": allocation,
             "attempt": job.attempt + 1,

@@ -44,11 +44,12 @@ class QueueCache:
                 self._max_id = max(self._max_id, max(r.job_id for r in rows))
         return changed
 
-    def remove(self, job_id: int) -> None:
-        """The job left the queue (started or cancelled); safe to call from any thread."""
+    def remove(self, job_id: int) -> JobRequest | None:
+        """The job left the queue (started or cancelled); safe to call from any thread. Returns
+        the request the cache held for it: what the cycle that starts it planned with."""
         with self._lock:
-            self._jobs.pop(job_id, None)
             self._removed_since_load.add(job_id)
+            return self._jobs.pop(job_id, None)
 
     def invalidate(self) -> None:
         """Something re-entered the queue out of id order (a requeue): reload it all next time."""

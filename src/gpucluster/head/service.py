@@ -7,6 +7,7 @@ live here, so a job that can never run is refused at submit rather than queued f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -14,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpucluster.auth import grants
+from gpucluster.auth.identity import Denied, Identity
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Limit
 from gpucluster.core.states import JobState
@@ -23,6 +26,15 @@ from gpucluster.executors._shim import PHASE
 from gpucluster.head.inventory import with_presence
 from gpucluster.head.loop import Head
 from gpucluster.head.submit_batcher import SubmitBatcher
+from gpucluster.head.update import (
+    RUNNING_FIELDS,
+    FieldError,
+    changed_fields,
+    describe_changes,
+    may_set_running_limit,
+    merged_spec,
+    not_before_after,
+)
 from gpucluster.models import (
     Attempt,
     GpuOut,
@@ -31,6 +43,7 @@ from gpucluster.models import (
     Job,
     JobEvent,
     JobSpec,
+    JobUpdate,
     LimitOut,
     LimitsOut,
     MetricSeries,
@@ -329,6 +342,80 @@ class ClusterService:
             if fresh.stop_reason != "preempt":
                 raise Conflict(f"job {job_id} is already stopping ({fresh.stop_reason})")
         return self.job(job_id)
+
+    # ---- update (gpucluster update) -----------------------------------------------------------
+
+    def update(self, job_id: int, change: JobUpdate, who: Identity, index: int | None = None) -> tuple[Job, list[str]]:
+        """Change a queued job (an array: each queued element, or element `index`), or a running
+        job's time limit; returns the job and what changed ('priority normal -> high').
+
+        Each change is checked as a submit is (the merged spec validated whole, the priority's
+        grant, the cluster's inventory) and committed with its event in one transaction that
+        applies only if the job is still in the state it was checked in. Against the loop's
+        starts it is atomic: both hold `head.start_lock`, and a start whose job changed since
+        its plan is dropped (`Head._start`), so a job either starts as it was planned or is
+        updated before it starts; an update that finds it started is refused (409)."""
+        ids = self.members(job_id, index)
+        if len(ids) > 1:  # an array: its queued elements; the others are left as they are
+            changes: list[str] = []
+            queued = 0
+            for member in ids:
+                record = self.store.get_job(member)
+                if record is not None and record.state is JobState.QUEUED:
+                    queued += 1
+                    with contextlib.suppress(Conflict):
+                        changes = self._update_one(record, change, who) or changes
+            if not queued:
+                raise Conflict(f"array {job_id} has no queued element; only queued elements can change")
+            return self.job(job_id), changes
+        record = self.store.get_job(ids[0])
+        if record is None:
+            raise NotFound(f"no job with id {ids[0]}")
+        return self.job(ids[0]), self._update_one(record, change, who)
+
+    def _update_one(self, record: JobRecord, change: JobUpdate, who: Identity) -> list[str]:
+        fields = changed_fields(change)
+        try:
+            spec = merged_spec(record.spec, change)
+        except FieldError as e:
+            raise Rejected(e.field, e.message) from None
+        session_class = self.head.policy.interactive
+        if spec.interactive:  # a session keeps to its class, as at submit (its priority, limits)
+            from gpucluster.head import sessions  # here: it imports this module's errors
+
+            held = self.store.session_gpus(record.owner) - record.spec.gpu_count if record.owner else 0.0
+            spec = sessions.apply_class(spec, session_class, max(0.0, held))
+        if record.state is JobState.RUNNING:
+            if set(fields) - RUNNING_FIELDS:
+                others = ", ".join(sorted(set(fields) - RUNNING_FIELDS))
+                raise Conflict(f"job {record.id} is running; only its time limit can change (not {others})")
+            refused = may_set_running_limit(record.spec, spec, who.cluster_admin)
+            if refused is not None:
+                raise Denied(refused)
+        elif record.state is not JobState.QUEUED:
+            raise Conflict(
+                f"job {record.id} is {record.state.value}; only a queued job (or a running job's time limit) can change"
+            )
+        else:
+            class_priority = spec.interactive and session_class.priority is not None
+            if "priority" in fields and spec.priority != record.spec.priority and not class_priority:
+                grants.check_priority(who, record.team, spec.priority, self.head.policy)
+            self._check_fits(spec)
+        said = describe_changes(record.spec, spec, fields)
+        if not said:
+            return []
+        now = self.head.clock()
+        not_before = not_before_after(record.spec, spec, record.not_before, now)
+        reason = f"{', '.join(said)} by {who.user}"
+        with self.head.start_lock:
+            ok = self.store.change_spec(record.id, record.state, spec, now, reason, not_before)
+        if not ok:
+            raise Conflict(f"job {record.id} is no longer {record.state.value}; nothing was changed")
+        if record.state is JobState.QUEUED:
+            self.head.queue.invalidate()  # the cached request is the old one: reload it
+            self.head.estimates.forget()
+        self.head.nodes_changed()  # plan again now, on the new request (or the new end)
+        return said
 
     def progress(self, job_id: int, report: ProgressIn) -> None:
         """A running job's progress report (step, newest checkpoint)."""

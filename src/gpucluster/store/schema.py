@@ -30,7 +30,7 @@ from sqlalchemy import (
 # 9: jobs.kind (batch | session); job_usage.kind, job_usage.idle_gpu_seconds
 # 10: services, service_replicas
 # 11: jobs.failed_rank
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -261,6 +261,7 @@ node_states = Table(
     Column("reason", Text, nullable=False),
     Column("source", String(16), nullable=False),
     Column("since", Float, nullable=False),
+    Column("until", Float),  # a drain's planned end (drain --until): it ends by itself then; NULL: none
 )
 
 # Why telemetry found a GPU unhealthy (a row per unhealthy GPU; gpu -1: the whole node). `kind`:

@@ -1331,6 +1331,28 @@ class Store:
                 )
         return True
 
+    def recent_attempts(self, limit: int) -> list[tuple[float, float, Allocation | None, float, float | None, bool]]:
+        """The `limit` attempts that ended last, oldest first, each as (started at, ended at,
+        allocation, its job's queued at, its time limit, whether the head stopped it at that
+        limit): what the head learns its start and stop latencies from (head/latency.py)."""
+        a, j = schema.attempts.c, schema.jobs.c
+        q = (
+            select(a.started_at, a.ended_at, a.allocation, j.queued_at, j.submitted_at, j.request, j.stop_reason)
+            .select_from(schema.attempts.join(schema.jobs, a.job_id == j.id))
+            .add_columns(a.attempt == j.attempt)
+            .where(a.started_at.is_not(None))
+            .order_by(a.ended_at.desc())
+            .limit(limit)
+        )
+        with self._read() as c:
+            rows = c.execute(q).all()
+        out = []
+        for started, ended, alloc, queued, submitted, request, stop, latest in reversed(rows):
+            limit_s = json.loads(request).get("tl") if request else None
+            timed_out = bool(latest) and stop == StopReason.TIME_LIMIT.value
+            out.append((started, ended, allocation_from_json(alloc), queued or submitted, limit_s, timed_out))
+        return out
+
     def attempts(self, job_id: int) -> list[AttemptRecord]:
         """The ended attempts of a job, oldest first."""
         a = schema.attempts.c
@@ -1445,6 +1467,54 @@ class Store:
                     values["stop_message"] = message
                 res = c.execute(running.where(j.stop_reason == override.replaces.value).values(**values))
         return res.rowcount == 1
+
+    def change_spec(
+        self,
+        job_id: int,
+        expect: JobState,
+        spec: JobSpec,
+        now: float,
+        reason: str,
+        not_before: float | None = None,
+    ) -> bool:
+        """Replace the spec of a job still in state `expect` (`gpucluster update`), in one
+        transaction with its event: False, changing nothing, if the job left that state.
+
+        A queued job gets its scheduler-facing columns and `request` rewritten from the new spec
+        (the dependencies resolved at submit are kept as they were) and `not_before`; a running
+        one only its spec and request (the head reads its time limit from them every cycle).
+        An array's first element holds the spec its sibling elements share (`spec` ''): before
+        it changes, the siblings get their own copy of the old one."""
+        j = schema.jobs.c
+        with self._write() as c:
+            row = c.execute(select(j.state, j.request, j.spec, j.array_id).where(j.id == job_id)).first()
+            if row is None or row[0] != expect.value:
+                return False
+            old_request = json.loads(row[1]) if row[1] else {}
+            request = json.loads(request_json(spec))
+            if "d" in old_request:
+                request["d"] = old_request["d"]
+            values: dict[str, Any] = {
+                "spec": spec.model_dump_json(),
+                "request": json.dumps(request, separators=(",", ":")),
+            }
+            if expect is JobState.QUEUED:
+                values.update(
+                    name=spec.name or "",
+                    priority=int(Priority.parse(spec.priority)),
+                    gpus=spec.gpu_count,
+                    gpu_type=",".join(spec.gpu_types) or None,
+                    not_before=not_before,
+                )
+            if row[3] == job_id and row[2]:
+                c.execute(
+                    update(schema.jobs).where(j.array_id == job_id, j.id != job_id, j.spec == "").values(spec=row[2])
+                )
+            res = c.execute(update(schema.jobs).where(j.id == job_id, j.state == expect.value).values(**values))
+            if res.rowcount != 1:
+                return False
+            c.execute(insert(schema.job_events).values(job_id=job_id, at=now, state=expect.value, reason=reason))
+        return True
 
     def update_job(self, job_id: int, expect: JobState, **fields: Any) -> bool:
         """Change bookkeeping fields of a job still in state `expect` (no state change, no event)."""

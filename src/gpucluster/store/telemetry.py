@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import and_, delete, insert, select, text
 
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation
+from gpucluster.core.types import Allocation, Drain
 from gpucluster.store import schema
 from gpucluster.store.store import Store, allocation_from_json
 
@@ -60,6 +60,7 @@ class NodeState:
     reason: str
     source: str  # user | health
     since: float
+    until: float | None = None  # a user's drain's planned end (drain --until); None: none set
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,8 @@ class TelemetryStore:
         with self.store._read() as c:
             rows = c.execute(select(schema.node_states)).mappings().all()
         states = {
-            r["name"]: NodeState(r["name"], bool(r["drained"]), r["reason"], r["source"], r["since"]) for r in rows
+            r["name"]: NodeState(r["name"], bool(r["drained"]), r["reason"], r["source"], r["since"], r["until"])
+            for r in rows
         }
         with self._lock:
             self._states = states
@@ -243,12 +245,28 @@ class TelemetryStore:
     def drained(self) -> frozenset[str]:
         return frozenset(n for n, s in self.node_states().items() if s.drained)
 
-    def set_drained(self, node: str, drained: bool, reason: str, source: str, now: float) -> bool:
+    def drains(self) -> dict[str, Drain]:
+        """Every drained node's reason and planned end, as the core's admission reads them."""
+        return {n: Drain(s.reason, s.until) for n, s in self.node_states().items() if s.drained}
+
+    def end_drains_due(self, now: float) -> list[str]:
+        """Undrain the nodes whose drain's planned end has come; the nodes undrained."""
+        due = [n for n, s in self.node_states().items() if s.drained and s.until is not None and s.until <= now]
+        return [n for n in due if self.set_drained(n, False, "drain ended as planned", "user", now)]
+
+    def set_drained(
+        self, node: str, drained: bool, reason: str, source: str, now: float, until: float | None = None
+    ) -> bool:
         """Drain or undrain a node; False if it already was in that state (nothing written).
 
-        Draining a drained node again replaces why (and by whom) but keeps since when."""
+        Draining a drained node again replaces why (and by whom) and its planned end, but keeps
+        since when. A health drain sets no end: it lasts until someone undrains the node."""
         current = self.node_states().get(node)
-        if current is not None and current.drained == drained and (not drained or current.reason == reason):
+        if (
+            current is not None
+            and current.drained == drained
+            and (not drained or (current.reason == reason and current.until == until))
+        ):
             return False
         if current is None and not drained:
             return False
@@ -256,7 +274,12 @@ class TelemetryStore:
         with self.store._write() as c:
             c.execute(
                 self.store.upsert(schema.node_states).values(
-                    name=node, drained=drained, reason=reason, source=source, since=since
+                    name=node,
+                    drained=drained,
+                    reason=reason,
+                    source=source,
+                    since=since,
+                    until=until if drained else None,
                 )
             )
         with self._lock:

@@ -46,6 +46,7 @@ def describe_nodes(nodes: list[NodeOut], store: TelemetryStore, monitor: Telemet
                     "drain_reason": st.reason if st is not None and drained else None,
                     "drained_by": st.source if st is not None and drained else None,
                     "drained_since": st.since if st is not None and drained else None,
+                    "drained_until": st.until if st is not None and drained else None,
                     "problem": node_problem.problem if node_problem else None,
                     "last_report_at": monitor.last_ok.get(n.name) if monitor is not None else None,
                 }
