@@ -11,6 +11,7 @@ from enum import IntEnum, StrEnum
 from functools import cached_property
 
 from gpucluster.core.reasons import WaitReason
+from gpucluster.core.selection import Selection
 from gpucluster.core.states import JobState
 
 
@@ -49,6 +50,8 @@ class Gpu:
 class Node:
     name: str
     gpus: tuple[Gpu, ...]
+    # What jobs may select it by (`--constraint`): flags (`ib`) and `key=value` pairs (`rack=r1`).
+    labels: frozenset[str] = frozenset()
 
     def gpu_models(self) -> frozenset[str]:
         return frozenset(g.model for g in self.gpus)
@@ -124,6 +127,8 @@ class JobRequest:
     held: bool = False
     after: tuple[Dependency, ...] = ()
     array_id: int | None = None
+    # Which nodes it may run on and whether it holds them alone (core/selection.py); None: any, shared.
+    selection: Selection | None = None
 
     @property
     def fractional(self) -> bool:
@@ -151,6 +156,7 @@ class JobRequest:
             self.time_limit_s,
             self.nodes,
             self.min_gpus,
+            self.selection,
         )
 
 
@@ -166,6 +172,8 @@ class RunningJob:
     stopping: bool = False  # a stop (cancel, limit, preemption) is under way: its GPUs free soon
     # Elastic: the most GPUs it may grow to (core/elastic.py); None for a job of one size.
     max_gpus: int | None = None
+    # Started with --exclusive: no other job may use its nodes (their other GPUs count as taken).
+    exclusive: bool = False
 
 
 @dataclass(frozen=True)
@@ -210,6 +218,7 @@ __all__ = [
     "Preemption",
     "Priority",
     "RunningJob",
+    "Selection",
     "Start",
     "Wait",
 ]
