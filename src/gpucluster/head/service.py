@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpucluster.core.placement import Capacity
+from gpucluster.core.selection import unmatched_message
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation
+from gpucluster.core.types import Allocation, JobRequest
 from gpucluster.durations import MAX_BEGIN_AHEAD_S
 from gpucluster.executors._shim import PHASE
 from gpucluster.head.inventory import with_presence
@@ -230,6 +231,9 @@ class ClusterService:
         if not any(cap.could_ever_fit(request, m) for m in models):
             sizes = ", ".join(f"{m}: {cap.node_size[m]} per node, {cap.total[m]} in all" for m in models)
             raise Rejected("gpus", f"asks for {spec.gpus_label} GPUs but this cluster can never host that ({sizes})")
+        if request.selection is not None and request.selection.filters and self.head.inventory is None:
+            # A Ray head's nodes come and go: there the job waits, and `why` says what it waits for.
+            _check_selection(spec, request, cap, models)
 
     def job(self, job_id: int, reveal_env: Callable[[str | None], bool] | None = None) -> Job:
         """One job in full; its submitter's exported environment only if `reveal_env(owner)`."""
@@ -459,6 +463,7 @@ class ClusterService:
             NodeOut(
                 name=r.node.name,
                 virtual=r.virtual,
+                labels=sorted(r.node.labels),
                 gpus=[
                     GpuOut(
                         index=g.index,
@@ -473,6 +478,28 @@ class ClusterService:
             )
             for r in self.store.nodes()
         ]
+
+
+def _check_selection(spec: JobSpec, request: JobRequest, cap: Capacity, models: list[str]) -> None:
+    """Refuse a node selection that no node of this cluster can ever satisfy (Slurm's "Requested
+    node configuration is not available"), naming the option and what the nodes offer."""
+    sel = request.selection
+    assert sel is not None
+    known = sorted(cap.node_labels)
+    for option, names in (("nodelist", sel.nodelist or frozenset()), ("exclude", sel.exclude)):
+        unknown = sorted(names - set(known))
+        if unknown:
+            shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+            raise Rejected(option, f"unknown node {unknown[0]!r}; this cluster has: {shown or 'no nodes'}")
+    allowed = cap.allowed(sel)
+    field = "constraint" if sel.constraint else "nodelist" if sel.nodelist is not None else "exclude"
+    if not allowed:
+        raise Rejected(field, unmatched_message(sel, cap.node_labels))
+    if not any(cap.could_ever_fit(request, m, allowed) for m in models):
+        shown = ", ".join(sorted(allowed)[:5]) + (", ..." if len(allowed) > 5 else "")
+        raise Rejected(
+            field, f"the nodes matching {sel.describe()} ({shown}) can never host {spec.gpus_label} GPUs as asked"
+        )
 
 
 def _slices(a: Allocation | None) -> list[SliceOut]:

@@ -30,7 +30,8 @@ from sqlalchemy import (
 # 9: jobs.kind (batch | session); job_usage.kind, job_usage.idle_gpu_seconds
 # 10: services, service_replicas
 # 11: jobs.failed_rank
-SCHEMA_VERSION = 11
+# 12: nodes.labels
+SCHEMA_VERSION = 12
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -128,6 +129,7 @@ nodes = Table(
     Column("virtual", Boolean, nullable=False),
     Column("gpus", Text, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("labels", Text),  # JSON list of labels (ib, rack=r1) jobs select it by; NULL: none
 )
 
 team_usage = Table(
