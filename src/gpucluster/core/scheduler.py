@@ -790,7 +790,7 @@ class _Cycle:
                     self._wait(
                         job,
                         WaitReason.RESERVED,
-                        f"first in line: {job.gpus:g} {model} GPUs on {', '.join(sorted(res.nodes)[:3])}"
+                        f"first in line{f' ({sel.describe()})' if sel is not None else ''}: {job.gpus:g} {model} GPUs on {', '.join(sorted(res.nodes)[:3])}"
                         f"{'...' if len(res.nodes) > 3 else ''} are held for it from {_fmt_time(res.shadow)}",
                         res.shadow,
                     )
