@@ -787,10 +787,11 @@ class _Cycle:
                     if not self.reasons:
                         self.waiting[job.job_id] = Wait(WaitReason.RESERVED, "", res.shadow)
                         return
+                    which = f" ({sel.describe()})" if sel is not None else ""
                     self._wait(
                         job,
                         WaitReason.RESERVED,
-                        f"first in line{f' ({sel.describe()})' if sel is not None else ''}: {job.gpus:g} {model} GPUs on {', '.join(sorted(res.nodes)[:3])}"
+                        f"first in line{which}: {job.gpus:g} {model} GPUs on {', '.join(sorted(res.nodes)[:3])}"
                         f"{'...' if len(res.nodes) > 3 else ''} are held for it from {_fmt_time(res.shadow)}",
                         res.shadow,
                     )

@@ -410,6 +410,7 @@ class Engine:
             request.min_gpu_memory_mb,
             request.nodes,
             request.team if self.policy.has_quotas else "",
+            request.selection,
         )
         if key not in self._feasible:
             probe = scheduling.snapshot(self._all_nodes, (), (request,), {}, self._probe)

@@ -303,6 +303,7 @@ def native_job(row: dict[str, Any]) -> RawJob:
         nodes=spec.nodes,
         min_gpus=spec.min_gpus,
         max_restarts=spec.max_restarts if "max_restarts" in fields else None,
+        selection=spec.selection,
     )
 
 

@@ -95,6 +95,7 @@ def job_request(job: TraceJob, queued_at: float | None = None, not_before: float
         time_limit_s=job.time_limit,
         nodes=job.nodes,
         min_gpus=job.min_gpus,
+        selection=job.selection,
     )
 
 
@@ -113,6 +114,7 @@ def running_job(request: JobRequest, allocation: Allocation, started_at: float) 
         started_at=started_at,
         time_limit_s=request.time_limit_s,
         max_gpus=int(request.gpus) if request.min_gpus is not None else None,  # elastic: may grow
+        exclusive=request.selection is not None and request.selection.exclusive,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from gpucluster.core.selection import Selection
 from gpucluster.core.types import Priority
 from gpucluster.sim.spec import CheckpointRule
 
@@ -35,6 +36,7 @@ class RawJob(NamedTuple):
     nodes: int | None = None
     min_gpus: int | None = None  # elastic: may start on as few whole GPUs
     max_restarts: int | None = None  # None: the cluster spec's failures.max_restarts
+    selection: Selection | None = None  # nodelist, exclude, constraint, exclusive (native rows)
 
 
 class TraceJob(NamedTuple):
@@ -56,6 +58,7 @@ class TraceJob(NamedTuple):
     nodes: int | None = None
     min_gpus: int | None = None  # elastic: may start on as few whole GPUs
     max_restarts: int | None = None  # None: the cluster spec's failures.max_restarts
+    selection: Selection | None = None  # which nodes it may use, whether alone (core/selection.py)
 
 
 @dataclass(frozen=True)
