@@ -29,6 +29,7 @@ from gpucluster.core.admission import admit
 from gpucluster.core.backfill import EndTimes, Reservation, reserve
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
+from gpucluster.core.pools import with_pools
 from gpucluster.core.preempt import CostKey, Guarantees, choose_victims
 from gpucluster.core.preempt_on import choose_victims_on
 from gpucluster.core.queueing import TeamQueues
@@ -59,6 +60,8 @@ def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *
     if held:
         plan = decide(snapshot, policy, now, reasons=reasons)
         return replace(plan, waiting={**plan.waiting, **held})
+    policy = policy or DEFAULT_POLICY
+    snapshot = with_pools(snapshot, policy.pools)
     index = snapshot.capacity
     scope = (
         index.trial(snapshot.nodes, snapshot.running)
@@ -66,7 +69,7 @@ def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *
         else nullcontext(Capacity(snapshot.nodes, snapshot.running))
     )
     with scope as cap:
-        return _Cycle(snapshot, policy or DEFAULT_POLICY, now, reasons, cap).run()
+        return _Cycle(snapshot, policy, now, reasons, cap).run()
 
 
 @contextmanager

@@ -63,16 +63,20 @@ class Selection:
     exclude: frozenset[str] = frozenset()
     constraint: tuple[tuple[str, ...], ...] = ()
     exclusive: bool = False
+    # Node pools (core/pools.py): nodes only pools closed to the job's team or class hold, and
+    # those pools' names (for its wait). Set by `decide`, never by the submitter.
+    denied: frozenset[str] = frozenset()
+    closed_pools: tuple[str, ...] = ()
 
     @property
     def filters(self) -> bool:
         """Whether it limits the nodes at all (an exclusive job alone may go anywhere idle)."""
-        return self.nodelist is not None or bool(self.exclude) or bool(self.constraint)
+        return self.nodelist is not None or bool(self.exclude) or bool(self.constraint) or bool(self.denied)
 
     def allows(self, name: str, labels: frozenset[str]) -> bool:
         if self.nodelist is not None and name not in self.nodelist:
             return False
-        if name in self.exclude:
+        if name in self.exclude or name in self.denied:
             return False
         return not self.constraint or any(all(t in labels for t in group) for group in self.constraint)
 
@@ -87,6 +91,8 @@ class Selection:
             parts.append(f"--constraint {constraint_text(self.constraint)}")
         if self.exclusive:
             parts.append("--exclusive")
+        if self.closed_pools:
+            parts.append(f"outside pool(s) {', '.join(self.closed_pools)} (closed to its team or class)")
         return " ".join(parts)
 
 

@@ -10,13 +10,15 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpucluster.core.placement import Capacity
+from gpucluster.core.pools import closed_nodes, restrict
 from gpucluster.core.selection import unmatched_message
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation, JobRequest
+from gpucluster.core.types import Allocation, JobRequest, Priority
 from gpucluster.durations import MAX_BEGIN_AHEAD_S
 from gpucluster.executors._shim import PHASE
 from gpucluster.head.inventory import with_presence
@@ -231,6 +233,9 @@ class ClusterService:
         if not any(cap.could_ever_fit(request, m) for m in models):
             sizes = ", ".join(f"{m}: {cap.node_size[m]} per node, {cap.total[m]} in all" for m in models)
             raise Rejected("gpus", f"asks for {spec.gpus_label} GPUs but this cluster can never host that ({sizes})")
+        if policy.pools:
+            priority = Priority.parse(spec.priority)
+            request = restrict(request, closed_nodes(policy.pools, [r.node for r in nodes], spec.team, priority))
         if request.selection is not None and request.selection.filters and self.head.inventory is None:
             # A Ray head's nodes come and go: there the job waits, and `why` says what it waits for.
             _check_selection(spec, request, cap, models)
@@ -493,6 +498,14 @@ def _check_selection(spec: JobSpec, request: JobRequest, cap: Capacity, models: 
             raise Rejected(option, f"unknown node {unknown[0]!r}; this cluster has: {shown or 'no nodes'}")
     allowed = cap.allowed(sel)
     field = "constraint" if sel.constraint else "nodelist" if sel.nodelist is not None else "exclude"
+    if sel.denied and not allowed and cap.allowed(replace(sel, denied=frozenset(), closed_pools=())):
+        raise Rejected(
+            "team",
+            f"every node this job may use is in pool(s) {', '.join(sel.closed_pools)}, closed to team "
+            f"{spec.team}'s {spec.priority} jobs (the policy's pools:); submit to a team or class a pool admits",
+        )
+    if sel.denied and not sel.nodelist and not sel.exclude and not sel.constraint:
+        field = "team"
     if not allowed:
         raise Rejected(field, unmatched_message(sel, cap.node_labels))
     if not any(cap.could_ever_fit(request, m, allowed) for m in models):
