@@ -844,6 +844,17 @@ class TeamOut(Model):
     running_gpus: float | None
 
 
+class PoolOut(Model):
+    """A node pool of the policy: which nodes (by name, or all with these labels) and who may use
+    them (None: every team, every class)."""
+
+    name: str
+    nodes: list[str]
+    labels: list[str]
+    teams: list[str] | None
+    classes: list[str] | None
+
+
 class GrantOut(Model):
     """Who may submit one priority class above normal (besides cluster admins, who may use all)."""
 
@@ -866,6 +877,7 @@ class PolicyOut(Model):
     teams: list[TeamOut]
     priority_grants: dict[str, GrantOut] = Field(default_factory=dict)  # high, critical
     mount_roots: list[str] = Field(default_factory=list)  # where a container job's mounts may come from
+    pools: list[PoolOut] = Field(default_factory=list)  # nodes only some teams or classes may use
 
 
 # ---- accounting (GET /v1/usage, GET /v1/budgets) ----------------------------------------------

@@ -22,7 +22,7 @@ from gpucluster.head.service import Rejected
 from gpucluster.policyfile import PolicyFileError, load_policy
 
 from .builders import NodeBuilder, job, node, running, snapshot
-from .headkit import make_cluster
+from .headkit import api_client, make_cluster
 from .test_scheduler_properties import NOW, TEAMS, check_every_job_accounted, check_no_overcommit, check_starts
 from .test_scheduler_selection import labelled
 
@@ -187,5 +187,8 @@ def test_a_job_its_pools_leave_no_node_is_refused_at_submit(tmp_path: Path) -> N
         assert e.value.field == "team"
         assert "every node this job may use is in pool(s) reserved, closed to team nlp's normal jobs" in e.value.message
         assert c.submit(command=["true"], team="vision") > 0
+        with api_client(c.service) as api:
+            pools = api.get("/v1/policy").json()["pools"]
+        assert pools == [{"name": "reserved", "nodes": ["n1"], "labels": [], "teams": ["vision"], "classes": None}]
     finally:
         c.close()

@@ -1145,6 +1145,11 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     if p.priority_grants:
         granted = "; ".join(f"{c}: {g.holders}" for c, g in p.priority_grants.items())
         out.print(f"priority grants (low, normal: every member): {granted}", markup=False)
+    for pool in getattr(p, "pools", None) or ():  # a head from before pools lists none
+        which = ", ".join([*pool.nodes, *(f"label {x}" for x in pool.labels)])
+        who = f"teams {', '.join(pool.teams)}" if pool.teams is not None else "every team"
+        classes = f"classes {', '.join(pool.classes)}" if pool.classes is not None else "every class"
+        out.print(f"pool {pool.name}: {which}; for {who}, {classes}", markup=False)
     table = Table("TEAM", "ORG", "WEIGHT", "SHARE", "QUOTA", "USAGE (GPU-h, decayed)", "RUNNING GPUS", box=None)
     for t in p.teams:
         quota = ", ".join(f"{m}: {n:g}" for m, n in t.quota.items()) or "-"

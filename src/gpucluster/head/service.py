@@ -35,6 +35,7 @@ from gpucluster.models import (
     MetricSeries,
     NodeOut,
     PolicyOut,
+    PoolOut,
     Progress,
     ProgressIn,
     QueueEntry,
@@ -443,6 +444,16 @@ class ClusterService:
                     running_gpus=running.get(n, 0.0) if can_see is None or can_see(n) else None,
                 )
                 for n in names
+            ],
+            pools=[
+                PoolOut(
+                    name=pool.name,
+                    nodes=sorted(pool.nodes),
+                    labels=sorted(pool.labels),
+                    teams=sorted(pool.teams) if pool.teams is not None else None,
+                    classes=[c.label for c in sorted(pool.classes)] if pool.classes is not None else None,
+                )
+                for pool in p.pools
             ],
             priority_grants={
                 c.label: GrantOut(
