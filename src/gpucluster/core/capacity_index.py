@@ -84,7 +84,9 @@ class CapacityIndex:
         self.diffs += 1
         self._book = None
         self._count_classes(running)
-        new = {j.job_id: base.held(j.allocation, j.exclusive) for j in running}
+        # An exclusive job holds its nodes' other GPUs too (`Capacity.held`); the test inline, not a
+        # call per running job: this runs over every running job each cycle.
+        new = {j.job_id: base.held(j.allocation, True) if j.exclusive else j.allocation for j in running}
         old = self._running
         for job_id, alloc in old.items():
             now = new.get(job_id)
