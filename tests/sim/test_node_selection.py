@@ -68,3 +68,23 @@ def test_a_bad_label_in_a_cluster_spec_names_its_line(tmp_path: Path) -> None:
     bad = GROUPS.replace("labels: [ib, rack=r1]", "labels: [ib, 'two words']")
     with pytest.raises(SimInputError, match=r"c.yaml:2: node_groups\[0\].labels: bad label 'two words'"):
         load_cluster_spec(cluster_yaml(tmp_path / "c.yaml", groups=bad))
+
+
+def test_pools_in_the_policy_file_decide_where_each_team_runs(tmp_path: Path) -> None:
+    """The simulator reads pools from the same policy file as the head: team b never runs on the
+    ib nodes, and team c, which every node's pool closes out, is skipped with the core's reason;
+    a job of team a asking the same as a skipped one of team c is not skipped for it."""
+    spec = load_cluster_spec(cluster_yaml(tmp_path / "c.yaml", groups=GROUPS))
+    policy = tmp_path / "p.yaml"
+    policy.write_text("pools:\n  ib: {labels: [ib], teams: [a]}\n  eth: {nodes: [eth-0, eth-1], teams: [a, b]}\n")
+    rows = [{"submit_time": 0, "duration": 30, "gpus": 2, "team": "c"}]
+    rows += [{"submit_time": i, "duration": 30 + i, "gpus": 2, "team": "ab"[i % 2]} for i in range(1, 13)]
+    trace = read_trace(native_csv(tmp_path / "t.csv", rows), spec, 0, "native")
+    res = Engine(spec, trace.jobs, load_policy(str(policy)), 0, keep_starts=True).run()
+    assert len(res.job_id) == 12 and sum(res.skipped.values()) == 1
+    assert any("pool(s) eth, ib" in why for why in res.skipped), res.skipped
+    team = {j.job_id: j.team for j in trace.jobs}
+    for _, job_id, alloc in res.starts:
+        if team[job_id] == "b":
+            assert all(s.node.startswith("eth-") for s in alloc.slices), (job_id, alloc)
+    assert any(team[j] == "a" and any(s.node.startswith("ib-") for s in a.slices) for _, j, a in res.starts)
