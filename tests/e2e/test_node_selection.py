@@ -79,7 +79,7 @@ def test_an_exclusive_job_holds_its_node_alone_both_ways(labelled: HeadProcess) 
     running(labelled, alone)
     other = submit(labelled, "--gpus", "1", "--", "true")  # 3 GPUs are free, but the node is held
     # A cycle considered it (it has a wait reason) and left it queued.
-    why = wait_for(lambda: (w := _why(labelled, other))["wait_reason"] and w, 30, what="a cycle to consider it")
+    why = wait_for(lambda: (w := _why(labelled, other))["wait_reason"] and w, 60, what="a cycle to consider it")
     assert why["state"] == "queued", why
     assert run_cli(labelled, "cancel", str(alone)).returncode == 0
     assert finished(labelled, other, timeout=60).state.value == "succeeded"
@@ -87,7 +87,7 @@ def test_an_exclusive_job_holds_its_node_alone_both_ways(labelled: HeadProcess) 
     busy = submit(labelled, "--gpus", "1", "--", "sleep", "60")
     running(labelled, busy)
     waits = submit(labelled, "--exclusive", "--gpus", "1", "--", "true")
-    wait_for(lambda: _why(labelled, waits)["wait_reason"], 30, what="a cycle to consider it")
+    wait_for(lambda: _why(labelled, waits)["wait_reason"], 60, what="a cycle to consider it")
     text = run_cli(labelled, "why", str(waits)).stdout
     assert "no free node matches --exclusive" in text and "nodes where nothing runs" in text, text
     assert run_cli(labelled, "cancel", str(busy)).returncode == 0
