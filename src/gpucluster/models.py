@@ -23,6 +23,7 @@ from gpucluster.core.arrays import (
     parse_array,
     parse_sweep,
 )
+from gpucluster.core.selection import Selection, label_error, parse_constraint, selection_of
 from gpucluster.core.states import JobState
 from gpucluster.durations import parse_duration
 from gpucluster.sizes import parse_mib
@@ -43,6 +44,8 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_METRICS = 32
 METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 MAX_DEPENDENCIES = 1000
+MAX_SELECTED_NODES = 1024  # names in a job's nodelist or exclude
+MAX_NODE_LABELS = 64
 DependencyId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
@@ -170,6 +173,28 @@ class JobSpec(StorableText):
     nodes: int | None = Field(
         None, ge=1, le=MAX_NODES_PER_JOB, description="spread over exactly this many nodes, evenly"
     )
+    # ---- node selection (issue 16; README "Choosing nodes") ----
+    nodelist: list[Name] | None = Field(
+        None,
+        max_length=MAX_SELECTED_NODES,
+        description="run only on these nodes (sbatch --nodelist); a list, or one comma-separated string",
+        json_schema_extra={"minItems": 1},
+    )
+    exclude: list[Name] = Field(
+        default_factory=list,
+        max_length=MAX_SELECTED_NODES,
+        description="never run on these nodes (sbatch --exclude); a list, or one comma-separated string",
+    )
+    constraint: str | None = Field(
+        None,
+        max_length=1024,
+        description="node labels its nodes must have (sbatch --constraint): a label (ib) or key=value "
+        "(rack=r1); A&B all of, A|B any of (& binds tighter)",
+        json_schema_extra={"pattern": r"^[A-Za-z0-9][A-Za-z0-9._/:=&| -]*$"},
+    )
+    exclusive: bool = Field(
+        False, description="its nodes run no other job while it runs, and it starts only on idle nodes"
+    )
     name: Name | None = None
     team: Name = "default"
     priority: PriorityName = "normal"
@@ -273,6 +298,33 @@ class JobSpec(StorableText):
     )
     throttle: int | None = Field(None, ge=1, le=1_000_000, description="an array's or sweep's most elements at once")
     allow_large_array: bool = Field(False, description=f"allow an array of more than {MAX_ARRAY_ELEMENTS:,} elements")
+
+    @field_validator("nodelist", "exclude", mode="before")
+    @classmethod
+    def _node_names(cls, v: object) -> object:
+        """`n1,n2` as the CLI and job files may write it -> [n1, n2]."""
+        if isinstance(v, str):
+            return [n.strip() for n in v.split(",") if n.strip()]
+        return v
+
+    @field_validator("nodelist")
+    @classmethod
+    def _nodelist(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError("nodelist is empty; leave it out to run on any node")
+        return v
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_constraint(v)  # raises ValueError naming the bad label
+        return v
+
+    @property
+    def selection(self) -> Selection | None:
+        """Where it may run (core/selection.py); None: any node, shared."""
+        return selection_of(self.nodelist, self.exclude, self.constraint, self.exclusive)
 
     @field_validator("array")
     @classmethod
@@ -461,6 +513,11 @@ class JobSpec(StorableText):
             raise ValueError("per_gpu and launcher are two ways to start a distributed job; choose one")
         if (self.per_gpu or self.launcher is not None) and self.fractional:
             raise ValueError("per_gpu and launcher need whole GPUs (one process per GPU)")
+        both = sorted(set(self.nodelist or ()) & set(self.exclude))
+        if both:
+            raise ValueError(f"node {both[0]} is both in nodelist and in exclude; name it in one")
+        if self.exclusive and self.fractional:
+            raise ValueError("exclusive holds whole nodes; it needs whole GPUs (gpus 1 or more, no gpu_memory)")
         if self.mounts and self.image is None:
             raise ValueError("mounts are for a container job; give an image too (--image)")
         if self.launcher is not None and self.shell:
@@ -736,6 +793,8 @@ class NodeOut(Model):
     name: str
     virtual: bool
     gpus: list[GpuOut]
+    # What jobs select it by (submit --constraint): flags (ib) and key=value pairs (rack=r1).
+    labels: list[str] = Field(default_factory=list)
     drained: bool = False  # no new jobs go there; running ones go on
     drain_reason: str | None = None
     drained_by: str | None = None  # user or health
@@ -832,6 +891,17 @@ class TeamOut(Model):
     running_gpus: float | None
 
 
+class PoolOut(Model):
+    """A node pool of the policy: which nodes (by name, or all with these labels) and who may use
+    them (None: every team, every class)."""
+
+    name: str
+    nodes: list[str]
+    labels: list[str]
+    teams: list[str] | None
+    classes: list[str] | None
+
+
 class GrantOut(Model):
     """Who may submit one priority class above normal (besides cluster admins, who may use all)."""
 
@@ -872,6 +942,7 @@ class PolicyOut(Model):
     priority_grants: dict[str, GrantOut] = Field(default_factory=dict)  # high, critical
     mount_roots: list[str] = Field(default_factory=list)  # where a container job's mounts may come from
     limits: LimitsOut = Field(default_factory=LimitsOut)
+    pools: list[PoolOut] = Field(default_factory=list)  # nodes only some teams or classes may use
 
 
 # ---- accounting (GET /v1/usage, GET /v1/budgets) ----------------------------------------------
@@ -947,3 +1018,15 @@ class BudgetOut(Model):
 
 class BudgetList(Model):
     budgets: list[BudgetOut]
+
+
+def check_node_labels(values: list[str]) -> list[str]:
+    """Node labels as declared (`up --label`, a cluster file, Ray's node labels), checked and
+    sorted; ValueError naming the first bad one."""
+    if len(values) > MAX_NODE_LABELS:
+        raise ValueError(f"at most {MAX_NODE_LABELS} labels per node")
+    for v in values:
+        why = label_error(v)
+        if why is not None:
+            raise ValueError(why)
+    return sorted(set(values))

@@ -31,6 +31,8 @@
     priority_grants:            # who may submit above normal (low, normal: every member)
       high:     {roles: [team-admin], teams: [vision], users: [alice]}
       critical: {}              # cluster admins only (they may use every class)
+    pools:                      # nodes only some teams or classes may use (a node in no pool: everyone's)
+      h100-ib: {labels: [ib], teams: [vision], classes: [high, critical]}   # or nodes: [n1, n2]
 
 Without priority_grants (or for a class it leaves out): high is granted to team admins (of the
 team submitted to), critical to cluster admins only.
@@ -47,6 +49,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpucluster.core import policy as core
 from gpucluster.core.accounting import MONTH, Accounting, Budget
+from gpucluster.core.pools import Pool
+from gpucluster.core.selection import label_error
 from gpucluster.core.types import Priority
 from gpucluster.durations import parse_duration
 from gpucluster.yamlfile import YamlFileError, line_of, read_yaml, validate
@@ -298,6 +302,34 @@ class GrantIn(_Strict):
         return core.Grant(frozenset(self.teams), frozenset(self.roles), frozenset(self.users))
 
 
+class PoolIn(_Strict):
+    """pools: {name: {nodes: [n1], labels: [ib], teams: [vision], classes: [high]}}: the nodes
+    named or carrying all the labels; who may use them (teams, classes left out: all)."""
+
+    nodes: list[str] = Field(default_factory=list, max_length=100_000)
+    labels: list[str] = Field(default_factory=list, max_length=64)
+    teams: list[str] | None = None
+    classes: list[ClassName] | None = None
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str]) -> list[str]:
+        for label in v:
+            why = label_error(label)
+            if why is not None:
+                raise ValueError(why)
+        return v
+
+    def to_pool(self, name: str) -> Pool:
+        return Pool(
+            name,
+            frozenset(self.nodes),
+            frozenset(self.labels),
+            frozenset(self.teams) if self.teams is not None else None,
+            frozenset(Priority.parse(c) for c in self.classes) if self.classes is not None else None,
+        )
+
+
 class ContainersIn(_Strict):
     """containers: {mount_roots: [/data, /scratch]}: where a container job's --mount may come from."""
 
@@ -356,6 +388,7 @@ class PolicyIn(_Strict):
     priority_grants: dict[str, GrantIn] = Field(default_factory=dict)
     containers: ContainersIn = Field(default_factory=ContainersIn)
     limits: LimitsIn = Field(default_factory=LimitsIn)
+    pools: dict[str, PoolIn] = Field(default_factory=dict)
 
     _check_prices = field_validator("prices")(_prices)
 
@@ -395,6 +428,18 @@ class PolicyIn(_Strict):
                             ["priority_grants", cls, "teams"],
                             f"{cls} is granted to team {name!r}, which is not under teams: "
                             f"({', '.join(sorted(self.teams))})",
+                        )
+                    )
+        for name, pool in self.pools.items():
+            if not pool.nodes and not pool.labels:
+                out.append((["pools", name], f"pool {name} needs nodes: [...] or labels: [...] to say which nodes"))
+            for member in pool.teams or ():
+                if self.teams and member not in self.teams:
+                    known = ", ".join(sorted(self.teams))
+                    out.append(
+                        (
+                            ["pools", name, "teams"],
+                            f"pool {name} names team {member!r}, which is not under teams: ({known})",
                         )
                     )
         if self.unknown_teams == "reject" and not self.teams:
@@ -444,6 +489,7 @@ class PolicyIn(_Strict):
                 **{Priority.parse(c): g.to_grant() for c, g in self.priority_grants.items()},
             },
             limits=self.limits.to_limits(),
+            pools=tuple(p.to_pool(name) for name, p in sorted(self.pools.items())),
         )
 
     def to_accounting(self) -> Accounting:

@@ -4,6 +4,8 @@ job(1).gpus(8).gpu_types("H100", "A100").priority("high").team("vision").limit(3
 job(2).gpus(0.25).build(); job(3).memory(10240).build()                    -> fractional JobRequests
 node("n1").gpus(8, "H100").build()                                         -> Node
 node("mixed").gpus(4, "H100", domain="nvl0").gpus(4, "A100").build()       -> Node, indices 0..7
+node("n2").gpus(8).labels("ib", "rack=r1").build()                          -> Node with labels
+job(4).select(constraint="ib", exclude=["n3"]).exclusive().build()         -> JobRequest with a selection
 running(7, "n1", 0, 1, team="nlp", priority="low", started_at=5.0)         -> RunningJob
 shared(8, "n1", 0, share=0.5, memory_mb=40960)                             -> RunningJob on half a GPU
 policy(team("a", quota={"H100": 4}), team("b"), preemption=preemption(min_runtime_s=60)) -> Policy
@@ -16,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpucluster.core import policy as core_policy
+from gpucluster.core.selection import Selection, parse_constraint
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, Priority, RunningJob
 from gpucluster.models import JobSpec
@@ -39,6 +42,7 @@ class JobBuilder:
         self._min_gpu_memory_mb: int | None = None
         self._time_limit_s: float | None = None
         self._nodes: int | None = None
+        self._selection = Selection()
 
     def gpus(self, n: float) -> JobBuilder:
         self._gpus = n
@@ -84,6 +88,24 @@ class JobBuilder:
         self._nodes = n
         return self
 
+    def select(
+        self, nodelist: Iterable[str] | None = None, exclude: Iterable[str] = (), constraint: str | None = None
+    ) -> JobBuilder:
+        """Only the nodes of `nodelist` (None: any), never those of `exclude`, matching `constraint`."""
+        self._selection = Selection(
+            frozenset(nodelist) if nodelist is not None else None,
+            frozenset(exclude),
+            parse_constraint(constraint) if constraint else (),
+            self._selection.exclusive,
+        )
+        return self
+
+    def exclusive(self) -> JobBuilder:
+        self._selection = Selection(
+            self._selection.nodelist, self._selection.exclude, self._selection.constraint, exclusive=True
+        )
+        return self
+
     def build(self) -> JobRequest:
         return JobRequest(
             job_id=self._job_id,
@@ -96,6 +118,7 @@ class JobBuilder:
             min_gpu_memory_mb=self._min_gpu_memory_mb,
             time_limit_s=self._time_limit_s,
             nodes=self._nodes,
+            selection=self._selection if self._selection != Selection() else None,
         )
 
 
@@ -108,6 +131,11 @@ class NodeBuilder:
     def __init__(self, name: str) -> None:
         self._name = name
         self._gpus: list[Gpu] = []
+        self._labels: frozenset[str] = frozenset()
+
+    def labels(self, *labels: str) -> NodeBuilder:
+        self._labels = frozenset(labels)
+        return self
 
     def gpus(self, count: int, model: str = "H100", memory_mb: int = H100_MB, domain: str | None = None) -> NodeBuilder:
         """Add `count` GPUs of `model` (in topology `domain`); indices continue after those already added."""
@@ -119,7 +147,7 @@ class NodeBuilder:
         return self
 
     def build(self) -> Node:
-        return Node(self._name, tuple(self._gpus))
+        return Node(self._name, tuple(self._gpus), self._labels)
 
 
 def node(name: str) -> NodeBuilder:
@@ -136,8 +164,9 @@ def running(
     limit: float | None = None,
     checkpoint: float | None = None,
     stopping: bool = False,
+    exclusive: bool = False,
 ) -> RunningJob:
-    """A running job holding whole GPUs `indices` on `node_name`."""
+    """A running job holding whole GPUs `indices` on `node_name` (`exclusive`: the whole node)."""
     return RunningJob(
         job_id,
         allocation(node_name, *indices),
@@ -147,6 +176,7 @@ def running(
         time_limit_s=limit,
         last_checkpoint_at=checkpoint,
         stopping=stopping,
+        exclusive=exclusive,
     )
 
 

@@ -171,3 +171,12 @@ def test_a_ray_node_without_gpus_is_not_a_gpucluster_node() -> None:
     assert node_from_ray(_ray_node({})) is None
     unnamed = node_from_ray(_ray_node({"GPU": 1.0}, name=""))
     assert unnamed is not None and unnamed.name == "10.1.2.3"  # Ray's default name: the address
+
+
+def test_a_ray_nodes_labels_become_its_node_labels() -> None:
+    """`ray start --labels ib=true,rack=r1` -> the labels jobs select it by (submit --constraint);
+    Ray's own labels are left out, and one --constraint could not name is skipped."""
+    labels = {"ib": "true", "rack": "r1", "ray.io/node-id": "abc123", "note": "two words", "gpu_model": "H100-80GB"}
+    n = node_from_ray(_ray_node({"GPU": 2.0}, labels))
+    assert n is not None
+    assert n.labels == frozenset({"ib", "ib=true", "rack=r1", "gpu_model=H100-80GB"})

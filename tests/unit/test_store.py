@@ -408,6 +408,32 @@ def test_put_node_inserts_then_replaces(store: Store) -> None:
     assert records[1].node == node("b").gpus(1, "L4").build() and records[1].virtual
 
 
+def test_node_labels_and_job_selections_survive_the_store(store: Store) -> None:
+    """Node labels (nodes.labels, version 12) and a job's selection (in jobs.request) come back
+    as stored; a node put again without labels has none."""
+    store.put_node(node("n1").gpus(2).labels("ib", "rack=r1").build(), virtual=True, now=T0)
+    assert store.nodes()[0].node.labels == frozenset({"ib", "rack=r1"})
+    picky = store.create_job(spec(nodelist="n1", exclude=["n2"], constraint="ib&rack=r1|nvswitch"), T0)
+    alone = store.create_job(spec(exclusive=True), T0)
+    plain = store.create_job(spec(), T0)
+    by_id = {r.job_id: r for r in store.queued_requests()}
+    sel = by_id[picky].selection
+    assert sel is not None
+    assert (sel.nodelist, sel.exclude, sel.constraint, sel.exclusive) == (
+        frozenset({"n1"}),
+        frozenset({"n2"}),
+        (("ib", "rack=r1"), ("nvswitch",)),
+        False,
+    )
+    assert by_id[alone].selection is not None and by_id[alone].selection.exclusive
+    assert by_id[plain].selection is None
+    start(store, alone, 0)
+    start(store, plain, 1)
+    assert {j.job_id: j.exclusive for j in store.running_jobs()} == {alone: True, plain: False}
+    store.put_node(node("n1").gpus(2).build(), virtual=True, now=T0 + 1)
+    assert store.nodes()[0].node.labels == frozenset()
+
+
 # ---- durability --------------------------------------------------------------------------------
 
 

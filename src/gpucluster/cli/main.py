@@ -164,6 +164,14 @@ def up(
         typer.Option("--policy", help="scheduling policy YAML (teams, quotas, preemption); reloaded when it changes"),
     ] = None,
     node_name: Annotated[str | None, typer.Option("--node-name", help="this node's name [default: hostname]")] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            help="a label of this node that jobs select it by (submit --constraint): a flag such as ib or "
+            "KEY=VALUE such as rack=r1 (repeatable)",
+        ),
+    ] = None,
     restart_backoff: Annotated[
         str | None,
         typer.Option(
@@ -283,7 +291,7 @@ def up(
     from gpucluster.head.database_url import resolve as resolve_database_url
     from gpucluster.head.security import SecurityOptions
     from gpucluster.head.server import StartupError, UpOptions, default_data_dir, run_up
-    from gpucluster.models import parse_memory_mb
+    from gpucluster.models import check_node_labels, parse_memory_mb
     from gpucluster.store.lease import MAX_LEASE_S, MIN_LEASE_S
 
     try:
@@ -318,12 +326,20 @@ def up(
         prices = parse_prices(price or [])
     except ValueError as e:
         fail(str(e))
+    try:
+        node_labels = check_node_labels(label or [])
+    except ValueError as e:
+        fail(f"--label: {e}")
     if ray is not None:
         local = {"--virtual-gpus": virtual_gpus, "--gpu-type": gpu_type, "--gpu-memory": gpu_memory,
-                 "--gpus-per-domain": gpus_per_domain, "--node-name": node_name}  # fmt: skip
+                 "--gpus-per-domain": gpus_per_domain, "--node-name": node_name,
+                 "--label": label or None}  # fmt: skip
         given = [k for k, v in local.items() if v is not None]
         if given:
-            fail(f"--ray takes its nodes and GPUs from Ray; drop {', '.join(given)} (declare GPUs with ray start)")
+            fail(
+                f"--ray takes its nodes and GPUs from Ray; drop {', '.join(given)} "
+                "(declare GPUs and labels with ray start --resources/--labels)"
+            )
         if not ray.strip():
             fail("--ray needs an address: HOST:PORT of the Ray head, or auto")
     try:
@@ -342,6 +358,7 @@ def up(
         policy_path=policy,
         restart_backoff_s=backoff,
         gpus_per_domain=gpus_per_domain,
+        node_labels=tuple(node_labels),
         telemetry_interval_s=sample_every,
         ray_address=ray,
         prices=prices,
@@ -391,6 +408,18 @@ def submit(
     nodes: Annotated[
         int | None, typer.Option(help="spread the GPUs evenly over exactly this many nodes", min=1)
     ] = None,
+    nodelist: Annotated[str | None, typer.Option("--nodelist", help="run only on these nodes: NODE[,NODE...]")] = None,
+    exclude: Annotated[str | None, typer.Option("--exclude", help="never run on these nodes: NODE[,NODE...]")] = None,
+    constraint: Annotated[
+        str | None,
+        typer.Option(
+            "--constraint",
+            help="node labels its nodes must have: ib, rack=r1; A&B all of, A|B any of (see gpucluster nodes)",
+        ),
+    ] = None,
+    exclusive: Annotated[
+        bool, typer.Option("--exclusive", help="its nodes run no other job while it runs (it waits for idle nodes)")
+    ] = False,
     name: Annotated[str | None, typer.Option(help="a name for the job")] = None,
     team: Annotated[str | None, typer.Option(help="the team the job is accounted to")] = None,
     priority: Annotated[str | None, typer.Option(help="low, normal, high or critical (above normal: a grant)")] = None,
@@ -477,6 +506,10 @@ def submit(
         "gpu_memory": gpu_memory,
         "min_gpu_memory": min_gpu_memory,
         "nodes": nodes,
+        "nodelist": nodelist,
+        "exclude": exclude,
+        "constraint": constraint,
+        "exclusive": True if exclusive else None,
         "name": name,
         "team": team,
         "priority": priority,
@@ -923,7 +956,7 @@ def requeue(
 
 @app.command()
 def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
-    """Nodes and their GPUs: model, memory, which job holds each, live readings, health and drains."""
+    """Nodes and their GPUs: model, memory, which job holds each, live readings, health, drains and labels."""
     with _head(url) as h:
         listing = _call(h.json, "GET", "/v1/nodes").nodes
     if as_json:
@@ -952,6 +985,10 @@ def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
                 *gpu_readings(g),
             )
     out.print(table)
+    for n in listing:
+        labels = getattr(n, "labels", None)  # a head from before node labels has none
+        if labels:
+            out.print(f"{n.name} labels: {', '.join(labels)}", markup=False)
     for line in node_notes(listing):
         out.print(line, markup=False)
     for n in listing:
@@ -1115,6 +1152,11 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
         out.print(f"priority grants (low, normal: every member): {granted}", markup=False)
     for line in _limit_lines(p.get("limits") or {}):
         out.print(line, markup=False)
+    for pool in getattr(p, "pools", None) or ():  # a head from before pools lists none
+        which = ", ".join([*pool.nodes, *(f"label {x}" for x in pool.labels)])
+        who = f"teams {', '.join(pool.teams)}" if pool.teams is not None else "every team"
+        classes = f"classes {', '.join(pool.classes)}" if pool.classes is not None else "every class"
+        out.print(f"pool {pool.name}: {which}; for {who}, {classes}", markup=False)
     table = Table("TEAM", "ORG", "WEIGHT", "SHARE", "QUOTA", "USAGE (GPU-h, decayed)", "RUNNING GPUS", box=None)
     for t in p.teams:
         quota = ", ".join(f"{m}: {n:g}" for m, n in t.quota.items()) or "-"

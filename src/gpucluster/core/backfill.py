@@ -173,10 +173,15 @@ def _in_order(base: list[tuple[float, int, int]] | None, extra: list[tuple[float
     return it
 
 
-def reserve(job: JobRequest, model: str, cap: Capacity, ends: EndTimes, now: float) -> Reservation | None:
+def reserve(
+    job: JobRequest, model: str, cap: Capacity, ends: EndTimes, now: float, allowed: frozenset[str] | None = None
+) -> Reservation | None:
     """The reservation for `job` on `model`, or None if running jobs alone never free enough.
-    Ends before `now` count as `now` (a job past its limit is expected back at once)."""
+    Ends before `now` count as `now` (a job past its limit is expected back at once).
+    `allowed`: the only nodes the job may use (its node selection); None: any."""
     n = int(job.gpus)
+    if allowed is not None and (job.nodes or n > cap.node_size[model]):
+        return _reserve_across(job, model, cap, ends, now, allowed)
     if job.nodes or n > cap.node_size[model]:
         free = cap.free_count(model)
         for item in ends.for_model(model):
@@ -191,6 +196,8 @@ def reserve(job: JobRequest, model: str, cap: Capacity, ends: EndTimes, now: flo
     extra = ends.by_node
     base = ends.book.on_node if ends.book is not None else {}
     for node, idxs in cap.free[model].items():
+        if allowed is not None and node not in allowed:
+            continue
         free = len(idxs)
         if free >= n:
             continue  # excluded by another reservation, or refused by quota: not a place to hold
@@ -206,3 +213,22 @@ def reserve(job: JobRequest, model: str, cap: Capacity, ends: EndTimes, now: flo
     if best is None:
         return None
     return Reservation(job.job_id, model, best[0], frozenset({best[1]}))
+
+
+def _reserve_across(
+    job: JobRequest, model: str, cap: Capacity, ends: EndTimes, now: float, allowed: frozenset[str]
+) -> Reservation | None:
+    """`reserve` of a job spanning nodes that may use only `allowed`: the ends of those nodes
+    alone, merged in time order (jobs with a selection are few, so no index of their own)."""
+    nodes = [nd for nd in cap.model_nodes(model) if nd in allowed]
+    free = sum(len(cap.free[model].get(nd, ())) for nd in nodes)
+    base = ends.book.on_node if ends.book is not None else {}
+    items: list[tuple[float, int]] = []
+    for nd in nodes:
+        items.extend((e[0], e[1]) for e in base.get((model, nd), ()))
+        items.extend(ends.by_node.get((model, nd), ()))
+    for end, gpus in sorted(items):
+        free += gpus
+        if free >= int(job.gpus):
+            return Reservation(job.job_id, model, max(end, now), frozenset(nodes))
+    return None

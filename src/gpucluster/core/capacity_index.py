@@ -71,7 +71,7 @@ class CapacityIndex:
         if base is None or (nodes is not self._nodes and nodes != self._nodes):
             self._base = Capacity(nodes, running)
             self._nodes = nodes
-            self._running = {j.job_id: j.allocation for j in running}
+            self._running = {j.job_id: self._base.held(j.allocation, j.exclusive) for j in running}
             self._count_classes(running)
             self.rebuilds += 1
             self._changes.clear()
@@ -84,7 +84,9 @@ class CapacityIndex:
         self.diffs += 1
         self._book = None
         self._count_classes(running)
-        new = {j.job_id: j.allocation for j in running}
+        # An exclusive job holds its nodes' other GPUs too (`Capacity.held`); the test inline, not a
+        # call per running job: this runs over every running job each cycle.
+        new = {j.job_id: base.held(j.allocation, True) if j.exclusive else j.allocation for j in running}
         old = self._running
         for job_id, alloc in old.items():
             now = new.get(job_id)
@@ -153,8 +155,8 @@ class CapacityIndex:
                 if book is not None:
                     book.remove(job_id)
             if kind == _STARTED:
-                running[job_id] = job.allocation
-                base.occupy(job.allocation)
+                held = running[job_id] = base.held(job.allocation, job.exclusive)
+                base.occupy(held)
                 self._class_of[job_id] = int(job.priority)
                 bump(self._classes, int(job.priority), 1)
                 if book is not None:

@@ -11,10 +11,11 @@ O(GPUs per node), not O(nodes): a cycle over 100,000 queued jobs on 10,000 nodes
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gpucluster.core.selection import Selection
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, RunningJob
 
 EPS = 1e-9
@@ -67,8 +68,15 @@ class Capacity:
         # GPU index -> topology domain, for nodes with more than one domain (the others need no
         # choosing): `_slice` runs once per start and looked each GPU up by (node, index).
         self.domains: dict[str, dict[int, str | None]] = {}
+        # Node selection (core/selection.py): each node's labels and GPU indices, and per
+        # selection the nodes it allows (the inventory never changes, so kept for its life).
+        self.node_labels: dict[str, frozenset[str]] = {}
+        self.node_gpus: dict[str, tuple[int, ...]] = {}
+        self._allowed: dict[Selection, frozenset[str]] = {}
         for node in nodes:
             counts: dict[str, int] = {}
+            self.node_labels[node.name] = node.labels
+            self.node_gpus[node.name] = tuple(g.index for g in node.gpus)
             if len({g.domain for g in node.gpus}) > 1:
                 self.domains[node.name] = {g.index: g.domain for g in node.gpus}
             for g in node.gpus:
@@ -89,7 +97,7 @@ class Capacity:
         self.used_share: dict[tuple[str, int], float] = {}
         self.used_mem: dict[tuple[str, int], int] = {}
         for job in running:
-            for s in job.allocation.slices:
+            for s in (self.held(job.allocation, True) if job.exclusive else job.allocation).slices:
                 for i in s.gpu_indices:
                     key = (s.node, i)
                     if key not in self.gpus:
@@ -258,6 +266,9 @@ class Capacity:
         c.node_models = self.node_models
         c.node_model_count = self.node_model_count
         c.domains = self.domains
+        c.node_labels = self.node_labels
+        c.node_gpus = self.node_gpus
+        c._allowed = self._allowed
         c._model_nodes = self._model_nodes
         c._gpu_pos = None
         c.version = 0
@@ -342,7 +353,19 @@ class Capacity:
         """GPU models that may host the job, best first: its stated preference, else smallest memory."""
         return acceptable_models(job, self.model_memory, self.models_by_memory)
 
-    def could_ever_fit(self, job: JobRequest, model: str) -> bool:
+    def could_ever_fit(self, job: JobRequest, model: str, allowed: Collection[str] | None = None) -> bool:
+        """Whether some set of the nodes (of `allowed` only, when given) could host the job on
+        `model` once everything else has ended."""
+        if allowed is not None:
+            counts = [c for nd in allowed if (c := self.node_model_count.get((nd, model), 0))]
+            if not counts:
+                return False
+            if job.fractional:
+                return True
+            n = int(job.gpus)
+            if job.nodes:
+                return sum(1 for c in counts if c >= n // job.nodes) >= job.nodes
+            return n <= sum(counts)
         if job.fractional:
             return True
         n = int(job.gpus)
@@ -352,6 +375,41 @@ class Capacity:
                 sum(1 for node in self.node_models if self.node_model_count.get((node, model), 0) >= per) >= job.nodes
             )
         return n <= self.total[model]
+
+    # ---- node selection ---------------------------------------------------------------------
+
+    def allowed(self, selection: Selection) -> frozenset[str]:
+        """The nodes `selection`'s list, exclusions and constraint allow (idle or not)."""
+        got = self._allowed.get(selection)
+        if got is None:
+            got = self._allowed[selection] = frozenset(
+                name for name, labels in self.node_labels.items() if selection.allows(name, labels)
+            )
+        return got
+
+    def model_nodes(self, model: str) -> list[str]:
+        """The nodes with GPUs of `model`, by name."""
+        return self._model_nodes[model]
+
+    def idle(self, node: str) -> bool:
+        """Whether no job holds any GPU (or share of one) of `node`: where an exclusive job may start."""
+        used = self.used_share
+        return all(used.get((node, i), 0.0) <= EPS for i in self.node_gpus.get(node, ()))
+
+    def held(self, allocation: Allocation, exclusive: bool) -> Allocation:
+        """What a job holds of the capacity: its allocation, and for an exclusive job every
+        other GPU of its nodes too. Why taken as used and not only skipped by placement: every
+        count the scheduler keeps (free per model, buckets, `fits`, the settle and room checks)
+        then stays true for all other jobs without a test of its own on their fast path."""
+        if not exclusive:
+            return allocation
+        mine = allocation.gpu_keys()
+        extra = []
+        for node in dict.fromkeys(s.node for s in allocation.slices):
+            rest = tuple(i for i in self.node_gpus.get(node, ()) if (node, i) not in mine)
+            if rest:
+                extra.append(NodeSlice(node, rest))
+        return Allocation(allocation.slices + tuple(extra)) if extra else allocation
 
     # ---- placement --------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpucluster.core.pools import Pool
 from gpucluster.core.types import Priority
 
 DEFAULT_TEAM = "default"
@@ -229,6 +230,8 @@ class Policy:
     priority_grants: dict[Priority, Grant] = field(default_factory=_default_grants)
     # Per-user and per-class limits (core/limits.py; queued-job limits are checked at submit).
     limits: Limits = field(default_factory=Limits)
+    # Node pools: nodes only some teams or classes may use (core/pools.py).
+    pools: tuple[Pool, ...] = ()
 
     # Teams not listed, made on first use: `team()` is called per queued job per cycle, and a
     # new Team each time cost ~1 us x millions of calls at scale.

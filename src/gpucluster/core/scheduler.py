@@ -30,10 +30,13 @@ from gpucluster.core.backfill import EndTimes, Reservation, reserve
 from gpucluster.core.limits import within_limits
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
+from gpucluster.core.pools import with_pools
 from gpucluster.core.preempt import CostKey, Guarantees, choose_victims
+from gpucluster.core.preempt_on import choose_victims_on
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import WaitReason
+from gpucluster.core.selection import Selection, unmatched_message
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Plan, Preemption, RunningJob, Start, Wait
 
@@ -63,6 +66,8 @@ def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *
     if held:
         plan = decide(snapshot, policy, now, reasons=reasons)
         return replace(plan, waiting={**plan.waiting, **held})
+    policy = policy or DEFAULT_POLICY
+    snapshot = with_pools(snapshot, policy.pools)
     index = snapshot.capacity
     scope = (
         index.trial(snapshot.nodes, snapshot.running)
@@ -70,7 +75,7 @@ def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *
         else nullcontext(Capacity(snapshot.nodes, snapshot.running))
     )
     with scope as cap:
-        plan = _Cycle(snapshot, policy or DEFAULT_POLICY, now, reasons, cap).run()
+        plan = _Cycle(snapshot, policy, now, reasons, cap).run()
     return explain_drains(plan, snapshot, now) if reasons else plan
 
 
@@ -93,7 +98,7 @@ def gc_paused() -> Iterator[None]:
 
 def _shape(job: JobRequest) -> tuple[object, ...]:
     """The fields that decide which GPU models could ever host a job."""
-    return (job.gpus, job.gpu_types, job.gpu_memory_mb, job.min_gpu_memory_mb, job.nodes)
+    return (job.gpus, job.gpu_types, job.gpu_memory_mb, job.min_gpu_memory_mb, job.nodes, job.selection)
 
 
 def _fmt_time(t: float) -> str:
@@ -228,6 +233,10 @@ class _Cycle:
         self._behind: dict[str, Wait] = {}  # model -> the wait of jobs behind its reservation
         self._least: tuple[float, float] | None = None  # see `_least_asked`
         self._lowest_class: int | None = None  # see `_may_have_victims`
+        # Node selection: per (selection, model) the nodes of the model it may not use, and for an
+        # exclusive job those and the busy ones, at the capacity version they were found at.
+        self._off_static: dict[tuple[Selection, str], frozenset[str]] = {}
+        self._off_busy: dict[tuple[Selection, str], tuple[int, frozenset[str]]] = {}
 
     def run(self) -> Plan:
         index = self.s.queue_index
@@ -406,9 +415,38 @@ class _Cycle:
         shape = _shape(job)
         models = self._fits.get(shape)
         if models is None:
-            models = [m for m in self.cap.acceptable_models(job) if self.cap.could_ever_fit(job, m)]
+            sel = job.selection
+            allowed = self.cap.allowed(sel) if sel is not None and sel.filters else None
+            models = [m for m in self.cap.acceptable_models(job) if self.cap.could_ever_fit(job, m, allowed)]
             self._fits[shape] = models
         return models
+
+    def _off(self, job: JobRequest, model: str) -> frozenset[str]:
+        """The nodes of `model` a job with a selection may not be placed on now: those its
+        selection excludes and, for an exclusive job, those where anything runs. Free capacity
+        only shrinks within a cycle, so the busy ones are found again only when it changed."""
+        sel = job.selection
+        assert sel is not None
+        key = (sel, model)
+        off = self._off_static.get(key)
+        if off is None:
+            allowed = self.cap.allowed(sel) if sel.filters else None
+            off = self._off_static[key] = (
+                frozenset(n for n in self.cap.model_nodes(model) if n not in allowed)
+                if allowed is not None
+                else frozenset()
+            )
+        if not sel.exclusive:
+            return off
+        version = self.cap.version
+        busy = self._off_busy.get(key)
+        if busy is None or busy[0] != version:
+            cap = self.cap
+            busy = self._off_busy[key] = (
+                version,
+                off | frozenset(n for n in cap.model_nodes(model) if n not in off and not cap.idle(n)),
+            )
+        return busy[1]
 
     def _consider(self, job: JobRequest) -> bool:
         if job.min_gpus is not None and job.min_gpus < job.gpus:
@@ -416,6 +454,10 @@ class _Cycle:
         fits_ever = self._models(job)
         if not fits_ever:
             self._wait(job, WaitReason.NO_FIT, self._no_fit_message(job))
+            return False
+        if job.selection is not None and job.selection.exclusive and job.fractional:
+            # An exclusive job holds whole nodes; a share of a GPU leaves the rest of it to others.
+            self._wait(job, WaitReason.NO_FIT, "--exclusive takes whole GPUs; ask for 1 GPU or more")
             return False
         if self.quotas.limits_borrowing(job.team):
             limits = [self.quotas.borrow_refusal(job.team, m, job.gpus) for m in fits_ever]
@@ -450,7 +492,7 @@ class _Cycle:
         refusal: str | None = None
         blocked_by: Reservation | None = None
         quotas = self.quotas
-        shape = (job.gpus, job.nodes, job.gpu_memory_mb)
+        shape = (job.gpus, job.nodes, job.gpu_memory_mb, job.selection)
         for model in models:
             if not quotas.unlimited:
                 why = quotas.refusal(job.team, model, job.gpus, self.cap.free_count(model))
@@ -458,13 +500,17 @@ class _Cycle:
                     refusal = refusal or why
                     continue
             res = self.reservations.get(model)
-            exclude: frozenset[str] = frozenset()
+            reserved: frozenset[str] = frozenset()
             if res is not None and not self.policy.backfill:
                 blocked_by = blocked_by or res  # strict order: nothing passes the first in line
                 continue
             if res is not None and not self._ends_before(job, res):
-                exclude = res.nodes
-            key = (model, shape, bool(exclude))
+                reserved = res.nodes
+            exclude = reserved
+            if job.selection is not None:
+                off = self._off(job, model)
+                exclude = off | reserved if reserved else off
+            key = (model, shape, bool(reserved))
             if key not in self._no_fit:
                 allocation = self.cap.place(job, model, exclude)
                 if allocation is not None:
@@ -472,7 +518,7 @@ class _Cycle:
                     return True, None, None
                 self._no_fit.add(key)
             # The reservation is the obstacle only if the job would fit without it.
-            if exclude and blocked_by is None and self._fits_unreserved(job, model, shape):
+            if reserved and blocked_by is None and self._fits_unreserved(job, model, shape):
                 blocked_by = res
         return False, refusal, blocked_by
 
@@ -482,7 +528,12 @@ class _Cycle:
             return False
         if self._fit_at.get((model, shape)) == self.cap.version:
             return True  # nothing was taken since it last fitted
-        if not self.cap.fits(job, model):
+        fits = (
+            self.cap.fits(job, model)
+            if job.selection is None
+            else self.cap.place(job, model, self._off(job, model)) is not None
+        )
+        if not fits:
             self._no_fit.add((model, shape, False))
             return False
         self._fit_at[(model, shape)] = self.cap.version
@@ -509,7 +560,8 @@ class _Cycle:
         return any(self.cap.free_count(m) >= job.gpus for m in models)
 
     def _start(self, job: JobRequest, allocation: Allocation) -> None:
-        self.cap.take(allocation)
+        exclusive = job.selection is not None and job.selection.exclusive
+        self.cap.take(self.cap.held(allocation, True) if exclusive else allocation)
         self.quotas.add(job.team, allocation)
         self.starts.append(Start(job.job_id, allocation))
         end = self.now + (job.time_limit_s or self.policy.default_time_limit_s)
@@ -528,6 +580,10 @@ class _Cycle:
         pre = self.policy.preemption
         if not pre.enabled or job.fractional or len(self.reservations) == len(self.cap.model_memory):
             return False
+        sel = job.selection
+        if sel is not None and sel.exclusive:
+            return False  # victims would have to empty whole nodes: it waits for idle ones
+        allowed = self.cap.allowed(sel) if sel is not None else None
         if not self._may_have_victims(job):
             return False
         by_class = self.pool_by_class and not (pre.reclaim_quota and self.quotas.has_quotas)
@@ -540,14 +596,22 @@ class _Cycle:
             within = self.quotas.has_quotas and self.quotas.within_quota(job.team, model, job.gpus)
             reclaim = pre.reclaim_quota and within
             candidates = self._candidates_for(job, model, pool.get(model, []), reclaim)
+            if allowed is not None:
+                candidates = [v for v in candidates if any(s.node in allowed for s in v.allocation.slices)]
             guarantees = self._guarantees(job, model, within) if candidates and self.quotas.has_quotas else None
             if guarantees is not None:
                 candidates = [v for v in candidates if guarantees.allows(v, {})]
             stopping = [j for j in self._stopping_jobs() if self.cap.model_of(j.allocation) == model]
             if not candidates and not stopping:
                 continue
-            choice = choose_victims(
-                job, model, self.cap, candidates, stopping, self._victim_cost, ranked=True, guarantees=guarantees
+            choice = (
+                choose_victims(
+                    job, model, self.cap, candidates, stopping, self._victim_cost, ranked=True, guarantees=guarantees
+                )
+                if allowed is None
+                else choose_victims_on(
+                    job, model, self.cap, candidates, stopping, self._victim_cost, allowed, guarantees
+                )
             )
             if choice is None:
                 continue
@@ -568,7 +632,8 @@ class _Cycle:
                     self.quotas.remove(v.team, v.allocation)
                     self._preempted.add(v.job_id)
                 self._stopping = [*self._stopping_jobs(), *choice.victims]
-            nodes = frozenset({choice.node}) if choice.node else frozenset(self.cap.node_models)
+            everywhere = frozenset(self.cap.node_models) if allowed is None else allowed
+            nodes = frozenset({choice.node}) if choice.node else everywhere
             self.reservations[model] = Reservation(job.job_id, model, self.now + pre.grace_period_s, nodes)
             return True
         return False
@@ -719,20 +784,24 @@ class _Cycle:
                 )
             self.waiting[job.job_id] = wait
             return
-        if not job.fractional and len(self.reservations) < len(self.cap.model_memory):
+        sel = job.selection
+        exclusive = sel is not None and sel.exclusive
+        allowed = self.cap.allowed(sel) if sel is not None and sel.filters else None
+        if not job.fractional and not exclusive and len(self.reservations) < len(self.cap.model_memory):
             for model in models:
                 if model in self.reservations:
                     continue
-                res = reserve(job, model, self.cap, self._end_times(), self.now)
+                res = reserve(job, model, self.cap, self._end_times(), self.now, allowed)
                 if res is not None:
                     self.reservations[model] = res
                     if not self.reasons:
                         self.waiting[job.job_id] = Wait(WaitReason.RESERVED, "", res.shadow)
                         return
+                    which = f" ({sel.describe()})" if sel is not None else ""
                     self._wait(
                         job,
                         WaitReason.RESERVED,
-                        f"first in line: {job.gpus:g} {model} GPUs on {', '.join(sorted(res.nodes)[:3])}"
+                        f"first in line{which}: {job.gpus:g} {model} GPUs on {', '.join(sorted(res.nodes)[:3])}"
                         f"{'...' if len(res.nodes) > 3 else ''} are held for it from {_fmt_time(res.shadow)}",
                         res.shadow,
                     )
@@ -741,6 +810,9 @@ class _Cycle:
             self.waiting[job.job_id] = _BUSY  # the plan's reader wants no message (see `decide`)
             return
         model = models[0]
+        if sel is not None:
+            self.waiting[job.job_id] = self._selection_wait(job, sel, model)
+            return
         most = self.cap.most_free_on_a_node(model)
         key = (model, job.gpus, self.cap.free_count(model), most)
         wait = self._waits.get(key)
@@ -753,7 +825,43 @@ class _Cycle:
             )
         self.waiting[job.job_id] = wait
 
+    def _selection_wait(self, job: JobRequest, sel: Selection, model: str) -> Wait:
+        """The wait of a job with a node selection whose GPUs are busy, naming the selection:
+        "no free node matches --constraint ib: 2 node(s) match, 2 of them busy ..."."""
+        cap = self.cap
+        key = (sel, model, job.gpus, job.nodes, cap.version)
+        wait = self._waits.get(key)
+        if wait is not None:
+            return wait
+        off = self._off(job, model)
+        allowed = cap.allowed(sel) if sel.filters else None
+        matching = [n for n in cap.model_nodes(model) if allowed is None or n in allowed]
+        free = cap.free[model]
+        if job.fractional or (not job.nodes and int(job.gpus) > cap.node_size[model]):
+            per = 1
+        else:
+            per = int(job.gpus) // (job.nodes or 1)
+        busy = sum(1 for n in matching if n in off or len(free.get(n, ())) < per)
+        most = max((len(free.get(n, ())) for n in matching if n not in off), default=0)
+        idle = " (an exclusive job needs nodes where nothing runs)" if sel.exclusive else ""
+        wait = self._waits[key] = Wait(
+            WaitReason.RESOURCES,
+            f"no free node matches {sel.describe()}: {len(matching)} node(s) with {model} GPUs match, "
+            f"{busy} of them busy{idle}; needs {job.gpus:g} free {model} GPU(s), at most {most} free on one",
+        )
+        return wait
+
     def _no_fit_message(self, job: JobRequest) -> str:
+        sel = job.selection
+        if sel is not None and sel.filters:
+            allowed = self.cap.allowed(sel)
+            if not allowed:
+                return unmatched_message(sel, self.cap.node_labels)
+            kinds = ", ".join(job.gpu_types) if job.gpu_types else "any model"
+            return (
+                f"the {len(allowed)} node(s) matching {sel.describe()} can never host {job.gpus:g} GPUs "
+                f"of {kinds} as asked ({', '.join(sorted(allowed)[:5])}{'...' if len(allowed) > 5 else ''})"
+            )
         kinds = ", ".join(job.gpu_types) if job.gpu_types else "any model"
         sizes = ", ".join(
             f"{m}: {n} per node, {self.cap.total[m]} in all" for m, n in sorted(self.cap.node_size.items())

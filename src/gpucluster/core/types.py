@@ -11,6 +11,7 @@ from enum import IntEnum, StrEnum
 from functools import cached_property
 
 from gpucluster.core.reasons import WaitReason
+from gpucluster.core.selection import Selection
 from gpucluster.core.states import JobState
 
 
@@ -49,6 +50,8 @@ class Gpu:
 class Node:
     name: str
     gpus: tuple[Gpu, ...]
+    # What jobs may select it by (`--constraint`): flags (`ib`) and `key=value` pairs (`rack=r1`).
+    labels: frozenset[str] = frozenset()
 
     def gpu_models(self) -> frozenset[str]:
         return frozenset(g.model for g in self.gpus)
@@ -136,6 +139,8 @@ class JobRequest:
     # Who submitted it ("" when unknown: a job from before identities, a trace without users);
     # per-user and per-class limits (core/limits.py) count it against this user.
     user: str = ""
+    # Which nodes it may run on and whether it holds them alone (core/selection.py); None: any, shared.
+    selection: Selection | None = None
 
     @property
     def fractional(self) -> bool:
@@ -169,6 +174,7 @@ class JobRequest:
             self.time_limit_s,
             self.nodes,
             self.min_gpus,
+            self.selection,
         )
 
 
@@ -185,6 +191,8 @@ class RunningJob:
     # Elastic: the most GPUs it may grow to (core/elastic.py); None for a job of one size.
     max_gpus: int | None = None
     user: str = ""  # who submitted it: per-user limits (core/limits.py) count its GPUs against them
+    # Started with --exclusive: no other job may use its nodes (their other GPUs count as taken).
+    exclusive: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,6 +237,7 @@ __all__ = [
     "Preemption",
     "Priority",
     "RunningJob",
+    "Selection",
     "Start",
     "Wait",
 ]

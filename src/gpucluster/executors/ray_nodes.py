@@ -5,7 +5,9 @@ What a Ray node declares (`ray start ...`), and what the head makes of it:
 - GPUs: Ray's `GPU` resource (`--num-gpus`, or detected), else the sum of `gpu_model:*` resources;
 - model: a custom resource `gpu_model:H100-80GB`, else a label `gpu_model`, else Ray's detected
   `accelerator_type:*`, else "GPU";
-- memory per GPU: a label `gpu_memory` (e.g. 80GiB), else from the model's name (H100-80GB).
+- memory per GPU: a label `gpu_memory` (e.g. 80GiB), else from the model's name (H100-80GB);
+- node labels (what `submit --constraint` selects by): every Ray label `k=v` (`--labels`) but
+  Ray's own (`ray.io/...`) as `k=v`, and one whose value is `true` or empty also as the flag `k`.
 A node whose GPUs Ray detected (`accelerator_type:*`) is real; one that only declares them is
 virtual (its jobs get GPUCLUSTER_VIRTUAL_GPUS=1).
 
@@ -28,6 +30,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from gpucluster.core.selection import label_error
 from gpucluster.core.types import Gpu, Node
 from gpucluster.discovery.gpus import memory_from_type
 from gpucluster.executors.ray_agent import NodeAgent
@@ -55,6 +58,7 @@ class RayNode:
     address: str
     gpus: tuple[Gpu, ...]
     virtual: bool
+    labels: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,27 @@ def node_from_ray(info: Mapping[str, Any]) -> RayNode | None:
         log.warning("node %s: cannot read its gpu_memory label %r; taking it from the model", name, memory)
         memory_mb = memory_from_type(model)
     gpus = tuple(Gpu(index=i, model=model, memory_mb=memory_mb, uuid=f"RAY-{name}-{i}") for i in range(count))
-    return RayNode(str(info["NodeID"]), name, str(info["NodeManagerAddress"]), gpus, virtual=not detected)
+    return RayNode(
+        str(info["NodeID"]), name, str(info["NodeManagerAddress"]), gpus, not detected, node_labels(name, labels)
+    )
+
+
+def node_labels(name: str, labels: Mapping[str, str]) -> frozenset[str]:
+    """A Ray node's labels as gpucluster node labels (see the module docstring); one that is
+    not a valid label (a space, a character `--constraint` reserves) is left out with a warning."""
+    out: set[str] = set()
+    for key, value in labels.items():
+        if key.startswith("ray.io/"):
+            continue
+        value = str(value)
+        found = ([f"{key}={value}"] if value else []) + ([key] if value.lower() in ("", "true") else [])
+        for label in found:
+            why = label_error(label)
+            if why is None:
+                out.add(label)
+            else:
+                log.warning("node %s: Ray label %s=%r is not usable by --constraint: %s", name, key, value, why)
+    return frozenset(out)
 
 
 def actor_name(cluster: str, node_id: str) -> str:
@@ -162,7 +186,7 @@ class RayInventory:
                 continue
             assert isinstance(agent, Agent)
             agents[agent.node] = agent
-            self.store.put_node(Node(agent.node, p.node.gpus), p.node.virtual, now)
+            self.store.put_node(Node(agent.node, p.node.gpus, p.node.labels), p.node.virtual, now)
             self.presence_store.set_up(agent.node, agent.address, agent.node_id, now)
             log.info(
                 "node %s joined: %d GPU(s) %s at %s", agent.node, len(p.node.gpus), p.node.gpus[0].model, agent.address

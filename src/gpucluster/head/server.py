@@ -84,6 +84,7 @@ class UpOptions:
     policy_path: Path | None = None
     restart_backoff_s: float | None = None
     gpus_per_domain: int | None = None
+    node_labels: tuple[str, ...] = ()  # what jobs select the local node by (up --label)
     security: SecurityOptions = field(default_factory=SecurityOptions)
     telemetry_interval_s: float = DEFAULT_TELEMETRY_INTERVAL_S
     ray_address: str | None = None  # run jobs on a Ray cluster's nodes (head/ray_up.py)
@@ -132,7 +133,7 @@ def local_node(opts: UpOptions, say: IO[str]) -> tuple[Node, bool]:
         try:
             gpus = discover_nvml()
             say.write(f"found {len(gpus)} GPU(s) through NVML: {', '.join(sorted({g.model for g in gpus}))}\n")
-            return Node(opts.node_name, tuple(gpus)), False
+            return Node(opts.node_name, tuple(gpus), frozenset(opts.node_labels)), False
         except NoGpus as e:
             count = DEFAULT_VIRTUAL_GPUS
             say.write(f"{e}; using {count} virtual GPUs of type {opts.gpu_type or DEFAULT_VIRTUAL_TYPE}\n")
@@ -141,7 +142,7 @@ def local_node(opts: UpOptions, say: IO[str]) -> tuple[Node, bool]:
     gpus = virtual_gpus(
         count, opts.gpu_type or DEFAULT_VIRTUAL_TYPE, opts.gpu_memory_mb, opts.node_name, opts.gpus_per_domain
     )
-    return Node(opts.node_name, tuple(gpus)), True
+    return Node(opts.node_name, tuple(gpus), frozenset(opts.node_labels)), True
 
 
 def _check_port(host: str, port: int) -> None:

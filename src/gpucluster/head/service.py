@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,8 +20,10 @@ from gpucluster.auth import grants
 from gpucluster.auth.identity import Denied, Identity
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Limit
+from gpucluster.core.pools import closed_nodes, restrict
+from gpucluster.core.selection import unmatched_message
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation
+from gpucluster.core.types import Allocation, JobRequest, Priority
 from gpucluster.durations import MAX_BEGIN_AHEAD_S
 from gpucluster.executors._shim import PHASE
 from gpucluster.head.inventory import with_presence
@@ -49,6 +52,7 @@ from gpucluster.models import (
     MetricSeries,
     NodeOut,
     PolicyOut,
+    PoolOut,
     Progress,
     ProgressIn,
     QueueEntry,
@@ -252,6 +256,12 @@ class ClusterService:
         if not any(cap.could_ever_fit(request, m) for m in models):
             sizes = ", ".join(f"{m}: {cap.node_size[m]} per node, {cap.total[m]} in all" for m in models)
             raise Rejected("gpus", f"asks for {spec.gpus_label} GPUs but this cluster can never host that ({sizes})")
+        if policy.pools:
+            priority = Priority.parse(spec.priority)
+            request = restrict(request, closed_nodes(policy.pools, [r.node for r in nodes], spec.team, priority))
+        if request.selection is not None and request.selection.filters and self.head.inventory is None:
+            # A Ray head's nodes come and go: there the job waits, and `why` says what it waits for.
+            _check_selection(spec, request, cap, models)
 
     def job(self, job_id: int, reveal_env: Callable[[str | None], bool] | None = None) -> Job:
         """One job in full; its submitter's exported environment only if `reveal_env(owner)`."""
@@ -531,6 +541,16 @@ class ClusterService:
                 )
                 for n in names
             ],
+            pools=[
+                PoolOut(
+                    name=pool.name,
+                    nodes=sorted(pool.nodes),
+                    labels=sorted(pool.labels),
+                    teams=sorted(pool.teams) if pool.teams is not None else None,
+                    classes=[c.label for c in sorted(pool.classes)] if pool.classes is not None else None,
+                )
+                for pool in p.pools
+            ],
             priority_grants={
                 c.label: GrantOut(
                     teams=sorted(g.teams), roles=sorted(g.roles), users=sorted(g.users), holders=g.describe()
@@ -560,6 +580,7 @@ class ClusterService:
             NodeOut(
                 name=r.node.name,
                 virtual=r.virtual,
+                labels=sorted(r.node.labels),
                 gpus=[
                     GpuOut(
                         index=g.index,
@@ -574,6 +595,36 @@ class ClusterService:
             )
             for r in self.store.nodes()
         ]
+
+
+def _check_selection(spec: JobSpec, request: JobRequest, cap: Capacity, models: list[str]) -> None:
+    """Refuse a node selection that no node of this cluster can ever satisfy (Slurm's "Requested
+    node configuration is not available"), naming the option and what the nodes offer."""
+    sel = request.selection
+    assert sel is not None
+    known = sorted(cap.node_labels)
+    for option, names in (("nodelist", sel.nodelist or frozenset()), ("exclude", sel.exclude)):
+        unknown = sorted(names - set(known))
+        if unknown:
+            shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+            raise Rejected(option, f"unknown node {unknown[0]!r}; this cluster has: {shown or 'no nodes'}")
+    allowed = cap.allowed(sel)
+    field = "constraint" if sel.constraint else "nodelist" if sel.nodelist is not None else "exclude"
+    if sel.denied and not allowed and cap.allowed(replace(sel, denied=frozenset(), closed_pools=())):
+        raise Rejected(
+            "team",
+            f"every node this job may use is in pool(s) {', '.join(sel.closed_pools)}, closed to team "
+            f"{spec.team}'s {spec.priority} jobs (the policy's pools:); submit to a team or class a pool admits",
+        )
+    if sel.denied and not sel.nodelist and not sel.exclude and not sel.constraint:
+        field = "team"
+    if not allowed:
+        raise Rejected(field, unmatched_message(sel, cap.node_labels))
+    if not any(cap.could_ever_fit(request, m, allowed) for m in models):
+        shown = ", ".join(sorted(allowed)[:5]) + (", ..." if len(allowed) > 5 else "")
+        raise Rejected(
+            field, f"the nodes matching {sel.describe()} ({shown}) can never host {spec.gpus_label} GPUs as asked"
+        )
 
 
 def _slices(a: Allocation | None) -> list[SliceOut]:

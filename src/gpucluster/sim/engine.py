@@ -409,7 +409,9 @@ class Engine:
             request.gpu_memory_mb,
             request.min_gpu_memory_mb,
             request.nodes,
-            request.team if self.policy.has_quotas else "",
+            request.team if self.policy.has_quotas or self.policy.core.pools else "",
+            request.priority if self.policy.core.pools else None,  # pools admit by team and class
+            request.selection,
         )
         if key not in self._feasible:
             probe = scheduling.snapshot(self._all_nodes, (), (request,), {}, self._probe)

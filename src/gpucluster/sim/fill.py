@@ -87,6 +87,7 @@ class Filler:
             min_gpus=raw.min_gpus,
             max_restarts=raw.max_restarts,
             user=raw.user or "",
+            selection=raw.selection,
         )
 
     def _priority(self) -> Priority:

@@ -305,6 +305,7 @@ def native_job(row: dict[str, Any]) -> RawJob:
         min_gpus=spec.min_gpus,
         max_restarts=spec.max_restarts if "max_restarts" in fields else None,
         user=_user(row.get("user")),
+        selection=spec.selection,
     )
 
 

@@ -96,6 +96,7 @@ def job_request(job: TraceJob, queued_at: float | None = None, not_before: float
         nodes=job.nodes,
         min_gpus=job.min_gpus,
         user=job.user,
+        selection=job.selection,
     )
 
 
@@ -115,6 +116,7 @@ def running_job(request: JobRequest, allocation: Allocation, started_at: float) 
         time_limit_s=request.time_limit_s,
         max_gpus=int(request.gpus) if request.min_gpus is not None else None,  # elastic: may grow
         user=request.user,
+        exclusive=request.selection is not None and request.selection.exclusive,
     )
 
 

@@ -3,7 +3,7 @@
 A spec is one YAML file (see examples/clusters/ and README.md in this folder):
 
   name, node_groups (count, gpus_per_node, gpu_model, gpu_memory, nvlink_gbps, network_gbps,
-  price_per_gpu_hour, power_idle_w, power_busy_w), speeds (relative speed per GPU model),
+  price_per_gpu_hour, power_idle_w, power_busy_w, labels), speeds (relative speed per GPU model),
   failures, checkpoints, allreduce, trace_fill, scheduler.
 
 Everything but node_groups has a documented default, so a three-line spec works. Errors carry
@@ -40,6 +40,9 @@ class NodeGroup:
     price_per_gpu_hour: float
     power_idle_w: float
     power_busy_w: float
+    # Node labels (ib, rack=r1) every node of the group has, as `gpucluster up --label` declares
+    # them: what jobs' constraints select (core/selection.py).
+    labels: frozenset[str] = frozenset()
 
     @property
     def gpus(self) -> int:
@@ -120,7 +123,7 @@ class ClusterSpec:
                     Gpu(index=i, model=g.gpu_model, memory_mb=g.gpu_memory_mb, uuid=f"SIM-{name}-{i}")
                     for i in range(g.gpus_per_node)
                 )
-                out.append((Node(name=name, gpus=gpus), g))
+                out.append((Node(name=name, gpus=gpus, labels=g.labels), g))
         return tuple(out)
 
 
@@ -136,6 +139,7 @@ _GROUP = (
     "price_per_gpu_hour",
     "power_idle_w",
     "power_busy_w",
+    "labels",
 )
 
 
@@ -191,12 +195,28 @@ def _groups(doc: Located, top: Fields) -> tuple[NodeGroup, ...]:
             price_per_gpu_hour=f.number("price_per_gpu_hour", 0.0),
             power_idle_w=idle,
             power_busy_w=busy,
+            labels=_labels(f),
         )
         total_nodes += g.count
         if total_nodes > MAX_NODES:
             raise f.fail("count", f"the spec declares more than {MAX_NODES} nodes in all")
         groups.append(g)
     return tuple(groups)
+
+
+def _labels(f: Fields) -> frozenset[str]:
+    """A group's `labels: [ib, rack=r1]`, checked as `up --label` checks them."""
+    from gpucluster.models import check_node_labels
+
+    raw = f.raw("labels")
+    if raw is None:
+        return frozenset()
+    if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+        raise f.fail("labels", "must be a list of labels, e.g. [ib, rack=r1]")
+    try:
+        return frozenset(check_node_labels(raw))
+    except ValueError as e:
+        raise f.fail("labels", str(e)) from None
 
 
 def _speeds(doc: Located, models: set[str]) -> dict[str, float]:

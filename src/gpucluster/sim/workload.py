@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from gpucluster.core.selection import Selection
 from gpucluster.core.types import Priority
 from gpucluster.sim.spec import CheckpointRule
 
@@ -36,6 +37,7 @@ class RawJob(NamedTuple):
     min_gpus: int | None = None  # elastic: may start on as few whole GPUs
     max_restarts: int | None = None  # None: the cluster spec's failures.max_restarts
     user: str | None = None  # who submitted it (Philly's optional `user` column; native `user`)
+    selection: Selection | None = None  # nodelist, exclude, constraint, exclusive (native rows)
 
 
 class TraceJob(NamedTuple):
@@ -58,6 +60,7 @@ class TraceJob(NamedTuple):
     min_gpus: int | None = None  # elastic: may start on as few whole GPUs
     max_restarts: int | None = None  # None: the cluster spec's failures.max_restarts
     user: str = ""  # "" when the trace names none: per-user limits (core/limits.py) do not apply
+    selection: Selection | None = None  # which nodes it may use, whether alone (core/selection.py)
 
 
 @dataclass(frozen=True)

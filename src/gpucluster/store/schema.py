@@ -30,7 +30,9 @@ from sqlalchemy import (
 # 9: jobs.kind (batch | session); job_usage.kind, job_usage.idle_gpu_seconds
 # 10: services, service_replicas
 # 11: jobs.failed_rank
-SCHEMA_VERSION = 12
+# 12: node_states.until
+# 13: nodes.labels
+SCHEMA_VERSION = 13
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -128,6 +130,7 @@ nodes = Table(
     Column("virtual", Boolean, nullable=False),
     Column("gpus", Text, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("labels", Text),  # JSON list of labels (ib, rack=r1) jobs select it by; NULL: none
 )
 
 team_usage = Table(

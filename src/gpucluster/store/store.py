@@ -59,6 +59,7 @@ from gpucluster.core.eligibility import Target
 from gpucluster.core.lifecycle import StopReason, stop_overrides
 from gpucluster.core.limits import queued_refusal
 from gpucluster.core.policy import Limits
+from gpucluster.core.selection import Selection, selection_of
 from gpucluster.core.states import JobState, can_transition
 from gpucluster.core.types import (
     Allocation,
@@ -353,6 +354,14 @@ def request_json(spec: JobSpec, after: tuple[Dependency, ...] = ()) -> str:
         d["mn"] = spec.min_gpus
     if spec.begin is not None:
         d["b"] = spec.begin
+    if spec.nodelist is not None:
+        d["nl"] = sorted(set(spec.nodelist))
+    if spec.exclude:
+        d["xn"] = sorted(set(spec.exclude))
+    if spec.constraint:
+        d["c"] = spec.constraint
+    if spec.exclusive:
+        d["x"] = 1
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -390,7 +399,13 @@ def request_from(
         after=tuple(Dependency(DependencyKind(k), i, bool(a)) for k, i, a in deps) if deps else (),
         array_id=array_id,
         user=user,
+        selection=_selection(d) if ("nl" in d or "xn" in d or "c" in d or "x" in d) else None,
     )
+
+
+def _selection(d: dict[str, Any]) -> Selection | None:
+    """A request's node selection (`request_json`'s nl, xn, c, x)."""
+    return selection_of(d.get("nl"), d.get("xn", ()), d.get("c"), bool(d.get("x")))
 
 
 class Store:
@@ -1194,6 +1209,7 @@ class Store:
                     stopping=r[8] is not None,
                     max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
                     user=r[10] or "",
+                    exclusive=bool(req.get("x")),
                 )
             )
         return out
@@ -1532,6 +1548,7 @@ class Store:
     # ---- nodes ------------------------------------------------------------------------------
 
     def put_node(self, node: Node, virtual: bool, now: float) -> None:
+        labels = json.dumps(sorted(node.labels)) if node.labels else None
         gpus = json.dumps(
             [
                 {"index": g.index, "model": g.model, "memory_mb": g.memory_mb, "uuid": g.uuid, "domain": g.domain}
@@ -1542,10 +1559,14 @@ class Store:
             res = c.execute(
                 update(schema.nodes)
                 .where(schema.nodes.c.name == node.name)
-                .values(virtual=virtual, gpus=gpus, updated_at=now)
+                .values(virtual=virtual, gpus=gpus, updated_at=now, labels=labels)
             )
             if res.rowcount == 0:
-                c.execute(insert(schema.nodes).values(name=node.name, virtual=virtual, gpus=gpus, updated_at=now))
+                c.execute(
+                    insert(schema.nodes).values(
+                        name=node.name, virtual=virtual, gpus=gpus, updated_at=now, labels=labels
+                    )
+                )
         self._nodes = None
 
     def nodes(self) -> list[NodeRecord]:
@@ -1557,7 +1578,14 @@ class Store:
         with self._read() as c:
             rows = c.execute(select(schema.nodes).order_by(schema.nodes.c.name)).mappings().all()
         return [
-            NodeRecord(Node(r["name"], tuple(Gpu(**g) for g in json.loads(r["gpus"]))), bool(r["virtual"]))
+            NodeRecord(
+                Node(
+                    r["name"],
+                    tuple(Gpu(**g) for g in json.loads(r["gpus"])),
+                    frozenset(json.loads(r["labels"])) if r["labels"] else frozenset(),
+                ),
+                bool(r["virtual"]),
+            )
             for r in rows
         ]
 
