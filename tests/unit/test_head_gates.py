@@ -131,3 +131,16 @@ def test_a_job_after_a_throttled_array_is_estimated_from_its_waves(cluster: Clus
     assert waiting.wait_reason == "dependency"
     assert waiting.estimated_start == T0 + 1 + 3 * 600
     assert waiting.reason.startswith(f"waits for array {first.id} (running, expected to end ")
+
+
+def test_a_job_after_an_array_is_estimated_from_the_start_of_its_last_wave(cluster: Cluster) -> None:
+    """`after` on an array waits for every element to start: with 6 elements of 10 minutes, 2 at
+    once, the last wave starts two limits after the first, one limit before the array's end."""
+    first = cluster.service.submit(spec(array="0-5%2", time_limit="10m"))
+    after = cluster.submit(after=[first.id])
+    cluster.tick_at(T0 + 1)
+    cluster.tick_at(T0 + 2)
+    waiting = cluster.record(after)
+    assert waiting.wait_reason == "dependency"
+    assert waiting.estimated_start == T0 + 1 + 2 * 600
+    assert waiting.reason.startswith(f"waits for array {first.id} (running, expected to start ")

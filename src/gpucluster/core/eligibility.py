@@ -55,6 +55,41 @@ class Eligibility:
     doomed: dict[int, str] = field(default_factory=dict)  # a dependency that can never be met -> why
 
 
+def array_target(counts: Mapping[JobState, int], started: int) -> Target:
+    """An array as one target, from its elements counted by state and how many ever started:
+    the first pending state (running, preempted, queued) while any element is pending, else
+    failed if any ended badly, else succeeded. The head (from its store) and the simulator
+    (from its own jobs) both sum an array up here, so a dependency on an array means one thing."""
+    total = sum(counts.values())
+    bad = counts.get(JobState.FAILED, 0) + counts.get(JobState.CANCELLED, 0)
+    pending = next((s for s in _PENDING if counts.get(s, 0)), None)
+    if pending is not None:
+        state = pending
+    else:
+        state = JobState.FAILED if bad else JobState.SUCCEEDED
+    return Target(state, started == total, bad > 0)
+
+
+_PENDING = (JobState.RUNNING, JobState.PREEMPTED, JobState.QUEUED)
+
+
+def array_times(
+    latest: float | None, unknown: int, limit: float, throttle: int | None, now: float
+) -> tuple[float | None, float | None]:
+    """When an array's last element is expected to start and to end (an `after` dependency
+    waits for the first, the others for the second): the latest known start of its pending
+    elements, that plus their (shared) limit; elements with no estimate yet (held back by the
+    throttle) follow in waves of `throttle`, each one limit long, the last wave starting one
+    limit before the end. (None, None): nothing pending, or no way to tell."""
+    if unknown == 0:
+        return (None, None) if latest is None else (latest, latest + limit)
+    if throttle is None:
+        return None, None
+    base = max(now, latest + limit if latest is not None else now)
+    end = base + -(-unknown // throttle) * limit
+    return end - limit, end
+
+
 def verdict(kind: DependencyKind, target: Target) -> Verdict:
     if kind is DependencyKind.AFTER:
         return Verdict.MET if target.started or target.state.terminal else Verdict.WAITING
