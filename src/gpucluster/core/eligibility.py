@@ -27,6 +27,7 @@ from gpucluster.core.states import JobState
 from gpucluster.core.types import Dependency, DependencyKind, JobRequest, Wait
 
 HELD_BY_USER = "held by user"
+_PENDING = (JobState.RUNNING, JobState.PREEMPTED, JobState.QUEUED)  # an array's state: the first present
 
 
 class Verdict(Enum):
@@ -63,14 +64,8 @@ def array_target(counts: Mapping[JobState, int], started: int) -> Target:
     total = sum(counts.values())
     bad = counts.get(JobState.FAILED, 0) + counts.get(JobState.CANCELLED, 0)
     pending = next((s for s in _PENDING if counts.get(s, 0)), None)
-    if pending is not None:
-        state = pending
-    else:
-        state = JobState.FAILED if bad else JobState.SUCCEEDED
+    state = pending or (JobState.FAILED if bad else JobState.SUCCEEDED)
     return Target(state, started == total, bad > 0)
-
-
-_PENDING = (JobState.RUNNING, JobState.PREEMPTED, JobState.QUEUED)
 
 
 def array_times(

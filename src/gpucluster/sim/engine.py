@@ -33,12 +33,13 @@ from typing import cast
 from gpucluster.core.accounting import Budget, Spend, hold_message, over_budget, period_end
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.elastic import grow
+from gpucluster.core.eligibility import Target, array_target, eligible
 from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.snapshot import held_back_after
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob, Start
+from gpucluster.core.types import Allocation, DependencyKind, JobRequest, Node, RunningJob, Start
 from gpucluster.sim import scheduling
 from gpucluster.sim.errors import SimulationError
 from gpucluster.sim.runtime import Progress, Timeline, allreduce_slowdown, checkpoint_interval, progress, timeline
@@ -53,7 +54,7 @@ EPS = 1e-9
 _END, _STOPPED, _CKPT, _FAIL, _REPAIR, _REPLAN = range(6)
 _BACKOFF, _PERIODIC, _CYCLE = 0, 1, 2  # why a _REPLAN
 # outcomes, as RunResult.outcome stores them (one byte per job); the lifecycle says which
-SUCCEEDED, FAILED_TIME_LIMIT, FAILED_RESTARTS, NEVER_STARTED, FAILED_BUDGET = 0, 1, 2, 3, 4
+SUCCEEDED, FAILED_TIME_LIMIT, FAILED_RESTARTS, NEVER_STARTED, FAILED_BUDGET, CANCELLED_DEPENDENCY = range(6)
 _OUTCOME_OF = {
     Why.SUCCEEDED: SUCCEEDED,
     Why.TIME_LIMIT: FAILED_TIME_LIMIT,
@@ -252,6 +253,8 @@ class Engine:
         self._team_queued = [0.0] * len(teams)
         self._weights = [policy.entitlement(t) for t in teams]
         self._fail_rng = random.Random(f"{seed}/failures")
+        self._regate = False  # a job others wait to see start (`after`) started: apply eligibility again
+        self._init_gates(jobs)
         self.result = RunResult(policy=policy, teams=teams)
         self.result.team_totals = [[0.0] * CATEGORY_COUNT for _ in teams]
         self.result.group_busy_gpu_s = {g.name: 0.0 for g in spec.groups}
@@ -335,10 +338,16 @@ class Engine:
                     self._wake(tick, _CYCLE)
             elif self._dirty:
                 self._dirty = False
-                if self._queued and scheduling.can_change_anything(self.policy, self._up_gpus - self._busy_gpus):
-                    self._schedule(t)
-                elif self._queued:
-                    res.decide_skipped += 1
+                while True:
+                    if self._gated:
+                        self._gate(t)
+                    if self._queued and scheduling.can_change_anything(self.policy, self._up_gpus - self._busy_gpus):
+                        self._schedule(t)
+                    elif self._queued:
+                        res.decide_skipped += 1
+                    if not self._regate:
+                        break
+                    self._regate = False  # a job others wait to see start (`after`) just started
                 if self._may_grow:
                     self._grow(t)
             loops += 1
@@ -387,6 +396,8 @@ class Engine:
             res = self.result
             res.skipped[why] = res.skipped.get(why, 0) + 1
             res.skipped_gpu_s += trace.duration * trace.gpus
+            if self._is_target(trace):  # its dependents see it as cancelled: it never runs
+                self._ended[trace.job_id] = (JobState.CANCELLED, False)
             return
         job = SimJob(trace, request, self._interval(trace), self._team_index[trace.team])
         self._active[trace.job_id] = job
@@ -395,6 +406,14 @@ class Engine:
     def _enqueue(self, job: SimJob) -> None:
         job.state = JobState.QUEUED
         job.stop = None
+        if job.trace.after or job.trace.throttle is not None:
+            self._gated[job.trace.job_id] = job.request  # eligibility (`_gate`) admits it
+            self._dirty = True
+            return
+        self._admit(job)
+
+    def _admit(self, job: SimJob) -> None:
+        """Into the queue the scheduler sees."""
         self._queued[job.trace.job_id] = job.request
         self._queue_index.add(job.request)
         self._team_queued[job.team] += job.trace.gpus
@@ -503,6 +522,13 @@ class Engine:
         if self.keep_starts:
             self.result.starts.append((now, start.job_id, alloc))
         self._queue_index.remove(self._queued.pop(start.job_id))
+        if self._gated:
+            self._gated.pop(start.job_id, None)
+        trace = job.trace
+        if trace.throttle is not None and trace.array_id is not None:
+            self._array_running[trace.array_id] = self._array_running.get(trace.array_id, 0) + 1
+        if trace.job_id in self._after_jobs or trace.array_id in self._after_arrays:
+            self._regate = True
         team = job.team
         self._team_queued[team] -= job.trace.gpus
         self._team_running[team] += job.held
@@ -574,6 +600,8 @@ class Engine:
         on a stop."""
         jid = job.trace.job_id
         self._capacity.remove(self._running.pop(jid))
+        if job.trace.throttle is not None and job.trace.array_id is not None:
+            self._array_running[job.trace.array_id] -= 1
         for node, i, share in job.keys:
             left = self._used[(node, i)] - share
             if left <= EPS:
@@ -632,6 +660,8 @@ class Engine:
     def _finish(self, job: SimJob, now: float, after: Next) -> None:
         del self._active[job.trace.job_id]
         job.state = after.state
+        if self._is_target(job.trace):
+            self._ended[job.trace.job_id] = (after.state, job.first_start >= 0)
         self._record(job, now, _OUTCOME_OF[after.why])
 
     def _record(self, job: SimJob, now: float, outcome: int) -> None:
@@ -642,6 +672,110 @@ class Engine:
         res.end.append(now)
         res.team.append(job.team)
         res.outcome.append(outcome)
+
+    # ---- eligibility: dependencies and array throttles ---------------------------------------
+
+    def _init_gates(self, jobs: list[TraceJob]) -> None:
+        """What eligibility needs from the trace: the throttled arrays, the jobs and arrays that
+        others depend on (their ends are remembered), and each array's elements (consecutive ids)."""
+        self._gated: dict[int, JobRequest] = {}  # queued jobs eligibility looks at, admitted or not
+        self._throttles: dict[int, int] = {}
+        self._array_running: dict[int, int] = {}
+        self._elements: dict[int, range] = {}
+        self._target_jobs: set[int] = set()
+        self._target_arrays: set[int] = set()
+        self._after_jobs: set[int] = set()  # targets of `after`: their start matters at once
+        self._after_arrays: set[int] = set()
+        self._ended: dict[int, tuple[JobState, bool]] = {}  # targets that ended: state, ever started
+        if not any(j.array_id is not None or j.after for j in jobs):
+            return  # a trace without arrays or dependencies pays nothing more
+        first: dict[int, int] = {}
+        for j in jobs:
+            if j.array_id is not None:
+                first.setdefault(j.array_id, j.job_id)
+                self._elements[j.array_id] = range(first[j.array_id], j.job_id + 1)
+                if j.throttle is not None:
+                    self._throttles[j.array_id] = j.throttle
+            for d in j.after:
+                (self._target_arrays if d.array else self._target_jobs).add(d.job_id)
+                if d.kind is DependencyKind.AFTER:
+                    (self._after_arrays if d.array else self._after_jobs).add(d.job_id)
+
+    def _is_target(self, trace: TraceJob) -> bool:
+        return trace.job_id in self._target_jobs or trace.array_id in self._target_arrays
+
+    def _gate(self, now: float) -> None:
+        """Apply the head's eligibility rules (core/eligibility.py) to the queued jobs that have
+        dependencies or belong to a throttled array: admit the eligible ones to the scheduler's
+        queue, take back those no longer eligible (a requeued lower element takes its place under
+        the throttle), and cancel those whose dependency can never be met; their own dependents
+        follow in the next pass, at the same instant."""
+        while self._gated:
+            targets = self._targets()
+            result = eligible(
+                self._gated.values(),
+                targets,
+                self._array_running,
+                self._throttles,
+                now,
+                self.policy.core.default_time_limit_s,
+            )
+            ok = {r.job_id for r in result.eligible}
+            for jid in self._gated:
+                if jid in ok:
+                    if jid not in self._queued:
+                        self._admit(self._active[jid])
+                elif jid in self._queued:
+                    self._withdraw(jid)
+            for jid in result.doomed:
+                self._cancel_doomed(self._active[jid], now)
+            if not result.doomed:
+                return
+
+    def _targets(self) -> dict[tuple[int, bool], Target]:
+        wanted = {(d.job_id, d.array) for r in self._gated.values() for d in r.after}
+        out: dict[tuple[int, bool], Target] = {}
+        for jid, is_array in wanted:
+            if not is_array:
+                seen = self._state_of(jid)
+                if seen is not None:
+                    out[(jid, False)] = Target(seen[0], seen[1])
+                continue
+            counts: dict[JobState, int] = {}
+            started = 0
+            for eid in self._elements.get(jid, ()):
+                seen = self._state_of(eid) or (JobState.CANCELLED, False)
+                counts[seen[0]] = counts.get(seen[0], 0) + 1
+                started += seen[1]
+            if counts:
+                out[(jid, True)] = array_target(counts, started)
+        return out
+
+    def _state_of(self, job_id: int) -> tuple[JobState, bool] | None:
+        job = self._active.get(job_id)
+        if job is not None:
+            return job.state, job.attempts > 0
+        return self._ended.get(job_id)
+
+    def _withdraw(self, job_id: int) -> None:
+        """Out of the scheduler's queue, back to waiting on eligibility."""
+        self._queue_index.remove(self._queued.pop(job_id))
+        job = self._active[job_id]
+        self._team_queued[job.team] -= job.trace.gpus
+        self._dirty = True
+
+    def _cancel_doomed(self, job: SimJob, now: float) -> None:
+        """A dependency that can never be met cancels the job, as on the head."""
+        jid = job.trace.job_id
+        if jid in self._queued:
+            self._withdraw(jid)
+        del self._gated[jid]
+        job.token += 1
+        del self._active[jid]
+        job.state = JobState.CANCELLED
+        if self._is_target(job.trace):
+            self._ended[jid] = (JobState.CANCELLED, job.first_start >= 0)
+        self._record(job, now, CANCELLED_DEPENDENCY)
 
     # ---- budgets ----------------------------------------------------------------------------
 

@@ -84,6 +84,7 @@ class Filler:
             nodes=raw.nodes,
             min_gpus=raw.min_gpus,
             max_restarts=raw.max_restarts,
+            gates=raw.gates,
         )
 
     def _priority(self) -> Priority:

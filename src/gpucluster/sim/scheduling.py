@@ -95,6 +95,8 @@ def job_request(job: TraceJob, queued_at: float | None = None, not_before: float
         time_limit_s=job.time_limit,
         nodes=job.nodes,
         min_gpus=job.min_gpus,
+        after=job.after,
+        array_id=job.array_id,
     )
 
 
