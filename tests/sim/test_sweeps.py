@@ -91,3 +91,105 @@ def test_afterok_on_a_failing_job_cancels_the_dependent_and_its_dependents(tmp_p
     assert ran.outcome[7] == SUCCEEDED and ran.start[7] == 300.0  # afterany on a cancelled array: met
     jobs = run_metrics(ran.result, load_cluster_spec(cluster))["jobs"]
     assert jobs["cancelled_by_dependency"] == 4 and jobs["succeeded"] == 2 and jobs["simulated"] == 7
+
+
+# A sweep and a pipeline with a failing step, for the simulator and a real head loop and store
+# (fake executor, a clock the test moves, as test_live_head.py's second half): trace ids are the
+# head's job ids, so the rows submit unchanged.
+AGREEMENT_POLICY = (
+    "priorities: true\nfair_share: {enabled: false}\nbackfill: {enabled: false}\npreemption: {enabled: false}\n"
+)
+AGREEMENT = [
+    {"id": 1, "submit_time": 0, "duration": 100, "gpus": 2, "array": "0-5%2"},  # jobs 1..6
+    {"id": 7, "submit_time": 1, "duration": 50, "gpus": 4, "afterok": [1]},
+    {"id": 8, "submit_time": 2, "duration": 400, "gpus": 1, "time_limit": 120},  # fails at its limit
+    {"id": 9, "submit_time": 3, "duration": 30, "gpus": 1, "afterok": [8]},  # cancelled
+    {"id": 10, "submit_time": 4, "duration": 30, "gpus": 2, "afternotok": [8]},
+    {"id": 11, "submit_time": 5, "duration": 30, "gpus": 1, "after": [7]},
+    {"id": 12, "submit_time": 6, "duration": 30, "gpus": 1, "afterany": [9]},
+]
+
+
+def test_simulator_and_head_agree_on_a_sweep_and_a_pipeline(tmp_path: Path) -> None:
+    import signal
+
+    from gpucluster.core.states import JobState
+    from gpucluster.executors.base import Exited, Running
+    from gpucluster.executors.fake import FakeExecutor
+    from gpucluster.head.loop import Head
+    from gpucluster.head.paths import DataDir
+    from gpucluster.head.policy_source import PolicySource
+    from gpucluster.head.service import ClusterService
+    from gpucluster.models import JobSpec
+    from gpucluster.sim.engine import Engine
+    from gpucluster.sim.readers import read_trace
+    from gpucluster.sim.scheduling import load_policy
+    from gpucluster.store import Store
+    from tests.unit.headkit import Clock
+
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(AGREEMENT_POLICY)
+    spec = load_cluster_spec(cluster_yaml(tmp_path / "c.yaml", nodes=1, gpus=8, extra=EXTRA))
+    trace = read_trace(jsonl(tmp_path / "t.jsonl", AGREEMENT), spec, 0)
+    assert not trace.errors
+    res = Engine(spec, trace.jobs, load_policy(str(policy_file)), 0, keep_starts=True).run()
+    sim_starts = sorted((t, job_id) for t, job_id, _ in res.starts)
+    sim_cancelled = {j for j, o in zip(res.job_id, res.outcome, strict=True) if o == CANCELLED_DEPENDENCY}
+    assert sim_cancelled == {9}  # 12 runs: afterany accepts a cancelled target
+
+    clock = Clock(-1.0)  # before the first submission
+    store = Store(tmp_path / "state.db")
+    for n, _ in spec.nodes():
+        store.put_node(n, virtual=True, now=0.0)
+    fake = FakeExecutor()
+    fake.exit_on_signal[int(signal.SIGTERM)] = 143
+    head = Head(
+        store=store,
+        executor=fake,
+        data_dir=DataDir(tmp_path / "data"),
+        clock=clock,
+        policy=PolicySource(policy_file),
+        base_env={"HOME": "/h"},
+    )
+    service = ClusterService(head)
+    duration = {j.job_id: j.duration for j in trace.jobs}
+    limit = {j.job_id: j.time_limit for j in trace.jobs}
+    rows = list(AGREEMENT)
+    live: list[tuple[float, int]] = []
+    started_at: dict[int, float] = {}
+    try:
+        while True:
+            running = {k: p for k, p in fake.processes.items() if isinstance(p.status, Running)}
+            times = [started_at[j] + duration[j] for j, _ in running]
+            times += [started_at[j] + (limit[j] or 0) for j, _ in running if limit[j]]
+            times += [float(r["submit_time"]) for r in rows[:1]]
+            times = [x for x in times if x > clock.t]
+            if not times:
+                break
+            clock.t = min(times)
+            while rows and float(rows[0]["submit_time"]) == clock.t:
+                row = rows.pop(0)
+                fields = {k: v for k, v in row.items() if k not in ("id", "submit_time", "duration")}
+                got = service.submit(JobSpec.model_validate({"command": ["train"], **fields}))
+                assert got.id == row["id"]
+            for (j, _), p in running.items():
+                if started_at[j] + duration[j] == clock.t:
+                    p.status = Exited(0)
+            quiet = 0
+            while quiet < 2:  # every instant runs to rest: a stop takes a tick, a cancellation another
+                before = [(r.id, r.state) for r in store.list_jobs()], len(fake.processes)
+                head.tick()
+                quiet = (
+                    quiet + 1 if ([(r.id, r.state) for r in store.list_jobs()], len(fake.processes)) == before else 0
+                )
+                for j, _ in fake.processes:
+                    if j not in started_at:
+                        started_at[j] = clock.t
+                        live.append((clock.t, j))
+        states = {r.id: r.state for r in store.list_jobs()}
+    finally:
+        service.close()
+        store.close()
+    assert sorted(live) == sim_starts
+    assert {j for j, s in states.items() if s is JobState.CANCELLED} == sim_cancelled
+    assert states[8] is JobState.FAILED
