@@ -7,12 +7,14 @@ live here, so a job that can never run is refused at submit rather than queued f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpucluster.core.arrays import selected
 from gpucluster.core.placement import Capacity
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation
@@ -142,8 +144,28 @@ class ClusterService:
             return [i for i, _ in self.store.array_elements(job_id)]
         return [job_id]
 
-    def hold(self, job_id: int, held: bool, index: int | None = None) -> HoldOut:
-        """Hold (or release) a queued job, an array's queued elements, or one element."""
+    def chosen(self, job_id: int, index: int | None, states: Collection[str]) -> list[int]:
+        """The jobs an operation with a state filter acts on: those of `members` whose state is
+        among `states` (core/arrays.py ELEMENT_STATES), e.g. an array's queued elements only."""
+        if index is not None or self.store.array(job_id) is not None:
+            found = self.store.element_states(job_id, index)
+            if index is not None and not found:
+                raise NotFound(f"array {job_id} has no element {index}")
+            return [i for i, state, held in found if selected(state, held, states)]
+        record = self.store.get_job(job_id)
+        if record is None:
+            raise NotFound(f"no job with id {job_id}")
+        return [job_id] if selected(record.state, record.held, states) else []
+
+    def hold(self, job_id: int, held: bool, index: int | None = None, states: Collection[str] = ()) -> HoldOut:
+        """Hold (or release) a queued job, an array's queued elements, or one element; with
+        `states`, only the elements in those states (`release 41 --state held` is `release 41`)."""
+        if states:
+            changed = self.store.set_held(self.chosen(job_id, index, states), held)
+            if changed:
+                self.head.queue.invalidate()
+                self.head.nodes_changed()
+            return HoldOut(changed=changed, count=len(changed))
         if index is None and self.store.array(job_id) is not None:
             count = self.store.set_array_held(job_id, held)  # one statement for the whole array
             if count:
@@ -169,9 +191,16 @@ class ClusterService:
         self.head.nodes_changed()
         return self.job(job_id)
 
-    def cancel_many(self, job_id: int, index: int | None = None) -> Job:
+    def cancel_many(self, job_id: int, index: int | None = None, states: Collection[str] = ()) -> Job:
         """Cancel an array (or one element): queued elements at once in one transaction,
-        running ones with SIGTERM then SIGKILL, as `cancel`."""
+        running ones with SIGTERM then SIGKILL, as `cancel`. With `states`, only the jobs (an
+        array's elements) in those states: `cancel 41 --state queued` leaves the running ones."""
+        if states:
+            for i in self.chosen(job_id, index, states):
+                with contextlib.suppress(Conflict):  # it ended meanwhile: nothing left to cancel
+                    self._cancel(i)
+            self.head.wake.set()
+            return self.job(job_id)
         ids = self.members(job_id, index)
         if len(ids) == 1:
             return self.cancel(ids[0])
@@ -285,6 +314,10 @@ class ClusterService:
         return self.store.count_matching_jobs(states=states, team=team, teams=teams, text=text, collapse=collapse)
 
     def cancel(self, job_id: int) -> Job:
+        self._cancel(job_id)
+        return self.job(job_id)
+
+    def _cancel(self, job_id: int) -> None:
         now = self.head.clock()
         record = self.store.get_job(job_id)
         if record is None:
@@ -297,17 +330,42 @@ class ClusterService:
                 "cancelled by user while queued",
                 expect=[JobState.QUEUED, JobState.PREEMPTED],
             ):
-                return self.cancel(job_id)  # it started meanwhile: stop it as a running job
+                self._cancel(job_id)  # it started meanwhile: stop it as a running job
+                return
             self.head.queue.remove(job_id)
         elif record.state is JobState.RUNNING:
             if record.stop_reason != "cancel":
                 self.head.request_stop(job_id, "cancel")
         else:
             raise Conflict(f"job {job_id} already ended ({record.state.value})")
+
+    def requeue_many(self, job_id: int, index: int | None = None, states: Collection[str] = ()) -> Job:
+        """Requeue a job, one element (`index`), or an array's running elements (those of
+        `states` only, if given: a requeue applies to running jobs, so `--state queued` picks
+        none). A single job or element that is not running is refused (409), as `requeue`."""
+        if states:
+            ids = self.chosen(job_id, index, states)
+        elif index is not None or self.store.array(job_id) is not None:
+            ids = self.members(job_id, index)
+        else:
+            return self.requeue(job_id)
+        if index is not None and not states:
+            return self.requeue(ids[0])
+        for i, state in self._states(ids):
+            if state is JobState.RUNNING:
+                with contextlib.suppress(Conflict):  # it ended or began to stop meanwhile
+                    self._requeue(i)
         return self.job(job_id)
+
+    def _states(self, ids: list[int]) -> list[tuple[int, JobState]]:
+        return [(r.id, r.state) for r in self.store.list_jobs(ids=ids)] if ids else []
 
     def requeue(self, job_id: int) -> Job:
         """Checkpoint-and-requeue a running job: the preemption path, asked for by a user."""
+        self._requeue(job_id)
+        return self.job(job_id)
+
+    def _requeue(self, job_id: int) -> None:
         record = self.store.get_job(job_id)
         if record is None:
             raise NotFound(f"no job with id {job_id}")
@@ -319,7 +377,6 @@ class ClusterService:
                 raise Conflict(f"job {job_id} ended meanwhile")
             if fresh.stop_reason != "preempt":
                 raise Conflict(f"job {job_id} is already stopping ({fresh.stop_reason})")
-        return self.job(job_id)
 
     def progress(self, job_id: int, report: ProgressIn) -> None:
         """A running job's progress report (step, newest checkpoint)."""

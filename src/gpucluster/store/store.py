@@ -819,6 +819,16 @@ class Store:
         with self._read() as c:
             return [(int(i), JobState(st)) for i, st in c.execute(q)]
 
+    def element_states(self, array_id: int, index: int | None = None) -> list[tuple[int, JobState, bool]]:
+        """An array's elements (or the one at `index`) as (job id, state, held), in index order:
+        what a state filter (`cancel 41 --state held`) chooses from."""
+        j = schema.jobs.c
+        q = select(j.id, j.state, j.held).where(j.array_id == array_id).order_by(j.array_index)
+        if index is not None:
+            q = q.where(j.array_index == index)
+        with self._read() as c:
+            return [(int(i), JobState(st), bool(h)) for i, st, h in c.execute(q)]
+
     def array_counts(self, array_ids: Iterable[int]) -> dict[int, dict[str, int]]:
         """Each array's elements counted by state, for a one-line listing."""
         wanted = list(array_ids)
