@@ -119,7 +119,7 @@ def eligible(
     keep: list[JobRequest] = []
     waits: dict[int, Wait] = {}
     doomed: dict[int, str] = {}
-    ends: dict[int, float] = {}  # jobs waiting here: expected end, for their own dependents
+    ends: dict[int, tuple[float, float]] = {}  # jobs waiting here: expected start and end, for their dependents
     queue = queued if isinstance(queued, tuple | list) else tuple(queued)
     # Dependent jobs first, in id order (a chain's earlier steps have smaller ids); the rest of
     # the queue is not sorted: a cycle with 100,000 queued pays for no sort it does not need.
@@ -130,7 +130,8 @@ def eligible(
         elif blocked is not None:
             waits[job.job_id] = blocked
             if blocked.estimated_start is not None:
-                ends[job.job_id] = blocked.estimated_start + (job.time_limit_s or default_time_limit_s)
+                start = blocked.estimated_start
+                ends[job.job_id] = (start, start + (job.time_limit_s or default_time_limit_s))
     throttled: dict[int, list[JobRequest]] = {}
     for job in queue:
         if job.job_id in waits or job.job_id in doomed:
@@ -158,7 +159,7 @@ def eligible(
 
 
 def _dependencies(
-    job: JobRequest, targets: Mapping[tuple[int, bool], Target], ends: Mapping[int, float], now: float
+    job: JobRequest, targets: Mapping[tuple[int, bool], Target], ends: Mapping[int, tuple[float, float]], now: float
 ) -> Wait | str | None:
     """None: all met. A Wait: some unmet, with the first named. A string: one never can be."""
     unmet: list[tuple[Dependency, Target]] = []
@@ -171,7 +172,9 @@ def _dependencies(
             return f"dependency can never be met: {label(dep)} {target.state.value} ({dep.kind.value})"
         if v is Verdict.WAITING:
             if not dep.array and dep.job_id in ends:
-                target = Target(target.state, target.started, target.any_failed, None, ends[dep.job_id])
+                # a target that itself waits here: its start and end through the chain (an
+                # `after` dependent waits for the start)
+                target = Target(target.state, target.started, target.any_failed, *ends[dep.job_id])
             unmet.append((dep, target))
     if not unmet:
         return None
