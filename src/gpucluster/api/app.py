@@ -46,6 +46,7 @@ from gpucluster.models import (
     JobList,
     JobSpec,
     NodeList,
+    PipelineOut,
     PolicyOut,
     ProgressIn,
     QueueOut,
@@ -331,6 +332,14 @@ def create_app(
         return service.job(
             job_id, reveal_env=lambda owner: who.cluster_admin or (owner is not None and owner == who.user)
         )
+
+    @app.get("/v1/jobs/{job_id}/pipeline", openapi_extra=allow(Rule.JOB_VIEW))
+    def pipeline(job_id: Id, who: Caller) -> PipelineOut:
+        """The chain of jobs through this one (an element: its array): what it waits for and what
+        waits for it, by dependencies, with each step's state and expected start and end; only
+        jobs of your teams (a cluster admin: all) are shown."""
+        visible = who.visible_teams()
+        return service.pipeline(job_id, None if visible is None else set(visible))
 
     @app.post("/v1/jobs/{job_id}/cancel", openapi_extra=allow(Rule.JOB_OPERATE))
     def cancel(job_id: Id, index: ArrayIndex = None, state: StateFilter = None) -> Job:

@@ -33,6 +33,9 @@ from gpucluster.models import (
     JobSpec,
     MetricSeries,
     NodeOut,
+    PipelineEdge,
+    PipelineJob,
+    PipelineOut,
     PolicyOut,
     Progress,
     ProgressIn,
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
     from gpucluster.telemetry.monitor import TelemetryMonitor
 
 REQUEUED_BY_USER = "requeued by user"
+MAX_PIPELINE_JOBS = 100  # a pipeline drawing shows at most this many steps
+MAX_PIPELINE_SCAN = 5000  # newer jobs with dependencies looked at for a job's dependents
 
 
 class NotFound(LookupError):
@@ -184,6 +189,81 @@ class ClusterService:
             if record.state is not JobState.QUEUED:
                 raise Conflict(f"job {ids[0]} is {record.state.value}; only a queued job can be held or released")
         return HoldOut(changed=changed, count=len(changed))
+
+    def pipeline(self, job_id: int, teams: Collection[str] | None) -> PipelineOut:
+        """The chain through `job_id` (an element: its array): what it waits for, what waits for
+        it, each step's state and expected start and end, for the dashboard's drawing. Only jobs
+        of `teams` (None: all) are shown or followed: another team's step is left out."""
+        root = self.store.get_job(job_id)
+        if root is None:
+            raise NotFound(f"no job with id {job_id}")
+        start = root.array_id if root.array_id is not None else root.id
+        depth = {start: 0}
+        records: dict[int, JobRecord] = {start: root} if root.id == start else {}
+        edges: set[tuple[int, int, str]] = set()
+        truncated = False
+
+        def load(ids: list[int]) -> None:
+            missing = [i for i in ids if i not in records]
+            records.update({r.id: r for r in self.store.list_jobs(ids=missing)} if missing else {})
+
+        # What it waits for, step by step back (a spec names its targets; an array by its id).
+        frontier = [start]
+        while frontier:
+            load(frontier)
+            back: list[int] = []
+            for key in frontier:
+                record = records.get(key)
+                if record is None or (teams is not None and record.team not in teams):
+                    continue
+                for kind, target in _dependencies(record.spec):
+                    edges.add((target, key, kind))
+                    if target not in depth:
+                        if len(depth) >= MAX_PIPELINE_JOBS:
+                            truncated = True
+                            continue
+                        depth[target] = depth[key] - 1
+                        back.append(target)
+            frontier = back
+        # What waits for it: newer jobs whose specs name a step already found, in id order, so a
+        # chain is followed in one pass.
+        later = self.store.specs_with_dependencies(start, MAX_PIPELINE_SCAN)
+        for dependent, spec in later:
+            for kind, target in _dependencies(spec):
+                if target in depth and depth[target] >= 0 and dependent != target:
+                    edges.add((target, dependent, kind))
+                    if dependent not in depth:
+                        if len(depth) >= MAX_PIPELINE_JOBS:
+                            truncated = True
+                            continue
+                        depth[dependent] = depth[target] + 1
+        truncated = truncated or len(later) >= MAX_PIPELINE_SCAN
+        load(list(depth))
+        shown = {k: r for k, r in records.items() if k in depth and (teams is None or r.team in teams)}
+        now = self.head.clock()
+        targets = self.store.dependency_targets(
+            [(k, r.array_id == k) for k, r in shown.items()], self.head.policy.default_time_limit_s, now
+        )
+        arrays = self.store.array_counts(k for k, r in shown.items() if r.array_id == k)
+        jobs = []
+        for key in sorted(shown, key=lambda k: (depth[k], k)):
+            r = shown[key]
+            t = targets.get((key, r.array_id == key))
+            jobs.append(
+                PipelineJob(
+                    id=key,
+                    name=r.spec.name or f"job-{key}",
+                    state=t.state if t is not None else r.state,
+                    depth=depth[key],
+                    array_counts=arrays.get(key),
+                    started_at=r.started_at,
+                    ended_at=r.ended_at,
+                    expected_start=t.expected_start if t is not None and not t.state.terminal else None,
+                    expected_end=t.expected_end if t is not None and not t.state.terminal else None,
+                )
+            )
+        out_edges = [PipelineEdge(source=s, target=d, kind=k) for s, d, k in sorted(edges) if s in shown and d in shown]
+        return PipelineOut(jobs=jobs, edges=out_edges, truncated=truncated)
 
     def set_throttle(self, job_id: int, throttle: int | None) -> Job:
         if not self.store.set_throttle(job_id, throttle):

@@ -829,6 +829,20 @@ class Store:
         with self._read() as c:
             return [(int(i), JobState(st), bool(h)) for i, st, h in c.execute(q)]
 
+    def specs_with_dependencies(self, after_id: int, limit: int) -> list[tuple[int, JobSpec]]:
+        """The specs of jobs (an array: its first element) newer than `after_id` that have
+        dependencies, oldest first: where a pipeline's later steps are found (a dependent always
+        has a larger id than what it waits for)."""
+        j = schema.jobs.c
+        q = (
+            select(j.id, j.spec)
+            .where(j.id > after_id, j.request.like('%"d":%'), j.array_id.is_(None) | (j.array_id == j.id))
+            .order_by(j.id)
+            .limit(limit)
+        )
+        with self._read() as c:
+            return [(int(i), JobSpec.model_validate_json(text)) for i, text in c.execute(q)]
+
     def array_counts(self, array_ids: Iterable[int]) -> dict[int, dict[str, int]]:
         """Each array's elements counted by state, for a one-line listing."""
         wanted = list(array_ids)
