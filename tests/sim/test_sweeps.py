@@ -193,3 +193,33 @@ def test_simulator_and_head_agree_on_a_sweep_and_a_pipeline(tmp_path: Path) -> N
     assert sorted(live) == sim_starts
     assert {j for j, s in states.items() if s is JobState.CANCELLED} == sim_cancelled
     assert states[8] is JobState.FAILED
+
+
+def test_the_throttle_holds_through_failures_and_restarts(tmp_path: Path) -> None:
+    """GPUs failing often: elements are interrupted and come back to the queue, lower indices
+    among them taking their place under the throttle again; at no start do more than 4 run."""
+    from gpucluster.core.types import Start
+    from gpucluster.sim.engine import Engine
+    from gpucluster.sim.readers import read_trace
+    from gpucluster.sim.scheduling import load_policy
+
+    cluster = cluster_yaml(
+        tmp_path / "c.yaml",
+        nodes=2,
+        gpus=8,
+        extra="failures: {gpu_failures_per_day: 40, node_repair_time: 10m, max_restarts: 100}\n"
+        "checkpoints: {interval: 10m, cost: 10s, restart: 30s}\n",
+    )
+    trace = jsonl(tmp_path / "t.jsonl", [{"id": 1, "submit_time": 0, "duration": "1h", "array": "0-29%4"}])
+    spec = load_cluster_spec(cluster)
+    most: list[int] = []
+
+    class Checked(Engine):
+        def _start(self, start: Start, now: float) -> None:
+            super()._start(start, now)
+            most.append(sum(1 for r in self._running.values() if r.job_id <= 30))
+
+    res = Checked(spec, read_trace(trace, spec, 0).jobs, load_policy("fifo"), 3).run()
+    assert res.restarts > 5  # the failures did interrupt elements
+    assert max(most) == 4 and len(most) == 30 + res.restarts + res.preemptions
+    assert list(res.outcome) == [SUCCEEDED] * 30

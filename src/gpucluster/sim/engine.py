@@ -24,7 +24,7 @@ import math
 import random
 import time
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate, count
@@ -339,7 +339,7 @@ class Engine:
             elif self._dirty:
                 self._dirty = False
                 while True:
-                    if self._gated:
+                    if self._gated and self._gate_dirty:
                         self._gate(t)
                     if self._queued and scheduling.can_change_anything(self.policy, self._up_gpus - self._busy_gpus):
                         self._schedule(t)
@@ -398,22 +398,39 @@ class Engine:
             res.skipped_gpu_s += trace.duration * trace.gpus
             if self._is_target(trace):  # its dependents see it as cancelled: it never runs
                 self._ended[trace.job_id] = (JobState.CANCELLED, False)
+                self._count(trace, None, JobState.CANCELLED)
+                self._gate_dirty = True
             return
         job = SimJob(trace, request, self._interval(trace), self._team_index[trace.team])
+        if self._array_counts:
+            self._count(trace, None, JobState.QUEUED)
         self._active[trace.job_id] = job
         self._enqueue(job)
 
     def _enqueue(self, job: SimJob) -> None:
+        if self._array_counts and job.state is not JobState.QUEUED:
+            self._count(job.trace, job.state, JobState.QUEUED)
         job.state = JobState.QUEUED
         job.stop = None
-        if job.trace.after or job.trace.throttle is not None:
-            self._gated[job.trace.job_id] = job.request  # eligibility (`_gate`) admits it
-            self._dirty = True
+        trace = job.trace
+        if self._targets_any and self._is_target(trace):
+            self._gate_dirty = True  # a target back in the queue (requeued): its dependents may see it
+        if trace.throttle is not None and trace.array_id is not None:
+            self._gated[trace.job_id] = job.request  # eligibility (`_gate`) admits it
+            insort(self._pending[trace.array_id], trace.job_id)
+        elif trace.after:
+            self._gated[trace.job_id] = job.request
+            self._unmet[trace.job_id] = job.request
+        else:
+            self._admit(job)
             return
-        self._admit(job)
+        self._gate_dirty = True
+        self._dirty = True
 
     def _admit(self, job: SimJob) -> None:
         """Into the queue the scheduler sees."""
+        if job.trace.throttle is not None and job.trace.array_id is not None:
+            self._admitted[job.trace.array_id].add(job.trace.job_id)
         self._queued[job.trace.job_id] = job.request
         self._queue_index.add(job.request)
         self._team_queued[job.team] += job.trace.gpus
@@ -522,13 +539,18 @@ class Engine:
         if self.keep_starts:
             self.result.starts.append((now, start.job_id, alloc))
         self._queue_index.remove(self._queued.pop(start.job_id))
-        if self._gated:
-            self._gated.pop(start.job_id, None)
         trace = job.trace
         if trace.throttle is not None and trace.array_id is not None:
+            self._gated.pop(start.job_id, None)
+            pending = self._pending[trace.array_id]
+            del pending[bisect_left(pending, start.job_id)]
+            self._admitted[trace.array_id].discard(start.job_id)
             self._array_running[trace.array_id] = self._array_running.get(trace.array_id, 0) + 1
-        if trace.job_id in self._after_jobs or trace.array_id in self._after_arrays:
-            self._regate = True
+            self._gate_dirty = True
+        if self._targets_any and self._is_target(trace):
+            self._gate_dirty = True
+            if trace.job_id in self._after_jobs or trace.array_id in self._after_arrays:
+                self._regate = True
         team = job.team
         self._team_queued[team] -= job.trace.gpus
         self._team_running[team] += job.held
@@ -550,6 +572,8 @@ class Engine:
             speed /= allreduce_slowdown(self.spec.allreduce, gpus, len(alloc.slices), g.nvlink_gbps, g.network_gbps)
         if job.trace.gpus >= 1 and job.held < job.trace.gpus:
             speed *= job.held / job.trace.gpus  # elastic, started smaller: the same work takes longer
+        if self._array_counts:
+            self._count(job.trace, job.state, JobState.RUNNING, first=job.first_start < 0)
         job.state = JobState.RUNNING
         if job.trace.team in self._budgets:
             self._budget_rate(job.trace.team, price_s, job.held, now)
@@ -602,6 +626,7 @@ class Engine:
         self._capacity.remove(self._running.pop(jid))
         if job.trace.throttle is not None and job.trace.array_id is not None:
             self._array_running[job.trace.array_id] -= 1
+            self._gate_dirty = True
         for node, i, share in job.keys:
             left = self._used[(node, i)] - share
             if left <= EPS:
@@ -659,9 +684,12 @@ class Engine:
 
     def _finish(self, job: SimJob, now: float, after: Next) -> None:
         del self._active[job.trace.job_id]
+        if self._array_counts:
+            self._count(job.trace, job.state, after.state)
         job.state = after.state
-        if self._is_target(job.trace):
+        if self._targets_any and self._is_target(job.trace):
             self._ended[job.trace.job_id] = (after.state, job.first_start >= 0)
+            self._gate_dirty = True
         self._record(job, now, _OUTCOME_OF[after.why])
 
     def _record(self, job: SimJob, now: float, outcome: int) -> None:
@@ -676,12 +704,21 @@ class Engine:
     # ---- eligibility: dependencies and array throttles ---------------------------------------
 
     def _init_gates(self, jobs: list[TraceJob]) -> None:
-        """What eligibility needs from the trace: the throttled arrays, the jobs and arrays that
-        others depend on (their ends are remembered), and each array's elements (consecutive ids)."""
-        self._gated: dict[int, JobRequest] = {}  # queued jobs eligibility looks at, admitted or not
+        """What eligibility needs from the trace: the throttled arrays, and the jobs and arrays
+        that others depend on (their ends are remembered, an array's elements counted by state)."""
+        # Queued jobs eligibility looks at, admitted to the scheduler's queue or not: elements of
+        # throttled arrays until they start, and dependents until their dependencies are met
+        # (for good: a met verdict never changes) or can never be.
+        self._gated: dict[int, JobRequest] = {}
+        self._unmet: dict[int, JobRequest] = {}  # dependents, not in a throttled array, still waiting
+        self._pending: dict[int, list[int]] = {}  # throttled array -> its queued elements' ids, sorted
+        self._admitted: dict[int, set[int]] = {}  # throttled array -> its elements in the scheduler's queue
+        self._gate_dirty = False  # something eligibility depends on changed since it last ran
+        self._targets_any = False
+        self._array_counts: dict[int, dict[JobState, int]] = {}  # target arrays: elements by state
+        self._array_started: dict[int, int] = {}  # target arrays: elements that ever started
         self._throttles: dict[int, int] = {}
         self._array_running: dict[int, int] = {}
-        self._elements: dict[int, range] = {}
         self._target_jobs: set[int] = set()
         self._target_arrays: set[int] = set()
         self._after_jobs: set[int] = set()  # targets of `after`: their start matters at once
@@ -689,17 +726,30 @@ class Engine:
         self._ended: dict[int, tuple[JobState, bool]] = {}  # targets that ended: state, ever started
         if not any(j.array_id is not None or j.after for j in jobs):
             return  # a trace without arrays or dependencies pays nothing more
-        first: dict[int, int] = {}
         for j in jobs:
-            if j.array_id is not None:
-                first.setdefault(j.array_id, j.job_id)
-                self._elements[j.array_id] = range(first[j.array_id], j.job_id + 1)
-                if j.throttle is not None:
-                    self._throttles[j.array_id] = j.throttle
+            if j.array_id is not None and j.throttle is not None and j.array_id not in self._throttles:
+                self._throttles[j.array_id] = j.throttle
+                self._pending[j.array_id] = []
+                self._admitted[j.array_id] = set()
             for d in j.after:
                 (self._target_arrays if d.array else self._target_jobs).add(d.job_id)
                 if d.kind is DependencyKind.AFTER:
                     (self._after_arrays if d.array else self._after_jobs).add(d.job_id)
+        self._targets_any = bool(self._target_jobs or self._target_arrays)
+        self._array_counts = {a: {} for a in self._target_arrays}
+        self._array_started = dict.fromkeys(self._target_arrays, 0)
+
+    def _count(self, trace: TraceJob, old: JobState | None, new: JobState, first: bool = False) -> None:
+        """Keep a target array's elements counted by state (and how many ever started), so a
+        dependency on a 100,000-element array is summed up without looking at each element."""
+        counts = self._array_counts.get(trace.array_id) if trace.array_id is not None else None
+        if counts is None:
+            return
+        if old is not None:
+            counts[old] -= 1
+        counts[new] = counts.get(new, 0) + 1
+        if first:
+            self._array_started[cast(int, trace.array_id)] += 1
 
     def _is_target(self, trace: TraceJob) -> bool:
         return trace.job_id in self._target_jobs or trace.array_id in self._target_arrays
@@ -709,22 +759,39 @@ class Engine:
         dependencies or belong to a throttled array: admit the eligible ones to the scheduler's
         queue, take back those no longer eligible (a requeued lower element takes its place under
         the throttle), and cancel those whose dependency can never be met; their own dependents
-        follow in the next pass, at the same instant."""
-        while self._gated:
-            targets = self._targets()
+        follow in the next pass, at the same instant.
+
+        Why not the whole gated queue each time: of a throttled array only its `throttle` lowest
+        queued elements can be eligible (the rule takes the lowest first), and a dependent whose
+        dependencies are met stays met, so it leaves eligibility once admitted: a 100,000-element
+        sweep costs each pass its throttle, not its size."""
+        self._gate_dirty = False
+        while True:
+            candidates = list(self._unmet.values())
+            for array_id, ids in self._pending.items():
+                head = ids[: self._throttles[array_id]]
+                candidates.extend(self._gated[i] for i in head)
+                for jid in self._admitted[array_id].difference(head):
+                    self._withdraw(jid)  # a lower element came back and takes its place
+            if not candidates:
+                return
             result = eligible(
-                self._gated.values(),
-                targets,
+                candidates,
+                self._targets(candidates),
                 self._array_running,
                 self._throttles,
                 now,
                 self.policy.core.default_time_limit_s,
             )
             ok = {r.job_id for r in result.eligible}
-            for jid in self._gated:
+            for r in candidates:
+                jid = r.job_id
                 if jid in ok:
                     if jid not in self._queued:
                         self._admit(self._active[jid])
+                    if jid in self._unmet:  # met for good: a plain queued job from now on
+                        del self._unmet[jid]
+                        del self._gated[jid]
                 elif jid in self._queued:
                     self._withdraw(jid)
             for jid in result.doomed:
@@ -732,8 +799,8 @@ class Engine:
             if not result.doomed:
                 return
 
-    def _targets(self) -> dict[tuple[int, bool], Target]:
-        wanted = {(d.job_id, d.array) for r in self._gated.values() for d in r.after}
+    def _targets(self, candidates: list[JobRequest]) -> dict[tuple[int, bool], Target]:
+        wanted = {(d.job_id, d.array) for r in candidates for d in r.after}
         out: dict[tuple[int, bool], Target] = {}
         for jid, is_array in wanted:
             if not is_array:
@@ -741,14 +808,9 @@ class Engine:
                 if seen is not None:
                     out[(jid, False)] = Target(seen[0], seen[1])
                 continue
-            counts: dict[JobState, int] = {}
-            started = 0
-            for eid in self._elements.get(jid, ()):
-                seen = self._state_of(eid) or (JobState.CANCELLED, False)
-                counts[seen[0]] = counts.get(seen[0], 0) + 1
-                started += seen[1]
+            counts = {state: n for state, n in self._array_counts.get(jid, {}).items() if n}
             if counts:
-                out[(jid, True)] = array_target(counts, started)
+                out[(jid, True)] = array_target(counts, self._array_started[jid])
         return out
 
     def _state_of(self, job_id: int) -> tuple[JobState, bool] | None:
@@ -761,6 +823,8 @@ class Engine:
         """Out of the scheduler's queue, back to waiting on eligibility."""
         self._queue_index.remove(self._queued.pop(job_id))
         job = self._active[job_id]
+        if job.trace.throttle is not None and job.trace.array_id is not None:
+            self._admitted[job.trace.array_id].discard(job_id)
         self._team_queued[job.team] -= job.trace.gpus
         self._dirty = True
 
@@ -770,8 +834,14 @@ class Engine:
         if jid in self._queued:
             self._withdraw(jid)
         del self._gated[jid]
+        self._unmet.pop(jid, None)
+        if job.trace.throttle is not None and job.trace.array_id is not None:
+            pending = self._pending[job.trace.array_id]
+            del pending[bisect_left(pending, jid)]
         job.token += 1
         del self._active[jid]
+        if self._array_counts:
+            self._count(job.trace, job.state, JobState.CANCELLED)
         job.state = JobState.CANCELLED
         if self._is_target(job.trace):
             self._ended[jid] = (JobState.CANCELLED, job.first_start >= 0)
