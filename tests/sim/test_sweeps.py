@@ -223,3 +223,30 @@ def test_the_throttle_holds_through_failures_and_restarts(tmp_path: Path) -> Non
     assert res.restarts > 5  # the failures did interrupt elements
     assert max(most) == 4 and len(most) == 30 + res.restarts + res.preemptions
     assert list(res.outcome) == [SUCCEEDED] * 30
+
+
+def test_simulate_counts_jobs_cancelled_by_a_dependency_in_metrics_and_the_report(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpucluster.cli.main import app
+
+    cluster = cluster_yaml(tmp_path / "c.yaml", nodes=1, gpus=4, extra=EXTRA)
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "id,submit_time,duration,time_limit,array,afterok\n"
+        "1,0,10m,5m,,\n"  # fails at its limit
+        '2,0,1m,,0-9%2,"1"\n'  # ten elements that can never start
+        "3,1,1m,,,2\n"  # and their dependent
+        "4,2,1m,,,\n"
+    )
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app,
+        ["simulate", "--cluster", str(cluster), "--trace", str(trace), "--out", str(out), "--quiet", "--policy", "fifo"],
+    )
+    assert result.exit_code == 0, result.output
+    jobs = json.loads((out / "metrics.json").read_text())["policies"]["fifo"]["jobs"]
+    assert (jobs["simulated"], jobs["cancelled_by_dependency"], jobs["succeeded"]) == (13, 11, 1)
+    assert "cancelled: dependency" in (out / "report.html").read_text()
+    rows = (out / "jobs.csv").read_text().splitlines()
+    assert sum(1 for r in rows if r.endswith(",cancelled_dependency")) == 11
