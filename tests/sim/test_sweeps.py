@@ -240,10 +240,8 @@ def test_simulate_counts_jobs_cancelled_by_a_dependency_in_metrics_and_the_repor
         "4,2,1m,,,\n"
     )
     out = tmp_path / "out"
-    result = CliRunner().invoke(
-        app,
-        ["simulate", "--cluster", str(cluster), "--trace", str(trace), "--out", str(out), "--quiet", "--policy", "fifo"],
-    )
+    args = ["--cluster", str(cluster), "--trace", str(trace), "--out", str(out), "--quiet", "--policy", "fifo"]
+    result = CliRunner().invoke(app, ["simulate", *args])
     assert result.exit_code == 0, result.output
     jobs = json.loads((out / "metrics.json").read_text())["policies"]["fifo"]["jobs"]
     assert (jobs["simulated"], jobs["cancelled_by_dependency"], jobs["succeeded"]) == (13, 11, 1)
