@@ -198,9 +198,15 @@ export function jobPage(root, id) {
   }
 
   /** The jobs before and after this one, drawn when it is part of a pipeline; redrawn when a step
-   * changes, and every 30 s for the relative times. */
+   * changes, and every 30 s for the relative times. A job in no pipeline is asked again only
+   * every 10 s (a dependent may be submitted later): finding dependents costs the head a scan. */
+  let pipelineAsked = 0;
+  let inPipeline = false;
   async function refreshPipeline() {
+    if (!inPipeline && Date.now() - pipelineAsked < 10000) return;
+    pipelineAsked = Date.now();
     const chain = await api(`/v1/jobs/${id}/pipeline`);
+    inPipeline = chain.jobs.length > 1;
     if (unchanged(pipeline, [chain, Math.floor(Date.now() / 30000)])) return;
     const graph = pipelineGraph(chain, job.array_id ?? job.id);
     fill(pipeline, graph ? [h("h2", {}, "Pipeline"), graph] : null);
