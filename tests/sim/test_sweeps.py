@@ -48,6 +48,8 @@ def test_a_throttled_array_never_runs_more_than_its_throttle_at_once(tmp_path: P
     # Waves of 3, lowest indices first: 7 waves of 100 s.
     assert [ran.start[i] for i in elements] == sorted(ran.start[i] for i in elements)
     assert max(ran.end[i] for i in elements) == 700.0
+    # the plots count the elements the throttle holds back as queued, as the head's state does
+    assert ran.result.series.bin_s == 60.0 and ran.result.series.queued_jobs[0] == 17
 
 
 def test_a_three_step_pipeline_runs_in_order(tmp_path: Path) -> None:

@@ -1049,7 +1049,9 @@ class Engine:
 
     def _sample(self) -> None:
         series = self.result.series
-        series.queued_jobs.append(len(self._queued))
+        # queued as on the head: also the jobs eligibility holds back (dependencies, throttles)
+        held_back = len(self._unmet) + sum(len(ids) - len(self._admitted[a]) for a, ids in self._pending.items())
+        series.queued_jobs.append(len(self._queued) + held_back)
         series.running_jobs.append(len(self._running))
         series.jain.append(self._jain())
 
