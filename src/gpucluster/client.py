@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import date
 from typing import Any
 from urllib.parse import quote
@@ -178,19 +178,21 @@ class Client(AdminCalls):
             params["q"] = text
         return JobList.model_validate(self._request("GET", "/v1/jobs", params=params).json()).jobs
 
-    def cancel(self, job_id: int, index: int | None = None) -> Job:
-        """Cancel a job; an array's id cancels every element, `index` only that one (ID[7])."""
-        params = {"index": index} if index is not None else None
+    def cancel(self, job_id: int, index: int | None = None, state: Iterable[str] = ()) -> Job:
+        """Cancel a job; an array's id cancels every element, `index` only that one (ID[7]);
+        `state`: only those in these states (queued, held, running, preempted)."""
+        params = _element_params(index, state)
         return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel", params=params).json())
 
-    def hold(self, job_id: int, index: int | None = None) -> list[int]:
-        """Hold a queued job (or an array's queued elements, or element `index`); the ids held."""
-        params = {"index": index} if index is not None else None
+    def hold(self, job_id: int, index: int | None = None, state: Iterable[str] = ()) -> list[int]:
+        """Hold a queued job (or an array's queued elements, or element `index`; `state` as
+        `cancel`); the ids held."""
+        params = _element_params(index, state)
         return HoldOut.model_validate(self._request("POST", f"/v1/jobs/{job_id}/hold", params=params).json()).changed
 
-    def release(self, job_id: int, index: int | None = None) -> list[int]:
+    def release(self, job_id: int, index: int | None = None, state: Iterable[str] = ()) -> list[int]:
         """Release held jobs, as `hold`; the ids released."""
-        params = {"index": index} if index is not None else None
+        params = _element_params(index, state)
         return HoldOut.model_validate(self._request("POST", f"/v1/jobs/{job_id}/release", params=params).json()).changed
 
     def set_throttle(self, array_id: int, throttle: int | None) -> Job:
@@ -207,9 +209,11 @@ class Client(AdminCalls):
         params = {"index": index} if index is not None else None
         return Job.model_validate(self._request("PATCH", f"/v1/jobs/{job_id}", params=params, json=fields).json())
 
-    def requeue(self, job_id: int) -> Job:
-        """Checkpoint and requeue a running job (SIGTERM, grace, back in the queue, new attempt)."""
-        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/requeue").json())
+    def requeue(self, job_id: int, index: int | None = None, state: Iterable[str] = ()) -> Job:
+        """Checkpoint and requeue a running job (SIGTERM, grace, back in the queue, new attempt);
+        an array's id: its running elements (`index`, `state` as `cancel`)."""
+        params = _element_params(index, state)
+        return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/requeue", params=params).json())
 
     def report_progress(
         self,
@@ -298,3 +302,14 @@ class Client(AdminCalls):
 
     def health(self) -> dict[str, Any]:
         return dict(self._request("GET", "/v1/health").json())
+
+
+def _element_params(index: int | None, state: Iterable[str]) -> dict[str, Any] | None:
+    """The query of an action on an array: one element (`index`), a state filter (repeated `state`)."""
+    params: dict[str, Any] = {}
+    if index is not None:
+        params["index"] = index
+    states = list(state)
+    if states:
+        params["state"] = states
+    return params or None

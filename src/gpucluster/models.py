@@ -723,6 +723,35 @@ class HoldOut(Model):
     changed: list[int] = Field(default_factory=list)
 
 
+class PipelineJob(Model):
+    """One job (or array, by its id) of a pipeline, as the dashboard draws it."""
+
+    id: int
+    name: str
+    state: JobState
+    depth: int  # 0: the job asked about; -1: what it waits for; 1: what waits for it; ...
+    array_counts: dict[str, int] | None = None  # an array: its elements by state
+    started_at: float | None = None
+    ended_at: float | None = None
+    expected_start: float | None = None  # while it waits: its estimated start (through the chain)
+    expected_end: float | None = None  # while it waits or runs: its start plus its time limit
+
+
+class PipelineEdge(Model):
+    source: int  # the job (or array) waited for
+    target: int  # the job (or array) that waits
+    kind: str  # after, afterok, afternotok, afterany, aftercorr
+
+
+class PipelineOut(Model):
+    """The chain of jobs before and after one job: what it waits for and what waits for it,
+    through dependencies, only of teams the caller may see; `truncated` past MAX_PIPELINE_JOBS."""
+
+    jobs: list[PipelineJob] = Field(default_factory=list)
+    edges: list[PipelineEdge] = Field(default_factory=list)
+    truncated: bool = False
+
+
 class ArrayUpdate(Model):
     model_config = ConfigDict(extra="forbid")
     throttle: int | None = Field(..., ge=1, le=1_000_000, description="most elements at once; null: no limit")

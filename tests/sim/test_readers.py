@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucluster.core.types import Priority
+from gpucluster.core.types import Dependency, DependencyKind, Priority
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.readers import detect_format, read_trace
 from gpucluster.sim.spec import load_cluster_spec
@@ -152,18 +152,58 @@ def test_empty_trace_and_missing_file(tmp_path: Path, spec) -> None:  # type: ig
         read_trace(tmp_path / "missing.csv", spec, seed=0, fmt="philly")
 
 
-def test_native_rows_of_arrays_or_dependencies_are_refused_not_replayed_as_one_job(tmp_path: Path, spec) -> None:  # type: ignore[no-untyped-def]
+def test_native_arrays_expand_to_elements_and_dependencies_name_trace_ids(tmp_path: Path, spec) -> None:  # type: ignore[no-untyped-def]
+    """An array row takes one job id per element (its array id is the first's, as on the head);
+    `afterok: [7]` names the row whose `id` is 7, which may be an array (then: all of it)."""
     p = tmp_path / "n.jsonl"
     rows = [
-        {"submit_time": 0, "duration": 60, "array": "0-9%2"},
-        {"submit_time": 1, "duration": 60, "afterok": [1]},
-        {"submit_time": 2, "duration": 60, "hold": False},  # said, but nothing to simulate
+        {"id": 7, "submit_time": 0, "duration": 60, "array": "0-4:2%2"},
+        {"id": 8, "submit_time": 0, "duration": 60, "array": "0-4:2", "aftercorr": 7},
+        {"submit_time": 5, "duration": 60, "afterok": [7], "after": [8]},
+        {"submit_time": 6, "duration": 60, "afterok": [99]},  # no such row
+        {"id": 9, "submit_time": 7, "duration": 60, "afterany": [10]},  # 10 comes later: refused
+        {"id": 10, "submit_time": 8, "duration": 60, "hold": True},
+        {"id": 7, "submit_time": 9, "duration": 60},  # id 7 again
     ]
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     t = read_trace(p, spec, seed=0)
-    messages = {e.line: e.message for e in t.errors}
-    assert messages == {
-        1: "array: arrays, sweeps, holds and dependencies are not simulated yet",
-        2: "afterok: arrays, sweeps, holds and dependencies are not simulated yet",
+    assert {e.line: e.message for e in t.errors} == {
+        4: "afterok: no row submitted before this one has id 99",
+        5: "afterany: no row submitted before this one has id 10",
+        6: "hold: a held job is not simulated (no release time); leave it out",
+        7: "id 7 is already used by an earlier row",
     }
-    assert len(t.jobs) == 1
+    shape = [(j.job_id, j.array_id, j.array_index, j.throttle) for j in t.jobs]
+    assert shape == [
+        (1, 1, 0, 2),
+        (2, 1, 2, 2),
+        (3, 1, 4, 2),
+        (4, 4, 0, None),
+        (5, 4, 2, None),
+        (6, 4, 4, None),
+        (7, None, None, None),
+    ]
+    assert t.jobs[3].after == (Dependency(DependencyKind.AFTEROK, 1),)  # aftercorr: element 0 of array 1
+    assert t.jobs[5].after == (Dependency(DependencyKind.AFTEROK, 3),)
+    assert set(t.jobs[6].after) == {
+        Dependency(DependencyKind.AFTEROK, 1, array=True),
+        Dependency(DependencyKind.AFTER, 4, array=True),
+    }
+
+
+def test_native_csv_dependency_cells_and_a_sweep(tmp_path: Path, spec) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "n.csv"
+    p.write_text(
+        "id,submit_time,duration,sweep,throttle,afterok\n"
+        '1,0,60,"{""lr"": [0.1, 0.01], ""b"": [1, 2]}",2,\n'
+        '2,1,60,,,"1"\n'
+        "3,2,60,,,1 2\n"
+        "4,3,60,,,one\n"
+    )
+    t = read_trace(p, spec, seed=0)
+    assert {e.line: e.message for e in t.errors} == {
+        5: "afterok: give the trace ids of earlier rows, e.g. 3 or \"3,4\"; got 'one'"
+    }
+    assert [(j.array_id, j.throttle) for j in t.jobs[:4]] == [(1, 2)] * 4
+    assert t.jobs[4].after == (Dependency(DependencyKind.AFTEROK, 1, array=True),)
+    assert t.jobs[5].after == (Dependency(DependencyKind.AFTEROK, 1, array=True), Dependency(DependencyKind.AFTEROK, 5))

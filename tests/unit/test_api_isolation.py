@@ -43,6 +43,10 @@ def _missing(world: World, method: str, path: str, job_id: int, **kw: object) ->
         ("GET", "/v1/jobs/{}/logs?follow=true", None),
         ("POST", "/v1/jobs/{}/cancel", None),
         ("POST", "/v1/jobs/{}/requeue", None),
+        ("POST", "/v1/jobs/{}/requeue?state=running", None),
+        ("POST", "/v1/jobs/{}/cancel?state=queued", None),
+        ("POST", "/v1/jobs/{}/hold?state=queued", None),
+        ("GET", "/v1/jobs/{}/pipeline", None),
         ("POST", "/v1/jobs/{}/progress", {"step": 1}),
     ],
 )

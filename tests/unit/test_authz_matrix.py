@@ -26,6 +26,7 @@ EXPECTED: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/jobs/{job_id}/array"): Rule.JOB_OPERATE,
     ("POST", "/v1/jobs/{job_id}/progress"): Rule.JOB_REPORT,
     ("GET", "/v1/jobs/{job_id}/logs"): Rule.JOB_VIEW,
+    ("GET", "/v1/jobs/{job_id}/pipeline"): Rule.JOB_VIEW,  # steps of the caller's teams only
     ("GET", "/v1/queue"): Rule.SIGNED_IN,
     ("GET", "/v1/policy"): Rule.SIGNED_IN,
     ("GET", "/v1/nodes"): Rule.SIGNED_IN,

@@ -196,6 +196,21 @@ def test_a_chain_is_estimated_through_each_step() -> None:
     assert "waiting, expected to end" in result.waits[42].message
 
 
+def test_after_on_a_waiting_step_of_a_chain_is_estimated_from_its_start() -> None:
+    """41 waits for 40 (running until NOW+600); 42 needs only 41 started: NOW+600, not 41's end."""
+    targets = {
+        (40, False): Target(JobState.RUNNING, True, expected_end=NOW + 600),
+        (41, False): Target(JobState.QUEUED),
+    }
+    queue = (
+        job(41, after=(Dependency(OK, 40),), time_limit_s=1200.0),
+        job(42, after=(Dependency(AFTER, 41),)),
+    )
+    result = eligible(queue, targets, {}, {}, NOW, LIMIT)
+    assert result.waits[42].estimated_start == NOW + 600
+    assert "waiting, expected to start" in result.waits[42].message
+
+
 def test_an_unknown_end_gives_no_estimate() -> None:
     targets = {(40, False): Target(JobState.QUEUED)}
     result = eligible((job(41, after=(Dependency(OK, 40),)),), targets, {}, {}, NOW, LIMIT)

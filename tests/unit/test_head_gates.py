@@ -131,3 +131,50 @@ def test_a_job_after_a_throttled_array_is_estimated_from_its_waves(cluster: Clus
     assert waiting.wait_reason == "dependency"
     assert waiting.estimated_start == T0 + 1 + 3 * 600
     assert waiting.reason.startswith(f"waits for array {first.id} (running, expected to end ")
+
+
+def test_a_job_after_an_array_is_estimated_from_the_start_of_its_last_wave(cluster: Cluster) -> None:
+    """`after` on an array waits for every element to start: with 6 elements of 10 minutes, 2 at
+    once, the last wave starts two limits after the first, one limit before the array's end."""
+    first = cluster.service.submit(spec(array="0-5%2", time_limit="10m"))
+    after = cluster.submit(after=[first.id])
+    cluster.tick_at(T0 + 1)
+    cluster.tick_at(T0 + 2)
+    waiting = cluster.record(after)
+    assert waiting.wait_reason == "dependency"
+    assert waiting.estimated_start == T0 + 1 + 2 * 600
+    assert waiting.reason.startswith(f"waits for array {first.id} (running, expected to start ")
+
+
+def test_a_pipeline_is_the_chain_through_a_job_and_leaves_out_other_teams_steps(cluster: Cluster) -> None:
+    """prepare -> sweep (an array) -> evaluate -> report, and a job of another team after the
+    sweep: asked about evaluate, the chain runs from prepare to report; a caller of team default
+    alone does not see the other team's step (nor an arrow to it)."""
+    prepare = cluster.submit(time_limit="10m")
+    sweep = cluster.service.submit(spec(array="0-2", afterok=[prepare], time_limit="10m")).id
+    evaluate = cluster.submit(afterok=[sweep])
+    report = cluster.submit(after=[evaluate])
+    theirs = cluster.service.submit(spec(team="vision", afterany=[sweep])).id
+    unrelated = cluster.submit(afterok=[prepare])  # beside the chain, not through evaluate
+    for t in range(1, 5):  # each cycle's estimates are the next one's targets: one step per cycle
+        cluster.tick_at(T0 + t)
+    seen = cluster.service.pipeline(evaluate, None)
+    assert [(j.id, j.depth, j.state.value) for j in seen.jobs] == [
+        (prepare, -2, "running"),
+        (sweep, -1, "queued"),
+        (evaluate, 0, "queued"),
+        (report, 1, "queued"),
+    ]
+    assert {(e.source, e.target, e.kind) for e in seen.edges} == {
+        (prepare, sweep, "afterok"),
+        (sweep, evaluate, "afterok"),
+        (evaluate, report, "after"),
+    }
+    assert seen.jobs[1].array_counts == {"queued": 3}
+    assert seen.jobs[2].expected_start == T0 + 1 + 600 + 600  # after prepare's and the sweep's limits
+    assert seen.jobs[3].expected_start == seen.jobs[2].expected_start  # `after`: once evaluate starts
+    from_sweep = cluster.service.pipeline(sweep + 1, None)  # an element: its array's chain
+    assert {j.id for j in from_sweep.jobs} == {prepare, sweep, evaluate, report, theirs}
+    mine = cluster.service.pipeline(sweep, {"default"})
+    assert theirs not in {j.id for j in mine.jobs} and all(theirs not in (e.source, e.target) for e in mine.edges)
+    assert unrelated not in {j.id for j in mine.jobs}

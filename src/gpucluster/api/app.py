@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import HTTPException, RequestValidationError
@@ -47,6 +47,7 @@ from gpucluster.models import (
     JobSpec,
     JobUpdate,
     NodeList,
+    PipelineOut,
     PolicyOut,
     ProgressIn,
     QueueOut,
@@ -130,6 +131,16 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
 
 
 ArrayIndex = Annotated[int | None, Query(ge=0, le=10_000_000, description="one element of the array (ID[7])")]
+# core/arrays.py ELEMENT_STATES: queued (held or not), held, running, preempted
+ElementState = Literal["queued", "held", "running", "preempted"]
+StateFilter = Annotated[
+    list[ElementState] | None,
+    Query(
+        max_length=4,
+        description="only the jobs (an array's elements) in these states: queued (held or not), held, running, "
+        "preempted; repeatable",
+    ),
+]
 
 
 def _message(msg: str, error: dict[str, Any] | None = None) -> str:
@@ -323,21 +334,31 @@ def create_app(
             job_id, reveal_env=lambda owner: who.cluster_admin or (owner is not None and owner == who.user)
         )
 
+    @app.get("/v1/jobs/{job_id}/pipeline", openapi_extra=allow(Rule.JOB_VIEW))
+    def pipeline(job_id: Id, who: Caller) -> PipelineOut:
+        """The chain of jobs through this one (an element: its array): what it waits for and what
+        waits for it, by dependencies, with each step's state and expected start and end; only
+        jobs of your teams (a cluster admin: all) are shown."""
+        visible = who.visible_teams()
+        return service.pipeline(job_id, None if visible is None else set(visible))
+
     @app.post("/v1/jobs/{job_id}/cancel", openapi_extra=allow(Rule.JOB_OPERATE))
-    def cancel(job_id: Id, index: ArrayIndex = None) -> Job:
-        """Cancel a job; an array's id cancels every element (or only element `index`)."""
-        return service.cancel_many(job_id, index)
+    def cancel(job_id: Id, index: ArrayIndex = None, state: StateFilter = None) -> Job:
+        """Cancel a job; an array's id cancels every element (or only element `index`); with
+        `state`, only those in these states (`?state=queued`: the queued elements, as
+        `scancel --state=PENDING`)."""
+        return service.cancel_many(job_id, index, state or ())
 
     @app.post("/v1/jobs/{job_id}/hold", openapi_extra=allow(Rule.JOB_OPERATE))
-    def hold(job_id: Id, index: ArrayIndex = None) -> HoldOut:
+    def hold(job_id: Id, index: ArrayIndex = None, state: StateFilter = None) -> HoldOut:
         """Hold a queued job (never started until released); an array's id holds its queued
-        elements (or only element `index`). `changed`: the jobs it held."""
-        return service.hold(job_id, True, index)
+        elements (or only element `index`; with `state`, only those). `changed`: the jobs it held."""
+        return service.hold(job_id, True, index, state or ())
 
     @app.post("/v1/jobs/{job_id}/release", openapi_extra=allow(Rule.JOB_OPERATE))
-    def release(job_id: Id, index: ArrayIndex = None) -> HoldOut:
-        """Release a held job (or an array's held elements, or element `index`)."""
-        return service.hold(job_id, False, index)
+    def release(job_id: Id, index: ArrayIndex = None, state: StateFilter = None) -> HoldOut:
+        """Release a held job (or an array's held elements, or element `index`; with `state`, only those)."""
+        return service.hold(job_id, False, index, state or ())
 
     @app.post("/v1/jobs/{job_id}/array", openapi_extra=allow(Rule.JOB_OPERATE))
     def update_array(job_id: Id, change: ArrayUpdate) -> Job:
@@ -357,10 +378,11 @@ def create_app(
         return job
 
     @app.post("/v1/jobs/{job_id}/requeue", openapi_extra=allow(Rule.JOB_OPERATE))
-    def requeue(job_id: Id) -> Job:
+    def requeue(job_id: Id, index: ArrayIndex = None, state: StateFilter = None) -> Job:
         """Checkpoint and requeue a running job: SIGTERM, the grace period, `preempted`, back in
-        the queue with the same id; its next start is a new attempt (409 if it is not running)."""
-        return service.requeue(job_id)
+        the queue with the same id; its next start is a new attempt (409 if it is not running).
+        An array's id requeues its running elements (`index`: one element; `state`: a filter)."""
+        return service.requeue_many(job_id, index, state or ())
 
     @app.post(
         "/v1/jobs/{job_id}/progress",

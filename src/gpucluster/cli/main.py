@@ -843,13 +843,36 @@ def _rank_count(job: Job) -> int:
     return len(job.allocation)
 
 
+StateOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--state",
+        help="only the jobs (an array's elements) in this state: queued (held or not), held, running, preempted; "
+        "repeatable",
+    ),
+]
+
+
+def parse_states(states: list[str] | None) -> list[str]:
+    """`--state queued --state held` (or `--state queued,held`) -> the filter, checked."""
+    from gpucluster.core.arrays import ELEMENT_STATES  # here: only these commands pay for the import
+
+    out = [s.strip().lower() for text in states or [] for s in text.split(",") if s.strip()]
+    for s in out:
+        if s not in ELEMENT_STATES:
+            fail(f"--state {s!r}: give one of {', '.join(ELEMENT_STATES)}")
+    return out
+
+
 @app.command()
 def cancel(
     job_ids: Annotated[list[str], typer.Argument(help="job id(s); an array's id: all its elements; 41[7]: one")],
+    state: StateOpt = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Cancel jobs: queued ones at once, running ones with SIGTERM, then SIGKILL after the grace period."""
+    """Cancel jobs: queued ones at once, running ones with SIGTERM, then SIGKILL after the grace period.
+    `gpucluster cancel 41 --state queued` cancels only array 41's queued elements."""
     _for_each_job(
         [parse_job_ref(j) for j in job_ids],
         url,
@@ -860,24 +883,32 @@ def cancel(
             if job.array_counts
             else ("cancelled" if job.state == "cancelled" else "stopping (SIGTERM sent)")
         ),
+        parse_states(state),
     )
 
 
 @app.command()
 def hold(
     job_ids: Annotated[list[str], typer.Argument(help="job id(s); an array's id: all its elements; 41[7]: one")],
+    state: StateOpt = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Hold queued jobs: they are never started until released."""
     _for_each_job(
-        [parse_job_ref(j) for j in job_ids], url, as_json, "hold", lambda r: f"held {_id_count(r.count, r.changed)}"
+        [parse_job_ref(j) for j in job_ids],
+        url,
+        as_json,
+        "hold",
+        lambda r: f"held {_id_count(r.count, r.changed)}",
+        parse_states(state),
     )
 
 
 @app.command()
 def release(
     job_ids: Annotated[list[str], typer.Argument(help="job id(s); an array's id: all its elements; 41[7]: one")],
+    state: StateOpt = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -888,6 +919,7 @@ def release(
         as_json,
         "release",
         lambda r: f"released {_id_count(r.count, r.changed)}",
+        parse_states(state),
     )
 
 
@@ -910,9 +942,11 @@ def _for_each_job(
     as_json: bool,
     action: str,
     says: Callable[[View], str],
+    states: list[str] | None = None,
 ) -> None:
-    """POST `action` to each job (or array, or `(array, index)` element): a refused job is
-    reported and the rest still go; exit 1 if any was refused; an unreachable head stops at once."""
+    """POST `action` to each job (or array, or `(array, index)` element), with a state filter
+    if given: a refused job is reported and the rest still go; exit 1 if any was refused; an
+    unreachable head stops at once."""
     results = []
     failed = False
     with _head(url) as h:
@@ -920,7 +954,8 @@ def _for_each_job(
             job_id, index = ref if isinstance(ref, tuple) else (ref, None)
             label = f"{job_id}[{index}]" if index is not None else str(job_id)
             try:
-                path = job_path(job_id, action) + (f"?index={index}" if index is not None else "")
+                query = ([f"index={index}"] if index is not None else []) + [f"state={s}" for s in states or []]
+                path = job_path(job_id, action) + ("?" + "&".join(query) if query else "")
                 job = h.json("POST", path)
             except ApiError as e:
                 failed = True
@@ -939,18 +974,26 @@ def _for_each_job(
 
 @app.command()
 def requeue(
-    job_ids: Annotated[list[int], typer.Argument(help="job id(s)")],
+    job_ids: Annotated[
+        list[str], typer.Argument(help="job id(s); an array's id: its running elements; 41[7]: one element")
+    ],
+    state: StateOpt = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Checkpoint and requeue running jobs: SIGTERM, the grace period, then back in the queue with
     the same id; each restarts later as a new attempt (from its checkpoint, if it wrote one)."""
     _for_each_job(
-        job_ids,
+        [parse_job_ref(j) for j in job_ids],
         url,
         as_json,
         "requeue",
-        lambda _: "requeueing (SIGTERM sent; back in the queue once it exits)",
+        lambda job: (
+            "array: " + _counts(job.array_counts) + " (running elements requeueing)"
+            if job.array_counts
+            else "requeueing (SIGTERM sent; back in the queue once it exits)"
+        ),
+        parse_states(state),
     )
 
 

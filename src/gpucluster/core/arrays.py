@@ -11,8 +11,10 @@ from __future__ import annotations
 import itertools
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+
+from gpucluster.core.states import JobState
 
 MAX_ARRAY_ELEMENTS = 100_000  # above this a submission must say it means it (`--yes`)
 MAX_ARRAY_ELEMENTS_CONFIRMED = 1_000_000  # the hard cap, even with `--yes`
@@ -22,6 +24,18 @@ SweepValue = str | int | float | bool
 SWEEP_RESERVED = ("random", "seed")  # keys of a `sweep:` mapping that are options, not parameters
 _RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+# What `gpucluster cancel|hold|release|requeue ID --state S` selects among an array's elements (as
+# `scancel --state=PENDING`): queued: waiting in the queue, held or not; held: only the held ones.
+ELEMENT_STATES = ("queued", "held", "running", "preempted")
+
+
+def selected(state: JobState, held: bool, wanted: Collection[str]) -> bool:
+    """Whether an element in `state` (held or not) is among the `wanted` ELEMENT_STATES."""
+    if state is JobState.QUEUED:
+        return "queued" in wanted or (held and "held" in wanted)
+    return state.value in wanted
 
 
 class ArraySyntaxError(ValueError):

@@ -27,6 +27,7 @@ from gpucluster.core.states import JobState
 from gpucluster.core.types import Dependency, DependencyKind, JobRequest, Wait
 
 HELD_BY_USER = "held by user"
+_PENDING = (JobState.RUNNING, JobState.PREEMPTED, JobState.QUEUED)  # an array's state: the first present
 
 
 class Verdict(Enum):
@@ -53,6 +54,35 @@ class Eligibility:
     eligible: tuple[JobRequest, ...]  # what the scheduler may start from
     waits: dict[int, Wait] = field(default_factory=dict)  # why the others wait
     doomed: dict[int, str] = field(default_factory=dict)  # a dependency that can never be met -> why
+
+
+def array_target(counts: Mapping[JobState, int], started: int) -> Target:
+    """An array as one target, from its elements counted by state and how many ever started:
+    the first pending state (running, preempted, queued) while any element is pending, else
+    failed if any ended badly, else succeeded. The head (from its store) and the simulator
+    (from its own jobs) both sum an array up here, so a dependency on an array means one thing."""
+    total = sum(counts.values())
+    bad = counts.get(JobState.FAILED, 0) + counts.get(JobState.CANCELLED, 0)
+    pending = next((s for s in _PENDING if counts.get(s, 0)), None)
+    state = pending or (JobState.FAILED if bad else JobState.SUCCEEDED)
+    return Target(state, started == total, bad > 0)
+
+
+def array_times(
+    latest: float | None, unknown: int, limit: float, throttle: int | None, now: float
+) -> tuple[float | None, float | None]:
+    """When an array's last element is expected to start and to end (an `after` dependency
+    waits for the first, the others for the second): the latest known start of its pending
+    elements, that plus their (shared) limit; elements with no estimate yet (held back by the
+    throttle) follow in waves of `throttle`, each one limit long, the last wave starting one
+    limit before the end. (None, None): nothing pending, or no way to tell."""
+    if unknown == 0:
+        return (None, None) if latest is None else (latest, latest + limit)
+    if throttle is None:
+        return None, None
+    base = max(now, latest + limit if latest is not None else now)
+    end = base + -(-unknown // throttle) * limit
+    return end - limit, end
 
 
 def verdict(kind: DependencyKind, target: Target) -> Verdict:
@@ -89,7 +119,7 @@ def eligible(
     keep: list[JobRequest] = []
     waits: dict[int, Wait] = {}
     doomed: dict[int, str] = {}
-    ends: dict[int, float] = {}  # jobs waiting here: expected end, for their own dependents
+    ends: dict[int, tuple[float, float]] = {}  # jobs waiting here: expected start and end, for their dependents
     queue = queued if isinstance(queued, tuple | list) else tuple(queued)
     # Dependent jobs first, in id order (a chain's earlier steps have smaller ids); the rest of
     # the queue is not sorted: a cycle with 100,000 queued pays for no sort it does not need.
@@ -100,7 +130,8 @@ def eligible(
         elif blocked is not None:
             waits[job.job_id] = blocked
             if blocked.estimated_start is not None:
-                ends[job.job_id] = blocked.estimated_start + (job.time_limit_s or default_time_limit_s)
+                start = blocked.estimated_start
+                ends[job.job_id] = (start, start + (job.time_limit_s or default_time_limit_s))
     throttled: dict[int, list[JobRequest]] = {}
     for job in queue:
         if job.job_id in waits or job.job_id in doomed:
@@ -128,7 +159,7 @@ def eligible(
 
 
 def _dependencies(
-    job: JobRequest, targets: Mapping[tuple[int, bool], Target], ends: Mapping[int, float], now: float
+    job: JobRequest, targets: Mapping[tuple[int, bool], Target], ends: Mapping[int, tuple[float, float]], now: float
 ) -> Wait | str | None:
     """None: all met. A Wait: some unmet, with the first named. A string: one never can be."""
     unmet: list[tuple[Dependency, Target]] = []
@@ -141,7 +172,9 @@ def _dependencies(
             return f"dependency can never be met: {label(dep)} {target.state.value} ({dep.kind.value})"
         if v is Verdict.WAITING:
             if not dep.array and dep.job_id in ends:
-                target = Target(target.state, target.started, target.any_failed, None, ends[dep.job_id])
+                # a target that itself waits here: its start and end through the chain (an
+                # `after` dependent waits for the start)
+                target = Target(target.state, target.started, target.any_failed, *ends[dep.job_id])
             unmet.append((dep, target))
     if not unmet:
         return None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from gpucluster.core.arrays import Sweep, element_env, substitute
 from gpucluster.core.eligibility import Eligibility, eligible
 from gpucluster.core.states import JobState
-from gpucluster.core.types import JobRequest, Wait
+from gpucluster.core.types import DependencyKind, JobRequest, Wait
 
 if TYPE_CHECKING:
     from gpucluster.head.loop import Head
@@ -30,6 +30,9 @@ class Gates:
     def __init__(self, head: Head) -> None:
         self.head = head
         self.waits: dict[int, Wait] = {}  # the jobs eligibility kept back in the last cycle, and why
+        # Some queued job waits for another to start (`after`): a cycle that starts jobs must be
+        # followed by another at once, not at the next periodic replan, as in the simulator.
+        self.awaits_start = False
 
     def eligible(self, queued: tuple[JobRequest, ...], now: float) -> tuple[JobRequest, ...]:
         """The queue the scheduler may start from; the rest get their reason in `waits`, and a
@@ -37,9 +40,11 @@ class Gates:
         wanted: set[tuple[int, bool]] = set()
         arrays: set[int] = set()
         held = False
+        self.awaits_start = False
         for r in queued:  # one pass: at 100,000 queued every pass over the queue shows in a cycle
             if r.after:
                 wanted.update((d.job_id, d.array) for d in r.after)
+                self.awaits_start = self.awaits_start or any(d.kind is DependencyKind.AFTER for d in r.after)
             if r.array_id is not None:
                 arrays.add(r.array_id)
             held = held or r.held

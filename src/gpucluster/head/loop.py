@@ -567,6 +567,8 @@ class Head:
         for start in plan.starts:
             planned = self.queue.remove(start.job_id)
             self._start(start.job_id, start.allocation, now, planned)
+        if plan.starts and self.gates.awaits_start:
+            self._capacity_changed = True  # a job waiting for one of these to start may go now
         # a preemptor that starts holds nothing back any more
         self.preempted_for = held_back_after(self.preempted_for, plan, stopped)
         if plan.starts:

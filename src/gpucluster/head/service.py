@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from gpucluster.auth import grants
 from gpucluster.auth.identity import Denied, Identity
+from gpucluster.core.arrays import selected
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Limit
 from gpucluster.core.pools import closed_nodes, restrict
@@ -51,6 +52,9 @@ from gpucluster.models import (
     LimitsOut,
     MetricSeries,
     NodeOut,
+    PipelineEdge,
+    PipelineJob,
+    PipelineOut,
     PolicyOut,
     PoolOut,
     Progress,
@@ -70,6 +74,8 @@ if TYPE_CHECKING:
     from gpucluster.telemetry.monitor import TelemetryMonitor
 
 REQUEUED_BY_USER = "requeued by user"
+MAX_PIPELINE_JOBS = 100  # a pipeline drawing shows at most this many steps
+MAX_PIPELINE_SCAN = 5000  # newer jobs with dependencies looked at for a job's dependents
 
 
 class NotFound(LookupError):
@@ -168,8 +174,28 @@ class ClusterService:
             return [i for i, _ in self.store.array_elements(job_id)]
         return [job_id]
 
-    def hold(self, job_id: int, held: bool, index: int | None = None) -> HoldOut:
-        """Hold (or release) a queued job, an array's queued elements, or one element."""
+    def chosen(self, job_id: int, index: int | None, states: Collection[str]) -> list[int]:
+        """The jobs an operation with a state filter acts on: those of `members` whose state is
+        among `states` (core/arrays.py ELEMENT_STATES), e.g. an array's queued elements only."""
+        if index is not None or self.store.array(job_id) is not None:
+            found = self.store.element_states(job_id, index)
+            if index is not None and not found:
+                raise NotFound(f"array {job_id} has no element {index}")
+            return [i for i, state, held in found if selected(state, held, states)]
+        record = self.store.get_job(job_id)
+        if record is None:
+            raise NotFound(f"no job with id {job_id}")
+        return [job_id] if selected(record.state, record.held, states) else []
+
+    def hold(self, job_id: int, held: bool, index: int | None = None, states: Collection[str] = ()) -> HoldOut:
+        """Hold (or release) a queued job, an array's queued elements, or one element; with
+        `states`, only the elements in those states (`release 41 --state held` is `release 41`)."""
+        if states:
+            changed = self.store.set_held(self.chosen(job_id, index, states), held)
+            if changed:
+                self.head.queue.invalidate()
+                self.head.nodes_changed()
+            return HoldOut(changed=changed, count=len(changed))
         if index is None and self.store.array(job_id) is not None:
             count = self.store.set_array_held(job_id, held)  # one statement for the whole array
             if count:
@@ -189,15 +215,97 @@ class ClusterService:
                 raise Conflict(f"job {ids[0]} is {record.state.value}; only a queued job can be held or released")
         return HoldOut(changed=changed, count=len(changed))
 
+    def pipeline(self, job_id: int, teams: Collection[str] | None) -> PipelineOut:
+        """The chain through `job_id` (an element: its array): what it waits for, what waits for
+        it, each step's state and expected start and end, for the dashboard's drawing. Only jobs
+        of `teams` (None: all) are shown or followed: another team's step is left out."""
+        root = self.store.get_job(job_id)
+        if root is None:
+            raise NotFound(f"no job with id {job_id}")
+        start = root.array_id if root.array_id is not None else root.id
+        depth = {start: 0}
+        records: dict[int, JobRecord] = {start: root} if root.id == start else {}
+        edges: set[tuple[int, int, str]] = set()
+        truncated = False
+
+        def load(ids: list[int]) -> None:
+            missing = [i for i in ids if i not in records]
+            records.update({r.id: r for r in self.store.list_jobs(ids=missing)} if missing else {})
+
+        # What it waits for, step by step back (a spec names its targets; an array by its id).
+        frontier = [start]
+        while frontier:
+            load(frontier)
+            back: list[int] = []
+            for key in frontier:
+                record = records.get(key)
+                if record is None or (teams is not None and record.team not in teams):
+                    continue
+                for kind, target in _dependencies(record.spec):
+                    edges.add((target, key, kind))
+                    if target not in depth:
+                        if len(depth) >= MAX_PIPELINE_JOBS:
+                            truncated = True
+                            continue
+                        depth[target] = depth[key] - 1
+                        back.append(target)
+            frontier = back
+        # What waits for it: newer jobs whose specs name a step already found, in id order, so a
+        # chain is followed in one pass.
+        later = self.store.specs_with_dependencies(start, MAX_PIPELINE_SCAN)
+        for dependent, spec in later:
+            for kind, target in _dependencies(spec):
+                if target in depth and depth[target] >= 0 and dependent != target:
+                    edges.add((target, dependent, kind))
+                    if dependent not in depth:
+                        if len(depth) >= MAX_PIPELINE_JOBS:
+                            truncated = True
+                            continue
+                        depth[dependent] = depth[target] + 1
+        truncated = truncated or len(later) >= MAX_PIPELINE_SCAN
+        load(list(depth))
+        shown = {k: r for k, r in records.items() if k in depth and (teams is None or r.team in teams)}
+        now = self.head.clock()
+        targets = self.store.dependency_targets(
+            [(k, r.array_id == k) for k, r in shown.items()], self.head.policy.default_time_limit_s, now
+        )
+        arrays = self.store.array_counts(k for k, r in shown.items() if r.array_id == k)
+        jobs = []
+        for key in sorted(shown, key=lambda k: (depth[k], k)):
+            r = shown[key]
+            t = targets.get((key, r.array_id == key))
+            jobs.append(
+                PipelineJob(
+                    id=key,
+                    name=r.spec.name or f"job-{key}",
+                    state=t.state if t is not None else r.state,
+                    depth=depth[key],
+                    array_counts=arrays.get(key),
+                    started_at=r.started_at,
+                    ended_at=r.ended_at,
+                    expected_start=t.expected_start if t is not None and not t.state.terminal else None,
+                    expected_end=t.expected_end if t is not None and not t.state.terminal else None,
+                )
+            )
+        out_edges = [PipelineEdge(source=s, target=d, kind=k) for s, d, k in sorted(edges) if s in shown and d in shown]
+        return PipelineOut(jobs=jobs, edges=out_edges, truncated=truncated)
+
     def set_throttle(self, job_id: int, throttle: int | None) -> Job:
         if not self.store.set_throttle(job_id, throttle):
             raise Rejected("throttle", f"job {job_id} is not an array; a throttle limits an array's elements")
         self.head.nodes_changed()
         return self.job(job_id)
 
-    def cancel_many(self, job_id: int, index: int | None = None) -> Job:
+    def cancel_many(self, job_id: int, index: int | None = None, states: Collection[str] = ()) -> Job:
         """Cancel an array (or one element): queued elements at once in one transaction,
-        running ones with SIGTERM then SIGKILL, as `cancel`."""
+        running ones with SIGTERM then SIGKILL, as `cancel`. With `states`, only the jobs (an
+        array's elements) in those states: `cancel 41 --state queued` leaves the running ones."""
+        if states:
+            for i in self.chosen(job_id, index, states):
+                with contextlib.suppress(Conflict):  # it ended meanwhile: nothing left to cancel
+                    self._cancel(i)
+            self.head.wake.set()
+            return self.job(job_id)
         ids = self.members(job_id, index)
         if len(ids) == 1:
             return self.cancel(ids[0])
@@ -317,6 +425,10 @@ class ClusterService:
         return self.store.count_matching_jobs(states=states, team=team, teams=teams, text=text, collapse=collapse)
 
     def cancel(self, job_id: int) -> Job:
+        self._cancel(job_id)
+        return self.job(job_id)
+
+    def _cancel(self, job_id: int) -> None:
         now = self.head.clock()
         record = self.store.get_job(job_id)
         if record is None:
@@ -329,17 +441,42 @@ class ClusterService:
                 "cancelled by user while queued",
                 expect=[JobState.QUEUED, JobState.PREEMPTED],
             ):
-                return self.cancel(job_id)  # it started meanwhile: stop it as a running job
+                self._cancel(job_id)  # it started meanwhile: stop it as a running job
+                return
             self.head.queue.remove(job_id)
         elif record.state is JobState.RUNNING:
             if record.stop_reason != "cancel":
                 self.head.request_stop(job_id, "cancel")
         else:
             raise Conflict(f"job {job_id} already ended ({record.state.value})")
+
+    def requeue_many(self, job_id: int, index: int | None = None, states: Collection[str] = ()) -> Job:
+        """Requeue a job, one element (`index`), or an array's running elements (those of
+        `states` only, if given: a requeue applies to running jobs, so `--state queued` picks
+        none). A single job or element that is not running is refused (409), as `requeue`."""
+        if states:
+            ids = self.chosen(job_id, index, states)
+        elif index is not None or self.store.array(job_id) is not None:
+            ids = self.members(job_id, index)
+        else:
+            return self.requeue(job_id)
+        if index is not None and not states:
+            return self.requeue(ids[0])
+        for i, state in self._states(ids):
+            if state is JobState.RUNNING:
+                with contextlib.suppress(Conflict):  # it ended or began to stop meanwhile
+                    self._requeue(i)
         return self.job(job_id)
+
+    def _states(self, ids: list[int]) -> list[tuple[int, JobState]]:
+        return [(r.id, r.state) for r in self.store.list_jobs(ids=ids)] if ids else []
 
     def requeue(self, job_id: int) -> Job:
         """Checkpoint-and-requeue a running job: the preemption path, asked for by a user."""
+        self._requeue(job_id)
+        return self.job(job_id)
+
+    def _requeue(self, job_id: int) -> None:
         record = self.store.get_job(job_id)
         if record is None:
             raise NotFound(f"no job with id {job_id}")
@@ -351,7 +488,6 @@ class ClusterService:
                 raise Conflict(f"job {job_id} ended meanwhile")
             if fresh.stop_reason != "preempt":
                 raise Conflict(f"job {job_id} is already stopping ({fresh.stop_reason})")
-        return self.job(job_id)
 
     # ---- update (gpucluster update) -----------------------------------------------------------
 

@@ -24,7 +24,7 @@ import math
 import random
 import time
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate, count
@@ -33,12 +33,13 @@ from typing import cast
 from gpucluster.core.accounting import Budget, Spend, hold_message, over_budget, period_end
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.elastic import grow
+from gpucluster.core.eligibility import Target, array_target, eligible
 from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.snapshot import held_back_after
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob, Start
+from gpucluster.core.types import Allocation, DependencyKind, JobRequest, Node, RunningJob, Start
 from gpucluster.sim import scheduling
 from gpucluster.sim.errors import SimulationError
 from gpucluster.sim.runtime import Progress, Timeline, allreduce_slowdown, checkpoint_interval, progress, timeline
@@ -53,7 +54,7 @@ EPS = 1e-9
 _END, _STOPPED, _CKPT, _FAIL, _REPAIR, _REPLAN = range(6)
 _BACKOFF, _PERIODIC, _CYCLE = 0, 1, 2  # why a _REPLAN
 # outcomes, as RunResult.outcome stores them (one byte per job); the lifecycle says which
-SUCCEEDED, FAILED_TIME_LIMIT, FAILED_RESTARTS, NEVER_STARTED, FAILED_BUDGET = 0, 1, 2, 3, 4
+SUCCEEDED, FAILED_TIME_LIMIT, FAILED_RESTARTS, NEVER_STARTED, FAILED_BUDGET, CANCELLED_DEPENDENCY = range(6)
 _OUTCOME_OF = {
     Why.SUCCEEDED: SUCCEEDED,
     Why.TIME_LIMIT: FAILED_TIME_LIMIT,
@@ -252,6 +253,8 @@ class Engine:
         self._team_queued = [0.0] * len(teams)
         self._weights = [policy.entitlement(t) for t in teams]
         self._fail_rng = random.Random(f"{seed}/failures")
+        self._regate = False  # a job others wait to see start (`after`) started: apply eligibility again
+        self._init_gates(jobs)
         self.result = RunResult(policy=policy, teams=teams)
         self.result.team_totals = [[0.0] * CATEGORY_COUNT for _ in teams]
         self.result.group_busy_gpu_s = {g.name: 0.0 for g in spec.groups}
@@ -335,10 +338,16 @@ class Engine:
                     self._wake(tick, _CYCLE)
             elif self._dirty:
                 self._dirty = False
-                if self._queued and scheduling.can_change_anything(self.policy, self._up_gpus - self._busy_gpus):
-                    self._schedule(t)
-                elif self._queued:
-                    res.decide_skipped += 1
+                while True:
+                    if self._gated and self._gate_dirty:
+                        self._gate(t)
+                    if self._queued and scheduling.can_change_anything(self.policy, self._up_gpus - self._busy_gpus):
+                        self._schedule(t)
+                    elif self._queued:
+                        res.decide_skipped += 1
+                    if not self._regate:
+                        break
+                    self._regate = False  # a job others wait to see start (`after`) just started
                 if self._may_grow:
                     self._grow(t)
             loops += 1
@@ -387,14 +396,41 @@ class Engine:
             res = self.result
             res.skipped[why] = res.skipped.get(why, 0) + 1
             res.skipped_gpu_s += trace.duration * trace.gpus
+            if self._is_target(trace):  # its dependents see it as cancelled: it never runs
+                self._ended[trace.job_id] = (JobState.CANCELLED, False)
+                self._count(trace, None, JobState.CANCELLED)
+                self._gate_dirty = True
             return
         job = SimJob(trace, request, self._interval(trace), self._team_index[trace.team])
+        if self._array_counts:
+            self._count(trace, None, JobState.QUEUED)
         self._active[trace.job_id] = job
         self._enqueue(job)
 
     def _enqueue(self, job: SimJob) -> None:
+        if self._array_counts and job.state is not JobState.QUEUED:
+            self._count(job.trace, job.state, JobState.QUEUED)
         job.state = JobState.QUEUED
         job.stop = None
+        trace = job.trace
+        if self._targets_any and self._is_target(trace):
+            self._gate_dirty = True  # a target back in the queue (requeued): its dependents may see it
+        if trace.throttle is not None and trace.array_id is not None:
+            self._gated[trace.job_id] = job.request  # eligibility (`_gate`) admits it
+            insort(self._pending[trace.array_id], trace.job_id)
+        elif trace.after:
+            self._gated[trace.job_id] = job.request
+            self._unmet[trace.job_id] = job.request
+        else:
+            self._admit(job)
+            return
+        self._gate_dirty = True
+        self._dirty = True
+
+    def _admit(self, job: SimJob) -> None:
+        """Into the queue the scheduler sees."""
+        if job.trace.throttle is not None and job.trace.array_id is not None:
+            self._admitted[job.trace.array_id].add(job.trace.job_id)
         self._queued[job.trace.job_id] = job.request
         self._queue_index.add(job.request)
         self._team_queued[job.team] += job.trace.gpus
@@ -505,6 +541,18 @@ class Engine:
         if self.keep_starts:
             self.result.starts.append((now, start.job_id, alloc))
         self._queue_index.remove(self._queued.pop(start.job_id))
+        trace = job.trace
+        if trace.throttle is not None and trace.array_id is not None:
+            self._gated.pop(start.job_id, None)
+            pending = self._pending[trace.array_id]
+            del pending[bisect_left(pending, start.job_id)]
+            self._admitted[trace.array_id].discard(start.job_id)
+            self._array_running[trace.array_id] = self._array_running.get(trace.array_id, 0) + 1
+            self._gate_dirty = True
+        if self._targets_any and self._is_target(trace):
+            self._gate_dirty = True
+            if trace.job_id in self._after_jobs or trace.array_id in self._after_arrays:
+                self._regate = True
         team = job.team
         self._team_queued[team] -= job.trace.gpus
         self._team_running[team] += job.held
@@ -526,6 +574,8 @@ class Engine:
             speed /= allreduce_slowdown(self.spec.allreduce, gpus, len(alloc.slices), g.nvlink_gbps, g.network_gbps)
         if job.trace.gpus >= 1 and job.held < job.trace.gpus:
             speed *= job.held / job.trace.gpus  # elastic, started smaller: the same work takes longer
+        if self._array_counts:
+            self._count(job.trace, job.state, JobState.RUNNING, first=job.first_start < 0)
         job.state = JobState.RUNNING
         if job.trace.team in self._budgets:
             self._budget_rate(job.trace.team, price_s, job.held, now)
@@ -576,6 +626,9 @@ class Engine:
         on a stop."""
         jid = job.trace.job_id
         self._capacity.remove(self._running.pop(jid))
+        if job.trace.throttle is not None and job.trace.array_id is not None:
+            self._array_running[job.trace.array_id] -= 1
+            self._gate_dirty = True
         for node, i, share in job.keys:
             left = self._used[(node, i)] - share
             if left <= EPS:
@@ -633,7 +686,12 @@ class Engine:
 
     def _finish(self, job: SimJob, now: float, after: Next) -> None:
         del self._active[job.trace.job_id]
+        if self._array_counts:
+            self._count(job.trace, job.state, after.state)
         job.state = after.state
+        if self._targets_any and self._is_target(job.trace):
+            self._ended[job.trace.job_id] = (after.state, job.first_start >= 0)
+            self._gate_dirty = True
         self._record(job, now, _OUTCOME_OF[after.why])
 
     def _record(self, job: SimJob, now: float, outcome: int) -> None:
@@ -644,6 +702,152 @@ class Engine:
         res.end.append(now)
         res.team.append(job.team)
         res.outcome.append(outcome)
+
+    # ---- eligibility: dependencies and array throttles ---------------------------------------
+
+    def _init_gates(self, jobs: list[TraceJob]) -> None:
+        """What eligibility needs from the trace: the throttled arrays, and the jobs and arrays
+        that others depend on (their ends are remembered, an array's elements counted by state)."""
+        # Queued jobs eligibility looks at, admitted to the scheduler's queue or not: elements of
+        # throttled arrays until they start, and dependents until their dependencies are met
+        # (for good: a met verdict never changes) or can never be.
+        self._gated: dict[int, JobRequest] = {}
+        self._unmet: dict[int, JobRequest] = {}  # dependents, not in a throttled array, still waiting
+        self._pending: dict[int, list[int]] = {}  # throttled array -> its queued elements' ids, sorted
+        self._admitted: dict[int, set[int]] = {}  # throttled array -> its elements in the scheduler's queue
+        self._gate_dirty = False  # something eligibility depends on changed since it last ran
+        self._targets_any = False
+        self._array_counts: dict[int, dict[JobState, int]] = {}  # target arrays: elements by state
+        self._array_started: dict[int, int] = {}  # target arrays: elements that ever started
+        self._throttles: dict[int, int] = {}
+        self._array_running: dict[int, int] = {}
+        self._target_jobs: set[int] = set()
+        self._target_arrays: set[int] = set()
+        self._after_jobs: set[int] = set()  # targets of `after`: their start matters at once
+        self._after_arrays: set[int] = set()
+        self._ended: dict[int, tuple[JobState, bool]] = {}  # targets that ended: state, ever started
+        if not any(j.array_id is not None or j.after for j in jobs):
+            return  # a trace without arrays or dependencies pays nothing more
+        for j in jobs:
+            if j.array_id is not None and j.throttle is not None and j.array_id not in self._throttles:
+                self._throttles[j.array_id] = j.throttle
+                self._pending[j.array_id] = []
+                self._admitted[j.array_id] = set()
+            for d in j.after:
+                (self._target_arrays if d.array else self._target_jobs).add(d.job_id)
+                if d.kind is DependencyKind.AFTER:
+                    (self._after_arrays if d.array else self._after_jobs).add(d.job_id)
+        self._targets_any = bool(self._target_jobs or self._target_arrays)
+        self._array_counts = {a: {} for a in self._target_arrays}
+        self._array_started = dict.fromkeys(self._target_arrays, 0)
+
+    def _count(self, trace: TraceJob, old: JobState | None, new: JobState, first: bool = False) -> None:
+        """Keep a target array's elements counted by state (and how many ever started), so a
+        dependency on a 100,000-element array is summed up without looking at each element."""
+        counts = self._array_counts.get(trace.array_id) if trace.array_id is not None else None
+        if counts is None:
+            return
+        if old is not None:
+            counts[old] -= 1
+        counts[new] = counts.get(new, 0) + 1
+        if first:
+            self._array_started[cast(int, trace.array_id)] += 1
+
+    def _is_target(self, trace: TraceJob) -> bool:
+        return trace.job_id in self._target_jobs or trace.array_id in self._target_arrays
+
+    def _gate(self, now: float) -> None:
+        """Apply the head's eligibility rules (core/eligibility.py) to the queued jobs that have
+        dependencies or belong to a throttled array: admit the eligible ones to the scheduler's
+        queue, take back those no longer eligible (a requeued lower element takes its place under
+        the throttle), and cancel those whose dependency can never be met; their own dependents
+        follow in the next pass, at the same instant.
+
+        Why not the whole gated queue each time: of a throttled array only its `throttle` lowest
+        queued elements can be eligible (the rule takes the lowest first), and a dependent whose
+        dependencies are met stays met, so it leaves eligibility once admitted: a 100,000-element
+        sweep costs each pass its throttle, not its size."""
+        self._gate_dirty = False
+        while True:
+            candidates = list(self._unmet.values())
+            for array_id, ids in self._pending.items():
+                head = ids[: self._throttles[array_id]]
+                candidates.extend(self._gated[i] for i in head)
+                for jid in self._admitted[array_id].difference(head):
+                    self._withdraw(jid)  # a lower element came back and takes its place
+            if not candidates:
+                return
+            result = eligible(
+                candidates,
+                self._targets(candidates),
+                self._array_running,
+                self._throttles,
+                now,
+                self.policy.core.default_time_limit_s,
+            )
+            ok = {r.job_id for r in result.eligible}
+            for r in candidates:
+                jid = r.job_id
+                if jid in ok:
+                    if jid not in self._queued:
+                        self._admit(self._active[jid])
+                    if jid in self._unmet:  # met for good: a plain queued job from now on
+                        del self._unmet[jid]
+                        del self._gated[jid]
+                elif jid in self._queued:
+                    self._withdraw(jid)
+            for jid in result.doomed:
+                self._cancel_doomed(self._active[jid], now)
+            if not result.doomed:
+                return
+
+    def _targets(self, candidates: list[JobRequest]) -> dict[tuple[int, bool], Target]:
+        wanted = {(d.job_id, d.array) for r in candidates for d in r.after}
+        out: dict[tuple[int, bool], Target] = {}
+        for jid, is_array in wanted:
+            if not is_array:
+                seen = self._state_of(jid)
+                if seen is not None:
+                    out[(jid, False)] = Target(seen[0], seen[1])
+                continue
+            counts = {state: n for state, n in self._array_counts.get(jid, {}).items() if n}
+            if counts:
+                out[(jid, True)] = array_target(counts, self._array_started[jid])
+        return out
+
+    def _state_of(self, job_id: int) -> tuple[JobState, bool] | None:
+        job = self._active.get(job_id)
+        if job is not None:
+            return job.state, job.attempts > 0
+        return self._ended.get(job_id)
+
+    def _withdraw(self, job_id: int) -> None:
+        """Out of the scheduler's queue, back to waiting on eligibility."""
+        self._queue_index.remove(self._queued.pop(job_id))
+        job = self._active[job_id]
+        if job.trace.throttle is not None and job.trace.array_id is not None:
+            self._admitted[job.trace.array_id].discard(job_id)
+        self._team_queued[job.team] -= job.trace.gpus
+        self._dirty = True
+
+    def _cancel_doomed(self, job: SimJob, now: float) -> None:
+        """A dependency that can never be met cancels the job, as on the head."""
+        jid = job.trace.job_id
+        if jid in self._queued:
+            self._withdraw(jid)
+        del self._gated[jid]
+        self._unmet.pop(jid, None)
+        if job.trace.throttle is not None and job.trace.array_id is not None:
+            pending = self._pending[job.trace.array_id]
+            del pending[bisect_left(pending, jid)]
+        job.token += 1
+        del self._active[jid]
+        if self._array_counts:
+            self._count(job.trace, job.state, JobState.CANCELLED)
+        job.state = JobState.CANCELLED
+        if self._is_target(job.trace):
+            self._ended[jid] = (JobState.CANCELLED, job.first_start >= 0)
+        self._record(job, now, CANCELLED_DEPENDENCY)
 
     # ---- budgets ----------------------------------------------------------------------------
 
@@ -847,7 +1051,9 @@ class Engine:
 
     def _sample(self) -> None:
         series = self.result.series
-        series.queued_jobs.append(len(self._queued))
+        # queued as on the head: also the jobs eligibility holds back (dependencies, throttles)
+        held_back = len(self._unmet) + sum(len(ids) - len(self._admitted[a]) for a, ids in self._pending.items())
+        series.queued_jobs.append(len(self._queued) + held_back)
         series.running_jobs.append(len(self._running))
         series.jain.append(self._jain())
 

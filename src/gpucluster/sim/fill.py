@@ -88,6 +88,7 @@ class Filler:
             max_restarts=raw.max_restarts,
             user=raw.user or "",
             selection=raw.selection,
+            gates=raw.gates,
         )
 
     def _priority(self) -> Priority:

@@ -24,6 +24,7 @@ from array import array
 from typing import Any
 
 from gpucluster.sim.engine import (
+    CANCELLED_DEPENDENCY,
     CKPT,
     COST,
     ENERGY,
@@ -72,7 +73,8 @@ def stats(values: list[float]) -> dict[str, float | int]:
 
 def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
     """Every number of one policy's run."""
-    ended = [i for i, e in enumerate(res.end) if e >= 0]
+    # Jobs cancelled by a dependency never ran: no completion time.
+    ended = [i for i, e in enumerate(res.end) if e >= 0 and res.outcome[i] != CANCELLED_DEPENDENCY]
     jct = [res.end[i] - res.submit[i] for i in ended]
     started = [i for i, s in enumerate(res.first_start) if s >= 0]
     delay = [res.first_start[i] - res.submit[i] for i in started]
@@ -92,7 +94,7 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
     attributed = math.fsum(t[COST] for t in totals)
     busy_kwh = math.fsum(t[ENERGY] for t in totals)
     contended = [j for j in res.series.jain if not math.isnan(j)]
-    outcomes = array("i", [0, 0, 0, 0, 0])
+    outcomes = array("i", [0] * 6)
     for o in res.outcome:
         outcomes[o] += 1
     return {
@@ -105,6 +107,7 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
             "failed_too_many_restarts": outcomes[FAILED_RESTARTS],
             "never_started": outcomes[NEVER_STARTED],
             "failed_budget_stop": outcomes[FAILED_BUDGET],
+            "cancelled_by_dependency": outcomes[CANCELLED_DEPENDENCY],
             "skipped": sum(res.skipped.values()),
             "skipped_reasons": dict(sorted(res.skipped.items())),
             "skipped_gpu_hours": r(res.skipped_gpu_s / H),

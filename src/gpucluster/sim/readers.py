@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import shlex
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -19,35 +20,27 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpucluster.core.types import Priority
+from gpucluster.core.types import Dependency, DependencyKind, Priority
 from gpucluster.durations import parse_duration
 from gpucluster.models import MAX_GPUS_PER_JOB, JobSpec
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.fill import Filler, FillError
 from gpucluster.sim.formats import FORMATS
 from gpucluster.sim.spec import ClusterSpec
-from gpucluster.sim.workload import RawJob, Trace, TraceJob
+from gpucluster.sim.workload import RawJob, RowGates, Trace, TraceJob
 
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 TIRESIAS_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration", "interval")
 # The simulator's own fields; the rest of a native row is what `POST /v1/jobs` accepts (JobSpec).
-NATIVE_SIM_FIELDS = ("submit_time", "duration", "checkpoint_interval", "user")
+# `id`: the row's own id in the trace, which other rows' dependencies (after, afterok, ...) name.
+NATIVE_SIM_FIELDS = ("submit_time", "duration", "checkpoint_interval", "user", "id")
 NATIVE_FIELDS = NATIVE_SIM_FIELDS + tuple(JobSpec.model_fields)
 MAX_DURATION_S = 10 * 365 * 86400.0
-# JobSpec fields of arrays, sweeps, holds and dependencies (issue 20): the live head's only.
-NOT_SIMULATED = (
-    "array",
-    "sweep",
-    "throttle",
-    "hold",
-    "after",
-    "afterok",
-    "afternotok",
-    "afterany",
-    "aftercorr",
-    "allow_large_array",
-)
+# JobSpec fields the simulator cannot replay: a held job waits for a `gpucluster release` that a
+# trace cannot say when it came.
+NOT_SIMULATED = ("hold",)
+DEPENDENCY_FIELDS = ("after", "afterok", "afternotok", "afterany")
 
 
 class RowError(ValueError):
@@ -109,8 +102,64 @@ def read_trace(path: Path, spec: ClusterSpec, seed: int, fmt: str | None = None,
         raise SimInputError(f"{path}: not a readable CSV file: {e}") from None
     jobs.sort(key=lambda j: (j.submit, j.line))
     t0 = jobs[0].submit if jobs else 0.0
-    trace.jobs = [j._replace(job_id=i, submit=j.submit - t0) for i, j in enumerate(jobs, start=1)]
+    trace.jobs = _number_jobs(path, trace, jobs, t0, strict)
     return trace
+
+
+def _number_jobs(path: Path, trace: Trace, jobs: list[TraceJob], t0: float, strict: bool) -> list[TraceJob]:
+    """Number the jobs 1..N in submission order, as the head would: an array row takes one id per
+    element (its array id is the first's), and dependencies name rows by their trace `id`, which
+    become job ids here. A dependency must name a row submitted before its own (an earlier time,
+    or the same time and an earlier line), as on the head, where it must already exist: so no
+    cycle can form and a target always has the smaller id. A row naming an id that no earlier
+    usable row has is refused (and so, in turn, are rows that depend on it)."""
+    out: list[TraceJob] = []
+    known: dict[int, tuple[int, bool, dict[int, int]]] = {}  # trace id -> job id, is array, index -> job id
+    for j in jobs:
+        g = j.gates
+        if g is None:
+            out.append(j._replace(job_id=len(out) + 1, submit=j.submit - t0))
+            continue
+        try:
+            after = _resolve(g, known)
+        except RowError as e:
+            if strict:
+                raise SimInputError(f"{path}:{j.line}: {e} (--strict stops at the first bad row)") from None
+            trace.add_error(j.line, str(e))
+            continue
+        first = len(out) + 1
+        base = j._replace(submit=j.submit - t0, gates=None, after=after)
+        if g.indices is None:
+            out.append(base._replace(job_id=first))
+            by_index: dict[int, int] = {}
+        else:
+            corr = known[g.corr][2] if g.corr is not None else {}
+            by_index = {}
+            for k, index in enumerate(g.indices):
+                pair = (Dependency(DependencyKind.AFTEROK, corr[index]),) if index in corr else ()
+                by_index[index] = first + k
+                out.append(
+                    base._replace(
+                        job_id=first + k, array_id=first, array_index=index, throttle=g.throttle, after=after + pair
+                    )
+                )
+        if g.trace_id is not None:
+            known[g.trace_id] = (first, g.indices is not None, by_index)
+    return out
+
+
+def _resolve(g: RowGates, known: dict[int, tuple[int, bool, dict[int, int]]]) -> tuple[Dependency, ...]:
+    if g.trace_id is not None and g.trace_id in known:
+        raise RowError(f"id {g.trace_id} is already used by an earlier row")
+    deps: list[Dependency] = []
+    for kind, tid in g.after:
+        if tid not in known:
+            raise RowError(f"{kind}: no row submitted before this one has id {tid}")
+        job_id, is_array, _ = known[tid]
+        deps.append(Dependency(DependencyKind(kind), job_id, is_array))
+    if g.corr is not None and not (g.corr in known and known[g.corr][1]):
+        raise RowError(f"aftercorr: no array row submitted before this one has id {g.corr}")
+    return tuple(deps)
 
 
 Rows = Iterator[tuple[int, RawJob | RowError]]
@@ -253,9 +302,16 @@ def native_job(row: dict[str, Any]) -> RawJob:
     fields = {k: v for k, v in row.items() if k not in NATIVE_SIM_FIELDS and v is not None and v != ""}
     live_only = sorted(k for k in fields if k in NOT_SIMULATED and fields[k] not in (False, [], "false"))
     if live_only:
-        # Accepted by the live head, but the simulator would run such a row as one plain job:
-        # refused rather than replayed wrongly (write an array's elements as rows of their own).
-        raise RowError(f"{', '.join(live_only)}: arrays, sweeps, holds and dependencies are not simulated yet")
+        # Accepted by the live head, but nothing in a trace says when the hold was released.
+        raise RowError(f"{', '.join(live_only)}: a held job is not simulated (no release time); leave it out")
+    for k in DEPENDENCY_FIELDS:
+        if isinstance(fields.get(k), str | int):
+            fields[k] = _id_list(k, str(fields[k]))
+    if isinstance(fields.get("sweep"), str):
+        try:
+            fields["sweep"] = json.loads(fields["sweep"])
+        except json.JSONDecodeError:
+            raise RowError('sweep must be a JSON object, e.g. {"lr": [0.1, 0.01]}') from None
     if isinstance(fields.get("command"), str):
         fields["command"] = [fields["command"]] if _truthy(fields.get("shell")) else shlex.split(fields["command"])
     if isinstance(fields.get("env"), str):
@@ -306,6 +362,37 @@ def native_job(row: dict[str, Any]) -> RawJob:
         max_restarts=spec.max_restarts if "max_restarts" in fields else None,
         user=_user(row.get("user")),
         selection=spec.selection,
+        gates=_gates(row, spec),
+    )
+
+
+def _id_list(key: str, text: str) -> list[int]:
+    """A CSV cell's ids: `3`, `3,4` (quoted in CSV), `3 4` or `3;4`."""
+    parts = [p for p in re.split(r"[,;\s]+", text.strip()) if p]
+    if not all(p.isdigit() for p in parts):
+        raise RowError(f'{key}: give the trace ids of earlier rows, e.g. 3 or "3,4"; got {text!r}')
+    return [int(p) for p in parts]
+
+
+def _gates(row: dict[str, Any], spec: JobSpec) -> RowGates | None:
+    """The row's array and dependencies, or None for a plain job (the common case: no cost)."""
+    raw_id = row.get("id")
+    trace_id: int | None = None
+    if raw_id is not None and raw_id != "":
+        text = str(raw_id).strip()
+        if isinstance(raw_id, bool) or not text.isdigit():
+            raise RowError(f"id must be a whole number (the row's id, which dependencies name); got {raw_id!r}")
+        trace_id = int(text)
+    shape = spec.array_spec
+    after = tuple((k, i) for k in DEPENDENCY_FIELDS for i in getattr(spec, k))
+    if trace_id is None and shape is None and not after:
+        return None
+    return RowGates(
+        trace_id=trace_id,
+        indices=shape.indices if shape is not None else None,
+        throttle=shape.throttle if shape is not None else None,
+        after=after,
+        corr=spec.aftercorr,
     )
 
 

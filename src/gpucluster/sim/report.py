@@ -17,7 +17,15 @@ from gpucluster.sim.engine import RunResult
 from gpucluster.sim.errors import SimInputError
 
 DAY = 86400.0
-OUTCOME = ("succeeded", "failed_time_limit", "failed_too_many_restarts", "never_started")
+# by RunResult.outcome (engine.py's SUCCEEDED ... CANCELLED_DEPENDENCY)
+OUTCOME = (
+    "succeeded",
+    "failed_time_limit",
+    "failed_too_many_restarts",
+    "never_started",
+    "failed_budget_stop",
+    "cancelled_dependency",
+)
 
 
 def write_report(
@@ -278,7 +286,15 @@ def _policy_section(name: str, m: dict[str, Any]) -> str:
     out = [f"<h2>Policy {_e(name)}</h2><p class=note>from {_e(m['policy_source'])}</p>"]
     out.append(
         _table(
-            ["jobs simulated", "succeeded", "failed: time limit", "failed: restarts", "never started", "skipped"],
+            [
+                "jobs simulated",
+                "succeeded",
+                "failed: time limit",
+                "failed: restarts",
+                "never started",
+                "cancelled: dependency",
+                "skipped",
+            ],
             [
                 [
                     f"{j['simulated']:,}",
@@ -286,6 +302,7 @@ def _policy_section(name: str, m: dict[str, Any]) -> str:
                     f"{j['failed_time_limit']:,}",
                     f"{j['failed_too_many_restarts']:,}",
                     f"{j['never_started']:,}",
+                    f"{j['cancelled_by_dependency']:,}",
                     f"{j['skipped']:,}",
                 ]
             ],

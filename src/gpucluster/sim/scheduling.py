@@ -97,6 +97,8 @@ def job_request(job: TraceJob, queued_at: float | None = None, not_before: float
         min_gpus=job.min_gpus,
         user=job.user,
         selection=job.selection,
+        after=job.after,
+        array_id=job.array_id,
     )
 
 

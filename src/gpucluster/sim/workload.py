@@ -11,10 +11,21 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gpucluster.core.selection import Selection
-from gpucluster.core.types import Priority
+from gpucluster.core.types import Dependency, Priority
 from gpucluster.sim.spec import CheckpointRule
 
 MAX_ROW_ERRORS_KEPT = 1000
+
+
+class RowGates(NamedTuple):
+    """A native row's array and dependencies as written, in the trace's own ids (`id`); read_trace
+    expands the array into elements and turns the ids into job ids (`TraceJob.after`)."""
+
+    trace_id: int | None  # the row's `id`, what other rows' dependencies name
+    indices: tuple[int, ...] | None  # an array's indices; None: one job
+    throttle: int | None  # an array's most elements at once
+    after: tuple[tuple[str, int], ...]  # (kind, trace id): after, afterok, afternotok, afterany
+    corr: int | None  # aftercorr: element i waits for element i of this array (afterok)
 
 
 class RawJob(NamedTuple):
@@ -38,6 +49,7 @@ class RawJob(NamedTuple):
     max_restarts: int | None = None  # None: the cluster spec's failures.max_restarts
     user: str | None = None  # who submitted it (Philly's optional `user` column; native `user`)
     selection: Selection | None = None  # nodelist, exclude, constraint, exclusive (native rows)
+    gates: RowGates | None = None  # native rows: an array, dependencies
 
 
 class TraceJob(NamedTuple):
@@ -61,6 +73,13 @@ class TraceJob(NamedTuple):
     max_restarts: int | None = None  # None: the cluster spec's failures.max_restarts
     user: str = ""  # "" when the trace names none: per-user limits (core/limits.py) do not apply
     selection: Selection | None = None  # which nodes it may use, whether alone (core/selection.py)
+    gates: RowGates | None = None  # as read; None once read_trace has resolved it into the fields below
+    # An array's element: its array's id (the first element's job id) and index, the array's
+    # throttle; dependencies on earlier jobs (core/eligibility.py applies them, as on the head).
+    array_id: int | None = None
+    array_index: int | None = None
+    throttle: int | None = None
+    after: tuple[Dependency, ...] = ()
 
 
 @dataclass(frozen=True)

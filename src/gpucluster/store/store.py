@@ -55,7 +55,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
-from gpucluster.core.eligibility import Target
+from gpucluster.core.eligibility import Target, array_target, array_times
 from gpucluster.core.lifecycle import StopReason, stop_overrides
 from gpucluster.core.limits import queued_refusal
 from gpucluster.core.policy import Limits
@@ -880,6 +880,30 @@ class Store:
         with self._read() as c:
             return [(int(i), JobState(st)) for i, st in c.execute(q)]
 
+    def element_states(self, array_id: int, index: int | None = None) -> list[tuple[int, JobState, bool]]:
+        """An array's elements (or the one at `index`) as (job id, state, held), in index order:
+        what a state filter (`cancel 41 --state held`) chooses from."""
+        j = schema.jobs.c
+        q = select(j.id, j.state, j.held).where(j.array_id == array_id).order_by(j.array_index)
+        if index is not None:
+            q = q.where(j.array_index == index)
+        with self._read() as c:
+            return [(int(i), JobState(st), bool(h)) for i, st, h in c.execute(q)]
+
+    def specs_with_dependencies(self, after_id: int, limit: int) -> list[tuple[int, JobSpec]]:
+        """The specs of jobs (an array: its first element) newer than `after_id` that have
+        dependencies, oldest first: where a pipeline's later steps are found (a dependent always
+        has a larger id than what it waits for)."""
+        j = schema.jobs.c
+        q = (
+            select(j.id, j.spec)
+            .where(j.id > after_id, j.request.like('%"d":%'), j.array_id.is_(None) | (j.array_id == j.id))
+            .order_by(j.id)
+            .limit(limit)
+        )
+        with self._read() as c:
+            return [(int(i), JobSpec.model_validate_json(text)) for i, text in c.execute(q)]
+
     def array_counts(self, array_ids: Iterable[int]) -> dict[int, dict[str, int]]:
         """Each array's elements counted by state, for a one-line listing."""
         wanted = list(array_ids)
@@ -1006,8 +1030,9 @@ class Store:
                     ).first()
                     limit = (json.loads(shape[0]).get("tl") if shape and shape[0] else None) or default_time_limit_s
                     throttle = shape[1] if shape else None
-                    end = _array_end(latest, unknown, limit, throttle, now)
-                    out[(array_id, True)] = replace(_array_target(counts, ever), expected_end=end)
+                    start, end = array_times(latest, unknown, limit, throttle, now)
+                    summary = array_target({JobState(k): n for k, n in counts.items()}, ever)
+                    out[(array_id, True)] = replace(summary, expected_start=start, expected_end=end)
         return out
 
     def get_job(self, job_id: int) -> JobRecord | None:
@@ -1719,29 +1744,6 @@ def _dependency_ids(spec: JobSpec) -> list[tuple[DependencyKind, int]]:
 def _resolve(spec: JobSpec, arrays: set[int]) -> tuple[Dependency, ...]:
     """A spec's dependencies, each target a job or (its id names an array) the whole array."""
     return tuple(Dependency(kind, i, i in arrays) for kind, i in _dependency_ids(spec))
-
-
-def _array_end(latest: float | None, unknown: int, limit: float, throttle: int | None, now: float) -> float | None:
-    """When an array's last element is expected to end: the latest known start of its pending
-    elements plus their (shared) limit; elements with no estimate yet (held back by the throttle)
-    follow in waves of `throttle`, each one limit long. None: nothing pending, or no way to tell."""
-    if unknown == 0:
-        return None if latest is None else latest + limit
-    if throttle is None:
-        return None
-    base = max(now, latest + limit if latest is not None else now)
-    return base + -(-unknown // throttle) * limit
-
-
-def _array_target(counts: dict[str, int], started: int) -> Target:
-    total = sum(counts.values())
-    pending = {s: counts.get(s.value, 0) for s in (JobState.RUNNING, JobState.PREEMPTED, JobState.QUEUED)}
-    bad = counts.get(JobState.FAILED.value, 0) + counts.get(JobState.CANCELLED.value, 0)
-    if any(pending.values()):
-        state = next(s for s, n in pending.items() if n)
-    else:
-        state = JobState.FAILED if bad else JobState.SUCCEEDED
-    return Target(state, started == total, bad > 0)
 
 
 def _request_of_spec(spec_json: str) -> str:

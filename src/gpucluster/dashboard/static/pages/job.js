@@ -4,6 +4,7 @@
 import { api, ApiError, hasEndpoint } from "../api.js";
 import { lineChart } from "../charts.js";
 import { LogTail } from "../logtail.js";
+import { pipelineGraph } from "./pipeline.js";
 import {
   fmtAllocation,
   fmtDuration,
@@ -176,6 +177,7 @@ export function jobPage(root, id) {
   const log = new LogTail(id);
   const head = h("div");
   const details = h("div");
+  const pipeline = h("div", { class: "pipeline-wrap" });
   const telemetry = h("div");
   let samplesDone = false; // an ended attempt's samples are fetched once
   const attemptSelect = h("select", { "aria-label": "attempt" });
@@ -193,6 +195,21 @@ export function jobPage(root, id) {
     const series = (await hasEndpoint(SAMPLES)) ? await utilisationSeries(job) : null;
     samplesDone = !running;
     if (!unchanged(telemetry, [job.gpu_usage, series])) fill(telemetry, telemetrySection(job, series));
+  }
+
+  /** The jobs before and after this one, drawn when it is part of a pipeline; redrawn when a step
+   * changes, and every 30 s for the relative times. A job in no pipeline is asked again only
+   * every 10 s (a dependent may be submitted later): finding dependents costs the head a scan. */
+  let pipelineAsked = 0;
+  let inPipeline = false;
+  async function refreshPipeline() {
+    if (!inPipeline && Date.now() - pipelineAsked < 10000) return;
+    pipelineAsked = Date.now();
+    const chain = await api(`/v1/jobs/${id}/pipeline`);
+    inPipeline = chain.jobs.length > 1;
+    if (unchanged(pipeline, [chain, Math.floor(Date.now() / 30000)])) return;
+    const graph = pipelineGraph(chain, job.array_id ?? job.id);
+    fill(pipeline, graph ? [h("h2", {}, "Pipeline"), graph] : null);
   }
 
   async function act(action) {
@@ -226,6 +243,7 @@ export function jobPage(root, id) {
   fill(root,
     head,
     flash,
+    pipeline,
     details,
     telemetry,
     h("h2", {}, "Log ", h("span", { class: "controls" }, h("label", {}, "attempt ", attemptSelect), rankLabel)),
@@ -259,6 +277,7 @@ export function jobPage(root, id) {
           ),
         );
       }
+      await refreshPipeline();
       if (!unchanged(details, job)) {
         fill(details,
           specFields(job, policy),
