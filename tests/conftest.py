@@ -26,9 +26,11 @@ from tests.pgserver import (  # noqa: F401 - PostgreSQL for the store's tests
 # 127.0.0.2-4, podman's storage, the cores a crash harness's timings assume), and two of them at
 # once on a 2-core machine only trade wall time for flakiness; the pure tests share nothing.
 SERIAL_DIRS = ("dashboard", "e2e", "fuzz", "ray")
+# Elsewhere, a test that starts a real head on the wall clock says so with @pytest.mark.serial.
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "serial: runs in order with the end-to-end tests (see SERIAL_DIRS)")
     config.addinivalue_line(
         "markers", "backends(*names): the store backends (sqlite, postgresql) a test runs on (tests/unit/conftest.py)"
     )
@@ -38,7 +40,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests_dir = Path(__file__).parent
     for item in items:
         parts = item.path.relative_to(tests_dir).parts if item.path.is_relative_to(tests_dir) else ()
-        if parts and parts[0] in SERIAL_DIRS:
+        if (parts and parts[0] in SERIAL_DIRS) or item.get_closest_marker("serial") is not None:
             item.add_marker(pytest.mark.xdist_group("serial"))
 
 
