@@ -91,7 +91,7 @@ def choose_victims(
     """
     ranked_jobs = list(candidates) if ranked else sorted(candidates, key=cost)
     if job.fractional or job.nodes or shared or int(job.gpus) > cap.node_size[model]:
-        return _by_shape(job, model, cap, ranked_jobs, stopping, cost, guarantees)
+        return _by_shape(job, model, cap, ranked_jobs, stopping, guarantees)
     n = int(job.gpus)
     releasing: dict[str, int] = {}
     for j in stopping:
@@ -129,40 +129,27 @@ def _by_shape(
     cap: Capacity,
     ranked: Sequence[RunningJob],
     stopping: Sequence[RunningJob],
-    cost: Callable[[RunningJob], CostKey],
     guarantees: Guarantees | None,
 ) -> VictimChoice | None:
-    """Every shape but the fast one, counted GPU by GPU (`preempt_shapes`)."""
+    """Every shape but the fast one, counted GPU by GPU (`preempt_shapes`). Victim sets are
+    compared by their places in `ranked` (the cost order), not by their cost keys again."""
     room = shapes.Room(cap, model, stopping)
-    occupants = shapes.occupants(room, ranked)
-    rank = {j.job_id: i for i, j in enumerate(ranked)}
+    search = shapes.Search(room, ranked, guarantees)
     if job.fractional:
         share, mem = cap.fraction(job, model)
-        got = shapes.for_fraction(room, share, mem, occupants, cost, rank, guarantees)
+        got = shapes.for_fraction(search, share, mem)
         return None if got is None else VictimChoice(tuple(got[0]), got[1])
     n = int(job.gpus)
     if job.nodes:
-        gang = shapes.for_gang(room, n // job.nodes, job.nodes, occupants, cost, rank, guarantees)
+        gang = shapes.for_gang(search, n // job.nodes, job.nodes)
         return None if gang is None else VictimChoice(tuple(gang[0]), None, gang[1])
     if n > cap.node_size[model]:
         if room.total_free() >= n:
             return VictimChoice((), None)
-        spread = shapes.for_spread(room, n, ranked, occupants, cost, rank, guarantees)
+        spread = shapes.for_spread(search, n)
         return None if spread is None else VictimChoice(tuple(spread), None)
-    nodes = {k[0] for k in occupants} | set(room.extra) | set(cap.nodes_with_free(model, n))
-    best: tuple[int, list[CostKey], str, list[RunningJob]] | None = None
-    for node in sorted(nodes):
-        if cap.node_model_count.get((node, model), 0) < n:
-            continue
-        got_node = shapes.on_node(room, node, n, occupants, cost, rank, guarantees)
-        if got_node is None:
-            continue
-        if not got_node:
-            return VictimChoice((), node)
-        key = (len(got_node), sorted(cost(j) for j in got_node), node, got_node)
-        if best is None or key[:3] < best[:3]:
-            best = key
-    return None if best is None else VictimChoice(tuple(best[3]), best[2])
+    one = shapes.on_one_node(search, n)
+    return None if one is None else VictimChoice(tuple(one[0]), one[1])
 
 
 def _single_victim(

@@ -25,13 +25,14 @@ sets are compared by (fewest victims, fewest nodes the job spans, cheapest victi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from gpucluster.core.placement import EPS, Capacity
 from gpucluster.core.types import RunningJob
 
 if TYPE_CHECKING:
-    from gpucluster.core.preempt import CostKey, Guarantees
+    from gpucluster.core.preempt import Guarantees
 
 Key = tuple[str, int]
 
@@ -51,6 +52,7 @@ class Room:
         self.extra: dict[str, int] = {}  # node -> GPUs made wholly free by releases
         for j in gone:
             self.add(j)
+        self.gone = dict(self.share)  # GPU -> share the stopping jobs release
 
     def slices(self, job: RunningJob) -> Iterable[tuple[Key, float, int]]:
         """(GPU, share, memory) the job holds on this model."""
@@ -111,116 +113,233 @@ class Room:
                 return nodes
         return None
 
-    def share_on(self, job: RunningJob, key: Key) -> float:
-        """The share of GPU `key` that `job` holds."""
-        return sum(share for k, share, _ in self.slices(job) if k == key)
+
+Occupants = dict[str, dict[Key, list[RunningJob]]]  # node -> GPU -> candidates on it, cheapest first
 
 
-def occupants(room: Room, candidates: Iterable[RunningJob]) -> dict[Key, list[RunningJob]]:
-    """GPU -> the candidates on it, in candidate (cost) order."""
-    out: dict[Key, list[RunningJob]] = {}
-    for j in candidates:
-        for key, _, _ in room.slices(j):
-            out.setdefault(key, []).append(j)
-    return out
+class Search:
+    """One preemptor's search on one model: the room, the candidates in cost order (`ranked`;
+    a victim set's cost is its victims' places in that order, sorted), who is on each GPU, and
+    what guaranteed quotas allow. Every search first looks for a place needing no victim, then
+    one victim (a scan in cost order that stops at the first that frees enough), and only then
+    for several: at 10,000 nodes the first two answer at O(candidates) at most."""
 
+    def __init__(self, room: Room, ranked: Sequence[RunningJob], guarantees: Guarantees | None) -> None:
+        self.room = room
+        self.ranked = ranked
+        self.guarantees = guarantees
 
-def _allowed(victims: Sequence[RunningJob], guarantees: Guarantees | None) -> bool:
-    if guarantees is None:
+    @cached_property
+    def rank(self) -> dict[int, int]:
+        """Job id -> place in cost order. Built on first use, like `occ`: a search that one
+        scan of `ranked` answers (no victim, or one) never needs either, and both are
+        O(candidates)."""
+        return {j.job_id: i for i, j in enumerate(self.ranked)}
+
+    @cached_property
+    def _index(self) -> tuple[Occupants, dict[Key, float]]:
+        """Who is on each GPU (`occ`) and the share all candidates hold on it."""
+        occ: Occupants = {}
+        held: dict[Key, float] = {}
+        for j in self.ranked:
+            for key, share, _ in self.room.slices(j):
+                occ.setdefault(key[0], {}).setdefault(key, []).append(j)
+                held[key] = held.get(key, 0.0) + share
+        return occ, held
+
+    @property
+    def occ(self) -> Occupants:
+        return self._index[0]
+
+    def freeable(self, key: Key) -> bool:
+        """Whether GPU `key` comes wholly free once its candidates go: no one else (but the
+        stopping jobs) holds any of it."""
+        room = self.room
+        return room.cap.used_share.get(key, 0.0) - room.gone.get(key, 0.0) - self._index[1].get(key, 0.0) <= EPS
+
+    def cost(self, victims: Iterable[RunningJob]) -> list[int]:
+        return sorted(self.rank[v.job_id] for v in victims)
+
+    def allowed(self, victims: Sequence[RunningJob]) -> bool:
+        g = self.guarantees
+        if g is None:
+            return True
+        taken: dict[str, float] = {}
+        for v in sorted(victims, key=lambda j: self.rank[j.job_id]):
+            if not g.allows(v, taken):
+                return False
+            taken[v.team] = taken.get(v.team, 0.0) + g.holds(v)
         return True
-    taken: dict[str, float] = {}
-    for v in victims:
-        if not guarantees.allows(v, taken):
-            return False
-        taken[v.team] = taken.get(v.team, 0.0) + guarantees.holds(v)
-    return True
+
+    def prune(self, chosen: list[RunningJob], ok: Callable[[], bool]) -> list[RunningJob]:
+        """Drop victims not needed, most expensive first; the room holds `chosen` released on
+        entry and the pruned set released on exit."""
+        room = self.room
+        for v in sorted(chosen, key=lambda j: self.rank[j.job_id], reverse=True):
+            room.remove(v)
+            if ok():
+                chosen = [j for j in chosen if j is not v]
+            else:
+                room.add(v)
+        return chosen
+
+    def frees(self, v: RunningJob, node: str) -> int:
+        """Whole GPUs on `node` that `v` going alone would free."""
+        room = self.room
+        n = 0
+        for key, share, _ in room.slices(v):
+            if key[0] == node:
+                used = room.used(key)
+                if used > EPS and used - share <= EPS:
+                    n += 1
+        return n
+
+    def ready(self, want: int) -> list[str]:
+        """Nodes with `want` whole GPUs free already (the released jobs gone), by name."""
+        room = self.room
+        nodes = set(room.cap.nodes_with_free(room.model, want))
+        nodes |= {nd for nd, more in room.extra.items() if more and room.free_on(nd) >= want}
+        return sorted(nodes)
+
+    def singles(self, want: int, limit: int, ok: Callable[[str], bool]) -> dict[str, list[RunningJob]]:
+        """Up to `limit` nodes (those `ok` accepts) where no victim, or one, leaves `want` whole
+        GPUs free: node -> [] (none needed; first, by name) or [its cheapest such victim] (in
+        cost order, a victim's own nodes by name)."""
+        out: dict[str, list[RunningJob]] = {}
+        for nd in self.ready(want):
+            if ok(nd):
+                out[nd] = []
+                if len(out) >= limit:
+                    return out
+        room = self.room
+        for v in self.ranked:
+            for nd in sorted({key[0] for key, _, _ in room.slices(v)}):
+                if nd in out or not ok(nd):
+                    continue
+                if room.free_on(nd) + self.frees(v, nd) >= want:
+                    out[nd] = [v]
+                    if len(out) >= limit:
+                        return out
+        return out
+
+    def on_node(self, node: str, want: int) -> list[RunningJob] | None:
+        """The victims that leave `want` whole GPUs free on `node`, or None; the room unchanged.
+        GPUs are freed one at a time, each time the one needing the fewest further victims, then
+        the cheapest; the set is then pruned."""
+        room = self.room
+        if room.free_on(node) >= want:
+            return []
+        gpus = self.occ.get(node, {})
+        chosen: list[RunningJob] = []
+        ids: set[int] = set()
+        while room.free_on(node) < want:
+            best: tuple[int, list[int], Key, list[RunningJob]] | None = None
+            for key, occ in gpus.items():
+                used = room.used(key)
+                if used <= EPS:
+                    continue
+                if not self.freeable(key):
+                    continue  # a job that may not be taken holds part of it
+                need = [v for v in occ if v.job_id not in ids]
+                if not self.allowed([*chosen, *need]):
+                    continue
+                cand = (len(need), self.cost(need), key, need)
+                if best is None or cand[:3] < best[:3]:
+                    best = cand
+            if best is None:
+                for v in chosen:
+                    room.remove(v)
+                return None
+            for v in best[3]:
+                room.add(v)
+                ids.add(v.job_id)
+                chosen.append(v)
+        chosen = self.prune(chosen, lambda: room.free_on(node) >= want)
+        for v in chosen:
+            room.remove(v)
+        return chosen
+
+    def emptied(self, node: str) -> list[RunningJob] | None:
+        """Every job on `node`'s GPUs of the model, when all may be taken (else None)."""
+        room = self.room
+        out: list[RunningJob] = []
+        ids: set[int] = set()
+        for key, occ in self.occ.get(node, {}).items():
+            if not self.freeable(key):
+                return None
+            for v in occ:
+                if v.job_id not in ids:
+                    ids.add(v.job_id)
+                    out.append(v)
+        size = room.cap.node_model_count.get((node, room.model), 0)
+        held = len(self.occ.get(node, {}))
+        if room.free_on(node) + held < size:
+            return None  # a GPU is held by jobs that may not be taken
+        return out if self.allowed(out) else None
 
 
-def _prune(room: Room, chosen: list[RunningJob], ok: Callable[[], bool], rank: dict[int, int]) -> list[RunningJob]:
-    """Drop victims not needed, most expensive first; `room` holds `chosen` released on entry
-    and on exit holds the pruned set released."""
-    for v in sorted(chosen, key=lambda j: rank[j.job_id], reverse=True):
-        room.remove(v)
-        if ok():
-            chosen = [j for j in chosen if j is not v]
-        else:
-            room.add(v)
-    return chosen
+def on_one_node(search: Search, n: int) -> tuple[list[RunningJob], str] | None:
+    """(victims, node) that leave `n` whole GPUs free on one node, or None."""
+    room = search.room
+    cap, model = room.cap, room.model
+
+    def big_enough(nd: str) -> bool:
+        return cap.node_model_count.get((nd, model), 0) >= n
+
+    few = search.singles(n, 1, big_enough)
+    if few:
+        node, victims = next(iter(few.items()))
+        return victims, node
+    best: tuple[int, list[int], str, list[RunningJob]] | None = None
+    for node in sorted(search.occ):
+        if not big_enough(node):
+            continue
+        got = search.on_node(node, n)
+        if got is not None:
+            key = (len(got), search.cost(got), node, got)
+            if best is None or key[:3] < best[:3]:
+                best = key
+    return None if best is None else (best[3], best[2])
 
 
-def on_node(
-    room: Room,
-    node: str,
-    want: int,
-    occupants: dict[Key, list[RunningJob]],
-    cost: Callable[[RunningJob], CostKey],
-    rank: dict[int, int],
-    guarantees: Guarantees | None,
-) -> list[RunningJob] | None:
-    """The victims that leave `want` whole GPUs free on `node`, or None; `room` unchanged."""
-    if room.free_on(node) >= want:
-        return []
-    chosen: list[RunningJob] = []
-    ids: set[int] = set()
-    keys = [k for k in occupants if k[0] == node]
-    while room.free_on(node) < want:
-        best: tuple[int, list[CostKey], Key, list[RunningJob]] | None = None
-        for key in keys:
-            if room.used(key) <= EPS:
-                continue
-            need = [v for v in occupants[key] if v.job_id not in ids]
-            if room.used(key) - sum(room.share_on(v, key) for v in need) > EPS:
-                continue  # a job that may not be taken holds part of it
-            if not _allowed([*chosen, *need], guarantees):
-                continue
-            cand = (len(need), sorted(cost(v) for v in need), key, need)
-            if best is None or cand[:3] < best[:3]:
-                best = cand
-        if best is None:
-            for v in chosen:
-                room.remove(v)
-            return None
-        for v in best[3]:
-            room.add(v)
-            ids.add(v.job_id)
-            chosen.append(v)
-    chosen = _prune(room, chosen, lambda: room.free_on(node) >= want, rank)
-    for v in chosen:
-        room.remove(v)
-    return chosen
-
-
-def for_fraction(
-    room: Room,
-    share: float,
-    mem: int,
-    occupants: dict[Key, list[RunningJob]],
-    cost: Callable[[RunningJob], CostKey],
-    rank: dict[int, int],
-    guarantees: Guarantees | None,
-) -> tuple[list[RunningJob], str] | None:
+def for_fraction(search: Search, share: float, mem: int) -> tuple[list[RunningJob], str] | None:
     """(victims, node) that leave one GPU of the model with `share` and `mem` to spare, or None.
 
-    A GPU free or shared with room already (the stopping jobs gone) needs no victim. Otherwise,
-    on each GPU the candidates hold, the cheapest prefix of them that makes room, pruned."""
+    A GPU shared with room once the stopping jobs are gone needs no victim; then the cheapest
+    single victim that makes room on one of its GPUs; else, on each GPU, the cheapest prefix of
+    the candidates on it that makes room, pruned (GPUs taken in order of their cheapest
+    candidate, so the scan stops once a later GPU could only be dearer)."""
+    room = search.room
     for key in room.share:
         if room.fits_fraction(key, share, mem):
             return [], key[0]
-    best: tuple[int, list[CostKey], Key, list[RunningJob]] | None = None
-    for key, occ in occupants.items():
+    for v in search.ranked:
+        room.add(v)
+        hit = sorted(key for key, _, _ in room.slices(v) if room.fits_fraction(key, share, mem))
+        room.remove(v)
+        if hit:
+            return [v], hit[0][0]
+    gpus = sorted(
+        ((key, occ) for per in search.occ.values() for key, occ in per.items()),
+        key=lambda item: (search.rank[item[1][0].job_id], item[0]),
+    )
+    best: tuple[int, list[int], Key, list[RunningJob]] | None = None
+    for key, occ in gpus:
+        if best is not None and len(best[3]) == 2 and search.rank[occ[0].job_id] > best[1][0]:
+            break  # two is the fewest left (no single victim does), and every later set is dearer
         if room.cap.gpus[key].memory_mb < mem:
             continue
         chosen: list[RunningJob] = []
         for v in occ:
-            if not _allowed([*chosen, v], guarantees):
+            if not search.allowed([*chosen, v]):
                 continue
             chosen.append(v)
             room.add(v)
             if room.fits_fraction(key, share, mem):
                 break
         if room.fits_fraction(key, share, mem):
-            chosen = _prune(room, chosen, _fits_on(room, key, share, mem), rank)
-            cand = (len(chosen), sorted(cost(v) for v in chosen), key, chosen)
+            chosen = search.prune(chosen, _fits_on(room, key, share, mem))
+            cand = (len(chosen), search.cost(chosen), key, chosen)
             if best is None or cand[:3] < best[:3]:
                 best = cand
         for v in chosen:
@@ -232,97 +351,79 @@ def _fits_on(room: Room, key: Key, share: float, mem: int) -> Callable[[], bool]
     return lambda: room.fits_fraction(key, share, mem)
 
 
-def for_gang(
-    room: Room,
-    per: int,
-    count: int,
-    occupants: dict[Key, list[RunningJob]],
-    cost: Callable[[RunningJob], CostKey],
-    rank: dict[int, int],
-    guarantees: Guarantees | None,
-) -> tuple[list[RunningJob], frozenset[str]] | None:
-    """(victims, nodes) that leave `per` whole GPUs free on `count` nodes, or None: each node's
-    own cheapest victims (`on_node`), the `count` nodes needing the fewest, cheapest."""
+def for_gang(search: Search, per: int, count: int) -> tuple[list[RunningJob], frozenset[str]] | None:
+    """(victims, nodes) that leave `per` whole GPUs free on `count` nodes, or None: the nodes
+    needing no victim (by name), then those needing one (cheapest first), then, only if those
+    are too few, every other node's own cheapest victims (`Search.on_node`), fewest first."""
+    room = search.room
     cap, model = room.cap, room.model
-    nodes = {k[0] for k in occupants} | {n for n, more in room.extra.items() if more}
-    nodes |= {n for n, idxs in cap.free[model].items() if len(idxs) >= per}
-    options: list[tuple[int, list[CostKey], str, list[RunningJob]]] = []
-    for node in sorted(nodes):
-        if cap.node_model_count.get((node, model), 0) < per:
-            continue
-        got = on_node(room, node, per, occupants, cost, rank, guarantees)
-        if got is not None:
-            options.append((len(got), sorted(cost(v) for v in got), node, got))
-            if len([o for o in options if not o[0]]) >= count:
-                break  # enough nodes need no victim at all
+
+    def big_enough(nd: str) -> bool:
+        return cap.node_model_count.get((nd, model), 0) >= per
+
+    picked = search.singles(per, count, big_enough)
+    options = [(len(v), search.cost(v), nd, v) for nd, v in picked.items()]
     if len(options) < count:
-        return None
-    options.sort(key=lambda o: o[:3])
-    picked = options[:count]
+        for node in sorted(search.occ):
+            if node in picked or not big_enough(node):
+                continue
+            got = search.on_node(node, per)
+            if got is not None:
+                options.append((len(got), search.cost(got), node, got))
+        if len(options) < count:
+            return None
+        options.sort(key=lambda o: o[:3])
+    chosen = options[:count]
     victims: list[RunningJob] = []
     seen: set[int] = set()
-    for o in picked:
+    for o in chosen:
         for v in o[3]:
             if v.job_id not in seen:
                 seen.add(v.job_id)
                 victims.append(v)
-    if not _allowed(sorted(victims, key=lambda j: rank[j.job_id]), guarantees):
+    if not search.allowed(victims):
         return None
-    where = [o[2] for o in picked]
+    where = [o[2] for o in chosen]
     for v in victims:
         room.add(v)
 
     def enough() -> bool:
         return sum(1 for nd in where if room.free_on(nd) >= per) >= count
 
-    victims = _prune(room, victims, enough, rank)
+    victims = search.prune(victims, enough)
     for v in victims:
         room.remove(v)
     return victims, frozenset(where)
 
 
-def for_spread(
-    room: Room,
-    n: int,
-    ranked: Sequence[RunningJob],
-    occupants: dict[Key, list[RunningJob]],
-    cost: Callable[[RunningJob], CostKey],
-    rank: dict[int, int],
-    guarantees: Guarantees | None,
-) -> list[RunningJob] | None:
+def for_spread(search: Search, n: int) -> list[RunningJob] | None:
     """Victims that leave `n` whole GPUs free over the fewest nodes, or None (see the module
     docstring): the better of emptying nodes and taking the cheapest in cost order."""
-    plans = [
-        p
-        for p in (_by_nodes(room, n, occupants, cost, rank, guarantees), _in_order(room, n, ranked, rank, guarantees))
-        if p is not None
-    ]
-    if not plans:
-        return None
-    best: tuple[int, int, list[CostKey], list[RunningJob]] | None = None
-    for victims in plans:
+    room = search.room
+    best: tuple[int, int, list[int], list[RunningJob]] | None = None
+    for victims in (_by_nodes(search, n), _in_order(search, n)):
+        if victims is None:
+            continue
         for v in victims:
             room.add(v)
         span = room.span(n)
         for v in victims:
             room.remove(v)
         assert span is not None
-        cand = (len(victims), span, sorted(cost(v) for v in victims), victims)
+        cand = (len(victims), span, search.cost(victims), victims)
         if best is None or cand[:3] < best[:3]:
             best = cand
-    assert best is not None
-    return best[3]
+    return None if best is None else best[3]
 
 
-def _in_order(
-    room: Room, n: int, ranked: Sequence[RunningJob], rank: dict[int, int], guarantees: Guarantees | None
-) -> list[RunningJob] | None:
-    """The cheapest prefix in cost order that frees `n` GPUs, pruned (the span it gives kept)."""
+def _in_order(search: Search, n: int) -> list[RunningJob] | None:
+    """The cheapest prefix in cost order that frees `n` GPUs, pruned (keeping its span)."""
+    room = search.room
     chosen: list[RunningJob] = []
-    for v in ranked:
+    for v in search.ranked:
         if room.total_free() >= n:
             break
-        if not _allowed([*chosen, v], guarantees):
+        if not search.allowed([*chosen, v]):
             continue
         chosen.append(v)
         room.add(v)
@@ -331,31 +432,24 @@ def _in_order(
             room.remove(v)
         return None
     span = room.span(n)
-    chosen = _prune(room, chosen, lambda: (s := room.span(n)) is not None and span is not None and s <= span, rank)
+    assert span is not None
+    chosen = search.prune(chosen, lambda: (s := room.span(n)) is not None and s <= span)
     for v in chosen:
         room.remove(v)
     return chosen
 
 
-def _by_nodes(
-    room: Room,
-    n: int,
-    occupants: dict[Key, list[RunningJob]],
-    cost: Callable[[RunningJob], CostKey],
-    rank: dict[int, int],
-    guarantees: Guarantees | None,
-) -> list[RunningJob] | None:
+def _by_nodes(search: Search, n: int) -> list[RunningJob] | None:
     """Empty whole nodes, those giving the most GPUs first (then the fewest, cheapest victims),
-    until the rest fits on one node, then take the rest where it comes cheapest; pruned.
-    Each node's victims are worked out at most twice (emptied, and for the rest)."""
+    until the rest fits on one node; then take the rest where it comes cheapest; pruned."""
+    room = search.room
     cap, model = room.cap, room.model
-    nodes = sorted({k[0] for k in occupants} | {nd for nd, idxs in cap.free[model].items() if idxs})
-    emptied: list[tuple[int, int, list[CostKey], str, list[RunningJob]]] = []
-    for node in nodes:
-        size = cap.node_model_count.get((node, model), 0)
-        got = on_node(room, node, size, occupants, cost, rank, guarantees)
+    emptied: list[tuple[int, int, list[int], str, list[RunningJob]]] = []
+    for node in sorted(set(search.occ) | set(search.ready(1))):
+        got = search.emptied(node)
         if got is not None:
-            emptied.append((-size, len(got), sorted(cost(v) for v in got), node, got))
+            size = cap.node_model_count.get((node, model), 0)
+            emptied.append((-size, len(got), search.cost(got), node, got))
     emptied.sort(key=lambda o: o[:4])
     chosen: list[RunningJob] = []
     ids: set[int] = set()
@@ -376,23 +470,31 @@ def _by_nodes(
         used.add(node)
         need += neg_size
     if need > 0:
-        rest: tuple[int, list[CostKey], str, list[RunningJob]] | None = None
-        for node in nodes:
-            if node in used or cap.node_model_count.get((node, model), 0) < need:
-                continue
-            got = on_node(room, node, need, occupants, cost, rank, guarantees)
-            if got is not None:
-                cand = (len(got), sorted(cost(v) for v in got), node, got)
-                if rest is None or cand[:3] < rest[:3]:
-                    rest = cand
-        if rest is not None:
-            take(rest[3])
+
+        def rest_fits(nd: str) -> bool:
+            return nd not in used and cap.node_model_count.get((nd, model), 0) >= need
+
+        few = search.singles(need, 1, rest_fits)
+        if few:
+            take(next(iter(few.values())))
+        else:
+            rest: tuple[int, list[int], str, list[RunningJob]] | None = None
+            for node in sorted(search.occ):
+                if not rest_fits(node):
+                    continue
+                got_rest = search.on_node(node, need)
+                if got_rest is not None:
+                    cand = (len(got_rest), search.cost(got_rest), node, got_rest)
+                    if rest is None or cand[:3] < rest[:3]:
+                        rest = cand
+            if rest is not None:
+                take(rest[3])
     span = room.span(n)
-    if span is None or not _allowed(sorted(chosen, key=lambda j: rank[j.job_id]), guarantees):
+    if span is None or not search.allowed(chosen):
         for v in chosen:
             room.remove(v)
         return None
-    chosen = _prune(room, chosen, lambda: (s := room.span(n)) is not None and s <= span, rank)
+    chosen = search.prune(chosen, lambda: (s := room.span(n)) is not None and s <= span)
     for v in chosen:
         room.remove(v)
     return chosen
