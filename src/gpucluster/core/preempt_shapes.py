@@ -20,6 +20,9 @@ here ask it, one shape each:
 Every set is then pruned of victims not needed (most expensive first): a victim is needed when
 without it the job would not fit, or (a job larger than a node) would span more nodes. Candidate
 sets are compared by (fewest victims, fewest nodes the job spans, cheapest victims, node name).
+Each search first asks whether no victim or one victim is enough (`Search.singles`, a scan in
+cost order that stops at the first that frees enough): at 10,000 full nodes a 4x4 gang's cycle
+took 100 s when every node was searched in full, 0.2 s so.
 """
 
 from __future__ import annotations
