@@ -29,7 +29,7 @@ def test_a_gang_over_two_nodes_preempts_one_low_job_on_each(ray_head: RayHead) -
     """Measured: with every GPU held by low jobs, a high `--nodes 2` job waited for ever (it was
     never a preemptor); now it stops the cheapest low job on each node, runs, and they requeue."""
     with ray_head.client() as c:
-        lows = [c.submit(["sleep", "300"], gpus=1, priority="low", name=f"low-{i}").id for i in range(4)]
+        lows = [c.submit(["sleep", "3600"], gpus=1, priority="low", name=f"low-{i}").id for i in range(4)]
         try:
             for j in lows:
                 _state(c, j, "running")
@@ -47,6 +47,7 @@ def test_a_gang_over_two_nodes_preempts_one_low_job_on_each(ray_head: RayHead) -
                 _state(c, v, "running", timeout=120)  # requeued, and back once the gang is done
         finally:
             for j in lows:
-                c.cancel(j)
+                if not c.job(j).state.terminal:
+                    c.cancel(j)
             for j in lows:
                 _state(c, j, "cancelled", "succeeded", "failed")
