@@ -91,7 +91,7 @@ def choose_victims(
     """
     ranked_jobs = list(candidates) if ranked else sorted(candidates, key=cost)
     if job.fractional or job.nodes or shared or int(job.gpus) > cap.node_size[model]:
-        return _by_shape(job, model, cap, ranked_jobs, stopping, guarantees)
+        return _by_shape(job, model, cap, ranked_jobs, stopping, guarantees, whole=not shared)
     n = int(job.gpus)
     releasing: dict[str, int] = {}
     for j in stopping:
@@ -114,7 +114,7 @@ def choose_victims(
         have = len(cap.free[model].get(node, [])) + releasing.get(node, 0)
         if have >= n:
             return VictimChoice((), node)
-        chosen = _prefix(by_node.get(node, []), have, n, guarantees)
+        chosen = shapes.prefix(by_node.get(node, []), have, n, guarantees)
         if chosen is None or (best is not None and len(chosen) > best[0]):
             continue
         key = (len(chosen), sorted(cost(j) for j in chosen), node, chosen)
@@ -130,11 +130,13 @@ def _by_shape(
     ranked: Sequence[RunningJob],
     stopping: Sequence[RunningJob],
     guarantees: Guarantees | None,
+    whole: bool,
 ) -> VictimChoice | None:
     """Every shape but the fast one, counted GPU by GPU (`preempt_shapes`). Victim sets are
-    compared by their places in `ranked` (the cost order), not by their cost keys again."""
+    compared by their places in `ranked` (the cost order), not by their cost keys again.
+    `whole`: no candidate or stopping job shares a GPU (a node's victims are then a prefix)."""
     room = shapes.Room(cap, model, stopping)
-    search = shapes.Search(room, ranked, guarantees)
+    search = shapes.Search(room, ranked, guarantees, whole)
     if job.fractional:
         share, mem = cap.fraction(job, model)
         got = shapes.for_fraction(search, share, mem)
@@ -188,32 +190,3 @@ def _single_victim(
             ):
                 found = (c, nd, j)
     return None if found is None else VictimChoice((found[2],), found[1])
-
-
-def _prefix(
-    ranked: Sequence[tuple[RunningJob, int]], have: int, need: int, guarantees: Guarantees | None = None
-) -> list[RunningJob] | None:
-    """The cheapest prefix of (job, GPUs it frees) that brings `have` up to `need`, pruned of
-    any victim not needed after all; a victim `guarantees` forbids after those before it is
-    passed over (pruning only leaves more room, so the pruned set is allowed too)."""
-    chosen: list[tuple[RunningJob, int]] = []
-    taken: dict[str, float] = {}
-    for j, g in ranked:
-        if g == 0:
-            continue
-        if guarantees is not None:
-            if not guarantees.allows(j, taken):
-                continue
-            taken[j.team] = taken.get(j.team, 0.0) + guarantees.holds(j)
-        chosen.append((j, g))
-        have += g
-        if have >= need:
-            break
-    if have < need:
-        return None
-    # Prune: drop the most expensive victims that turn out not to be needed.
-    for pair in reversed(list(chosen)):
-        if have - pair[1] >= need:
-            chosen.remove(pair)
-            have -= pair[1]
-    return [j for j, _ in chosen]

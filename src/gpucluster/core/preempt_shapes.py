@@ -53,6 +53,7 @@ class Room:
         self.share: dict[Key, float] = {}  # GPU -> share released
         self.mem: dict[Key, int] = {}  # GPU -> memory released
         self.extra: dict[str, int] = {}  # node -> GPUs made wholly free by releases
+        self.released: set[int] = set()  # the jobs released
         for j in gone:
             self.add(j)
         self.gone = dict(self.share)  # GPU -> share the stopping jobs release
@@ -76,6 +77,10 @@ class Room:
         self._change(job, -1)
 
     def _change(self, job: RunningJob, sign: int) -> None:
+        if sign > 0:
+            self.released.add(job.job_id)
+        else:
+            self.released.discard(job.job_id)
         for key, share, mem in self.slices(job):
             was = self.cap.used_share.get(key, 0.0) > EPS and self.used(key) <= EPS
             self.share[key] = self.share.get(key, 0.0) + sign * share
@@ -127,10 +132,15 @@ class Search:
     one victim (a scan in cost order that stops at the first that frees enough), and only then
     for several: at 10,000 nodes the first two answer at O(candidates) at most."""
 
-    def __init__(self, room: Room, ranked: Sequence[RunningJob], guarantees: Guarantees | None) -> None:
+    def __init__(
+        self, room: Room, ranked: Sequence[RunningJob], guarantees: Guarantees | None, whole: bool = False
+    ) -> None:
         self.room = room
         self.ranked = ranked
         self.guarantees = guarantees
+        # No candidate or stopping job shares a GPU: a GPU a victim holds is a GPU freed, so a
+        # node's cheapest victims are a prefix of its candidates in cost order (`prefix`).
+        self.whole = whole
 
     @cached_property
     def rank(self) -> dict[int, int]:
@@ -153,6 +163,21 @@ class Search:
     @property
     def occ(self) -> Occupants:
         return self._index[0]
+
+    @cached_property
+    def by_node(self) -> dict[str, list[tuple[RunningJob, int]]]:
+        """Node -> (candidate, its GPUs of the model there), cheapest first (`whole` only)."""
+        out: dict[str, list[tuple[RunningJob, int]]] = {}
+        for node, gpus in self.occ.items():
+            counts: dict[int, int] = {}
+            jobs: dict[int, RunningJob] = {}
+            for occ in gpus.values():
+                for v in occ:
+                    counts[v.job_id] = counts.get(v.job_id, 0) + 1
+                    jobs[v.job_id] = v
+            rank = self.rank
+            out[node] = [(jobs[i], counts[i]) for i in sorted(counts, key=rank.__getitem__)]
+        return out
 
     def freeable(self, key: Key) -> bool:
         """Whether GPU `key` comes wholly free once its candidates go: no one else (but the
@@ -215,6 +240,21 @@ class Search:
                 if len(out) >= limit:
                     return out
         room = self.room
+        if self.whole:  # a victim frees the GPUs it holds: no need to ask the room GPU by GPU
+            gpus, model, gone = room.cap.gpus, room.model, room.released
+            for v in self.ranked:
+                if v.job_id in gone:
+                    continue
+                slices = v.allocation.slices
+                for sl in sorted(slices, key=lambda x: x.node) if len(slices) > 1 else slices:
+                    nd = sl.node
+                    if nd in out or gpus[(nd, sl.gpu_indices[0])].model != model or not ok(nd):
+                        continue
+                    if room.free_on(nd) + len(sl.gpu_indices) >= want:
+                        out[nd] = [v]
+                        if len(out) >= limit:
+                            return out
+            return out
         for v in self.ranked:
             for nd in sorted({key[0] for key, _, _ in room.slices(v)}):
                 if nd in out or not ok(nd):
@@ -230,8 +270,14 @@ class Search:
         GPUs are freed one at a time, each time the one needing the fewest further victims, then
         the cheapest; the set is then pruned."""
         room = self.room
-        if room.free_on(node) >= want:
+        have = room.free_on(node)
+        if have >= want:
             return []
+        if self.whole:
+            gone = room.released
+            return prefix(
+                [p for p in self.by_node.get(node, ()) if p[0].job_id not in gone], have, want, self.guarantees
+            )
         gpus = self.occ.get(node, {})
         chosen: list[RunningJob] = []
         ids: set[int] = set()
@@ -501,3 +547,32 @@ def _by_nodes(search: Search, n: int) -> list[RunningJob] | None:
     for v in chosen:
         room.remove(v)
     return chosen
+
+
+def prefix(
+    ranked: Sequence[tuple[RunningJob, int]], have: int, need: int, guarantees: Guarantees | None = None
+) -> list[RunningJob] | None:
+    """The cheapest prefix of (job, GPUs it frees) that brings `have` up to `need`, pruned of
+    any victim not needed after all; a victim `guarantees` forbids after those before it is
+    passed over (pruning only leaves more room, so the pruned set is allowed too)."""
+    chosen: list[tuple[RunningJob, int]] = []
+    taken: dict[str, float] = {}
+    for j, g in ranked:
+        if g == 0:
+            continue
+        if guarantees is not None:
+            if not guarantees.allows(j, taken):
+                continue
+            taken[j.team] = taken.get(j.team, 0.0) + guarantees.holds(j)
+        chosen.append((j, g))
+        have += g
+        if have >= need:
+            break
+    if have < need:
+        return None
+    # Prune: drop the most expensive victims that turn out not to be needed.
+    for pair in reversed(list(chosen)):
+        if have - pair[1] >= need:
+            chosen.remove(pair)
+            have -= pair[1]
+    return [j for j, _ in chosen]
