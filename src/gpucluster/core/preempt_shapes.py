@@ -354,14 +354,16 @@ def on_one_node(search: Search, n: int) -> tuple[list[RunningJob], str] | None:
 def for_fraction(search: Search, share: float, mem: int) -> tuple[list[RunningJob], str] | None:
     """(victims, node) that leave one GPU of the model with `share` and `mem` to spare, or None.
 
-    A GPU shared with room once the stopping jobs are gone needs no victim; then the cheapest
+    A GPU with room once the stopping jobs are gone needs no victim; then the cheapest
     single victim that makes room on one of its GPUs; else, on each GPU, the cheapest prefix of
     the candidates on it that makes room, pruned (GPUs taken in order of their cheapest
     candidate, so the scan stops once a later GPU could only be dearer)."""
     room = search.room
-    for key in room.share:
+    cap, model = room.cap, room.model
+    fresh = [(nd, cap.free[model][nd][0]) for nd in cap.nodes_with_free(model, 1)]
+    for key in [*room.share, *cap.partial[model], *fresh]:
         if room.fits_fraction(key, share, mem):
-            return [], key[0]
+            return [], key[0]  # room without victims (the stopping jobs gone, or quota kept it off)
     for v in search.ranked:
         room.add(v)
         hit = sorted(key for key, _, _ in room.slices(v) if room.fits_fraction(key, share, mem))
