@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
+from gpucluster.client import Client
 from tests.e2e.headproc import HeadProcess, wait_for
 from tests.e2e.test_jobs import PY, finished, run_cli, running
 
@@ -157,3 +159,63 @@ def test_two_teams_at_their_quotas_do_not_livelock_on_preemption(tmp_path: Path,
         assert done.started_at is not None and done.started_at >= (c.job(hold).ended_at or 0)
         c.cancel(victim)
         finished(h, victim)
+
+
+def _submit_cli(head: HeadProcess, *args: str) -> int:
+    """Submit through the real CLI; the job's id from its `submitted job N` line."""
+    out = run_cli(head, "submit", *args)
+    assert out.returncode == 0, out.stderr
+    found = re.search(r"submitted job (\d+)", out.stdout)
+    assert found is not None, out.stdout
+    return int(found.group(1))
+
+
+def _first_gpu(c: Client, job_id: int) -> str:
+    """Where the job's first attempt ran, from its first start event ("started on n GPUs 3")."""
+    return next(e.reason for e in c.job(job_id).events if e.state.value == "running").split(" on ", 1)[1]
+
+
+def test_a_whole_gpu_job_preempts_the_two_half_gpu_jobs_of_one_gpu_which_run_again(head: HeadProcess) -> None:
+    """Issue 16, measured: 16 low half-GPU jobs fill the 8 GPUs; a high 1-GPU job waited forever
+    (fractional jobs were never victims). Now the two halves of one GPU are preempted (one GPU
+    frees only when every share on it goes), the high job runs, and both come back."""
+    with head.client() as c:
+        lows = [c.submit(["sleep", "600"], gpus=0.5, priority="low", name=f"half-{i}").id for i in range(16)]
+        for j in lows:
+            running(head, j, timeout=60)
+        high = _submit_cli(head, "--gpus", "1", "--priority", "high", "--", PY, "-c", "print('high ran')")
+        done = finished(head, high, timeout=60)
+        assert done.state.value == "succeeded" and c.logs(high).strip() == "high ran"
+        victims = [j for j in lows if any(e.state.value == "preempted" for e in c.job(j).events)]
+        assert len(victims) == 2, victims
+        for v in victims:
+            reason = next(e.reason for e in c.job(v).events if e.state.value == "preempted")
+            assert f"preempted by job {high}" in reason
+        assert _first_gpu(c, victims[0]) == _first_gpu(c, victims[1]) == _first_gpu(c, high)
+        for v in victims:  # requeued like any job: a second attempt once the high job is done
+            again = wait_for(lambda v=v: (j := c.job(v)).attempt == 2 and j.state.value == "running" and j, 60)
+            assert again.started_at is not None and done.ended_at is not None and again.started_at >= done.ended_at
+        for j in lows:
+            c.cancel(j)
+        for j in lows:
+            finished(head, j, timeout=60)
+
+
+def test_a_high_half_gpu_job_preempts_one_low_whole_gpu_job(head: HeadProcess) -> None:
+    """Issue 16: a fractional job never preempted; on a cluster full of low whole-GPU jobs it
+    waited forever. Now it takes exactly one of them."""
+    with head.client() as c:
+        lows = [c.submit(["sleep", "600"], gpus=1, priority="low", name=f"low-{i}").id for i in range(8)]
+        for j in lows:
+            running(head, j, timeout=60)
+        high = _submit_cli(head, "--gpus", "0.5", "--priority", "high", "--", PY, "-c", "print('half ran')")
+        done = finished(head, high, timeout=60)
+        assert done.state.value == "succeeded" and c.logs(high).strip() == "half ran"
+        assert done.allocation is None or done.allocation[0].share == 0.5
+        victims = [j for j in lows if any(e.state.value == "preempted" for e in c.job(j).events)]
+        assert len(victims) == 1, victims
+        wait_for(lambda: c.job(victims[0]).attempt == 2, 60, what="the victim's second attempt")
+        for j in lows:
+            c.cancel(j)
+        for j in lows:
+            finished(head, j, timeout=60)

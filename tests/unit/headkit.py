@@ -78,12 +78,15 @@ def make_cluster(
     gpus: int = 8,
     default_command: list[str] | None = None,
     store_target: Path | str | None = None,
+    nodes: int = 1,
     **head: Any,
 ) -> Cluster:
-    """One node `n1` with `gpus` H100s; `head` keywords go to Head (policy, grace_period_s, ...).
-    `store_target`: the store's file or PostgreSQL URL (default: state.db in tmp_path)."""
+    """`nodes` nodes `n1`, `n2`, ... with `gpus` H100s each; `head` keywords go to Head (policy,
+    grace_period_s, ...). `store_target`: the store's file or PostgreSQL URL (default: state.db
+    in tmp_path)."""
     store = Store(store_target or tmp_path / "state.db")
-    store.put_node(node("n1").gpus(gpus, "H100").build(), virtual=True, now=T0)
+    for i in range(1, nodes + 1):
+        store.put_node(node(f"n{i}").gpus(gpus, "H100").build(), virtual=True, now=T0)
     fake = FakeExecutor()
     clock = Clock()
     data_dir = DataDir(tmp_path)

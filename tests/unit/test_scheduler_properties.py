@@ -275,14 +275,56 @@ def check_preemptions(snap: Snapshot, policy: Policy, plan: Plan) -> None:
         assert policy.preemptible(v.priority), f"protected job {v.job_id} ({v.priority.label}) preempted"
         assert not v.stopping
         assert NOW - v.started_at >= policy.preemption.min_runtime_s
-        assert all(s.share >= 1 for s in v.allocation.slices)
-        assert not j.fractional
         model = gpus[(v.allocation.slices[0].node, v.allocation.slices[0].gpu_indices[0])][0]
         lower = policy.priorities and v.priority < j.priority
         quota = policy.team(v.team).quota.get(model, 0.0)
         borrower = v.team != j.team and used_by(snap, plan, v.team, model) > quota + EPS
         assert lower or (policy.preemption.reclaim_quota and borrower), f"{p}: neither lower class nor a borrower"
     check_guarantees_kept(snap, policy, plan)
+    check_victims_needed(snap, plan)
+
+
+def _span(cap: Capacity, model: str, n: int) -> int | None:
+    """The fewest nodes holding `n` free whole GPUs of `model` (None: fewer are free)."""
+    counts = sorted((len(idxs) for idxs in cap.free[model].values()), reverse=True)
+    for k in range(len(counts)):
+        if sum(counts[: k + 1]) >= n:
+            return k + 1
+    return None
+
+
+def check_victims_needed(snap: Snapshot, plan: Plan) -> None:
+    """No victim is taken that was not needed: with every other victim (and every stopping job)
+    gone, keeping it running leaves the preemptor no room of its shape, or (a job larger than
+    a node) room only over more nodes. Worked out on a `Capacity` of what is left, the plan's
+    starts included (a start can only take room, so this never blames a needed victim)."""
+    gpus = gpu_index(snap)
+    queued = {j.job_id: j for j in snap.queued}
+    running = {r.job_id: r for r in snap.running}
+    by_preemptor: dict[int, list[int]] = defaultdict(list)
+    for p in plan.preemptions:
+        by_preemptor[p.for_job].append(p.job_id)
+    gone = {p.job_id for p in plan.preemptions} | {r.job_id for r in snap.running if r.stopping}
+    starts = [RunningJob(s.job_id, s.allocation) for s in plan.starts]
+
+    def capacity(keep: int | None) -> Capacity:
+        left = [r for r in snap.running if r.job_id not in gone or r.job_id == keep]
+        return Capacity(snap.nodes, [*left, *starts])
+
+    for for_job, victims in by_preemptor.items():
+        j = queued[for_job]
+        first = running[victims[0]].allocation.slices[0]
+        model = gpus[(first.node, first.gpu_indices[0])][0]
+        spread = not j.fractional and not j.nodes and int(j.gpus) > capacity(None).node_size[model]
+        without = capacity(None)
+        span = _span(without, model, int(j.gpus)) if spread else None
+        for v in victims:
+            cap = capacity(v)
+            if not cap.fits(j, model):
+                continue
+            assert spread and span is not None, f"job {v} preempted for job {for_job} but not needed: {plan}"
+            got = _span(cap, model, int(j.gpus))
+            assert got is None or got > span, f"job {v} not needed for job {for_job} to span {span} nodes"
 
 
 def check_guarantees_kept(snap: Snapshot, policy: Policy, plan: Plan) -> None:
@@ -360,6 +402,80 @@ def test_a_plan_is_deterministic_and_independent_of_input_order(scenario: tuple[
 
 
 # ---- shortcuts that must not change a plan -----------------------------------------------------
+
+
+@st.composite
+def crowded(draw: st.DrawFn) -> tuple[Snapshot, Policy]:
+    """A cluster every GPU of which is held, by jobs of every shape (whole GPUs on one node or
+    over two, GPUs shared by two to four fractional jobs), mostly low and normal, and jobs of
+    every shape queued above them (a share, a share by memory, whole GPUs, a gang over M
+    nodes, more than a node): most cycles preempt, with the policy's every rule in force."""
+    cluster = draw(nodes(min_nodes=1, max_nodes=4))
+    free: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for nd in cluster:
+        for g in nd.gpus:
+            free[(nd.name, g.model)].append(g.index)
+    runs: list[RunningJob] = []
+    for (name, model), idxs in sorted(free.items()):
+        while idxs:
+            if draw(st.booleans()):
+                k = draw(st.integers(1, len(idxs)))
+                slices = [NodeSlice(name, tuple(idxs[:k]))]
+                del idxs[:k]
+                others = sorted(n for (n, m), v in free.items() if m == model and n != name and len(v) >= k)
+                if others and draw(st.integers(0, 3)) == 0:
+                    other = draw(st.sampled_from(others))
+                    slices.append(NodeSlice(other, tuple(free[(other, model)][:k])))
+                    del free[(other, model)][:k]
+                runs.append(_crowd(draw, 1000 + len(runs), Allocation(tuple(slices))))
+                continue
+            idx = idxs.pop(0)
+            parts = draw(st.sampled_from([(0.5, 0.5), (0.25, 0.25, 0.5), (0.25, 0.25, 0.25, 0.25), (0.5, 0.25)]))
+            for share in parts:
+                mem = int(share * MODELS[model])
+                runs.append(_crowd(draw, 1000 + len(runs), Allocation((NodeSlice(name, (idx,), share, mem),))))
+    queued = []
+    for jid in range(1, draw(st.integers(1, 4)) + 1):
+        b = job(jid).priority(draw(st.sampled_from([Priority.HIGH, Priority.HIGH, Priority.NORMAL, Priority.CRITICAL])))
+        b.team(draw(st.sampled_from(TEAMS))).at(draw(st.sampled_from([0.0, 100.0, NOW])))
+        b.limit(draw(st.sampled_from([None, 300.0, 3600.0])))
+        kind = draw(st.sampled_from(["fraction", "memory", "whole", "nodes", "big"]))
+        if kind == "fraction":
+            b.gpus(draw(st.sampled_from([0.1, 0.25, 0.5, 0.75])))
+        elif kind == "memory":
+            b.gpus(1).memory(draw(st.sampled_from([10240, 30000, 50000])))
+        elif kind == "whole":
+            b.gpus(draw(st.integers(1, 4)))
+        elif kind == "nodes":
+            m = draw(st.integers(1, 3))
+            b.gpus(m * draw(st.integers(1, 3))).nodes(m)
+        else:
+            b.gpus(draw(st.sampled_from([9, 10, 12])))
+        queued.append(b.build())
+    policy = draw(policies())
+    policy = replace(policy, priorities=True, preemption=replace(policy.preemption, enabled=True))
+    usage = {t: draw(st.sampled_from([0.0, 100.0, 1e5])) for t in TEAMS}
+    return Snapshot(cluster, tuple(runs), tuple(queued), usage), policy
+
+
+def _crowd(draw: st.DrawFn, job_id: int, allocation: Allocation) -> RunningJob:
+    job = _running(draw, job_id, allocation)
+    return replace(
+        job, priority=draw(st.sampled_from([Priority.LOW, Priority.LOW, Priority.NORMAL, Priority.CRITICAL]))
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(crowded())
+def test_every_shape_preempts_what_it_needs_and_no_more(scenario: tuple[Snapshot, Policy]) -> None:
+    """Fractional and gang preemptors and victims (issue 16): never over-committed, only
+    preemptible victims, quotas kept, no victim that was not needed (`check_victims_needed`)."""
+    snap, policy = scenario
+    plan = decide(snap, policy, now=NOW)
+    check_every_job_accounted(snap, plan)
+    check_no_overcommit(snap, plan)
+    check_starts(snap, plan)
+    check_preemptions(snap, policy, plan)
 
 
 @st.composite
@@ -647,9 +763,11 @@ def check_no_repeated_preemption(sim: Cycles) -> None:
 @st.composite
 def contended(draw: st.DrawFn) -> Cycles:
     """Two teams holding their quotas of a small cluster with long jobs, a third team without a
-    quota, and later jobs of higher classes (of all teams) that can only start by preempting."""
+    quota, and later jobs of higher classes (of all teams) that can only start by preempting:
+    jobs of every shape (shares of a GPU, whole GPUs, on two nodes a gang over both)."""
     size = draw(st.integers(2, 6))
-    cluster = (node("n0").gpus(size).build(),)
+    two = draw(st.booleans())
+    cluster = tuple(node(f"n{i}").gpus(size).build() for i in range(2 if two else 1))
     qa = draw(st.integers(1, size - 1))
     qb = draw(st.integers(0, size - qa))
     policy = Policy(
@@ -666,7 +784,9 @@ def contended(draw: st.DrawFn) -> Cycles:
         early = draw(st.booleans())
         b = job(jid).team(draw(st.sampled_from(TEAMS))).at(0.0 if early else draw(st.sampled_from([100.0, 400.0])))
         b.priority(draw(st.sampled_from(list(Priority) if not early else [Priority.LOW, Priority.NORMAL])))
-        b.gpus(draw(st.sampled_from([1, 1, 2, size]))).limit(draw(st.sampled_from([600.0, 50_000.0])))
+        b.gpus(draw(st.sampled_from([0.25, 0.5, 1, 1, 2, size]))).limit(draw(st.sampled_from([600.0, 50_000.0])))
+        if two and draw(st.integers(0, 3)) == 0:
+            b.gpus(2 * draw(st.integers(1, size))).nodes(2)
         jobs.append(b.build())
     sim = Cycles(cluster, policy, jobs, exit_after_term_s=min(5.0, policy.preemption.grace_period_s))
     for j in jobs:

@@ -625,16 +625,111 @@ PREEMPTION = [
         policy=policy(team("a", max_borrow=2), team("b")),
     ),
     Rule(
-        "fractional jobs are never victims and never preempt",
+        "a whole-GPU job preempts fractional jobs: a shared GPU is free once every share on it goes",
         snapshot(
-            nodes=one_node(1),
-            running=[shared(100, "n1", 0, 0.5, priority="low")],
-            queued=[job(1).priority("high"), job(2).gpus(0.75).priority("high")],
+            nodes=one_node(2),
+            running=[
+                shared(100, "n1", 0, 0.5, priority="low", started_at=900),
+                shared(101, "n1", 0, 0.5, priority="critical"),  # protected: GPU 0 never comes free
+                shared(102, "n1", 1, 0.5, priority="low"),
+                shared(103, "n1", 1, 0.25, priority="low", started_at=500),
+            ],
+            queued=[job(1).priority("high")],
         ),
         starts={},
-        # job 1 gets the shared GPU reserved from when the fractional job ends; job 2 (a fraction) waits
-        waits={1: R.RESERVED, 2: R.RESOURCES},
-        estimated={1: 3600.0},
+        waits={1: (R.PREEMPTING, "preempting job(s) 103, 102")},
+        preempted=frozenset({102, 103}),
+    ),
+    Rule(
+        "a fractional job preempts only the share it needs, the cheapest that frees it",
+        snapshot(
+            nodes=one_node(1),
+            running=[
+                shared(100, "n1", 0, 0.5, priority="low"),
+                shared(101, "n1", 0, 0.25, priority="low", started_at=100),
+                shared(102, "n1", 0, 0.25, priority="low", started_at=900),
+            ],
+            queued=[job(1).gpus(0.25).priority("high")],
+        ),
+        starts={},
+        waits={1: (R.PREEMPTING, "preempting job(s) 102 to free 0.25 H100 GPUs")},
+        preempted=frozenset({102}),
+    ),
+    Rule(
+        "a fractional job by memory preempts until its memory is free too",
+        snapshot(
+            nodes=one_node(1),
+            running=[shared(100 + i, "n1", 0, 0.25, priority="low", started_at=100 * i) for i in range(4)],
+            queued=[job(1).gpus(1).memory(50_000).priority("high")],  # 61% of an 80 GiB GPU
+        ),
+        starts={},
+        waits={1: R.PREEMPTING},
+        preempted=frozenset({101, 102, 103}),
+    ),
+    Rule(
+        "a fractional job preempts a whole-GPU job when no share is left",
+        snapshot(
+            nodes=one_node(1),
+            running=[running(100, "n1", 0, priority="low")],
+            queued=[job(1).gpus(0.5).priority("high")],
+        ),
+        starts={},
+        waits={1: (R.PREEMPTING, "preempting job(s) 100")},
+        preempted=frozenset({100}),
+    ),
+    Rule(
+        "a fractional job is not preempted for by a job of its own class",
+        snapshot(
+            nodes=one_node(1), running=[shared(100, "n1", 0, 0.5, priority="high")], queued=[job(1).priority("high")]
+        ),
+        starts={},
+        waits={1: R.RESERVED},
+    ),
+    Rule(
+        "a gang over exactly M nodes preempts the cheapest victims on M nodes",
+        snapshot(
+            nodes=[node("n1").gpus(4), node("n2").gpus(4), node("n3").gpus(4)],
+            running=[
+                running(100, "n1", 0, 1, priority="low", started_at=900),
+                running(101, "n1", 2, 3, priority="low"),
+                running(102, "n2", 0, 1, priority="low", started_at=800),
+                running(103, "n2", 2, 3, priority="low"),
+                running(104, "n3", 0, 1, 2, 3, priority="low"),  # 1000 s of work lost: the dearest
+            ],
+            queued=[job(1).gpus(4).nodes(2).priority("high")],
+        ),
+        starts={},
+        waits={1: R.PREEMPTING},
+        preempted=frozenset({100, 102}),
+    ),
+    Rule(
+        "a gang over M nodes counts the nodes that are free already",
+        snapshot(
+            nodes=[node("n1").gpus(2), node("n2").gpus(2)],
+            running=[running(100, "n1", 0, 1, priority="low")],
+            queued=[job(1).gpus(4).nodes(2).priority("high")],
+        ),
+        starts={},
+        waits={1: (R.PREEMPTING, "preempting job(s) 100")},
+        preempted=frozenset({100}),
+    ),
+    Rule(
+        "a job larger than a node: the victims that let it span the fewest nodes, at equal count",
+        snapshot(
+            nodes=[node("n1").gpus(4), node("n2").gpus(4), node("n3").gpus(4)],
+            running=[  # the cheapest three (100, 102, 104) are one per node: it would span 3 nodes
+                running(100, "n1", 0, 1, priority="low", started_at=900),
+                running(101, "n1", 2, 3, priority="low", started_at=600),
+                running(102, "n2", 0, 1, priority="low", started_at=890),
+                running(103, "n2", 2, 3, priority="low"),
+                running(104, "n3", 0, 1, priority="low", started_at=880),
+                running(105, "n3", 2, 3, priority="low"),
+            ],
+            queued=[job(1).gpus(6).priority("high")],
+        ),
+        starts={},
+        waits={1: R.PREEMPTING},
+        preempted=frozenset({100, 101, 102}),  # n1 emptied, 2 GPUs on n2: 4 + 2
     ),
 ]
 

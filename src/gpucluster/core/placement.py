@@ -514,7 +514,7 @@ class Capacity:
                 break
         return NodeSlice(node, tuple(sorted(picked)))
 
-    def _fraction(self, job: JobRequest, model: str) -> tuple[float, int]:
+    def fraction(self, job: JobRequest, model: str) -> tuple[float, int]:
         mem = self.model_memory[model]
         if job.gpu_memory_mb is not None:
             share = max(job.gpus if job.gpus < 1 else 0.0, job.gpu_memory_mb / mem)
@@ -522,7 +522,7 @@ class Capacity:
         return job.gpus, int(job.gpus * mem)
 
     def _place_fraction(self, job: JobRequest, model: str, exclude: frozenset[str]) -> Allocation | None:
-        share, mem = self._fraction(job, model)
+        share, mem = self.fraction(job, model)
         best: tuple[float, tuple[str, int]] | None = None
         for key in self.partial[model]:
             if key[0] in exclude:
@@ -661,6 +661,15 @@ class Capacity:
 
     def free_count(self, model: str) -> int:
         return self.total_free[model]
+
+    def free_histogram(self, model: str) -> list[int]:
+        """How many nodes have k whole GPUs of `model` free, for each k (a new list)."""
+        return [len(b) for b in self._buckets[model]]  # counts only: no order needed
+
+    def nodes_with_free(self, model: str, n: int) -> list[str]:
+        """The nodes with at least `n` whole GPUs of `model` free, in no particular order."""
+        buckets = self._buckets[model]
+        return [nd for k in range(n, len(buckets)) for nd in buckets[k]]
 
     def most_free_on_a_node(self, model: str) -> int:
         cached = self._most.get(model)

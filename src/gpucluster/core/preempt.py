@@ -1,15 +1,27 @@
 """Choosing preemption victims so that the preempting job loses others the least.
 
 Candidates are preemptible jobs past their minimum runtime that either have a lower priority
-class, or belong to a team borrowing GPUs that the preempting job's team is guaranteed. A team's
-guaranteed quota protects its jobs (`Guarantees`): from another team, only a job of a higher
-class whose own team stays within its guarantee may take a team below its quota; any other
-preemptor takes only what the team holds beyond it. They are
+class, or belong to a team borrowing GPUs that the preempting job's team is guaranteed; whole-GPU
+and fractional jobs alike. A team's guaranteed quota protects its jobs (`Guarantees`): from
+another team, only a job of a higher class whose own team stays within its guarantee may take a
+team below its quota; any other preemptor takes only what the team holds beyond it. They are
 ranked lowest class first, then furthest over fair share, then least work since their last
-checkpoint. When one victim is enough, a scan in cost order stops at the cheapest that frees
-enough on its node; otherwise, on each node the cheapest prefix that frees enough GPUs is taken
-and then pruned of any victim not needed; the node needing the fewest, cheapest victims wins. Jobs already stopping
-count as free GPUs first, so a job never asks for more victims while earlier ones are exiting.
+checkpoint (`CostKey`). Jobs already stopping count as free first, so a job never asks for more
+victims while earlier ones are exiting.
+
+Among the sets of victims that make room for the job's shape, the one chosen has, in this
+order: the fewest victims; then the fewest nodes the job will span (a gang spread over more
+nodes than it needs is slower for its whole run); then the cheapest victims (their cost keys,
+sorted, compared in turn); then the first node by name. Every set is pruned of any victim not
+needed, most expensive first.
+
+Shapes: a whole-GPU job that fits on one node, with no shared GPU among the candidates or the
+stopping jobs (the common case, and the fast one): when one victim is enough, a scan in cost
+order stops at the cheapest that frees enough on its node; otherwise, on each node the cheapest
+prefix that frees enough GPUs is taken and then pruned. Every other shape (a fractional job,
+`--nodes M`, a job larger than any node, or shared GPUs among the victims) is counted GPU by GPU
+in `preempt_shapes` (a GPU is free for a whole-GPU job only once every share on it is a victim,
+stopping, or free; a fractional job needs one GPU with its share and memory left).
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gpucluster.core import preempt_shapes as shapes
 from gpucluster.core.placement import Capacity
 from gpucluster.core.types import JobRequest, RunningJob
 
@@ -51,15 +64,8 @@ class Guarantees:
 @dataclass(frozen=True)
 class VictimChoice:
     victims: tuple[RunningJob, ...]  # empty: enough GPUs are already being released
-    node: str | None
-
-
-def _whole_gpus(job: RunningJob, node: str | None, model: str, cap: Capacity) -> int:
-    return sum(
-        len(s.gpu_indices)
-        for s in job.allocation.slices
-        if (node is None or s.node == node) and s.share >= 1 and cap.gpus[(s.node, s.gpu_indices[0])].model == model
-    )
+    node: str | None  # the one node the job will start on, when it fits on one
+    nodes: frozenset[str] | None = None  # a gang's nodes (`--nodes M`); None with `node`: every node
 
 
 def choose_victims(
@@ -71,6 +77,7 @@ def choose_victims(
     cost: Callable[[RunningJob], CostKey],
     ranked: bool = False,
     guarantees: Guarantees | None = None,
+    shared: bool = False,
 ) -> VictimChoice | None:
     """The victims that make room for `job` on `model`, or None if no set of candidates does.
 
@@ -79,18 +86,13 @@ def choose_victims(
     `ranked`: the candidates are already in `cost` order (the caller ranks its pool once a cycle).
     `guarantees`: what quotas protect; each candidate alone must already be allowed by it (the
     scheduler filters them), so only sets of several victims are checked against it.
+    `shared`: some candidate or stopping job holds a share of a GPU (then every shape is
+    counted GPU by GPU, `_by_shape`).
     """
-    n = int(job.gpus)
     ranked_jobs = list(candidates) if ranked else sorted(candidates, key=cost)
-    if n > cap.node_size[model] or job.nodes:
-        if job.nodes:
-            return None  # exact node counts are not preempted for; they wait for free nodes
-        have = cap.free_count(model) + sum(_whole_gpus(j, None, model, cap) for j in stopping)
-        if have >= n:
-            return VictimChoice((), None)
-        chosen = _prefix([(j, _whole_gpus(j, None, model, cap)) for j in ranked_jobs], have, n, guarantees)
-        return None if chosen is None else VictimChoice(tuple(chosen), None)
-
+    if job.fractional or job.nodes or shared or int(job.gpus) > cap.node_size[model]:
+        return _by_shape(job, model, cap, ranked_jobs, stopping, guarantees, whole=not shared)
+    n = int(job.gpus)
     releasing: dict[str, int] = {}
     for j in stopping:
         for s in j.allocation.slices:
@@ -112,13 +114,44 @@ def choose_victims(
         have = len(cap.free[model].get(node, [])) + releasing.get(node, 0)
         if have >= n:
             return VictimChoice((), node)
-        chosen = _prefix(by_node.get(node, []), have, n, guarantees)
+        chosen = shapes.prefix(by_node.get(node, []), have, n, guarantees)
         if chosen is None or (best is not None and len(chosen) > best[0]):
             continue
         key = (len(chosen), sorted(cost(j) for j in chosen), node, chosen)
         if best is None or key[:3] < best[:3]:
             best = key
     return None if best is None else VictimChoice(tuple(best[3]), best[2])
+
+
+def _by_shape(
+    job: JobRequest,
+    model: str,
+    cap: Capacity,
+    ranked: Sequence[RunningJob],
+    stopping: Sequence[RunningJob],
+    guarantees: Guarantees | None,
+    whole: bool,
+) -> VictimChoice | None:
+    """Every shape but the fast one, counted GPU by GPU (`preempt_shapes`). Victim sets are
+    compared by their places in `ranked` (the cost order), not by their cost keys again.
+    `whole`: no candidate or stopping job shares a GPU (a node's victims are then a prefix)."""
+    room = shapes.Room(cap, model, stopping)
+    search = shapes.Search(room, ranked, guarantees, whole)
+    if job.fractional:
+        share, mem = cap.fraction(job, model)
+        got = shapes.for_fraction(search, share, mem)
+        return None if got is None else VictimChoice(tuple(got[0]), got[1])
+    n = int(job.gpus)
+    if job.nodes:
+        gang = shapes.for_gang(search, n // job.nodes, job.nodes)
+        return None if gang is None else VictimChoice(tuple(gang[0]), None, gang[1])
+    if n > cap.node_size[model]:
+        if room.total_free() >= n:
+            return VictimChoice((), None)
+        spread = shapes.for_spread(search, n)
+        return None if spread is None else VictimChoice(tuple(spread), None)
+    one = shapes.on_one_node(search, n)
+    return None if one is None else VictimChoice(tuple(one[0]), one[1])
 
 
 def _single_victim(
@@ -157,32 +190,3 @@ def _single_victim(
             ):
                 found = (c, nd, j)
     return None if found is None else VictimChoice((found[2],), found[1])
-
-
-def _prefix(
-    ranked: Sequence[tuple[RunningJob, int]], have: int, need: int, guarantees: Guarantees | None = None
-) -> list[RunningJob] | None:
-    """The cheapest prefix of (job, GPUs it frees) that brings `have` up to `need`, pruned of
-    any victim not needed after all; a victim `guarantees` forbids after those before it is
-    passed over (pruning only leaves more room, so the pruned set is allowed too)."""
-    chosen: list[tuple[RunningJob, int]] = []
-    taken: dict[str, float] = {}
-    for j, g in ranked:
-        if g == 0:
-            continue
-        if guarantees is not None:
-            if not guarantees.allows(j, taken):
-                continue
-            taken[j.team] = taken.get(j.team, 0.0) + guarantees.holds(j)
-        chosen.append((j, g))
-        have += g
-        if have >= need:
-            break
-    if have < need:
-        return None
-    # Prune: drop the most expensive victims that turn out not to be needed.
-    for pair in reversed(list(chosen)):
-        if have - pair[1] >= need:
-            chosen.remove(pair)
-            have -= pair[1]
-    return [j for j, _ in chosen]

@@ -218,6 +218,7 @@ class _Cycle:
         self._stopping: list[RunningJob] | None = None  # see `_stopping_jobs`
         self._candidates: dict[str, list[RunningJob]] | None = None
         self._pool_below: int | None = None  # the pool holds only classes below this (None: all)
+        self._shared_pool: set[str] = set()  # models whose pool holds a job sharing a GPU
         self._preempted: set[int] = set()
         self._fits: dict[tuple[object, ...], list[str]] = {}
         self._waits: dict[tuple[object, ...], Wait] = {}
@@ -578,7 +579,7 @@ class _Cycle:
         freed are held for it, and later jobs preempt in the cycles after, once it has started.
         """
         pre = self.policy.preemption
-        if not pre.enabled or job.fractional or len(self.reservations) == len(self.cap.model_memory):
+        if not pre.enabled or len(self.reservations) == len(self.cap.model_memory):
             return False
         sel = job.selection
         if sel is not None and sel.exclusive:
@@ -604,15 +605,27 @@ class _Cycle:
             stopping = [j for j in self._stopping_jobs() if self.cap.model_of(j.allocation) == model]
             if not candidates and not stopping:
                 continue
-            choice = (
-                choose_victims(
-                    job, model, self.cap, candidates, stopping, self._victim_cost, ranked=True, guarantees=guarantees
+            if allowed is None:
+                shared = model in self._shared_pool or any(s.share < 1 for j in stopping for s in j.allocation.slices)
+                choice = choose_victims(
+                    job,
+                    model,
+                    self.cap,
+                    candidates,
+                    stopping,
+                    self._victim_cost,
+                    ranked=True,
+                    guarantees=guarantees,
+                    shared=shared,
                 )
-                if allowed is None
-                else choose_victims_on(
+            elif job.fractional or job.nodes:
+                # A share or a `--nodes M` gang limited to some nodes waits for room there: the
+                # search limited to allowed nodes (core/preempt_on.py) counts whole GPUs only.
+                continue
+            else:
+                choice = choose_victims_on(
                     job, model, self.cap, candidates, stopping, self._victim_cost, allowed, guarantees
                 )
-            )
             if choice is None:
                 continue
             if not choice.victims:
@@ -633,7 +646,10 @@ class _Cycle:
                     self._preempted.add(v.job_id)
                 self._stopping = [*self._stopping_jobs(), *choice.victims]
             everywhere = frozenset(self.cap.node_models) if allowed is None else allowed
-            nodes = frozenset({choice.node}) if choice.node else everywhere
+            if choice.node:
+                nodes = frozenset({choice.node})
+            else:
+                nodes = choice.nodes if choice.nodes is not None else everywhere
             self.reservations[model] = Reservation(job.job_id, model, self.now + pre.grace_period_s, nodes)
             return True
         return False
@@ -652,7 +668,9 @@ class _Cycle:
 
         def holds(v: RunningJob) -> float:
             return sum(
-                len(s.gpu_indices) for s in v.allocation.slices if cap.gpus[(s.node, s.gpu_indices[0])].model == model
+                len(s.gpu_indices) * s.share
+                for s in v.allocation.slices
+                if cap.gpus[(s.node, s.gpu_indices[0])].model == model
             )
 
         return Guarantees(beyond, limited, holds)
@@ -727,6 +745,7 @@ class _Cycle:
         pre = self.policy.preemption
         protected, min_runtime, now, gpus = pre.protected_classes, pre.min_runtime_s, self.now, self.cap.gpus
         over: dict[str, float] = {}
+        shared = self._shared_pool = set()
         # model -> (jobs, then the columns of `_victim_cost`: class, -over share, work lost, -start)
         pools: dict[str, tuple[list[RunningJob], list[int], list[float], list[float], list[float]]] = {}
         for j in self.s.running:
@@ -734,13 +753,12 @@ class _Cycle:
                 continue
             if below is not None and j.priority >= below:
                 continue
-            slices = j.allocation.slices
-            first = slices[0]
-            if not (first.share >= 1 if len(slices) == 1 else all(s.share >= 1 for s in slices)):
-                continue
+            first = j.allocation.slices[0]
             gpu = gpus.get((first.node, first.gpu_indices[0]))
             if gpu is None:
                 continue
+            if first.share < 1:
+                shared.add(gpu.model)  # counted GPU by GPU when preempted for (`choose_victims`)
             pool = pools.get(gpu.model)
             if pool is None:
                 pool = pools[gpu.model] = ([], [], [], [], [])
