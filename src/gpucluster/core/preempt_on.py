@@ -3,7 +3,7 @@
 Why beside `preempt.py` and not inside it: `choose_victims`'s fast paths count free GPUs over
 every node (buckets, totals); a job that may use only some nodes must count only those, freed
 or free. Jobs with a selection are few, so this is the plain search without the fast paths:
-the same ranking, prefix and pruning (`preempt._prefix`), limited to the allowed nodes.
+the same ranking, prefix and pruning (`preempt_shapes.prefix`), limited to the allowed nodes.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from gpucluster.core.placement import Capacity
-from gpucluster.core.preempt import CostKey, Guarantees, VictimChoice, _prefix
+from gpucluster.core.preempt import CostKey, Guarantees, VictimChoice
+from gpucluster.core.preempt_shapes import prefix
 from gpucluster.core.types import JobRequest, RunningJob
 
 
@@ -45,7 +46,7 @@ def choose_victims_on(
         if have >= n:
             return VictimChoice((), None)
         pairs = [(j, sum(_gpus_on(j, model, cap, nodes).values())) for j in candidates]
-        chosen = _prefix(pairs, have, n, guarantees)
+        chosen = prefix(pairs, have, n, guarantees)
         return None if chosen is None else VictimChoice(tuple(chosen), None)
     releasing: dict[str, int] = {}
     for j in stopping:
@@ -62,7 +63,7 @@ def choose_victims_on(
         have = len(free.get(node, ())) + releasing.get(node, 0)
         if have >= n:
             return VictimChoice((), node)
-        chosen = _prefix(by_node.get(node, []), have, n, guarantees)
+        chosen = prefix(by_node.get(node, []), have, n, guarantees)
         if chosen is None:
             continue
         key = (len(chosen), sorted(cost(j) for j in chosen), node, chosen)
