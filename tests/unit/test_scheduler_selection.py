@@ -236,6 +236,25 @@ def test_no_preemption_when_no_allowed_node_holds_a_victim() -> None:
     assert not plan.preemptions
 
 
+@pytest.mark.parametrize("shape", ["fraction", "gang"])
+def test_a_share_or_a_gang_with_a_selection_waits_instead_of_preempting(shape: str) -> None:
+    """The allowed-node victim search (core/preempt_on.py) counts whole GPUs on one node or
+    spread; a share or a `--nodes M` gang limited by a selection must not be answered by it
+    (a share asks 0 whole GPUs: it would read as "nothing to free" and wait for nothing)."""
+    snap = snapshot(
+        nodes=[node("n1").gpus(2).labels("ib"), node("n2").gpus(2).labels("ib")],
+        running=[running(90 + i, f"n{i // 2 + 1}", i % 2, priority="low", started_at=NOW - 10) for i in range(4)],
+        queued=[
+            job(1).gpus(0.5).priority("high").select(constraint="ib")
+            if shape == "fraction"
+            else job(1).gpus(2).nodes(2).priority("high").select(constraint="ib")
+        ],
+    )
+    plan = decide(snap, PRIORITY, now=NOW)
+    assert not plan.preemptions and not plan.starts
+    assert plan.waiting[1].reason is not WaitReason.PREEMPTING, plan.waiting[1]
+
+
 def test_a_reservation_holds_only_allowed_nodes_and_others_backfill_elsewhere() -> None:
     snap = snapshot(
         nodes=[node("n1").gpus(4), node("n2").gpus(4).labels("ib")],
