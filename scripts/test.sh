@@ -55,9 +55,9 @@ echo "== mypy"; .venv/bin/mypy
 echo "== pytest"
 set +e
 # Two workers (pytest-xdist): the tests with real heads, clusters and browsers run in order on one
-# (tests/conftest.py's SERIAL_DIRS), the pure ones on the other; GPUCLUSTER_TEST_WORKERS=0 runs
+# (tests/conftest.py's serial_scope), the pure ones on the other; GPUCLUSTER_TEST_WORKERS=0 runs
 # everything in this one process, as before.
-.venv/bin/pytest -q -n "${GPUCLUSTER_TEST_WORKERS:-2}" --dist loadgroup "$@"
+.venv/bin/pytest -q -n "${GPUCLUSTER_TEST_WORKERS:-2}" "$@"
 rc=$?
 set -e
 [ "$rc" -eq 5 ] && { echo "no tests ran" >&2; exit 1; }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,28 +21,46 @@ from tests.pgserver import (  # noqa: F401 - PostgreSQL for the store's tests
 )
 
 # The tests that start real heads, clusters, browsers and Unix accounts run one after another on
-# one pytest-xdist worker (`scripts/test.sh` runs `-n 2 --dist loadgroup`), while the other worker
-# takes the unit, simulator and training tests beside them. Why not all in parallel: they share
-# machine-wide things (the Unix accounts test_isolation and test_containers create, Ray's
-# 127.0.0.2-4, podman's storage, the cores a crash harness's timings assume), and two of them at
-# once on a 2-core machine only trade wall time for flakiness; the pure tests share nothing.
+# one pytest-xdist worker (`scripts/test.sh` runs `-n 2`), while the other worker takes the unit,
+# simulator and training tests beside them. Why not all in parallel: they share machine-wide
+# things (the Unix accounts test_isolation and test_containers create, Ray's 127.0.0.2-4, podman's
+# storage, the cores a crash harness's timings assume), and two of them at once on a 2-core
+# machine only trade wall time for flakiness; the pure tests share nothing.
 SERIAL_DIRS = ("dashboard", "e2e", "fuzz", "ray")
-# Elsewhere, a test that starts a real head on the wall clock says so with @pytest.mark.serial.
+# Elsewhere, the tests that start a real head on the wall clock (by node id, without parameters).
+SERIAL_TESTS = frozenset(
+    {
+        # its decisions hold only for start delays under 0.35 s
+        "tests/sim/test_live_head.py::test_simulator_and_live_head_take_the_same_decisions",
+    }
+)
+
+
+def serial_scope(nodeid: str) -> str | None:
+    """ "serial" for a test that must run in order with the end-to-end ones, else None."""
+    parts = nodeid.split("/", 2)
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in SERIAL_DIRS:
+        return "serial"
+    return "serial" if nodeid.split("[", 1)[0] in SERIAL_TESTS else None
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's scheduler: work units are test modules (as `--dist loadscope`), but every
+    serial test is one unit, so one worker runs them all in collection order. (Its own
+    `--dist loadgroup` with `xdist_group` marks did not group anything under pytest 9.2.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialBesidePure(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return serial_scope(nodeid) or str(super()._split_scope(nodeid))
+
+    return SerialBesidePure(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "serial: runs in order with the end-to-end tests (see SERIAL_DIRS)")
     config.addinivalue_line(
         "markers", "backends(*names): the store backends (sqlite, postgresql) a test runs on (tests/unit/conftest.py)"
     )
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests_dir = Path(__file__).parent
-    for item in items:
-        parts = item.path.relative_to(tests_dir).parts if item.path.is_relative_to(tests_dir) else ()
-        if (parts and parts[0] in SERIAL_DIRS) or item.get_closest_marker("serial") is not None:
-            item.add_marker(pytest.mark.xdist_group("serial"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -125,7 +125,6 @@ def test_the_workload_is_robust_to_start_delays(tmp_path: Path) -> None:
         assert _sim_decisions(Engine(spec, _jobs(rng), policy, 0, keep_starts=True).run()) == reference
 
 
-@pytest.mark.serial  # a real head on the wall clock: its start delays must stay under 0.35 s
 @pytest.mark.skipif(shutil.which("sleep") is None, reason="needs sleep(1)")
 def test_simulator_and_live_head_take_the_same_decisions(tmp_path: Path) -> None:
     spec, policy, policy_file = _setup(tmp_path)
