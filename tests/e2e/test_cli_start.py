@@ -156,6 +156,11 @@ def test_bad_inputs_answer_one_line_and_exit_1(head: HeadProcess, tmp_path: Path
         (["jbos"], "No such command 'jbos'"),
         (["jobs", "--state", "nope"], "state: 'nope': Input should be"),
         (["admin", "audit", "--since", "yesterday"], "--since: cannot read 'yesterday'"),
+        # A mistyped option before the command is not taken for the command (a job running `--gpuz`).
+        (["submit", "--gpuz", "2", "--", "true"], "no such option: --gpuz; see `gpucluster submit --help`"),
+        (["submit", "--gpus", "1", "--nmae", "x", "--", "true"], "no such option: --nmae"),
+        (["run", "--gpuz", "1", "--", "bash"], "no such option: --gpuz; see `gpucluster run --help`"),
+        (["serve", "--nmae", "x", "--", "true"], "no such option: --nmae; see `gpucluster serve --help`"),
     ]
     for args, needle in cases:
         r = _run(cli, *args, url=head.url)
@@ -164,6 +169,8 @@ def test_bad_inputs_answer_one_line_and_exit_1(head: HeadProcess, tmp_path: Path
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (args, lines)
         assert "state.0" not in lines[0]
     assert _run(cli, "admin", "audit", "--since", "2025-01-31", url=head.url).returncode == 0
+    with head.client() as c:
+        assert not [j for j in c.jobs() if j.spec.command and j.spec.command[0].startswith("-")]
 
 
 def test_estimates_say_what_they_assume(head: HeadProcess, tmp_path: Path) -> None:

@@ -36,6 +36,14 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def refuse_stray_option(words: list[str] | None, command_name: str) -> None:
+    """Fail on a mistyped option before the command. Why: `submit`, `run` and `serve` accept
+    unknown options so that the command's own (`python -u`) pass through, so without this check
+    `gpucluster submit --gpuz 2 -- train.py` would queue a job whose program is `--gpuz`."""
+    if words and words[0].startswith("-") and words[0] not in ("-", "--"):
+        fail(f"no such option: {words[0]}; see `gpucluster {command_name} --help` (the command goes after --)")
+
+
 def client(url: str | None) -> Client:
     """The SDK's typed client, for commands that use its models (admin, usage, drain)."""
     from gpucluster.client import Client

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gpucluster.cli import fastparams
-from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out
+from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, refuse_stray_option
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import client as _client
 from gpucluster.cli.common import head as _head
@@ -498,6 +498,7 @@ def submit(
         except JobFileError as e:
             fail(str(e))
         source = file
+    refuse_stray_option(command, "submit")
     if command:
         fields["command"] = [" ".join(command)] if shell else list(command)
     overrides = {

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import typer
 
-from gpucluster.cli.common import JsonOpt, UrlOpt, fail, out
+from gpucluster.cli.common import JsonOpt, UrlOpt, fail, out, refuse_stray_option
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import head as _head
 from gpucluster.cli.common import print_json as _print_json
@@ -61,6 +61,7 @@ def serve(
 ) -> None:
     """Run a service: replicas of a command behind the head's gateway at /serve/NAME/."""
     words = list(args or [])
+    refuse_stray_option(words, "serve")
     if words and words[0] in VERBS and name is None and file is None:
         verb, rest = words[0], words[1:]
         if not rest:

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpucluster.cli.common import UrlOpt, call, err, fail, out
+from gpucluster.cli.common import UrlOpt, call, err, fail, out, refuse_stray_option
 from gpucluster.cli.common import head as _head
 from gpucluster.cli.transport import Head, job_path
 from gpucluster.clientbase import ApiError, ClusterUnreachable
@@ -62,6 +62,7 @@ def run(
     Waits in the queue (its position and estimated start on one line), then the terminal is the
     session's: Ctrl-C, Ctrl-D and the window size pass through, and the command's exit code is
     this one's. Detach with Ctrl-] then d; `gpucluster attach JOB` returns."""
+    refuse_stray_option(command, "run")
     if not command:
         fail("no command given; put it after --, e.g. gpucluster run --gpus 1 -- bash")
     fields = _session_fields(list(command), gpus, gpu_type, time_limit, name, team, env, export, workdir, {})
