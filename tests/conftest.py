@@ -20,12 +20,12 @@ from tests.pgserver import (  # noqa: F401 - PostgreSQL for the store's tests
     private_postgres,
 )
 
-# The tests that start real heads, clusters, browsers and Unix accounts run one after another on
-# one pytest-xdist worker (`scripts/test.sh` runs `-n 2`), while the other worker takes the unit,
-# simulator and training tests beside them. Why not all in parallel: they share machine-wide
-# things (the Unix accounts test_isolation and test_containers create, Ray's 127.0.0.2-4, podman's
-# storage, the cores a crash harness's timings assume), and two of them at once on a 2-core
-# machine only trade wall time for flakiness; the pure tests share nothing.
+# With `GPUCLUSTER_TEST_WORKERS=2 scripts/test.sh` (pytest-xdist, `-n 2`), the tests that start
+# real heads, clusters, browsers and Unix accounts run one after another on one worker, while the
+# other takes the unit, simulator and training tests beside them. Why not all in parallel: they
+# share machine-wide things (the Unix accounts test_isolation and test_containers create, Ray's
+# 127.0.0.2-4, podman's storage, the cores a crash harness's timings assume), and two of them at
+# once on a 2-core machine only trade wall time for flakiness; the pure tests share nothing.
 SERIAL_DIRS = ("dashboard", "e2e", "fuzz", "ray")
 # Elsewhere, the tests that start a real head on the wall clock (by node id, without parameters).
 SERIAL_TESTS = frozenset(

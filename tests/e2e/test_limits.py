@@ -83,5 +83,6 @@ def test_a_user_at_their_limit_waits_while_a_teammate_starts_and_cannot_queue_be
         # once her first job ends, the waiting one starts
         a.cancel(first)
         wait_for(lambda: a.job(second).state.terminal, TIMEOUT_S, what="alice's second job to run once under the limit")
-        a.cancel(third)
+        # her third (1 GPU, `true`) fits beside the second now too, and ends by itself
+        wait_for(lambda: a.job(third).state.terminal, TIMEOUT_S, what="alice's third job to run and end")
         b.cancel(teammate)

@@ -274,6 +274,13 @@ class _Cycle:
         # quotas or borrowing limits the team takes no part in the answer either (only in the
         # place in line, and victims are ranked by their own teams), so it is kept by `need`.
         keep = settle and self.share_waits and not self.quotas.has_quotas and self.quotas.unlimited
+        if keep and self.policy.preemption.enabled and self._shares_in_play():
+            # Preemption counted GPU by GPU (core/preempt_shapes.py) is not monotone in the free
+            # capacity the way the argument above needs: after starts, a job may find that
+            # stopping shares now free enough and take a reservation it could not before
+            # (tests/unit/test_scheduler_queue_index.py found one). So with shares on the
+            # cluster or in line, only the exact per-state answers (`same`) are kept.
+            keep = False
         kept: set[tuple[object, ...]] = set()
         kept_at = 0  # reservations + preemptions when `kept` was last cleared
         after = _AfterPreemptor(self.s, queues, self.now)
@@ -313,6 +320,12 @@ class _Cycle:
             until = _time.strftime("%H:%M:%S", _time.localtime(job.not_before))
             self._wait(job, WaitReason.BACKOFF, f"restart held back until {until} (backoff)", job.not_before)
         return Plan(starts=tuple(self.starts), preemptions=tuple(self.preemptions), waiting=self.waiting)
+
+    def _shares_in_play(self) -> bool:
+        """Whether a share of a GPU is queued (the smallest request is below one GPU: the cycle's
+        cached bound, `_least_asked`) or running on a GPU with room left (`Capacity.partial`):
+        O(models), so a cluster of whole-GPU jobs (Philly's) keeps its shortcut at no cost."""
+        return self._least_asked()[0] < 1 or any(self.cap.partial.values())
 
     # ---- settling (reasons=False) -------------------------------------------------------------
 
