@@ -56,9 +56,9 @@ echo "== pytest"
 set +e
 # One process by default. GPUCLUSTER_TEST_WORKERS=2 splits the run over two pytest-xdist workers:
 # the tests with real heads, clusters and browsers in order on one (tests/conftest.py's
-# serial_scope), the pure ones on the other. Not the default: on this 2-core machine it was not
-# faster (22 min against one process's, see README "Tests"), the pure tests' core slows the end-to-end ones, and a timing-bound
-# flake (a gloo rank aborting at exit) came back beside them.
+# serial_scope), the pure ones on the other. Not the default: on this 2-core machine it took 22 min
+# against one process's 25, and beside the pure tests a gloo rank aborted at its requeue exit
+# (README "Tests").
 .venv/bin/pytest -q -n "${GPUCLUSTER_TEST_WORKERS:-0}" "$@"
 rc=$?
 set -e
