@@ -132,6 +132,14 @@ _MEMORY_SCHEMA: JsonDict = {
 _GPU_TYPE: JsonDict = {"minLength": 1, "maxLength": 64, "pattern": r"\S"}
 
 
+def _not_a_bool(v: object) -> object:
+    """A number field given true/false is refused: pydantic would read it as 1/0 GPUs or seconds.
+    One rule for a submit (JobSpec) and a change (JobUpdate), which validate the same fields."""
+    if isinstance(v, bool):
+        raise ValueError("must be a number, not true/false")
+    return v
+
+
 class JobSpec(StorableText):
     """What a user submits. Unknown fields are rejected so a typo never silently does nothing."""
 
@@ -407,9 +415,7 @@ class JobSpec(StorableText):
     @field_validator("gpus", "time_limit", mode="before")
     @classmethod
     def _no_bools(cls, v: object) -> object:
-        if isinstance(v, bool):
-            raise ValueError("must be a number, not true/false")
-        return v
+        return _not_a_bool(v)
 
     @field_validator("gpus")
     @classmethod
@@ -792,9 +798,7 @@ class JobUpdate(StorableText):
     @field_validator("gpus", "time_limit", mode="before")
     @classmethod
     def _no_bools(cls, v: object) -> object:
-        if isinstance(v, bool):
-            raise ValueError("must be a number, not true/false")
-        return v
+        return _not_a_bool(v)
 
 
 class JobList(Model):
