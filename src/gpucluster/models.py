@@ -49,7 +49,7 @@ MAX_NODE_LABELS = 64
 DependencyId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 RESERVED_ENV_PREFIXES = ("GPUCLUSTER_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
-PriorityName = Literal["low", "normal", "high", "critical"]
+PriorityName = Literal["low", "normal", "high", "serving", "critical"]
 
 
 def parse_memory_mb(value: str | int | float) -> int:

@@ -6,6 +6,7 @@
     orgs:
       research: {weight: 3}
     preemption: {enabled: true, grace_period: 30s, min_runtime: 5m, protected_classes: [critical]}
+    #   serving_victims: checkpointed   # what service replicas may preempt: checkpointed, any, none
     fair_share: {enabled: true, half_life: 7d}
     backfill:   {enabled: true, default_time_limit: 1h}
     priorities: true
@@ -26,16 +27,17 @@
       per_user: {max_running_gpus: 8, max_queued_jobs: 100, max_gpu_hours_in_flight: 64}
       users:                    # named users, overriding per_user field by field
         alice: {max_running_gpus: 16}
-      per_class:                # each user's jobs of one class (low, normal, high, critical)
+      per_class:                # each user's jobs of one class (low, normal, high, serving, critical)
         high: {max_running_gpus: 4}
     priority_grants:            # who may submit above normal (low, normal: every member)
       high:     {roles: [team-admin], teams: [vision], users: [alice]}
+      serving:  {roles: [member]}   # services' replicas (plain jobs never get this class)
       critical: {}              # cluster admins only (they may use every class)
     pools:                      # nodes only some teams or classes may use (a node in no pool: everyone's)
       h100-ib: {labels: [ib], teams: [vision], classes: [high, critical]}   # or nodes: [n1, n2]
 
 Without priority_grants (or for a class it leaves out): high is granted to team admins (of the
-team submitted to), critical to cluster admins only.
+team submitted to), serving (services only) to every member, critical to cluster admins only.
 
 A name instead of a path selects a shipped baseline: fifo, priority, default.
 """
@@ -68,7 +70,7 @@ def _seconds(v: Duration, field: str) -> float:
     return s
 
 
-ClassName = Literal["low", "normal", "high", "critical"]
+ClassName = Literal["low", "normal", "high", "serving", "critical"]
 
 
 def _only_critical() -> list[ClassName]:
@@ -105,6 +107,7 @@ class PreemptionIn(_Strict):
     min_runtime: Duration = 0
     protected_classes: list[ClassName] = Field(default_factory=_only_critical)
     reclaim_quota: bool = True
+    serving_victims: Literal["checkpointed", "any", "none"] = "checkpointed"
 
     @field_validator("grace_period", "min_runtime")
     @classmethod
@@ -287,7 +290,7 @@ def _prices(v: dict[str, float]) -> dict[str, float]:
     return v
 
 
-GRANTED_CLASSES = ("high", "critical")
+GRANTED_CLASSES = ("high", "serving", "critical")
 
 
 class GrantIn(_Strict):
@@ -417,7 +420,7 @@ class PolicyIn(_Strict):
                     (
                         ["priority_grants", cls],
                         f"{cls!r} cannot be granted: low and normal are open to every member; "
-                        f"grants are for {' and '.join(GRANTED_CLASSES)}",
+                        f"grants are for {', '.join(GRANTED_CLASSES[:-1])} and {GRANTED_CLASSES[-1]}",
                     )
                 )
                 continue
@@ -463,6 +466,7 @@ class PolicyIn(_Strict):
                 min_runtime_s=_seconds(p.min_runtime, "min_runtime"),
                 protected_classes=frozenset(Priority.parse(c) for c in p.protected_classes),
                 reclaim_quota=p.reclaim_quota,
+                serving_victims=p.serving_victims,
             ),
             fair_share_half_life_s=_seconds(self.fair_share.half_life, "half_life"),
             fair_share=self.fair_share.enabled,

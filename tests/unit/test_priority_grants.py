@@ -67,6 +67,19 @@ def test_the_policy_grants_classes_to_teams_and_users(world: World, tmp_path: Pa
     assert grants["critical"]["holders"] == "users alice and cluster admins"
 
 
+def test_plain_jobs_may_not_take_the_serving_class_even_with_its_grant(world: World) -> None:
+    """serving is for service replicas (issue 23): every member holds it by default, so a batch
+    job in it would jump every line; the refusal says what to do instead and queues nothing."""
+    before = world.cluster.store.count_jobs()
+    for who in ("alice", "root"):
+        status, error = _submit(world, who, "serving")
+        assert status == 422, error
+        assert "serving is the class of service replicas" in error and "gpucluster serve" in error
+    assert world.cluster.store.count_jobs() == before
+    status, error = _submit(world, "alice", "critical")  # the list a member is told leaves serving out
+    assert status == 403 and "you may use: low, normal." in error
+
+
 def test_a_refused_submission_creates_no_job(world: World) -> None:
     before = world.cluster.store.count_jobs()
     assert _submit(world, "bob", "critical")[0] == 403
@@ -100,7 +113,7 @@ def _write(tmp_path: Path, text: str) -> Path:
     ("text", "where", "words"),
     [
         ("priority_grants:\n  high: {}\n  low: {teams: [a]}\n", "policy.yaml:3: priority_grants.low: ", "every member"),
-        ("priority_grants:\n  urgent: {}\n", "policy.yaml:2: priority_grants.urgent: ", "high and critical"),
+        ("priority_grants:\n  urgent: {}\n", "policy.yaml:2: priority_grants.urgent: ", "high, serving and critical"),
         (
             "priority_grants:\n  high:\n    roles: [member, boss]\n",
             "policy.yaml:3: priority_grants.high.roles.1: ",

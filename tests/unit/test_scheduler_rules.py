@@ -453,6 +453,64 @@ PREEMPTION = [
         policy=policy(preemption=preemption(protected_classes=["low", "critical"])),
     ),
     Rule(
+        "a service replica (serving) preempts only checkpointed work by default",
+        snapshot(
+            nodes=one_node(2),
+            running=[
+                running(100, "n1", 0, priority="normal", started_at=100),  # never checkpointed
+                running(101, "n1", 1, priority="high", started_at=100, checkpoint=900),
+            ],
+            queued=[job(1).priority("serving")],
+        ),
+        starts={},
+        waits={1: (R.PREEMPTING, "job(s) 101")},
+        preempted=frozenset({101}),
+    ),
+    Rule(
+        "a service replica waits when nothing running has checkpointed",
+        snapshot(
+            nodes=one_node(1),
+            running=[running(100, "n1", 0, priority="low", started_at=100)],
+            queued=[job(1).priority("serving")],
+        ),
+        starts={},
+        waits={1: R.RESERVED},
+    ),
+    Rule(
+        "serving_victims: any lets a replica preempt work that never checkpointed",
+        snapshot(
+            nodes=one_node(1),
+            running=[running(100, "n1", 0, priority="low", started_at=100)],
+            queued=[job(1).priority("serving")],
+        ),
+        starts={},
+        waits={1: (R.PREEMPTING, "job(s) 100")},
+        preempted=frozenset({100}),
+        policy=policy(preemption=preemption(serving_victims="any")),
+    ),
+    Rule(
+        "serving_victims: none keeps replicas from preempting at all",
+        snapshot(
+            nodes=one_node(1),
+            running=[running(100, "n1", 0, priority="low", started_at=100, checkpoint=900)],
+            queued=[job(1).priority("serving")],
+        ),
+        starts={},
+        waits={1: R.RESERVED},
+        policy=policy(preemption=preemption(serving_victims="none")),
+    ),
+    Rule(
+        "a high job still preempts work that never checkpointed (the rule is the serving class's)",
+        snapshot(
+            nodes=one_node(1),
+            running=[running(100, "n1", 0, priority="low", started_at=100)],
+            queued=[job(1).priority("high")],
+        ),
+        starts={},
+        waits={1: (R.PREEMPTING, "job(s) 100")},
+        preempted=frozenset({100}),
+    ),
+    Rule(
         "victims: the lowest class first",
         snapshot(
             nodes=one_node(2),

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpucluster.core.states import JobState
+from gpucluster.core.types import Priority
 from gpucluster.services.reconciler import Reconciler
 from gpucluster.services.runtime import Runtimes
 from gpucluster.services.spec import ServiceSpec
@@ -158,3 +159,23 @@ def test_a_never_ready_service_fails_and_its_replicas_are_stopped(cluster: Clust
     assert "within its startup timeout (3 s)" in record.reason
     assert all(j.state.terminal for j in cluster.store.list_jobs() if j.name.startswith("clf."))
     assert services.replicas("clf") == []
+
+
+def test_replicas_run_in_the_serving_class_and_preempt_checkpointed_training(cluster: Cluster) -> None:
+    """Issue 23: a scale-up goes through the scheduler as serving work, above batch jobs; it takes
+    the GPUs of training that has checkpointed (the default `serving_victims`), never of
+    training that has not."""
+    fresh = cluster.submit(gpus=4, priority="high", name="no-checkpoint-yet")
+    saved = cluster.submit(gpus=4, priority="normal", name="checkpointed")
+    cluster.tick_at(cluster.clock.t)
+    assert cluster.store.get_job(saved).state is JobState.RUNNING  # type: ignore[union-attr]
+    assert cluster.store.record_progress(saved, cluster.clock.t, None, cluster.clock.t, 1)
+    rec, services = make(cluster, Replicas(), gpus=1)
+    step(cluster, rec)
+    step(cluster, rec, dt=60)
+    replica = services.replicas("clf")[0]
+    job = cluster.store.get_job(replica.job_id)  # type: ignore[arg-type]
+    assert job is not None and job.priority is Priority.SERVING
+    assert cluster.store.get_job(fresh).state is JobState.RUNNING  # type: ignore[union-attr]
+    assert cluster.store.get_job(saved).state in (JobState.QUEUED, JobState.RUNNING)  # type: ignore[union-attr]
+    assert any("preempted" in (e.reason or "") for e in cluster.store.events(saved))

@@ -184,3 +184,22 @@ def test_a_database_of_a_newer_version_is_refused_untouched(store_target: Path |
 
 def test_the_shipped_scripts_end_at_the_schema_version() -> None:
     assert migrate.script_head() == schema.HEAD_REVISION == f"{schema.SCHEMA_VERSION:04d}"
+
+
+def test_critical_jobs_stay_critical_when_serving_takes_their_number(store_target: Path | str) -> None:
+    """0014 put the serving class (3) between high and critical: a critical job written by 0013
+    (priority 3) must still read as critical, never as a service replica's class."""
+    store = Store(store_target)
+    critical, high = store.create_job(spec(priority="critical"), T0), store.create_job(spec(priority="high"), T0)
+    store.close()
+    run_sql(
+        store_target,
+        f"UPDATE jobs SET priority = 3 WHERE id = {critical}",  # as revision 0013 stored critical
+        "UPDATE alembic_version SET version_num = '0013'",
+    )
+    store = Store(store_target)
+    try:
+        assert store.migrated == f"upgraded from revision 0013 to {schema.HEAD_REVISION}"
+        assert [store.get_job(i).priority for i in (critical, high)] == [Priority.CRITICAL, Priority.HIGH]  # type: ignore[union-attr]
+    finally:
+        store.close()

@@ -289,6 +289,8 @@ def create_app(
             held = await run_in_threadpool(service.store.session_gpus, who.user)
             spec = sessions.apply_class(spec, session_class, held)
         if not (spec.interactive and session_class.priority is not None):
+            if why := grants.serving_refusal(spec.priority):
+                raise Rejected("priority", why)
             grants.check_priority(who, team, spec.priority, service.head.policy)
         if spec.mounts and (why := outside_roots(check_mounts(spec.mounts), service.head.policy.mount_roots)):
             raise Rejected("mounts", why)

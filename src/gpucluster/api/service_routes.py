@@ -48,7 +48,7 @@ def add_service_routes(app: FastAPI, services: ServiceManager, access: AccessCon
         """Create a service: `min_replicas` replicas of `command`, each a job told its port in $PORT,
         reached at `/serve/NAME/` once its `readiness` path answers (409 if the name is taken)."""
         team = who.submit_team(spec.team if "team" in spec.model_fields_set else None)
-        grants.check_priority(who, team, spec.priority, services.cluster.head.policy)
+        grants.check_priority(who, team, spec.priority, services.cluster.head.policy, service=True)
         if spec.mounts and (why := outside_roots(check_mounts(spec.mounts), services.cluster.head.policy.mount_roots)):
             raise Rejected("mounts", why)
         access.check_can_run(who)

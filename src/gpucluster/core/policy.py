@@ -38,6 +38,12 @@ class Preemption:
     # Classes never preempted, whatever the priority of the job that wants their GPUs.
     protected_classes: frozenset[Priority] = frozenset({Priority.CRITICAL})
     reclaim_quota: bool = True  # a team below its guaranteed quota may stop borrowers
+    # What a service replica (the serving class) may preempt by class: "checkpointed", running
+    # jobs of lower classes that have saved a checkpoint (they resume from it, so a scale-up of
+    # a model service costs training only the work since then); "any", every lower-class job;
+    # "none", nothing (replicas go first in line but wait for free GPUs). Quota reclaim is not
+    # limited by it: a team below its guarantee reclaims whatever class asks.
+    serving_victims: str = "checkpointed"
 
 
 @dataclass(frozen=True)
@@ -197,9 +203,12 @@ class Grant:
 
 
 # What holds when the policy names no grant for a class: team admins may submit high jobs to
-# their team; critical is for cluster admins only.
+# their team; every member may run services at the serving class (plain jobs never may, and what
+# replicas may preempt is `Preemption.serving_victims`: by default only checkpointed work);
+# critical is for cluster admins only.
 DEFAULT_GRANTS: dict[Priority, Grant] = {
     Priority.HIGH: Grant(roles=frozenset({TEAM_ADMIN})),
+    Priority.SERVING: Grant(roles=frozenset({MEMBER})),
     Priority.CRITICAL: Grant(),
 }
 
@@ -293,6 +302,14 @@ class Policy:
 
     def preemptible(self, priority: Priority) -> bool:
         return priority not in self.preemption.protected_classes
+
+    def may_preempt_by_class(self, asker: Priority, victim_checkpointed: bool) -> bool:
+        """Whether a job of class `asker` may take a lower-class job's GPUs for its class alone
+        (quota reclaim aside): the serving class only as `preemption.serving_victims` allows."""
+        if asker != Priority.SERVING:
+            return True
+        rule = self.preemption.serving_victims
+        return rule == "any" or (rule == "checkpointed" and victim_checkpointed)
 
 
 def fifo_policy() -> Policy:

@@ -38,7 +38,7 @@ from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.selection import Selection, unmatched_message
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Allocation, JobRequest, Plan, Preemption, RunningJob, Start, Wait
+from gpucluster.core.types import Allocation, JobRequest, Plan, Preemption, Priority, RunningJob, Start, Wait
 
 DEFAULT_POLICY = Policy()
 # The wait of a job whose GPUs are busy when no message is asked for (`reasons=False`).
@@ -716,16 +716,23 @@ class _Cycle:
         return self._lowest_class < priority
 
     def _candidates_for(self, job: JobRequest, model: str, pool: list[RunningJob], reclaim: bool) -> list[RunningJob]:
-        """The jobs of `pool` that `job` may preempt, in pool order: lower class, or (when it
-        reclaims its quota) another team's while that team borrows `model`. A loop, not a
-        comprehension, so each team's borrowing is asked once, not once per job."""
+        """The jobs of `pool` that `job` may preempt, in pool order: lower class (for a service
+        replica, only as `preemption.serving_victims` allows), or (when it reclaims its quota)
+        another team's while that team borrows `model`. A loop, not a comprehension, so each
+        team's borrowing is asked once, not once per job."""
         preempted, by_class, priority, team = self._preempted, self.policy.priorities, job.priority, job.team
+        serving = priority == Priority.SERVING and self.policy.preemption.serving_victims != "any"
+        may_take = self.policy.may_preempt_by_class
         borrowing: dict[str, bool] = {}
         out: list[RunningJob] = []
         for v in pool:
             if v.job_id in preempted:
                 continue
-            if by_class and v.priority < priority:
+            if (
+                by_class
+                and v.priority < priority
+                and (not serving or may_take(priority, v.last_checkpoint_at is not None))
+            ):
                 out.append(v)
             elif reclaim and v.team != team:
                 b = borrowing.get(v.team)

@@ -16,12 +16,19 @@ from gpucluster.core.states import JobState
 
 
 class Priority(IntEnum):
-    """Priority classes; a larger value is scheduled first. CRITICAL is never preempted."""
+    """Priority classes; a larger value is scheduled first. CRITICAL is never preempted.
+
+    SERVING is the class of service replicas (issue 23): above batch work, so a scale-up of a
+    model service goes first in line and may preempt training, and below CRITICAL. Plain jobs
+    may not ask for it (`auth/grants.refuse_serving`); what it may preempt is the policy's
+    (`preemption.serving_victims`). Stored as these integers: 0014 moved critical from 3 to 4.
+    """
 
     LOW = 0
     NORMAL = 1
     HIGH = 2
-    CRITICAL = 3
+    SERVING = 3
+    CRITICAL = 4
 
     @classmethod
     def parse(cls, name: str) -> Priority:

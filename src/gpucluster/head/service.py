@@ -545,6 +545,8 @@ class ClusterService:
         else:
             class_priority = spec.interactive and session_class.priority is not None
             if "priority" in fields and spec.priority != record.spec.priority and not class_priority:
+                if why := grants.serving_refusal(spec.priority):
+                    raise Rejected("priority", why)
                 grants.check_priority(who, record.team, spec.priority, self.head.policy)
             self._check_fits(spec)
         said = describe_changes(record.spec, spec, fields)

@@ -30,7 +30,9 @@ class ServiceSpec(StorableText):
     gpus: float = Field(1, gt=0, le=64, description="GPUs per replica, or a share of one such as 0.25")
     gpu_type: str | list[str] | None = None
     team: Name = "default"
-    priority: PriorityName = "normal"
+    # Replicas' class: serving by default, above batch work, so a scale-up goes first in line
+    # and may preempt checkpointed training (the policy's `preemption.serving_victims`).
+    priority: PriorityName = "serving"
     env: dict[str, str] = Field(default_factory=dict)
     exported_env: dict[str, str] | None = None
     workdir: str | None = Field(None, max_length=4096)

@@ -32,7 +32,7 @@ from sqlalchemy import (
 # 11: jobs.failed_rank
 # 12: node_states.until
 # 13: nodes.labels
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
