@@ -19,7 +19,7 @@ import pytest
 
 from gpucluster.client import ApiError, Client
 
-from .headproc import SLACK, HeadProcess, passable_dir, wait_for
+from .headproc import SLACK, HeadProcess, free_port, passable_dir, wait_for
 from .servicekit import APP, Load, wait_ready
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
@@ -33,9 +33,12 @@ def root() -> Iterator[Path]:
         yield path
 
 
+GATEWAY_PORT = free_port()  # up --gateway-port: the gateway alone on a port of its own
+
+
 @pytest.fixture(scope="module")
 def head(root: Path) -> Iterator[HeadProcess]:
-    h = HeadProcess(root / "data", gpus=8)
+    h = HeadProcess(root / "data", gpus=8, extra_args=("--gateway-port", str(GATEWAY_PORT)))
     try:
         yield h.start()
     finally:
@@ -128,6 +131,15 @@ def test_the_gateway_streams_events_as_they_come_and_passes_bodies(head: HeadPro
         assert r2.headers["content-security-policy"].startswith("sandbox") and "allow-same-origin" not in str(
             r2.headers
         )
+        # The gateway's own port: the same service at /NAME/, mounted there for the links it makes,
+        # the same callers' checks, and nothing of the API or the dashboard.
+        gateway = f"http://127.0.0.1:{GATEWAY_PORT}"
+        own = httpx.get(f"{gateway}/stream/a%2Fb/c?q=1", headers=head.headers, timeout=30)
+        assert own.status_code == 200 and own.json()["path"] == "/a%2Fb/c?q=1" and own.json()["prefix"] == "/stream"
+        assert httpx.get(f"{gateway}/stream/", timeout=30).status_code == 401  # no token, private service
+        for api_path in ("/v1/jobs", "/v1/health", "/", "/serve/stream/"):
+            r = httpx.get(f"{gateway}{api_path}", headers=head.headers, timeout=30)
+            assert r.status_code == 404, (api_path, r.status_code, r.text)
         c.delete_service("stream")
 
 

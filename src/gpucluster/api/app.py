@@ -160,13 +160,15 @@ def create_app(
     follow_limit: int = DEFAULT_FOLLOWS_PER_USER,
     public_team_usage: bool = False,
     services: ServiceManager | None = None,
+    gateway_port: int | None = None,
 ) -> FastAPI:
     """The API; every route needs a token unless its rule says otherwise (see auth/rules.py).
 
     `follow_limit`: log follows one user may hold open at once (api/follow.py).
     `public_team_usage`: /metrics shows each team's usage and spend without a token (a cluster
     admin's token is needed otherwise; api/telemetry_routes.py).
-    `services`: the services' routes and gateway (api/service_routes.py), when the head runs them."""
+    `services`: the services' routes and gateway (api/service_routes.py), when the head runs them.
+    `gateway_port`: connections to this port reach the gateway alone, at /NAME/... (up --gateway-port)."""
     app = FastAPI(
         title="gpucluster",
         version=__version__,
@@ -473,7 +475,7 @@ def create_app(
     api = BodyLimit(rules.AuditLog(app, access), MAX_BODY_BYTES)
     if services is not None:  # the gateway at /serve/NAME/, in front of the API (services/gateway.py)
         gateway = Gateway(services.runtimes, access)
-        return GatewayRoutes(api, BodyLimit(gateway, GATEWAY_MAX_BODY_BYTES))  # type: ignore[return-value]
+        return GatewayRoutes(api, BodyLimit(gateway, GATEWAY_MAX_BODY_BYTES), gateway_port)  # type: ignore[return-value]
     return api  # type: ignore[return-value]
 
 

@@ -282,6 +282,17 @@ def up(
             "(--image) [default: the system's]",
         ),
     ] = None,
+    gateway_port: Annotated[
+        int | None,
+        typer.Option(
+            "--gateway-port",
+            min=1,
+            max=65535,
+            help="also serve the services' gateway on this port of --host, at /NAME/... (nothing else: "
+            "no API, no dashboard), so it can be opened to callers the API is not [default: only "
+            "/serve/NAME/ on --port]",
+        ),
+    ] = None,
 ) -> None:
     """Start the head (HTTP API) and a local worker on this machine, or use a Ray cluster's nodes; runs until Ctrl-C."""
     import socket
@@ -310,6 +321,8 @@ def up(
         fail(str(e))
     if not 0.5 <= headers_within <= 600:
         fail(f"--header-timeout must be between 0.5s and 10m, not {header_timeout}")
+    if gateway_port is not None and gateway_port == port:
+        fail(f"--gateway-port must differ from --port ({port}): the gateway port serves services only")
     if on_shutdown not in ("keep", "stop"):
         fail(f"--on-shutdown must be keep or stop, not {on_shutdown!r}")
     try:
@@ -371,6 +384,7 @@ def up(
         max_connections=max_connections,
         header_timeout_s=headers_within,
         container_config=container_config,
+        gateway_port=gateway_port,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit
         ),

@@ -98,6 +98,7 @@ class UpOptions:
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # lowered to fit the open-files limit
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     container_config: Path | None = None  # containers.conf + storage.conf for container jobs' podman
+    gateway_port: int | None = None  # the services' gateway alone on this port too (/NAME/...)
 
 
 def default_data_dir() -> Path:
@@ -168,6 +169,8 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
     data = DataDir(opts.data_dir.expanduser().resolve())
     lock = lock_data_dir(data)
     _check_port(opts.host, opts.port)
+    if opts.gateway_port is not None:
+        _check_port(opts.host, opts.gateway_port)
     try:
         policy = PolicySource(opts.policy_path)
     except PolicyFileError as e:
@@ -261,17 +264,23 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         follow_limit=opts.max_follows_per_user,
         public_team_usage=opts.public_team_usage,
         services=services,
+        gateway_port=opts.gateway_port,
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
+
+    def config(port: int) -> uvicorn.Config:
+        return uvicorn.Config(
             app,
             host=opts.host,
-            port=opts.port,
+            port=port,
             log_level="warning",
             **server_settings(max_connections, opts.header_timeout_s),
             **ssl_options(opts.security),
         )
-    )
+
+    server = uvicorn.Server(config(opts.port))
+    # One server, one event loop, and a second listening socket for the gateway's own port: the
+    # app tells the two apart by the port a connection came in on (services/gateway.py).
+    sockets = None if opts.gateway_port is None else [config(p).bind_socket() for p in (opts.port, opts.gateway_port)]
     then = "jobs keep running" if opts.on_shutdown == "keep" else "running jobs are stopped and requeued"
     if opts.database_url:
         say.write(f"state in the database {store.display}\n")
@@ -279,13 +288,15 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         say.write(f"state database {store.migrated}\n")
     say.write(f"gpucluster head listening on {url} (data dir {data.root}); Ctrl-C stops it, {then}\n")
     announce_dashboard(url, say)
+    if opts.gateway_port is not None:
+        say.write(f"services' gateway also on {client_url(opts.host, opts.gateway_port, opts.security)}/NAME/\n")
     say.flush()
     # uvicorn stops on SIGTERM/SIGINT, then re-raises the signal to the handler it found: make
     # that one a no-op, so the shutdown below runs instead of the default action killing us.
     for stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop, lambda *_: None)
     try:
-        server.run()
+        server.run(sockets)
     finally:
         services.stop()
         service.close()

@@ -53,23 +53,37 @@ _HOP = frozenset(
 SANDBOX = {"content-security-policy": "sandbox allow-scripts allow-forms allow-popups allow-downloads"}
 HOLD_TIMEOUT_S = 300.0  # a request waits this long for a replica of a service scaled to zero
 PREFIX = "/serve/"
+MOUNT = "gpucluster.gateway_mount"  # scope key: where services are mounted (PREFIX, or / on the gateway port)
 WHOLE_BODY_BYTES = 256 * 1024  # answers up to this size (with a Content-Length) are read whole
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class GatewayRoutes:
-    """ASGI: `/serve/NAME/...` goes to the gateway, everything else to the API.
+    """ASGI: `/serve/NAME/...` goes to the gateway, everything else to the API; and on the
+    gateway's own port (`up --gateway-port`), `/NAME/...` goes to the gateway and nothing else
+    is served.
 
     Why in front of FastAPI rather than a route in it: a proxied request needs none of the API's
     routing, dependency resolution, audit and error machinery, which cost milliseconds per
-    request on a busy head; the gateway checks its own callers."""
+    request on a busy head; the gateway checks its own callers. Why a port of its own: a
+    platform engineer can open the services to callers (a load balancer, another network) that
+    should never reach the API or the dashboard; one server and one event loop serve both
+    sockets, told apart by the port each connection came in on."""
 
-    def __init__(self, api: ASGIApp, gateway: ASGIApp) -> None:
+    def __init__(self, api: ASGIApp, gateway: ASGIApp, gateway_port: int | None = None) -> None:
         self.api = api
         self.gateway = gateway
+        self.gateway_port = gateway_port
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PREFIX):
+        if scope["type"] == "lifespan":
+            await self.api(scope, receive, send)
+        elif self.gateway_port is not None and (scope.get("server") or ("", None))[1] == self.gateway_port:
+            if scope["type"] != "http":  # a WebSocket: not relayed (yet); refuse the handshake
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            await self.gateway({**scope, MOUNT: "/"}, receive, send)
+        elif scope["type"] == "http" and scope["path"].startswith(PREFIX):
             await self.gateway(scope, receive, send)
         else:
             await self.api(scope, receive, send)
@@ -99,14 +113,15 @@ class Gateway:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The path as the caller encoded it (raw_path): `%2F` in a segment stays one segment.
         raw = scope.get("raw_path") or scope["path"].encode()
-        name_raw, _, path_raw = raw[len(PREFIX) :].partition(b"/")
+        mount: str = scope.get(MOUNT, PREFIX)
+        name_raw, _, path_raw = raw[len(mount) :].partition(b"/")
         name, path = name_raw.decode("latin-1"), path_raw.decode("latin-1")
         request = Request(scope, receive)
         if not _NAME.match(name):
-            response: Response = _error(404, f"{name!r} is not a service name")
+            response: Response = _error(404, f"{name!r} is not a service name; services are at {mount}NAME/")
         else:
             try:
-                response = await self.handle(request, name, path)
+                response = await self.handle(request, name, path, mount)
             except Unauthorized as e:
                 response = _error(401, str(e))
                 response.headers["WWW-Authenticate"] = "Bearer"
@@ -131,7 +146,7 @@ class Gateway:
             )
         return None
 
-    async def handle(self, request: Request, name: str, path: str) -> Response:
+    async def handle(self, request: Request, name: str, path: str, mount: str = PREFIX) -> Response:
         refused = self._refuse(name, request)
         if refused is not None:
             return refused
@@ -142,7 +157,7 @@ class Gateway:
             ("x-forwarded-for", request.client.host if request.client else ""),
             ("x-forwarded-host", request.headers.get("host", "")),
             ("x-forwarded-proto", request.url.scheme),
-            ("x-forwarded-prefix", f"{PREFIX}{name}"),  # where the app is mounted, for the links it makes
+            ("x-forwarded-prefix", f"{mount}{name}"),  # where the app is mounted, for the links it makes
         ]
         idempotent = request.method in IDEMPOTENT_METHODS
         tried: frozenset[int] = frozenset()
