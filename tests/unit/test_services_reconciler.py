@@ -15,6 +15,7 @@ from gpucluster.core.types import Priority
 from gpucluster.services.reconciler import Reconciler
 from gpucluster.services.runtime import Runtimes
 from gpucluster.services.spec import ServiceSpec
+from gpucluster.store.accounting import UsageStore
 from gpucluster.store.services import ServiceStore
 
 from .headkit import Cluster, make_cluster
@@ -179,3 +180,27 @@ def test_replicas_run_in_the_serving_class_and_preempt_checkpointed_training(clu
     assert cluster.store.get_job(fresh).state is JobState.RUNNING  # type: ignore[union-attr]
     assert cluster.store.get_job(saved).state in (JobState.QUEUED, JobState.RUNNING)  # type: ignore[union-attr]
     assert any("preempted" in (e.reason or "") for e in cluster.store.events(saved))
+
+
+def test_a_services_gpu_hours_and_cost_count_every_replica_it_ever_had(cluster: Cluster) -> None:
+    """Issue 23: a service's usage is its replica jobs' (the accountant's rows), replaced replicas
+    included, and a service made again under the same name starts from nothing."""
+    rec, services = make(cluster, Replicas())
+    for _ in range(3):
+        step(cluster, rec)
+    first = services.replicas("clf")[0].job_id or 0
+    step(cluster, rec, dt=1800)  # half an hour on half a GPU
+    cluster.fake.finish(first, exit_code=1)
+    for _ in range(4):
+        step(cluster, rec)
+    second = services.replicas("clf")[0].job_id or 0
+    assert second != first
+    step(cluster, rec, dt=3600)
+    used = services.usage()["clf"]
+    rows = UsageStore(cluster.store).rows_of_jobs([first, second])
+    assert {r.job_id for r in rows} == {first, second}
+    assert used.gpu_hours == pytest.approx(sum(r.gpu_seconds for r in rows) / 3600)
+    assert used.gpu_hours == pytest.approx(0.5 * (1800 + 3600) / 3600, rel=0.01)
+    assert used.cost == pytest.approx(sum(r.cost for r in rows))
+    services.delete("clf")
+    assert "clf" not in services.usage()

@@ -59,7 +59,8 @@ def add_service_routes(app: FastAPI, services: ServiceManager, access: AccessCon
     @app.get("/v1/services", openapi_extra=allow(Rule.SIGNED_IN))
     def list_services(who: Caller) -> ServiceList:
         """Services of your teams (a cluster admin: all), oldest first."""
-        return ServiceList(services=[services.describe(r) for r in services.list() if who.can_see(r.team)])
+        usage = services.store.usage()
+        return ServiceList(services=[services.describe(r, usage) for r in services.list() if who.can_see(r.team)])
 
     @app.get("/v1/services/{name}", openapi_extra=allow(Rule.SIGNED_IN))
     def get_service(name: ServiceName, who: Caller) -> ServiceOut:

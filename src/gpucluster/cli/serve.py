@@ -169,7 +169,7 @@ def services(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         _print_json(listing)
         return
-    table = Table("NAME", "TEAM", "STATE", "READY", "WANTED", "REQ/S", "P50", "P99", "REV")
+    table = Table("NAME", "TEAM", "STATE", "READY", "WANTED", "REQ/S", "P50", "P99", "GPU-H", "COST", "REV")
     for s in listing:
         ready = sum(1 for r in s.replicas if r.phase == "ready")
         table.add_row(
@@ -181,6 +181,8 @@ def services(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
             f"{s.stats.requests_per_s:.1f}",
             _ms(s.stats.latency_p50_s),
             _ms(s.stats.latency_p99_s),
+            f"{s.usage.gpu_hours:.2f}",
+            f"{s.usage.cost:.2f}",
             str(s.revision),
         )
     out.print(table)
@@ -203,6 +205,10 @@ def _show(name: str, url: str | None, as_json: bool) -> None:
     out.print(
         f"  requests {st.requests} ({st.errors} failed), {st.requests_per_s:.1f}/s, "
         f"p50 {_ms(st.latency_p50_s)}, p99 {_ms(st.latency_p99_s)}"
+    )
+    used = s.usage
+    out.print(
+        f"  used {used.gpu_hours:.2f} GPU-hours, cost {used.cost:.2f}, {used.energy_kwh:.3f} kWh (all replicas so far)"
     )
     for r in s.replicas:
         where = f"job {r.job_id}, port {r.port}, rev {r.revision}"

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
 from gpucluster.services.reconciler import Reconciler
 from gpucluster.services.runtime import Access, Runtimes
-from gpucluster.services.spec import ServiceOut, ServiceSpec, ServiceUpdate
+from gpucluster.services.spec import ServiceOut, ServiceSpec, ServiceUpdate, ServiceUsage
 from gpucluster.store.services import ServiceExists, ServiceRecord, ServiceStore
 
 log = logging.getLogger("gpucluster.services")
@@ -57,7 +57,10 @@ class ServiceManager:
             raise NotFound(f"no service named {name!r}")
         return record
 
-    def describe(self, record: ServiceRecord) -> ServiceOut:
+    def describe(self, record: ServiceRecord, usage: dict[str, ServiceUsage] | None = None) -> ServiceOut:
+        """`usage`: every service's, when describing several (one query for all of them)."""
+        if usage is None:
+            usage = self.store.usage()
         return ServiceOut(
             name=record.name,
             team=record.team,
@@ -70,6 +73,7 @@ class ServiceManager:
             desired_replicas=self.reconciler.desired(record.name),
             replicas=self.reconciler.describe(record),
             stats=self.runtimes.stats(record.name),
+            usage=usage.get(record.name, ServiceUsage()),
             url_path=f"/serve/{record.name}/",
         )
 

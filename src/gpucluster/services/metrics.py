@@ -6,6 +6,9 @@ gpucluster_service_requests_per_second{service,team}  over the last 10 s
 gpucluster_service_latency_seconds{service,team,quantile}   0.5 and 0.99, the latest requests
 gpucluster_service_replicas{service,team,phase}       replicas by phase (ready, starting, ...)
 gpucluster_service_desired_replicas{service,team}     what the autoscaler asks for
+gpucluster_service_gpu_hours_total{service,team}      GPU-hours of every replica job so far
+gpucluster_service_cost_total{service,team}           their cost (the cluster's price units)
+gpucluster_service_energy_kwh_total{service,team}     their energy, where GPUs report power
 """
 
 from __future__ import annotations
@@ -37,10 +40,14 @@ class ServiceCollector(Collector):
         )
         replicas = GaugeMetricFamily("gpucluster_service_replicas", "replicas by phase", labels=[*labels, "phase"])
         desired = GaugeMetricFamily("gpucluster_service_desired_replicas", "the autoscaler's count", labels=labels)
+        gpu_hours = CounterMetricFamily("gpucluster_service_gpu_hours", "replica jobs' GPU-hours", labels=labels)
+        cost = CounterMetricFamily("gpucluster_service_cost", "replica jobs' cost", labels=labels)
+        energy = CounterMetricFamily("gpucluster_service_energy_kwh", "replica jobs' energy", labels=labels)
+        usage = self.manager.store.usage()
         for record in self.manager.list():
             if record.state != "running":
                 continue
-            out = self.manager.describe(record)
+            out = self.manager.describe(record, usage)
             key = [out.name, out.team]
             requests.add_metric(key, out.stats.requests)
             errors.add_metric(key, out.stats.errors)
@@ -52,4 +59,7 @@ class ServiceCollector(Collector):
             for phase in PHASES:
                 replicas.add_metric([*key, phase], phases.get(phase, 0))
             desired.add_metric(key, out.desired_replicas)
-        yield from (requests, errors, rate, latency, replicas, desired)
+            gpu_hours.add_metric(key, out.usage.gpu_hours)
+            cost.add_metric(key, out.usage.cost)
+            energy.add_metric(key, out.usage.energy_kwh)
+        yield from (requests, errors, rate, latency, replicas, desired, gpu_hours, cost, energy)

@@ -152,6 +152,14 @@ class ServiceStats(Model):
     latency_p99_s: float | None = None
 
 
+class ServiceUsage(Model):
+    """What the service's replica jobs have used so far, all replicas ever (issue 23)."""
+
+    gpu_hours: float = 0.0
+    cost: float = 0.0  # in the cluster's price units (`prices:` per GPU model)
+    energy_kwh: float = 0.0
+
+
 class ServiceOut(Model):
     name: str
     team: str
@@ -164,6 +172,7 @@ class ServiceOut(Model):
     desired_replicas: int
     replicas: list[ReplicaOut]
     stats: ServiceStats
+    usage: ServiceUsage = ServiceUsage()
     url_path: str
 
 

@@ -32,7 +32,9 @@ from sqlalchemy import (
 # 11: jobs.failed_rank
 # 12: node_states.until
 # 13: nodes.labels
-SCHEMA_VERSION = 14
+# 14: jobs.priority: critical 3 -> 4 (serving is 3)
+# 15: service_jobs
+SCHEMA_VERSION = 15
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -365,3 +367,13 @@ service_replicas = Table(
     Column("draining_since", Float),
 )
 Index("ix_service_replicas_service", service_replicas.c.service)
+
+# Every job that was ever one of a service's replicas, kept while the service exists (replica
+# rows go when a replica is replaced): what the service has cost in GPU-hours, money and energy
+# is the sum of these jobs' usage (issue 23).
+service_jobs = Table(
+    "service_jobs",
+    metadata,
+    Column("service", String(128), ForeignKey("services.name"), primary_key=True),
+    Column("job_id", Integer, primary_key=True),
+)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 
-from gpucluster.services.spec import ServiceSpec
+from gpucluster.services.spec import ServiceSpec, ServiceUsage
 from gpucluster.store import schema
 from gpucluster.store.store import Store
 
@@ -105,10 +105,11 @@ class ServiceStore:
 
     def delete(self, name: str) -> list[ReplicaRecord]:
         """Remove the service and its replica rows; returns the replicas, whose jobs the caller stops."""
-        r, t = schema.service_replicas, schema.services
+        r, t, sj = schema.service_replicas, schema.services, schema.service_jobs
         with self.store._write() as c:
             rows = c.execute(select(r).where(r.c.service == name)).all()
             c.execute(delete(r).where(r.c.service == name))
+            c.execute(delete(sj).where(sj.c.service == name))
             c.execute(delete(t).where(t.c.name == name))
         return [_replica(x) for x in rows]
 
@@ -132,9 +133,30 @@ class ServiceStore:
         return ReplicaRecord(int(rid[0]), service, None, port, revision, None)
 
     def set_replica_job(self, replica_id: int, job_id: int) -> None:
-        r = schema.service_replicas
+        """Link the replica to its job, and the job to its service for good (`usage`)."""
+        r, sj = schema.service_replicas, schema.service_jobs
         with self.store._write() as c:
             c.execute(update(r).where(r.c.id == replica_id).values(job_id=job_id))
+            service = c.execute(select(r.c.service).where(r.c.id == replica_id)).scalar()
+            known = select(sj.c.job_id).where(sj.c.service == service, sj.c.job_id == job_id)
+            if service is not None and c.execute(known).first() is None:
+                c.execute(insert(sj).values(service=service, job_id=job_id))
+
+    def usage(self) -> dict[str, ServiceUsage]:
+        """Each service's GPU-hours, cost and energy so far: the sum over every job that was one of
+        its replicas, as the accountant last saved them (`gpucluster usage` reads the same rows)."""
+        sj, u = schema.service_jobs, schema.job_usage
+        q = (
+            select(sj.c.service, func.sum(u.c.gpu_seconds), func.sum(u.c.cost), func.sum(u.c.energy_j))
+            .select_from(sj.join(u, u.c.job_id == sj.c.job_id))
+            .group_by(sj.c.service)
+        )
+        with self.store._read() as c:
+            rows = c.execute(q).all()
+        return {
+            name: ServiceUsage(gpu_hours=(gs or 0.0) / 3600, cost=cost or 0.0, energy_kwh=(joules or 0.0) / 3.6e6)
+            for name, gs, cost, joules in rows
+        }
 
     def set_draining(self, replica_id: int, since: float) -> None:
         r = schema.service_replicas

@@ -1,5 +1,6 @@
 // Services (GET /v1/services): each service's replicas ready and wanted, requests per second,
-// latency and errors through the gateway, and each replica's job, port and phase. A head
+// latency and errors through the gateway, GPU-hours and cost of all its replica jobs so far,
+// and each replica's job, port and phase. A head
 // without services (404) shows that none are served.
 
 import { api, ApiError } from "../api.js";
@@ -23,6 +24,8 @@ function serviceRow(s) {
     h("td", { class: "num" }, ms(s.stats.latency_p50_s)),
     h("td", { class: "num" }, ms(s.stats.latency_p99_s)),
     h("td", { class: "num" }, `${s.stats.errors} / ${s.stats.requests}`),
+    h("td", { class: "num", "data-testid": "gpu-hours" }, fmtNumber(s.usage.gpu_hours, 2)),
+    h("td", { class: "num" }, fmtNumber(s.usage.cost, 2)),
     h("td", { class: "num" }, String(s.revision)),
     h("td", {}, h("code", {}, s.url_path)),
   );
@@ -61,7 +64,8 @@ export function servicesPage(root) {
         h("p", { class: "muted" }, "Replicas of a command behind the head's gateway at /serve/NAME/ ",
           "(`gpucluster serve`); each replica is a job."),
         table(
-          ["name", "team", "state", "ready / wanted", "starting", "replicas", "req/s", "p50", "p99", "errors", "rev", "path"],
+          ["name", "team", "state", "ready / wanted", "starting", "replicas", "req/s", "p50", "p99", "errors",
+           "GPU-h", "cost", "rev", "path"],
           services.map(serviceRow),
           { empty: "No services.", testid: "services" },
         ),
