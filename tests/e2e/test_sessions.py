@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -270,6 +271,18 @@ def test_the_policy_session_class_limits_gpus_and_time(head_factory: type[HeadPr
         wait_for(lambda: c.job(first.id).state.terminal, timeout=30, what="the first session to end")
         r = cli(head, "run", "--gpus", "1", "--time-limit", "2h", "--", "bash")
         assert r.returncode == 1 and "sessions may run at most 1h" in r.stderr
+        # Six at once, one GPU each: the limit holds (each submission counts the ones before it).
+        spec = {"command": ["sleep", "1000"], "interactive": True, "gpus": 1, "workdir": "/tmp"}
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(
+                pool.map(
+                    lambda _: httpx.post(f"{head.url}/v1/jobs", json=spec, headers=head.headers, timeout=60), range(6)
+                )
+            )
+        accepted = [a.json()["id"] for a in answers if a.status_code == 201]
+        assert len(accepted) == 2 and sorted(a.status_code for a in answers) == [201, 201, 422, 422, 422, 422]
+        for job_id in accepted:
+            c.cancel(job_id)
 
 
 def test_an_idle_session_is_warned_in_its_terminal_then_stopped(

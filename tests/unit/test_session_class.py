@@ -79,3 +79,36 @@ def test_a_preempted_session_ends_instead_of_starting_again_with_nobody_attached
         assert cluster.state(high) is JobState.RUNNING
     finally:
         cluster.close()
+
+
+def test_concurrent_session_submissions_never_pass_the_per_user_limit_together(tmp_path: Path) -> None:
+    """The count of a user's session GPUs and the insert of the next session are one step per
+    user: six submissions at once, each reading the count while the others do, must still queue
+    only as many as `max_gpus_per_user` allows. The read is slowed down so that, without the
+    per-user step, all six would read the count from before the others (the race it closes)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpucluster.head.policy_source import PolicySource
+
+    cluster = make_cluster(tmp_path)
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text("interactive: {max_gpus_per_user: 2}\n")
+    cluster.head.policy_source = PolicySource(policy_file)
+    cluster.head.executor.supports_sessions = True  # type: ignore[attr-defined]  # admission only: nothing starts
+    counted = cluster.store.session_gpus
+
+    def slow_count(user: str) -> float:
+        held = counted(user)
+        time.sleep(0.3)  # every other submission that can read now does
+        return held
+
+    cluster.store.session_gpus = slow_count  # type: ignore[method-assign]
+    try:
+        with api_client(cluster.service) as api, ThreadPoolExecutor(6) as pool:
+            body = {"command": ["bash"], "interactive": True, "gpus": 1}
+            codes = sorted(pool.map(lambda _: api.post("/v1/jobs", json=body).status_code, range(6)))
+        assert codes == [201, 201, 422, 422, 422, 422]
+        assert cluster.store.session_gpus("admin") == 2
+    finally:
+        cluster.close()

@@ -28,7 +28,7 @@ from gpucluster.api.session_routes import add_session_routes
 from gpucluster.api.telemetry_routes import add_telemetry_routes
 from gpucluster.auth import grants, rules
 from gpucluster.auth.control import AccessControl
-from gpucluster.auth.identity import Denied
+from gpucluster.auth.identity import Denied, Identity
 from gpucluster.auth.rules import Caller, Rule, allow
 from gpucluster.containers import check_mounts, outside_roots
 from gpucluster.core.states import JobState
@@ -269,6 +269,8 @@ def create_app(
             body["error"] = problem
         return JSONResponse(body, status_code=503 if problem else 200)
 
+    session_submits: dict[str, asyncio.Lock] = {}  # per user: see submit()
+
     @app.post(
         "/v1/jobs",
         status_code=201,
@@ -287,9 +289,19 @@ def create_app(
             )
         if spec.interactive and spec.image:
             raise Rejected("interactive", "a session runs on the node's own system; leave out image (a container)")
-        if spec.interactive:  # the policy's session class: its priority (no grant needed) and limits
+        if not spec.interactive:
+            return await _submit(spec, who, team)
+        # One user's session submissions one at a time, from the count of GPUs their sessions hold
+        # to the job's insert: two at once would both read the count from before the other and
+        # together pass max_gpus_per_user. One head serves a database (its lease), so a lock here
+        # covers every submission.
+        async with session_submits.setdefault(who.user, asyncio.Lock()):
             held = await run_in_threadpool(service.store.session_gpus, who.user)
-            spec = sessions.apply_class(spec, session_class, held)
+            spec = sessions.apply_class(spec, session_class, held)  # its priority (no grant needed), limits
+            return await _submit(spec, who, team)
+
+    async def _submit(spec: JobSpec, who: Identity, team: str) -> Response:
+        session_class = service.head.policy.interactive
         if not (spec.interactive and session_class.priority is not None):
             if why := grants.serving_refusal(spec.priority):
                 raise Rejected("priority", why)
