@@ -86,6 +86,30 @@ def test_a_job_that_started_meanwhile_is_not_changed(cluster: Cluster, monkeypat
     assert cluster.state(job) is JobState.RUNNING and cluster.record(job).spec.gpus == 1
 
 
+def test_of_two_updates_at_once_the_second_is_refused_not_silently_undoing_the_first(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each update merges its fields into the spec it read; committed blindly, the later one
+    would put back what the earlier one changed (here: the time limit). It is refused instead."""
+    job = cluster.submit(gpus=1, begin=T0 + 3600)
+    check = cluster.service._check_fits
+    other: list[list[str]] = []
+    once = [True]
+
+    def another_update_first(s: object) -> None:  # a second caller's update lands after ours read the job
+        if once.pop() if once else False:
+            other.append(update(cluster, job, who=ADMIN, time_limit="30m"))
+        check(s)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cluster.service, "_check_fits", another_update_first)
+    with pytest.raises(Conflict, match=f"job {job} was changed by someone else meanwhile; nothing was changed"):
+        update(cluster, job, gpus=2)
+    assert other == [["time limit none -> 30m"]]
+    record = cluster.record(job)
+    assert (record.spec.gpus, record.spec.time_limit) == (1, 1800)
+    assert update(cluster, job, gpus=2) == ["gpus 1 -> 2"]  # asked again, on the job as it is now
+
+
 def test_a_running_jobs_limit_only_shrinks_unless_a_cluster_admin_and_is_enforced(cluster: Cluster) -> None:
     job = cluster.submit(time_limit="1h")
     cluster.tick_at(T0 + 1)

@@ -556,8 +556,14 @@ class ClusterService:
         not_before = not_before_after(record.spec, spec, record.not_before, now)
         reason = f"{', '.join(said)} by {who.user}"
         with self.head.start_lock:
-            ok = self.store.change_spec(record.id, record.state, spec, now, reason, not_before)
+            ok = self.store.change_spec(record.id, record.state, spec, now, reason, not_before, was=record.spec)
         if not ok:
+            now_is = self.store.get_job(record.id)
+            if now_is is not None and now_is.state is record.state:
+                raise Conflict(
+                    f"job {record.id} was changed by someone else meanwhile; nothing was changed: "
+                    "look at it again (`gpucluster show`) and repeat your update"
+                )
             raise Conflict(f"job {record.id} is no longer {record.state.value}; nothing was changed")
         if record.state is JobState.QUEUED:
             self.head.queue.invalidate()  # the cached request is the old one: reload it

@@ -1517,9 +1517,12 @@ class Store:
         now: float,
         reason: str,
         not_before: float | None = None,
+        was: JobSpec | None = None,
     ) -> bool:
         """Replace the spec of a job still in state `expect` (`gpucluster update`), in one
-        transaction with its event: False, changing nothing, if the job left that state.
+        transaction with its event: False, changing nothing, if the job left that state or
+        (given `was`, the spec the change was made from) its spec is no longer `was`: two
+        updates at once must not let the second silently undo the first.
 
         A queued job gets its scheduler-facing columns and `request` rewritten from the new spec
         (the dependencies resolved at submit are kept as they were) and `not_before`; a running
@@ -1531,6 +1534,11 @@ class Store:
             row = c.execute(select(j.state, j.request, j.spec, j.array_id).where(j.id == job_id)).first()
             if row is None or row[0] != expect.value:
                 return False
+            if was is not None:
+                # An array element's '' spec is its array's first element's (`_shared_spec`).
+                current = row[2] or c.execute(select(j.spec).where(j.id == row[3])).scalar() or ""
+                if JobSpec.model_validate_json(current) != was:
+                    return False
             old_request = json.loads(row[1]) if row[1] else {}
             request = json.loads(request_json(spec))
             if "d" in old_request:
