@@ -362,6 +362,8 @@ def request_json(spec: JobSpec, after: tuple[Dependency, ...] = ()) -> str:
         d["c"] = spec.constraint
     if spec.exclusive:
         d["x"] = 1
+    if spec.image:  # a placement tie-breaker only (core/image_affinity.py); absent in older rows
+        d["i"] = spec.image
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -400,6 +402,7 @@ def request_from(
         array_id=array_id,
         user=user,
         selection=_selection(d) if ("nl" in d or "xn" in d or "c" in d or "x" in d) else None,
+        image=d.get("i"),
     )
 
 
