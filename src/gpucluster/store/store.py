@@ -55,6 +55,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
+from gpucluster.containers import stored_name
 from gpucluster.core.eligibility import Target, array_target, array_times
 from gpucluster.core.lifecycle import StopReason, stop_overrides
 from gpucluster.core.limits import queued_refusal
@@ -362,8 +363,8 @@ def request_json(spec: JobSpec, after: tuple[Dependency, ...] = ()) -> str:
         d["c"] = spec.constraint
     if spec.exclusive:
         d["x"] = 1
-    if spec.image:  # a placement tie-breaker only (core/image_affinity.py); absent in older rows
-        d["i"] = spec.image
+    if spec.image and (image := stored_name(spec.image)) is not None:
+        d["i"] = image  # a placement tie-breaker only (core/image_affinity.py); absent in older rows
     return json.dumps(d, separators=(",", ":"))
 
 
