@@ -457,6 +457,47 @@ def test_a_pull_from_a_registry_shows_its_progress_in_bytes_and_records_its_time
     assert pull_s is not None and pull_s > 0, job.attempts
 
 
+def test_the_image_cache_removes_the_least_recently_used_image_past_its_cap_never_one_in_use(
+    head_factory: type[HeadProcess], podman: Podman, tmp_path: Path
+) -> None:
+    """Real podman, a cap of 1 KiB (every image is over it): after each container attempt the node
+    removes the cluster's images not in use, oldest use first; the image of a running job stays
+    until its job ends, and an image no job of this cluster used (the module's test image) is
+    never touched."""
+    images = {}
+    for name in ("a", "b"):
+        tar = tmp_path / f"{name}.tar"
+        big_image_tar(tar, 100_000)  # random bytes: two distinct images
+        images[name] = f"localhost/gpucluster-cache-{name}:1"
+        assert podman("import", str(tar), images[name]).returncode == 0
+
+    def present(image: str) -> bool:
+        return podman("image", "exists", image).returncode == 0
+
+    head = head_factory(
+        tmp_path / "data",
+        gpus=2,
+        extra_args=("--container-config", str(podman.config), "--image-cache-size", "1KiB"),
+    ).start()
+    try:
+        with head.client() as c:
+            running = sh(c, "echo started; while [ ! -e release ]; do sleep 0.1; done", tmp_path, image=images["b"])
+            log_shows(c, running, "started")
+            done = sh(c, "echo done", tmp_path, image=images["a"])
+            assert ended(c, done).state.value == "succeeded"
+            wait_for(lambda: not present(images["a"]), what=f"{images['a']} removed after its job")
+            assert present(images["b"]), "the image of a running job was removed"
+            (tmp_path / "release").touch()
+            assert ended(c, running).state.value == "succeeded"
+            wait_for(lambda: not present(images["b"]), what=f"{images['b']} removed once its job ended")
+        assert present(IMAGE)  # not this cluster's: never removed
+        kept = json.loads((tmp_path / "data" / "images.json").read_text())
+        assert kept == {}, kept
+    finally:
+        for image in images.values():
+            podman("rmi", "--force", image)
+
+
 def test_the_cli_and_job_files_take_image_and_mounts(cluster: HeadProcess, podman: Podman, tmp_path: Path) -> None:
     """`--image`/`--mount` and `image:`/`mounts:` in a job file (a relative archive path made
     absolute from the file's directory), `show` naming the image, and one-line refusals."""
