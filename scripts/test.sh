@@ -37,14 +37,17 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
 fi
 # Container jobs (tests/e2e/test_containers.py) run real Podman with runc (the cgroupfs manager: the
 # test's own containers.conf), on an image the tests build from a static busybox; uidmap gives
-# rootless podman its subordinate ids, catatonit is podman's --init. Installed here when missing,
-# as root; nothing of the machine's podman config is changed (the tests use a private one).
+# rootless podman its subordinate ids, catatonit is podman's --init; docker-registry is a real
+# registry the pull-progress test starts privately (its own config and port; the package's system
+# service is never started). Installed here when missing, as root; nothing of the machine's podman
+# config is changed (the tests use a private one).
 if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v busybox >/dev/null \
-    || ! command -v newuidmap >/dev/null || ! { command -v catatonit >/dev/null || [ -x /usr/libexec/podman/catatonit ]; }; then
+    || ! command -v newuidmap >/dev/null || ! command -v docker-registry >/dev/null \
+    || ! { command -v catatonit >/dev/null || [ -x /usr/libexec/podman/catatonit ]; }; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing podman, runc, uidmap, catatonit and busybox-static (apt)"
+    echo "== installing podman, runc, uidmap, catatonit, busybox-static and docker-registry (apt)"
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        podman runc uidmap catatonit busybox-static; } \
+        podman runc uidmap catatonit busybox-static docker-registry; } \
       >/dev/null || echo "apt-get could not install podman: the container tests will be skipped" >&2
   else
     echo "podman/runc/busybox missing and cannot apt-get them: the container tests will be skipped" >&2

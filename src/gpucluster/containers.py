@@ -121,6 +121,21 @@ def outside_roots(mounts: Sequence[Mount], roots: Sequence[str]) -> str | None:
     return None
 
 
+def stored_name(image: str) -> str | None:
+    """How a node's podman store lists a registry reference: no `docker://`, `:latest` when it names
+    no tag or digest; None for an archive (loaded anew by each launch, kept by no name). The one
+    key of the image cache (executors/image_cache.py) and of placement's image affinity
+    (core/image_affinity.py), so `x` and `docker://x:latest` are the same image to both. An
+    unqualified name (`python:3.11`) is listed under the registry podman resolved it to, so the
+    cache never finds it in the store listing (and never removes it)."""
+    if image.startswith(ARCHIVE_TRANSPORTS):
+        return None
+    ref = image.removeprefix("docker://")
+    if "@" not in ref and ":" not in ref.rsplit("/", 1)[-1]:
+        ref += ":latest"
+    return ref
+
+
 def local_image(image: str, base: Path) -> str:
     """What the CLI sends for `--image`: a path (./env.tar, /abs/env.tar, ~/env.tar, x.tar) becomes
     an archive transport with an absolute path (oci-archive: when the tar holds an OCI layout, else

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -31,7 +32,7 @@ from gpucluster.client import ApiError, Client
 from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.models import Job
 
-from .containerkit import IMAGE, Podman, rootfs_tar
+from .containerkit import IMAGE, GatedProxy, Podman, Registry, big_image_tar, insecure_registries_conf, rootfs_tar
 from .headproc import HeadProcess, passable_dir, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -394,6 +395,107 @@ def test_an_image_pull_is_a_visible_phase_and_its_time_is_recorded_per_attempt(
     assert out.endswith("ran from the archive\n") and "preparing: pulling image" in out, out
     pull_s = job.attempts[0].pull_s
     assert pull_s is not None and pull_s > 0, job.attempts
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    if shutil.which("docker-registry") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("docker-registry is missing (scripts/test.sh installs it with apt)")
+        pytest.skip("needs docker-registry (Debian's package; scripts/test.sh installs it)")
+    reg = Registry(tmp_path / "registry")
+    try:
+        reg.wait_ready(TIMEOUT_S)
+        yield reg
+    finally:
+        reg.stop()
+
+
+def test_a_pull_from_a_registry_shows_its_progress_in_bytes_and_records_its_time(
+    head_factory: type[HeadProcess], podman: Podman, registry: Registry, tmp_path: Path
+) -> None:
+    """A real registry (Debian's docker-registry, a private one), a 16 MB layer of random bytes,
+    and a proxy that holds the pull after 4 MB of it: the job shows `preparing: pulling image X
+    (4.2 of 17.1 MB, 3s)` while it holds its GPU, for as long as the test looks, then runs. The
+    node's registries.conf (in --container-config) names the registry insecure, as a site would."""
+    layer = 16_000_000
+    tar = tmp_path / "big.tar"
+    big_image_tar(tar, layer)
+    local = "localhost/gpucluster-big:1"
+    assert podman("import", str(tar), local).returncode == 0
+    pushed = podman("push", "--tls-verify=false", local, f"docker://{registry.address}/big:1")
+    assert pushed.returncode == 0, pushed.stderr
+    # Gone from the store: the job's pull must fetch every layer (podman reuses a layer it has).
+    assert podman("rmi", local).returncode == 0
+    proxy = GatedProxy(registry.port, hold_after=4_000_000)
+    config = tmp_path / "config"
+    shutil.copytree(podman.config, config)
+    insecure_registries_conf(config / "registries.conf", registry.address, f"127.0.0.1:{proxy.port}")
+    image = f"127.0.0.1:{proxy.port}/big:1"
+    try:
+        head = head_factory(tmp_path / "data", gpus=2, extra_args=("--container-config", str(config))).start()
+        with head.client() as c:
+            job_id = sh(c, "ls -l /random.bin", tmp_path, image=image)
+            progress = re.compile(re.escape(f"preparing: pulling image {image} (") + r"([\d.]+) of ([\d.]+) MB, \d+s\)")
+            seen = wait_for(
+                lambda: (m := progress.fullmatch(c.job(job_id).reason or "")) and m,
+                timeout=TIMEOUT_S,
+                what="the pull's progress in bytes",
+            )
+            done, total = float(seen.group(1)), float(seen.group(2))
+            assert c.job(job_id).state.value == "running"  # it holds its GPU while it pulls
+            assert 0 < done < total and abs(total - layer / 1e6) < 1.5, seen.group(0)
+            proxy.release()
+            job = ended(c, job_id)
+            out = c.logs(job_id)
+    finally:
+        proxy.close()
+        podman("rmi", "--force", image)
+    assert job.state.value == "succeeded", (job.reason, out)
+    assert f"{layer} " in out, out  # the layer's file, inside the container
+    pull_s = job.attempts[0].pull_s
+    assert pull_s is not None and pull_s > 0, job.attempts
+
+
+def test_the_image_cache_removes_the_least_recently_used_image_past_its_cap_never_one_in_use(
+    head_factory: type[HeadProcess], podman: Podman, tmp_path: Path
+) -> None:
+    """Real podman, a cap of 1 KiB (every image is over it): after each container attempt the node
+    removes the cluster's images not in use, oldest use first; the image of a running job stays
+    until its job ends, and an image no job of this cluster used (the module's test image) is
+    never touched."""
+    images = {}
+    for name in ("a", "b"):
+        tar = tmp_path / f"{name}.tar"
+        big_image_tar(tar, 100_000)  # random bytes: two distinct images
+        images[name] = f"localhost/gpucluster-cache-{name}:1"
+        assert podman("import", str(tar), images[name]).returncode == 0
+
+    def present(image: str) -> bool:
+        return podman("image", "exists", image).returncode == 0
+
+    head = head_factory(
+        tmp_path / "data",
+        gpus=2,
+        extra_args=("--container-config", str(podman.config), "--image-cache-size", "1KiB"),
+    ).start()
+    try:
+        with head.client() as c:
+            running = sh(c, "echo started; while [ ! -e release ]; do sleep 0.1; done", tmp_path, image=images["b"])
+            log_shows(c, running, "started")
+            done = sh(c, "echo done", tmp_path, image=images["a"])
+            assert ended(c, done).state.value == "succeeded"
+            wait_for(lambda: not present(images["a"]), what=f"{images['a']} removed after its job")
+            assert present(images["b"]), "the image of a running job was removed"
+            (tmp_path / "release").touch()
+            assert ended(c, running).state.value == "succeeded"
+            wait_for(lambda: not present(images["b"]), what=f"{images['b']} removed once its job ended")
+        assert present(IMAGE)  # not this cluster's: never removed
+        kept = json.loads((tmp_path / "data" / "images.json").read_text())
+        assert kept == {}, kept
+    finally:
+        for image in images.values():
+            podman("rmi", "--force", image)
 
 
 def test_the_cli_and_job_files_take_image_and_mounts(cluster: HeadProcess, podman: Podman, tmp_path: Path) -> None:

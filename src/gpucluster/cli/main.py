@@ -278,10 +278,18 @@ def up(
         Path | None,
         typer.Option(
             "--container-config",
-            help="a directory with containers.conf and/or storage.conf for the podman of container jobs "
-            "(--image) [default: the system's]",
+            help="a directory with containers.conf, storage.conf and/or registries.conf for the podman of "
+            "container jobs (--image) [default: the system's]",
         ),
     ] = None,
+    image_cache_size: Annotated[
+        str,
+        typer.Option(
+            "--image-cache-size",
+            help="past this size of the node's image store, remove the images of the cluster's jobs used "
+            "least recently (never one in use; 0: never remove)",
+        ),
+    ] = "100GiB",
     gateway_port: Annotated[
         int | None,
         typer.Option(
@@ -331,6 +339,10 @@ def up(
         fail(f"--max-log-size: {e}")
     if 0 < log_cap < 4096:
         fail(f"--max-log-size must be at least 4KiB (or 0 for no cap), not {max_log_size}")
+    try:
+        image_cap = parse_size(image_cache_size)
+    except ValueError as e:
+        fail(f"--image-cache-size: {e}")
     if not 0.1 <= sample_every <= 3600:
         fail(f"--telemetry-interval must be between 0.1s and 1h, not {telemetry_interval}")
     if gpu_type is not None and not gpu_type.strip():
@@ -384,6 +396,7 @@ def up(
         max_connections=max_connections,
         header_timeout_s=headers_within,
         container_config=container_config,
+        image_cache_bytes=image_cap,
         gateway_port=gateway_port,
         security=SecurityOptions(
             tls_cert=tls_cert, tls_key=tls_key, allow_plain_http=allow_plain_http, rate_limit_per_s=rate_limit

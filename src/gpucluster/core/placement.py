@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gpucluster.core.image_affinity import holder
 from gpucluster.core.selection import Selection
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, RunningJob
 
@@ -413,16 +414,21 @@ class Capacity:
 
     # ---- placement --------------------------------------------------------------------------
 
-    def place(self, job: JobRequest, model: str, exclude: frozenset[str] = frozenset()) -> Allocation | None:
+    def place(
+        self, job: JobRequest, model: str, exclude: frozenset[str] = frozenset(), holders: Collection[str] = ()
+    ) -> Allocation | None:
+        """Where the job goes on `model` now, or None. `holders`: nodes that have its container
+        image, preferred between equally good nodes only (core/image_affinity.py): on one node
+        (whole GPUs, or a fraction), never for a job over several nodes."""
         if job.fractional:
-            return self._place_fraction(job, model, exclude)
+            return self._place_fraction(job, model, exclude, holders)
         n = int(job.gpus)
         if n > self.total_free[model]:
             return None
         if job.nodes:
             return self._place_spread(model, n // job.nodes, job.nodes, exclude)
         if n <= self.node_size[model]:
-            node = self._best_fit_node(model, n, exclude)
+            node = self._best_fit_node(model, n, exclude, holders)
             return None if node is None else Allocation((self._slice(model, node, n),))
         return self._place_fewest_nodes(model, n, exclude)
 
@@ -443,7 +449,7 @@ class Capacity:
             return any(buckets[k] for k in range(n, len(buckets)))
         return True  # the fewest nodes: any `n` free GPUs will do, and `n` are free
 
-    def _best_fit_node(self, model: str, n: int, exclude: frozenset[str]) -> str | None:
+    def _best_fit_node(self, model: str, n: int, exclude: frozenset[str], holders: Collection[str] = ()) -> str | None:
         buckets = self._buckets[model]
         lazy = self._lazy
         for k in range(n, len(buckets)):
@@ -451,7 +457,8 @@ class Capacity:
                 self._settle(model, k)
             for node in buckets[k]:
                 if node not in exclude:
-                    return node
+                    # The best-fit level is found; between its nodes, one with the job's image.
+                    return (holder(buckets[k], holders, exclude) or node) if holders else node
         return None
 
     def _place_spread(self, model: str, per: int, count: int, exclude: frozenset[str]) -> Allocation | None:
@@ -521,20 +528,25 @@ class Capacity:
             return min(share, 1.0), job.gpu_memory_mb
         return job.gpus, int(job.gpus * mem)
 
-    def _place_fraction(self, job: JobRequest, model: str, exclude: frozenset[str]) -> Allocation | None:
+    def _place_fraction(
+        self, job: JobRequest, model: str, exclude: frozenset[str], holders: Collection[str] = ()
+    ) -> Allocation | None:
         share, mem = self.fraction(job, model)
-        best: tuple[float, tuple[str, int]] | None = None
+        best: tuple[float, bool, tuple[str, int]] | None = None
         for key in self.partial[model]:
             if key[0] in exclude:
                 continue
             left = 1.0 - self.used_share[key] - share
             mem_left = self.gpus[key].memory_mb - self.used_mem[key] - mem
-            if left >= -EPS and mem_left >= 0 and (best is None or left < best[0]):
-                best = (left, key)
+            if left >= -EPS and mem_left >= 0:
+                # The fullest shared GPU; between equally full ones, one on a node with the image.
+                has = bool(holders) and key[0] in holders
+                if best is None or left < best[0] or (left == best[0] and has and not best[1]):
+                    best = (left, has, key)
         if best is not None:
-            shared_node, idx = best[1]
+            shared_node, idx = best[2]
             return Allocation((NodeSlice(shared_node, (idx,), share, mem),))
-        fresh = self._best_fit_node(model, 1, exclude)
+        fresh = self._best_fit_node(model, 1, exclude, holders)
         if fresh is None or self.gpus[(fresh, self.free[model][fresh][0])].memory_mb < mem:
             return None
         return Allocation((NodeSlice(fresh, (self.free[model][fresh][0],), share, mem),))

@@ -526,7 +526,8 @@ class _Cycle:
                 exclude = off | reserved if reserved else off
             key = (model, shape, bool(reserved))
             if key not in self._no_fit:
-                allocation = self.cap.place(job, model, exclude)
+                holders = self.s.images.get(job.image, ()) if job.image is not None else ()
+                allocation = self.cap.place(job, model, exclude, holders)
                 if allocation is not None:
                     self._start(job, allocation)
                     return True, None, None

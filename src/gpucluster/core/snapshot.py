@@ -42,6 +42,9 @@ class Snapshot:
     # the plan never uses them, but a wait can name them and an estimate count from their end.
     drains: Mapping[str, Drain] = field(default_factory=dict)
     unavailable: tuple[Node, ...] = ()
+    # Container image -> the nodes known to have it: a tie-breaker of placement only
+    # (core/image_affinity.py); empty: no preference (the simulator, a cluster without images).
+    images: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()

@@ -148,6 +148,9 @@ class JobRequest:
     user: str = ""
     # Which nodes it may run on and whether it holds them alone (core/selection.py); None: any, shared.
     selection: Selection | None = None
+    # Its container image: where it already is breaks ties between equally good nodes
+    # (core/image_affinity.py). Not in `demand`: it changes which node, never whether it starts.
+    image: str | None = None
 
     @property
     def fractional(self) -> bool:

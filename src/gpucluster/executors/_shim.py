@@ -104,6 +104,18 @@ def _load_cgroups() -> Any:
     return module
 
 
+def _load_pull() -> Any:
+    """executors/_pull.py (a pull with its progress in bytes), by path as above."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_gpucluster_pull", os.path.join(os.path.dirname(__file__), "_pull.py")
+    )
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
 def _load_session() -> Any:
     """executors/_session.py (interactive sessions: a PTY served on a socket), by path as above."""
     import importlib.util
@@ -237,20 +249,21 @@ def _ensure_image(container: dict, env: dict, out: int, tell: Any) -> tuple[str,
     os.write(out, f"gpucluster: preparing: pulling image {image}\n".encode())
     tell({"phase": f"pulling image {image}"})
     started = time.monotonic()
+    phase = f"pulling image {image}"
     try:
-        pulled = subprocess.run(
-            [podman, "pull", "--quiet", image], env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
+        code, stdout, stderr = _load_pull().pull(
+            podman, image, env, lambda progress: tell({"phase": phase, "progress": progress})
         )
     except OSError as e:
         return image, None, f"cannot run podman ({podman}) to pull image {image}: {e.strerror}"
     finally:
         tell({"phase": None})
     pull_s = round(time.monotonic() - started, 3)
-    if pulled.returncode != 0:
-        lines = pulled.stderr.decode(errors="replace").strip().splitlines()
-        lines = lines or [f"podman pull exit code {pulled.returncode}"]
+    if code != 0:
+        lines = stderr.decode(errors="replace").strip().splitlines()
+        lines = lines or [f"podman pull exit code {code}"]
         return image, pull_s, f"cannot pull image {image}: {lines[-1].removeprefix('Error: ')}"
-    ids = pulled.stdout.decode().split()
+    ids = stdout.decode().split()
     return (ids[-1] if archive and ids else image), pull_s, None
 
 
@@ -409,6 +422,7 @@ class _Keeper:
         self.parent = os.getppid()
         self.pending: list[int] = []  # stops that came before the job side existed
         self.killed = False  # a kill was asked for: a container job's container is removed
+        self.phase: tuple[str, float] | None = None  # the phase being reported, since when
 
     def on_signal(self, signum: int, _frame: object) -> None:
         kill = signum == KILL_REQUEST
@@ -523,7 +537,8 @@ class _Keeper:
         return int(record["exit_code"])
 
     def _phase(self, line: bytes) -> bool:
-        """A phase report of the job side ({"phase": "pulling image ..."}, or null when it ends):
+        """A phase report of the job side ({"phase": "pulling image ...", "progress": "1.2 of 4.0
+        GB"}, or null when it ends):
         RUN_DIR/phase.json while it lasts. False for any other line (the final report)."""
         try:
             message = json.loads(line)
@@ -534,8 +549,15 @@ class _Keeper:
         path = os.path.join(self.run_dir, PHASE)
         with contextlib.suppress(OSError):
             if message["phase"]:
-                write_json_atomic(path, {"phase": str(message["phase"])[:500], "since": time.time()})
+                phase = str(message["phase"])[:500]
+                if self.phase is None or self.phase[0] != phase:  # a progress report keeps its phase's start
+                    self.phase = (phase, time.time())
+                record = {"phase": phase, "since": self.phase[1]}
+                if message.get("progress"):
+                    record["progress"] = str(message["progress"])[:100]
+                write_json_atomic(path, record)
             else:
+                self.phase = None
                 os.unlink(path)
         return True
 

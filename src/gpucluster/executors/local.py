@@ -25,6 +25,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from gpucluster.executors.base import (
     combined,
     expected_processes,
 )
+from gpucluster.executors.image_cache import ImageCache
 
 SHIM = Path(__file__).with_name("_shim.py")
 MANIFEST = "launch.json"
@@ -175,6 +177,7 @@ class LocalExecutor:
         instance: str = "head",
         gpu_minors: dict[int, int] | None = None,
         container_node: podman.ContainerNode | None = None,
+        image_cache: ImageCache | None = None,
     ) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         # > 0: each process's shim writes its log, rotated past this size (_shim.py, logfile.py).
@@ -191,10 +194,14 @@ class LocalExecutor:
         self.gpu_minors = gpu_minors
         # How this node runs a container job (--image): podman and its config (executors/podman.py).
         self.container_node = container_node or podman.ContainerNode()
+        # The node's store's LRU with a size cap (executors/image_cache.py); None: never pruned.
+        self.image_cache = image_cache
 
     def launch(self, spec: LaunchSpec) -> Handle:
         if spec.job_dir is not None:
             prepare_job_dir(spec.job_dir, spec.user)
+        if spec.container is not None and self.image_cache is not None and self._own_store(spec.user):
+            self.image_cache.launched(str(spec.run_dir), spec.container.image, time.time())
         if spec.processes:
             return self._launch_ranks(spec)
         handle = self._launch_one(
@@ -395,10 +402,28 @@ class LocalExecutor:
         elif handle.get("cgroup"):
             cgroups.JobCgroup.from_json(handle["cgroup"]).signal(signum)
 
+    @staticmethod
+    def _own_store(user: str | None) -> bool:
+        """Whether a job's podman is this process's account's, whose store the image cache keeps
+        (a member's rootless store is the member's own: executors/image_cache.py)."""
+        if user is None:
+            return True
+        try:
+            return pwd.getpwnam(user).pw_uid == os.geteuid()
+        except KeyError:
+            return False
+
     def cleanup(self, handle: Handle) -> None:
         """Whatever a finished attempt left: its cgroups killed and removed. No process group is
         signalled by number: the shim killed its job's group before recording the exit, while
-        the id was still the job's."""
+        the id was still the job's. Then the image cache may prune (in the background)."""
+        try:
+            self._cleanup(handle)
+        finally:
+            if self.image_cache is not None and handle.get("run_dir"):
+                self.image_cache.cleaned(str(handle["run_dir"]))
+
+    def _cleanup(self, handle: Handle) -> None:
         for r in handle.get("ranks", [handle]):
             if r.get("container"):
                 self._remove_container(r)

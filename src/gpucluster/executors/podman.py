@@ -17,8 +17,8 @@ cleanup finds it.
 What a node needs, checked by `gpucluster up` in one line (`describe_node`): podman, an OCI
 runtime (runc or crun), and, on a host whose kernel mixes cgroup v1 and v2, a containers.conf
 with `cgroup_manager = "cgroupfs"`, `runtime = "runc"` and `default_ulimits = []`
-(`--container-config DIR` names a directory with containers.conf and storage.conf for every
-container job of this node; the system's files otherwise). Rootless podman also needs the
+(`--container-config DIR` names a directory with containers.conf, storage.conf and
+registries.conf for every container job of this node; the system's files otherwise). Rootless podman also needs the
 account's subordinate ids in /etc/subuid and /etc/subgid (useradd adds them) for keep-id.
 """
 
@@ -44,7 +44,8 @@ class ContainerNode:
     """This node's container runtime, as the head's config says."""
 
     podman: str = "podman"
-    # CONTAINERS_CONF / CONTAINERS_STORAGE_CONF for every podman the node runs (--container-config).
+    # CONTAINERS_CONF / CONTAINERS_STORAGE_CONF / CONTAINERS_REGISTRIES_CONF for every podman the
+    # node runs (--container-config): a site's insecure or mirrored registries go in the last.
     config_env: dict[str, str] = field(default_factory=dict)
     # NVIDIA GPUs: NVML index -> UUID, given to the container through CDI (nvidia.com/gpu=UUID).
     gpu_uuids: dict[int, str] | None = None
@@ -57,7 +58,11 @@ class ContainerNode:
     def from_config_dir(directory: Path | None, gpu_uuids: dict[int, str] | None = None) -> ContainerNode:
         env: dict[str, str] = {}
         if directory is not None:
-            for name, var in (("containers.conf", "CONTAINERS_CONF"), ("storage.conf", "CONTAINERS_STORAGE_CONF")):
+            for name, var in (
+                ("containers.conf", "CONTAINERS_CONF"),
+                ("storage.conf", "CONTAINERS_STORAGE_CONF"),
+                ("registries.conf", "CONTAINERS_REGISTRIES_CONF"),
+            ):
                 if (directory / name).is_file():
                     env[var] = str((directory / name).absolute())
         return ContainerNode(

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from gpucluster.containers import stored_name
 from gpucluster.core.admission import admit
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.elastic import grow
@@ -83,6 +84,7 @@ from gpucluster.head.attempts import (
 )
 from gpucluster.head.estimates import EstimateRefresher
 from gpucluster.head.gates import Gates
+from gpucluster.head.images import ImageSightings
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
 from gpucluster.head.launch_specs import launch_spec
 from gpucluster.head.paths import DataDir
@@ -158,6 +160,8 @@ class Head:
         # considers the victim only after it (Snapshot.preempted_for). In memory only: a new
         # head forgets it, and a victim may then rank ahead once, which quotas bound (README).
         self.preempted_for: dict[int, int] = {}
+        # Where container images are, for placement's tie-breaker (head/images.py).
+        self.images = ImageSightings()
         self.usage, saved_at = store.load_usage()
         self._usage_at = saved_at if saved_at is not None else clock()
         self._usage_saved_at = self._usage_at
@@ -256,6 +260,10 @@ class Head:
         if not any(isinstance(s, Running) for s in statuses):
             self.executor.cleanup(handle)
             self._finish(job, handle, statuses, now)
+            image = stored_name(job.spec.image) if job.spec.image else None
+            if image and job.allocation is not None and not any(isinstance(s, Exited) and s.final for s in statuses):
+                # It had its image (a pull that failed is `final`): placement may prefer these nodes.
+                self.images.seen(image, {s.node for s in job.allocation.slices})
             return
         if self._stop_on_rank_failure(job, handle, statuses, now):
             return
@@ -526,6 +534,7 @@ class Head:
             drained=self.telemetry.drained() | down,
             holds=dict(self.accounting.held),
             drains={**{n: Drain("down: gone from the cluster's inventory") for n in down}, **self.telemetry.drains()},
+            images=self.images.by_image(),
         )
         admitted, self.limit_waits = within_limits(admit(snap)[0], self.policy, self.clock())
         return admitted

@@ -42,6 +42,8 @@ from gpucluster.dashboard.link import announce as announce_dashboard
 from gpucluster.discovery.gpus import NoGpus, discover_nvml, nvml_minor_numbers, virtual_gpus
 from gpucluster.executors.base import Executor
 from gpucluster.executors.cgroups import detect as detect_cgroups
+from gpucluster.executors.image_cache import DEFAULT_CAP_BYTES as DEFAULT_IMAGE_CACHE_BYTES
+from gpucluster.executors.image_cache import ImageCache
 from gpucluster.executors.local import LocalExecutor
 from gpucluster.executors.podman import ContainerNode
 from gpucluster.executors.podman import describe_node as describe_container_node
@@ -98,6 +100,8 @@ class UpOptions:
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # lowered to fit the open-files limit
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     container_config: Path | None = None  # containers.conf + storage.conf for container jobs' podman
+    # The local node's image store past this is pruned, least recently used first (0: never).
+    image_cache_bytes: int = DEFAULT_IMAGE_CACHE_BYTES
     gateway_port: int | None = None  # the services' gateway alone on this port too (/NAME/...)
 
 
@@ -207,12 +211,18 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
             opts.container_config, gpu_uuids=None if is_virtual else {g.index: g.uuid for g in node.gpus if g.uuid}
         )
         say.write(f"{describe_container_node(container_node)}\n")  # what --image jobs need of this node
+        image_cache = (
+            ImageCache(container_node, data.root / "images.json", opts.image_cache_bytes)
+            if opts.image_cache_bytes > 0
+            else None
+        )
         executor = LocalExecutor(
             max_log_bytes=opts.max_log_bytes,
             cgroup_support=cgroup_support,
             instance=instance,
             gpu_minors=None if is_virtual else nvml_minor_numbers(),
             container_node=container_node,
+            image_cache=image_cache,
         )
         store.put_node(node, is_virtual, time.time())
     if os.geteuid() == 0 and (closed := data.unreachable_by_jobs()) is not None:
@@ -237,6 +247,12 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         prices=opts.prices,
     )
     head.identity = access  # each job's own token, and its Unix account under a root head
+    if isinstance(executor, LocalExecutor) and executor.image_cache is not None:
+        # What the node's cache kept is where placement may prefer; what it removes, no longer.
+        for ref in executor.image_cache.known():
+            head.images.seen(ref, {node.name})
+        executor.image_cache.on_removed = head.images.forget
+        executor.image_cache.prune_soon()  # a smaller cap than the last head's applies now
     head.inventory = ray_mode.inventory if ray_mode is not None else None
     head.tick()  # re-adopt or settle jobs left by a previous head before taking requests
     loop = threading.Thread(target=head.run, name="head-loop", daemon=True)

@@ -882,12 +882,15 @@ def to_wire(
 
 
 def preparing(run_dir: Path, now: float) -> str | None:
-    """'preparing: pulling image X (12s)' while a process of the attempt is still getting ready
-    (the shim's phase.json, in rank 0's records for several processes); None once it runs."""
+    """'preparing: pulling image X (1.2 of 4.0 GB, 12s)' while a process of the attempt is still
+    getting ready (the shim's phase.json, in rank 0's records for several processes; the bytes
+    once some have landed, executors/_pull.py); None once it runs."""
     for d in (run_dir, run_dir / "rank-0"):
         try:
             phase = json.loads((d / PHASE).read_text())
-            return f"preparing: {phase['phase']} ({max(0.0, now - float(phase['since'])):.0f}s)"
+            waited = f"{max(0.0, now - float(phase['since'])):.0f}s"
+            progress = phase.get("progress")
+            return f"preparing: {phase['phase']} ({f'{progress}, ' if progress else ''}{waited})"
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return None

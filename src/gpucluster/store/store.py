@@ -55,6 +55,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
+from gpucluster.containers import stored_name
 from gpucluster.core.eligibility import Target, array_target, array_times
 from gpucluster.core.lifecycle import StopReason, stop_overrides
 from gpucluster.core.limits import queued_refusal
@@ -362,6 +363,8 @@ def request_json(spec: JobSpec, after: tuple[Dependency, ...] = ()) -> str:
         d["c"] = spec.constraint
     if spec.exclusive:
         d["x"] = 1
+    if spec.image and (image := stored_name(spec.image)) is not None:
+        d["i"] = image  # a placement tie-breaker only (core/image_affinity.py); absent in older rows
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -400,6 +403,7 @@ def request_from(
         array_id=array_id,
         user=user,
         selection=_selection(d) if ("nl" in d or "xn" in d or "c" in d or "x" in d) else None,
+        image=d.get("i"),
     )
 
 
