@@ -32,7 +32,6 @@ from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.pools import with_pools
 from gpucluster.core.preempt import CostKey, Guarantees, choose_victims
-from gpucluster.core.preempt_on import choose_victims_on
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import WaitReason
@@ -595,9 +594,9 @@ class _Cycle:
         if not pre.enabled or len(self.reservations) == len(self.cap.model_memory):
             return False
         sel = job.selection
-        if sel is not None and sel.exclusive:
-            return False  # victims would have to empty whole nodes: it waits for idle ones
-        allowed = self.cap.allowed(sel) if sel is not None else None
+        # Victims only where it may land (its selection, pools); an exclusive job's victims
+        # empty whole nodes (`preempt_shapes.for_exclusive`).
+        allowed = self.cap.allowed(sel) if sel is not None and sel.filters else None
         if not self._may_have_victims(job):
             return False
         by_class = self.pool_by_class and not (pre.reclaim_quota and self.quotas.has_quotas)
@@ -618,27 +617,19 @@ class _Cycle:
             stopping = [j for j in self._stopping_jobs() if self.cap.model_of(j.allocation) == model]
             if not candidates and not stopping:
                 continue
-            if allowed is None:
-                shared = model in self._shared_pool or any(s.share < 1 for j in stopping for s in j.allocation.slices)
-                choice = choose_victims(
-                    job,
-                    model,
-                    self.cap,
-                    candidates,
-                    stopping,
-                    self._victim_cost,
-                    ranked=True,
-                    guarantees=guarantees,
-                    shared=shared,
-                )
-            elif job.fractional or job.nodes:
-                # A share or a `--nodes M` gang limited to some nodes waits for room there: the
-                # search limited to allowed nodes (core/preempt_on.py) counts whole GPUs only.
-                continue
-            else:
-                choice = choose_victims_on(
-                    job, model, self.cap, candidates, stopping, self._victim_cost, allowed, guarantees
-                )
+            shared = model in self._shared_pool or any(s.share < 1 for j in stopping for s in j.allocation.slices)
+            choice = choose_victims(
+                job,
+                model,
+                self.cap,
+                candidates,
+                stopping,
+                self._victim_cost,
+                ranked=True,
+                guarantees=guarantees,
+                shared=shared,
+                allowed=allowed,
+            )
             if choice is None:
                 continue
             if not choice.victims:
@@ -818,7 +809,7 @@ class _Cycle:
         sel = job.selection
         exclusive = sel is not None and sel.exclusive
         allowed = self.cap.allowed(sel) if sel is not None and sel.filters else None
-        if not job.fractional and not exclusive and len(self.reservations) < len(self.cap.model_memory):
+        if not job.fractional and len(self.reservations) < len(self.cap.model_memory):
             for model in models:
                 if model in self.reservations:
                     continue
@@ -833,7 +824,8 @@ class _Cycle:
                         job,
                         WaitReason.RESERVED,
                         f"first in line{which}: {job.gpus:g} {model} GPUs on {', '.join(sorted(res.nodes)[:3])}"
-                        f"{'...' if len(res.nodes) > 3 else ''} are held for it from {_fmt_time(res.shadow)}",
+                        f"{'...' if len(res.nodes) > 3 else ''} are held for it from {_fmt_time(res.shadow)}"
+                        f"{' (an exclusive job needs nodes where nothing runs: held whole)' if exclusive else ''}",
                         res.shadow,
                     )
                     return
