@@ -43,8 +43,8 @@ from gpucluster.core.placement import acceptable_models
 from gpucluster.core.policy import Policy
 from gpucluster.core.pools import closed_nodes, restrict
 from gpucluster.core.reasons import WaitReason
-from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.selection import Selection
+from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Node, Plan, Priority
 
 DEFAULT_LIMIT = 10_000
@@ -420,40 +420,10 @@ def _replay_on(
         ts_of = {nd: profile.times[(model, nd)] for nd in profile.model_nodes.get(model, ()) if nd in allowed}
         if not ts_of:
             continue
-        size = max(len(ts) for ts in ts_of.values())
-
-        def ready(nd: str, k: int) -> float:
-            """When `k` GPUs of `nd` are free (all of them for an exclusive job)."""
-            ts = ts_of[nd]
-            return ts[-1] if exclusive else ts[k - 1]
-
-        def take(nd: str, k: int) -> tuple[str, int]:
-            return (nd, len(ts_of[nd]) if exclusive else k)
-
-        picks: list[tuple[str, int]]
-        if job.nodes:
-            per = n // job.nodes
-            fit = sorted((ready(nd, per), nd) for nd, ts in ts_of.items() if 1 <= per <= len(ts))
-            if len(fit) < job.nodes:
-                continue
-            slot, picks = fit[job.nodes - 1][0], [take(nd, per) for _, nd in fit[: job.nodes]]
-        elif n <= size:
-            fit = sorted((ready(nd, n), nd) for nd, ts in ts_of.items() if n <= len(ts))
-            if not fit:
-                continue
-            slot, picks = fit[0][0], [take(fit[0][1], n)]
-        else:
-            # Larger than a node: the nodes whose GPUs are all free soonest, until they hold `n`.
-            fit = sorted((ts[-1], nd) for nd, ts in ts_of.items())
-            slot, picks, need = 0.0, [], n
-            for t, nd in fit:
-                if need <= 0:
-                    break
-                k = len(ts_of[nd]) if exclusive else min(need, len(ts_of[nd]))
-                picks.append((nd, k))
-                slot, need = t, need - len(ts_of[nd])
-            if need > 0:
-                continue
+        got = _slot_on(ts_of, job, n, exclusive)
+        if got is None:
+            continue
+        slot, picks = got
         if best is None or slot < best[0]:
             best = (slot, model, picks)
     if best is None:
@@ -463,6 +433,40 @@ def _replay_on(
     for node, gpus in best[2]:
         profile.reserve(best[1], node, gpus, start, end)
     return start
+
+
+def _slot_on(
+    ts_of: dict[str, list[float]], job: JobRequest, n: int, exclusive: bool
+) -> tuple[float, list[tuple[str, int]]] | None:
+    """On one model's allowed nodes (node -> its GPUs' free times, sorted): when the job could
+    start soonest and the (node, GPUs) it takes then; None if these nodes can never host it."""
+
+    def ready(nd: str, k: int) -> float:
+        """When `k` GPUs of `nd` are free (all of them for an exclusive job)."""
+        ts = ts_of[nd]
+        return ts[-1] if exclusive else ts[k - 1]
+
+    def take(nd: str, k: int) -> tuple[str, int]:
+        return (nd, len(ts_of[nd]) if exclusive else k)
+
+    size = max(len(ts) for ts in ts_of.values())
+    if job.nodes:
+        per = n // job.nodes
+        fit = sorted((ready(nd, per), nd) for nd, ts in ts_of.items() if 1 <= per <= len(ts))
+        if len(fit) < job.nodes:
+            return None
+        return fit[job.nodes - 1][0], [take(nd, per) for _, nd in fit[: job.nodes]]
+    if n <= size:
+        fit = sorted((ready(nd, n), nd) for nd, ts in ts_of.items() if n <= len(ts))
+        return (fit[0][0], [take(fit[0][1], n)]) if fit else None
+    # Larger than a node: the nodes whose GPUs are all free soonest, until they hold `n`.
+    slot, picks, need = 0.0, [], n
+    for t, nd in sorted((ts[-1], nd) for nd, ts in ts_of.items()):
+        if need <= 0:
+            break
+        picks.append((nd, len(ts_of[nd]) if exclusive else min(need, len(ts_of[nd]))))
+        slot, need = t, need - len(ts_of[nd])
+    return (slot, picks) if need <= 0 else None
 
 
 def _after(freed: float, now: float, latency: Latency) -> float:
