@@ -33,6 +33,7 @@
       critical: {}              # cluster admins only (they may use every class)
     pools:                      # nodes only some teams or classes may use (a node in no pool: everyone's)
       h100-ib: {labels: [ib], teams: [vision], classes: [high, critical]}   # or nodes: [n1, n2]
+      new-racks: {labels: [rack=r9], quotas: {vision: 16, nlp: 8}}   # GPUs each team may hold there
 
 Without priority_grants (or for a class it leaves out): high is granted to team admins (of the
 team submitted to), critical to cluster admins only.
@@ -303,13 +304,23 @@ class GrantIn(_Strict):
 
 
 class PoolIn(_Strict):
-    """pools: {name: {nodes: [n1], labels: [ib], teams: [vision], classes: [high]}}: the nodes
-    named or carrying all the labels; who may use them (teams, classes left out: all)."""
+    """pools: {name: {nodes: [n1], labels: [ib], teams: [vision], classes: [high], quotas: {vision: 8}}}:
+    the nodes named or carrying all the labels; who may use them (teams, classes left out: all);
+    the most GPUs each team named under quotas may hold on them at once."""
 
     nodes: list[str] = Field(default_factory=list, max_length=100_000)
     labels: list[str] = Field(default_factory=list, max_length=64)
     teams: list[str] | None = None
     classes: list[ClassName] | None = None
+    quotas: dict[str, float] = Field(default_factory=dict, max_length=10_000)
+
+    @field_validator("quotas")
+    @classmethod
+    def _quotas(cls, v: dict[str, float]) -> dict[str, float]:
+        for team, gpus in v.items():
+            if not 0 <= gpus < float("inf"):
+                raise ValueError(f"quota of team {team!r} must be a number of GPUs, 0 or more (got {gpus!r})")
+        return v
 
     @field_validator("labels")
     @classmethod
@@ -327,6 +338,7 @@ class PoolIn(_Strict):
             frozenset(self.labels),
             frozenset(self.teams) if self.teams is not None else None,
             frozenset(Priority.parse(c) for c in self.classes) if self.classes is not None else None,
+            tuple(sorted(self.quotas.items())),
         )
 
 
@@ -440,6 +452,23 @@ class PolicyIn(_Strict):
                         (
                             ["pools", name, "teams"],
                             f"pool {name} names team {member!r}, which is not under teams: ({known})",
+                        )
+                    )
+            for member in pool.quotas:
+                if self.teams and member not in self.teams:
+                    known = ", ".join(sorted(self.teams))
+                    out.append(
+                        (
+                            ["pools", name, "quotas"],
+                            f"pool {name} gives a quota to team {member!r}, which is not under teams: ({known})",
+                        )
+                    )
+                elif pool.teams is not None and member not in pool.teams:
+                    out.append(
+                        (
+                            ["pools", name, "quotas"],
+                            f"pool {name} gives a quota to team {member!r}, which its teams: do not admit; "
+                            "add it to teams: or drop its quota",
                         )
                     )
         if self.unknown_teams == "reject" and not self.teams:

@@ -237,6 +237,14 @@ class _Cycle:
         # exclusive job those and the busy ones, at the capacity version they were found at.
         self._off_static: dict[tuple[Selection, str], frozenset[str]] = {}
         self._off_busy: dict[tuple[Selection, str], tuple[int, frozenset[str]]] = {}
+        # Pool quotas (core/pools.py): the pools that have any, their nodes, each (pool, team)'s
+        # GPUs held there (built on first use, then kept up by `_start`), and per (team, GPUs
+        # asked) the nodes a job may not take for them, at the version of that use.
+        self._quota_pools = tuple(p for p in policy.pools if p.quotas)
+        self._pool_nodes: dict[str, frozenset[str]] = {}
+        self._pool_used: dict[tuple[str, str], float] | None = None
+        self._pool_version = 0
+        self._pool_full_memo: dict[tuple[str, float], tuple[int, frozenset[str], str | None]] = {}
 
     def run(self) -> Plan:
         index = self.s.queue_index
@@ -272,7 +280,13 @@ class _Cycle:
         # next jobs of every request were considered again: most of a cycle's work. Without
         # quotas or borrowing limits the team takes no part in the answer either (only in the
         # place in line, and victims are ranked by their own teams), so it is kept by `need`.
-        keep = settle and self.share_waits and not self.quotas.has_quotas and self.quotas.unlimited
+        keep = (
+            settle
+            and self.share_waits
+            and not self.quotas.has_quotas
+            and self.quotas.unlimited
+            and not self._quota_pools  # a pool's quota is a team's, like a quota
+        )
         if keep and self.policy.preemption.enabled and self._shares_in_play():
             # Preemption counted GPU by GPU (core/preempt_shapes.py) is not monotone in the free
             # capacity the way the argument above needs: after starts, a job may find that
@@ -506,6 +520,7 @@ class _Cycle:
         blocked_by: Reservation | None = None
         quotas = self.quotas
         shape = (job.gpus, job.nodes, job.gpu_memory_mb, job.selection)
+        full, pool_why = self._pool_full(job) if self._quota_pools else (frozenset(), None)
         for model in models:
             if not quotas.unlimited:
                 why = quotas.refusal(job.team, model, job.gpus, self.cap.free_count(model))
@@ -523,7 +538,10 @@ class _Cycle:
             if job.selection is not None:
                 off = self._off(job, model)
                 exclude = off | reserved if reserved else off
-            key = (model, shape, bool(reserved))
+            key: tuple[object, ...] = (model, shape, bool(reserved))
+            if full:
+                exclude = exclude | full
+                key = (*key, full)
             if key not in self._no_fit:
                 allocation = self.cap.place(job, model, exclude)
                 if allocation is not None:
@@ -533,7 +551,63 @@ class _Cycle:
             # The reservation is the obstacle only if the job would fit without it.
             if reserved and blocked_by is None and self._fits_unreserved(job, model, shape):
                 blocked_by = res
+        if full and refusal is None and blocked_by is None:
+            # A pool's quota is the obstacle if the job would fit on the pool's nodes.
+            for model in models:
+                off = self._off(job, model) if job.selection is not None else frozenset()
+                if self.cap.place(job, model, off) is not None:
+                    refusal = pool_why
+                    break
         return False, refusal, blocked_by
+
+    def _pool_full(self, job: JobRequest) -> tuple[frozenset[str], str | None]:
+        """The nodes of the pools where `job`'s team has no room left for it under the pool's
+        quota, and the wait that names the first such pool. A job that might land wholly on a
+        pool counts wholly against it (never over a quota, sometimes kept off a pool it would
+        only partly use). O(pools) per team and size, again only after a start in a pool."""
+        key = (job.team, job.gpus)
+        hit = self._pool_full_memo.get(key)
+        if hit is not None and hit[0] == self._pool_version:
+            return hit[1], hit[2]
+        used = self._pool_usage()
+        off: set[str] = set()
+        why: str | None = None
+        for pool in self._quota_pools:
+            quota = pool.quota(job.team)
+            if quota is None:
+                continue
+            have = used.get((pool.name, job.team), 0.0)
+            if have + job.gpus > quota + 1e-9:
+                off |= self._pool_nodes[pool.name]
+                why = why or (
+                    f"team {job.team} holds {have:g} of its {quota:g}-GPU quota in pool {pool.name}: "
+                    f"{job.gpus:g} more would exceed it (it starts elsewhere, or there when the team's "
+                    f"jobs in {pool.name} end)"
+                )
+        got = (self._pool_version, frozenset(off), why)
+        self._pool_full_memo[key] = got
+        return got[1], got[2]
+
+    def _pool_usage(self) -> dict[tuple[str, str], float]:
+        """(pool, team) -> GPUs the team's running jobs hold on the pool's nodes (shares as
+        fractions), for the pools with quotas: one pass over the running jobs, on first use."""
+        if self._pool_used is None:
+            for pool in self._quota_pools:
+                self._pool_nodes[pool.name] = frozenset(n.name for n in self.s.nodes if pool.holds(n))
+            self._pool_used = {}
+            for j in self.s.running:
+                self._add_pool_use(j.team, j.allocation)
+        return self._pool_used
+
+    def _add_pool_use(self, team: str, allocation: Allocation) -> None:
+        assert self._pool_used is not None
+        for pool in self._quota_pools:
+            nodes = self._pool_nodes[pool.name]
+            held = sum(len(s.gpu_indices) * s.share for s in allocation.slices if s.node in nodes)
+            if held:
+                key = (pool.name, team)
+                self._pool_used[key] = self._pool_used.get(key, 0.0) + held
+                self._pool_version += 1
 
     def _fits_unreserved(self, job: JobRequest, model: str, shape: tuple[object, ...]) -> bool:
         """Could the job be placed on `model` if no GPUs were held for a reservation."""
@@ -576,6 +650,8 @@ class _Cycle:
         exclusive = job.selection is not None and job.selection.exclusive
         self.cap.take(self.cap.held(allocation, True) if exclusive else allocation)
         self.quotas.add(job.team, allocation)
+        if self._pool_used is not None:
+            self._add_pool_use(job.team, allocation)
         self.starts.append(Start(job.job_id, allocation))
         end = self.now + (job.time_limit_s or self.policy.default_time_limit_s)
         self._start_ends.append(end)
@@ -597,6 +673,10 @@ class _Cycle:
         # Victims only where it may land (its selection, pools); an exclusive job's victims
         # empty whole nodes (`preempt_shapes.for_exclusive`).
         allowed = self.cap.allowed(sel) if sel is not None and sel.filters else None
+        if self._quota_pools:
+            full = self._pool_full(job)[0]
+            if full:  # pools where its team is at its quota: no place to free
+                allowed = (allowed if allowed is not None else frozenset(self.cap.node_labels)) - full
         if not self._may_have_victims(job):
             return False
         by_class = self.pool_by_class and not (pre.reclaim_quota and self.quotas.has_quotas)
@@ -809,6 +889,10 @@ class _Cycle:
         sel = job.selection
         exclusive = sel is not None and sel.exclusive
         allowed = self.cap.allowed(sel) if sel is not None and sel.filters else None
+        if self._quota_pools:
+            full = self._pool_full(job)[0]
+            if full:
+                allowed = (allowed if allowed is not None else frozenset(self.cap.node_labels)) - full
         if not job.fractional and len(self.reservations) < len(self.cap.model_memory):
             for model in models:
                 if model in self.reservations:
