@@ -106,6 +106,7 @@ class PreemptionIn(_Strict):
     min_runtime: Duration = 0
     protected_classes: list[ClassName] = Field(default_factory=_only_critical)
     reclaim_quota: bool = True
+    shrink_elastic: bool = True
 
     @field_validator("grace_period", "min_runtime")
     @classmethod
@@ -492,6 +493,7 @@ class PolicyIn(_Strict):
                 min_runtime_s=_seconds(p.min_runtime, "min_runtime"),
                 protected_classes=frozenset(Priority.parse(c) for c in p.protected_classes),
                 reclaim_quota=p.reclaim_quota,
+                shrink_elastic=p.shrink_elastic,
             ),
             fair_share_half_life_s=_seconds(self.fair_share.half_life, "half_life"),
             fair_share=self.fair_share.enabled,

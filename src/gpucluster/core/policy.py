@@ -38,6 +38,9 @@ class Preemption:
     # Classes never preempted, whatever the priority of the job that wants their GPUs.
     protected_classes: frozenset[Priority] = frozenset({Priority.CRITICAL})
     reclaim_quota: bool = True  # a team below its guaranteed quota may stop borrowers
+    # Shrink an elastic victim above its minimum (it restarts smaller at once) before stopping
+    # others whole (core/shrink.py).
+    shrink_elastic: bool = True
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.selection import Selection, unmatched_message
+from gpucluster.core.shrink import shrink_first
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Plan, Preemption, RunningJob, Start, Wait
 
@@ -698,18 +699,25 @@ class _Cycle:
             if not candidates and not stopping:
                 continue
             shared = model in self._shared_pool or any(s.share < 1 for j in stopping for s in j.allocation.slices)
-            choice = choose_victims(
-                job,
-                model,
-                self.cap,
-                candidates,
-                stopping,
-                self._victim_cost,
-                ranked=True,
-                guarantees=guarantees,
-                shared=shared,
-                allowed=allowed,
-            )
+            choice = None
+            if pre.shrink_elastic and candidates:
+                choice = shrink_first(
+                    job, model, self.cap, candidates, stopping, self._victim_cost, guarantees, shared, allowed
+                )
+            shrunk = choice is not None
+            if choice is None:
+                choice = choose_victims(
+                    job,
+                    model,
+                    self.cap,
+                    candidates,
+                    stopping,
+                    self._victim_cost,
+                    ranked=True,
+                    guarantees=guarantees,
+                    shared=shared,
+                    allowed=allowed,
+                )
             if choice is None:
                 continue
             if not choice.victims:
@@ -718,13 +726,19 @@ class _Cycle:
                 self._wait(job, WaitReason.PREEMPTING, f"waiting for stopping jobs to release {model} GPUs")
             else:
                 names = ", ".join(str(v.job_id) for v in choice.victims)
-                self._wait(job, WaitReason.PREEMPTING, f"preempting job(s) {names} to free {job.gpus:g} {model} GPUs")
+                what = "shrinking elastic job(s)" if shrunk else "preempting job(s)"
+                self._wait(job, WaitReason.PREEMPTING, f"{what} {names} to free {job.gpus:g} {model} GPUs")
                 for v in choice.victims:
                     why = (
                         f"preempted by job {job.job_id} ({job.priority.label} priority)"
                         if self.policy.priorities and v.priority < job.priority
                         else f"preempted: team {job.team} reclaims its guaranteed {model} GPUs"
                     )
+                    if shrunk:
+                        why = (
+                            f"resized: shrinking from {v.allocation.gpu_count:g} GPUs ({why}); it restarts at once "
+                            f"at the size that fits, at least {v.min_gpus}"
+                        )
                     self.preemptions.append(Preemption(v.job_id, job.job_id, why))
                     self.quotas.remove(v.team, v.allocation)
                     self._preempted.add(v.job_id)
