@@ -241,6 +241,7 @@ class _Cycle:
         # Pool quotas (core/pools.py): the pools that have any, their nodes, each (pool, team)'s
         # GPUs held there (built on first use, then kept up by `_start`), and per (team, GPUs
         # asked) the nodes a job may not take for them, at the version of that use.
+        self._any_elastic: bool | None = None  # see `_elastic_runs`
         self._quota_pools = tuple(p for p in policy.pools if p.quotas)
         self._pool_nodes: dict[str, frozenset[str]] = {}
         self._pool_used: dict[tuple[str, str], float] | None = None
@@ -700,7 +701,7 @@ class _Cycle:
                 continue
             shared = model in self._shared_pool or any(s.share < 1 for j in stopping for s in j.allocation.slices)
             choice = None
-            if pre.shrink_elastic and candidates:
+            if pre.shrink_elastic and candidates and self._elastic_runs():
                 choice = shrink_first(
                     job, model, self.cap, candidates, stopping, self._victim_cost, guarantees, shared, allowed
                 )
@@ -751,6 +752,13 @@ class _Cycle:
             self.reservations[model] = Reservation(job.job_id, model, self.now + pre.grace_period_s, nodes)
             return True
         return False
+
+    def _elastic_runs(self) -> bool:
+        """Whether any running job is elastic (could be shrunk, core/shrink.py): one pass a
+        cycle, on first use, so a cluster without elastic jobs never looks for them per job."""
+        if self._any_elastic is None:
+            self._any_elastic = any(j.min_gpus is not None for j in self.s.running)
+        return self._any_elastic
 
     def _guarantees(self, job: JobRequest, model: str, within: bool) -> Guarantees | None:
         """What other teams' guaranteed quotas of `model` protect from `job` (see `Guarantees`):
