@@ -24,13 +24,14 @@ def test_a_share_with_a_constraint_and_an_exclusive_job_preempt_lower_jobs(
 ) -> None:
     head = head_factory(tmp_path / "data", gpus=2, extra_args=("--label", "ib")).start()
     with head.client() as c:
-        low = c.submit([PY, "-c", TRAP, "120"], gpus=2, priority="low", name="low").id
+        low = c.submit([PY, "-c", TRAP, "600"], gpus=2, priority="low", name="low").id
         running(head, low)
         share = c.submit([PY, "-c", "print('share ran')"], gpus=0.5, priority="high", constraint="ib").id
         done = finished(head, share, timeout=60)  # before: "waits" for ever, never preempting
         assert done.state.value == "succeeded" and c.logs(share).strip() == "share ran"
-        preempted = [e for e in c.job(low).events if e.state.value == "preempted"]
-        assert preempted and f"preempted by job {share}" in preempted[0].reason
+        events = c.job(low).events
+        preempted = [e for e in events if e.state.value == "preempted"]
+        assert preempted and f"preempted by job {share}" in preempted[0].reason, (events, c.job(share))
         # The low job comes back; an exclusive high job then takes the node from it.
         running(head, low, timeout=60)
         wait_for(lambda: c.job(low).attempt == 2, what="the low job's second attempt")
