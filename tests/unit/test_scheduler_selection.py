@@ -365,9 +365,28 @@ def test_starts_stay_inside_selections_and_exclusive_never_shares(scenario: tupl
     running = {r.job_id: r for r in snap.running}
     for p in plan.preemptions:
         sel = allowed_victims[p.for_job].selection
-        if sel is not None:
-            assert not sel.exclusive
+        if sel is not None and sel.filters:  # an exclusive job alone may take victims anywhere
             assert any(sel.allows(s.node, labels[s.node]) for s in running[p.job_id].allocation.slices)
+    # An exclusive preemptor empties whole nodes: on every node its victims leave, nothing of a
+    # class it may not take stays (each other job there is a victim, or already stopping).
+    victims_of: dict[int, set[int]] = {}
+    for p in plan.preemptions:
+        victims_of.setdefault(p.for_job, set()).add(p.job_id)
+    for preemptor, victims in victims_of.items():
+        sel = allowed_victims[preemptor].selection
+        if sel is None or not sel.exclusive or len(victims) != sum(1 for v in victims if v in running):
+            continue
+        nodes = {s.node for v in victims for s in running[v].allocation.slices}
+        emptied = [
+            nd
+            for nd in nodes
+            if all(
+                r.job_id in victims or r.stopping
+                for r in snap.running
+                if any(s.node == nd for s in r.allocation.slices)
+            )
+        ]
+        assert emptied, f"exclusive job {preemptor} stops {sorted(victims)} but empties none of {sorted(nodes)}"
     # The shortcut for the simulator gives the same starts and preemptions.
     quick = decide(snap, policy, now=NOW, reasons=False)
     assert (quick.starts, quick.preemptions) == (plan.starts, plan.preemptions)
