@@ -6,6 +6,7 @@
     orgs:
       research: {weight: 3}
     preemption: {enabled: true, grace_period: 30s, min_runtime: 5m, protected_classes: [critical]}
+    #   shrink_elastic: true        # shrink elastic victims above their minimum before others (default)
     fair_share: {enabled: true, half_life: 7d}
     backfill:   {enabled: true, default_time_limit: 1h}
     priorities: true
