@@ -5,17 +5,23 @@ only the pool has room, and preempts nothing there for it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpucluster.core.policy import Policy, Preemption
 from gpucluster.core.pools import Pool
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
+from gpucluster.core.snapshot import Snapshot
 from gpucluster.policyfile import PolicyFileError, load_policy
 
 from .builders import job, node, running, snapshot
+from .test_scheduler_properties import TEAMS, check_no_overcommit
+from .test_scheduler_selection import labelled
 
 NOW = 10_000.0
 FAST = Pool("fast", labels=frozenset({"ib"}), quotas=(("vision", 2.0),))
@@ -88,3 +94,34 @@ def test_the_policy_file_reads_pool_quotas_and_refuses_bad_ones(tmp_path: Path) 
     ]:
         with pytest.raises(PolicyFileError, match=says):
             _load(tmp_path, bad)
+
+
+# ---- property: a pool's quota is never passed by the plan's starts -----------------------------
+
+
+@st.composite
+def with_pool_quotas(draw: st.DrawFn) -> tuple[Snapshot, Policy, Pool]:
+    snap, policy = draw(labelled())
+    names = sorted(n.name for n in snap.nodes)
+    members = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
+    quotas = draw(st.dictionaries(st.sampled_from(TEAMS), st.sampled_from([0.0, 0.5, 1.0, 2.0, 4.0]), min_size=1))
+    pool = Pool("p", nodes=frozenset(members), quotas=tuple(sorted(quotas.items())))
+    return snap, replace(policy, pools=(pool,)), pool
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(with_pool_quotas())
+def test_starts_never_take_a_team_past_its_pool_quota(scenario: tuple[Snapshot, Policy, Pool]) -> None:
+    snap, policy, pool = scenario
+    plan = decide(snap, policy, now=NOW)
+    check_no_overcommit(snap, plan)
+    queued = {j.job_id: j for j in snap.queued}
+
+    def on_pool(allocation: object) -> float:
+        return sum(len(s.gpu_indices) * s.share for s in allocation.slices if s.node in pool.nodes)  # type: ignore[attr-defined]
+
+    for team, quota in pool.quotas:
+        before = sum(on_pool(r.allocation) for r in snap.running if r.team == team)
+        started = sum(on_pool(s.allocation) for s in plan.starts if queued[s.job_id].team == team)
+        # Jobs running already may be over (the quota came later); the plan adds nothing then.
+        assert started == 0 or before + started <= quota + 1e-9, (team, quota, before, started)
