@@ -196,3 +196,19 @@ def test_no_class_below_means_no_victims_for_an_exclusive_job() -> None:
         queued=[job(1).gpus(1).priority("high").exclusive()],
     )
     assert not decide(snap, PRIORITY, now=NOW).preemptions
+
+
+def test_an_exclusive_job_skips_a_node_whose_other_model_is_busy() -> None:
+    # n1 holds H100s and A100s: its A100 job (not a victim for an H100 job) keeps n1 busy.
+    mixed = node("n1").gpus(2, "H100").gpus(2, "A100")
+    snap = snapshot(
+        nodes=[mixed, node("n2").gpus(2, "H100")],
+        running=[
+            running(90, "n1", 0, priority="low", started_at=NOW - 10),
+            running(91, "n1", 2, priority="critical"),
+            running(92, "n2", 0, 1, priority="low", started_at=NOW - 900),
+        ],
+        queued=[job(1).gpus(1).gpu_type("H100").priority("high").exclusive()],
+    )
+    plan = decide(snap, PRIORITY, now=NOW)
+    assert _victims(plan) == {92}

@@ -604,6 +604,17 @@ def prefix(
     return [j for j, _ in chosen]
 
 
+def _others_idle(room: Room, node: str) -> bool:
+    """Whether `node`'s GPUs of other models than the room's hold nothing (a node with two
+    models: victims are sought on one model only, so a job on the other keeps the node busy)."""
+    cap = room.cap
+    for i in cap.node_gpus.get(node, ()):
+        key = (node, i)
+        if cap.gpus[key].model != room.model and cap.used_share.get(key, 0.0) > EPS:
+            return False
+    return True
+
+
 def for_exclusive(search: Search, n: int, count: int | None) -> tuple[list[RunningJob], frozenset[str]] | None:
     """(victims, nodes) that leave whole nodes of the model idle for an `--exclusive` job of
     `n` GPUs (over exactly `count` nodes if given), or None.
@@ -617,7 +628,7 @@ def for_exclusive(search: Search, n: int, count: int | None) -> tuple[list[Runni
     cap, model = room.cap, room.model
     options: list[tuple[int, int, list[int], str, list[RunningJob]]] = []
     for node in cap.model_nodes(model):
-        if not room.ok(node):
+        if not room.ok(node) or not _others_idle(room, node):
             continue
         got = search.emptied(node)
         if got is not None:
