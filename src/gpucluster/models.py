@@ -933,6 +933,7 @@ class PoolOut(Model):
     labels: list[str]
     teams: list[str] | None
     classes: list[str] | None
+    quotas: dict[str, float] = Field(default_factory=dict, description="team -> GPUs it may hold on the pool's nodes")
 
 
 class GrantOut(Model):

@@ -7,6 +7,7 @@
       research: {weight: 3}
     preemption: {enabled: true, grace_period: 30s, min_runtime: 5m, protected_classes: [critical]}
     #   serving_victims: checkpointed   # what service replicas may preempt: checkpointed, any, none
+    #   shrink_elastic: true        # shrink elastic victims above their minimum before others (default)
     fair_share: {enabled: true, half_life: 7d}
     backfill:   {enabled: true, default_time_limit: 1h}
     priorities: true
@@ -35,6 +36,7 @@
       critical: {}              # cluster admins only (they may use every class)
     pools:                      # nodes only some teams or classes may use (a node in no pool: everyone's)
       h100-ib: {labels: [ib], teams: [vision], classes: [high, critical]}   # or nodes: [n1, n2]
+      new-racks: {labels: [rack=r9], quotas: {vision: 16, nlp: 8}}   # GPUs each team may hold there
 
 Without priority_grants (or for a class it leaves out): high is granted to team admins (of the
 team submitted to), serving (services only) to every member, critical to cluster admins only.
@@ -108,6 +110,7 @@ class PreemptionIn(_Strict):
     protected_classes: list[ClassName] = Field(default_factory=_only_critical)
     reclaim_quota: bool = True
     serving_victims: Literal["checkpointed", "any", "none"] = "checkpointed"
+    shrink_elastic: bool = True
 
     @field_validator("grace_period", "min_runtime")
     @classmethod
@@ -306,13 +309,23 @@ class GrantIn(_Strict):
 
 
 class PoolIn(_Strict):
-    """pools: {name: {nodes: [n1], labels: [ib], teams: [vision], classes: [high]}}: the nodes
-    named or carrying all the labels; who may use them (teams, classes left out: all)."""
+    """pools: {name: {nodes: [n1], labels: [ib], teams: [vision], classes: [high], quotas: {vision: 8}}}:
+    the nodes named or carrying all the labels; who may use them (teams, classes left out: all);
+    the most GPUs each team named under quotas may hold on them at once."""
 
     nodes: list[str] = Field(default_factory=list, max_length=100_000)
     labels: list[str] = Field(default_factory=list, max_length=64)
     teams: list[str] | None = None
     classes: list[ClassName] | None = None
+    quotas: dict[str, float] = Field(default_factory=dict, max_length=10_000)
+
+    @field_validator("quotas")
+    @classmethod
+    def _quotas(cls, v: dict[str, float]) -> dict[str, float]:
+        for team, gpus in v.items():
+            if not 0 <= gpus < float("inf"):
+                raise ValueError(f"quota of team {team!r} must be a number of GPUs, 0 or more (got {gpus!r})")
+        return v
 
     @field_validator("labels")
     @classmethod
@@ -330,6 +343,7 @@ class PoolIn(_Strict):
             frozenset(self.labels),
             frozenset(self.teams) if self.teams is not None else None,
             frozenset(Priority.parse(c) for c in self.classes) if self.classes is not None else None,
+            tuple(sorted(self.quotas.items())),
         )
 
 
@@ -445,6 +459,23 @@ class PolicyIn(_Strict):
                             f"pool {name} names team {member!r}, which is not under teams: ({known})",
                         )
                     )
+            for member in pool.quotas:
+                if self.teams and member not in self.teams:
+                    known = ", ".join(sorted(self.teams))
+                    out.append(
+                        (
+                            ["pools", name, "quotas"],
+                            f"pool {name} gives a quota to team {member!r}, which is not under teams: ({known})",
+                        )
+                    )
+                elif pool.teams is not None and member not in pool.teams:
+                    out.append(
+                        (
+                            ["pools", name, "quotas"],
+                            f"pool {name} gives a quota to team {member!r}, which its teams: do not admit; "
+                            "add it to teams: or drop its quota",
+                        )
+                    )
         if self.unknown_teams == "reject" and not self.teams:
             out.append((["unknown_teams"], "reject needs at least one team under teams:"))
         return out
@@ -467,6 +498,7 @@ class PolicyIn(_Strict):
                 protected_classes=frozenset(Priority.parse(c) for c in p.protected_classes),
                 reclaim_quota=p.reclaim_quota,
                 serving_victims=p.serving_victims,
+                shrink_elastic=p.shrink_elastic,
             ),
             fair_share_half_life_s=_seconds(self.fair_share.half_life, "half_life"),
             fair_share=self.fair_share.enabled,

@@ -150,3 +150,16 @@ def test_bad_selections_are_422_naming_what_is_wrong(cluster: Cluster, fields: d
     assert r.status_code == 422 and words in r.json()["error"], r.json()
     with pytest.raises(ValueError, match=words.replace("(", r"\(")):
         spec(**fields)
+
+
+def test_a_selected_jobs_estimate_counts_only_its_nodes(cluster: Cluster) -> None:
+    """Issue 16: the estimate replay ignored selections, so a job held to n1 (ib) was promised
+    n2's GPUs, free much sooner. Second in line, after a job that n2 serves first."""
+    cluster.submit(gpus=4, nodelist="n1", time_limit="10m")
+    cluster.submit(gpus=4, nodelist="n2", time_limit="1m")
+    cluster.head.tick()
+    ib = cluster.submit(gpus=4, constraint="ib", time_limit="5m")
+    cluster.head.tick()
+    job = cluster.service.job(ib)
+    assert job.state is JobState.QUEUED and job.estimated_start is not None
+    assert abs(job.estimated_start - (T0 + 600)) < 5, job.estimated_start - T0  # n1's end, not n2's (T0 + 60)

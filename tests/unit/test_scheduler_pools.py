@@ -189,6 +189,8 @@ def test_a_job_its_pools_leave_no_node_is_refused_at_submit(tmp_path: Path) -> N
         assert c.submit(command=["true"], team="vision") > 0
         with api_client(c.service) as api:
             pools = api.get("/v1/policy").json()["pools"]
-        assert pools == [{"name": "reserved", "nodes": ["n1"], "labels": [], "teams": ["vision"], "classes": None}]
+        assert pools == [
+            {"name": "reserved", "nodes": ["n1"], "labels": [], "teams": ["vision"], "classes": None, "quotas": {}}
+        ]
     finally:
         c.close()

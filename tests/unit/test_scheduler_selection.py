@@ -175,14 +175,25 @@ def test_nothing_else_lands_on_an_exclusive_jobs_node_in_the_same_cycle_or_later
 
 
 def test_an_exclusive_job_waits_for_an_idle_node_and_says_so() -> None:
+    # The running job is of a higher class: it may not be preempted (tests/unit/test_preempt_selection.py
+    # has an exclusive job preempting lower ones).
     snap = snapshot(
         nodes=[node("n1").gpus(8)],
-        running=[running(90, "n1", 0, priority="low")],
+        running=[running(90, "n1", 0, priority="critical")],
         queued=[job(1).gpus(1).exclusive().priority("high")],
     )
     plan = decide(snap, PRIORITY, now=NOW)
     assert not plan.starts and not plan.preemptions
-    assert "an exclusive job needs nodes where nothing runs" in plan.waiting[1].message
+    # First in line, it holds a reservation on the node from when it empties.
+    assert plan.waiting[1].reason is WaitReason.RESERVED and "--exclusive" in plan.waiting[1].message
+    # Without backfill reservations... behind one, it says why it waits.
+    behind = snapshot(
+        nodes=[node("n1").gpus(8)],
+        running=[running(90, "n1", 0, priority="critical")],
+        queued=[job(2).gpus(8).priority("critical"), job(1).gpus(1).exclusive().priority("high")],
+    )
+    plan = decide(behind, PRIORITY, now=NOW)
+    assert "an exclusive job needs nodes where nothing runs" in plan.waiting[1].message, plan.waiting[1]
 
 
 @pytest.mark.parametrize("told", [False, True])
@@ -234,25 +245,6 @@ def test_no_preemption_when_no_allowed_node_holds_a_victim() -> None:
     )
     plan = decide(snap, PRIORITY, now=NOW)
     assert not plan.preemptions
-
-
-@pytest.mark.parametrize("shape", ["fraction", "gang"])
-def test_a_share_or_a_gang_with_a_selection_waits_instead_of_preempting(shape: str) -> None:
-    """The allowed-node victim search (core/preempt_on.py) counts whole GPUs on one node or
-    spread; a share or a `--nodes M` gang limited by a selection must not be answered by it
-    (a share asks 0 whole GPUs: it would read as "nothing to free" and wait for nothing)."""
-    snap = snapshot(
-        nodes=[node("n1").gpus(2).labels("ib"), node("n2").gpus(2).labels("ib")],
-        running=[running(90 + i, f"n{i // 2 + 1}", i % 2, priority="low", started_at=NOW - 10) for i in range(4)],
-        queued=[
-            job(1).gpus(0.5).priority("high").select(constraint="ib")
-            if shape == "fraction"
-            else job(1).gpus(2).nodes(2).priority("high").select(constraint="ib")
-        ],
-    )
-    plan = decide(snap, PRIORITY, now=NOW)
-    assert not plan.preemptions and not plan.starts
-    assert plan.waiting[1].reason is not WaitReason.PREEMPTING, plan.waiting[1]
 
 
 def test_a_reservation_holds_only_allowed_nodes_and_others_backfill_elsewhere() -> None:
@@ -373,9 +365,28 @@ def test_starts_stay_inside_selections_and_exclusive_never_shares(scenario: tupl
     running = {r.job_id: r for r in snap.running}
     for p in plan.preemptions:
         sel = allowed_victims[p.for_job].selection
-        if sel is not None:
-            assert not sel.exclusive
+        if sel is not None and sel.filters:  # an exclusive job alone may take victims anywhere
             assert any(sel.allows(s.node, labels[s.node]) for s in running[p.job_id].allocation.slices)
+    # An exclusive preemptor empties whole nodes: on every node its victims leave, nothing of a
+    # class it may not take stays (each other job there is a victim, or already stopping).
+    victims_of: dict[int, set[int]] = {}
+    for p in plan.preemptions:
+        victims_of.setdefault(p.for_job, set()).add(p.job_id)
+    for preemptor, victims in victims_of.items():
+        sel = allowed_victims[preemptor].selection
+        if sel is None or not sel.exclusive or len(victims) != sum(1 for v in victims if v in running):
+            continue
+        nodes = {s.node for v in victims for s in running[v].allocation.slices}
+        emptied = [
+            nd
+            for nd in nodes
+            if all(
+                r.job_id in victims or r.stopping
+                for r in snap.running
+                if any(s.node == nd for s in r.allocation.slices)
+            )
+        ]
+        assert emptied, f"exclusive job {preemptor} stops {sorted(victims)} but empties none of {sorted(nodes)}"
     # The shortcut for the simulator gives the same starts and preemptions.
     quick = decide(snap, policy, now=NOW, reasons=False)
     assert (quick.starts, quick.preemptions) == (plan.starts, plan.preemptions)

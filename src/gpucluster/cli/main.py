@@ -1227,7 +1227,9 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
         which = ", ".join([*pool.nodes, *(f"label {x}" for x in pool.labels)])
         who = f"teams {', '.join(pool.teams)}" if pool.teams is not None else "every team"
         classes = f"classes {', '.join(pool.classes)}" if pool.classes is not None else "every class"
-        out.print(f"pool {pool.name}: {which}; for {who}, {classes}", markup=False)
+        quotas = getattr(pool, "quotas", None) or {}
+        capped = "; quotas " + ", ".join(f"{t} {g:g} GPUs" for t, g in sorted(quotas.items())) if quotas else ""
+        out.print(f"pool {pool.name}: {which}; for {who}, {classes}{capped}", markup=False)
     table = Table("TEAM", "ORG", "WEIGHT", "SHARE", "QUOTA", "USAGE (GPU-h, decayed)", "RUNNING GPUS", box=None)
     for t in p.teams:
         quota = ", ".join(f"{m}: {n:g}" for m, n in t.quota.items()) or "-"

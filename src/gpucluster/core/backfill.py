@@ -180,6 +180,8 @@ def reserve(
     Ends before `now` count as `now` (a job past its limit is expected back at once).
     `allowed`: the only nodes the job may use (its node selection); None: any."""
     n = int(job.gpus)
+    if job.selection is not None and job.selection.exclusive:
+        return _reserve_exclusive(job, model, cap, ends, now, allowed)
     if allowed is not None and (job.nodes or n > cap.node_size[model]):
         return _reserve_across(job, model, cap, ends, now, allowed)
     if job.nodes or n > cap.node_size[model]:
@@ -232,3 +234,53 @@ def _reserve_across(
         if free >= int(job.gpus):
             return Reservation(job.job_id, model, max(end, now), frozenset(nodes))
     return None
+
+
+def _reserve_exclusive(
+    job: JobRequest, model: str, cap: Capacity, ends: EndTimes, now: float, allowed: frozenset[str] | None
+) -> Reservation | None:
+    """`reserve` of an `--exclusive` job: a node serves it once every GPU of the model on it is
+    back (nothing else may run there), so each allowed node is ready at the end that frees its
+    last GPU; the job takes the nodes ready first (one node, its `--nodes` count, or as many as
+    its GPUs need). Exclusive jobs are few: every node of the model is looked at.
+
+    Left out, knowingly: the other GPUs a running exclusive job holds are not in the expected
+    ends (only its own are), so a node it holds is never reserved (it waits, never wrongly)."""
+    n = int(job.gpus)
+    base = ends.book.on_node if ends.book is not None else {}
+    ready: list[tuple[float, str, int]] = []  # (all GPUs back, node, its GPUs of the model)
+    for nd in cap.model_nodes(model):
+        if allowed is not None and nd not in allowed:
+            continue
+        size = cap.node_model_count.get((nd, model), 0)
+        free = len(cap.free[model].get(nd, ()))
+        if free >= size:
+            ready.append((now, nd, size))
+            continue
+        key = (model, nd)
+        items = sorted([*((e[0], e[1]) for e in base.get(key, ())), *ends.by_node.get(key, ())])
+        for end, gpus in items:
+            free += gpus
+            if free >= size:
+                ready.append((max(end, now), nd, size))
+                break
+    ready.sort()
+    if job.nodes:
+        per = n // job.nodes
+        picked = [r for r in ready if r[2] >= per][: job.nodes]
+        if len(picked) < job.nodes:
+            return None
+    elif n <= cap.node_size[model]:
+        picked = [r for r in ready if r[2] >= n][:1]
+        if not picked:
+            return None
+    else:
+        picked, got = [], 0
+        for r in ready:
+            picked.append(r)
+            got += r[2]
+            if got >= n:
+                break
+        if got < n:
+            return None
+    return Reservation(job.job_id, model, max(r[0] for r in picked), frozenset(r[1] for r in picked))

@@ -17,6 +17,12 @@ borrowing limits (the wait reason says when a quota holds a job), jobs that end 
 limit (estimates are upper bounds on that account), and sharing: a fractional job is counted
 as one whole GPU.
 
+A job with a node selection (`--nodelist`, `--exclude`, `--constraint`, `--exclusive`) or kept
+off nodes by the policy's pools is replayed only on the nodes it may use (`_replay_on`): an
+exclusive job waits for a whole node's GPUs. Such jobs are few, so theirs is a plain scan of the
+allowed nodes, without the heaps, and they are not backfilled into gaps (their estimate is then an
+upper bound on that account).
+
 Drained nodes whose drain has a planned end (`Snapshot.unavailable`, `Snapshot.drains`) are in
 the profile, each GPU free from that end: a job only they can host, or one they would serve
 sooner, is estimated from it.
@@ -35,9 +41,11 @@ from operator import attrgetter
 
 from gpucluster.core.placement import acceptable_models
 from gpucluster.core.policy import Policy
+from gpucluster.core.pools import closed_nodes, restrict
 from gpucluster.core.reasons import WaitReason
+from gpucluster.core.selection import Selection
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Allocation, JobRequest, Node, Plan
+from gpucluster.core.types import Allocation, JobRequest, Node, Plan, Priority
 
 DEFAULT_LIMIT = 10_000
 
@@ -92,12 +100,21 @@ class _Profile:
         self.version: dict[tuple[str, str], int] = {}
         self.model_memory: dict[str, int] = {}
         self.node_size: dict[str, int] = {}
-        for node in (*snapshot.nodes, *_returning(snapshot)):
+        self.nodes = (*snapshot.nodes, *_returning(snapshot))
+        self.labels: dict[str, frozenset[str]] = {}  # node -> its labels (node selections)
+        self.model_nodes: dict[str, list[str]] = {}  # model -> its nodes, by name
+        for node in self.nodes:
+            self.labels[node.name] = node.labels
             for g in node.gpus:
+                if (g.model, node.name) not in self.times:
+                    self.model_nodes.setdefault(g.model, []).append(node.name)
                 self.times.setdefault((g.model, node.name), []).append(free_from[(node.name, g.index)])
                 mem = self.model_memory.get(g.model)
                 self.model_memory[g.model] = g.memory_mb if mem is None else min(mem, g.memory_mb)
         self.models_by_memory = sorted(self.model_memory, key=lambda m: (self.model_memory[m], m))
+        for names in self.model_nodes.values():
+            names.sort()
+        self._allowed: dict[Selection, frozenset[str]] = {}
         self.heaps: dict[str, list[list[_Entry]]] = {}
         self.gaps: dict[str, list[_Gap]] = {}  # per model, by `start`
         for (model, name), ts in self.times.items():
@@ -113,6 +130,13 @@ class _Profile:
         for levels in self.heaps.values():
             for h in levels:
                 heapq.heapify(h)
+
+    def allowed(self, selection: Selection) -> frozenset[str]:
+        """The nodes `selection` allows, once per distinct selection."""
+        got = self._allowed.get(selection)
+        if got is None:
+            got = self._allowed[selection] = frozenset(n for n, lb in self.labels.items() if selection.allows(n, lb))
+        return got
 
     def _valid(self, model: str, entry: _Entry) -> bool:
         return self.version[(model, entry[1])] == entry[2]
@@ -257,10 +281,17 @@ def estimate_starts(
     bounds: dict[tuple[object, ...], float | None] = {}
     kinds: dict[tuple[object, ...], list[str]] = {}  # models a kind of request accepts
     replayed = 0
+    closed: dict[tuple[str, Priority], Selection] = {}  # pools, per (team, class)
     for job_id, wait in plan.waiting.items():
         job = queued.get(job_id)
         if job is None:
             continue
+        if policy.pools:
+            key_tp = (job.team, job.priority)
+            shut = closed.get(key_tp)
+            if shut is None:
+                shut = closed[key_tp] = closed_nodes(policy.pools, profile.nodes, job.team, job.priority)
+            job = restrict(job, shut)
         if wait.reason is WaitReason.NO_FIT:
             out[job_id] = Estimate(None)
             continue
@@ -281,6 +312,11 @@ def estimate_starts(
             out[job_id] = Estimate(None if bound is None else max(bound, earliest), exact=False)
             continue
         replayed += 1
+        sel = job.selection
+        if sel is not None and (sel.filters or sel.exclusive):
+            on = profile.allowed(sel)
+            out[job_id] = Estimate(_replay_on(profile, job, models, n, earliest, policy, now, latency, on))
+            continue
         out[job_id] = Estimate(_replay(profile, job, models, n, earliest, policy, now, latency))
     return out
 
@@ -362,6 +398,75 @@ def _replay(
     for node, gpus in best[3]:
         profile.reserve(best[1], node, gpus, start, end)
     return start
+
+
+def _replay_on(
+    profile: _Profile,
+    job: JobRequest,
+    models: list[str],
+    n: int,
+    earliest: float,
+    policy: Policy,
+    now: float,
+    latency: Latency,
+    allowed: frozenset[str],
+) -> float | None:
+    """`_replay` for a job that may use only `allowed` nodes: each node's GPUs free times read
+    directly (no heaps, no gaps). An exclusive job needs every GPU of a node, and holds them all.
+    None if the allowed nodes can never host it."""
+    exclusive = job.selection is not None and job.selection.exclusive
+    best: tuple[float, str, list[tuple[str, int]]] | None = None
+    for model in models:
+        ts_of = {nd: profile.times[(model, nd)] for nd in profile.model_nodes.get(model, ()) if nd in allowed}
+        if not ts_of:
+            continue
+        got = _slot_on(ts_of, job, n, exclusive)
+        if got is None:
+            continue
+        slot, picks = got
+        if best is None or slot < best[0]:
+            best = (slot, model, picks)
+    if best is None:
+        return None
+    start = max(_after(best[0], now, latency), earliest)
+    end = start + (job.time_limit_s or policy.default_time_limit_s) + latency.stop_s
+    for node, gpus in best[2]:
+        profile.reserve(best[1], node, gpus, start, end)
+    return start
+
+
+def _slot_on(
+    ts_of: dict[str, list[float]], job: JobRequest, n: int, exclusive: bool
+) -> tuple[float, list[tuple[str, int]]] | None:
+    """On one model's allowed nodes (node -> its GPUs' free times, sorted): when the job could
+    start soonest and the (node, GPUs) it takes then; None if these nodes can never host it."""
+
+    def ready(nd: str, k: int) -> float:
+        """When `k` GPUs of `nd` are free (all of them for an exclusive job)."""
+        ts = ts_of[nd]
+        return ts[-1] if exclusive else ts[k - 1]
+
+    def take(nd: str, k: int) -> tuple[str, int]:
+        return (nd, len(ts_of[nd]) if exclusive else k)
+
+    size = max(len(ts) for ts in ts_of.values())
+    if job.nodes:
+        per = n // job.nodes
+        fit = sorted((ready(nd, per), nd) for nd, ts in ts_of.items() if 1 <= per <= len(ts))
+        if len(fit) < job.nodes:
+            return None
+        return fit[job.nodes - 1][0], [take(nd, per) for _, nd in fit[: job.nodes]]
+    if n <= size:
+        fit = sorted((ready(nd, n), nd) for nd, ts in ts_of.items() if n <= len(ts))
+        return (fit[0][0], [take(fit[0][1], n)]) if fit else None
+    # Larger than a node: the nodes whose GPUs are all free soonest, until they hold `n`.
+    slot, picks, need = 0.0, [], n
+    for t, nd in sorted((ts[-1], nd) for nd, ts in ts_of.items()):
+        if need <= 0:
+            break
+        picks.append((nd, len(ts_of[nd]) if exclusive else min(need, len(ts_of[nd]))))
+        slot, need = t, need - len(ts_of[nd])
+    return (slot, picks) if need <= 0 else None
 
 
 def _after(freed: float, now: float, latency: Latency) -> float:

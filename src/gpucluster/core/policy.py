@@ -44,6 +44,9 @@ class Preemption:
     # "none", nothing (replicas go first in line but wait for free GPUs). Quota reclaim is not
     # limited by it: a team below its guarantee reclaims whatever class asks.
     serving_victims: str = "checkpointed"
+    # Shrink an elastic victim above its minimum (it restarts smaller at once) before stopping
+    # others whole (core/shrink.py).
+    shrink_elastic: bool = True
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,13 @@ before it plans (`with_pools`): each queued job's node selection (core/selection
 nodes closed to it, so placement, reservations and preemption honour pools exactly as they
 honour `--exclude`, and the cycle's cached answers, keyed by the selection, are never shared
 between jobs that pools treat differently. A policy without pools leaves the snapshot as it is.
+
+A pool may carry quotas per team (`quotas`: team -> GPUs): the most GPUs a team's running jobs
+may hold on the pool's nodes, enforced by the scheduler like a team's quota (a job that would
+take its team past one waits with a QUOTA wait naming the pool, and preempts nothing for it).
+Why per pool and not per model: a pool is usually the scarce part of a model (the nodes with
+InfiniBand, the new racks), and sharing it is what teams argue about. A team the pool's quotas
+leave out is limited only by who the pool admits.
 """
 
 from __future__ import annotations
@@ -30,6 +37,14 @@ class Pool:
     labels: frozenset[str] = frozenset()  # and every node with all these labels (empty: none by label)
     teams: frozenset[str] | None = None  # who may use it; None: every team
     classes: frozenset[Priority] | None = None  # which classes may; None: every class
+    quotas: tuple[tuple[str, float], ...] = ()  # (team, GPUs it may hold on the pool's nodes), by team
+
+    def quota(self, team: str) -> float | None:
+        """The GPUs `team` may hold on the pool's nodes; None: no quota of its own here."""
+        for name, gpus in self.quotas:
+            if name == team:
+                return gpus
+        return None
 
     def holds(self, node: Node) -> bool:
         return node.name in self.nodes or (bool(self.labels) and self.labels <= node.labels)

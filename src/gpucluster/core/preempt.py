@@ -78,6 +78,7 @@ def choose_victims(
     ranked: bool = False,
     guarantees: Guarantees | None = None,
     shared: bool = False,
+    allowed: frozenset[str] | None = None,
 ) -> VictimChoice | None:
     """The victims that make room for `job` on `model`, or None if no set of candidates does.
 
@@ -88,10 +89,21 @@ def choose_victims(
     scheduler filters them), so only sets of several victims are checked against it.
     `shared`: some candidate or stopping job holds a share of a GPU (then every shape is
     counted GPU by GPU, `_by_shape`).
+    `allowed`: the only nodes the job may land on (its node selection and pools); None: any.
+    Victims are then sought only there, every shape alike (`_by_shape`): a victim elsewhere
+    frees nothing the job could use.
     """
     ranked_jobs = list(candidates) if ranked else sorted(candidates, key=cost)
-    if job.fractional or job.nodes or shared or int(job.gpus) > cap.node_size[model]:
-        return _by_shape(job, model, cap, ranked_jobs, stopping, guarantees, whole=not shared)
+    exclusive = job.selection is not None and job.selection.exclusive
+    if (
+        job.fractional
+        or job.nodes
+        or shared
+        or allowed is not None
+        or exclusive
+        or int(job.gpus) > cap.node_size[model]
+    ):
+        return _by_shape(job, model, cap, ranked_jobs, stopping, guarantees, not shared, allowed)
     n = int(job.gpus)
     releasing: dict[str, int] = {}
     for j in stopping:
@@ -131,12 +143,21 @@ def _by_shape(
     stopping: Sequence[RunningJob],
     guarantees: Guarantees | None,
     whole: bool,
+    allowed: frozenset[str] | None = None,
 ) -> VictimChoice | None:
     """Every shape but the fast one, counted GPU by GPU (`preempt_shapes`). Victim sets are
     compared by their places in `ranked` (the cost order), not by their cost keys again.
-    `whole`: no candidate or stopping job shares a GPU (a node's victims are then a prefix)."""
-    room = shapes.Room(cap, model, stopping)
+    `whole`: no candidate or stopping job shares a GPU (a node's victims are then a prefix).
+    `allowed`: the room counts only these nodes (None: all)."""
+    room = shapes.Room(cap, model, stopping, allowed)
+    # A running exclusive job frees more than its own GPUs (its nodes' others): GPU by GPU then.
+    whole = whole and not any(j.exclusive for j in ranked) and not any(j.exclusive for j in stopping)
     search = shapes.Search(room, ranked, guarantees, whole)
+    if job.selection is not None and job.selection.exclusive:
+        alone = shapes.for_exclusive(search, int(job.gpus), job.nodes)
+        if alone is None:
+            return None
+        return VictimChoice(tuple(alone[0]), next(iter(alone[1])) if len(alone[1]) == 1 else None, alone[1])
     if job.fractional:
         share, mem = cap.fraction(job, model)
         got = shapes.for_fraction(search, share, mem)

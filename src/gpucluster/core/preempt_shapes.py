@@ -47,9 +47,14 @@ class Room:
     released on top of it, so adding and removing a job costs O(its GPUs) and nothing is copied.
     """
 
-    def __init__(self, cap: Capacity, model: str, gone: Iterable[RunningJob] = ()) -> None:
+    def __init__(
+        self, cap: Capacity, model: str, gone: Iterable[RunningJob] = (), allowed: frozenset[str] | None = None
+    ) -> None:
         self.cap = cap
         self.model = model
+        # The only nodes the preemptor may land on (its node selection, pools); None: any. A GPU
+        # elsewhere is neither counted free nor released, so every search below looks only here.
+        self.allowed = allowed
         self.share: dict[Key, float] = {}  # GPU -> share released
         self.mem: dict[Key, int] = {}  # GPU -> memory released
         self.extra: dict[str, int] = {}  # node -> GPUs made wholly free by releases
@@ -59,9 +64,13 @@ class Room:
         self.gone = dict(self.share)  # GPU -> share the stopping jobs release
 
     def slices(self, job: RunningJob) -> Iterable[tuple[Key, float, int]]:
-        """(GPU, share, memory) the job holds on this model."""
-        gpus, model = self.cap.gpus, self.model
-        for s in job.allocation.slices:
+        """(GPU, share, memory) the job holds on this model (on the allowed nodes). A running
+        exclusive job holds its nodes' other GPUs too (`Capacity.held`): they come back with it."""
+        gpus, model, allowed = self.cap.gpus, self.model, self.allowed
+        held = self.cap.held(job.allocation, True) if job.exclusive else job.allocation
+        for s in held.slices:
+            if allowed is not None and s.node not in allowed:
+                continue
             for i in s.gpu_indices:
                 g = gpus.get((s.node, i))
                 if g is not None and g.model == model:
@@ -91,6 +100,8 @@ class Room:
 
     def free_on(self, node: str) -> int:
         """Whole GPUs of the model free on `node` once the released jobs are gone."""
+        if self.allowed is not None and node not in self.allowed:
+            return 0
         return len(self.cap.free[self.model].get(node, ())) + self.extra.get(node, 0)
 
     def fits_fraction(self, key: Key, share: float, mem: int) -> bool:
@@ -98,14 +109,27 @@ class Room:
         mem_used = self.cap.used_mem.get(key, 0) - self.mem.get(key, 0)
         return 1.0 - self.used(key) >= share - EPS and g.memory_mb - mem_used >= mem
 
+    def ok(self, node: str) -> bool:
+        """Whether the preemptor may land on `node`."""
+        return self.allowed is None or node in self.allowed
+
     def total_free(self) -> int:
+        if self.allowed is not None:
+            free = self.cap.free[self.model]
+            return sum(len(free.get(nd, ())) for nd in self.allowed) + sum(self.extra.values())
         return self.cap.total_free[self.model] + sum(self.extra.values())
 
     def span(self, n: int) -> int | None:
         """The fewest nodes `n` whole GPUs fit on, largest free first (as `Capacity` places a
         job larger than a node); None when fewer than `n` are free."""
-        hist = self.cap.free_histogram(self.model)
         free = self.cap.free[self.model]
+        if self.allowed is None:
+            hist = self.cap.free_histogram(self.model)
+        else:
+            hist = [0] * (self.cap.node_size[self.model] + 1)
+            for nd in self.allowed:
+                if (nd, self.model) in self.cap.node_model_count:
+                    hist[len(free.get(nd, ()))] += 1
         for node, more in self.extra.items():
             if more:
                 base = len(free.get(node, ()))
@@ -227,7 +251,7 @@ class Search:
         room = self.room
         nodes = set(room.cap.nodes_with_free(room.model, want))
         nodes |= {nd for nd, more in room.extra.items() if more and room.free_on(nd) >= want}
-        return sorted(nodes)
+        return sorted(nd for nd in nodes if room.ok(nd)) if room.allowed is not None else sorted(nodes)
 
     def singles(self, want: int, limit: int, ok: Callable[[str], bool]) -> dict[str, list[RunningJob]]:
         """Up to `limit` nodes (those `ok` accepts) where no victim, or one, leaves `want` whole
@@ -248,7 +272,7 @@ class Search:
                 slices = v.allocation.slices
                 for sl in sorted(slices, key=lambda x: x.node) if len(slices) > 1 else slices:
                     nd = sl.node
-                    if nd in out or gpus[(nd, sl.gpu_indices[0])].model != model or not ok(nd):
+                    if nd in out or gpus[(nd, sl.gpu_indices[0])].model != model or not room.ok(nd) or not ok(nd):
                         continue
                     if room.free_on(nd) + len(sl.gpu_indices) >= want:
                         out[nd] = [v]
@@ -362,7 +386,7 @@ def for_fraction(search: Search, share: float, mem: int) -> tuple[list[RunningJo
     cap, model = room.cap, room.model
     fresh = [(nd, cap.free[model][nd][0]) for nd in cap.nodes_with_free(model, 1)]
     for key in [*room.share, *cap.partial[model], *fresh]:
-        if room.fits_fraction(key, share, mem):
+        if room.ok(key[0]) and room.fits_fraction(key, share, mem):
             return [], key[0]  # room without victims (the stopping jobs gone, or quota kept it off)
     for v in search.ranked:
         room.add(v)
@@ -578,3 +602,66 @@ def prefix(
             chosen.remove(pair)
             have -= pair[1]
     return [j for j, _ in chosen]
+
+
+def _others_idle(room: Room, node: str) -> bool:
+    """Whether `node`'s GPUs of other models than the room's hold nothing (a node with two
+    models: victims are sought on one model only, so a job on the other keeps the node busy)."""
+    cap = room.cap
+    for i in cap.node_gpus.get(node, ()):
+        key = (node, i)
+        if cap.gpus[key].model != room.model and cap.used_share.get(key, 0.0) > EPS:
+            return False
+    return True
+
+
+def for_exclusive(search: Search, n: int, count: int | None) -> tuple[list[RunningJob], frozenset[str]] | None:
+    """(victims, nodes) that leave whole nodes of the model idle for an `--exclusive` job of
+    `n` GPUs (over exactly `count` nodes if given), or None.
+
+    An exclusive job holds its nodes alone, so a node serves it only once every job on it goes
+    (`Search.emptied`: all of them candidates or stopping). Nodes are taken needing the fewest
+    victims, then the cheapest, then by name; a job larger than any node takes the largest
+    nodes first, so it spans the fewest. Exclusive jobs are few: every node of the model (on
+    the allowed ones) is looked at, O(nodes) a call."""
+    room = search.room
+    cap, model = room.cap, room.model
+    options: list[tuple[int, int, list[int], str, list[RunningJob]]] = []
+    for node in cap.model_nodes(model):
+        if not room.ok(node) or not _others_idle(room, node):
+            continue
+        got = search.emptied(node)
+        if got is not None:
+            size = cap.node_model_count.get((node, model), 0)
+            options.append((-size, len(got), search.cost(got), node, got))
+    if count:
+        per = n // count
+        fit = sorted((o for o in options if -o[0] >= per), key=lambda o: o[1:4])
+        if len(fit) < count:
+            return None
+        chosen = fit[:count]
+    elif n <= cap.node_size[model]:
+        fit = sorted((o for o in options if -o[0] >= n), key=lambda o: o[1:4])
+        if not fit:
+            return None
+        chosen = fit[:1]
+    else:
+        options.sort(key=lambda o: o[:4])
+        chosen, need = [], n
+        for o in options:
+            if need <= 0:
+                break
+            chosen.append(o)
+            need += o[0]
+        if need > 0:
+            return None
+    victims: list[RunningJob] = []
+    seen: set[int] = set()
+    for o in chosen:
+        for v in o[4]:
+            if v.job_id not in seen:
+                seen.add(v.job_id)
+                victims.append(v)
+    if not search.allowed(victims):
+        return None
+    return victims, frozenset(o[3] for o in chosen)

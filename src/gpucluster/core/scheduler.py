@@ -32,11 +32,11 @@ from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.pools import with_pools
 from gpucluster.core.preempt import CostKey, Guarantees, choose_victims
-from gpucluster.core.preempt_on import choose_victims_on
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.selection import Selection, unmatched_message
+from gpucluster.core.shrink import shrink_first
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Plan, Preemption, Priority, RunningJob, Start, Wait
 
@@ -238,6 +238,15 @@ class _Cycle:
         # exclusive job those and the busy ones, at the capacity version they were found at.
         self._off_static: dict[tuple[Selection, str], frozenset[str]] = {}
         self._off_busy: dict[tuple[Selection, str], tuple[int, frozenset[str]]] = {}
+        # Pool quotas (core/pools.py): the pools that have any, their nodes, each (pool, team)'s
+        # GPUs held there (built on first use, then kept up by `_start`), and per (team, GPUs
+        # asked) the nodes a job may not take for them, at the version of that use.
+        self._any_elastic: bool | None = None  # see `_elastic_runs`
+        self._quota_pools = tuple(p for p in policy.pools if p.quotas)
+        self._pool_nodes: dict[str, frozenset[str]] = {}
+        self._pool_used: dict[tuple[str, str], float] | None = None
+        self._pool_version = 0
+        self._pool_full_memo: dict[tuple[str, float], tuple[int, frozenset[str], str | None]] = {}
 
     def run(self) -> Plan:
         index = self.s.queue_index
@@ -273,7 +282,13 @@ class _Cycle:
         # next jobs of every request were considered again: most of a cycle's work. Without
         # quotas or borrowing limits the team takes no part in the answer either (only in the
         # place in line, and victims are ranked by their own teams), so it is kept by `need`.
-        keep = settle and self.share_waits and not self.quotas.has_quotas and self.quotas.unlimited
+        keep = (
+            settle
+            and self.share_waits
+            and not self.quotas.has_quotas
+            and self.quotas.unlimited
+            and not self._quota_pools  # a pool's quota is a team's, like a quota
+        )
         if keep and self.policy.preemption.enabled and self._shares_in_play():
             # Preemption counted GPU by GPU (core/preempt_shapes.py) is not monotone in the free
             # capacity the way the argument above needs: after starts, a job may find that
@@ -507,6 +522,7 @@ class _Cycle:
         blocked_by: Reservation | None = None
         quotas = self.quotas
         shape = (job.gpus, job.nodes, job.gpu_memory_mb, job.selection)
+        full, pool_why = self._pool_full(job) if self._quota_pools else (frozenset(), None)
         for model in models:
             if not quotas.unlimited:
                 why = quotas.refusal(job.team, model, job.gpus, self.cap.free_count(model))
@@ -524,7 +540,10 @@ class _Cycle:
             if job.selection is not None:
                 off = self._off(job, model)
                 exclude = off | reserved if reserved else off
-            key = (model, shape, bool(reserved))
+            key: tuple[object, ...] = (model, shape, bool(reserved))
+            if full:
+                exclude = exclude | full
+                key = (*key, full)
             if key not in self._no_fit:
                 holders = self.s.images.get(job.image, ()) if job.image is not None else ()
                 allocation = self.cap.place(job, model, exclude, holders)
@@ -535,7 +554,63 @@ class _Cycle:
             # The reservation is the obstacle only if the job would fit without it.
             if reserved and blocked_by is None and self._fits_unreserved(job, model, shape):
                 blocked_by = res
+        if full and refusal is None and blocked_by is None:
+            # A pool's quota is the obstacle if the job would fit on the pool's nodes.
+            for model in models:
+                off = self._off(job, model) if job.selection is not None else frozenset()
+                if self.cap.place(job, model, off) is not None:
+                    refusal = pool_why
+                    break
         return False, refusal, blocked_by
+
+    def _pool_full(self, job: JobRequest) -> tuple[frozenset[str], str | None]:
+        """The nodes of the pools where `job`'s team has no room left for it under the pool's
+        quota, and the wait that names the first such pool. A job that might land wholly on a
+        pool counts wholly against it (never over a quota, sometimes kept off a pool it would
+        only partly use). O(pools) per team and size, again only after a start in a pool."""
+        key = (job.team, job.gpus)
+        hit = self._pool_full_memo.get(key)
+        if hit is not None and hit[0] == self._pool_version:
+            return hit[1], hit[2]
+        used = self._pool_usage()
+        off: set[str] = set()
+        why: str | None = None
+        for pool in self._quota_pools:
+            quota = pool.quota(job.team)
+            if quota is None:
+                continue
+            have = used.get((pool.name, job.team), 0.0)
+            if have + job.gpus > quota + 1e-9:
+                off |= self._pool_nodes[pool.name]
+                why = why or (
+                    f"team {job.team} holds {have:g} of its {quota:g}-GPU quota in pool {pool.name}: "
+                    f"{job.gpus:g} more would exceed it (it starts elsewhere, or there when the team's "
+                    f"jobs in {pool.name} end)"
+                )
+        got = (self._pool_version, frozenset(off), why)
+        self._pool_full_memo[key] = got
+        return got[1], got[2]
+
+    def _pool_usage(self) -> dict[tuple[str, str], float]:
+        """(pool, team) -> GPUs the team's running jobs hold on the pool's nodes (shares as
+        fractions), for the pools with quotas: one pass over the running jobs, on first use."""
+        if self._pool_used is None:
+            for pool in self._quota_pools:
+                self._pool_nodes[pool.name] = frozenset(n.name for n in self.s.nodes if pool.holds(n))
+            self._pool_used = {}
+            for j in self.s.running:
+                self._add_pool_use(j.team, j.allocation)
+        return self._pool_used
+
+    def _add_pool_use(self, team: str, allocation: Allocation) -> None:
+        assert self._pool_used is not None
+        for pool in self._quota_pools:
+            nodes = self._pool_nodes[pool.name]
+            held = sum(len(s.gpu_indices) * s.share for s in allocation.slices if s.node in nodes)
+            if held:
+                key = (pool.name, team)
+                self._pool_used[key] = self._pool_used.get(key, 0.0) + held
+                self._pool_version += 1
 
     def _fits_unreserved(self, job: JobRequest, model: str, shape: tuple[object, ...]) -> bool:
         """Could the job be placed on `model` if no GPUs were held for a reservation."""
@@ -578,6 +653,8 @@ class _Cycle:
         exclusive = job.selection is not None and job.selection.exclusive
         self.cap.take(self.cap.held(allocation, True) if exclusive else allocation)
         self.quotas.add(job.team, allocation)
+        if self._pool_used is not None:
+            self._add_pool_use(job.team, allocation)
         self.starts.append(Start(job.job_id, allocation))
         end = self.now + (job.time_limit_s or self.policy.default_time_limit_s)
         self._start_ends.append(end)
@@ -596,9 +673,13 @@ class _Cycle:
         if not pre.enabled or len(self.reservations) == len(self.cap.model_memory):
             return False
         sel = job.selection
-        if sel is not None and sel.exclusive:
-            return False  # victims would have to empty whole nodes: it waits for idle ones
-        allowed = self.cap.allowed(sel) if sel is not None else None
+        # Victims only where it may land (its selection, pools); an exclusive job's victims
+        # empty whole nodes (`preempt_shapes.for_exclusive`).
+        allowed = self.cap.allowed(sel) if sel is not None and sel.filters else None
+        if self._quota_pools:
+            full = self._pool_full(job)[0]
+            if full:  # pools where its team is at its quota: no place to free
+                allowed = (allowed if allowed is not None else frozenset(self.cap.node_labels)) - full
         if not self._may_have_victims(job):
             return False
         by_class = self.pool_by_class and not (pre.reclaim_quota and self.quotas.has_quotas)
@@ -619,8 +700,14 @@ class _Cycle:
             stopping = [j for j in self._stopping_jobs() if self.cap.model_of(j.allocation) == model]
             if not candidates and not stopping:
                 continue
-            if allowed is None:
-                shared = model in self._shared_pool or any(s.share < 1 for j in stopping for s in j.allocation.slices)
+            shared = model in self._shared_pool or any(s.share < 1 for j in stopping for s in j.allocation.slices)
+            choice = None
+            if pre.shrink_elastic and candidates and self._elastic_runs():
+                choice = shrink_first(
+                    job, model, self.cap, candidates, stopping, self._victim_cost, guarantees, shared, allowed
+                )
+            shrunk = choice is not None
+            if choice is None:
                 choice = choose_victims(
                     job,
                     model,
@@ -631,14 +718,7 @@ class _Cycle:
                     ranked=True,
                     guarantees=guarantees,
                     shared=shared,
-                )
-            elif job.fractional or job.nodes:
-                # A share or a `--nodes M` gang limited to some nodes waits for room there: the
-                # search limited to allowed nodes (core/preempt_on.py) counts whole GPUs only.
-                continue
-            else:
-                choice = choose_victims_on(
-                    job, model, self.cap, candidates, stopping, self._victim_cost, allowed, guarantees
+                    allowed=allowed,
                 )
             if choice is None:
                 continue
@@ -648,13 +728,19 @@ class _Cycle:
                 self._wait(job, WaitReason.PREEMPTING, f"waiting for stopping jobs to release {model} GPUs")
             else:
                 names = ", ".join(str(v.job_id) for v in choice.victims)
-                self._wait(job, WaitReason.PREEMPTING, f"preempting job(s) {names} to free {job.gpus:g} {model} GPUs")
+                what = "shrinking elastic job(s)" if shrunk else "preempting job(s)"
+                self._wait(job, WaitReason.PREEMPTING, f"{what} {names} to free {job.gpus:g} {model} GPUs")
                 for v in choice.victims:
                     why = (
                         f"preempted by job {job.job_id} ({job.priority.label} priority)"
                         if self.policy.priorities and v.priority < job.priority
                         else f"preempted: team {job.team} reclaims its guaranteed {model} GPUs"
                     )
+                    if shrunk:
+                        why = (
+                            f"resized: shrinking from {v.allocation.gpu_count:g} GPUs ({why}); it restarts at once "
+                            f"at the size that fits, at least {v.min_gpus}"
+                        )
                     self.preemptions.append(Preemption(v.job_id, job.job_id, why))
                     self.quotas.remove(v.team, v.allocation)
                     self._preempted.add(v.job_id)
@@ -667,6 +753,13 @@ class _Cycle:
             self.reservations[model] = Reservation(job.job_id, model, self.now + pre.grace_period_s, nodes)
             return True
         return False
+
+    def _elastic_runs(self) -> bool:
+        """Whether any running job is elastic (could be shrunk, core/shrink.py): one pass a
+        cycle, on first use, so a cluster without elastic jobs never looks for them per job."""
+        if self._any_elastic is None:
+            self._any_elastic = any(j.min_gpus is not None for j in self.s.running)
+        return self._any_elastic
 
     def _guarantees(self, job: JobRequest, model: str, within: bool) -> Guarantees | None:
         """What other teams' guaranteed quotas of `model` protect from `job` (see `Guarantees`):
@@ -826,7 +919,11 @@ class _Cycle:
         sel = job.selection
         exclusive = sel is not None and sel.exclusive
         allowed = self.cap.allowed(sel) if sel is not None and sel.filters else None
-        if not job.fractional and not exclusive and len(self.reservations) < len(self.cap.model_memory):
+        if self._quota_pools:
+            full = self._pool_full(job)[0]
+            if full:
+                allowed = (allowed if allowed is not None else frozenset(self.cap.node_labels)) - full
+        if not job.fractional and len(self.reservations) < len(self.cap.model_memory):
             for model in models:
                 if model in self.reservations:
                     continue
@@ -841,7 +938,8 @@ class _Cycle:
                         job,
                         WaitReason.RESERVED,
                         f"first in line{which}: {job.gpus:g} {model} GPUs on {', '.join(sorted(res.nodes)[:3])}"
-                        f"{'...' if len(res.nodes) > 3 else ''} are held for it from {_fmt_time(res.shadow)}",
+                        f"{'...' if len(res.nodes) > 3 else ''} are held for it from {_fmt_time(res.shadow)}"
+                        f"{' (an exclusive job needs nodes where nothing runs: held whole)' if exclusive else ''}",
                         res.shadow,
                     )
                     return

@@ -200,6 +200,8 @@ class RunningJob:
     stopping: bool = False  # a stop (cancel, limit, preemption) is under way: its GPUs free soon
     # Elastic: the most GPUs it may grow to (core/elastic.py); None for a job of one size.
     max_gpus: int | None = None
+    # Elastic: the fewest GPUs it may run on; above it, preemption shrinks it (core/shrink.py).
+    min_gpus: int | None = None
     user: str = ""  # who submitted it: per-user limits (core/limits.py) count its GPUs against them
     # Started with --exclusive: no other job may use its nodes (their other GPUs count as taken).
     exclusive: bool = False

@@ -692,6 +692,7 @@ class ClusterService:
                     labels=sorted(pool.labels),
                     teams=sorted(pool.teams) if pool.teams is not None else None,
                     classes=[c.label for c in sorted(pool.classes)] if pool.classes is not None else None,
+                    quotas=dict(pool.quotas),
                 )
                 for pool in p.pools
             ],

@@ -117,6 +117,7 @@ def running_job(request: JobRequest, allocation: Allocation, started_at: float) 
         started_at=started_at,
         time_limit_s=request.time_limit_s,
         max_gpus=int(request.gpus) if request.min_gpus is not None else None,  # elastic: may grow
+        min_gpus=request.min_gpus,  # and shrink to this
         user=request.user,
         exclusive=request.selection is not None and request.selection.exclusive,
     )

@@ -1237,6 +1237,7 @@ class Store:
                     last_checkpoint_at=checkpoint,
                     stopping=r[8] is not None,
                     max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
+                    min_gpus=int(req["mn"]) if req.get("mn") is not None else None,  # and shrink
                     user=r[10] or "",
                     exclusive=bool(req.get("x")),
                 )
