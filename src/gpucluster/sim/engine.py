@@ -82,6 +82,7 @@ class SimJob:
         "plan",
         "power_w",
         "price_s",
+        "ran_s",
         "rate",
         "request",
         "restarts",
@@ -94,6 +95,7 @@ class SimJob:
         "team",
         "token",
         "trace",
+        "useful_gpu_s",
         "work_left",
     )
 
@@ -120,6 +122,8 @@ class SimJob:
         self.cause = LOST_FAIL  # what the next attempt's restart time is charged to
         self.stop_elapsed = INF  # when stopping: the attempt's elapsed time at which computing stopped
         self.saves_on_stop = True
+        self.ran_s = 0.0  # wall seconds holding GPUs, over every attempt (the rest of its life it waited)
+        self.useful_gpu_s = 0.0  # GPU-seconds of kept compute (no checkpoint writes, restarts or lost work)
 
 
 @dataclass
@@ -146,6 +150,11 @@ class RunResult:
     end: array[float] = field(default_factory=lambda: array("d"))
     team: array[int] = field(default_factory=lambda: array("i"))
     outcome: array[int] = field(default_factory=lambda: array("b"))
+    # Per job, for metrics that cannot flatter (metrics.py `waiting_metrics`, `goodput_metrics`):
+    # GPUs asked, wall seconds it held GPUs, GPU-seconds of useful (kept) compute.
+    gpus: array[float] = field(default_factory=lambda: array("d"))
+    ran: array[float] = field(default_factory=lambda: array("d"))
+    useful: array[float] = field(default_factory=lambda: array("d"))
     team_totals: list[list[float]] = field(default_factory=list)  # team -> [USED, COST, ...]
     group_busy_gpu_s: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> jobs
@@ -653,6 +662,9 @@ class Engine:
         totals[CKPT] += (p.checkpoint_s + (p.partial_write_s if saved_all else 0.0)) * held
         totals[job.cause] += p.startup_s * held
         totals[lost_to] += (unsaved + elapsed - computing) * held
+        job.ran_s += elapsed
+        writes = p.checkpoint_s + (p.partial_write_s if saved_all else 0.0)
+        job.useful_gpu_s += max(0.0, elapsed - writes - p.startup_s - unsaved - (elapsed - computing)) * held
         busy = self.result.group_busy_gpu_s
         for node, _, share in job.keys:
             busy[self._group[node].name] += elapsed * share
@@ -702,6 +714,9 @@ class Engine:
         res.end.append(now)
         res.team.append(job.team)
         res.outcome.append(outcome)
+        res.gpus.append(job.trace.gpus)
+        res.ran.append(job.ran_s)
+        res.useful.append(job.useful_gpu_s)
 
     # ---- eligibility: dependencies and array throttles ---------------------------------------
 

@@ -184,6 +184,10 @@ def _num(x: object, fmt: str = ",.2f") -> str:
     return _e(x)
 
 
+def _pct(x: object) -> str:
+    return f"{x * 100:.1f}%" if isinstance(x, float | int) else "-"
+
+
 def _table(head: list[str], rows: list[list[str]]) -> str:
     h = "".join(f"<th>{_e(c)}</th>" for c in head)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
@@ -228,6 +232,12 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
                 hours(c["jct_p99_s"]),
                 hours(c["queueing_delay_mean_s"]),
                 hours(c["queueing_delay_p99_s"]),
+                hours(c["time_not_running_mean_s"]),
+                hours(c["time_not_running_p99_s"]),
+                _pct(c["started_within_1h"]),
+                f"{c['preemptions']:,}",
+                f"{c['restarts']:,}",
+                _pct(c["goodput"]),
                 f"{c['utilisation'] * 100:.1f}%",
                 _num(c["jain_mean_contended"], ".3f"),
                 _num(c["gpu_hours_lost"]),
@@ -245,6 +255,12 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
                 "JCT p99",
                 "wait mean",
                 "wait p99",
+                "not running mean",
+                "not running p99",
+                "started within 1 h",
+                "preemptions",
+                "restarts",
+                "goodput",
                 "utilisation",
                 "Jain",
                 "GPU-h lost",
@@ -256,7 +272,10 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
     )
     parts.append(
         f"<p class=note>'vs {_e(base)}' = its mean JCT / this policy's mean JCT (above 1: better). "
-        "Jain = mean fairness index over contended times.</p>"
+        "Jain = mean fairness index over contended times. Wait = submission to first start; not running = "
+        "submission to end minus the time the job held GPUs (queued again after preemptions and failures "
+        "included). Goodput = useful GPU-time / GPU-time reserved for the jobs (GPUs asked x first start "
+        "to end: time holding nothing counts as lost).</p>"
     )
     parts += [f"<img src='{_e(p)}' alt='{_e(p)}'>" for p in plots]
     for name, m in metrics["policies"].items():
