@@ -94,6 +94,7 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
     attributed = math.fsum(t[COST] for t in totals)
     busy_kwh = math.fsum(t[ENERGY] for t in totals)
     contended = [j for j in res.series.jain if not math.isnan(j)]
+    spares = spare_metrics(res, spec, makespan)
     outcomes = array("i", [0] * 6)
     for o in res.outcome:
         outcomes[o] += 1
@@ -139,8 +140,19 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
             "restarts": res.restarts,
         },
         "preemptions": res.preemptions,
-        "cost": {"attributed": r(attributed, 2), "idle": r(idle_cost, 2), "total": r(attributed + idle_cost, 2)},
-        "energy_kwh": {"busy": r(busy_kwh, 2), "idle": r(idle_kwh, 2), "total": r(busy_kwh + idle_kwh, 2)},
+        "spares": spares,
+        "cost": {
+            "attributed": r(attributed, 2),
+            "idle": r(idle_cost, 2),
+            "spares": spares["cost"],
+            "total": r(attributed + idle_cost + spares["cost"], 2),
+        },
+        "energy_kwh": {
+            "busy": r(busy_kwh, 2),
+            "idle": r(idle_kwh, 2),
+            "spares": spares["energy_kwh"],
+            "total": r(busy_kwh + idle_kwh + spares["energy_kwh"], 2),
+        },
         "time_not_running_s": waiting_metrics(res)["all"],
         "started_within_1h": started_within(res, H),
         "waits_by_size": waits_by_size(res),
@@ -286,6 +298,26 @@ def goodput_metrics(res: RunResult, allocated_gpu_s: float) -> dict[str, Any]:
     }
 
 
+def spare_metrics(res: RunResult, spec: ClusterSpec, makespan: float) -> dict[str, Any]:
+    """The spare pools: how often a spare took a failed node's place, how often none was left,
+    and what the spares cost over the makespan (bought: their price per GPU-hour; hot ones
+    also draw idle power, cold ones none)."""
+    gpus = sum((g.spares.hot + g.spares.cold) * g.gpus_per_node for g in spec.groups)
+    cost = math.fsum((g.spares.hot + g.spares.cold) * g.gpus_per_node * g.price_per_gpu_hour for g in spec.groups)
+    watts = math.fsum(g.spares.hot * g.gpus_per_node * g.power_idle_w for g in spec.groups)
+    return {
+        "hot_nodes": sum(g.spares.hot for g in spec.groups),
+        "cold_nodes": sum(g.spares.cold for g in spec.groups),
+        "gpus": gpus,
+        "replaced_by_hot": res.spare_swaps[0],
+        "replaced_by_cold": res.spare_swaps[1],
+        "failures_without_spare": res.no_spare,
+        "node_hours_missing": r(res.node_down_s / H),
+        "cost": r(cost * makespan / H, 2),
+        "energy_kwh": r(watts * makespan / 3.6e6, 2),
+    }
+
+
 def honest_columns(m: dict[str, Any]) -> dict[str, Any]:
     """The comparison table's columns that cannot flatter a policy: waits after preemptions,
     preemptions, restarts, GPU-hours lost, goodput of reserved time."""
@@ -344,9 +376,21 @@ def inputs_metrics(spec: ClusterSpec, trace: Trace, seed: int) -> dict[str, Any]
             "speeds": dict(sorted(spec.speeds.items())),
             "gpu_failures_per_day": spec.failures.gpu_failures_per_day,
             "node_repair_s": spec.failures.node_repair_s,
+            "node_repair": {
+                "distribution": spec.failures.repair.distribution,
+                "mean_s": r(spec.failures.repair.mean_s),
+            },
+            "max_restarts": spec.failures.max_restarts,
+            "restart_backoff_s": {"first": spec.failures.backoff_first_s, "max": spec.failures.backoff_max_s},
+            "spares": {
+                g.name: {"hot": g.spares.hot, "cold": g.spares.cold, "cold_delay_s": g.spares.cold_delay_s}
+                for g in spec.groups
+                if g.spares.hot or g.spares.cold
+            },
             "checkpoint_interval": spec.checkpoints.interval,
-            "checkpoint_cost_s": spec.checkpoints.cost_s,
-            "restart_s": spec.checkpoints.restart_s,
+            "checkpoint_cost_s": r(spec.checkpoints.cost_s),
+            "restart_s": r(spec.checkpoints.restart_s),
+            "checkpoint_state_size_gb": spec.checkpoints.state_size_gb,
         },
         "trace": {
             "path": trace.path,
