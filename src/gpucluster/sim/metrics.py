@@ -146,6 +146,7 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
             "idle": r(idle_cost, 2),
             "spares": spares["cost"],
             "total": r(attributed + idle_cost + spares["cost"], 2),
+            **cost_per_useful(attributed + idle_cost + spares["cost"], used - ckpt - lost_f - lost_p, spec.currency),
         },
         "energy_kwh": {
             "busy": r(busy_kwh, 2),
@@ -318,6 +319,16 @@ def spare_metrics(res: RunResult, spec: ClusterSpec, makespan: float) -> dict[st
     }
 
 
+def cost_per_useful(total: float, useful_gpu_s: float, currency: str) -> dict[str, Any]:
+    """What one useful GPU-hour cost: everything paid (jobs, idle GPUs, spares) over the useful
+    GPU-hours. Why: the total is the same for every policy on one cluster and trace (the
+    hardware is paid for either way); what a policy changes is how much useful work it buys."""
+    return {
+        "currency": currency,
+        "per_useful_gpu_hour": r(total / (useful_gpu_s / H), 4) if useful_gpu_s > 0 else None,
+    }
+
+
 def honest_columns(m: dict[str, Any]) -> dict[str, Any]:
     """The comparison table's columns that cannot flatter a policy: waits after preemptions,
     preemptions, restarts, GPU-hours lost, goodput of reserved time."""
@@ -329,6 +340,9 @@ def honest_columns(m: dict[str, Any]) -> dict[str, Any]:
         "preemptions": m["preemptions"],
         "restarts": m["failures"]["restarts"],
         "goodput": m["goodput"]["of_reserved"],
+        "cost_per_useful_gpu_hour": m["cost"]["per_useful_gpu_hour"],
+        "currency": m["cost"]["currency"],
+        "energy_kwh": m["energy_kwh"]["total"],
     }
 
 
@@ -373,6 +387,7 @@ def inputs_metrics(spec: ClusterSpec, trace: Trace, seed: int) -> dict[str, Any]
             "nodes": sum(g.count for g in spec.groups),
             "gpus": spec.total_gpus,
             "gpus_by_model": dict(sorted(by_model.items())),
+            "currency": spec.currency,
             "speeds": dict(sorted(spec.speeds.items())),
             "gpu_failures_per_day": spec.failures.gpu_failures_per_day,
             "node_repair_s": spec.failures.node_repair_s,

@@ -44,7 +44,9 @@ def write_report(
     ]
     plots = write_plots(out, metrics, results)
     files += plots
-    files.append(_write(out / "report.html", render_html(metrics, performance, [p.name for p in plots])))
+    files.append(
+        _write(out / "report.html", render_html(metrics, performance, [p.name for p in plots if p.name != "sweep.png"]))
+    )
     return files
 
 
@@ -113,10 +115,14 @@ def write_plots(out: Path, metrics: dict[str, Any], results: list[RunResult]) ->
     ax.legend(loc="upper right")
     save(fig, "queue.png")
 
+    if "sweep" in metrics:
+        save(sweep_figure(plt, metrics["sweep"]), "sweep.png")
     for key, title, fname in (
         ("jct", "Job completion time", "jct_cdf.png"),
         ("delay", "Queueing delay", "queueing_delay_cdf.png"),
     ):
+        if not results:
+            break  # a sweep keeps no per-job arrays; its figures are in sweep.png
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for res in results:
             if key == "jct":
@@ -146,6 +152,49 @@ def write_plots(out: Path, metrics: dict[str, Any], results: list[RunResult]) ->
         ax.legend()
         save(fig, "teams.png")
     return files
+
+
+def sweep_figure(plt: Any, sw: dict[str, Any]) -> Any:
+    """Goodput against the first swept key, one line per value of the other keys and policy,
+    the bars spanning the seeds' min to max, the optimum circled."""
+    rows = sw["rows"]
+    first = sw["axes"][0]["key"] if sw["axes"] else None
+    xs_all: list[str] = []
+    for row in rows:
+        x = row["point"].get(first, "") if first else row["policy"]
+        if x not in xs_all:
+            xs_all.append(x)
+    lines: dict[str, list[tuple[int, dict[str, Any], int]]] = {}
+    for k, row in enumerate(rows):
+        rest = [f"{key}={v}" for key, v in row["point"].items() if key != first]
+        label = ", ".join([*rest, row["policy"]] if first else rest) or "runs"
+        x = row["point"].get(first, "") if first else row["policy"]
+        lines.setdefault(label, []).append((xs_all.index(x), row, k))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    best = sw["optimum"]["row"] if sw["optimum"] else None
+    for label, pts in lines.items():
+        pts = [p for p in pts if p[1]["goodput"]["mean"] is not None]
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        mean = [100 * p[1]["goodput"]["mean"] for p in pts]
+        low = [m - 100 * p[1]["goodput"]["min"] for m, p in zip(mean, pts, strict=True)]
+        high = [100 * p[1]["goodput"]["max"] - m for m, p in zip(mean, pts, strict=True)]
+        ax.errorbar(xs, mean, yerr=[low, high], marker="o", capsize=3, linewidth=1.2, label=label)
+        for x, m, p in zip(xs, mean, pts, strict=True):
+            if p[2] == best:
+                ax.plot([x], [m], marker="o", markersize=16, markerfacecolor="none", color="red")
+                ax.annotate("optimum", (x, m), textcoords="offset points", xytext=(8, 10), color="red")
+    ax.set_xticks(range(len(xs_all)), xs_all)
+    seeds = len(sw["seeds"])
+    ax.set(
+        xlabel=first or "policy",
+        ylabel="goodput (% of reserved GPU-time)",
+        title=f"Sweep: goodput, mean and min-max over {seeds} seed{'s' if seeds > 1 else ''}",
+    )
+    if len(lines) > 1:
+        ax.legend(fontsize=8)
+    return fig
 
 
 def _top_teams(metrics: dict[str, Any], n: int) -> list[str]:
@@ -204,6 +253,7 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
         f"<h1>Simulation of {_e(cl['name'])}</h1>",
         f"<p>{cl['gpus']:,} GPUs on {cl['nodes']:,} nodes ({_e(by_model)}); "
         f"trace <code>{_e(tr['path'])}</code> ({_e(tr['format'])}); seed {inp['seed']}.</p>",
+        *(_sweep_section(metrics) if "sweep" in metrics else []),
         "<h2>Workload</h2>",
         _table(
             ["rows read", "jobs read", "malformed rows", "span", "GPU-hours asked"],
@@ -241,7 +291,9 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
                 f"{c['utilisation'] * 100:.1f}%",
                 _num(c["jain_mean_contended"], ".3f"),
                 _num(c["gpu_hours_lost"]),
-                _num(c["cost_total"]),
+                _num(c["cost_total"]) + " " + _e(c["currency"]),
+                _num(c["cost_per_useful_gpu_hour"], ",.3f") + " " + _e(c["currency"]),
+                _num(c["energy_kwh"], ",.0f"),
                 _num(c.get("jct_mean_vs_baseline"), ".2f") + "x",
             ]
         )
@@ -265,6 +317,8 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
                 "Jain",
                 "GPU-h lost",
                 "cost",
+                "cost per useful GPU-h",
+                "energy kWh",
                 f"mean JCT vs {base}",
             ],
             rows,
@@ -286,6 +340,66 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
         "byte-identical for the same inputs and seed.</p></body></html>\n"
     )
     return "\n".join(parts)
+
+
+def _sweep_section(metrics: dict[str, Any]) -> list[str]:
+    """The answer first: the optimum, what reaches the goodput target, then the whole grid with
+    the spread over the seeds (the figures' definitions are under the table)."""
+    sw = metrics["sweep"]
+    best = sw["optimum"]["row"] if sw["optimum"] else None
+    out = ["<h2>Answer</h2>"]
+    if sw["optimum"] is not None:
+        if best is not None:
+            row = sw["rows"][best]
+            point = ", ".join(f"{k}={v}" for k, v in row["point"].items()) or "as specified"
+            out.append(
+                f"<p><b>Optimum: {_e(point)}, policy {_e(row['policy'])}</b>: {_e(sw['optimum']['why'])} "
+                f"(goal: {_e(sw['goal'])}).</p>"
+            )
+        else:
+            out.append(f"<p><b>{_e(sw['optimum']['why'])}</b> (goal: {_e(sw['goal'])}).</p>")
+    reach = metrics.get("reach_goodput")
+    if reach is not None:
+        out.append(f"<p><b>{_e(reach['answer'])}.</b></p>")
+    rows = []
+    for k, row in enumerate(sw["rows"]):
+        g, w = row["goodput"], row["time_not_running_p99_s"]
+        cpu = row["cost_per_useful_gpu_hour"]
+        rows.append(
+            [
+                "&#9733;" if k == best else "",
+                _e(", ".join(f"{key}={v}" for key, v in row["point"].items()) or "as specified"),
+                _e(row["policy"]),
+                f"{row['gpus']:,}",
+                _pct(g["mean"]) + (f" [{_pct(g['min'])} - {_pct(g['max'])}]" if g["mean"] is not None else ""),
+                hours(w["mean"]) + (f" [{hours(w['min'])} - {hours(w['max'])}]" if w["mean"] is not None else ""),
+                hours(row["jct_mean_s"]["mean"]),
+                _num(row["restarts"]["mean"], ",.1f"),
+                _num(row["gpu_hours_lost"]["mean"], ",.1f"),
+                _num(cpu["mean"], ",.3f") + (f" {_e(metrics['inputs']['cluster'].get('currency', ''))}"),
+            ]
+        )
+    out.append(
+        f"<p>{sw['runs']:,} runs: every point x policy x seed ({', '.join(str(s) for s in sw['seeds'])}).</p>"
+        + _table(
+            [
+                "",
+                "point",
+                "policy",
+                "GPUs",
+                "goodput mean [min - max]",
+                "p99 not running mean [min - max]",
+                "JCT mean",
+                "restarts",
+                "GPU-h lost",
+                "cost per useful GPU-h",
+            ],
+            rows,
+        )
+        + "<img src='sweep.png' alt='sweep'>"
+        + "<p class=note>The runs below are the optimum's (or the first point's) with the first seed.</p>"
+    )
+    return out
 
 
 def _stats_row(label: str, s: dict[str, Any]) -> list[str]:

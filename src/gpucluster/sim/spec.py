@@ -13,16 +13,19 @@ file:line of the offending key.
 
 from __future__ import annotations
 
+import copy
+import itertools
 import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gpucluster.core.restarts import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
 from gpucluster.core.types import Gpu, Node, Priority
+from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.fields import Fields
-from gpucluster.sim.yamlspec import Located, Path_, load
+from gpucluster.sim.yamlspec import Located, Path_, dotted, load
 
 # Llama 3 (16,384 H100, 54 days): 419 unexpected interruptions -> ~4.7e-4 failures per GPU-day.
 LLAMA3_GPU_FAILURES_PER_DAY = 4.7e-4
@@ -156,6 +159,7 @@ class ClusterSpec:
     replan_every_s: float | None = None  # also plan on a timer (policies whose order ages)
     cycle_s: float | None = None  # plan only at multiples of this (a fixed scheduling cycle)
     source: str = ""
+    currency: str = "USD"  # what price_per_gpu_hour is in: every cost in the report says it
 
     @property
     def total_gpus(self) -> int:
@@ -181,7 +185,17 @@ class ClusterSpec:
         return tuple(out)
 
 
-_TOP = ("name", "node_groups", "speeds", "failures", "checkpoints", "allreduce", "trace_fill", "scheduler")
+_TOP = (
+    "name",
+    "node_groups",
+    "speeds",
+    "failures",
+    "checkpoints",
+    "allreduce",
+    "trace_fill",
+    "scheduler",
+    "currency",
+)
 UNLIMITED_RESTARTS = 1_000_000_000
 _GROUP = (
     "name",
@@ -199,9 +213,15 @@ _GROUP = (
 )
 
 
-def load_cluster_spec(path: Path) -> ClusterSpec:
-    """Read and validate a cluster spec; raises SimInputError with file:line on any problem."""
+def load_cluster_spec(path: Path, overrides: tuple[tuple[Path_, Any], ...] = ()) -> ClusterSpec:
+    """Read and validate a cluster spec; raises SimInputError with file:line on any problem.
+
+    `overrides`: values laid over the file's before it is validated (what `--sweep KEY=...`
+    sets), so a swept value is checked by the same rules, with the same words, as one written
+    in the file."""
     doc = load(path)
+    if overrides:
+        doc = _overridden(doc, overrides)
     if not isinstance(doc.data, dict):
         raise doc.error((), "a cluster spec is a mapping with at least node_groups (see examples/clusters/)")
     top = Fields(doc, (), _TOP)
@@ -220,8 +240,44 @@ def load_cluster_spec(path: Path) -> ClusterSpec:
         replan_every_s=replan_every,
         cycle_s=cycle,
         source=str(path),
+        currency=top.text("currency", "USD"),
     )
     return spec
+
+
+def _overridden(doc: Located, overrides: tuple[tuple[Path_, Any], ...]) -> Located:
+    data = copy.deepcopy(doc.data) if isinstance(doc.data, dict) else {}
+    for path, value in overrides:
+        node: Any = data
+        for k, (part, nxt) in enumerate(itertools.pairwise(path)):
+            if isinstance(node, list) and not (isinstance(part, int) and part < len(node)):
+                raise SimInputError(
+                    f"--sweep {dotted(path)}: no such item: {dotted(path[:k]) or 'the spec'} has {len(node)} "
+                    f"item(s) in {doc.source}, numbered from 0"
+                )
+            child = node[part] if isinstance(node, list) else None
+            if isinstance(node, dict):
+                child = node.get(part)
+                if child is None:
+                    child = node[part] = [] if isinstance(nxt, int) else {}
+            if not isinstance(child, dict | list):
+                raise SimInputError(
+                    f"--sweep {dotted(path)}: {dotted(path[: k + 1])} is not a mapping or list in {doc.source}"
+                )
+            node = child
+        last = path[-1]
+        if isinstance(node, list):
+            if not isinstance(last, int) or last >= len(node):
+                raise SimInputError(
+                    f"--sweep {dotted(path)}: no such item: {dotted(path[:-1])} has {len(node)} item(s) in "
+                    f"{doc.source}, numbered from 0"
+                )
+            node[last] = value
+        elif isinstance(last, int):
+            raise SimInputError(f"--sweep {dotted(path)}: {dotted(path[:-1])} is not a list in {doc.source}")
+        else:
+            node[last] = value
+    return Located(doc.source, data, doc.lines)
 
 
 def _groups(doc: Located, top: Fields) -> tuple[NodeGroup, ...]:
