@@ -255,7 +255,7 @@ def _overridden(doc: Located, overrides: tuple[tuple[Path_, Any], ...]) -> Locat
                     f"--sweep {dotted(path)}: no such item: {dotted(path[:k]) or 'the spec'} has {len(node)} "
                     f"item(s) in {doc.source}, numbered from 0"
                 )
-            child = node[part] if isinstance(node, list) else None
+            child = node[part] if isinstance(node, list) and isinstance(part, int) else None
             if isinstance(node, dict):
                 child = node.get(part)
                 if child is None:
