@@ -167,6 +167,14 @@ def _summary(metrics: dict[str, Any], perf: dict[str, Any], files: list[str]) ->
         f"{tr['jobs_read']:,} jobs read from {tr['rows']:,} rows"
         + (f" ({tr['malformed_rows']:,} malformed rows skipped; see report.html)" if tr["malformed_rows"] else "")
     )
+    won = metrics.get("winners")
+    if won:
+        said = {
+            "goodput": "highest goodput",
+            "time_not_running_mean": "least time not running",
+            "cost_per_useful_gpu_hour": "cheapest useful GPU-hour",
+        }
+        _out.print("answer: " + "; ".join(f"{v}: {said[k]}" for k, v in won.items() if v is not None))
     table = Table(
         "policy",
         "jobs",

@@ -346,6 +346,26 @@ def honest_columns(m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def winners(rows: list[dict[str, Any]]) -> dict[str, str | None]:
+    """The answer before the table: which policy is best by each figure that cannot flatter
+    (highest goodput, least mean time not running, cheapest useful GPU-hour). Ties go to the
+    first policy given; None when no policy has the figure."""
+
+    def best(key: str, high: bool) -> str | None:
+        have = [
+            (row[key] if high else -row[key], -k, row["policy"])
+            for k, row in enumerate(rows)
+            if row.get(key) is not None
+        ]
+        return max(have)[2] if have else None
+
+    return {
+        "goodput": best("goodput", True),
+        "time_not_running_mean": best("time_not_running_mean_s", False),
+        "cost_per_useful_gpu_hour": best("cost_per_useful_gpu_hour", False),
+    }
+
+
 def comparison(per_policy: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per policy; `vs_fifo` = FIFO's mean / this policy's mean (> 1: better than FIFO)."""
     base = next((m for m in per_policy if m["policy"] == "fifo"), per_policy[0] if per_policy else None)

@@ -39,11 +39,16 @@ def write_report(
         raise SimInputError(f"--out {out}: not a directory")
     files = [
         _write(out / "metrics.json", json.dumps(metrics, indent=1, sort_keys=False, allow_nan=False) + "\n"),
-        _write(out / "performance.json", json.dumps(performance, indent=1) + "\n"),
         write_jobs(out / "jobs.csv", results),
     ]
     plots = write_plots(out, metrics, results)
     files += plots
+    # Peak memory measured after plotting (matplotlib roughly doubles it on a big run): the
+    # figure a planner sizes the machine by must include the report it asked for.
+    from gpucluster.sim.run import peak_rss_mib
+
+    performance["peak_rss_mib"] = max(performance.get("peak_rss_mib", 0.0), peak_rss_mib())
+    files.insert(1, _write(out / "performance.json", json.dumps(performance, indent=1) + "\n"))
     files.append(
         _write(out / "report.html", render_html(metrics, performance, [p.name for p in plots if p.name != "sweep.png"]))
     )
@@ -141,6 +146,8 @@ def write_plots(out: Path, metrics: dict[str, Any], results: list[RunResult]) ->
         save(fig, fname)
 
     teams = _top_teams(metrics, 12)
+    if teams and len(metrics["policies"]) and len(teams) > 1:
+        save(share_figure(plt, metrics, teams), "shares.png")
     if teams:
         fig, ax = plt.subplots(figsize=(9, 3.8))
         width = 0.8 / max(1, len(policies))
@@ -152,6 +159,24 @@ def write_plots(out: Path, metrics: dict[str, Any], results: list[RunResult]) ->
         ax.legend()
         save(fig, "teams.png")
     return files
+
+
+def share_figure(plt: Any, metrics: dict[str, Any], teams: list[str]) -> Any:
+    """Each team's share of the allocated GPU-hours per policy, against its entitlement (the
+    policy's weight over the teams that submit work): where a policy is unfair, and to whom."""
+    policies = metrics["policies"]
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    width = 0.8 / (len(policies) + 1)
+    first = next(iter(policies.values()))
+    ent = [100 * first["per_team"].get(t, {}).get("entitlement", 0.0) for t in teams]
+    ax.bar(range(len(teams)), ent, width=width, label="entitlement", color="lightgray", edgecolor="gray")
+    for k, (name, m) in enumerate(policies.items(), start=1):
+        vals = [100 * m["per_team"].get(t, {}).get("share_of_gpu_hours", 0.0) for t in teams]
+        ax.bar([i + k * width for i in range(len(teams))], vals, width=width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(teams))], teams, rotation=30, ha="right")
+    ax.set(ylabel="% of GPU-hours", title="Share of GPU-hours against entitlement (largest teams)")
+    ax.legend(fontsize=8)
+    return fig
 
 
 def sweep_figure(plt: Any, sw: dict[str, Any]) -> Any:
@@ -272,6 +297,16 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
         rows = [[str(e["line"]), _e(e["error"])] for e in tr["malformed_examples"][:20]]
         parts.append("<p class=note>First malformed rows (skipped):</p>" + _table(["line", "problem"], rows))
     parts.append("<h2>Policies side by side</h2>")
+    won = metrics.get("winners")
+    if won and "sweep" not in metrics:
+        said = {
+            "goodput": "highest goodput",
+            "time_not_running_mean": "least time not running (mean)",
+            "cost_per_useful_gpu_hour": "cheapest useful GPU-hour",
+        }
+        parts.append(
+            "<p><b>Answer: " + "; ".join(f"{_e(v)}: {said[k]}" for k, v in won.items() if v is not None) + ".</b></p>"
+        )
     rows = []
     for c in metrics["comparison"]:
         rows.append(

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpucluster.sim.engine import Engine, ProgressFn, RunResult
 from gpucluster.sim.errors import SimInputError
-from gpucluster.sim.metrics import comparison, inputs_metrics, run_metrics
+from gpucluster.sim.metrics import comparison, inputs_metrics, run_metrics, winners
 from gpucluster.sim.readers import read_trace
 from gpucluster.sim.scheduling import SimPolicy, load_policy
 from gpucluster.sim.spec import ClusterSpec, load_cluster_spec
@@ -94,6 +94,7 @@ def simulate(
     metrics = {
         "inputs": inputs_metrics(spec, trace, opts.seed),
         "comparison": comparison(per_policy),
+        "winners": winners(comparison(per_policy)),
         "policies": {m["policy"]: m for m in per_policy},
     }
     performance = performance_figures(results, read_s, time.perf_counter() - t0)
@@ -336,9 +337,14 @@ def performance_figures(results: list[RunResult], read_s: float, total_s: float)
     return {
         "read_s": round(read_s, 3),
         "total_s": round(total_s, 3),
-        "peak_rss_mib": round(_peak_rss_kib() / 1024, 1),
+        "peak_rss_mib": peak_rss_mib(),
         "policies": per,
     }
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory so far, this process or a finished worker, in MiB."""
+    return round(_peak_rss_kib() / 1024, 1)
 
 
 def _peak_rss_kib() -> int:
