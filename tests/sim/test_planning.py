@@ -153,3 +153,34 @@ def test_spares_refuse_bad_values_and_unlimited_restarts_reads(tmp_path: Path) -
         load_cluster_spec(c)
     c = cluster_yaml(tmp_path / "c.yaml", extra="failures: {max_restarts: unlimited}\n")
     assert load_cluster_spec(c).failures.max_restarts >= 10**9
+
+
+def test_the_report_answers_first_with_cost_per_useful_gpu_hour_in_the_specs_currency(tmp_path: Path) -> None:
+    from gpucluster.sim.run import SimulateOptions, simulate
+
+    c = cluster_yaml(tmp_path / "c.yaml", nodes=1, gpus=2, extra=CKPT + "currency: EUR\n")
+    t = native_csv(
+        tmp_path / "t.csv",
+        [
+            {"submit_time": 0, "duration": "2h", "gpus": 2, "priority": "low", "team": "a"},
+            {"submit_time": "30m", "duration": "1h", "gpus": 2, "priority": "high", "team": "b"},
+        ],
+    )
+    out = simulate(SimulateOptions(cluster=c, trace=t, out=tmp_path / "o", policies=("fifo", "default")), workers=1)
+    m = out.metrics
+    for name in ("fifo", "default"):
+        cost = m["policies"][name]["cost"]
+        useful = m["policies"][name]["gpu_hours"]["useful"]
+        assert cost["currency"] == "EUR"
+        assert cost["per_useful_gpu_hour"] == pytest.approx(cost["total"] / useful, rel=1e-3)
+    # default preempts the low job: the same useful work, more GPU-time reserved for it
+    assert m["winners"]["goodput"] == "fifo"
+    rows = {r["policy"]: r for r in m["comparison"]}
+    assert rows["default"]["preemptions"] == 1 and rows["fifo"]["preemptions"] == 0
+    assert rows["default"]["energy_kwh"] > 0 and rows["fifo"]["currency"] == "EUR"
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert html.index("<b>Answer: ") < html.index("<th>policy</th>")
+    assert "fifo: highest goodput" in html and " EUR" in html
+    assert (tmp_path / "o" / "shares.png").stat().st_size > 0
+    perf = (tmp_path / "o" / "performance.json").read_text()
+    assert '"peak_rss_mib"' in perf

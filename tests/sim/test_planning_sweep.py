@@ -161,3 +161,34 @@ def test_the_cli_prints_the_sweep_and_its_optimum(tmp_path: Path, one_job: tuple
     )
     assert result.exit_code == 0, result.output
     assert "sweep: 4 runs, seeds 0..1" in result.output and "optimum (*): highest mean goodput" in result.output
+
+
+def test_reach_goodput_solves_the_calibrated_model_for_the_target(tmp_path: Path, one_job: tuple[Path, Path]) -> None:
+    import math
+
+    from gpucluster.sim.spec import load_cluster_spec
+    from gpucluster.sim.sweep import reach_goodput
+
+    spec = load_cluster_spec(one_job[0])  # 6 GPUs at 0.1667 a GPU-day: MTBF ~1 day; C 60 s, R 300 s
+    run = {
+        "failures": {"restarts": 4},
+        "goodput": {"of_reserved": 0.93, "reserved_gpu_hours": 6 * 100.0},
+        "gpu_hours": {"allocated": 6 * 100.0 - 6 * 4 * 600 / 3600},  # 10 min holding nothing per failure
+    }
+    out = reach_goodput(spec, 6, [run], 0.95)
+    assert out is not None and out["holding_nothing_per_failure_s"] == 600.0
+    m, c, rr, d, s = out["job_mtbf_s"], 60.0, 300.0, 600.0, out["scale"]
+    assert m == pytest.approx(86400 / (0.1667 * 6), abs=0.1)
+
+    def loss(k: float) -> float:
+        return math.sqrt(2 * k * c / m) + (k * rr + d) / m
+
+    # calibrated: today's costs give the simulated 93%; the scale found gives 95%
+    assert loss(1.0) + out["model_bias"] == pytest.approx(0.07, abs=1e-3)
+    assert loss(s) + out["model_bias"] == pytest.approx(0.05, abs=1e-3)
+    assert 0 < s < 1 and "faster than now" in out["answer"]
+    # a job that holds nothing for hours per failure cannot get there by checkpointing faster
+    run["gpu_hours"]["allocated"] = 6 * 100.0 - 6 * 4 * 4 * 3600 / 3600  # 4 h each
+    run["goodput"]["of_reserved"] = 0.8
+    stuck = reach_goodput(spec, 6, [run], 0.95)
+    assert stuck is not None and stuck["scale"] is None and "add spares or shorten repairs" in stuck["answer"]
