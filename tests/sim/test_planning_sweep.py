@@ -186,7 +186,7 @@ def test_reach_goodput_solves_the_calibrated_model_for_the_target(tmp_path: Path
     # calibrated: today's costs give the simulated 93%; the scale found gives 95%
     assert loss(1.0) + out["model_bias"] == pytest.approx(0.07, abs=1e-3)
     assert loss(s) + out["model_bias"] == pytest.approx(0.05, abs=1e-3)
-    assert 0 < s < 1 and "faster than now" in out["answer"]
+    assert 0 < s < 1 and "as fast as now" in out["answer"]
     # a job that holds nothing for hours per failure cannot get there by checkpointing faster
     run["gpu_hours"]["allocated"] = 6 * 100.0 - 6 * 4 * 4 * 3600 / 3600  # 4 h each
     run["goodput"]["of_reserved"] = 0.8

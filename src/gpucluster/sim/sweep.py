@@ -302,8 +302,9 @@ def reach_goodput(
     out["restart_needed_s"] = r(s * rr, 2)
     out["best_interval_then_s"] = r(math.sqrt(2.0 * s * c * mtbf), 1) if c > 0 else None
     out["answer"] = (
-        f"to reach {target:.0%}: checkpoint and restart about {1 / s:.2g}x faster than now "
-        f"(checkpoint {s * c:.1f} s instead of {c:.1f} s, restart {s * rr:.0f} s instead of {rr:.0f} s), "
+        f"to reach {target:.0%}: checkpoint and restart {1 / s:.3g}x as fast as now "
+        f"(checkpoint {s * c:.3g} s instead of {c:.3g} s, restart {s * rr:.0f} s instead of {rr:.0f} s; "
+        f"best interval then {math.sqrt(2.0 * s * c * mtbf) / 60:.1f} min), "
         f"by the Young/Daly model calibrated to the simulated {simulated * 100:.1f}% (mean of {len(runs)} "
         f"run{'s' if len(runs) > 1 else ''}; the model alone gives {1 - loss(1.0):.1%})"
         if s < 1
