@@ -192,3 +192,22 @@ def test_reach_goodput_solves_the_calibrated_model_for_the_target(tmp_path: Path
     run["goodput"]["of_reserved"] = 0.8
     stuck = reach_goodput(spec, 6, [run], 0.95)
     assert stuck is not None and stuck["scale"] is None and "add spares or shorten repairs" in stuck["answer"]
+
+
+def test_the_policy_itself_can_be_a_swept_key(tmp_path: Path, one_job: tuple[Path, Path]) -> None:
+    cluster, trace = one_job
+    opts = SimulateOptions(
+        cluster=cluster,
+        trace=trace,
+        out=None,
+        policies=("fifo",),
+        sweeps=("policy=fifo,default", "checkpoints.interval=30m,2h"),
+    )
+    sw = simulate(opts, write=False, workers=1).metrics["sweep"]
+    assert sw["runs"] == 4
+    assert [(r["policy"], r["point"]["checkpoints.interval"]) for r in sw["rows"]] == [
+        ("fifo", "30m"),
+        ("fifo", "2h"),
+        ("default", "30m"),
+        ("default", "2h"),
+    ]
