@@ -52,6 +52,22 @@ def simulate(
         typer.Option("--workers", min=1, help="policies simulated at once [default: one per core, up to the number]"),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sweep",
+            help="KEY=V1,V2,... over a cluster-spec value (checkpoints.interval, node_groups[0].count, "
+            "node_groups[0].spares.hot, failures.gpu_failures_per_day) or policy=A,B; repeat for a grid",
+        ),
+    ] = None,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="runs per sweep point, seeds SEED.. (spread)")] = 1,
+    wait_target: Annotated[
+        str | None,
+        typer.Option("--wait-target", help="sweep goal: fewest GPUs with p99 time not running <= this (e.g. 1h)"),
+    ] = None,
+    goodput_target: Annotated[
+        float, typer.Option("--goodput-target", help="one training job: checkpoint/restart cost to reach this")
+    ] = 0.9,
 ) -> None:
     """Replay a workload trace on a simulated cluster through the real scheduler; compare policies."""
     from gpucluster.cli.common import fail
@@ -60,7 +76,19 @@ def simulate(
 
     if fmt is not None and fmt not in FORMATS:
         fail(f"--format {fmt!r}: allowed: {', '.join(FORMATS)}")
+    target_s = None
+    if wait_target is not None:
+        from gpucluster.durations import parse_duration
+
+        try:
+            target_s = parse_duration(wait_target)
+        except ValueError as e:
+            fail(f"--wait-target {wait_target!r}: {e}")
     opts = SimulateOptions(
+        sweeps=tuple(sweep or ()),
+        seeds=seeds,
+        wait_target_s=target_s,
+        goodput_target=goodput_target,
         cluster=cluster,
         trace=trace,
         out=out,
@@ -139,6 +167,14 @@ def _summary(metrics: dict[str, Any], perf: dict[str, Any], files: list[str]) ->
         f"{tr['jobs_read']:,} jobs read from {tr['rows']:,} rows"
         + (f" ({tr['malformed_rows']:,} malformed rows skipped; see report.html)" if tr["malformed_rows"] else "")
     )
+    won = metrics.get("winners")
+    if won:
+        said = {
+            "goodput": "highest goodput",
+            "time_not_running_mean": "least time not running",
+            "cost_per_useful_gpu_hour": "cheapest useful GPU-hour",
+        }
+        _out.print("answer: " + "; ".join(f"{v}: {said[k]}" for k, v in won.items() if v is not None))
     table = Table(
         "policy",
         "jobs",
@@ -147,6 +183,11 @@ def _summary(metrics: dict[str, Any], perf: dict[str, Any], files: list[str]) ->
         "JCT p99 h",
         "wait mean h",
         "wait p99 h",
+        "not running mean h",
+        "preempt",
+        "restarts",
+        "GPU-h lost",
+        "goodput",
         "util",
         "Jain",
         "vs " + (metrics["comparison"][0]["baseline"] if metrics["comparison"] else "-"),
@@ -167,11 +208,48 @@ def _summary(metrics: dict[str, Any], perf: dict[str, Any], files: list[str]) ->
             _hours(row["jct_p99_s"]),
             _hours(row["queueing_delay_mean_s"]),
             _hours(row["queueing_delay_p99_s"]),
+            _hours(row["time_not_running_mean_s"]),
+            f"{row['preemptions']:,}",
+            f"{row['restarts']:,}",
+            f"{row['gpu_hours_lost']:,.1f}",
+            f"{row['goodput'] * 100:.1f}%" if row["goodput"] is not None else "-",
             f"{row['utilisation'] * 100:.1f}%",
             f"{jain:.3f}" if jain is not None else "-",
             f"{ratio:.2f}x" if ratio else "-",
             f"{perf['policies'][row['policy']]['wall_s']:,.1f}",
         )
     _out.print(table)
+    if "sweep" in metrics:
+        _sweep_summary(metrics)
     if files:
         _out.print("wrote " + ", ".join(files))
+
+
+def _sweep_summary(metrics: dict[str, Any]) -> None:
+    """The sweep's answer first: the optimum and, for one training job, what reaches the target;
+    then each point's goodput and p99 time not running with their spread over the seeds."""
+    from rich.table import Table
+
+    _out = _consoles()[1]
+    sw = metrics["sweep"]
+    table = Table("", "point", "policy", "GPUs", "goodput mean [min-max]", "not running p99 h", "JCT mean h", box=None)
+    best = sw["optimum"]["row"] if sw["optimum"] else None
+    for k, row in enumerate(sw["rows"]):
+        g = row["goodput"]
+        span = f" [{g['min'] * 100:.1f}-{g['max'] * 100:.1f}]" if g["mean"] is not None and sw["seeds"][1:] else ""
+        table.add_row(
+            "*" if k == best else "",
+            ", ".join(f"{key}={v}" for key, v in row["point"].items()) or "as specified",
+            row["policy"],
+            f"{row['gpus']:,}",
+            (f"{g['mean'] * 100:.1f}%" + span) if g["mean"] is not None else "-",
+            _hours(row["time_not_running_p99_s"]["mean"]),
+            _hours(row["jct_mean_s"]["mean"]),
+        )
+    _out.print(f"sweep: {sw['runs']:,} runs, seeds {sw['seeds'][0]}..{sw['seeds'][-1]}; goal: {sw['goal']}")
+    _out.print(table)
+    if sw["optimum"]:
+        _out.print(f"optimum (*): {sw['optimum']['why']}")
+    reach = metrics.get("reach_goodput")
+    if reach is not None:
+        _out.print(reach["answer"])

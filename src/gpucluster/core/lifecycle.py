@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 
-from gpucluster.core.restarts import RESTART_BACKOFF_S, restart_backoff
+from gpucluster.core.restarts import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S, restart_backoff
 from gpucluster.core.states import JobState
 
 
@@ -128,6 +128,7 @@ def after_attempt(
     restarts: int = 0,
     max_restarts: int = 0,
     first_backoff_s: float = RESTART_BACKOFF_S,
+    max_backoff_s: float = MAX_RESTART_BACKOFF_S,
 ) -> Next:
     """What happens to a job whose attempt ended so.
 
@@ -162,7 +163,11 @@ def after_attempt(
         return Next(why, JobState.FAILED, AttemptResult.FAILED)
     n = restarts + 1
     return Next(
-        Why.RESTART, JobState.QUEUED, AttemptResult.FAILED, restart=n, backoff_s=restart_backoff(n, first_backoff_s)
+        Why.RESTART,
+        JobState.QUEUED,
+        AttemptResult.FAILED,
+        restart=n,
+        backoff_s=restart_backoff(n, first_backoff_s, max_backoff_s),
     )
 
 

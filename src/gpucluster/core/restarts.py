@@ -12,8 +12,9 @@ RESTART_BACKOFF_S = 1.0
 MAX_RESTART_BACKOFF_S = 300.0
 
 
-def restart_backoff(restart: int, first_s: float = RESTART_BACKOFF_S) -> float:
-    """Seconds the `restart`-th restart (1-based) waits: first_s doubling, at most MAX_RESTART_BACKOFF_S."""
+def restart_backoff(restart: int, first_s: float = RESTART_BACKOFF_S, max_s: float = MAX_RESTART_BACKOFF_S) -> float:
+    """Seconds the `restart`-th restart (1-based) waits: first_s doubling, at most max_s (the
+    head's MAX_RESTART_BACKOFF_S; the simulator lets a cluster spec plan with another)."""
     if restart < 1:
         return 0.0
-    return float(min(first_s * 2 ** min(restart - 1, 64), MAX_RESTART_BACKOFF_S))
+    return float(min(first_s * 2 ** min(restart - 1, 64), max_s))

@@ -36,7 +36,6 @@ from gpucluster.core.elastic import grow
 from gpucluster.core.eligibility import Target, array_target, eligible
 from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.queue_index import QueueIndex
-from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.snapshot import held_back_after
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, DependencyKind, JobRequest, Node, RunningJob, Start
@@ -51,7 +50,7 @@ INF = math.inf
 EPS = 1e-9
 
 # event kinds
-_END, _STOPPED, _CKPT, _FAIL, _REPAIR, _REPLAN = range(6)
+_END, _STOPPED, _CKPT, _FAIL, _REPAIR, _REPLAN, _SPARE_BACK = range(7)
 _BACKOFF, _PERIODIC, _CYCLE = 0, 1, 2  # why a _REPLAN
 # outcomes, as RunResult.outcome stores them (one byte per job); the lifecycle says which
 SUCCEEDED, FAILED_TIME_LIMIT, FAILED_RESTARTS, NEVER_STARTED, FAILED_BUDGET, CANCELLED_DEPENDENCY = range(6)
@@ -82,6 +81,7 @@ class SimJob:
         "plan",
         "power_w",
         "price_s",
+        "ran_s",
         "rate",
         "request",
         "restarts",
@@ -94,6 +94,7 @@ class SimJob:
         "team",
         "token",
         "trace",
+        "useful_gpu_s",
         "work_left",
     )
 
@@ -120,6 +121,8 @@ class SimJob:
         self.cause = LOST_FAIL  # what the next attempt's restart time is charged to
         self.stop_elapsed = INF  # when stopping: the attempt's elapsed time at which computing stopped
         self.saves_on_stop = True
+        self.ran_s = 0.0  # wall seconds holding GPUs, over every attempt (the rest of its life it waited)
+        self.useful_gpu_s = 0.0  # GPU-seconds of kept compute (no checkpoint writes, restarts or lost work)
 
 
 @dataclass
@@ -146,6 +149,11 @@ class RunResult:
     end: array[float] = field(default_factory=lambda: array("d"))
     team: array[int] = field(default_factory=lambda: array("i"))
     outcome: array[int] = field(default_factory=lambda: array("b"))
+    # Per job, for metrics that cannot flatter (metrics.py `waiting_metrics`, `goodput_metrics`):
+    # GPUs asked, wall seconds it held GPUs, GPU-seconds of useful (kept) compute.
+    gpus: array[float] = field(default_factory=lambda: array("d"))
+    ran: array[float] = field(default_factory=lambda: array("d"))
+    useful: array[float] = field(default_factory=lambda: array("d"))
     team_totals: list[list[float]] = field(default_factory=list)  # team -> [USED, COST, ...]
     group_busy_gpu_s: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> jobs
@@ -156,6 +164,9 @@ class RunResult:
     busy_gpu_s: float = 0.0
     up_gpu_s: float = 0.0
     node_failures: int = 0
+    spare_swaps: list[int] = field(default_factory=lambda: [0, 0])  # failed nodes replaced by a hot, a cold spare
+    no_spare: int = 0  # failures that found no spare to take the node's place (it waited for its repair)
+    node_down_s: float = 0.0  # node-seconds the scheduler was without a failed node (repair or swap)
     interruptions: int = 0
     preemptions: int = 0
     resizes: int = 0  # elastic jobs grown by checkpoint-and-restart (core/elastic.py)
@@ -253,6 +264,11 @@ class Engine:
         self._team_queued = [0.0] * len(teams)
         self._weights = [policy.entitlement(t) for t in teams]
         self._fail_rng = random.Random(f"{seed}/failures")
+        # Repair times draw from their own stream, so a distribution leaves the failures alone.
+        self._repair_rng = random.Random(f"{seed}/repairs")
+        # Each group's spare pool: [hot, cold] spares in it now (out while their node is repaired).
+        self._spares = [[g.spares.hot, g.spares.cold] for g in spec.groups]
+        self._group_index = {g.name: k for k, g in enumerate(spec.groups)}
         self._regate = False  # a job others wait to see start (`after`) started: apply eligibility again
         self._init_gates(jobs)
         self.result = RunResult(policy=policy, teams=teams)
@@ -321,6 +337,8 @@ class Engine:
                     self._on_failure(t, fail_rate)
                 elif kind == _REPAIR:
                     self._on_repair(a)
+                elif kind == _SPARE_BACK:
+                    self._spares[a][b] += 1  # the node it stood in for is repaired: back in the pool
                 else:
                     self._timers -= 1
                     if a == _PERIODIC:
@@ -653,6 +671,9 @@ class Engine:
         totals[CKPT] += (p.checkpoint_s + (p.partial_write_s if saved_all else 0.0)) * held
         totals[job.cause] += p.startup_s * held
         totals[lost_to] += (unsaved + elapsed - computing) * held
+        job.ran_s += elapsed
+        writes = p.checkpoint_s + (p.partial_write_s if saved_all else 0.0)
+        job.useful_gpu_s += max(0.0, elapsed - writes - p.startup_s - unsaved - (elapsed - computing)) * held
         busy = self.result.group_busy_gpu_s
         for node, _, share in job.keys:
             busy[self._group[node].name] += elapsed * share
@@ -702,6 +723,9 @@ class Engine:
         res.end.append(now)
         res.team.append(job.team)
         res.outcome.append(outcome)
+        res.gpus.append(job.trace.gpus)
+        res.ran.append(job.ran_s)
+        res.useful.append(job.useful_gpu_s)
 
     # ---- eligibility: dependencies and array throttles ---------------------------------------
 
@@ -981,12 +1005,33 @@ class Engine:
         self._nodes = tuple(n for n in self._all_nodes if n.name not in self._down)
         self._up_gpus -= self._size[node]
         self._repairs_pending += 1
-        self._push(now + self.spec.failures.node_repair_s, _REPAIR, index, 0)
+        back = self._replace(node, now)
+        res.node_down_s += back
+        self._push(now + back, _REPAIR, index, 0)
         self._dirty = True
         hit = [jid for jid, rj in self._running.items() if any(s.node == node for s in rj.allocation.slices)]
         for jid in hit:
             res.interruptions += 1
             self._interrupt(self._active[jid], now)
+
+    def _replace(self, node: str, now: float) -> float:
+        """After how long the failed `node`'s place is filled again: at once by a hot spare of
+        its group, after the cold delay by a cold one (if that beats the repair), else after its
+        repair. The spare leaves the pool until the repair is done. Why the node keeps its name:
+        a spare takes its place in the racks and in the scheduler's view; which box it is does
+        not matter to any job."""
+        group = self._group[node]
+        k = self._group_index[group.name]
+        repair = self.spec.failures.repair.draw(self._repair_rng)
+        pool = self._spares[k]
+        use = 0 if pool[0] > 0 else 1 if pool[1] > 0 and group.spares.cold_delay_s < repair else -1
+        if use < 0:
+            self.result.no_spare += 1
+            return repair
+        pool[use] -= 1
+        self.result.spare_swaps[use] += 1
+        self._push(now + repair, _SPARE_BACK, k, use)
+        return 0.0 if use == 0 else group.spares.cold_delay_s
 
     def _interrupt(self, job: SimJob, now: float) -> None:
         """A failure stopped the job: keep its work up to the last checkpoint and requeue it,
@@ -1003,7 +1048,8 @@ class Engine:
             Exit.FAILURE,
             restarts=job.restarts,
             max_restarts=self.spec.failures.max_restarts if limit is None else limit,
-            first_backoff_s=RESTART_BACKOFF_S,
+            first_backoff_s=self.spec.failures.backoff_first_s,
+            max_backoff_s=self.spec.failures.backoff_max_s,
         )
         if not after.requeued:
             self._finish(job, now, after)

@@ -94,6 +94,7 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
     attributed = math.fsum(t[COST] for t in totals)
     busy_kwh = math.fsum(t[ENERGY] for t in totals)
     contended = [j for j in res.series.jain if not math.isnan(j)]
+    spares = spare_metrics(res, spec, makespan)
     outcomes = array("i", [0] * 6)
     for o in res.outcome:
         outcomes[o] += 1
@@ -139,8 +140,24 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
             "restarts": res.restarts,
         },
         "preemptions": res.preemptions,
-        "cost": {"attributed": r(attributed, 2), "idle": r(idle_cost, 2), "total": r(attributed + idle_cost, 2)},
-        "energy_kwh": {"busy": r(busy_kwh, 2), "idle": r(idle_kwh, 2), "total": r(busy_kwh + idle_kwh, 2)},
+        "spares": spares,
+        "cost": {
+            "attributed": r(attributed, 2),
+            "idle": r(idle_cost, 2),
+            "spares": spares["cost"],
+            "total": r(attributed + idle_cost + spares["cost"], 2),
+            **cost_per_useful(attributed + idle_cost + spares["cost"], used - ckpt - lost_f - lost_p, spec.currency),
+        },
+        "energy_kwh": {
+            "busy": r(busy_kwh, 2),
+            "idle": r(idle_kwh, 2),
+            "spares": spares["energy_kwh"],
+            "total": r(busy_kwh + idle_kwh + spares["energy_kwh"], 2),
+        },
+        "time_not_running_s": waiting_metrics(res)["all"],
+        "started_within_1h": started_within(res, H),
+        "waits_by_size": waits_by_size(res),
+        "goodput": goodput_metrics(res, used),
         "per_team": _per_team(res, jct, delay, ended, started, used),
         # teams with a budget (the policy file's `budgets:`): spent over the run, time and times held
         "budgets": {
@@ -181,6 +198,7 @@ def _per_team(
         delay_by[res.team[i]].append(v)
     # the policy's shares, normalised over the teams that submit work
     total_share = math.fsum(res.policy.entitlement(t) for t in teams) or 1.0
+    waiting = waiting_metrics(res)
     out: dict[str, Any] = {}
     for k, team in enumerate(teams):
         tot = res.team_totals[k]
@@ -191,11 +209,161 @@ def _per_team(
             "gpu_hours": r(tot[USED] / H),
             "share_of_gpu_hours": r(tot[USED] / used if used else 0.0, 4),
             "entitlement": r(res.policy.entitlement(team) / total_share, 4),
+            "time_not_running_s": waiting["teams"].get(k, {"count": 0}),
             "lost_gpu_hours": r((tot[LOST_FAIL] + tot[LOST_PREEMPT]) / H),
             "cost": r(tot[COST], 2),
             "energy_kwh": r(tot[ENERGY], 2),
         }
     return out
+
+
+def _finished(res: RunResult) -> list[int]:
+    """Jobs that ran to an end (not cancelled by a dependency, not left unfinished)."""
+    return [i for i, e in enumerate(res.end) if e >= 0 and res.outcome[i] != CANCELLED_DEPENDENCY]
+
+
+def waiting_metrics(res: RunResult) -> dict[str, Any]:
+    """Time each finished job spent not running: queued before its first start, and queued again
+    (or waiting out a backoff) after every preemption and failure, until it ended.
+
+    Why beside the queueing delay: the delay counts only the wait before the first start, so a
+    policy that starts low-priority jobs early and preempts them often looks good by it; this
+    figure (end - submission - wall time holding GPUs) cannot hide the waits after a preemption."""
+    by_team: dict[int, list[float]] = {}
+    values: list[float] = []
+    for i in _finished(res):
+        v = max(0.0, res.end[i] - res.submit[i] - res.ran[i])
+        values.append(v)
+        by_team.setdefault(res.team[i], []).append(v)
+    return {"all": stats(values), "teams": {k: stats(v) for k, v in by_team.items()}}
+
+
+def started_within(res: RunResult, limit_s: float) -> float | None:
+    """Fraction of the jobs simulated whose first start came within `limit_s` of their
+    submission (a job that never started counts as not within)."""
+    n = len(res.first_start)
+    if not n:
+        return None
+    ok = sum(1 for f, s in zip(res.first_start, res.submit, strict=True) if f >= 0 and f - s <= limit_s)
+    return r(ok / n, 4)
+
+
+SIZE_BUCKETS = (
+    (0.0, 1.0, "<=1"),
+    (1.0, 8.0, "2-8"),
+    (8.0, 64.0, "9-64"),
+    (64.0, 512.0, "65-512"),
+    (512.0, math.inf, ">512"),
+)
+
+
+def waits_by_size(res: RunResult) -> dict[str, Any]:
+    """Queueing delay (to first start) and time not running, by GPUs asked: large jobs wait
+    differently from small ones, and a mean over all jobs hides it."""
+    delay: dict[str, list[float]] = {b[2]: [] for b in SIZE_BUCKETS}
+    waiting: dict[str, list[float]] = {b[2]: [] for b in SIZE_BUCKETS}
+    finished = set(_finished(res))
+    for i, g in enumerate(res.gpus):
+        label = next(b[2] for b in SIZE_BUCKETS if b[0] < g <= b[1])
+        if res.first_start[i] >= 0:
+            delay[label].append(res.first_start[i] - res.submit[i])
+        if i in finished:
+            waiting[label].append(max(0.0, res.end[i] - res.submit[i] - res.ran[i]))
+    return {
+        label: {"queueing_delay_s": stats(delay[label]), "time_not_running_s": stats(waiting[label])}
+        for label in delay
+        if delay[label] or waiting[label]
+    }
+
+
+def goodput_metrics(res: RunResult, allocated_gpu_s: float) -> dict[str, Any]:
+    """Useful GPU-time over the GPU-time reserved for the jobs, and over the GPU-time allocated.
+
+    Reserved = the GPUs a job asked for x the wall time from its first start to its end: time
+    it spends holding nothing (queued again after a failure, waiting for a repaired node or a
+    backoff) counts as lost. Allocated counts only the time it held GPUs, so a job idled for
+    days by a failure looks healthy by it: that flattering figure is kept only beside the honest
+    one. For a single training job, `of_reserved` is what Llama 3's report calls effective
+    training time."""
+    useful = math.fsum(res.useful)
+    reserved = 0.0
+    for i, f in enumerate(res.first_start):
+        if f >= 0:
+            end = res.end[i] if res.end[i] >= 0 else res.last_end
+            reserved += res.gpus[i] * max(0.0, end - f)
+    return {
+        "useful_gpu_hours": r(useful / H),
+        "reserved_gpu_hours": r(reserved / H),
+        "of_reserved": r(useful / reserved, 4) if reserved > 0 else None,
+        "of_allocated": r(useful / allocated_gpu_s, 4) if allocated_gpu_s > 0 else None,
+    }
+
+
+def spare_metrics(res: RunResult, spec: ClusterSpec, makespan: float) -> dict[str, Any]:
+    """The spare pools: how often a spare took a failed node's place, how often none was left,
+    and what the spares cost over the makespan (bought: their price per GPU-hour; hot ones
+    also draw idle power, cold ones none)."""
+    gpus = sum((g.spares.hot + g.spares.cold) * g.gpus_per_node for g in spec.groups)
+    cost = math.fsum((g.spares.hot + g.spares.cold) * g.gpus_per_node * g.price_per_gpu_hour for g in spec.groups)
+    watts = math.fsum(g.spares.hot * g.gpus_per_node * g.power_idle_w for g in spec.groups)
+    return {
+        "hot_nodes": sum(g.spares.hot for g in spec.groups),
+        "cold_nodes": sum(g.spares.cold for g in spec.groups),
+        "gpus": gpus,
+        "replaced_by_hot": res.spare_swaps[0],
+        "replaced_by_cold": res.spare_swaps[1],
+        "failures_without_spare": res.no_spare,
+        "node_hours_missing": r(res.node_down_s / H),
+        "cost": r(cost * makespan / H, 2),
+        "energy_kwh": r(watts * makespan / 3.6e6, 2),
+    }
+
+
+def cost_per_useful(total: float, useful_gpu_s: float, currency: str) -> dict[str, Any]:
+    """What one useful GPU-hour cost: everything paid (jobs, idle GPUs, spares) over the useful
+    GPU-hours. Why: the total is the same for every policy on one cluster and trace (the
+    hardware is paid for either way); what a policy changes is how much useful work it buys."""
+    return {
+        "currency": currency,
+        "per_useful_gpu_hour": r(total / (useful_gpu_s / H), 4) if useful_gpu_s > 0 else None,
+    }
+
+
+def honest_columns(m: dict[str, Any]) -> dict[str, Any]:
+    """The comparison table's columns that cannot flatter a policy: waits after preemptions,
+    preemptions, restarts, GPU-hours lost, goodput of reserved time."""
+    nr = m["time_not_running_s"]
+    return {
+        "time_not_running_mean_s": nr.get("mean"),
+        "time_not_running_p99_s": nr.get("p99"),
+        "started_within_1h": m["started_within_1h"],
+        "preemptions": m["preemptions"],
+        "restarts": m["failures"]["restarts"],
+        "goodput": m["goodput"]["of_reserved"],
+        "cost_per_useful_gpu_hour": m["cost"]["per_useful_gpu_hour"],
+        "currency": m["cost"]["currency"],
+        "energy_kwh": m["energy_kwh"]["total"],
+    }
+
+
+def winners(rows: list[dict[str, Any]]) -> dict[str, str | None]:
+    """The answer before the table: which policy is best by each figure that cannot flatter
+    (highest goodput, least mean time not running, cheapest useful GPU-hour). Ties go to the
+    first policy given; None when no policy has the figure."""
+
+    def best(key: str, high: bool) -> str | None:
+        have = [
+            (row[key] if high else -row[key], -k, row["policy"])
+            for k, row in enumerate(rows)
+            if row.get(key) is not None
+        ]
+        return max(have)[2] if have else None
+
+    return {
+        "goodput": best("goodput", True),
+        "time_not_running_mean": best("time_not_running_mean_s", False),
+        "cost_per_useful_gpu_hour": best("cost_per_useful_gpu_hour", False),
+    }
 
 
 def comparison(per_policy: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -217,6 +385,7 @@ def comparison(per_policy: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "gpu_hours_lost": r(m["gpu_hours"]["lost_to_failures"] + m["gpu_hours"]["lost_to_preemption"]),
             "cost_total": m["cost"]["total"],
             "baseline": base["policy"] if base else None,
+            **honest_columns(m),
         }
         if base is not None:
             bj, bq = base["jct_s"].get("mean"), base["queueing_delay_s"].get("mean")
@@ -238,12 +407,25 @@ def inputs_metrics(spec: ClusterSpec, trace: Trace, seed: int) -> dict[str, Any]
             "nodes": sum(g.count for g in spec.groups),
             "gpus": spec.total_gpus,
             "gpus_by_model": dict(sorted(by_model.items())),
+            "currency": spec.currency,
             "speeds": dict(sorted(spec.speeds.items())),
             "gpu_failures_per_day": spec.failures.gpu_failures_per_day,
             "node_repair_s": spec.failures.node_repair_s,
+            "node_repair": {
+                "distribution": spec.failures.repair.distribution,
+                "mean_s": r(spec.failures.repair.mean_s),
+            },
+            "max_restarts": spec.failures.max_restarts,
+            "restart_backoff_s": {"first": spec.failures.backoff_first_s, "max": spec.failures.backoff_max_s},
+            "spares": {
+                g.name: {"hot": g.spares.hot, "cold": g.spares.cold, "cold_delay_s": g.spares.cold_delay_s}
+                for g in spec.groups
+                if g.spares.hot or g.spares.cold
+            },
             "checkpoint_interval": spec.checkpoints.interval,
-            "checkpoint_cost_s": spec.checkpoints.cost_s,
-            "restart_s": spec.checkpoints.restart_s,
+            "checkpoint_cost_s": r(spec.checkpoints.cost_s),
+            "restart_s": r(spec.checkpoints.restart_s),
+            "checkpoint_state_size_gb": spec.checkpoints.state_size_gb,
         },
         "trace": {
             "path": trace.path,

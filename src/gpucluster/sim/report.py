@@ -39,12 +39,19 @@ def write_report(
         raise SimInputError(f"--out {out}: not a directory")
     files = [
         _write(out / "metrics.json", json.dumps(metrics, indent=1, sort_keys=False, allow_nan=False) + "\n"),
-        _write(out / "performance.json", json.dumps(performance, indent=1) + "\n"),
         write_jobs(out / "jobs.csv", results),
     ]
     plots = write_plots(out, metrics, results)
     files += plots
-    files.append(_write(out / "report.html", render_html(metrics, performance, [p.name for p in plots])))
+    # Peak memory measured after plotting (matplotlib roughly doubles it on a big run): the
+    # figure a planner sizes the machine by must include the report it asked for.
+    from gpucluster.sim.run import peak_rss_mib
+
+    performance["peak_rss_mib"] = max(performance.get("peak_rss_mib", 0.0), peak_rss_mib())
+    files.insert(1, _write(out / "performance.json", json.dumps(performance, indent=1) + "\n"))
+    files.append(
+        _write(out / "report.html", render_html(metrics, performance, [p.name for p in plots if p.name != "sweep.png"]))
+    )
     return files
 
 
@@ -113,10 +120,14 @@ def write_plots(out: Path, metrics: dict[str, Any], results: list[RunResult]) ->
     ax.legend(loc="upper right")
     save(fig, "queue.png")
 
+    if "sweep" in metrics:
+        save(sweep_figure(plt, metrics["sweep"]), "sweep.png")
     for key, title, fname in (
         ("jct", "Job completion time", "jct_cdf.png"),
         ("delay", "Queueing delay", "queueing_delay_cdf.png"),
     ):
+        if not results:
+            break  # a sweep keeps no per-job arrays; its figures are in sweep.png
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for res in results:
             if key == "jct":
@@ -135,6 +146,8 @@ def write_plots(out: Path, metrics: dict[str, Any], results: list[RunResult]) ->
         save(fig, fname)
 
     teams = _top_teams(metrics, 12)
+    if teams and len(metrics["policies"]) and len(teams) > 1:
+        save(share_figure(plt, metrics, teams), "shares.png")
     if teams:
         fig, ax = plt.subplots(figsize=(9, 3.8))
         width = 0.8 / max(1, len(policies))
@@ -146,6 +159,67 @@ def write_plots(out: Path, metrics: dict[str, Any], results: list[RunResult]) ->
         ax.legend()
         save(fig, "teams.png")
     return files
+
+
+def share_figure(plt: Any, metrics: dict[str, Any], teams: list[str]) -> Any:
+    """Each team's share of the allocated GPU-hours per policy, against its entitlement (the
+    policy's weight over the teams that submit work): where a policy is unfair, and to whom."""
+    policies = metrics["policies"]
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    width = 0.8 / (len(policies) + 1)
+    first = next(iter(policies.values()))
+    ent = [100 * first["per_team"].get(t, {}).get("entitlement", 0.0) for t in teams]
+    ax.bar(range(len(teams)), ent, width=width, label="entitlement", color="lightgray", edgecolor="gray")
+    for k, (name, m) in enumerate(policies.items(), start=1):
+        vals = [100 * m["per_team"].get(t, {}).get("share_of_gpu_hours", 0.0) for t in teams]
+        ax.bar([i + k * width for i in range(len(teams))], vals, width=width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(teams))], teams, rotation=30, ha="right")
+    ax.set(ylabel="% of GPU-hours", title="Share of GPU-hours against entitlement (largest teams)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def sweep_figure(plt: Any, sw: dict[str, Any]) -> Any:
+    """Goodput against the first swept key, one line per value of the other keys and policy,
+    the bars spanning the seeds' min to max, the optimum circled."""
+    rows = sw["rows"]
+    first = sw["axes"][0]["key"] if sw["axes"] else None
+    xs_all: list[str] = []
+    for row in rows:
+        x = row["point"].get(first, "") if first else row["policy"]
+        if x not in xs_all:
+            xs_all.append(x)
+    lines: dict[str, list[tuple[int, dict[str, Any], int]]] = {}
+    for k, row in enumerate(rows):
+        rest = [f"{key}={v}" for key, v in row["point"].items() if key != first]
+        label = ", ".join([*rest, row["policy"]] if first else rest) or "runs"
+        x = row["point"].get(first, "") if first else row["policy"]
+        lines.setdefault(label, []).append((xs_all.index(x), row, k))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    best = sw["optimum"]["row"] if sw["optimum"] else None
+    for label, pts in lines.items():
+        pts = [p for p in pts if p[1]["goodput"]["mean"] is not None]
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        mean = [100 * p[1]["goodput"]["mean"] for p in pts]
+        low = [m - 100 * p[1]["goodput"]["min"] for m, p in zip(mean, pts, strict=True)]
+        high = [100 * p[1]["goodput"]["max"] - m for m, p in zip(mean, pts, strict=True)]
+        ax.errorbar(xs, mean, yerr=[low, high], marker="o", capsize=3, linewidth=1.2, label=label)
+        for x, m, p in zip(xs, mean, pts, strict=True):
+            if p[2] == best:
+                ax.plot([x], [m], marker="o", markersize=16, markerfacecolor="none", color="red")
+                ax.annotate("optimum", (x, m), textcoords="offset points", xytext=(8, 10), color="red")
+    ax.set_xticks(range(len(xs_all)), xs_all)
+    seeds = len(sw["seeds"])
+    ax.set(
+        xlabel=first or "policy",
+        ylabel="goodput (% of reserved GPU-time)",
+        title=f"Sweep: goodput, mean and min-max over {seeds} seed{'s' if seeds > 1 else ''}",
+    )
+    if len(lines) > 1:
+        ax.legend(fontsize=8)
+    return fig
 
 
 def _top_teams(metrics: dict[str, Any], n: int) -> list[str]:
@@ -184,6 +258,10 @@ def _num(x: object, fmt: str = ",.2f") -> str:
     return _e(x)
 
 
+def _pct(x: object) -> str:
+    return f"{x * 100:.1f}%" if isinstance(x, float | int) else "-"
+
+
 def _table(head: list[str], rows: list[list[str]]) -> str:
     h = "".join(f"<th>{_e(c)}</th>" for c in head)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
@@ -200,6 +278,7 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
         f"<h1>Simulation of {_e(cl['name'])}</h1>",
         f"<p>{cl['gpus']:,} GPUs on {cl['nodes']:,} nodes ({_e(by_model)}); "
         f"trace <code>{_e(tr['path'])}</code> ({_e(tr['format'])}); seed {inp['seed']}.</p>",
+        *(_sweep_section(metrics) if "sweep" in metrics else []),
         "<h2>Workload</h2>",
         _table(
             ["rows read", "jobs read", "malformed rows", "span", "GPU-hours asked"],
@@ -218,6 +297,16 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
         rows = [[str(e["line"]), _e(e["error"])] for e in tr["malformed_examples"][:20]]
         parts.append("<p class=note>First malformed rows (skipped):</p>" + _table(["line", "problem"], rows))
     parts.append("<h2>Policies side by side</h2>")
+    won = metrics.get("winners")
+    if won and "sweep" not in metrics:
+        said = {
+            "goodput": "highest goodput",
+            "time_not_running_mean": "least time not running (mean)",
+            "cost_per_useful_gpu_hour": "cheapest useful GPU-hour",
+        }
+        parts.append(
+            "<p><b>Answer: " + "; ".join(f"{_e(v)}: {said[k]}" for k, v in won.items() if v is not None) + ".</b></p>"
+        )
     rows = []
     for c in metrics["comparison"]:
         rows.append(
@@ -228,10 +317,18 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
                 hours(c["jct_p99_s"]),
                 hours(c["queueing_delay_mean_s"]),
                 hours(c["queueing_delay_p99_s"]),
+                hours(c["time_not_running_mean_s"]),
+                hours(c["time_not_running_p99_s"]),
+                _pct(c["started_within_1h"]),
+                f"{c['preemptions']:,}",
+                f"{c['restarts']:,}",
+                _pct(c["goodput"]),
                 f"{c['utilisation'] * 100:.1f}%",
                 _num(c["jain_mean_contended"], ".3f"),
                 _num(c["gpu_hours_lost"]),
-                _num(c["cost_total"]),
+                _num(c["cost_total"]) + " " + _e(c["currency"]),
+                _num(c["cost_per_useful_gpu_hour"], ",.3f") + " " + _e(c["currency"]),
+                _num(c["energy_kwh"], ",.0f"),
                 _num(c.get("jct_mean_vs_baseline"), ".2f") + "x",
             ]
         )
@@ -245,10 +342,18 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
                 "JCT p99",
                 "wait mean",
                 "wait p99",
+                "not running mean",
+                "not running p99",
+                "started within 1 h",
+                "preemptions",
+                "restarts",
+                "goodput",
                 "utilisation",
                 "Jain",
                 "GPU-h lost",
                 "cost",
+                "cost per useful GPU-h",
+                "energy kWh",
                 f"mean JCT vs {base}",
             ],
             rows,
@@ -256,7 +361,10 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
     )
     parts.append(
         f"<p class=note>'vs {_e(base)}' = its mean JCT / this policy's mean JCT (above 1: better). "
-        "Jain = mean fairness index over contended times.</p>"
+        "Jain = mean fairness index over contended times. Wait = submission to first start; not running = "
+        "submission to end minus the time the job held GPUs (queued again after preemptions and failures "
+        "included). Goodput = useful GPU-time / GPU-time reserved for the jobs (GPUs asked x first start "
+        "to end: time holding nothing counts as lost).</p>"
     )
     parts += [f"<img src='{_e(p)}' alt='{_e(p)}'>" for p in plots]
     for name, m in metrics["policies"].items():
@@ -267,6 +375,66 @@ def render_html(metrics: dict[str, Any], performance: dict[str, Any], plots: lis
         "byte-identical for the same inputs and seed.</p></body></html>\n"
     )
     return "\n".join(parts)
+
+
+def _sweep_section(metrics: dict[str, Any]) -> list[str]:
+    """The answer first: the optimum, what reaches the goodput target, then the whole grid with
+    the spread over the seeds (the figures' definitions are under the table)."""
+    sw = metrics["sweep"]
+    best = sw["optimum"]["row"] if sw["optimum"] else None
+    out = ["<h2>Answer</h2>"]
+    if sw["optimum"] is not None:
+        if best is not None:
+            row = sw["rows"][best]
+            point = ", ".join(f"{k}={v}" for k, v in row["point"].items()) or "as specified"
+            out.append(
+                f"<p><b>Optimum: {_e(point)}, policy {_e(row['policy'])}</b>: {_e(sw['optimum']['why'])} "
+                f"(goal: {_e(sw['goal'])}).</p>"
+            )
+        else:
+            out.append(f"<p><b>{_e(sw['optimum']['why'])}</b> (goal: {_e(sw['goal'])}).</p>")
+    reach = metrics.get("reach_goodput")
+    if reach is not None:
+        out.append(f"<p><b>{_e(reach['answer'])}.</b></p>")
+    rows = []
+    for k, row in enumerate(sw["rows"]):
+        g, w = row["goodput"], row["time_not_running_p99_s"]
+        cpu = row["cost_per_useful_gpu_hour"]
+        rows.append(
+            [
+                "&#9733;" if k == best else "",
+                _e(", ".join(f"{key}={v}" for key, v in row["point"].items()) or "as specified"),
+                _e(row["policy"]),
+                f"{row['gpus']:,}",
+                _pct(g["mean"]) + (f" [{_pct(g['min'])} - {_pct(g['max'])}]" if g["mean"] is not None else ""),
+                hours(w["mean"]) + (f" [{hours(w['min'])} - {hours(w['max'])}]" if w["mean"] is not None else ""),
+                hours(row["jct_mean_s"]["mean"]),
+                _num(row["restarts"]["mean"], ",.1f"),
+                _num(row["gpu_hours_lost"]["mean"], ",.1f"),
+                _num(cpu["mean"], ",.3f") + (f" {_e(metrics['inputs']['cluster'].get('currency', ''))}"),
+            ]
+        )
+    out.append(
+        f"<p>{sw['runs']:,} runs: every point x policy x seed ({', '.join(str(s) for s in sw['seeds'])}).</p>"
+        + _table(
+            [
+                "",
+                "point",
+                "policy",
+                "GPUs",
+                "goodput mean [min - max]",
+                "p99 not running mean [min - max]",
+                "JCT mean",
+                "restarts",
+                "GPU-h lost",
+                "cost per useful GPU-h",
+            ],
+            rows,
+        )
+        + "<img src='sweep.png' alt='sweep'>"
+        + "<p class=note>The runs below are the optimum's (or the first point's) with the first seed.</p>"
+    )
+    return out
 
 
 def _stats_row(label: str, s: dict[str, Any]) -> list[str]:

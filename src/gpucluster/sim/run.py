@@ -11,6 +11,7 @@ import os
 import resource
 import threading
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 from gpucluster.sim.engine import Engine, ProgressFn, RunResult
 from gpucluster.sim.errors import SimInputError
-from gpucluster.sim.metrics import comparison, inputs_metrics, run_metrics
+from gpucluster.sim.metrics import comparison, inputs_metrics, run_metrics, winners
 from gpucluster.sim.readers import read_trace
 from gpucluster.sim.scheduling import SimPolicy, load_policy
 from gpucluster.sim.spec import ClusterSpec, load_cluster_spec
@@ -34,6 +35,10 @@ class SimulateOptions:
     fmt: str | None = None
     seed: int = 0
     strict: bool = False
+    sweeps: tuple[str, ...] = ()  # `KEY=V1,V2,...` each (sweep.py): a grid of runs
+    seeds: int = 1  # runs per grid point and policy, seeds seed .. seed + seeds - 1
+    wait_target_s: float | None = None  # the sweep's goal: fewest GPUs meeting it (else max goodput)
+    goodput_target: float = 0.9  # one training job: what checkpoint/restart cost reaches this
 
 
 @dataclass
@@ -74,6 +79,8 @@ def simulate(
     workers: int | None = None,
 ) -> Outcome:
     """Run every policy of `opts` and (with `write`) write the report to `opts.out`."""
+    if opts.sweeps or opts.seeds > 1:
+        return simulate_sweep(opts, on_phase=on_phase, on_progress=on_progress, write=write, workers=workers)
     t0 = time.perf_counter()
     say = on_phase or (lambda _text: None)
     say("reading inputs")
@@ -87,6 +94,7 @@ def simulate(
     metrics = {
         "inputs": inputs_metrics(spec, trace, opts.seed),
         "comparison": comparison(per_policy),
+        "winners": winners(comparison(per_policy)),
         "policies": {m["policy"]: m for m in per_policy},
     }
     performance = performance_figures(results, read_s, time.perf_counter() - t0)
@@ -97,6 +105,128 @@ def simulate(
         say("writing the report")
         outcome.files = write_report(opts.out, metrics, performance, results)
     return outcome
+
+
+def simulate_sweep(
+    opts: SimulateOptions,
+    *,
+    on_phase: PhaseFn | None = None,
+    on_progress: PolicyProgressFn | None = None,
+    write: bool = True,
+    workers: int | None = None,
+) -> Outcome:
+    """Every grid point x policy x seed of `opts` (sweep.py), summarised into one answer."""
+    from gpucluster.sim.sweep import MAX_RUNS, Goal, grid, parse_axis, reach_goodput, summarise
+
+    t0 = time.perf_counter()
+    say = on_phase or (lambda _text: None)
+    say("reading inputs")
+    if not 1 <= opts.seeds <= 1000:
+        raise SimInputError(f"--seeds {opts.seeds}: give between 1 and 1000 runs per point")
+    if not 0 < opts.goodput_target < 1:
+        raise SimInputError(f"--goodput-target {opts.goodput_target}: give a fraction between 0 and 1, e.g. 0.9")
+    axes = [parse_axis(a) for a in opts.sweeps]
+    points = grid(opts.cluster, axes)
+    base, trace, policies = load_inputs(opts)
+    by_name = {p.name: p for p in policies}
+    swept = next((a for a in axes if a.key == "policy"), None)
+    if swept is not None:
+        for arg in swept.texts:
+            pol = load_policy(arg)
+            by_name[arg] = SimPolicy(name=arg, source=pol.source, core=pol.core, accounting=pol.accounting)
+    names = [p.name for p in policies]
+    seeds = [opts.seed + k for k in range(opts.seeds)]
+    cases: list[tuple[tuple[int, str, int], ClusterSpec, list[TraceJob], SimPolicy, int]] = []
+    traces: dict[tuple[object, ...], Trace] = {}
+    for k, point in enumerate(points):
+        for name in [point.policy] if point.policy is not None else names:
+            for seed in seeds:
+                spec = point.spec
+                key = (spec.fill, tuple((g.gpu_model, g.gpus) for g in spec.groups), seed)
+                if key not in traces:
+                    traces[key] = (
+                        trace
+                        if seed == opts.seed and spec.fill == base.fill and spec.groups == base.groups
+                        else read_trace(opts.trace, spec, seed, opts.fmt, opts.strict)
+                    )
+                cases.append(((k, name, seed), spec, traces[key].jobs, by_name[name], seed))
+    if len(cases) > MAX_RUNS:
+        raise SimInputError(f"--sweep/--seeds: {len(cases):,} runs; at most {MAX_RUNS:,} (fewer values or seeds)")
+    read_s = time.perf_counter() - t0
+    say(f"simulating {len(cases):,} runs ({len(points)} points x policies x {len(seeds)} seeds)")
+    workers = workers if workers is not None else min(len(cases), os.cpu_count() or 1)
+    results = run_cases([(spec, jobs, pol, seed) for _, spec, jobs, pol, seed in cases], workers, on_progress)
+    say("computing metrics")
+    runs = {c[0]: run_metrics(res, c[1]) for c, res in zip(cases, results, strict=True)}
+    summary = summarise(points, names, seeds, runs, Goal(opts.wait_target_s))
+    # the detail of the optimum (or the first point), first seed: one run per policy, as without a sweep
+    best = summary["optimum"]["row"] if summary["optimum"] and summary["optimum"]["row"] is not None else 0
+    row = summary["rows"][best]
+    k = next(i for i, p in enumerate(points) if dict(p.settings) == row["point"])
+    point_policy = points[k].policy
+    shown = [runs[(k, name, seeds[0])] for name in ([point_policy] if point_policy is not None else names)]
+    metrics: dict[str, Any] = {
+        "inputs": inputs_metrics(base, trace, opts.seed),
+        "sweep": summary,
+        "comparison": comparison(shown),
+        "policies": {m["policy"]: m for m in shown},
+    }
+    if len(trace.jobs) == 1:
+        best_runs = [runs[(k, row["policy"], s)] for s in seeds]
+        reach = reach_goodput(points[k].spec, trace.jobs[0].gpus, best_runs, opts.goodput_target)
+        if reach is not None:
+            metrics["reach_goodput"] = reach
+    performance = performance_figures(results, read_s, time.perf_counter() - t0)
+    performance["runs"] = len(results)
+    performance["cpu_s_all_runs"] = round(sum(res.cpu_s for res in results), 3)
+    outcome = Outcome(metrics=metrics, performance=performance, results=[])
+    if write and opts.out is not None:
+        from gpucluster.sim.report import write_report
+
+        say("writing the report")
+        outcome.files = write_report(opts.out, metrics, performance, [])
+    return outcome
+
+
+def run_cases(
+    cases: list[tuple[ClusterSpec, list[TraceJob], SimPolicy, int]],
+    workers: int,
+    on_progress: PolicyProgressFn | None,
+) -> list[RunResult]:
+    """One Engine per (spec, jobs, policy, seed); with workers > 1 in forked processes, as
+    run_policies (the same reasons), without its progress array: a sweep's runs are short."""
+    if workers <= 1 or len(cases) <= 1 or "fork" not in mp.get_all_start_methods() or _threaded():
+        out = []
+        for n, (spec, jobs, pol, seed) in enumerate(cases):
+            out.append(Engine(spec, jobs, pol, seed).run())
+            if on_progress is not None:
+                on_progress("runs", n + 1, len(cases), 0.0)
+        return out
+    global _CASES
+    ctx = mp.get_context("fork")
+    _CASES = cases
+    try:
+        with ctx.Pool(processes=min(workers, len(cases))) as pool:
+            pending = [pool.apply_async(_run_case, (k,)) for k in range(len(cases))]
+            while not all(p.ready() for p in pending):
+                time.sleep(0.2)
+                if on_progress is not None:
+                    on_progress("runs", sum(p.ready() for p in pending), len(cases), 0.0)
+            return [p.get() for p in pending]
+    finally:
+        _CASES = None
+
+
+_CASES: list[tuple[ClusterSpec, list[TraceJob], SimPolicy, int]] | None = None
+
+
+def _run_case(k: int) -> RunResult:
+    assert _CASES is not None
+    spec, jobs, pol, seed = _CASES[k]
+    res = Engine(spec, jobs, pol, seed).run()
+    res.decide_times = array("d")  # not sent back: a sweep reports CPU seconds per run
+    res.decide_queues = array("i")
+    return res
 
 
 def run_policies(
@@ -207,9 +337,14 @@ def performance_figures(results: list[RunResult], read_s: float, total_s: float)
     return {
         "read_s": round(read_s, 3),
         "total_s": round(total_s, 3),
-        "peak_rss_mib": round(_peak_rss_kib() / 1024, 1),
+        "peak_rss_mib": peak_rss_mib(),
         "policies": per,
     }
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory so far, this process or a finished worker, in MiB."""
+    return round(_peak_rss_kib() / 1024, 1)
 
 
 def _peak_rss_kib() -> int:

@@ -3,8 +3,9 @@
 A spec is one YAML file (see examples/clusters/ and README.md in this folder):
 
   name, node_groups (count, gpus_per_node, gpu_model, gpu_memory, nvlink_gbps, network_gbps,
-  price_per_gpu_hour, power_idle_w, power_busy_w, labels), speeds (relative speed per GPU model),
-  failures, checkpoints, allreduce, trace_fill, scheduler.
+  price_per_gpu_hour, power_idle_w, power_busy_w, labels, spares), speeds (relative speed per GPU
+  model), failures (rate, repair-time distribution, max_restarts, restart backoff), checkpoints
+  (times, or size and storage bandwidth), allreduce, trace_fill, scheduler.
 
 Everything but node_groups has a documented default, so a three-line spec works. Errors carry
 file:line of the offending key.
@@ -12,13 +13,19 @@ file:line of the offending key.
 
 from __future__ import annotations
 
+import copy
+import itertools
+import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from gpucluster.core.restarts import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
 from gpucluster.core.types import Gpu, Node, Priority
+from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.fields import Fields
-from gpucluster.sim.yamlspec import Located, load
+from gpucluster.sim.yamlspec import Located, Path_, dotted, load
 
 # Llama 3 (16,384 H100, 54 days): 419 unexpected interruptions -> ~4.7e-4 failures per GPU-day.
 LLAMA3_GPU_FAILURES_PER_DAY = 4.7e-4
@@ -26,6 +33,48 @@ MAX_NODES = 1_000_000
 MAX_GPUS_PER_NODE = 64
 
 CheckpointRule = float | Literal["young", "daly"] | None
+
+
+@dataclass(frozen=True)
+class Spares:
+    """A node group's spare pool: nodes bought but not scheduled, that take a failed node's
+    place. Hot spares are powered and join at once; cold ones after `cold_delay_s` (racked,
+    booted, burnt in). A spare is out of the pool until the node it replaced is repaired.
+
+    Why in the spec: without spares every failure idles the nodes a large job needs for the
+    whole repair (Llama 3 in issue 26: 20% effective training time instead of ~90%), and how
+    many to buy is a planning question."""
+
+    hot: int = 0
+    cold: int = 0
+    cold_delay_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class RepairTime:
+    """How long a failed node takes to repair: fixed, or drawn from a distribution (each
+    failure draws from its own stream, seeded by the run's seed, so every policy sees the same)."""
+
+    distribution: Literal["fixed", "exponential", "lognormal", "uniform"] = "fixed"
+    a: float = 4 * 3600.0  # fixed: the time; exponential: the mean; lognormal: the median; uniform: min
+    b: float = 0.0  # lognormal: sigma; uniform: max
+
+    @property
+    def mean_s(self) -> float:
+        if self.distribution == "lognormal":
+            return self.a * math.exp(self.b * self.b / 2.0)
+        if self.distribution == "uniform":
+            return (self.a + self.b) / 2.0
+        return self.a
+
+    def draw(self, rng: random.Random) -> float:
+        if self.distribution == "exponential":
+            return rng.expovariate(1.0 / self.a)
+        if self.distribution == "lognormal":
+            return rng.lognormvariate(math.log(self.a), self.b)
+        if self.distribution == "uniform":
+            return rng.uniform(self.a, self.b)
+        return self.a
 
 
 @dataclass(frozen=True)
@@ -43,6 +92,7 @@ class NodeGroup:
     # Node labels (ib, rack=r1) every node of the group has, as `gpucluster up --label` declares
     # them: what jobs' constraints select (core/selection.py).
     labels: frozenset[str] = frozenset()
+    spares: Spares = Spares()
 
     @property
     def gpus(self) -> int:
@@ -58,8 +108,12 @@ class FailureModel:
     """GPU failures as a Poisson process; a failure takes its whole node down for repair."""
 
     gpu_failures_per_day: float = LLAMA3_GPU_FAILURES_PER_DAY
-    node_repair_s: float = 4 * 3600.0
+    node_repair_s: float = 4 * 3600.0  # the repair time's mean (as `repair` draws it)
     max_restarts: int = 10  # attempts after the first; then the job fails, as on the live head
+    repair: RepairTime = RepairTime()
+    # The head's restart backoff (core/restarts.py) unless the spec plans with another.
+    backoff_first_s: float = RESTART_BACKOFF_S
+    backoff_max_s: float = MAX_RESTART_BACKOFF_S
 
 
 @dataclass(frozen=True)
@@ -69,6 +123,9 @@ class CheckpointModel:
     interval: CheckpointRule = "daly"
     cost_s: float = 60.0  # writing one checkpoint (the job makes no progress meanwhile)
     restart_s: float = 120.0  # a restarted attempt loading its checkpoint before progressing
+    # When the spec gives the checkpoint's size and the storage bandwidth instead of times:
+    # cost = size / write bandwidth, restart = relaunch + size / read bandwidth (None: given as times).
+    state_size_gb: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +159,7 @@ class ClusterSpec:
     replan_every_s: float | None = None  # also plan on a timer (policies whose order ages)
     cycle_s: float | None = None  # plan only at multiples of this (a fixed scheduling cycle)
     source: str = ""
+    currency: str = "USD"  # what price_per_gpu_hour is in: every cost in the report says it
 
     @property
     def total_gpus(self) -> int:
@@ -127,7 +185,18 @@ class ClusterSpec:
         return tuple(out)
 
 
-_TOP = ("name", "node_groups", "speeds", "failures", "checkpoints", "allreduce", "trace_fill", "scheduler")
+_TOP = (
+    "name",
+    "node_groups",
+    "speeds",
+    "failures",
+    "checkpoints",
+    "allreduce",
+    "trace_fill",
+    "scheduler",
+    "currency",
+)
+UNLIMITED_RESTARTS = 1_000_000_000
 _GROUP = (
     "name",
     "count",
@@ -140,12 +209,19 @@ _GROUP = (
     "power_idle_w",
     "power_busy_w",
     "labels",
+    "spares",
 )
 
 
-def load_cluster_spec(path: Path) -> ClusterSpec:
-    """Read and validate a cluster spec; raises SimInputError with file:line on any problem."""
+def load_cluster_spec(path: Path, overrides: tuple[tuple[Path_, Any], ...] = ()) -> ClusterSpec:
+    """Read and validate a cluster spec; raises SimInputError with file:line on any problem.
+
+    `overrides`: values laid over the file's before it is validated (what `--sweep KEY=...`
+    sets), so a swept value is checked by the same rules, with the same words, as one written
+    in the file."""
     doc = load(path)
+    if overrides:
+        doc = _overridden(doc, overrides)
     if not isinstance(doc.data, dict):
         raise doc.error((), "a cluster spec is a mapping with at least node_groups (see examples/clusters/)")
     top = Fields(doc, (), _TOP)
@@ -164,8 +240,44 @@ def load_cluster_spec(path: Path) -> ClusterSpec:
         replan_every_s=replan_every,
         cycle_s=cycle,
         source=str(path),
+        currency=top.text("currency", "USD"),
     )
     return spec
+
+
+def _overridden(doc: Located, overrides: tuple[tuple[Path_, Any], ...]) -> Located:
+    data = copy.deepcopy(doc.data) if isinstance(doc.data, dict) else {}
+    for path, value in overrides:
+        node: Any = data
+        for k, (part, nxt) in enumerate(itertools.pairwise(path)):
+            if isinstance(node, list) and not (isinstance(part, int) and part < len(node)):
+                raise SimInputError(
+                    f"--sweep {dotted(path)}: no such item: {dotted(path[:k]) or 'the spec'} has {len(node)} "
+                    f"item(s) in {doc.source}, numbered from 0"
+                )
+            child = node[part] if isinstance(node, list) and isinstance(part, int) else None
+            if isinstance(node, dict):
+                child = node.get(part)
+                if child is None:
+                    child = node[part] = [] if isinstance(nxt, int) else {}
+            if not isinstance(child, dict | list):
+                raise SimInputError(
+                    f"--sweep {dotted(path)}: {dotted(path[: k + 1])} is not a mapping or list in {doc.source}"
+                )
+            node = child
+        last = path[-1]
+        if isinstance(node, list):
+            if not isinstance(last, int) or last >= len(node):
+                raise SimInputError(
+                    f"--sweep {dotted(path)}: no such item: {dotted(path[:-1])} has {len(node)} item(s) in "
+                    f"{doc.source}, numbered from 0"
+                )
+            node[last] = value
+        elif isinstance(last, int):
+            raise SimInputError(f"--sweep {dotted(path)}: {dotted(path[:-1])} is not a list in {doc.source}")
+        else:
+            node[last] = value
+    return Located(doc.source, data, doc.lines)
 
 
 def _groups(doc: Located, top: Fields) -> tuple[NodeGroup, ...]:
@@ -196,6 +308,7 @@ def _groups(doc: Located, top: Fields) -> tuple[NodeGroup, ...]:
             power_idle_w=idle,
             power_busy_w=busy,
             labels=_labels(f),
+            spares=_spares(doc, ("node_groups", i)),
         )
         total_nodes += g.count
         if total_nodes > MAX_NODES:
@@ -233,24 +346,132 @@ def _speeds(doc: Located, models: set[str]) -> dict[str, float]:
     return speeds
 
 
+def _spares(doc: Located, group: Path_) -> Spares:
+    f = Fields(doc, (*group, "spares"), ("hot", "cold", "cold_delay"))
+    d = Spares()
+    delay = f.duration("cold_delay", d.cold_delay_s)
+    if delay < 0:
+        raise f.fail("cold_delay", "must be at least 0 (how long a cold spare takes to join)")
+    return Spares(
+        hot=f.integer("hot", 0, maximum=MAX_NODES),
+        cold=f.integer("cold", 0, maximum=MAX_NODES),
+        cold_delay_s=delay,
+    )
+
+
 def _failures(doc: Located) -> FailureModel:
-    f = Fields(doc, ("failures",), ("gpu_failures_per_day", "node_repair_time", "max_restarts"))
+    f = Fields(
+        doc,
+        ("failures",),
+        ("gpu_failures_per_day", "node_repair_time", "max_restarts", "restart_backoff"),
+    )
     d = FailureModel()
+    repair = _repair(doc, f)
+    first, most = _backoff(doc)
+    restarts = f.raw("max_restarts")
+    if isinstance(restarts, str) and restarts.strip().lower() in ("unlimited", "none", "never"):
+        max_restarts = UNLIMITED_RESTARTS
+    else:
+        if isinstance(restarts, str):
+            raise f.fail("max_restarts", f"must be a whole number or unlimited; got {restarts!r}")
+        max_restarts = f.integer("max_restarts", d.max_restarts, maximum=1_000_000)
     return FailureModel(
         gpu_failures_per_day=f.number("gpu_failures_per_day", d.gpu_failures_per_day),
-        node_repair_s=f.duration("node_repair_time", d.node_repair_s),
-        max_restarts=f.integer("max_restarts", d.max_restarts, maximum=1_000_000),
+        node_repair_s=repair.mean_s,
+        max_restarts=max_restarts,
+        repair=repair,
+        backoff_first_s=first,
+        backoff_max_s=most,
     )
+
+
+_DISTRIBUTIONS = {
+    "fixed": ("time",),
+    "exponential": ("mean",),
+    "lognormal": ("median", "sigma"),
+    "uniform": ("min", "max"),
+}
+
+
+def _repair(doc: Located, f: Fields) -> RepairTime:
+    """`node_repair_time: 4h`, or a distribution: `{distribution: exponential, mean: 4h}`,
+    `{distribution: lognormal, median: 2h, sigma: 1.0}`, `{distribution: uniform, min: 1h, max: 8h}`."""
+    if not isinstance(f.raw("node_repair_time"), dict):
+        seconds = f.duration("node_repair_time", FailureModel().node_repair_s)
+        if seconds < 0:
+            raise f.fail("node_repair_time", "must be at least 0")
+        return RepairTime("fixed", seconds)
+    path = ("failures", "node_repair_time")
+    kind = str(f.raw("node_repair_time").get("distribution", "fixed")).strip().lower()
+    if kind not in _DISTRIBUTIONS:
+        raise doc.error(
+            (*path, "distribution"), f"unknown distribution {kind!r}; use one of: {', '.join(_DISTRIBUTIONS)}"
+        )
+    keys = _DISTRIBUTIONS[kind]
+    g = Fields(doc, path, ("distribution", *keys))
+    for key in keys:
+        if not g.has(key):
+            raise g.fail(key, f"is required for a {kind} repair time (give {' and '.join(keys)})")
+    if kind == "lognormal":
+        median = g.duration("median", 0)
+        if median <= 0:
+            raise g.fail("median", "must be above 0")
+        return RepairTime("lognormal", median, g.number("sigma", minimum=0.0))
+    if kind == "uniform":
+        low, high = g.duration("min", 0), g.duration("max", 0)
+        if not 0 <= low <= high:
+            raise g.fail("max", f"must be at least min ({low:g} s) and min at least 0; got {high:g} s")
+        return RepairTime("uniform", low, high)
+    value = g.duration(keys[0], 0)
+    if value < 0 or (kind == "exponential" and value == 0):
+        raise g.fail(keys[0], "must be above 0")
+    return RepairTime(kind, value)  # type: ignore[arg-type]
+
+
+def _backoff(doc: Located) -> tuple[float, float]:
+    """`restart_backoff: {first: 1s, max: 300s}`: how long a restart after a failure waits,
+    doubling from `first` per restart up to `max` (default: the head's own rule)."""
+    f = Fields(doc, ("failures", "restart_backoff"), ("first", "max"))
+    first = f.duration("first", RESTART_BACKOFF_S)
+    most = f.duration("max", MAX_RESTART_BACKOFF_S if first <= MAX_RESTART_BACKOFF_S else first)
+    if first < 0:
+        raise f.fail("first", "must be at least 0 (0: restart at once)")
+    if most < first:
+        raise f.fail("max", f"must be at least first ({first:g} s); got {most:g} s")
+    return first, most
+
+
+_STORAGE = ("state_size_gb", "write_gb_per_s", "read_gb_per_s", "relaunch")
 
 
 def _checkpoints(doc: Located) -> CheckpointModel:
-    f = Fields(doc, ("checkpoints",), ("interval", "cost", "restart"))
+    """Checkpoint and restart times, given as times (`cost`, `restart`) or from the checkpoint's
+    size and the storage's bandwidth (`state_size_gb`, `write_gb_per_s`, `read_gb_per_s`,
+    `relaunch`): cost = size / write bandwidth, restart = relaunch + size / read bandwidth."""
+    f = Fields(doc, ("checkpoints",), ("interval", "cost", "restart", *_STORAGE))
     d = CheckpointModel()
-    return CheckpointModel(
-        interval=parse_checkpoint_rule(f, "interval", d.interval),
-        cost_s=f.duration("cost", d.cost_s),
-        restart_s=f.duration("restart", d.restart_s),
-    )
+    interval = parse_checkpoint_rule(f, "interval", d.interval)
+    if not any(f.has(k) for k in _STORAGE):
+        return CheckpointModel(
+            interval=interval, cost_s=f.duration("cost", d.cost_s), restart_s=f.duration("restart", d.restart_s)
+        )
+    for given in ("cost", "restart"):
+        if f.has(given):
+            raise f.fail(
+                given,
+                "give either cost and restart as times, or state_size_gb with write_gb_per_s and "
+                "read_gb_per_s (the times are then worked out), not both",
+            )
+    for key in ("state_size_gb", "write_gb_per_s", "read_gb_per_s"):
+        if not f.has(key):
+            raise f.fail(key, "is required with state_size_gb (checkpoint size in GB, storage bandwidth in GB/s)")
+    size = f.number("state_size_gb", minimum=0.0)
+    write = f.number("write_gb_per_s", minimum=1e-9)
+    read = f.number("read_gb_per_s", minimum=1e-9)
+    relaunch = f.duration("relaunch", 0)
+    if relaunch < 0:
+        raise f.fail("relaunch", "must be at least 0")
+    return CheckpointModel(interval=interval, cost_s=size / write, restart_s=relaunch + size / read, state_size_gb=size)
 
 
 def parse_checkpoint_rule(f: Fields, key: str, default: CheckpointRule) -> CheckpointRule:
