@@ -10,6 +10,13 @@ process, against the baseline tree's `decide` (which paused the collector itself
 on bench_scheduler.py's snapshot (Philly's GPU counts, 50 teams with quotas, ~90% full).
 Prints the first cycle, the median and the slowest of the others (CPU seconds: on a machine
 others load, wall time mostly measures them), and baseline / this.
+
+With CPUs and memory (issue 16: `--cpus`/`--mem` beside GPUs) the last rows run this tree on the
+same snapshot with every node holding 96 CPUs and 1 TiB and every job, running or queued, asking
+4 CPUs and 32 GiB per GPU (a policy's `resources:` default), then 2-12 CPUs and 16-120 GiB per
+GPU drawn per job (16x the distinct requests, so fewer jobs are answered from an equal one's
+wait): placement then checks all three resources on every node it considers. The GPU side of
+the snapshot is the same.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from bench_scheduler import build
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core import scheduler
 nodes, jobs, cycles, pause = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "paused"
-snap, policy = build(nodes, jobs)
+host = sys.argv[6]
+snap, policy = build(nodes, jobs, host=True, varied=host == "varied") if host != "gpus" else build(nodes, jobs)
 snap = replace(snap, capacity=CapacityIndex())
 times = []
 for _ in range(cycles + 1):
@@ -48,9 +56,9 @@ print(json.dumps(got))
 """
 
 
-def run(src: Path, nodes: int, jobs: int, cycles: int, mode: str) -> dict[str, float]:
+def run(src: Path, nodes: int, jobs: int, cycles: int, mode: str, host: str = "gpus") -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT / "bench"), str(nodes), str(jobs), str(cycles), mode],
+        [sys.executable, "-c", CHILD, str(ROOT / "bench"), str(nodes), str(jobs), str(cycles), mode, host],
         env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
@@ -68,18 +76,23 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--only-paused", action="store_true", help="skip the rows with the collector left on")
     args = ap.parse_args()
     rows = [
-        ("baseline (decide pauses gc)", args.baseline / "src", "on"),
-        ("this, gc left on", ROOT / "src", "on"),
-        ("this, gc paused (head's, sim's choice)", ROOT / "src", "paused"),
+        ("baseline, gc paused", args.baseline / "src", "paused", "gpus"),
+        ("this, gc left on", ROOT / "src", "on", "gpus"),
+        ("this, gc paused (head's, sim's choice)", ROOT / "src", "paused", "gpus"),
+        ("this, paused, CPUs+memory per GPU, all jobs", ROOT / "src", "paused", "host"),
+        ("this, paused, varied CPUs+memory, all jobs", ROOT / "src", "paused", "varied"),
     ]
+    if args.only_paused:
+        rows = [r for r in rows if r[2] == "paused"]
     base = None
-    for name, src, mode in rows:
-        got = run(src, args.nodes, args.jobs, args.cycles, mode)
+    for name, src, mode, host in rows:
+        got = run(src, args.nodes, args.jobs, args.cycles, mode, host)
         base = base or got["median_s"]
         print(
-            f"{name:34s} first {got['first_s']:.3f} s  median {got['median_s']:.3f} s  max {got['max_s']:.3f} s"
+            f"{name:44s} first {got['first_s']:.3f} s  median {got['median_s']:.3f} s  max {got['max_s']:.3f} s"
             f"  starts {got['starts']:.0f}  baseline/this {base / got['median_s']:.2f}x",
             flush=True,
         )

@@ -41,13 +41,26 @@ def philly_sizes() -> list[int]:
     return [1] * 93 + [2] * 2 + [4] * 2 + [8] * 3
 
 
-def build(nodes_n: int, jobs_n: int, seed: int = 7) -> tuple[Snapshot, Policy]:
+# With `host`: every node has 96 CPUs and 1 TiB, and every job (running or queued) asks for CPUs
+# and host memory: 4 CPUs and 32 GiB per GPU (what a policy's `resources:` gives every job that
+# does not say), or with `varied` a per-GPU amount drawn from these (Slurm sites' usual range),
+# which makes 16 times as many distinct requests. Placement then checks all three resources.
+HOST_CPUS, HOST_MEM_MB = 96.0, 1024 * 1024
+CPUS_PER_GPU = (2.0, 4.0, 8.0, 12.0)
+MEM_PER_GPU_MB = (16 * 1024, 32 * 1024, 64 * 1024, 120 * 1024)
+
+
+def build(
+    nodes_n: int, jobs_n: int, seed: int = 7, host: bool = False, varied: bool = False
+) -> tuple[Snapshot, Policy]:
     rng = random.Random(seed)
+    host_rng = random.Random(seed + 1)  # its own stream: the GPU side is the same with or without
     nodes = []
     for i in range(nodes_n):
         model, mem = MODELS[i % len(MODELS)]
+        gpus = tuple(Gpu(g, model, mem, f"G-{i}-{g}", domain=f"nvl{g // 4}") for g in range(8))
         nodes.append(
-            Node(f"n{i:06d}", tuple(Gpu(g, model, mem, f"G-{i}-{g}", domain=f"nvl{g // 4}") for g in range(8)))
+            Node(f"n{i:06d}", gpus, cpus=HOST_CPUS, memory_mb=HOST_MEM_MB) if host else Node(f"n{i:06d}", gpus)
         )
     teams = [f"team{t:02d}" for t in range(50)]
     policy = Policy(
@@ -66,10 +79,14 @@ def build(nodes_n: int, jobs_n: int, seed: int = 7) -> tuple[Snapshot, Policy]:
             n = min(rng.choice(sizes), 8 - used)
             if used + n > 7 and used > 0:
                 break
+            piece = NodeSlice(node.name, tuple(range(used, used + n)))
+            if host:
+                cpus, mem = (host_rng.choice(CPUS_PER_GPU), host_rng.choice(MEM_PER_GPU_MB)) if varied else (4.0, 32768)
+                piece = replace(piece, cpus=n * cpus, host_memory_mb=n * mem)
             running.append(
                 RunningJob(
                     jid,
-                    Allocation((NodeSlice(node.name, tuple(range(used, used + n))),)),
+                    Allocation((piece,)),
                     team=rng.choice(teams),
                     priority=Priority(rng.choice([0, 1, 1, 2])),
                     started_at=-rng.uniform(0, 7200),
@@ -82,17 +99,19 @@ def build(nodes_n: int, jobs_n: int, seed: int = 7) -> tuple[Snapshot, Policy]:
     queued = []
     for _ in range(jobs_n):
         model = rng.random() < 0.7
-        queued.append(
-            JobRequest(
-                jid,
-                float(rng.choice(all_sizes)),
-                gpu_types=(MODELS[rng.randrange(4)][0],) if model else (),
-                priority=Priority(rng.choice([0, 1, 1, 1, 2])),
-                submitted_at=-rng.uniform(0, 3600),
-                team=rng.choice(teams),
-                time_limit_s=rng.choice([None, 600.0, 3600.0]),
-            )
+        request = JobRequest(
+            jid,
+            float(rng.choice(all_sizes)),
+            gpu_types=(MODELS[rng.randrange(4)][0],) if model else (),
+            priority=Priority(rng.choice([0, 1, 1, 1, 2])),
+            submitted_at=-rng.uniform(0, 3600),
+            team=rng.choice(teams),
+            time_limit_s=rng.choice([None, 600.0, 3600.0]),
         )
+        if host:
+            cpus, mem = (host_rng.choice(CPUS_PER_GPU), host_rng.choice(MEM_PER_GPU_MB)) if varied else (4.0, 32768)
+            request = replace(request, cpus=request.gpus * cpus, mem_mb=int(request.gpus) * mem)
+        queued.append(request)
         jid += 1
     usage = {t: rng.uniform(0, 1e6) for t in teams}
     return Snapshot(tuple(nodes), tuple(running), tuple(queued), usage), policy

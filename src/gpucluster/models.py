@@ -32,6 +32,7 @@ from gpucluster.sizes import parse_mib
 # clusters: the bound only catches typos, not real jobs.
 MAX_GPUS_PER_JOB = 131_072
 MAX_NODES_PER_JOB = 16_384
+MAX_CPUS_PER_JOB = 1_048_576
 MAX_RESTARTS = 1000
 MAX_SQL_INT = 2**63 - 1  # the largest integer the store can hold (SQLite INTEGER, PostgreSQL BIGINT)
 GPU_RANGE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")
@@ -64,6 +65,17 @@ def parse_memory_mb(value: str | int | float) -> int:
     if math.isnan(mb) or mb <= 0 or mb > 16 * 1024 * 1024:
         raise ValueError(f"memory size {value!r} is out of range")
     return int(mb)
+
+
+def check_cpus(v: float | None) -> float | None:
+    """A CPU count as a job may ask for it: above 0, at most MAX_CPUS_PER_JOB, in hundredths."""
+    if v is None:
+        return None
+    if math.isnan(v) or v < 0.01:
+        raise ValueError(f"cpus must be at least 0.01 (got {v}); leave it out for the policy's default")
+    if v > MAX_CPUS_PER_JOB:
+        raise ValueError(f"cpus must be at most {MAX_CPUS_PER_JOB} (got {v:g})")
+    return round(v, 2)
 
 
 def unstorable(value: object) -> str | None:
@@ -202,6 +214,19 @@ class JobSpec(StorableText):
     )
     exclusive: bool = Field(
         False, description="its nodes run no other job while it runs, and it starts only on idle nodes"
+    )
+    # ---- host resources (issue 16; README "CPUs and host memory") ----
+    cpus: float | None = Field(
+        None,
+        description="CPU cores in all, split over its nodes like its GPUs (sbatch --cpus-per-gpu x gpus); "
+        "left out: the policy's cpus_per_gpu x gpus",
+        json_schema_extra={"minimum": 0.01, "maximum": MAX_CPUS_PER_JOB},
+    )
+    mem: str | int | None = Field(
+        None,
+        description="host memory in all, e.g. 64G or 512MiB (a number means MiB), split like its GPUs; "
+        "left out: the policy's mem_per_gpu x gpus",
+        json_schema_extra=_MEMORY_SCHEMA,
     )
     name: Name | None = None
     team: Name = "default"
@@ -412,10 +437,25 @@ class JobSpec(StorableText):
                 raise ValueError("command arguments cannot contain NUL bytes")
         return v
 
-    @field_validator("gpus", "time_limit", mode="before")
+    @field_validator("gpus", "time_limit", "cpus", mode="before")
     @classmethod
     def _no_bools(cls, v: object) -> object:
         return _not_a_bool(v)
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, v: float | None) -> float | None:
+        return check_cpus(v)
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            try:
+                parse_memory_mb(v)
+            except ValueError as e:
+                raise ValueError(f"{e} (host memory: e.g. 64G, 512M or 16384)") from None
+        return v
 
     @field_validator("gpus")
     @classmethod
@@ -560,6 +600,11 @@ class JobSpec(StorableText):
         return None if self.min_gpu_memory is None else parse_memory_mb(self.min_gpu_memory)
 
     @property
+    def mem_mb(self) -> int | None:
+        """Host memory asked for in all (MiB); None: the policy's default."""
+        return None if self.mem is None else parse_memory_mb(self.mem)
+
+    @property
     def gpu_count(self) -> float:
         """GPUs the job holds: a whole number, or its share of one GPU."""
         return labels.gpu_count(self.gpus, self.gpu_memory)
@@ -584,6 +629,8 @@ class SliceOut(Model):
     gpu_indices: list[int]
     share: float = 1.0
     memory_mb: int | None = None
+    cpus: float = 0.0  # CPU cores it holds on this node (its request's part here)
+    host_memory_mb: int = 0  # host memory it holds on this node, MiB
 
 
 class JobEvent(Model):
@@ -793,6 +840,8 @@ class JobUpdate(StorableText):
     name: Name | None = None
     begin: float | None = Field(None, ge=0, allow_inf_nan=False, description="do not start before this Unix time")
     nodes: int | None = Field(None, ge=1, le=MAX_NODES_PER_JOB, description="spread over exactly this many nodes")
+    cpus: float | None = Field(None, description="CPU cores in all", json_schema_extra={"minimum": 0.01})
+    mem: str | int | None = Field(None, description="host memory in all, e.g. 64G", json_schema_extra=_MEMORY_SCHEMA)
     max_restarts: int | None = Field(None, ge=0, le=MAX_RESTARTS, description="restart after a failure up to N times")
 
     @field_validator("gpus", "time_limit", mode="before")
@@ -828,6 +877,12 @@ class NodeOut(Model):
     gpus: list[GpuOut]
     # What jobs select it by (submit --constraint): flags (ib) and key=value pairs (rack=r1).
     labels: list[str] = Field(default_factory=list)
+    # Host resources jobs ask for with --cpus/--mem, and what running jobs hold of them now;
+    # None: this node does not account them (any request fits).
+    cpus: float | None = None
+    memory_mb: int | None = None
+    cpus_used: float = 0.0
+    memory_used_mb: int = 0
     drained: bool = False  # no new jobs go there; running ones go on
     drain_reason: str | None = None
     drained_by: str | None = None  # user or health
@@ -977,6 +1032,9 @@ class PolicyOut(Model):
     mount_roots: list[str] = Field(default_factory=list)  # where a container job's mounts may come from
     limits: LimitsOut = Field(default_factory=LimitsOut)
     pools: list[PoolOut] = Field(default_factory=list)  # nodes only some teams or classes may use
+    # What a job that gives no --cpus/--mem gets per GPU (`resources:`); 0: nothing reserved.
+    cpus_per_gpu: float = 0.0
+    mem_per_gpu_mb: int = 0
 
 
 # ---- accounting (GET /v1/usage, GET /v1/budgets) ----------------------------------------------

@@ -34,6 +34,7 @@
       high:     {roles: [team-admin], teams: [vision], users: [alice]}
       serving:  {roles: [member]}   # services' replicas (plain jobs never get this class)
       critical: {}              # cluster admins only (they may use every class)
+    resources: {cpus_per_gpu: 4, mem_per_gpu: 32GiB}   # what a job gets that gives no --cpus / --mem
     pools:                      # nodes only some teams or classes may use (a node in no pool: everyone's)
       h100-ib: {labels: [ib], teams: [vision], classes: [high, critical]}   # or nodes: [n1, n2]
       new-racks: {labels: [rack=r9], quotas: {vision: 16, nlp: 8}}   # GPUs each team may hold there
@@ -57,6 +58,7 @@ from gpucluster.core.pools import Pool
 from gpucluster.core.selection import label_error
 from gpucluster.core.types import Priority
 from gpucluster.durations import parse_duration
+from gpucluster.models import parse_memory_mb
 from gpucluster.yamlfile import YamlFileError, line_of, read_yaml, validate
 
 PolicyFileError = YamlFileError
@@ -239,6 +241,25 @@ class ElasticIn(_Strict):
         )
 
 
+class ResourcesIn(_Strict):
+    """resources: {cpus_per_gpu: 4, mem_per_gpu: 32GiB}: a job that gives no --cpus or --mem asks
+    for this much per GPU (core.HostDefaults); 0 (the default): none reserved, none limited."""
+
+    cpus_per_gpu: float = Field(default=0.0, ge=0, le=4096)
+    mem_per_gpu: str | int = 0
+
+    @field_validator("mem_per_gpu")
+    @classmethod
+    def _mem(cls, v: str | int) -> str | int:
+        if v not in (0, "0"):
+            parse_memory_mb(v)
+        return v
+
+    def to_defaults(self) -> core.HostDefaults:
+        mem = 0 if self.mem_per_gpu in (0, "0") else parse_memory_mb(self.mem_per_gpu)
+        return core.HostDefaults(cpus_per_gpu=self.cpus_per_gpu, mem_per_gpu_mb=mem)
+
+
 class HealthIn(_Strict):
     max_temperature: float = 90.0  # degrees Celsius
     node_timeout: Duration = "60s"
@@ -406,6 +427,7 @@ class PolicyIn(_Strict):
     containers: ContainersIn = Field(default_factory=ContainersIn)
     limits: LimitsIn = Field(default_factory=LimitsIn)
     pools: dict[str, PoolIn] = Field(default_factory=dict)
+    resources: ResourcesIn = Field(default_factory=ResourcesIn)
 
     _check_prices = field_validator("prices")(_prices)
 
@@ -526,6 +548,7 @@ class PolicyIn(_Strict):
             },
             limits=self.limits.to_limits(),
             pools=tuple(p.to_pool(name) for name, p in sorted(self.pools.items())),
+            host=self.resources.to_defaults(),
         )
 
     def to_accounting(self) -> Accounting:

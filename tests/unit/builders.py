@@ -43,6 +43,13 @@ class JobBuilder:
         self._time_limit_s: float | None = None
         self._nodes: int | None = None
         self._selection = Selection()
+        self._cpus = 0.0
+        self._mem_mb = 0
+
+    def host(self, cpus: float = 0.0, mem_mb: int = 0) -> JobBuilder:
+        """CPU cores and host memory (MiB) in all, beside its GPUs."""
+        self._cpus, self._mem_mb = cpus, mem_mb
+        return self
 
     def gpus(self, n: float) -> JobBuilder:
         self._gpus = n
@@ -119,6 +126,8 @@ class JobBuilder:
             time_limit_s=self._time_limit_s,
             nodes=self._nodes,
             selection=self._selection if self._selection != Selection() else None,
+            cpus=self._cpus,
+            mem_mb=self._mem_mb,
         )
 
 
@@ -132,6 +141,13 @@ class NodeBuilder:
         self._name = name
         self._gpus: list[Gpu] = []
         self._labels: frozenset[str] = frozenset()
+        self._cpus: float | None = None
+        self._memory_mb: int | None = None
+
+    def host(self, cpus: float | None = None, memory_mb: int | None = None) -> NodeBuilder:
+        """Its CPU cores and host memory (MiB); None: not accounted."""
+        self._cpus, self._memory_mb = cpus, memory_mb
+        return self
 
     def labels(self, *labels: str) -> NodeBuilder:
         self._labels = frozenset(labels)
@@ -147,7 +163,7 @@ class NodeBuilder:
         return self
 
     def build(self) -> Node:
-        return Node(self._name, tuple(self._gpus), self._labels)
+        return Node(self._name, tuple(self._gpus), self._labels, self._cpus, self._memory_mb)
 
 
 def node(name: str) -> NodeBuilder:

@@ -153,6 +153,22 @@ def up(
         str | None,
         typer.Option("--gpu-memory", help="memory of each virtual GPU, e.g. 80GiB [default: from --gpu-type]"),
     ] = None,
+    node_cpus: Annotated[
+        float | None,
+        typer.Option(
+            "--cpus",
+            help="CPU cores jobs here may ask for in all (--cpus of submit) [default: this machine's, "
+            "from its CPU affinity and cgroup quota]",
+        ),
+    ] = None,
+    node_memory: Annotated[
+        str | None,
+        typer.Option(
+            "--memory",
+            help="host memory jobs here may ask for in all, e.g. 256G (--mem of submit) [default: this "
+            "machine's MemTotal or cgroup limit, less a reserve]",
+        ),
+    ] = None,
     grace_period: Annotated[
         str | None,
         typer.Option(
@@ -317,6 +333,7 @@ def up(
         grace = parse_duration(grace_period) if grace_period is not None else None
         backoff = parse_duration(restart_backoff) if restart_backoff is not None else None
         mem = parse_memory_mb(gpu_memory) if gpu_memory else None
+        host_mem = parse_memory_mb(node_memory) if node_memory else None
         sample_every = parse_duration(telemetry_interval)
         lease_s = parse_duration(lease)
     except ValueError as e:
@@ -347,6 +364,8 @@ def up(
         fail(f"--telemetry-interval must be between 0.1s and 1h, not {telemetry_interval}")
     if gpu_type is not None and not gpu_type.strip():
         fail("--gpu-type must not be empty")
+    if node_cpus is not None and not 0.01 <= node_cpus <= 1_048_576:
+        fail(f"--cpus must be between 0.01 and 1048576, not {node_cpus:g}")
     try:
         prices = parse_prices(price or [])
     except ValueError as e:
@@ -358,12 +377,12 @@ def up(
     if ray is not None:
         local = {"--virtual-gpus": virtual_gpus, "--gpu-type": gpu_type, "--gpu-memory": gpu_memory,
                  "--gpus-per-domain": gpus_per_domain, "--node-name": node_name,
-                 "--label": label or None}  # fmt: skip
+                 "--label": label or None, "--cpus": node_cpus, "--memory": node_memory}  # fmt: skip
         given = [k for k, v in local.items() if v is not None]
         if given:
             fail(
                 f"--ray takes its nodes and GPUs from Ray; drop {', '.join(given)} "
-                "(declare GPUs and labels with ray start --resources/--labels)"
+                "(declare GPUs, CPUs, memory and labels with ray start --resources/--num-cpus/--memory/--labels)"
             )
         if not ray.strip():
             fail("--ray needs an address: HOST:PORT of the Ray head, or auto")
@@ -384,6 +403,8 @@ def up(
         restart_backoff_s=backoff,
         gpus_per_domain=gpus_per_domain,
         node_labels=tuple(node_labels),
+        node_cpus=node_cpus,
+        node_memory_mb=host_mem,
         telemetry_interval_s=sample_every,
         ray_address=ray,
         prices=prices,
@@ -434,6 +455,14 @@ def submit(
     ] = None,
     nodes: Annotated[
         int | None, typer.Option(help="spread the GPUs evenly over exactly this many nodes", min=1)
+    ] = None,
+    cpus: Annotated[
+        float | None,
+        typer.Option("--cpus", help="CPU cores in all, split like the GPUs [default: the policy's cpus_per_gpu]"),
+    ] = None,
+    mem: Annotated[
+        str | None,
+        typer.Option("--mem", help="host memory in all, e.g. 64G or 512M [default: the policy's mem_per_gpu]"),
     ] = None,
     nodelist: Annotated[str | None, typer.Option("--nodelist", help="run only on these nodes: NODE[,NODE...]")] = None,
     exclude: Annotated[str | None, typer.Option("--exclude", help="never run on these nodes: NODE[,NODE...]")] = None,
@@ -534,6 +563,8 @@ def submit(
         "gpu_memory": gpu_memory,
         "min_gpu_memory": min_gpu_memory,
         "nodes": nodes,
+        "cpus": cpus,
+        "mem": mem,
         "nodelist": nodelist,
         "exclude": exclude,
         "constraint": constraint,
@@ -1057,6 +1088,15 @@ def nodes(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
             )
     out.print(table)
     for n in listing:
+        cpus, memory = getattr(n, "cpus", None), getattr(n, "memory_mb", None)  # None: not accounted
+        if cpus is not None or memory is not None:
+            parts = []
+            if cpus is not None:
+                parts.append(f"CPUs {getattr(n, 'cpus_used', 0) or 0:g}/{cpus:g} used")
+            if memory is not None:
+                parts.append(f"memory {(getattr(n, 'memory_used_mb', 0) or 0) / 1024:.1f}/{memory / 1024:.1f} GiB used")
+            out.print(f"{n.name} {', '.join(parts)}", markup=False)
+    for n in listing:
         labels = getattr(n, "labels", None)  # a head from before node labels has none
         if labels:
             out.print(f"{n.name} labels: {', '.join(labels)}", markup=False)
@@ -1223,6 +1263,12 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
         out.print(f"priority grants (low, normal: every member): {granted}", markup=False)
     for line in _limit_lines(p.get("limits") or {}):
         out.print(line, markup=False)
+    per_gpu_cpus, per_gpu_mem = getattr(p, "cpus_per_gpu", 0) or 0, getattr(p, "mem_per_gpu_mb", 0) or 0
+    if per_gpu_cpus or per_gpu_mem:  # a head from before resources: says none
+        out.print(
+            f"a job without --cpus/--mem gets per GPU: {per_gpu_cpus:g} CPU(s), {per_gpu_mem / 1024:g} GiB of memory",
+            markup=False,
+        )
     for pool in getattr(p, "pools", None) or ():  # a head from before pools lists none
         which = ", ".join([*pool.nodes, *(f"label {x}" for x in pool.labels)])
         who = f"teams {', '.join(pool.teams)}" if pool.teams is not None else "every team"

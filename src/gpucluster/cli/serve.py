@@ -34,6 +34,8 @@ def serve(
     name: Annotated[str | None, typer.Option("--name", help="the service's name: /serve/NAME/")] = None,
     gpus: Annotated[float | None, typer.Option(help="GPUs per replica, or a share such as 0.25 [default: 1]")] = None,
     gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="GPU model for the replicas")] = None,
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores per replica")] = None,
+    mem: Annotated[str | None, typer.Option("--mem", help="host memory per replica, e.g. 16G")] = None,
     port: Annotated[
         int | None, typer.Option(help="the first port tried for replicas; each gets its own in $PORT")
     ] = None,
@@ -117,6 +119,8 @@ def serve(
         "name": name,
         "gpus": gpus,
         "gpu_type": gpu_type,
+        "cpus": cpus,
+        "mem": mem,
         "port": port,
         "readiness": readiness,
         "target_concurrency": target,

@@ -49,6 +49,8 @@ def run(
     command: Annotated[list[str] | None, typer.Argument(help="the program and its arguments, after --")] = None,
     gpus: GpusOpt = "1",
     gpu_type: GpuTypeOpt = None,
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores [default: the policy's per GPU]")] = None,
+    mem: Annotated[str | None, typer.Option("--mem", help="host memory, e.g. 16G [default: the policy's]")] = None,
     time_limit: TimeLimitOpt = None,
     name: NameOpt = None,
     team: TeamOpt = None,
@@ -66,6 +68,7 @@ def run(
     if not command:
         fail("no command given; put it after --, e.g. gpucluster run --gpus 1 -- bash")
     fields = _session_fields(list(command), gpus, gpu_type, time_limit, name, team, env, export, workdir, {})
+    fields.update({k: v for k, v in (("cpus", cpus), ("mem", mem)) if v is not None})
     with _head(url) as h:
         job_id, state = _submit_and_wait(h, fields)
         raise typer.Exit(_attach_or_report(h, job_id, state))

@@ -42,6 +42,8 @@ def update(
         str | None, typer.Option("--begin", help="do not start before: 22:00, now+2h, 2026-11-26T08:00; none: now")
     ] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="spread over exactly this many nodes")] = None,
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores in all")] = None,
+    mem: Annotated[str | None, typer.Option("--mem", help="host memory in all, e.g. 64G")] = None,
     max_restarts: Annotated[
         int | None, typer.Option("--max-restarts", min=0, help="restart after a failure up to N times")
     ] = None,
@@ -56,6 +58,7 @@ def update(
 
     job_id, index = parse_job_ref(job)
     body = _body(priority, time_limit, gpus, gpu_type, name, begin, nodes, max_restarts)
+    body.update({k: v for k, v in (("cpus", cpus), ("mem", mem)) if v is not None})
     if not body and throttle is None:
         fail("nothing to change; e.g. gpucluster update 41 --priority low --time-limit 2h (see --help)")
     if throttle is not None and index is not None:

@@ -7,12 +7,20 @@ stay free for large jobs), else to the fewest nodes. Inside a node, GPUs that sh
 domain are preferred. Fractional jobs share a GPU already in fractional use before opening a
 new one. Nodes are kept in buckets by their free-GPU count per model, so a placement costs
 O(GPUs per node), not O(nodes): a cycle over 100,000 queued jobs on 10,000 nodes stays fast.
+
+CPU cores and host memory (`JobRequest.cpus`, `mem_mb`) are a filter on the same walk: a node
+the walk would pick is skipped when it has not the job's part of them left (`host_fits`), so a
+job asking for neither takes exactly the path it took before, and one asking for them costs
+more only where the first nodes by GPU count are short of CPUs or memory. A job's part on a
+node is its request times the node's share of its GPUs (`host_part`), written into the node's
+slice so that `take` and `release` count it back exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from gpucluster.core.image_affinity import holder
@@ -78,8 +86,17 @@ class Capacity:
         self.node_labels: dict[str, frozenset[str]] = {}
         self.node_gpus: dict[str, tuple[int, ...]] = {}
         self._allowed: dict[Selection, frozenset[str]] = {}
+        # Host resources of the nodes that account them (`Node.cpus`, `Node.memory_mb`); a node
+        # absent here hosts any request.
+        self.node_cpus: dict[str, float] = {}
+        self.node_hmem: dict[str, int] = {}
+        self._kinds: dict[str, list[tuple[tuple[int, float, float], int]]] = {}  # see `_host_kinds`
         for node in nodes:
             counts: dict[str, int] = {}
+            if node.cpus is not None:
+                self.node_cpus[node.name] = node.cpus
+            if node.memory_mb is not None:
+                self.node_hmem[node.name] = node.memory_mb
             self.node_labels[node.name] = node.labels
             self.node_gpus[node.name] = tuple(g.index for g in node.gpus)
             if len({g.domain for g in node.gpus}) > 1:
@@ -101,7 +118,14 @@ class Capacity:
 
         self.used_share: dict[tuple[str, int], float] = {}
         self.used_mem: dict[tuple[str, int], int] = {}
+        # CPU cores and host memory held per node (only nodes where some job holds them).
+        self.used_cpus: dict[str, float] = {}
+        self.used_hmem: dict[str, int] = {}
+        self._journal: _Journal | None = None  # a journaling fork: undo records for its lender
         for job in running:
+            for s in job.allocation.slices:
+                if (s.cpus or s.host_memory_mb) and s.node in self.node_gpus:
+                    self._host_add(s.node, s.cpus, s.host_memory_mb)
             for s in (self.held(job.allocation, True) if job.exclusive else job.allocation).slices:
                 for i in s.gpu_indices:
                     key = (s.node, i)
@@ -139,7 +163,6 @@ class Capacity:
         # Journaling forks (see `fork`): only an object built here lends its containers.
         self._lender = True
         self._lent: tuple[Capacity, _Journal] | None = None  # the fork of the open trial, its undo log
-        self._journal: _Journal | None = None  # a journaling fork: undo records for its lender
         self._lazy: set[tuple[str, int]] | None = None  # a journaling fork: its lender's `_unsorted`
         self._own_buckets: set[tuple[str, int]] | None = None  # a journaling fork: buckets it copied
         # A journaling fork: per model, the nodes it put into bucket 0 without sorting it first
@@ -212,6 +235,8 @@ class Capacity:
         c = self._sharing_inventory()
         c.used_share = self.used_share
         c.used_mem = self.used_mem
+        c.used_cpus = self.used_cpus
+        c.used_hmem = self.used_hmem
         c.free = self.free
         c._buckets = self._buckets
         c.total_free = dict(self.total_free)
@@ -236,7 +261,7 @@ class Capacity:
                 _undo(journal)
                 # The copy's containers are its lender's again: one kept past its block must
                 # fail loudly (AttributeError), not read the lender's state as its own.
-                del c.free, c._buckets, c.used_share, c.used_mem, c.total_free, c.partial
+                del c.free, c._buckets, c.used_share, c.used_mem, c.total_free, c.partial, c.used_cpus, c.used_hmem
 
     def _copy(self) -> Capacity:
         """A fork that copies everything (a fork of a fork): free lists, used shares, and every
@@ -244,6 +269,8 @@ class Capacity:
         c = self._sharing_inventory()
         c.used_share = dict(self.used_share)
         c.used_mem = dict(self.used_mem)
+        c.used_cpus = dict(self.used_cpus)
+        c.used_hmem = dict(self.used_hmem)
         c.free = {m: {n: list(idxs) for n, idxs in per.items()} for m, per in self.free.items()}
         c._buckets = {m: [dict.fromkeys(sorted(b)) for b in per] for m, per in self._buckets.items()}
         c.total_free = dict(self.total_free)
@@ -274,6 +301,9 @@ class Capacity:
         c.node_labels = self.node_labels
         c.node_gpus = self.node_gpus
         c._allowed = self._allowed
+        c.node_cpus = self.node_cpus
+        c.node_hmem = self.node_hmem
+        c._kinds = self._kinds
         c._model_nodes = self._model_nodes
         c._gpu_pos = None
         c.version = 0
@@ -343,6 +373,8 @@ class Capacity:
             self._settle_all()
         self.used_share = dict(self.used_share)
         self.used_mem = dict(self.used_mem)
+        self.used_cpus = dict(self.used_cpus)
+        self.used_hmem = dict(self.used_hmem)
         self.free = {m: {n: list(idxs) for n, idxs in per.items()} for m, per in self.free.items()}
         self._buckets = {m: [dict(b) for b in per] for m, per in self._buckets.items()}
         self._journal = None
@@ -360,7 +392,52 @@ class Capacity:
 
     def could_ever_fit(self, job: JobRequest, model: str, allowed: Collection[str] | None = None) -> bool:
         """Whether some set of the nodes (of `allowed` only, when given) could host the job on
-        `model` once everything else has ended."""
+        `model` once everything else has ended (GPUs, and CPUs and host memory per node)."""
+        if not self._gpus_could_ever_fit(job, model, allowed):
+            return False
+        return not job.host or self._host_could_ever_fit(job, model, allowed)
+
+    def _host_could_ever_fit(self, job: JobRequest, model: str, allowed: Collection[str] | None) -> bool:
+        """The host side of `could_ever_fit`: a node that could hold the job's GPUs there also
+        has the CPUs and memory of its part once empty (for a job larger than a node: the
+        nodes of the model together have them)."""
+        # Nodes as (GPUs of the model, CPUs, memory) kinds with their counts: a cluster has few
+        # kinds, so this is O(kinds) per shape, not O(nodes) (a cycle asks it for every shape).
+        kinds = self._host_kinds(model) if allowed is None else self._kinds_of(model, allowed)
+        if job.fractional:
+            return any(c + EPS >= job.cpus and m >= job.mem_mb for (_, c, m), _ in kinds)
+        n = int(job.gpus)
+        if job.nodes:
+            per = n // job.nodes
+            cpus, mem = self.host_part(job, per)
+            return sum(k for (g, c, m), k in kinds if g >= per and c + EPS >= cpus and m >= mem) >= job.nodes
+        if n <= self.node_size[model]:
+            cpus, mem = self.host_part(job, n)
+            return any(g >= n and c + EPS >= cpus and m >= mem for (g, c, m), _ in kinds)
+        total_cpus = sum(c * k for (_, c, _), k in kinds)
+        total_mem = sum(m * k for (_, _, m), k in kinds)
+        return total_cpus + EPS >= job.cpus and total_mem >= job.mem_mb
+
+    def _host_kinds(self, model: str) -> list[tuple[tuple[int, float, float], int]]:
+        """`_kinds_of` every node of `model`, kept (the inventory never changes)."""
+        got = self._kinds.get(model)
+        if got is None:
+            got = self._kinds[model] = self._kinds_of(model, None)
+        return got
+
+    def _kinds_of(self, model: str, allowed: Collection[str] | None) -> list[tuple[tuple[int, float, float], int]]:
+        """The nodes of `model` (of `allowed` only, when given) counted by (GPUs of the model,
+        CPUs, host memory MiB); a resource a node does not account counts as unlimited."""
+        inf = float("inf")
+        counts: dict[tuple[int, float, float], int] = {}
+        for nd in self._model_nodes[model]:
+            if allowed is not None and nd not in allowed:
+                continue
+            key = (self.node_model_count[(nd, model)], self.node_cpus.get(nd, inf), float(self.node_hmem.get(nd, inf)))
+            counts[key] = counts.get(key, 0) + 1
+        return list(counts.items())
+
+    def _gpus_could_ever_fit(self, job: JobRequest, model: str, allowed: Collection[str] | None) -> bool:
         if allowed is not None:
             counts = [c for nd in allowed if (c := self.node_model_count.get((nd, model), 0))]
             if not counts:
@@ -416,35 +493,124 @@ class Capacity:
                 extra.append(NodeSlice(node, rest))
         return Allocation(allocation.slices + tuple(extra)) if extra else allocation
 
+    # ---- host resources (CPU cores, host memory) ----------------------------------------------
+
+    @staticmethod
+    def host_part(job: JobRequest, gpus_here: float) -> tuple[float, int]:
+        """The CPUs and host memory (MiB) of `job` on a node where it holds `gpus_here` of its
+        GPUs: its request times that node's share of them (rounded up for memory, so the parts
+        never hold less than asked)."""
+        if job.fractional or job.gpus <= gpus_here:
+            return job.cpus, job.mem_mb
+        ratio = gpus_here / job.gpus
+        return round(job.cpus * ratio, SHARE_DIGITS), -(-job.mem_mb * int(gpus_here) // int(job.gpus))
+
+    def host_fits(self, node: str, cpus: float, mem: int) -> bool:
+        """Whether `node` has `cpus` cores and `mem` MiB of host memory left."""
+        return self._host_room(node, cpus, mem, empty=False)
+
+    def _host_room(self, node: str, cpus: float, mem: int, empty: bool) -> bool:
+        if cpus:
+            have = self.node_cpus.get(node)
+            if have is not None and (0.0 if empty else self.used_cpus.get(node, 0.0)) + cpus > have + EPS:
+                return False
+        if mem:
+            total = self.node_hmem.get(node)
+            if total is not None and (0 if empty else self.used_hmem.get(node, 0)) + mem > total:
+                return False
+        return True
+
+    def free_host(self, node: str) -> tuple[float | None, int | None]:
+        """CPUs and host memory (MiB) left on `node`; None where it does not account them."""
+        cpus = self.node_cpus.get(node)
+        mem = self.node_hmem.get(node)
+        return (
+            None if cpus is None else round(cpus - self.used_cpus.get(node, 0.0), 6),
+            None if mem is None else mem - self.used_hmem.get(node, 0),
+        )
+
+    def _host_add(self, node: str, cpus: float, mem: int) -> None:
+        """Count `cpus` and `mem` (negative: give back) as held on `node`; a journaling fork
+        notes what its lender's dicts held first."""
+        journal = self._journal
+        if cpus:
+            used = self.used_cpus
+            if journal is not None:
+                journal.append((used, node, used.get(node, _MISSING)))
+            now = round(used.get(node, 0.0) + cpus, SHARE_DIGITS)
+            if now <= EPS:
+                used.pop(node, None)
+            else:
+                used[node] = now
+        if mem:
+            hmem = self.used_hmem
+            if journal is not None:
+                journal.append((hmem, node, hmem.get(node, _MISSING)))
+            left = hmem.get(node, 0) + mem
+            if left <= 0:
+                hmem.pop(node, None)
+            else:
+                hmem[node] = left
+
+    def _with_host(self, job: JobRequest, allocation: Allocation) -> Allocation:
+        """`allocation` with each slice carrying the job's part of its CPUs and memory."""
+        if not job.host:
+            return allocation
+        out = []
+        for s in allocation.slices:
+            c, m = self.host_part(job, len(s.gpu_indices))
+            out.append(NodeSlice(s.node, s.gpu_indices, s.share, s.memory_mb, c, m))
+        return Allocation(tuple(out))
+
     # ---- placement --------------------------------------------------------------------------
 
     def place(
-        self, job: JobRequest, model: str, exclude: frozenset[str] = frozenset(), holders: Collection[str] = ()
+        self,
+        job: JobRequest,
+        model: str,
+        exclude: frozenset[str] = frozenset(),
+        holders: Collection[str] = (),
+        gpus_only: bool = False,
     ) -> Allocation | None:
         """Where the job goes on `model` now, or None. `holders`: nodes that have its container
         image, preferred between equally good nodes only (core/image_affinity.py): on one node
-        (whole GPUs, or a fraction), never for a job over several nodes."""
+        (whole GPUs, or a fraction), never for a job over several nodes. `gpus_only`: as if it
+        asked for no CPUs or memory (why a job that asks for them waits)."""
+        if job.host and not gpus_only:
+            got = self._place(job, model, exclude, holders, True)
+            return None if got is None else self._with_host(job, got)
+        return self._place(job, model, exclude, holders, False)
+
+    def _place(
+        self, job: JobRequest, model: str, exclude: frozenset[str], holders: Collection[str], host: bool
+    ) -> Allocation | None:
         if job.fractional:
-            return self._place_fraction(job, model, exclude, holders)
+            return self._place_fraction(job, model, exclude, holders, host)
         n = int(job.gpus)
         if n > self.total_free[model]:
             return None
         if job.nodes:
-            return self._place_spread(model, n // job.nodes, job.nodes, exclude)
+            per = n // job.nodes
+            return self._place_spread(model, per, job.nodes, exclude, self.host_part(job, per) if host else None)
         if n <= self.node_size[model]:
-            node = self._best_fit_node(model, n, exclude, holders)
+            node = self._best_fit_node(model, n, exclude, holders, self.host_part(job, n) if host else None)
             return None if node is None else Allocation((self._slice(model, node, n),))
-        return self._place_fewest_nodes(model, n, exclude)
+        return self._place_fewest_nodes(model, n, exclude, job if host else None)
 
-    def fits(self, job: JobRequest, model: str) -> bool:
+    def fits(self, job: JobRequest, model: str, gpus_only: bool = False) -> bool:
         """`place(job, model) is not None`, without building the allocation: for whole GPUs
         it only counts nodes in the free-count buckets (asked ~15,000 times a cycle at scale,
-        each time some GPUs were taken since the last answer)."""
+        each time some GPUs were taken since the last answer). `gpus_only`: as `place`'s."""
+        host = job.host and not gpus_only
         if job.fractional:
-            return self._place_fraction(job, model, frozenset()) is not None
+            return self._place_fraction(job, model, frozenset(), (), host) is not None
         n = int(job.gpus)
         if n > self.total_free[model]:
             return False
+        if host:  # a walk that skips nodes short of CPUs or memory: no count says it
+            if not job.nodes and n <= self.node_size[model]:
+                return self._best_fit_node(model, n, frozenset(), host=self.host_part(job, n)) is not None
+            return self._place(job, model, frozenset(), (), True) is not None
         buckets = self._buckets[model]  # counts only: no order needed
         if job.nodes:
             per = n // job.nodes
@@ -453,19 +619,35 @@ class Capacity:
             return any(buckets[k] for k in range(n, len(buckets)))
         return True  # the fewest nodes: any `n` free GPUs will do, and `n` are free
 
-    def _best_fit_node(self, model: str, n: int, exclude: frozenset[str], holders: Collection[str] = ()) -> str | None:
+    def _best_fit_node(
+        self,
+        model: str,
+        n: int,
+        exclude: frozenset[str],
+        holders: Collection[str] = (),
+        host: tuple[float, int] | None = None,
+    ) -> str | None:
+        """The node with the fewest free GPUs of `model`, at least `n`, not in `exclude` and
+        (`host`: CPUs, MiB) with that much host room left; between equally good ones, one of
+        `holders` (nodes with the job's image)."""
         buckets = self._buckets[model]
         lazy = self._lazy
         for k in range(n, len(buckets)):
             if lazy and (model, k) in lazy:
                 self._settle(model, k)
             for node in buckets[k]:
-                if node not in exclude:
+                if node not in exclude and (host is None or self._host_room(node, host[0], host[1], False)):
                     # The best-fit level is found; between its nodes, one with the job's image.
-                    return (holder(buckets[k], holders, exclude) or node) if holders else node
+                    if not holders:
+                        return node
+                    got = holder(buckets[k], holders, exclude)
+                    ok = got is not None and (host is None or self._host_room(got, host[0], host[1], False))
+                    return got if ok and got is not None else node
         return None
 
-    def _place_spread(self, model: str, per: int, count: int, exclude: frozenset[str]) -> Allocation | None:
+    def _place_spread(
+        self, model: str, per: int, count: int, exclude: frozenset[str], host: tuple[float, int] | None = None
+    ) -> Allocation | None:
         chosen: list[str] = []
         buckets = self._buckets[model]
         lazy = self._lazy
@@ -473,14 +655,17 @@ class Capacity:
             if lazy and (model, k) in lazy:
                 self._settle(model, k)
             for node in buckets[k]:
-                if node not in exclude:
+                if node not in exclude and (host is None or self._host_room(node, host[0], host[1], False)):
                     chosen.append(node)
                     if len(chosen) == count:
                         return Allocation(tuple(self._slice(model, nd, per) for nd in chosen))
         return None
 
-    def _place_fewest_nodes(self, model: str, n: int, exclude: frozenset[str]) -> Allocation | None:
-        """Whole nodes first (largest free first), then the best fit for the remainder."""
+    def _place_fewest_nodes(
+        self, model: str, n: int, exclude: frozenset[str], job: JobRequest | None = None
+    ) -> Allocation | None:
+        """Whole nodes first (largest free first), then the best fit for the remainder. `job`:
+        one asking for host resources, whose part each node must have left."""
         plan: list[tuple[str, int]] = []
         need = n
         buckets = self._buckets[model]
@@ -491,9 +676,12 @@ class Capacity:
             for node in buckets[k]:
                 if node in exclude:
                     continue
+                if job is not None and not self.host_fits(node, *self.host_part(job, min(k, need))):
+                    continue
                 if need <= k:
                     # the smallest node that covers the rest, so the remainder packs tightly
-                    last = self._best_fit_node(model, need, exclude | {nd for nd, _ in plan})
+                    host = self.host_part(job, need) if job is not None else None
+                    last = self._best_fit_node(model, need, exclude | {nd for nd, _ in plan}, host=host)
                     plan.append((last if last is not None else node, need))
                     return Allocation(tuple(self._slice(model, nd, c) for nd, c in plan))
                 plan.append((node, k))
@@ -533,15 +721,22 @@ class Capacity:
         return job.gpus, int(job.gpus * mem)
 
     def _place_fraction(
-        self, job: JobRequest, model: str, exclude: frozenset[str], holders: Collection[str] = ()
+        self,
+        job: JobRequest,
+        model: str,
+        exclude: frozenset[str],
+        holders: Collection[str] = (),
+        with_host: bool = True,
     ) -> Allocation | None:
         share, mem = self.fraction(job, model)
+        host = (job.cpus, job.mem_mb) if with_host and job.host else None
         # Best fit: the partly used GPU the share leaves least of, the first such in order; of
         # equally full ones, the first on a node with the job's image (core/image_affinity.py).
         # One comprehension over every partly used GPU, then min (which keeps the first of
         # equal ones, as a loop taking only a strictly better one did): with thousands of
         # shared GPUs this scan is most of a sharing workload's replay (issue 26), and a
         # comprehension runs it at a fraction of a loop's cost (bench/bench_sim_sharing.py).
+        # A share that asks for CPUs or memory skips GPUs on nodes without them left.
         used_share, used_mem, gpus = self.used_share, self.used_mem, self.gpus
         fits = [
             (left, key)
@@ -549,6 +744,7 @@ class Capacity:
             if (left := 1.0 - used_share[key] - share) >= -EPS
             and gpus[key].memory_mb - used_mem[key] - mem >= 0
             and key[0] not in exclude
+            and (host is None or self._host_room(key[0], host[0], host[1], False))
         ]
         best = min(fits, key=_first) if fits else None
         if best is not None and holders and best[1][0] not in holders:
@@ -556,7 +752,7 @@ class Capacity:
         if best is not None:
             shared_node, idx = best[1]
             return Allocation((NodeSlice(shared_node, (idx,), share, mem),))
-        fresh = self._best_fit_node(model, 1, exclude, holders)
+        fresh = self._best_fit_node(model, 1, exclude, holders, host)
         if fresh is None or self.gpus[(fresh, self.free[model][fresh][0])].memory_mb < mem:
             return None
         return Allocation((NodeSlice(fresh, (self.free[model][fresh][0],), share, mem),))
@@ -568,6 +764,8 @@ class Capacity:
             self._reclaim()
         used_share, used_mem, journal = self.used_share, self.used_mem, self._journal
         for s in allocation.slices:
+            if s.cpus or s.host_memory_mb:
+                self._host_add(s.node, s.cpus, s.host_memory_mb)
             for i in s.gpu_indices:
                 key = (s.node, i)
                 g = self.gpus[key]
@@ -587,7 +785,7 @@ class Capacity:
     def occupy(self, allocation: Allocation) -> None:
         """`take` for a job already running: GPUs that left the inventory are skipped."""
         known = tuple(
-            NodeSlice(s.node, kept, s.share, s.memory_mb)
+            s if len(kept) == len(s.gpu_indices) else replace(s, gpu_indices=kept)
             for s in allocation.slices
             if (kept := tuple(i for i in s.gpu_indices if (s.node, i) in self.gpus))
         )
@@ -599,6 +797,8 @@ class Capacity:
             self._reclaim()
         journal = self._journal
         for s in allocation.slices:
+            if (s.cpus or s.host_memory_mb) and s.node in self.node_gpus:
+                self._host_add(s.node, -s.cpus, -s.host_memory_mb)
             for i in s.gpu_indices:
                 key = (s.node, i)
                 if key not in self.gpus:

@@ -97,6 +97,25 @@ class ElasticPolicy:
 
 
 @dataclass(frozen=True)
+class HostDefaults:
+    """What a job that does not say gets of CPU cores and host memory (`resources:` in the
+    policy file): so much per GPU it asks for, as Slurm's DefCpuPerGPU and DefMemPerGPU. Zero
+    (the default): nothing is reserved for it, and nothing limits it (no cgroup cap). Applied
+    at submit and written into the job's spec, so a later policy change moves no queued job."""
+
+    cpus_per_gpu: float = 0.0
+    mem_per_gpu_mb: int = 0
+
+    def resolve(self, gpus: float, cpus: float | None, mem_mb: int | None) -> tuple[float | None, int | None]:
+        """The job's (cpus, MiB) once the defaults fill what it left out (None: still nothing)."""
+        if cpus is None and self.cpus_per_gpu > 0:
+            cpus = max(0.01, round(self.cpus_per_gpu * gpus, 2))
+        if mem_mb is None and self.mem_per_gpu_mb > 0:
+            mem_mb = max(1, int(self.mem_per_gpu_mb * gpus))
+        return cpus, mem_mb
+
+
+@dataclass(frozen=True)
 class HealthPolicy:
     """When telemetry marks a GPU or a node unhealthy, which drains its node (issue 7)."""
 
@@ -244,6 +263,8 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     # Node pools: nodes only some teams or classes may use (core/pools.py).
     pools: tuple[Pool, ...] = ()
+    # CPUs and host memory per GPU for a job that does not say (applied at submit).
+    host: HostDefaults = field(default_factory=HostDefaults)
 
     # Teams not listed, made on first use: `team()` is called per queued job per cycle, and a
     # new Team each time cost ~1 us x millions of calls at scale.

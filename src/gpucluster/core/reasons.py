@@ -24,3 +24,7 @@ class WaitReason(StrEnum):
     USER_GPU_HOURS = "user_gpu_hours"  # its user's running jobs hold the GPU-hours in flight allowed
     CLASS_GPUS = "class_gpus"  # its user's jobs of its class run as many GPUs as limits.per_class allows
     CLASS_GPU_HOURS = "class_gpu_hours"  # likewise for GPU-hours in flight of its class
+    # Host resources (`--cpus`, `--mem`): enough GPUs are free on some node, but no such node has
+    # the CPU cores (or the host memory) the job asks for left.
+    CPUS = "cpus"
+    MEMORY = "memory"

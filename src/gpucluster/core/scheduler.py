@@ -31,7 +31,7 @@ from gpucluster.core.limits import within_limits
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.pools import with_pools
-from gpucluster.core.preempt import CostKey, Guarantees, choose_victims
+from gpucluster.core.preempt import CostKey, Guarantees, VictimChoice, choose_victims
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import WaitReason
@@ -43,6 +43,9 @@ from gpucluster.core.types import Allocation, JobRequest, Plan, Preemption, Prio
 DEFAULT_POLICY = Policy()
 # The wait of a job whose GPUs are busy when no message is asked for (`reasons=False`).
 _BUSY = Wait(WaitReason.RESOURCES, "")
+# Likewise for a job whose GPUs are free but not its CPUs or host memory; the waits of such jobs.
+_HOST_BUSY = Wait(WaitReason.CPUS, "")
+_HOST_REASONS = (WaitReason.CPUS, WaitReason.MEMORY)
 
 
 def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *, reasons: bool = True) -> Plan:
@@ -98,7 +101,20 @@ def gc_paused() -> Iterator[None]:
 
 def _shape(job: JobRequest) -> tuple[object, ...]:
     """The fields that decide which GPU models could ever host a job."""
-    return (job.gpus, job.gpu_types, job.gpu_memory_mb, job.min_gpu_memory_mb, job.nodes, job.selection)
+    return (
+        job.gpus,
+        job.gpu_types,
+        job.gpu_memory_mb,
+        job.min_gpu_memory_mb,
+        job.nodes,
+        job.selection,
+        job.cpus,
+        job.mem_mb,
+    )
+
+
+def _mib(mb: int) -> str:
+    return f"{mb / 1024:g} GiB" if mb >= 1024 else f"{mb} MiB"
 
 
 def _fmt_time(t: float) -> str:
@@ -231,6 +247,7 @@ class _Cycle:
         self._no_fit: set[tuple[object, ...]] = set()
         self._fit_at: dict[tuple[object, ...], int] = {}  # (model, shape) -> cap.version it fitted at
         self._guaranteed_memo: dict[tuple[object, ...], bool] = {}
+        self._bare_free: dict[tuple[object, ...], tuple[int, str | None]] = {}  # see `_gpus_free_for`
         self._behind: dict[str, Wait] = {}  # model -> the wait of jobs behind its reservation
         self._least: tuple[float, float] | None = None  # see `_least_asked`
         self._lowest_class: int | None = None  # see `_may_have_victims`
@@ -321,8 +338,11 @@ class _Cycle:
             started = self._consider(job)
             after.done(job, started)
             if not started and len(starts) + len(reservations) + len(preemptions) == state:
-                same[request] = waiting[job.job_id]
-                if keep:
+                wait = same[request] = waiting[job.job_id]
+                if keep and wait.reason not in _HOST_REASONS:
+                    # Not a job that waits for CPUs or memory beside free GPUs: it took no
+                    # reservation only because its GPUs were free, and once starts take them it
+                    # would (the argument above needs "no reservation: none possible").
                     kept.add(job.need)
         if settle:
             return Plan(starts=tuple(starts), preemptions=tuple(preemptions), waiting=waiting)
@@ -498,7 +518,7 @@ class _Cycle:
             # Fast path, same outcome as below: nothing could be placed, whatever quota and
             # reservations say, so go straight to preempting, reserving or waiting.
             if not self._try_preempt(job, fits_ever):
-                self._reserve_or_wait(job, fits_ever, None)
+                self._reserve_or_wait(job, fits_ever, None, gpus_busy=True)
             return False
         started, refusal, blocked_by = self._place_now(job, fits_ever)
         if started:
@@ -521,7 +541,7 @@ class _Cycle:
         refusal: str | None = None
         blocked_by: Reservation | None = None
         quotas = self.quotas
-        shape = (job.gpus, job.nodes, job.gpu_memory_mb, job.selection)
+        shape = (job.gpus, job.nodes, job.gpu_memory_mb, job.selection, job.cpus, job.mem_mb)
         full, pool_why = self._pool_full(job) if self._quota_pools else (frozenset(), None)
         for model in models:
             if not quotas.unlimited:
@@ -722,6 +742,10 @@ class _Cycle:
                 )
             if choice is None:
                 continue
+            if job.host and not self._host_fits_after(job, model, choice, [*choice.victims, *stopping]):
+                # The victims free GPUs but not the CPUs or memory it needs beside them there:
+                # stopping them would gain nothing, so it waits (and says for what).
+                continue
             if not choice.victims:
                 if not candidates:
                     continue  # nothing it may preempt; what is stopping is not being freed for it
@@ -760,6 +784,27 @@ class _Cycle:
         if self._any_elastic is None:
             self._any_elastic = any(j.min_gpus is not None for j in self.s.running)
         return self._any_elastic
+
+    def _host_fits_after(self, job: JobRequest, model: str, choice: VictimChoice, gone: list[RunningJob]) -> bool:
+        """Whether `job` could be placed on `model` once the jobs `gone` have released
+        everything (GPUs, CPUs, memory). When the choice names the one node it lands on, that
+        node's CPUs and memory left plus what `gone` holds there; else a full copy of the
+        capacity (O(GPUs): a gang or a job over several nodes, once per model per cycle)."""
+        if choice.node is not None:
+            cpus_left, mem_left = self.cap.free_host(choice.node)
+            freed_cpus = freed_mem = 0.0
+            for v in gone:
+                for s in v.allocation.slices:
+                    if s.node == choice.node:
+                        freed_cpus += s.cpus
+                        freed_mem += s.host_memory_mb
+            return (cpus_left is None or cpus_left + freed_cpus + 1e-9 >= job.cpus) and (
+                mem_left is None or mem_left + freed_mem >= job.mem_mb
+            )
+        trial = self.cap.fork()
+        for v in gone:
+            trial.release(v.allocation)
+        return trial.place(job, model) is not None
 
     def _guarantees(self, job: JobRequest, model: str, within: bool) -> Guarantees | None:
         """What other teams' guaranteed quotas of `model` protect from `job` (see `Guarantees`):
@@ -905,7 +950,11 @@ class _Cycle:
 
     # ---- waiting ----------------------------------------------------------------------------
 
-    def _reserve_or_wait(self, job: JobRequest, models: list[str], blocked_by: Reservation | None) -> None:
+    def _reserve_or_wait(
+        self, job: JobRequest, models: list[str], blocked_by: Reservation | None, gpus_busy: bool = False
+    ) -> None:
+        """Reserve GPUs for the job or give it its wait. `gpus_busy`: no model has as many free
+        GPUs as it asks (then it cannot be waiting for CPUs or memory beside free ones)."""
         if blocked_by is not None:
             wait = self._behind.get(blocked_by.model)
             if wait is None:
@@ -923,6 +972,13 @@ class _Cycle:
             full = self._pool_full(job)[0]
             if full:
                 allowed = (allowed if allowed is not None else frozenset(self.cap.node_labels)) - full
+        if job.host and not gpus_busy:
+            free_on = self._gpus_free_for(job, models)
+            if free_on is not None:
+                # Its GPUs are free but not the CPUs or memory beside them: a reservation counts
+                # GPUs alone, so it would hold free GPUs for nothing; it waits, naming for what.
+                self.waiting[job.job_id] = self._host_wait(job, free_on) if self.reasons else _HOST_BUSY
+                return
         if not job.fractional and len(self.reservations) < len(self.cap.model_memory):
             for model in models:
                 if model in self.reservations:
@@ -962,6 +1018,58 @@ class _Cycle:
             )
         self.waiting[job.job_id] = wait
 
+    def _gpus_free_for(self, job: JobRequest, models: list[str]) -> str | None:
+        """The first of `models` on which the job's GPUs alone could be placed now (its CPUs
+        and memory not asked), or None. Whole-GPU answers are kept per GPU shape while no GPU
+        is taken (`Capacity.version`): most jobs waiting for CPUs share a few GPU shapes."""
+        key = (job.gpus, job.gpu_types, job.gpu_memory_mb, job.min_gpu_memory_mb, job.nodes, job.selection, *models)
+        version = self.cap.version
+        if not job.fractional:
+            hit = self._bare_free.get(key)
+            if hit is not None and hit[0] == version:
+                return hit[1]
+        found = None
+        for model in models:
+            if job.selection is None:
+                free = self.cap.fits(job, model, gpus_only=True)  # whole GPUs: bucket counts only
+            else:
+                free = self.cap.place(job, model, self._off(job, model), gpus_only=True) is not None
+            if free:
+                found = model
+                break
+        if not job.fractional:
+            self._bare_free[key] = (version, found)
+        return found
+
+    def _host_wait(self, job: JobRequest, model: str) -> Wait:
+        """The wait of a job whose GPUs are free on `model` but not its CPUs or host memory
+        beside them: "waiting for CPUs: needs 4 CPU(s) beside 1 free H100 GPU(s) on a node; the
+        nodes with those GPUs free have at most 2 CPU(s) left"."""
+        cap = self.cap
+        per = 1 if job.fractional else int(job.gpus) // (job.nodes or 1)
+        if not job.fractional and not job.nodes and int(job.gpus) > cap.node_size[model]:
+            per = 1
+        cpus, mem = cap.host_part(job, per if not job.fractional else job.gpus)
+        off = self._off(job, model) if job.selection is not None else frozenset()
+        nodes = [nd for nd in cap.nodes_with_free(model, 1 if job.fractional else per) if nd not in off]
+        if job.fractional:
+            nodes += [key[0] for key in cap.partial[model] if key[0] not in off]
+        left = [cap.free_host(nd) for nd in nodes]
+        short_cpus = cpus > 0 and all(c is not None and c + 1e-9 < cpus for c, _ in left)
+        if short_cpus or not mem:
+            most = max((c for c, _ in left if c is not None), default=0.0)
+            return Wait(
+                WaitReason.CPUS,
+                f"waiting for CPUs: needs {cpus:g} CPU(s) beside {per:g} free {model} GPU(s) on a node; "
+                f"the nodes with those GPUs free have at most {most:g} CPU(s) left",
+            )
+        most_mem = max((m for _, m in left if m is not None), default=0)
+        return Wait(
+            WaitReason.MEMORY,
+            f"waiting for memory: needs {_mib(mem)} of host memory beside {per:g} free {model} GPU(s) "
+            f"on a node; the nodes with those GPUs free have at most {_mib(most_mem)} left",
+        )
+
     def _selection_wait(self, job: JobRequest, sel: Selection, model: str) -> Wait:
         """The wait of a job with a node selection whose GPUs are busy, naming the selection:
         "no free node matches --constraint ib: 2 node(s) match, 2 of them busy ..."."""
@@ -989,6 +1097,10 @@ class _Cycle:
         return wait
 
     def _no_fit_message(self, job: JobRequest) -> str:
+        if job.host:
+            bare = replace(job, cpus=0.0, mem_mb=0)
+            if self._models(bare):
+                return self._host_no_fit_message(job)
         sel = job.selection
         if sel is not None and sel.filters:
             allowed = self.cap.allowed(sel)
@@ -1004,6 +1116,21 @@ class _Cycle:
             f"{m}: {n} per node, {self.cap.total[m]} in all" for m, n in sorted(self.cap.node_size.items())
         )
         return f"no set of nodes can host {job.gpus:g} GPUs of {kinds} as asked ({sizes or 'no GPUs'})"
+
+    def _host_no_fit_message(self, job: JobRequest) -> str:
+        """No node could ever hold the job's CPUs or memory beside its GPUs."""
+        cap = self.cap
+        most_cpus = max(cap.node_cpus.values(), default=0.0)
+        most_mem = max(cap.node_hmem.values(), default=0)
+        asked = []
+        if job.cpus:
+            asked.append(f"{job.cpus:g} CPU(s)")
+        if job.mem_mb:
+            asked.append(f"{_mib(job.mem_mb)} of memory")
+        return (
+            f"no node can host {' and '.join(asked)} beside {job.gpus:g} GPU(s) as asked "
+            f"(the largest node has {most_cpus:g} CPU(s) and {_mib(most_mem)} of memory)"
+        )
 
     def _wait(self, job: JobRequest, reason: WaitReason, message: str, estimated: float | None = None) -> None:
         self.waiting[job.job_id] = Wait(reason, message, estimated)

@@ -59,6 +59,11 @@ class Node:
     gpus: tuple[Gpu, ...]
     # What jobs may select it by (`--constraint`): flags (`ib`) and `key=value` pairs (`rack=r1`).
     labels: frozenset[str] = frozenset()
+    # Host resources jobs may ask for beside GPUs (`--cpus`, `--mem`): CPU cores and host memory
+    # in MiB. None: not accounted on this node (any request fits), so nodes recorded before
+    # these were known, and trace nodes without them, place exactly as before.
+    cpus: float | None = None
+    memory_mb: int | None = None
 
     def gpu_models(self) -> frozenset[str]:
         return frozenset(g.model for g in self.gpus)
@@ -81,6 +86,9 @@ class NodeSlice:
     gpu_indices: tuple[int, ...]
     share: float = 1.0
     memory_mb: int | None = None  # GPU memory granted per GPU, for a fractional share
+    # Host resources the job holds on this node (its request split over its nodes); 0: none.
+    cpus: float = 0.0
+    host_memory_mb: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,15 @@ class JobRequest:
     # Its container image: where it already is breaks ties between equally good nodes
     # (core/image_affinity.py). Not in `demand`: it changes which node, never whether it starts.
     image: str | None = None
+    # CPU cores and host memory (MiB) in all, split over its nodes like its GPUs; 0: none
+    # asked (the policy's per-GPU defaults are applied before the core sees the request).
+    cpus: float = 0.0
+    mem_mb: int = 0
+
+    @cached_property
+    def host(self) -> bool:
+        """Whether it asks for CPUs or host memory: placement then checks them per node."""
+        return self.cpus > 0 or self.mem_mb > 0
 
     @property
     def fractional(self) -> bool:
@@ -185,6 +202,8 @@ class JobRequest:
             self.nodes,
             self.min_gpus,
             self.selection,
+            self.cpus,
+            self.mem_mb,
         )
 
 

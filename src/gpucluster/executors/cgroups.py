@@ -39,8 +39,12 @@ from collections.abc import Iterable, Mapping
 V2 = "v2"
 """The key of the cgroup v2 directory in a job's paths (the other keys are v1 controller names)."""
 
-V1_CONTROLLERS = ("freezer", "cpuacct", "memory", "devices", "pids")
+V1_CONTROLLERS = ("freezer", "cpuacct", "memory", "devices", "pids", "cpu")
 """The v1 hierarchies this module may use, each mounted at <root>/<name> by convention."""
+
+CPU_PERIOD_US = 100_000
+"""The period a job's CPU quota is given over (v2 cpu.max, v1 cpu.cfs_period_us): N CPUs are
+N x 100 ms of CPU time per 100 ms, as Slurm and Kubernetes set it."""
 
 NVIDIA_MAJOR = 195
 """The char major of /dev/nvidia<N> (minor N) and /dev/nvidiactl (minor 255)."""
@@ -126,17 +130,17 @@ def _has_cgroup_kill(mount: str, base: str, kernel_release: str) -> bool:
     return (major, minor) >= (5, 14)
 
 
-def _v2_memory(mount: str, base: str) -> bool:
-    """Whether job cgroups below `base` can have the v2 memory controller.
+def _v2_memory(mount: str, base: str, controller: str = "memory") -> bool:
+    """Whether job cgroups below `base` can have the v2 memory controller (or `controller`).
 
     A cgroup holding processes cannot enable controllers for its children (the "no internal
     processes" rule), except the real root (the one without cgroup.type; a container's namespace
     root has one): so below the root or an empty mount, or where memory is already enabled.
     """
     try:
-        if "memory" in _read(os.path.join(base, "cgroup.subtree_control")).split():
+        if controller in _read(os.path.join(base, "cgroup.subtree_control")).split():
             return True
-        if base != mount or "memory" not in _read(os.path.join(mount, "cgroup.controllers")).split():
+        if base != mount or controller not in _read(os.path.join(mount, "cgroup.controllers")).split():
             return False
         return (
             not os.path.exists(os.path.join(mount, "cgroup.type"))
@@ -158,10 +162,11 @@ class CgroupSupport:
     under, for each hierarchy a job joins; empty when cgroups are unusable.
     kill: "cgroup.kill", "freezer" or "loop" (SIGKILL rounds), or "" when unusable.
     cpu, memory: "v2", "v1" or "" (not accounted). devices: whether GPUs can be fenced (v1 devices).
-    reason: why cgroups are unusable ("" when usable).
+    reason: why cgroups are unusable ("" when usable). cpu_limit: where a job's CPU quota
+    (`--cpus`) is written: "v2" (cpu.max), "v1" (the cpu hierarchy's cfs quota) or "" (nowhere).
     """
 
-    __slots__ = ("bases", "cpu", "devices", "kill", "layout", "memory", "reason", "v2_mount")
+    __slots__ = ("bases", "cpu", "cpu_limit", "devices", "kill", "layout", "memory", "reason", "v2_mount")
 
     def __init__(
         self,
@@ -182,6 +187,7 @@ class CgroupSupport:
         self.devices = devices
         self.reason = reason
         self.v2_mount = v2_mount
+        self.cpu_limit = ""
 
     @property
     def usable(self) -> bool:
@@ -293,10 +299,20 @@ def detect(
     devices = "devices" in v1_bases
     if devices:
         bases["devices"] = v1_bases["devices"]
+    # Where `--cpus` is enforced: v2 cpu.max where jobs can have the cpu controller, else the
+    # v1 cpu hierarchy (a hybrid node's CPU controller is bound there).
+    cpu_limit = ""
+    if v2_base and _v2_memory(v2_mount, v2_base, "cpu"):
+        cpu_limit = V2
+    elif "cpu" in v1_bases and bases:
+        cpu_limit = "v1"
+        bases["cpu"] = v1_bases["cpu"]
     if not bases:  # v1 with none of the above: pids (or any) still lists the tree to kill it
         c = "pids" if "pids" in v1_bases else next(iter(v1_bases))
         bases[c] = v1_bases[c]
-    return CgroupSupport(layout, bases, kill, cpu, memory, devices, "", v2_mount)
+    found = CgroupSupport(layout, bases, kill, cpu, memory, devices, "", v2_mount)
+    found.cpu_limit = cpu_limit
+    return found
 
 
 def _make_dir(path: str) -> None:
@@ -310,16 +326,17 @@ def _make_dir(path: str) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-def _enable_v2_memory(base: str, leaf_parent: str) -> None:
-    """Turn the memory controller on from `base` down to `leaf_parent`, so its children get memory.* files."""
+def _enable_v2_memory(base: str, leaf_parent: str, controller: str = "memory") -> None:
+    """Turn the memory controller (or `controller`) on from `base` down to `leaf_parent`, so its
+    children get memory.* (cpu.*) files."""
     dirs = [base]
     for part in os.path.relpath(leaf_parent, base).split(os.sep):
         dirs.append(os.path.join(dirs[-1], part))
     for d in dirs:
         path = os.path.join(d, "cgroup.subtree_control")
         try:
-            if "memory" not in _read(path).split():
-                _write(path, "+memory")
+            if controller not in _read(path).split():
+                _write(path, "+" + controller)
         except OSError:
             return  # then memory.current is missing and usage() says None: detect() already reported it
 
@@ -362,6 +379,8 @@ def create(support: CgroupSupport, instance: str, name: str) -> JobCgroup:
             _make_dir(parent)
             if key == V2 and support.memory == V2:
                 _enable_v2_memory(support.bases[V2], parent)
+            if key == V2 and support.cpu_limit == V2:
+                _enable_v2_memory(support.bases[V2], parent, "cpu")
             os.mkdir(path)
             paths[key] = path
     except BaseException:
@@ -616,6 +635,21 @@ class JobCgroup:
             if path and os.path.exists(path):
                 _write(path, str(int(limit_bytes)))
                 return True
+        return False
+
+    def set_cpu_limit(self, cpus: float) -> bool:
+        """Cap the job at `cpus` CPUs of time: v2 cpu.max "quota period", or v1 cpu.cfs_quota_us
+        over cpu.cfs_period_us; quota = cpus x CPU_PERIOD_US. False where neither is there."""
+        quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
+        v2 = self.paths.get(V2)
+        if v2 is not None and os.path.exists(os.path.join(v2, "cpu.max")):
+            _write(os.path.join(v2, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
+            return True
+        v1 = self.paths.get("cpu")
+        if v1 is not None and os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+            _write(os.path.join(v1, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+            _write(os.path.join(v1, "cpu.cfs_quota_us"), str(quota))
+            return True
         return False
 
     def fence_devices(self, allowed_gpu_minors: Iterable[int]) -> bool:

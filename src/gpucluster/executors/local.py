@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +247,8 @@ class LocalExecutor:
     ) -> Handle:
         p.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         cgroup = self._new_cgroup(leaf)
+        if cgroup is not None:
+            apply_host_limits(cgroup, p.env)  # before any join: no process runs unlimited
         if cgroup is not None and self.gpu_minors:
             visible = [int(i) for i in p.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip().isdigit()]
             cgroup.fence_devices(self.gpu_minors[i] for i in visible if i in self.gpu_minors)  # before any join
@@ -459,3 +462,16 @@ class LocalExecutor:
         for pid in marked_pids(str(marker)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def apply_host_limits(cgroup: cgroups.JobCgroup, env: Mapping[str, str]) -> None:
+    """Write the CPUs and host memory a process was given (launch/env.py `host_limits`:
+    GPUCLUSTER_CPUS, GPUCLUSTER_MEMORY_LIMIT in bytes) into its cgroup: cpu.max (or the v1 cfs
+    quota) and memory.max (or v1 memory.limit_in_bytes). Where the node has no such controller
+    the job runs unlimited, as `gpucluster up` says in its cgroups line."""
+    cpus = env.get("GPUCLUSTER_CPUS")
+    if cpus:
+        cgroup.set_cpu_limit(float(cpus))
+    memory = env.get("GPUCLUSTER_MEMORY_LIMIT")
+    if memory:
+        cgroup.set_memory_limit(int(memory))

@@ -59,6 +59,10 @@ class RayNode:
     gpus: tuple[Gpu, ...]
     virtual: bool
     labels: frozenset[str] = frozenset()
+    # Ray's own `CPU` and `memory` resources of the node (ray start --num-cpus/--memory): what
+    # jobs there may ask for with --cpus/--mem; None where Ray reports none.
+    cpus: float | None = None
+    memory_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,17 @@ def node_from_ray(info: Mapping[str, Any]) -> RayNode | None:
         log.warning("node %s: cannot read its gpu_memory label %r; taking it from the model", name, memory)
         memory_mb = memory_from_type(model)
     gpus = tuple(Gpu(index=i, model=model, memory_mb=memory_mb, uuid=f"RAY-{name}-{i}") for i in range(count))
+    cpus = resources.get("CPU")
+    host_memory = resources.get("memory")  # bytes
     return RayNode(
-        str(info["NodeID"]), name, str(info["NodeManagerAddress"]), gpus, not detected, node_labels(name, labels)
+        str(info["NodeID"]),
+        name,
+        str(info["NodeManagerAddress"]),
+        gpus,
+        not detected,
+        node_labels(name, labels),
+        float(cpus) if cpus else None,
+        int(host_memory) // (1024 * 1024) if host_memory else None,
     )
 
 
@@ -186,7 +199,9 @@ class RayInventory:
                 continue
             assert isinstance(agent, Agent)
             agents[agent.node] = agent
-            self.store.put_node(Node(agent.node, p.node.gpus, p.node.labels), p.node.virtual, now)
+            self.store.put_node(
+                Node(agent.node, p.node.gpus, p.node.labels, p.node.cpus, p.node.memory_mb), p.node.virtual, now
+            )
             self.presence_store.set_up(agent.node, agent.address, agent.node_id, now)
             log.info(
                 "node %s joined: %d GPU(s) %s at %s", agent.node, len(p.node.gpus), p.node.gpus[0].model, agent.address

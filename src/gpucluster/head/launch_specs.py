@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from gpucluster.executors.base import LaunchError, LaunchSpec, ProcessSpec
 from gpucluster.executors.podman import ContainerSpec
-from gpucluster.launch.env import job_env
+from gpucluster.launch.env import host_limits, job_env
 from gpucluster.launch.ranks import launcher_commands, per_gpu_envs, pick_free_port
 from gpucluster.store import JobRecord
 
@@ -104,11 +104,28 @@ def launch_spec(head: Head, job: JobRecord) -> LaunchSpec:
             ]
     except ValueError as e:
         raise LaunchError(str(e)) from None
+    _split_host_limits(job, argvs)
     processes = tuple(
         ProcessSpec(argv, env, run_dir / f"rank-{r}", head.data_dir.log(job.id, attempt, r))
         for r, (_, argv, env) in enumerate(argvs)
     )
     return replace(spec, processes=processes, marker=marker)
+
+
+def _split_host_limits(job: JobRecord, argvs: list[tuple[str, list[str], dict[str, str]]]) -> None:
+    """Each process of a node its part of the node's CPUs and memory: a job's cgroup is one per
+    process (per rank), so a node's slice is divided among the processes started there."""
+    assert job.allocation is not None
+    per_node: dict[str, int] = {}
+    for node, _, _ in argvs:
+        per_node[node] = per_node.get(node, 0) + 1
+    for s in job.allocation.slices:
+        n = per_node.get(s.node, 0)
+        if n <= 1 or not (s.cpus or s.host_memory_mb):
+            continue
+        for node, _, env in argvs:
+            if node == s.node:
+                host_limits(env, round(s.cpus / n, 2), s.host_memory_mb // n, job.spec.env)
 
 
 def node_address(head: Head, node: str) -> str:

@@ -40,6 +40,7 @@ from gpucluster.core.states import JobState
 from gpucluster.core.types import Node
 from gpucluster.dashboard.link import announce as announce_dashboard
 from gpucluster.discovery.gpus import NoGpus, discover_nvml, nvml_minor_numbers, virtual_gpus
+from gpucluster.discovery.host import discover_cpus, discover_memory_mb
 from gpucluster.executors.base import Executor
 from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.executors.image_cache import DEFAULT_CAP_BYTES as DEFAULT_IMAGE_CACHE_BYTES
@@ -87,6 +88,10 @@ class UpOptions:
     restart_backoff_s: float | None = None
     gpus_per_domain: int | None = None
     node_labels: tuple[str, ...] = ()  # what jobs select the local node by (up --label)
+    # CPU cores and host memory (MiB) jobs on the local node may ask for (up --cpus/--memory);
+    # None: discovered from this machine (discovery/host.py).
+    node_cpus: float | None = None
+    node_memory_mb: int | None = None
     security: SecurityOptions = field(default_factory=SecurityOptions)
     telemetry_interval_s: float = DEFAULT_TELEMETRY_INTERVAL_S
     ray_address: str | None = None  # run jobs on a Ray cluster's nodes (head/ray_up.py)
@@ -134,20 +139,24 @@ def lock_data_dir(data: DataDir) -> IO[str]:
 
 
 def local_node(opts: UpOptions, say: IO[str]) -> tuple[Node, bool]:
+    cpus = opts.node_cpus if opts.node_cpus is not None else discover_cpus()
+    memory = opts.node_memory_mb if opts.node_memory_mb is not None else discover_memory_mb()
+    how = "declared" if opts.node_cpus is not None or opts.node_memory_mb is not None else "found"
+    host = f"; jobs may ask for {cpus:g} CPU(s) and {memory / 1024:.1f} GiB of memory ({how})" if memory else ""
     if opts.virtual_gpus is None:
         try:
             gpus = discover_nvml()
-            say.write(f"found {len(gpus)} GPU(s) through NVML: {', '.join(sorted({g.model for g in gpus}))}\n")
-            return Node(opts.node_name, tuple(gpus), frozenset(opts.node_labels)), False
+            say.write(f"found {len(gpus)} GPU(s) through NVML: {', '.join(sorted({g.model for g in gpus}))}{host}\n")
+            return Node(opts.node_name, tuple(gpus), frozenset(opts.node_labels), cpus, memory), False
         except NoGpus as e:
             count = DEFAULT_VIRTUAL_GPUS
-            say.write(f"{e}; using {count} virtual GPUs of type {opts.gpu_type or DEFAULT_VIRTUAL_TYPE}\n")
+            say.write(f"{e}; using {count} virtual GPUs of type {opts.gpu_type or DEFAULT_VIRTUAL_TYPE}{host}\n")
     else:
         count = opts.virtual_gpus
     gpus = virtual_gpus(
         count, opts.gpu_type or DEFAULT_VIRTUAL_TYPE, opts.gpu_memory_mb, opts.node_name, opts.gpus_per_domain
     )
-    return Node(opts.node_name, tuple(gpus), frozenset(opts.node_labels)), True
+    return Node(opts.node_name, tuple(gpus), frozenset(opts.node_labels), cpus, memory), True
 
 
 def _check_port(host: str, port: int) -> None:

@@ -107,6 +107,7 @@ class ClusterService:
         self.batcher.close()
 
     def submit(self, spec: JobSpec, owner: str | None = None, can_see: Callable[[str], bool] | None = None) -> Job:
+        spec = self.with_host_defaults(spec)
         self._check_fits(spec)
         self._check_dependencies(spec, can_see)
         if spec.array_spec is not None:
@@ -121,6 +122,7 @@ class ClusterService:
         self, spec: JobSpec, owner: str | None = None, can_see: Callable[[str], bool] | None = None
     ) -> Job:
         """As `submit`, for the event loop: the commit is batched by the writer thread."""
+        spec = self.with_host_defaults(spec)
         self._check_fits(spec)
         if spec.array_spec is not None or _dependencies(spec):
             return await asyncio.to_thread(self.submit, spec, owner, can_see)
@@ -144,6 +146,17 @@ class ClusterService:
         job.array_id, job.array_index = array_id, shape.indices[0]
         job.array_counts = {JobState.QUEUED.value: len(shape.indices)}
         return job
+
+    def with_host_defaults(self, spec: JobSpec) -> JobSpec:
+        """`spec` with the policy's CPUs and host memory per GPU (`resources:`) where it gives
+        none, written into it: what the scheduler reserves and the job's cgroup enforces is
+        then what `show` says, and a later policy change moves no queued job."""
+        if spec.cpus is not None and spec.mem is not None:
+            return spec
+        cpus, mem = self.head.policy.host.resolve(spec.gpu_count, spec.cpus, spec.mem_mb)
+        if cpus == spec.cpus and mem == spec.mem_mb:
+            return spec
+        return spec.model_copy(update={"cpus": cpus, "mem": mem if spec.mem is None else spec.mem})
 
     def _check_dependencies(self, spec: JobSpec, can_see: Callable[[str], bool] | None) -> None:
         """Every dependency names a job (or array) the submitter may see: another team's job is
@@ -361,6 +374,10 @@ class ClusterService:
                 "no GPU in this cluster has that much memory: "
                 + ", ".join(f"{m} has {cap.model_memory[m] // 1024} GiB" for m in known),
             )
+        if request.host and not any(cap.could_ever_fit(request, m) for m in models):
+            bare = replace(request, cpus=0.0, mem_mb=0)
+            if any(cap.could_ever_fit(bare, m) for m in models):
+                raise Rejected(*_host_refusal(spec, request, cap))
         if not any(cap.could_ever_fit(request, m) for m in models):
             sizes = ", ".join(f"{m}: {cap.node_size[m]} per node, {cap.total[m]} in all" for m in models)
             raise Rejected("gpus", f"asks for {spec.gpus_label} GPUs but this cluster can never host that ({sizes})")
@@ -671,6 +688,8 @@ class ClusterService:
             half_life_s=p.fair_share_half_life_s,
             backfill=p.backfill,
             default_time_limit_s=p.default_time_limit_s,
+            cpus_per_gpu=p.host.cpus_per_gpu,
+            mem_per_gpu_mb=p.host.mem_per_gpu_mb,
             teams=[
                 TeamOut(
                     name=n,
@@ -715,17 +734,23 @@ class ClusterService:
         return describe_nodes(nodes, self.head.telemetry, self.telemetry)
 
     def _nodes(self) -> list[NodeOut]:
-        holder = {
-            (s.node, i): job_id
-            for job_id, a in self.store.running_allocations()
-            for s in a.slices
-            for i in s.gpu_indices
-        }
+        running = self.store.running_allocations()
+        holder = {(s.node, i): job_id for job_id, a in running for s in a.slices for i in s.gpu_indices}
+        cpus_used: dict[str, float] = {}
+        mem_used: dict[str, int] = {}
+        for _, a in running:
+            for s in a.slices:
+                cpus_used[s.node] = cpus_used.get(s.node, 0.0) + s.cpus
+                mem_used[s.node] = mem_used.get(s.node, 0) + s.host_memory_mb
         return [
             NodeOut(
                 name=r.node.name,
                 virtual=r.virtual,
                 labels=sorted(r.node.labels),
+                cpus=r.node.cpus,
+                memory_mb=r.node.memory_mb,
+                cpus_used=round(cpus_used.get(r.node.name, 0.0), 2),
+                memory_used_mb=mem_used.get(r.node.name, 0),
                 gpus=[
                     GpuOut(
                         index=g.index,
@@ -740,6 +765,29 @@ class ClusterService:
             )
             for r in self.store.nodes()
         ]
+
+
+def _host_refusal(spec: JobSpec, request: JobRequest, cap: Capacity) -> tuple[str, str]:
+    """(field, message) for a job whose CPUs or host memory no node could ever hold beside its
+    GPUs: "cpus: asks for 64 CPUs beside 1 GPU(s) but no node has that many (the most: 16)"."""
+    per_node = f" on each of {request.nodes} nodes" if request.nodes else ""
+    if request.cpus:
+        most = max(cap.node_cpus.values(), default=0.0)
+        cpus, _ = cap.host_part(request, int(request.gpus) // request.nodes if request.nodes else request.gpus)
+        if cpus > most + 1e-9:
+            return (
+                "cpus",
+                f"asks for {cpus:g} CPUs{per_node} beside {spec.gpus_label} GPU(s) but no node of this cluster has "
+                f"that many (the most on one node: {most:g}); ask for fewer with --cpus",
+            )
+    most_mem = max(cap.node_hmem.values(), default=0)
+    field = "mem" if request.mem_mb else "cpus"
+    return (
+        field,
+        f"asks for {request.cpus:g} CPUs and {request.mem_mb} MiB of host memory beside {spec.gpus_label} GPU(s) "
+        f"but no node of this cluster can hold that (the most memory on one node: {most_mem} MiB); "
+        "ask for less with --cpus / --mem",
+    )
 
 
 def _check_selection(spec: JobSpec, request: JobRequest, cap: Capacity, models: list[str]) -> None:
@@ -774,7 +822,14 @@ def _check_selection(spec: JobSpec, request: JobRequest, cap: Capacity, models: 
 
 def _slices(a: Allocation | None) -> list[SliceOut]:
     return [
-        SliceOut(node=s.node, gpu_indices=list(s.gpu_indices), share=s.share, memory_mb=s.memory_mb)
+        SliceOut(
+            node=s.node,
+            gpu_indices=list(s.gpu_indices),
+            share=s.share,
+            memory_mb=s.memory_mb,
+            cpus=s.cpus,
+            host_memory_mb=s.host_memory_mb,
+        )
         for s in (a.slices if a else ())
     ]
 

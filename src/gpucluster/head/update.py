@@ -124,6 +124,8 @@ _PLANNED_FIELDS = (
     "min_gpus",
     "not_before",
     "begin",
+    "cpus",
+    "mem_mb",
 )
 
 

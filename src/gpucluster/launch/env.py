@@ -167,4 +167,29 @@ def job_env(
         env["GPUCLUSTER_GPU_FRACTION"] = f"{slice_.share:g}"
         if slice_.memory_mb is not None:
             env["GPUCLUSTER_GPU_MEMORY_LIMIT"] = str(slice_.memory_mb * 1024 * 1024)
+    host_limits(env, slice_.cpus, slice_.host_memory_mb, user_env)
     return env
+
+
+# Thread pools that size themselves from the machine's cores unless told (OpenMP, MKL, OpenBLAS,
+# numexpr): on a node shared by jobs each would start one thread per core of the whole machine,
+# so a job with --cpus 4 on a 128-core node would run 128 threads in a 4-CPU quota. Set to the
+# job's CPUs, as Slurm sets OMP_NUM_THREADS from --cpus-per-task, unless the user sets them.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def host_limits(env: dict[str, str], cpus: float, memory_mb: int, user_env: Mapping[str, str]) -> None:
+    """Tell one process of a job its CPUs and host memory: GPUCLUSTER_CPUS and
+    GPUCLUSTER_MEMORY_LIMIT (bytes), which the executor also writes into the process's cgroup
+    (cpu.max, memory.max), and the thread pools' sizes (`THREAD_VARS`) where `--env` set none.
+    Nothing for a process that asked for neither (its GPUs alone: no cap)."""
+    for name in ("GPUCLUSTER_CPUS", "GPUCLUSTER_MEMORY_LIMIT"):
+        env.pop(name, None)
+    if cpus > 0:
+        env["GPUCLUSTER_CPUS"] = f"{cpus:g}"
+        threads = str(max(1, int(cpus)))
+        for name in THREAD_VARS:
+            if name not in user_env:
+                env[name] = threads
+    if memory_mb > 0:
+        env["GPUCLUSTER_MEMORY_LIMIT"] = str(memory_mb * 1024 * 1024)

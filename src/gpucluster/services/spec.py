@@ -29,6 +29,8 @@ class ServiceSpec(StorableText):
     command: list[str] = Field(min_length=1, max_length=4096)
     gpus: float = Field(1, gt=0, le=64, description="GPUs per replica, or a share of one such as 0.25")
     gpu_type: str | list[str] | None = None
+    cpus: float | None = Field(None, description="CPU cores per replica [default: the policy's per GPU]")
+    mem: str | int | None = Field(None, description="host memory per replica, e.g. 16G [default: the policy's]")
     team: Name = "default"
     # Replicas' class: serving by default, above batch work, so a scale-up goes first in line
     # and may preempt checkpointed training (the policy's `preemption.serving_victims`).
@@ -89,6 +91,8 @@ class ServiceSpec(StorableText):
                 command=self.command,
                 gpus=self.gpus,
                 gpu_type=self.gpu_type,
+                cpus=self.cpus,
+                mem=self.mem,
                 name=replica_name(self.name, replica_id),
                 team=self.team,
                 priority=self.priority,

@@ -408,7 +408,7 @@ class Engine:
     # ---- arrivals and the scheduler -----------------------------------------------------------
 
     def _arrive(self, trace: TraceJob, now: float) -> None:
-        request = scheduling.job_request(trace)
+        request = scheduling.job_request(trace, host=self.policy.core.host)
         why = self._infeasible(request, now)
         if why is not None:
             res = self.result
@@ -988,7 +988,9 @@ class Engine:
             self.result.interruptions_log.append((now, job_id, "preemption"))
         job.work_left = max(0.0, job.work_left - (p.computed_s if saves else p.saved_s) * job.rate)
         job.cause = LOST_PREEMPT
-        job.request = scheduling.job_request(job.trace, queued_at=now)  # as the head requeues it
+        job.request = scheduling.job_request(
+            job.trace, queued_at=now, host=self.policy.core.host
+        )  # as the head requeues it
         self._dirty = True
         self._enqueue(job)
 
@@ -1057,7 +1059,7 @@ class Engine:
         job.restarts = after.restart
         self.result.restarts += 1
         wake = now + after.backoff_s
-        job.request = scheduling.job_request(job.trace, queued_at=now, not_before=wake)
+        job.request = scheduling.job_request(job.trace, queued_at=now, not_before=wake, host=self.policy.core.host)
         self._wake(wake)
         self._enqueue(job)
 

@@ -89,6 +89,8 @@ class Filler:
             user=raw.user or "",
             selection=raw.selection,
             gates=raw.gates,
+            cpus=raw.cpus,
+            mem_mb=raw.mem_mb,
         )
 
     def _priority(self) -> Priority:

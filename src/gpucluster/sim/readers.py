@@ -363,6 +363,8 @@ def native_job(row: dict[str, Any]) -> RawJob:
         user=_user(row.get("user")),
         selection=spec.selection,
         gates=_gates(row, spec),
+        cpus=spec.cpus,
+        mem_mb=spec.mem_mb,
     )
 
 

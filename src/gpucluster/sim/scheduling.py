@@ -19,7 +19,7 @@ from gpucluster.core import policy as core_policy
 from gpucluster.core.accounting import Accounting
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.fairshare import accrue
-from gpucluster.core.policy import Policy
+from gpucluster.core.policy import HostDefaults, Policy
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.restarts import restart_backoff
 from gpucluster.core.scheduler import decide as core_decide
@@ -78,9 +78,16 @@ def load_policy(arg: str) -> SimPolicy:
         raise SimInputError(str(e)) from None
 
 
-def job_request(job: TraceJob, queued_at: float | None = None, not_before: float | None = None) -> JobRequest:
+def job_request(
+    job: TraceJob, queued_at: float | None = None, not_before: float | None = None, host: HostDefaults | None = None
+) -> JobRequest:
     """The queued job as the core sees it; built when it arrives and when it is requeued (with
-    when it re-entered the queue and, after a failure, the end of its backoff, as the head does)."""
+    when it re-entered the queue and, after a failure, the end of its backoff, as the head does).
+    Its CPUs and host memory: the trace's, else the policy's per GPU (`host`), as the head
+    fills them in at submit."""
+    cpus, mem = job.cpus, job.mem_mb
+    if host is not None and (cpus is None or mem is None):
+        cpus, mem = host.resolve(job.gpus, cpus, mem)
     return JobRequest(
         job_id=job.job_id,
         gpus=job.gpus,
@@ -99,6 +106,8 @@ def job_request(job: TraceJob, queued_at: float | None = None, not_before: float
         selection=job.selection,
         after=job.after,
         array_id=job.array_id,
+        cpus=cpus or 0.0,
+        mem_mb=mem or 0,
     )
 
 

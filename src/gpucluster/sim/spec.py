@@ -3,9 +3,9 @@
 A spec is one YAML file (see examples/clusters/ and README.md in this folder):
 
   name, node_groups (count, gpus_per_node, gpu_model, gpu_memory, nvlink_gbps, network_gbps,
-  price_per_gpu_hour, power_idle_w, power_busy_w, labels, spares), speeds (relative speed per GPU
-  model), failures (rate, repair-time distribution, max_restarts, restart backoff), checkpoints
-  (times, or size and storage bandwidth), allreduce, trace_fill, scheduler.
+  price_per_gpu_hour, power_idle_w, power_busy_w, labels, spares, cpus_per_node, memory_per_node),
+  speeds (relative speed per GPU model), failures (rate, repair-time distribution, max_restarts,
+  restart backoff), checkpoints (times, or size and storage bandwidth), allreduce, trace_fill, scheduler.
 
 Everything but node_groups has a documented default, so a three-line spec works. Errors carry
 file:line of the offending key.
@@ -93,6 +93,10 @@ class NodeGroup:
     # them: what jobs' constraints select (core/selection.py).
     labels: frozenset[str] = frozenset()
     spares: Spares = Spares()
+    # CPU cores and host memory (MiB) of each node, as `gpucluster up --cpus/--memory` declares
+    # them: what jobs' `cpus`/`mem` take (None: not accounted, any request fits).
+    cpus_per_node: float | None = None
+    memory_per_node_mb: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -181,7 +185,8 @@ class ClusterSpec:
                     Gpu(index=i, model=g.gpu_model, memory_mb=g.gpu_memory_mb, uuid=f"SIM-{name}-{i}")
                     for i in range(g.gpus_per_node)
                 )
-                out.append((Node(name=name, gpus=gpus, labels=g.labels), g))
+                node = Node(name=name, gpus=gpus, labels=g.labels, cpus=g.cpus_per_node, memory_mb=g.memory_per_node_mb)
+                out.append((node, g))
         return tuple(out)
 
 
@@ -210,6 +215,8 @@ _GROUP = (
     "power_busy_w",
     "labels",
     "spares",
+    "cpus_per_node",
+    "memory_per_node",
 )
 
 
@@ -309,6 +316,8 @@ def _groups(doc: Located, top: Fields) -> tuple[NodeGroup, ...]:
             power_busy_w=busy,
             labels=_labels(f),
             spares=_spares(doc, ("node_groups", i)),
+            cpus_per_node=None if f.raw("cpus_per_node") is None else f.number("cpus_per_node", minimum=0.01),
+            memory_per_node_mb=None if f.raw("memory_per_node") is None else f.memory_mb("memory_per_node"),
         )
         total_nodes += g.count
         if total_nodes > MAX_NODES:

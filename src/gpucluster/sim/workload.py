@@ -50,6 +50,8 @@ class RawJob(NamedTuple):
     user: str | None = None  # who submitted it (Philly's optional `user` column; native `user`)
     selection: Selection | None = None  # nodelist, exclude, constraint, exclusive (native rows)
     gates: RowGates | None = None  # native rows: an array, dependencies
+    cpus: float | None = None  # CPU cores in all (native `cpus`); None: the policy's per-GPU default
+    mem_mb: int | None = None  # host memory in all, MiB (native `mem`); None: likewise
 
 
 class TraceJob(NamedTuple):
@@ -80,6 +82,8 @@ class TraceJob(NamedTuple):
     array_index: int | None = None
     throttle: int | None = None
     after: tuple[Dependency, ...] = ()
+    cpus: float | None = None  # CPU cores in all; None: the policy's per-GPU default (resources:)
+    mem_mb: int | None = None  # host memory in all, MiB; None: likewise
 
 
 @dataclass(frozen=True)

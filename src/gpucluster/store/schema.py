@@ -34,7 +34,8 @@ from sqlalchemy import (
 # 13: nodes.labels
 # 14: jobs.priority: critical 3 -> 4 (serving is 3)
 # 15: service_jobs
-SCHEMA_VERSION = 15
+# 16: nodes.cpus, nodes.memory_mb
+SCHEMA_VERSION = 16
 HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = MetaData()
@@ -133,6 +134,9 @@ nodes = Table(
     Column("gpus", Text, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("labels", Text),  # JSON list of labels (ib, rack=r1) jobs select it by; NULL: none
+    # CPU cores and host memory (MiB) jobs may ask for (--cpus, --mem); NULL: not accounted.
+    Column("cpus", Float),
+    Column("memory_mb", BigInteger),
 )
 
 team_usage = Table(

@@ -319,6 +319,10 @@ def allocation_to_json(a: Allocation) -> str:
         if s.share < 1:
             d["share"] = s.share
             d["memory_mb"] = s.memory_mb
+        if s.cpus:
+            d["cpus"] = s.cpus
+        if s.host_memory_mb:
+            d["host_memory_mb"] = s.host_memory_mb
         out.append(d)
     return json.dumps(out)
 
@@ -328,7 +332,14 @@ def allocation_from_json(text: str | None) -> Allocation | None:
         return None
     return Allocation(
         tuple(
-            NodeSlice(d["node"], tuple(d["gpu_indices"]), d.get("share", 1.0), d.get("memory_mb"))
+            NodeSlice(
+                d["node"],
+                tuple(d["gpu_indices"]),
+                d.get("share", 1.0),
+                d.get("memory_mb"),
+                d.get("cpus", 0.0),
+                d.get("host_memory_mb", 0),
+            )
             for d in json.loads(text)
         )
     )
@@ -365,6 +376,10 @@ def request_json(spec: JobSpec, after: tuple[Dependency, ...] = ()) -> str:
         d["x"] = 1
     if spec.image and (image := stored_name(spec.image)) is not None:
         d["i"] = image  # a placement tie-breaker only (core/image_affinity.py); absent in older rows
+    if spec.cpus is not None:
+        d["cp"] = spec.cpus
+    if spec.mem is not None:
+        d["hm"] = spec.mem_mb
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -404,6 +419,8 @@ def request_from(
         user=user,
         selection=_selection(d) if ("nl" in d or "xn" in d or "c" in d or "x" in d) else None,
         image=d.get("i"),
+        cpus=d.get("cp", 0.0),
+        mem_mb=d.get("hm", 0),
     )
 
 
@@ -1593,16 +1610,17 @@ class Store:
                 for g in node.gpus
             ]
         )
+        host = {"cpus": node.cpus, "memory_mb": node.memory_mb}
         with self._write() as c:
             res = c.execute(
                 update(schema.nodes)
                 .where(schema.nodes.c.name == node.name)
-                .values(virtual=virtual, gpus=gpus, updated_at=now, labels=labels)
+                .values(virtual=virtual, gpus=gpus, updated_at=now, labels=labels, **host)
             )
             if res.rowcount == 0:
                 c.execute(
                     insert(schema.nodes).values(
-                        name=node.name, virtual=virtual, gpus=gpus, updated_at=now, labels=labels
+                        name=node.name, virtual=virtual, gpus=gpus, updated_at=now, labels=labels, **host
                     )
                 )
         self._nodes = None
@@ -1621,6 +1639,8 @@ class Store:
                     r["name"],
                     tuple(Gpu(**g) for g in json.loads(r["gpus"])),
                     frozenset(json.loads(r["labels"])) if r["labels"] else frozenset(),
+                    r["cpus"],
+                    r["memory_mb"],
                 ),
                 bool(r["virtual"]),
             )

@@ -62,6 +62,16 @@ function gpuCell(node, gpu, jobs) {
   return cell;
 }
 
+/** " · CPUs 3/8 · memory 12.0/64.0 GiB" for a node that accounts them (--cpus, --mem); "" otherwise. */
+function hostText(node) {
+  const parts = [];
+  if (node.cpus !== null && node.cpus !== undefined) parts.push(`CPUs ${fmtNumber(node.cpus_used || 0, 2)}/${fmtNumber(node.cpus, 2)}`);
+  if (node.memory_mb !== null && node.memory_mb !== undefined) {
+    parts.push(`memory ${((node.memory_used_mb || 0) / 1024).toFixed(1)}/${(node.memory_mb / 1024).toFixed(1)} GiB`);
+  }
+  return parts.length ? ` · ${parts.join(" · ")}` : "";
+}
+
 function nodeCard(node, jobs) {
   const state = nodeHealth(node);
   const models = [...new Set(node.gpus.map((g) => g.model))].join(", ");
@@ -78,6 +88,7 @@ function nodeCard(node, jobs) {
     { class: "node card", "data-node": node.name },
     h("h3", {}, node.name, " ", badges),
     h("p", { class: "muted" }, `${models} · ${used} of ${node.gpus.length} GPUs in use`,
+      hostText(node),
       state.lastReport ? [" · telemetry ", since(state.lastReport), " ago"] : null),
     state.reason ? h("p", { class: "reason", "data-testid": "node-reason" }, state.reason) : null,
     h("div", { class: "gpu-grid" }, node.gpus.map((g) => gpuCell(node, g, jobs))),
