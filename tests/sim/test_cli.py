@@ -74,7 +74,7 @@ def test_writes_the_report_and_the_same_seed_gives_identical_metrics(tmp_path: P
         ("bad_cluster", "c.yaml:2: node_groups[0].count: must be a whole number"),
         ("bad_row_strict", "t.csv:3: duration must be between"),
         ("bad_policy", "--policy nope: no such file, and not a shipped baseline"),
-        ("bad_format", "--format 'csv': allowed: philly, pollux, tiresias, native"),
+        ("bad_format", "--format 'csv': allowed: philly, pollux, tiresias, alibaba2023, native"),
         ("missing_trace", "cannot read trace"),
     ],
 )

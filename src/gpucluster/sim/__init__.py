@@ -5,7 +5,7 @@ Layout, one job per module:
                  models, trace fill rules), with file:line errors
   yamlspec.py    YAML with the line of every key, for those errors
   workload.py    TraceJob, the one in-memory form of a job every trace format is read into
-  readers.py     philly, pollux, tiresias and native readers; malformed rows reported by line
+  readers.py     philly, pollux, tiresias, alibaba2023 and native readers; malformed rows reported by line
   formats.py     the format names (for the CLI, without importing the readers)
   fill.py        the documented, seeded rules that fill what a trace lacks
   scheduling.py  the only door into gpucluster.core: policies, JobRequest/RunningJob, decide()

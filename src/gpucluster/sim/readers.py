@@ -1,4 +1,4 @@
-"""Trace readers: philly, pollux, tiresias and the native CSV/JSONL, into TraceJobs.
+"""Trace readers: philly, pollux, tiresias, alibaba2023 and the native CSV/JSONL, into TraceJobs.
 
 Every row that cannot be used is reported with its line number and why; with `strict` the first
 one stops the read (SimInputError naming file:line). Jobs get ids 1..N in submission order (ties
@@ -32,6 +32,11 @@ from gpucluster.sim.workload import RawJob, RowGates, Trace, TraceJob
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 TIRESIAS_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration", "interval")
+# Alibaba's cluster-trace-gpu-v2023 pod lists (openb_pod_list_*.csv; the FGD paper, USENIX ATC '23).
+ALIBABA_COLUMNS = (
+    "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos", "pod_phase",
+    "creation_time", "deletion_time", "scheduled_time",
+)  # fmt: skip
 # The simulator's own fields; the rest of a native row is what `POST /v1/jobs` accepts (JobSpec).
 # `id`: the row's own id in the trace, which other rows' dependencies (after, afterok, ...) name.
 NATIVE_SIM_FIELDS = ("submit_time", "duration", "checkpoint_interval", "user", "id")
@@ -65,6 +70,8 @@ def detect_format(path: Path) -> str:
         return "pollux"
     if header[: len(TIRESIAS_COLUMNS)] == TIRESIAS_COLUMNS:
         return "tiresias"
+    if header[: len(ALIBABA_COLUMNS)] == ALIBABA_COLUMNS:
+        return "alibaba2023"
     if "submit_time" in header and "duration" in header:
         return "native"
     raise SimInputError(
@@ -290,6 +297,54 @@ def _tiresias(path: Path, f: Any) -> Rows:
     return _csv_rows(path, f, TIRESIAS_COLUMNS, parse)
 
 
+# ---- alibaba2023 --------------------------------------------------------------------------
+
+
+def _alibaba2023(path: Path, f: Any) -> Rows:
+    """Alibaba's GPU-sharing cluster, 2023: one pod per row, with what it asked for.
+
+    - `num_gpu` whole GPUs; a pod of one GPU with `gpu_milli` under 1000 asks for that share of
+      one GPU (460 -> 0.46), the GPU sharing the trace is about;
+    - `cpu_milli` / `memory_mib`: its CPUs (in thousandths) and host memory, so the replay is held
+      to each node's CPUs and memory as the cluster was;
+    - `gpu_spec`: GPU models it may use (`V100M16|V100M32`; empty: any), named as the node list's
+      `model` column (examples/clusters/alibaba2023.yaml uses those names);
+    - `qos` (LS, BE, Burstable, Guaranteed) is the team, so per-team figures split by it;
+    - run time: `deletion_time - scheduled_time`, or from `creation_time` for a pod never
+      scheduled there (Pending, then deleted: it is replayed as asking for the time it waited).
+    CPU-only pods (`num_gpu` 0) are reported as rows the simulator cannot replay yet: a job
+    with no GPU has no place in the core's GPU-first placement (README, "not yet")."""
+
+    def parse(line: int, row: dict[str, str]) -> RawJob:
+        whole = _number(row, "num_gpu", 0, MAX_GPUS_PER_JOB)
+        if not whole.is_integer():
+            raise RowError(f"num_gpu must be a whole number of GPUs; got {row['num_gpu']!r}")
+        if whole == 0:
+            raise RowError("num_gpu is 0: CPU-only pods are not simulated yet (a job needs a GPU or a share)")
+        milli = _number(row, "gpu_milli", 0, 1000)
+        gpus = milli / 1000 if whole == 1 and 0 < milli < 1000 else whole
+        created = _number(row, "creation_time", 0.0, MAX_DURATION_S)
+        ended = _number(row, "deletion_time", 0.0, MAX_DURATION_S)
+        scheduled = _number(row, "scheduled_time", 0.0, MAX_DURATION_S) if row["scheduled_time"].strip() else None
+        began = scheduled if scheduled is not None else created
+        if ended < began:
+            raise RowError(f"deletion_time {row['deletion_time']} is before the pod started ({began:g})")
+        models = row["gpu_spec"].strip()
+        return RawJob(
+            line=line,
+            submit=created,
+            gpus=gpus,
+            duration=ended - began,
+            team=row["qos"].strip() or None,
+            gpu_types=tuple(m.strip() for m in models.split("|") if m.strip()) if models and models != "nan" else (),
+            name=row["name"].strip() or None,
+            cpus=_number(row, "cpu_milli", 0, 1e9) / 1000,
+            mem_mb=int(_number(row, "memory_mib", 0, 1e12)),
+        )
+
+    return _csv_rows(path, f, ALIBABA_COLUMNS, parse)
+
+
 # ---- native -------------------------------------------------------------------------------
 
 
@@ -445,5 +500,6 @@ _ROW_READERS: dict[str, Callable[[Path, Any], Rows]] = {
     "philly": _philly,
     "pollux": _pollux,
     "tiresias": _tiresias,
+    "alibaba2023": _alibaba2023,
     "native": _native,
 }
