@@ -19,7 +19,7 @@ from websockets.sync.client import connect
 
 from gpucluster.client import Client
 
-from .headproc import HeadProcess, free_port, passable_dir, pid_alive, wait_for
+from .headproc import HeadProcess, cli, free_port, passable_dir, pid_alive, wait_for
 from .ptyterm import Term
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
@@ -51,13 +51,6 @@ def run_bash(terms: list[Term], head: HeadProcess, rows: int = 24) -> tuple[Term
     job_id = int(t.expect(rb"session (\d+) submitted").group(1))
     t.expect(PROMPT)
     return t, job_id
-
-
-def cli(head: HeadProcess, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = head.env
-    if token is not None:
-        env["GPUCLUSTER_TOKEN"] = token
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def ws_status(head: HeadProcess, path: str, token: str | None) -> int:
