@@ -24,7 +24,6 @@ import pytest
 from gpucluster.store import schema
 from tests.e2e.conftest import tracked_heads
 from tests.e2e.headproc import HeadProcess, wait_for
-from tests.pgserver import PostgresServer
 from tests.e2e.test_jobs import (  # noqa: F401 - collected here again, on PostgreSQL
     finished,
     running,
@@ -35,6 +34,7 @@ from tests.e2e.test_jobs import (  # noqa: F401 - collected here again, on Postg
     test_jobs_wait_for_gpus_and_start_in_priority_then_fifo_order,
     test_kill_9_of_the_head_loses_nothing_and_runs_nothing_twice,
 )
+from tests.pgserver import PostgresServer
 
 LEGACY = Path(__file__).resolve().parents[1] / "unit" / "legacy"
 PY = sys.executable
