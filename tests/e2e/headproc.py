@@ -23,6 +23,7 @@ import httpx
 
 from gpucluster import userconfig
 from gpucluster.client import ApiError, Client
+from gpucluster.core.states import JobState
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 
@@ -222,7 +223,7 @@ def reset(head: HeadProcess) -> HeadProcess:
         for node in c.nodes():
             if node.drained:
                 c.undrain(node.name)
-        live = [j.id for j in c.jobs() if not j.state.terminal]
+        live = [j.id for j in c.jobs(state=[s.value for s in JobState if not s.terminal])]
         for job_id in live:
             with contextlib.suppress(ApiError):  # an array element ended with its array, or just ended
                 c.cancel(job_id)

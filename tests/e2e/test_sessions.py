@@ -293,7 +293,9 @@ def test_an_idle_session_is_warned_in_its_terminal_then_stopped(
     gpus_at(0)
     t.expect(r"\[gpucluster\] this session is idle \(GPUs at or under 1% and no input for \d+s\); it will be stopped")
     with head.client() as c:
-        assert [f.flag for f in c.job(job_id).flags] == ["idle"]  # the dashboard shows it too
+        # The dashboard shows it too: the flag is stored just after the terminal is told (under
+        # load the terminal's line can arrive first).
+        wait_for(lambda: [f.flag for f in c.job(job_id).flags] == ["idle"], what="the idle flag")
     t.send("echo still-here\r")  # a key withdraws the warning
     t.expect(r"\[gpucluster\] activity again: the session stays")
     gpus_at(100)  # busy GPUs and a silent terminal (a long training step): not idle
