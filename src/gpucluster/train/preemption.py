@@ -126,11 +126,12 @@ def exit_for_requeue() -> NoReturn:
     The process ends as an interpreter exit would up to the point where the interpreter starts
     destroying objects — the script's other (non-daemon) threads finish, its atexit handlers run
     (`train.setup`'s teardown of the process groups among them), stdout and stderr are flushed —
-    and then at once (`os._exit`). Why not `sys.exit`: it is called deep in the training loop, so
-    the frames of the exiting SystemExit keep the DDP model, and through it the gloo process group
-    and its native threads, alive into the interpreter's and the C++ runtime's own teardown;
-    there the threads raced the destruction and a rank now and then died of SIGABRT ("terminate
-    called without an active exception", exit -6), which turned a requeue into a failure.
+    and then at once (`os._exit`). Why not `sys.exit`: it is called deep in the training loop,
+    where the script still holds its DDP model, and through it the gloo process group and its
+    native threads (`teardown` unregisters the group; the model keeps the object). Those were
+    destroyed only in the interpreter's and the C++ runtime's own teardown, where the threads
+    raced it: a rank now and then died of SIGABRT ("terminate called without an active
+    exception", exit -6), which turned a requeue into a failure.
     """
     me = threading.current_thread()
     for thread in threading.enumerate():
