@@ -22,7 +22,10 @@ from pathlib import Path
 import httpx
 
 from gpucluster import userconfig
-from gpucluster.client import Client
+from gpucluster.client import ApiError, Client
+from gpucluster.core.states import JobState
+
+CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 
 
 @contextlib.contextmanager
@@ -190,3 +193,44 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def cli(
+    head: HeadProcess,
+    *args: str,
+    token: str | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120.0,
+) -> subprocess.CompletedProcess[str]:
+    """The real `gpucluster` CLI in a process of its own, talking to `head` as its admin, or as
+    the holder of `token`; never raises on a failing command (tests assert on its exit code)."""
+    env = head.env
+    if token is not None:
+        env["GPUCLUSTER_TOKEN"] = token
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, check=False)
+
+
+def reset(head: HeadProcess) -> HeadProcess:
+    """Make a head that earlier tests used look idle to the next one: no job queued, held or
+    running (each cancelled and waited for until it ended, so every GPU is free), no node
+    drained. Earlier tests' ended jobs, users and teams stay: a test on a shared head finds its
+    own jobs by id and its own users by name, never by counting everything (tests/e2e/conftest.py).
+    A head a test killed is started again on its data dir and port."""
+    assert head.proc is not None
+    if head.proc.poll() is not None:
+        head.start()
+    with head.client() as c:
+        for node in c.nodes():
+            if node.drained:
+                c.undrain(node.name)
+        live = [j.id for j in c.jobs(state=[s.value for s in JobState if not s.terminal])]
+        for job_id in live:
+            with contextlib.suppress(ApiError):  # an array element ended with its array, or just ended
+                c.cancel(job_id)
+        wait_for(lambda: all(c.job(i).state.terminal for i in live), 60, what=f"earlier tests' jobs {live} to end")
+        wait_for(
+            lambda: not any(g.job_id is not None for n in c.nodes() for g in n.gpus),
+            60,
+            what="every GPU to be free",
+        )
+    return head

@@ -8,8 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
@@ -17,9 +15,8 @@ import pytest
 
 from gpucluster.client import Client
 
-from .headproc import HeadProcess, wait_for
+from .headproc import HeadProcess, cli, wait_for
 
-CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 POLICY = """
 teams: {vision: {}, nlp: {}}
 budgets:
@@ -39,10 +36,6 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadProcess]:
     finally:
         h.stop()
         h.kill_jobs()
-
-
-def cli(head: HeadProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=head.env)
 
 
 def test_usage_budgets_and_max_cost_on_a_real_head(head: HeadProcess) -> None:

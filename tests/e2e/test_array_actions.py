@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import os
 import pwd
-import subprocess
 import sys
 
 import httpx
 
 from gpucluster.client import ApiError, Client
-from tests.e2e.headproc import HeadProcess, wait_for
+from tests.e2e.headproc import HeadProcess, cli, wait_for
 
-CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 PY = sys.executable
 LONG = [PY, "-c", "import time; time.sleep(600)"]
-
-
-def cli(head: HeadProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args, "--url", head.url], capture_output=True, text=True, timeout=60, env=head.env, check=False
-    )
 
 
 def states(head: HeadProcess, array_id: int) -> dict[int, tuple[str, int, bool]]:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 from gpucluster.client import ApiError
-from tests.e2e.headproc import HeadProcess, wait_for
+from tests.e2e.headproc import HeadProcess, cli, wait_for
 from tests.e2e.test_jobs import finished
 
-CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 PY = sys.executable
 # Each element prints its own start and end (its clock, not the head's) and its array variables.
 ELEMENT = (
@@ -18,12 +16,6 @@ ELEMENT = (
     "print('vars', e['GPUCLUSTER_ARRAY_ID'], e['GPUCLUSTER_ARRAY_INDEX'], e['GPUCLUSTER_ARRAY_COUNT'], "
     "e['SLURM_ARRAY_TASK_ID'], flush=True); time.sleep(0.6); print('end', time.time(), flush=True)"
 )
-
-
-def cli(head: HeadProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args, "--url", head.url], capture_output=True, text=True, timeout=60, env=head.env, check=False
-    )
 
 
 def elements(head: HeadProcess, array_id: int) -> list[dict[str, object]]:

@@ -20,7 +20,7 @@ from gpucluster import userconfig
 from gpucluster.client import Client
 from gpucluster.models import Job
 
-from .headproc import HeadProcess, free_port, passable_dir, wait_for
+from .headproc import HeadProcess, cli, free_port, passable_dir, wait_for
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 
@@ -34,13 +34,6 @@ def head() -> Iterator[HeadProcess]:
         finally:
             h.stop()
             h.kill_jobs()
-
-
-def cli(head: HeadProcess, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = head.env
-    if token is not None:
-        env["GPUCLUSTER_TOKEN"] = token
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def ended(c: Client, job_id: int) -> Job:

@@ -62,17 +62,34 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
             shutil.rmtree(root)
 
 
-@pytest.fixture
-def cluster(head_factory: type[HeadProcess], podman: Podman, tmp_path: Path) -> HeadProcess:
-    policy = tmp_path / "policy.yaml"
-    roots = [str(tmp_path / "allowed"), *PY_ROOTS]
+@pytest.fixture(scope="module")
+def mount_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The one directory of the module's tests that the shared head's policy lets jobs mount."""
+    return tmp_path_factory.mktemp("allowed")
+
+
+@pytest.fixture(scope="module")
+def head_options(podman: Podman, mount_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The module's shared head (`cluster`): 4 GPUs, the module's podman, mounts of `mount_root`
+    and of Python's own directories only."""
+    policy = tmp_path_factory.mktemp("policy") / "policy.yaml"
+    roots = [str(mount_root), *PY_ROOTS]
     policy.write_text("containers:\n  mount_roots: [" + ", ".join(roots) + "]\n")
-    (tmp_path / "allowed").mkdir()
-    return head_factory(
-        tmp_path / "data",
-        gpus=4,
-        extra_args=("--container-config", str(podman.config), "--policy", str(policy)),
-    ).start()
+    return {"gpus": 4, "extra_args": ("--container-config", str(podman.config), "--policy", str(policy))}
+
+
+@pytest.fixture
+def cluster(head: HeadProcess) -> HeadProcess:
+    """The module's shared head, idle (tests/e2e/conftest.py)."""
+    return head
+
+
+@pytest.fixture
+def allowed(mount_root: Path, tmp_path: Path) -> Path:
+    """A directory of this test's own that the cluster's policy lets jobs mount."""
+    path = mount_root / tmp_path.name
+    path.mkdir()
+    return path
 
 
 def ended(c: Client, job_id: int, timeout: float = TIMEOUT_S) -> Job:
@@ -149,9 +166,9 @@ def test_a_container_that_ignores_sigterm_is_killed_after_the_grace_period(
 
 
 def test_a_mount_outside_the_policys_roots_is_refused_and_one_inside_is_mounted(
-    cluster: HeadProcess, tmp_path: Path
+    cluster: HeadProcess, allowed: Path, tmp_path: Path
 ) -> None:
-    (tmp_path / "allowed" / "data.txt").write_text("from the mount\n")
+    (allowed / "data.txt").write_text("from the mount\n")
     with cluster.client() as c:
         with pytest.raises(ApiError) as refused:
             sh(c, "true", tmp_path, mounts=["/etc:/host-etc:ro"])
@@ -160,7 +177,7 @@ def test_a_mount_outside_the_policys_roots_is_refused_and_one_inside_is_mounted(
         with pytest.raises(ApiError) as bad:
             c.submit(["true"], gpus=1, image="Not A Valid//Ref")
         assert bad.value.status == 422 and "not a valid reference" in str(bad.value)
-        job_id = sh(c, "cat /data/data.txt; touch /data/x", tmp_path, mounts=[f"{tmp_path / 'allowed'}:/data:ro"])
+        job_id = sh(c, "cat /data/data.txt; touch /data/x", tmp_path, mounts=[f"{allowed}:/data:ro"])
         job = ended(c, job_id)
         out = c.logs(job_id)
     assert job.state.value == "failed" and "from the mount" in out and "Read-only file system" in out, out
@@ -498,10 +515,12 @@ def test_the_image_cache_removes_the_least_recently_used_image_past_its_cap_neve
             podman("rmi", "--force", image)
 
 
-def test_the_cli_and_job_files_take_image_and_mounts(cluster: HeadProcess, podman: Podman, tmp_path: Path) -> None:
+def test_the_cli_and_job_files_take_image_and_mounts(
+    cluster: HeadProcess, podman: Podman, allowed: Path, tmp_path: Path
+) -> None:
     """`--image`/`--mount` and `image:`/`mounts:` in a job file (a relative archive path made
     absolute from the file's directory), `show` naming the image, and one-line refusals."""
-    (tmp_path / "allowed" / "f.txt").write_text("mounted\n")
+    (allowed / "f.txt").write_text("mounted\n")
     assert podman("save", "--output", str(tmp_path / "env.tar"), IMAGE).returncode == 0
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -514,7 +533,7 @@ def test_the_cli_and_job_files_take_image_and_mounts(cluster: HeadProcess, podma
             env={**os.environ, "GPUCLUSTER_URL": cluster.url},
         )
 
-    mount = f"{tmp_path / 'allowed'}:/data:ro"
+    mount = f"{allowed}:/data:ro"
     r = cli("submit", "--json", "--image", IMAGE, "--mount", mount, "--", "cat", "/data/f.txt")
     assert r.returncode == 0, r.stderr
     by_flags = json.loads(r.stdout)
@@ -542,15 +561,15 @@ def test_the_cli_and_job_files_take_image_and_mounts(cluster: HeadProcess, podma
 
 
 def test_a_container_left_by_a_launch_cut_short_does_not_block_its_attempt(
-    cluster: HeadProcess, podman: Podman, tmp_path: Path
+    fresh_head: HeadProcess, podman: Podman, tmp_path: Path
 ) -> None:
     """A head killed between `podman run` and the shim's record starts the attempt again: the
     container of that name, still running, is replaced rather than failing the job."""
-    instance = "head-" + hashlib.sha256(str(cluster.data_dir.resolve()).encode()).hexdigest()[:12]
+    instance = "head-" + hashlib.sha256(str(fresh_head.data_dir.resolve()).encode()).hexdigest()[:12]
     stale = f"gpucluster-{instance}-job-1-attempt-1"
     left = podman("run", "--detach", "--init", "--stop-timeout=1", "--name", stale, IMAGE, "sleep", "1000")
     assert left.returncode == 0, left.stderr
-    with cluster.client() as c:
+    with fresh_head.client() as c:
         job_id = sh(c, "echo fresh", tmp_path)
         assert job_id == 1
         job = ended(c, job_id)

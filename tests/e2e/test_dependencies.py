@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import os
 import pwd
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
 from gpucluster.client import ApiError, Client
-from tests.e2e.headproc import HeadProcess, wait_for
+from tests.e2e.headproc import HeadProcess, cli, wait_for
 from tests.e2e.test_jobs import finished
 
-CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 PY = sys.executable
-
-
-def cli(head: HeadProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args, "--url", head.url], capture_output=True, text=True, timeout=60, env=head.env, check=False
-    )
 
 
 def test_a_held_job_never_starts_until_released(head: HeadProcess) -> None:

@@ -8,18 +8,10 @@ drain's end, when the head ends the drain by itself and starts the job.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from typing import Any
 
-from tests.e2e.headproc import HeadProcess, wait_for
-
-CLI = [sys.executable, "-m", "gpucluster.cli.main"]
-
-
-def cli(head: HeadProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=head.env)
+from tests.e2e.headproc import HeadProcess, cli, wait_for
 
 
 def why(head: HeadProcess, job_id: int) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from gpucluster.models import Job
-from tests.e2e.headproc import HeadProcess, pid_alive, wait_for
+from tests.e2e.headproc import HeadProcess, cli, pid_alive, wait_for
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 PY = sys.executable
@@ -207,6 +207,8 @@ def test_missing_program_and_workdir_fail_with_a_reason(head: HeadProcess) -> No
 
 def test_bad_input_gets_4xx_naming_the_field(head: HeadProcess) -> None:
     url, auth = head.url, head.headers
+    before = [j["id"] for j in httpx.get(f"{url}/v1/jobs", headers=auth).json()["jobs"]]  # earlier tests'
+
     cases = [
         ({"command": ["true"], "gpus": 0}, 422, "gpus"),
         ({"command": ["true"], "gpus": -2}, 422, "gpus"),
@@ -241,18 +243,7 @@ def test_bad_input_gets_4xx_naming_the_field(head: HeadProcess) -> None:
     assert r.status_code == 404 and r.json()["error"] == "no job with id 424242"
     r = httpx.get(f"{url}/v1/jobs?state=sleeping", headers=auth)
     assert r.status_code == 422 and "state" in r.json()["error"]
-    assert httpx.get(f"{url}/v1/jobs", headers=auth).json()["jobs"] == []  # nothing was created
-
-
-def run_cli(head: HeadProcess, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        env={**__import__("os").environ, "GPUCLUSTER_URL": head.url},
-    )
+    assert [j["id"] for j in httpx.get(f"{url}/v1/jobs", headers=auth).json()["jobs"]] == before  # none created
 
 
 def test_cli_errors_are_one_message_without_a_traceback(head: HeadProcess, tmp_path: Path) -> None:
@@ -278,7 +269,7 @@ def test_cli_errors_are_one_message_without_a_traceback(head: HeadProcess, tmp_p
         (["cancel", "99999"], "no job with id 99999"),
     ]
     for args, needle in cases:
-        r = run_cli(head, *args)
+        r = cli(head, *args)
         assert r.returncode != 0, args
         assert needle in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr + r.stdout, args
@@ -287,7 +278,7 @@ def test_cli_errors_are_one_message_without_a_traceback(head: HeadProcess, tmp_p
 
 
 def test_cli_tour_submit_watch_logs_cancel_with_json(head: HeadProcess, tmp_path: Path) -> None:
-    r = run_cli(
+    r = cli(
         head,
         "submit",
         "--gpus",
@@ -308,33 +299,33 @@ def test_cli_tour_submit_watch_logs_cancel_with_json(head: HeadProcess, tmp_path
     assert r.returncode == 0, r.stderr
     job = json.loads(r.stdout)
     assert job["state"] == "queued" and job["spec"]["team"] == "vision" and job["spec"]["workdir"] == str(tmp_path)
-    follow = run_cli(head, "logs", str(job["id"]), "--follow")
+    follow = cli(head, "logs", str(job["id"]), "--follow")
     assert follow.returncode == 0 and follow.stdout == "hi 0\nhi 1\nhi 2\n"
-    shown = json.loads(run_cli(head, "show", str(job["id"]), "--json").stdout)
+    shown = json.loads(cli(head, "show", str(job["id"]), "--json").stdout)
     assert shown["state"] == "succeeded" and [e["state"] for e in shown["events"]] == ["queued", "running", "succeeded"]
     assert shown["allocation"][0]["node"] == "node0" and len(shown["allocation"][0]["gpu_indices"]) == 2
-    listing = json.loads(run_cli(head, "jobs", "--json", "--team", "vision").stdout)
+    listing = json.loads(cli(head, "jobs", "--json", "--team", "vision").stdout)
     assert [j["id"] for j in listing] == [job["id"]]
-    assert json.loads(run_cli(head, "jobs", "--json", "--team", "nobody").stdout) == []
+    assert json.loads(cli(head, "jobs", "--json", "--team", "nobody").stdout) == []
 
-    long = json.loads(run_cli(head, "submit", "--json", "--gpus", "8", "--", "sleep", "300").stdout)
-    wait_for(lambda: json.loads(run_cli(head, "show", str(long["id"]), "--json").stdout)["state"] == "running")
-    nodes = json.loads(run_cli(head, "nodes", "--json").stdout)
+    long = json.loads(cli(head, "submit", "--json", "--gpus", "8", "--", "sleep", "300").stdout)
+    wait_for(lambda: json.loads(cli(head, "show", str(long["id"]), "--json").stdout)["state"] == "running")
+    nodes = json.loads(cli(head, "nodes", "--json").stdout)
     assert [g["job_id"] for g in nodes[0]["gpus"]] == [long["id"]] * 8
     assert nodes[0]["virtual"] is True and nodes[0]["gpus"][0]["model"] == "H100-80GB"
-    table = run_cli(head, "nodes").stdout
+    table = cli(head, "nodes").stdout
     assert "H100-80GB" in table and "used" in table
-    assert run_cli(head, "cancel", str(long["id"])).returncode == 0
+    assert cli(head, "cancel", str(long["id"])).returncode == 0
     done = finished(head, long["id"])
     assert done.state.value == "cancelled"
-    again = run_cli(head, "cancel", str(long["id"]))
+    again = cli(head, "cancel", str(long["id"]))
     assert again.returncode == 1 and "already ended" in again.stderr
 
 
 def test_job_file_and_sdk_submit_the_same_job(head: HeadProcess, tmp_path: Path) -> None:
     jf = tmp_path / "job.yaml"
     jf.write_text("name: from-file\ngpus: 2\npriority: high\ntime_limit: 10m\ncommand: [echo, file]\nenv:\n  A: b\n")
-    r = run_cli(head, "submit", "-f", str(jf), "--json", cwd=tmp_path)
+    r = cli(head, "submit", "-f", str(jf), "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     from_file = json.loads(r.stdout)
     assert from_file["spec"]["time_limit"] == 600 and from_file["spec"]["priority"] == "high"
@@ -371,13 +362,13 @@ def test_cli_begin_holds_a_job_until_its_time_on_a_real_head(head: HeadProcess, 
     job_file = tmp_path / "later.yaml"
     job_file.write_text('command: ["true"]\nbegin: now+3s\n')
     asked = time.time()
-    r = run_cli(head, "submit", "--json", "--begin", "+3s", "--", "true")
+    r = cli(head, "submit", "--json", "--begin", "+3s", "--", "true")
     assert r.returncode == 0, r.stderr
     by_option = json.loads(r.stdout)
-    by_file = json.loads(run_cli(head, "submit", "--json", "-f", str(job_file)).stdout)
+    by_file = json.loads(cli(head, "submit", "--json", "-f", str(job_file)).stdout)
     for job in (by_option, by_file):
         assert asked + 3 <= job["spec"]["begin"] <= time.time() + 3
-    shown = run_cli(head, "show", str(by_option["id"])).stdout
+    shown = cli(head, "show", str(by_option["id"])).stdout
     assert "begin: " in shown, shown
     with head.client():
         for job in (by_option, by_file):

@@ -1,8 +1,9 @@
 """End to end on PostgreSQL: real `gpucluster up --database postgresql://...` heads on the tests'
-own PostgreSQL server (tests/pgserver.py), each test with a new database.
+own PostgreSQL server (tests/pgserver.py).
 
-The core tests of test_jobs.py run here again, unchanged: this module's `head_factory` and
-`head` give every head the test's database (a restarted head included), so submit, run, cancel,
+The core tests of test_jobs.py run here again, unchanged: this module's `head_factory` gives every
+head a test starts a new database of the test's own (a restarted head included), and its
+`head_options` the module's shared head (`head`) a database of its own, so submit, run, cancel,
 priorities, the CLI, and kill -9 with re-adoption all go through PostgreSQL. Then what only
 PostgreSQL has: the database outlives any data dir, and two heads on one database are refused.
 And an upgrade: a head started on a data dir written by version 1 keeps its jobs.
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +34,7 @@ from tests.e2e.test_jobs import (  # noqa: F401 - collected here again, on Postg
     test_jobs_wait_for_gpus_and_start_in_priority_then_fifo_order,
     test_kill_9_of_the_head_loses_nothing_and_runs_nothing_twice,
 )
+from tests.pgserver import PostgresServer
 
 LEGACY = Path(__file__).resolve().parents[1] / "unit" / "legacy"
 PY = sys.executable
@@ -39,9 +42,14 @@ PY = sys.executable
 
 @pytest.fixture
 def head_factory(postgres_url: str) -> Iterator[type[HeadProcess]]:
-    """Every head of a test here (a restarted one too) on the test's PostgreSQL database; the
-    `head` fixture of tests/e2e/conftest.py builds on this one."""
+    """Every head a test here starts (a restarted one too) on the test's PostgreSQL database."""
     yield from tracked_heads("--database", postgres_url)
+
+
+@pytest.fixture(scope="module")
+def head_options(postgres_server: PostgresServer) -> dict[str, Any]:
+    """The module's shared head (the `head` fixture, tests/e2e/conftest.py) on a database of its own."""
+    return {"extra_args": ("--database", postgres_server.create_database())}
 
 
 def test_the_state_lives_in_postgresql_not_in_the_data_dir(head_factory: type[HeadProcess], tmp_path: Path) -> None:
@@ -66,7 +74,10 @@ def test_the_state_lives_in_postgresql_not_in_the_data_dir(head_factory: type[He
         assert c.submit(["true"], gpus=1).id == stopped + 1
 
 
-def test_a_second_head_on_the_same_database_is_refused(head: HeadProcess, postgres_url: str, tmp_path: Path) -> None:
+def test_a_second_head_on_the_same_database_is_refused(
+    head_factory: type[HeadProcess], postgres_url: str, tmp_path: Path
+) -> None:
+    head = head_factory(tmp_path / "data").start()
     r = subprocess.run(
         [PY, "-m", "gpucluster.cli.main", "up", "--data-dir", str(tmp_path / "other"), "--virtual-gpus", "2",
          "--port", "1", "--database", postgres_url],

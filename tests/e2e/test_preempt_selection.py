@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.e2e.headproc import HeadProcess, wait_for
-from tests.e2e.test_jobs import PY, finished, run_cli, running
+from tests.e2e.headproc import HeadProcess, cli, wait_for
+from tests.e2e.test_jobs import PY, finished, running
 from tests.e2e.test_scheduler import TRAP
 
 
@@ -60,7 +60,7 @@ def test_a_pool_quota_holds_a_teams_second_job_and_says_which_pool(
         assert j.state.value == "queued" and j.wait_reason == "quota", (j.state, j.wait_reason)
         assert "pool fast" in (j.reason or "") and "1-GPU quota" in (j.reason or ""), j.reason
         assert c.policy().pools[0].quotas == {"a": 1.0}
-        shown = run_cli(head, "policy", "show").stdout
+        shown = cli(head, "policy", "show").stdout
         assert "pool fast: node0; for every team, every class; quotas a 1 GPUs" in shown, shown
         c.cancel(first)
         assert finished(head, second, timeout=60).state.value == "succeeded"

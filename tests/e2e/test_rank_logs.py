@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from gpucluster.ranklogs import LinePrefixer, prefix_lines
-from tests.e2e.headproc import HeadProcess, wait_for
-from tests.e2e.test_jobs import CLI, finished, run_cli
+from tests.e2e.headproc import CLI, HeadProcess, cli, wait_for
+from tests.e2e.test_jobs import finished
 
 # Each rank says hello, waits for a file (so a follow starts while it runs), then says bye
 # in two writes, the second finishing the line.
@@ -39,7 +39,7 @@ def test_all_ranks_shows_and_follows_every_ranks_lines(head: HeadProcess, tmp_pa
     with head.client() as c:
         job = c.submit([sys.executable, str(script), str(go)], gpus=3, per_gpu=True, workdir=str(tmp_path)).id
         wait_for(lambda: all(f"hello from {r}" in c.logs(job, rank=r) for r in range(3)), TIMEOUT, what="3 hellos")
-    now = run_cli(head, "logs", str(job), "--all-ranks")
+    now = cli(head, "logs", str(job), "--all-ranks")
     assert now.returncode == 0, now.stderr
     assert now.stdout == "[rank 0] hello from 0\n[rank 1] hello from 1\n[rank 2] hello from 2\n"
     follow = subprocess.Popen(
@@ -64,5 +64,5 @@ def test_all_ranks_shows_and_follows_every_ranks_lines(head: HeadProcess, tmp_pa
             f"[rank {r}] bye from {r}",
         ], out
     assert finished(head, job, TIMEOUT).state.value == "succeeded"
-    both = run_cli(head, "logs", str(job), "--all-ranks", "--rank", "1")
+    both = cli(head, "logs", str(job), "--all-ranks", "--rank", "1")
     assert both.returncode == 1 and "--all-ranks and --rank" in both.stderr and "Traceback" not in both.stderr

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from gpucluster.client import Client
-from tests.e2e.headproc import HeadProcess, wait_for
-from tests.e2e.test_jobs import PY, finished, run_cli, running
+from tests.e2e.headproc import HeadProcess, cli, wait_for
+from tests.e2e.test_jobs import PY, finished, running
 
 TRAP = """
 import os, signal, sys, time
@@ -59,16 +59,16 @@ def test_queue_and_why_explain_waiting_jobs(head: HeadProcess) -> None:
         # Every job gets an estimate (refreshed every few seconds): the 3rd in line after the
         # first (no limit: the default hour) ends.
         wait_for(lambda: c.job(third).estimated_start is not None, what="an estimate for the 3rd in line")
-        q = json.loads(run_cli(head, "queue", "--json").stdout)
+        q = json.loads(cli(head, "queue", "--json").stdout)
         assert [e["job"]["id"] for e in q] == [waiting, behind, third]
         assert [e["position"] for e in q] == [1, 2, 3]
         assert abs(q[2]["job"]["estimated_start"] - (big_ends + 3600)) < 5
-        table = run_cli(head, "queue").stdout
+        table = cli(head, "queue").stdout
         est = time.strftime("%Y-%m-%d %H:%M", time.localtime(q[2]["job"]["estimated_start"]))
         assert est in table
-        why = json.loads(run_cli(head, "why", str(behind), "--json").stdout)
+        why = json.loads(cli(head, "why", str(behind), "--json").stdout)
         assert why["position"] == 2 and why["wait_reason"] in ("behind_reservation", "resources")
-        text = run_cli(head, "why", str(waiting)).stdout
+        text = cli(head, "why", str(waiting)).stdout
         assert "position 1" in text and "reserved" in text
         c.cancel(big)
 
@@ -81,9 +81,9 @@ def test_policy_check_reports_the_line_and_up_refuses_a_bad_policy(tmp_path: Pat
     bad = tmp_path / "bad.yaml"
     bad.write_text("teams:\n  vision:\n    weight: 2\n    quota: {H100-80GB: -4}\n")
     h = head_factory(tmp_path / "data")
-    ok = run_cli(h, "policy", "check", str(good))
+    ok = cli(h, "policy", "check", str(good))
     assert ok.returncode == 0 and "2 team(s)" in ok.stdout
-    r = run_cli(h, "policy", "check", str(bad))
+    r = cli(h, "policy", "check", str(bad))
     assert r.returncode == 1 and f"{bad}:4: teams.vision.quota" in r.stderr and "Traceback" not in r.stderr
     h.args += ["--policy", str(bad)]
     try:
@@ -163,7 +163,7 @@ def test_two_teams_at_their_quotas_do_not_livelock_on_preemption(tmp_path: Path,
 
 def _submit_cli(head: HeadProcess, *args: str) -> int:
     """Submit through the real CLI; the job's id from its `submitted job N` line."""
-    out = run_cli(head, "submit", *args)
+    out = cli(head, "submit", *args)
     assert out.returncode == 0, out.stderr
     found = re.search(r"submitted job (\d+)", out.stdout)
     assert found is not None, out.stdout

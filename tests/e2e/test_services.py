@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +18,8 @@ import pytest
 
 from gpucluster.client import ApiError, Client
 
-from .headproc import SLACK, HeadProcess, free_port, passable_dir, wait_for
+from .headproc import SLACK, HeadProcess, cli, free_port, passable_dir, wait_for
 from .servicekit import APP, Load, wait_ready
-
-CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +41,6 @@ def head(root: Path) -> Iterator[HeadProcess]:
     finally:
         h.stop()
         h.kill_jobs()
-
-
-def cli(head: HeadProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=head.env)
 
 
 def pid_of(root: Path, port: int) -> int:

@@ -19,7 +19,7 @@ from websockets.sync.client import connect
 
 from gpucluster.client import Client
 
-from .headproc import HeadProcess, free_port, passable_dir, pid_alive, wait_for
+from .headproc import HeadProcess, cli, free_port, passable_dir, pid_alive, wait_for
 from .ptyterm import Term
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
@@ -51,13 +51,6 @@ def run_bash(terms: list[Term], head: HeadProcess, rows: int = 24) -> tuple[Term
     job_id = int(t.expect(rb"session (\d+) submitted").group(1))
     t.expect(PROMPT)
     return t, job_id
-
-
-def cli(head: HeadProcess, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = head.env
-    if token is not None:
-        env["GPUCLUSTER_TOKEN"] = token
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def ws_status(head: HeadProcess, path: str, token: str | None) -> int:
@@ -300,7 +293,9 @@ def test_an_idle_session_is_warned_in_its_terminal_then_stopped(
     gpus_at(0)
     t.expect(r"\[gpucluster\] this session is idle \(GPUs at or under 1% and no input for \d+s\); it will be stopped")
     with head.client() as c:
-        assert [f.flag for f in c.job(job_id).flags] == ["idle"]  # the dashboard shows it too
+        # The dashboard shows it too: the flag is stored just after the terminal is told (under
+        # load the terminal's line can arrive first).
+        wait_for(lambda: [f.flag for f in c.job(job_id).flags] == ["idle"], what="the idle flag")
     t.send("echo still-here\r")  # a key withdraws the warning
     t.expect(r"\[gpucluster\] activity again: the session stays")
     gpus_at(100)  # busy GPUs and a silent terminal (a long training step): not idle

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpucluster.models import Job
 
-from .headproc import HeadProcess, wait_for
+from .headproc import HeadProcess, cli, wait_for
 
-CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 FAKE_NVML = Path(__file__).parent.parent / "fakenvml"
 NODE = "node0"
 
@@ -68,10 +65,6 @@ def head(tmp_path_factory: pytest.TempPathFactory, gpus: FakeGpus) -> Iterator[H
     finally:
         h.stop()
         h.kill_jobs()
-
-
-def cli(head: HeadProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], env=head.env, capture_output=True, text=True, timeout=60)
 
 
 def job(head: HeadProcess, job_id: int) -> Job:

@@ -33,8 +33,7 @@ from typing import Any
 import pytest
 
 from gpucluster.models import Job
-from tests.e2e.headproc import HeadProcess, wait_for
-from tests.e2e.test_jobs import run_cli
+from tests.e2e.headproc import HeadProcess, cli, wait_for
 
 if importlib.util.find_spec("torch") is None or importlib.util.find_spec("sklearn") is None:
     pytest.skip("the DDP example needs torch and scikit-learn", allow_module_level=True)
@@ -68,7 +67,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def submit(head: HeadProcess, workdir: Path, *options: str) -> int:
-    r = run_cli(head, "submit", *options, "--", sys.executable, str(EXAMPLE), "--epochs", str(EPOCHS), cwd=workdir)
+    r = cli(head, "submit", *options, "--", sys.executable, str(EXAMPLE), "--epochs", str(EPOCHS), cwd=workdir)
     assert r.returncode == 0, r.stderr
     return int(r.stdout.split()[2])  # "submitted job N (name): queued"
 
@@ -154,12 +153,12 @@ def test_the_4_process_example_reaches_its_stated_accuracy(head: HeadProcess, re
     assert job.progress is not None and job.progress.step == EPOCHS * 10
     assert job.progress.checkpoint_step == EPOCHS * 10
     # logs: rank 0 by default, any rank with --rank
-    logs = run_cli(head, "logs", str(job.id))
+    logs = cli(head, "logs", str(job.id))
     assert logs.returncode == 0 and '"event": "done"' in logs.stdout
-    assert run_cli(head, "logs", str(job.id), "--rank", "3").returncode == 0
-    bad = run_cli(head, "logs", str(job.id), "--rank", "4")
+    assert cli(head, "logs", str(job.id), "--rank", "3").returncode == 0
+    bad = cli(head, "logs", str(job.id), "--rank", "4")
     assert bad.returncode == 1 and "no rank 4" in bad.stderr
-    shown = run_cli(head, "show", str(job.id)).stdout
+    shown = cli(head, "show", str(job.id)).stdout
     assert "one process per GPU" in shown and f"progress:   step {EPOCHS * 10}" in shown and "#1 " in shown
     # the example reports its loss and accuracy (gpucluster.train.report): stored, shown
     metrics = {m.name: m for m in job.metrics}
@@ -173,7 +172,7 @@ def test_requeue_mid_run_checkpoints_waits_resumes_and_loses_less_than_a_checkpo
 ) -> None:
     job = submit(head, workdir, "--gpus", "4", "--per-gpu", "--name", "requeued")
     wait_event(head, job, 1, lambda e: e["event"] == "step" and e["step"] >= 100)
-    r = run_cli(head, "requeue", str(job))
+    r = cli(head, "requeue", str(job))
     assert r.returncode == 0 and "requeueing" in r.stdout, r.stderr
     final = finished(head, job)
     assert final.state.value == "succeeded" and final.attempt == 2, f"{final.reason}\n{tail(head, job)}"

@@ -10,16 +10,13 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.headproc import HeadProcess, passable_dir, wait_for
+from tests.e2e.headproc import HeadProcess, cli, passable_dir, wait_for
 
-CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 ME = pwd.getpwuid(os.geteuid())[0]
 
 
@@ -32,13 +29,6 @@ def head() -> Iterator[HeadProcess]:
         finally:
             h.stop()
             h.kill_jobs()
-
-
-def cli(head: HeadProcess, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = head.env
-    if token is not None:
-        env["GPUCLUSTER_TOKEN"] = token
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,9 @@ a few milliseconds), calling it every few steps keeps that all-reduce out of the
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import signal
 import sys
 import threading
@@ -118,7 +121,24 @@ def install(grace_period_s: float | None = None) -> Preemption:
 
 
 def exit_for_requeue() -> NoReturn:
-    """Exit with REQUEUE_EXIT_CODE: "I saved a checkpoint; run me again later"."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(REQUEUE_EXIT_CODE)
+    """Exit with REQUEUE_EXIT_CODE: "I saved a checkpoint; run me again later".
+
+    The process ends as an interpreter exit would up to the point where the interpreter starts
+    destroying objects — the script's other (non-daemon) threads finish, its atexit handlers run
+    (`train.setup`'s teardown of the process groups among them), stdout and stderr are flushed —
+    and then at once (`os._exit`). Why not `sys.exit`: it is called deep in the training loop,
+    where the script still holds its DDP model, and through it the gloo process group and its
+    native threads (`teardown` unregisters the group; the model keeps the object). Those were
+    destroyed only in the interpreter's and the C++ runtime's own teardown, where the threads
+    raced it: a rank now and then died of SIGABRT ("terminate called without an active
+    exception", exit -6), which turned a requeue into a failure.
+    """
+    me = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not me and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # closed, or a pipe nobody reads any more
+            stream.flush()
+    os._exit(REQUEUE_EXIT_CODE)
