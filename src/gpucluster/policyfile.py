@@ -12,6 +12,8 @@
     backfill:   {enabled: true, default_time_limit: 1h}
     priorities: true
     starvation_age: 24h
+    ordering: {mode: las, queues: [1h, 8h], promote_after: 24h, preempt: true, min_slice: 30m}
+    #   within a team: least attained GPU-time first (core/attained.py); mode: age (the default)
     unknown_teams: allow        # or reject: submissions must name a team listed here
     idle:   {after: 30m, threshold: 1, action: notify}     # or requeue, stop
     health: {max_temperature: 90, node_timeout: 60s, drain_on_ecc: true, drain_on_xid: true}
@@ -47,6 +49,7 @@ A name instead of a path selects a shipped baseline: fifo, priority, default.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -54,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpucluster.core import policy as core
 from gpucluster.core.accounting import MONTH, Accounting, Budget
+from gpucluster.core.attained import Ordering
 from gpucluster.core.pools import Pool
 from gpucluster.core.selection import label_error
 from gpucluster.core.types import Priority
@@ -143,6 +147,45 @@ class BackfillIn(_Strict):
         if _seconds(v, "default_time_limit") <= 0:
             raise ValueError("default_time_limit must be positive")
         return v
+
+
+class OrderingIn(_Strict):
+    """ordering: {mode: las, queues: [1h, 8h], promote_after: 24h, preempt: true, min_slice: 30m,
+    restart_cost: 1m} (core/attained.py). `queues` are GPU-time thresholds written as durations
+    (`1h`: one GPU-hour: 1 GPU for an hour or 8 GPUs for 7.5 minutes); `promote_after: null`
+    never promotes."""
+
+    mode: Literal["age", "las"] = "age"
+    queues: list[Duration] = Field(default_factory=lambda: list[Duration](["1h", "8h"]))
+    promote_after: Duration | None = "24h"
+    preempt: bool = False
+    min_slice: Duration = "30m"
+    restart_cost: Duration = "1m"
+
+    @field_validator("queues")
+    @classmethod
+    def _queues(cls, v: list[Duration]) -> list[Duration]:
+        got = [_seconds(x, "queues") for x in v]
+        if not got or any(x <= 0 for x in got) or any(b <= a for a, b in pairwise(got)):
+            raise ValueError("queues are positive GPU-time thresholds in ascending order, at least one (e.g. [1h, 8h])")
+        return v
+
+    @field_validator("promote_after", "min_slice", "restart_cost")
+    @classmethod
+    def _dur(cls, v: Duration | None) -> Duration | None:
+        if v is not None:
+            _seconds(v, "ordering durations")  # "cannot be negative"
+        return v
+
+    def to_ordering(self) -> Ordering:
+        return Ordering(
+            mode=self.mode,
+            queues=tuple(_seconds(x, "queues") for x in self.queues),
+            promote_after_s=None if self.promote_after is None else _seconds(self.promote_after, "promote_after"),
+            preempt=self.preempt,
+            min_slice_s=_seconds(self.min_slice, "min_slice"),
+            restart_cost_s=_seconds(self.restart_cost, "restart_cost"),
+        )
 
 
 def _percentage(v: float) -> float:
@@ -428,6 +471,7 @@ class PolicyIn(_Strict):
     limits: LimitsIn = Field(default_factory=LimitsIn)
     pools: dict[str, PoolIn] = Field(default_factory=dict)
     resources: ResourcesIn = Field(default_factory=ResourcesIn)
+    ordering: OrderingIn = Field(default_factory=OrderingIn)
 
     _check_prices = field_validator("prices")(_prices)
 
@@ -498,6 +542,13 @@ class PolicyIn(_Strict):
                             "add it to teams: or drop its quota",
                         )
                     )
+        if self.ordering.preempt and not self.preemption.enabled:
+            out.append(
+                (
+                    ["ordering", "preempt"],
+                    "ordering.preempt needs preemption.enabled: true (or set ordering.preempt: false)",
+                )
+            )
         if self.unknown_teams == "reject" and not self.teams:
             out.append((["unknown_teams"], "reject needs at least one team under teams:"))
         return out
@@ -549,6 +600,7 @@ class PolicyIn(_Strict):
             limits=self.limits.to_limits(),
             pools=tuple(p.to_pool(name) for name, p in sorted(self.pools.items())),
             host=self.resources.to_defaults(),
+            ordering=self.ordering.to_ordering(),
         )
 
     def to_accounting(self) -> Accounting:

@@ -42,7 +42,9 @@ def simulate(
     policy: Annotated[
         list[str] | None,
         typer.Option(
-            "--policy", help="policy YAML (as for `gpucluster up`) or fifo, priority, default; repeat to compare"
+            "--policy",
+            help="policy YAML (as for `gpucluster up`) or fifo, fifo-backfill, priority, default, las;"
+            " oracle-sjf (a reference: knows run times); repeat to compare",
         ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed for every random draw (same seed, same metrics)")] = 0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpucluster.core.attained import Ordering
 from gpucluster.core.pools import Pool
 from gpucluster.core.types import Priority
 
@@ -265,6 +266,8 @@ class Policy:
     pools: tuple[Pool, ...] = ()
     # CPUs and host memory per GPU for a job that does not say (applied at submit).
     host: HostDefaults = field(default_factory=HostDefaults)
+    # Order inside a team's line: by age (default) or by attained service (core/attained.py).
+    ordering: Ordering = field(default_factory=Ordering)
 
     # Teams not listed, made on first use: `team()` is called per queued job per cycle, and a
     # new Team each time cost ~1 us x millions of calls at scale.
@@ -341,9 +344,26 @@ def fifo_policy() -> Policy:
     return Policy(fair_share=False, priorities=False, backfill=False, preemption=Preemption(enabled=False))
 
 
+def fifo_backfill_policy() -> Policy:
+    """Baseline: FIFO with EASY backfill (a later job may start if it does not delay the first's
+    reserved start); no priorities, fair share or preemption."""
+    return Policy(fair_share=False, priorities=False, backfill=True, preemption=Preemption(enabled=False))
+
+
+def las_policy() -> Policy:
+    """The default policy with least-attained-service ordering and its preemption (core/attained.py)."""
+    return Policy(ordering=Ordering(mode="las", preempt=True))
+
+
 def priority_policy() -> Policy:
     """Baseline: strict priority, FIFO within a class; no fair share, backfill or preemption."""
     return Policy(fair_share=False, backfill=False, preemption=Preemption(enabled=False))
 
 
-BUILTIN_POLICIES = {"fifo": fifo_policy, "priority": priority_policy, "default": Policy}
+BUILTIN_POLICIES = {
+    "fifo": fifo_policy,
+    "fifo-backfill": fifo_backfill_policy,
+    "priority": priority_policy,
+    "default": Policy,
+    "las": las_policy,
+}

@@ -26,7 +26,9 @@ from gpucluster.core.types import JobRequest
 # How much a start charges its team, in GPU-seconds per GPU, when the job has no time limit.
 CHARGE_HORIZON_S = 3600.0
 
-_Entry = tuple[float, float, int, str]  # (fair-share ratio, head's submitted_at, head's job_id, team)
+# (fair-share ratio, head's rank, head's submitted_at, head's job_id, team); the rank is 0 but
+# with an attained-service ordering (core/attained.py), where it breaks ties of fair share.
+_Entry = tuple[float, float, float, int, str]
 
 
 def by_age(jobs: Iterable[JobRequest]) -> list[JobRequest]:
@@ -128,10 +130,13 @@ class TeamQueues:
         now: float,
         guaranteed: Callable[[JobRequest], bool] | None = None,
         presorted: Sorted | None = None,
+        ranks: Mapping[int, float] | None = None,
     ) -> None:
         """`guaranteed`: jobs that fit within their team's guaranteed quota go before any
         borrower, so a guarantee is met in the cycle its demand appears (None: no quotas).
-        `presorted`: what `sort_in_plain` would give for `queued`, from a `QueueIndex`."""
+        `presorted`: what `sort_in_plain` would give for `queued`, from a `QueueIndex`.
+        `ranks`: job id -> rank inside its team's line (core/attained.py), lower first, ties by
+        age; None (the default ordering): by age alone, and no per-job work here."""
         self.policy = policy
         self.usage = dict(usage)
         jobs = queued if isinstance(queued, (list, tuple)) else list(queued)
@@ -142,6 +147,16 @@ class TeamQueues:
         else:
             held, aged, buckets = sort_in(jobs, policy, now, guaranteed)
         self.held = held  # not to be considered yet (`not_before` in the future)
+        self._rank = ranks.__getitem__ if ranks else None
+        if ranks:
+            # Each team's line is by age; a stable sort by rank keeps age within a rank. The
+            # aged jobs stay by age: the starvation age goes before any ranking.
+            # New lists: `presorted`'s belong to the caller's QueueIndex.
+            key = ranks.__getitem__
+            buckets = {
+                level: {team: sorted(jobs, key=lambda j: key(j.job_id)) for team, jobs in per.items()}
+                for level, per in buckets.items()
+            }
         levels = {level: {team: deque(jobs) for team, jobs in per.items()} for level, per in buckets.items()}
         self._aged = deque(aged)
         self._levels = [levels[k] for k in sorted(levels, reverse=True)]
@@ -166,7 +181,7 @@ class TeamQueues:
         ratio = self._ratios.get(team)
         if ratio is None:
             ratio = self._ratios[team] = self._ratio(team)
-        return (ratio, head.submitted_at, head.job_id, team)
+        return (ratio, self._rank(head.job_id) if self._rank else 0.0, head.submitted_at, head.job_id, team)
 
     def _next_level(self) -> bool:
         while self._level + 1 < len(self._levels):
@@ -198,7 +213,7 @@ class TeamQueues:
                 if not heap or ratio < heap[0][0]:
                     self._done = False
                     return q.popleft()
-                team = heapq.heappushpop(heap, (ratio, q[0].submitted_at, q[0].job_id, team))[3]
+                team = heapq.heappushpop(heap, self._entry(team, q[0]))[4]
                 self._popped_team = team
                 self._done = False
                 return self._queues[team].popleft()
@@ -206,7 +221,7 @@ class TeamQueues:
             if not self._next_level():
                 self._popped_team = None
                 return None
-        team = heapq.heappop(heap)[3]
+        team = heapq.heappop(heap)[4]
         self._popped_team = team
         self._done = False
         return self._queues[team].popleft()
@@ -225,7 +240,7 @@ class TeamQueues:
         team = job.team
         if team == self._popped_team:
             return  # not in the heap: `pop` reads its ratio afresh
-        for i, (_, _, _, name) in enumerate(self._heap):
+        for i, (*_, name) in enumerate(self._heap):
             if name == team:
                 self._heap[i] = self._entry(team, self._queues[team][0])
                 heapq.heapify(self._heap)

@@ -25,6 +25,7 @@ from dataclasses import replace
 from functools import partial
 from operator import attrgetter, is_not
 
+from gpucluster.core import attained
 from gpucluster.core.admission import admit, explain_drains
 from gpucluster.core.backfill import EndTimes, Reservation, reserve
 from gpucluster.core.limits import within_limits
@@ -264,6 +265,11 @@ class _Cycle:
         self._pool_used: dict[tuple[str, str], float] | None = None
         self._pool_version = 0
         self._pool_full_memo: dict[tuple[str, float], tuple[int, frozenset[str], str | None]] = {}
+        # Attained-service ordering (core/attained.py): each queued job's rank, worked out in
+        # `run` only when the policy ranks jobs; `_las` whether it also preempts for it.
+        self._ranks: dict[int, float] = {}
+        ordering = policy.ordering
+        self._las = policy.preemption.enabled and ordering.mode == "las" and ordering.preempt
 
     def run(self) -> Plan:
         index = self.s.queue_index
@@ -273,7 +279,12 @@ class _Cycle:
             return Plan(starts=(), preemptions=(), waiting={})
         guaranteed = self._guaranteed if self.quotas.has_quotas else None
         presorted = index.sorted_in(self.policy, self.now) if index is not None and guaranteed is None else None
-        queues = TeamQueues(self.s.queued, self.policy, self.s.usage, self.now, guaranteed, presorted)
+        ordering = self.policy.ordering
+        if ordering.ranked:
+            self._ranks = attained.ranks(self.s.queued, ordering, self.s.attained, self.s.expected_runtime, self.now)
+        queues = TeamQueues(
+            self.s.queued, self.policy, self.s.usage, self.now, guaranteed, presorted, self._ranks or None
+        )
         waiting, starts, reservations, preemptions = self.waiting, self.starts, self.reservations, self.preemptions
         # Jobs that could not start, by request, since the cycle's state last changed. Why: a
         # job that cannot start changes nothing (no GPUs, quota, reservation or victims), and
@@ -306,6 +317,10 @@ class _Cycle:
             and self.quotas.unlimited
             and not self._quota_pools  # a pool's quota is a team's, like a quota
         )
+        # With attained-service preemption two jobs asking the same may meet different fates
+        # (whom each may preempt depends on its rank): answers are shared per (request, rank).
+        las = self._las
+        keep = keep and not las
         if keep and self.policy.preemption.enabled and self._shares_in_play():
             # Preemption counted GPU by GPU (core/preempt_shapes.py) is not monotone in the free
             # capacity the way the argument above needs: after starts, a job may find that
@@ -326,7 +341,7 @@ class _Cycle:
                     kept_at = len(reservations) + len(preemptions)
                 if settle and self._settled():
                     break  # no job left in line can change the plan; only waits would follow
-            request = job.demand
+            request = (job.demand, self._ranks[job.job_id]) if las else job.demand
             if keep and job.need in kept:
                 after.done(job, False)
                 continue
@@ -402,6 +417,12 @@ class _Cycle:
             return True
         if self.policy.preemption.reclaim_quota and self.quotas.has_quotas:
             return False
+        if self._las:
+            # A queued job may preempt one of its own class with more attained service: not
+            # nothing only if some running job could be taken (O(running), not O(queue)).
+            ordering, attained_s, now = self.policy.ordering, self.s.attained, self.now
+            if any(attained.may_be_taken(v, ordering, attained_s, now) for v in self.s.running if not v.stopping):
+                return False
         if not self.policy.priorities:
             return True
         index = self.s.queue_index
@@ -703,7 +724,8 @@ class _Cycle:
         if not self._may_have_victims(job):
             return False
         by_class = self.pool_by_class and not (pre.reclaim_quota and self.quotas.has_quotas)
-        pool = self._victim_pool(int(job.priority) if by_class else None)
+        # With attained-service preemption the asker's own class is in the pool too.
+        pool = self._victim_pool(int(job.priority) + int(self._las) if by_class else None)
         for model in models:
             if model in self.reservations:
                 continue
@@ -755,11 +777,14 @@ class _Cycle:
                 what = "shrinking elastic job(s)" if shrunk else "preempting job(s)"
                 self._wait(job, WaitReason.PREEMPTING, f"{what} {names} to free {job.gpus:g} {model} GPUs")
                 for v in choice.victims:
-                    why = (
-                        f"preempted by job {job.job_id} ({job.priority.label} priority)"
-                        if self.policy.priorities and v.priority < job.priority
-                        else f"preempted: team {job.team} reclaims its guaranteed {model} GPUs"
-                    )
+                    if self.policy.priorities and v.priority < job.priority:
+                        why = f"preempted by job {job.job_id} ({job.priority.label} priority)"
+                    elif self._las_victim(job, v):
+                        why = (
+                            f"preempted by job {job.job_id} (less attained service: queue {self._ranks[job.job_id]:g})"
+                        )
+                    else:
+                        why = f"preempted: team {job.team} reclaims its guaranteed {model} GPUs"
                     if shrunk:
                         why = (
                             f"resized: shrinking from {v.allocation.gpu_count:g} GPUs ({why}); it restarts at once "
@@ -842,6 +867,8 @@ class _Cycle:
         (`_victim_pool`, O(running) a cycle): on Philly, with one class and no quotas, always."""
         if self.policy.preemption.reclaim_quota and self.quotas.has_quotas:
             return True
+        if self._las and self._ranks[job.job_id] < len(self.policy.ordering.queues):
+            return True  # it may have less attained service than a running job of its class
         return self.policy.priorities and self._lower_class_runs(job.priority)
 
     def _lower_class_runs(self, priority: int) -> bool:
@@ -864,6 +891,7 @@ class _Cycle:
         may_take = self.policy.may_preempt_by_class
         borrowing: dict[str, bool] = {}
         out: list[RunningJob] = []
+        las = self._las
         for v in pool:
             if v.job_id in preempted:
                 continue
@@ -871,7 +899,7 @@ class _Cycle:
                 by_class
                 and v.priority < priority
                 and (not serving or may_take(priority, v.last_checkpoint_at is not None))
-            ):
+            ) or (las and v.priority == priority and self._las_victim(job, v)):
                 out.append(v)
             elif reclaim and v.team != team:
                 b = borrowing.get(v.team)
@@ -880,6 +908,18 @@ class _Cycle:
                 if b:
                     out.append(v)
         return out
+
+    def _las_victim(self, job: JobRequest, v: RunningJob) -> bool:
+        """Whether `job` may preempt `v`, of its own class, for attained service alone
+        (core/attained.py: a later queue, checkpointed, its minimum slice had, a loss within
+        the asker's allowance), and, with fair share, only from a team at least as far over
+        its share as the asker's (LAS reorders work; it must not move GPUs to a team that has
+        had more than its share from one that has had less)."""
+        if not (
+            self._las and attained.may_take(self._ranks[job.job_id], v, self.policy.ordering, self.s.attained, self.now)
+        ):
+            return False
+        return not self.policy.fair_share or self._over_share(v.team) >= self._over_share(job.team)
 
     def _victim_pool(self, below: int | None) -> dict[str, list[RunningJob]]:
         """Preemptible running jobs by GPU model, ranked by `_victim_cost`, built once per cycle.

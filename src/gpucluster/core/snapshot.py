@@ -45,6 +45,12 @@ class Snapshot:
     # Container image -> the nodes known to have it: a tie-breaker of placement only
     # (core/image_affinity.py); empty: no preference (the simulator, a cluster without images).
     images: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Job id -> GPU-seconds over its previous attempts (the current one is worked out from a
+    # running job's start): read only when the policy orders by attained service (core/attained.py).
+    attained: Mapping[int, float] = field(default_factory=dict)
+    # Job id -> expected run seconds, read only by `ordering.mode: sjf` (core/attained.py): the
+    # simulator's reference oracle fills it with true run times; a run-time predictor may later.
+    expected_runtime: Mapping[int, float] = field(default_factory=dict)
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()

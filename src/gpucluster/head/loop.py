@@ -535,6 +535,8 @@ class Head:
             holds=dict(self.accounting.held),
             drains={**{n: Drain("down: gone from the cluster's inventory") for n in down}, **self.telemetry.drains()},
             images=self.images.by_image(),
+            # Only an attained-service ordering reads it (core/attained.py): no query otherwise.
+            attained=self.store.attained_gpu_seconds() if self.policy.ordering.ranked else {},
         )
         admitted, self.limit_waits = within_limits(admit(snap)[0], self.policy, self.clock())
         return admitted

@@ -229,6 +229,13 @@ class Engine:
         self._nodes: tuple[Node, ...] = self._all_nodes  # the live ones, in spec order
         self._up_gpus = spec.total_gpus
         self._queued: dict[int, JobRequest] = {}
+        # Attained-service ordering (core/attained.py): GPU-seconds of each job's ended attempts,
+        # kept only when the policy ranks jobs; and for the reference oracle, each queued job's
+        # true remaining run time (core reads them through the snapshot).
+        self._ranked = policy.core.ordering.ranked
+        self._oracle = policy.oracle
+        self._attained: dict[int, float] = {}
+        self._expected: dict[int, float] = {}
         # Preempted job -> the job it was preempted for, while that job is queued (as the head).
         self._preempted_for: dict[int, int] = {}
         # Elastic growth, as the head: since when GPUs are free with nothing queued, and whether
@@ -408,7 +415,7 @@ class Engine:
     # ---- arrivals and the scheduler -----------------------------------------------------------
 
     def _arrive(self, trace: TraceJob, now: float) -> None:
-        request = scheduling.job_request(trace, host=self.policy.core.host)
+        request = scheduling.job_request(trace, host=self.policy.core.host, oracle=self._oracle)
         why = self._infeasible(request, now)
         if why is not None:
             res = self.result
@@ -450,6 +457,8 @@ class Engine:
         if job.trace.throttle is not None and job.trace.array_id is not None:
             self._admitted[job.trace.array_id].add(job.trace.job_id)
         self._queued[job.trace.job_id] = job.request
+        if self._oracle:
+            self._expected[job.trace.job_id] = job.work_left
         self._queue_index.add(job.request)
         self._team_queued[job.team] += job.trace.gpus
         self._dirty = True
@@ -499,6 +508,8 @@ class Engine:
             self._queue_index,
             self._preempted_for,
             self._holds,
+            self._attained,
+            self._expected,
         )
         t0 = time.process_time()  # CPU time: on a shared machine wall time mostly measures the others
         plan = scheduling.decide(snap, self.policy, now)
@@ -661,6 +672,8 @@ class Engine:
         if self._usage is not None:
             self._usage.change(job.trace.team, -held, now)
         elapsed = now - job.run_start
+        if self._ranked:
+            self._attained[jid] = self._attained.get(jid, 0.0) + elapsed * held
         computing = min(elapsed, job.stop_elapsed)
         p = progress(computing, job.plan, job.interval, self.spec.checkpoints.cost_s, job.startup)
         unsaved = 0.0 if saved_all else p.computed_s - p.saved_s + p.partial_write_s
@@ -989,7 +1002,7 @@ class Engine:
         job.work_left = max(0.0, job.work_left - (p.computed_s if saves else p.saved_s) * job.rate)
         job.cause = LOST_PREEMPT
         job.request = scheduling.job_request(
-            job.trace, queued_at=now, host=self.policy.core.host
+            job.trace, queued_at=now, host=self.policy.core.host, oracle=self._oracle
         )  # as the head requeues it
         self._dirty = True
         self._enqueue(job)
@@ -1059,7 +1072,9 @@ class Engine:
         job.restarts = after.restart
         self.result.restarts += 1
         wake = now + after.backoff_s
-        job.request = scheduling.job_request(job.trace, queued_at=now, not_before=wake, host=self.policy.core.host)
+        job.request = scheduling.job_request(
+            job.trace, queued_at=now, not_before=wake, host=self.policy.core.host, oracle=self._oracle
+        )
         self._wake(wake)
         self._enqueue(job)
 

@@ -7,7 +7,8 @@ policy is loaded by the head's own loader (`gpucluster.policyfile.load_policy`) 
 core untouched. When the core grows new request fields, this file is the one to change.
 
 Policies: `--policy` takes a policy YAML file (the same file `gpucluster up --policy` reads) or a
-shipped baseline name: `fifo`, `priority` or `default` (see gpucluster.core.policy).
+shipped baseline name: `fifo`, `fifo-backfill`, `priority`, `default` or `las` (see
+gpucluster.core.policy); or `oracle-sjf`, a reference only the simulator can run (`ORACLE`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from gpucluster.core import policy as core_policy
 from gpucluster.core.accounting import Accounting
+from gpucluster.core.attained import Ordering
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import HostDefaults, Policy
@@ -30,7 +32,18 @@ from gpucluster.policyfile import PolicyFileError, load_policy_file
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.workload import TraceJob
 
-BUILTIN_POLICIES = tuple(core_policy.BUILTIN_POLICIES)
+# A reference, not a policy: shortest job first (by the trace's true remaining run time) with
+# EASY backfill given perfect time limits, no classes, fair share or preemption. Only the
+# simulator knows run times, so only it can run this; it shows how far from the best a policy
+# that does not know them is (issue 25).
+ORACLE = "oracle-sjf"
+BUILTIN_POLICIES = (*core_policy.BUILTIN_POLICIES, ORACLE)
+
+
+def oracle_policy() -> Policy:
+    """`ORACLE`'s core policy: FIFO + backfill's, ordered by `Snapshot.expected_runtime`, with
+    no starvation age (a pure SJF; `inf`: no job ever ages past the order)."""
+    return replace(core_policy.fifo_backfill_policy(), ordering=Ordering(mode="sjf"), starvation_age_s=float("inf"))
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,8 @@ class SimPolicy:
     # The file's `budgets:` (prices come from the cluster spec's node groups): teams over budget
     # are held as on the head, by the core's admission (Snapshot.holds).
     accounting: Accounting = field(default_factory=Accounting)
+    # The reference oracle (`ORACLE`): the engine tells the core each job's true run time.
+    oracle: bool = False
 
     @property
     def grace_period_s(self) -> float:
@@ -64,7 +79,9 @@ class SimPolicy:
 
 
 def load_policy(arg: str) -> SimPolicy:
-    """`fifo`, `priority`, `default`, or a policy YAML file, read by the head's own loader."""
+    """A shipped baseline, the reference oracle, or a policy YAML file, read by the head's own loader."""
+    if arg == ORACLE:
+        return SimPolicy(name=arg, source="built-in reference (knows run times)", core=oracle_policy(), oracle=True)
     if arg in BUILTIN_POLICIES:
         core, accounting = load_policy_file(arg)
         return SimPolicy(name=arg, source="built-in", core=core, accounting=accounting)
@@ -79,15 +96,24 @@ def load_policy(arg: str) -> SimPolicy:
 
 
 def job_request(
-    job: TraceJob, queued_at: float | None = None, not_before: float | None = None, host: HostDefaults | None = None
+    job: TraceJob,
+    queued_at: float | None = None,
+    not_before: float | None = None,
+    host: HostDefaults | None = None,
+    oracle: bool = False,
 ) -> JobRequest:
     """The queued job as the core sees it; built when it arrives and when it is requeued (with
     when it re-entered the queue and, after a failure, the end of its backoff, as the head does).
     Its CPUs and host memory: the trace's, else the policy's per GPU (`host`), as the head
-    fills them in at submit."""
+    fills them in at submit. `oracle`: its time limit is its true run time (the reference's
+    perfect limits, for backfill), or its own limit if that is shorter; the engine ends it by its
+    own limit either way."""
     cpus, mem = job.cpus, job.mem_mb
     if host is not None and (cpus is None or mem is None):
         cpus, mem = host.resolve(job.gpus, cpus, mem)
+    limit = job.time_limit
+    if oracle:
+        limit = job.duration if limit is None else min(limit, job.duration)
     return JobRequest(
         job_id=job.job_id,
         gpus=job.gpus,
@@ -99,7 +125,7 @@ def job_request(
         team=job.team,
         gpu_memory_mb=job.gpu_memory_mb,
         min_gpu_memory_mb=job.min_gpu_memory_mb,
-        time_limit_s=job.time_limit,
+        time_limit_s=limit,
         nodes=job.nodes,
         min_gpus=job.min_gpus,
         user=job.user,
@@ -152,10 +178,14 @@ def snapshot(
     queue_index: QueueIndex | None = None,
     preempted_for: dict[int, int] | None = None,
     holds: dict[str, str] | None = None,
+    attained: dict[int, float] | None = None,
+    expected_runtime: dict[int, float] | None = None,
 ) -> Snapshot:
     """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
     one, so free GPUs are updated from the jobs that changed rather than rebuilt; `queue_index`
-    likewise for the queue sorted into lines (the plan is the same with or without either)."""
+    likewise for the queue sorted into lines (the plan is the same with or without either).
+    `attained`: job id -> GPU-seconds of its ended attempts; `expected_runtime`: job id -> run
+    seconds (the oracle's); read by the core only when the policy's ordering ranks jobs."""
     return Snapshot(
         nodes=nodes,
         running=running,
@@ -165,6 +195,8 @@ def snapshot(
         queue_index=queue_index,
         preempted_for=preempted_for or {},
         holds=holds or {},
+        attained=attained or {},
+        expected_runtime=expected_runtime or {},
     )
 
 

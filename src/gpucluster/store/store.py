@@ -1416,6 +1416,28 @@ class Store:
             out.append((started, ended, allocation_from_json(alloc), queued or submitted, limit_s, timed_out))
         return out
 
+    def attained_gpu_seconds(self) -> dict[int, float]:
+        """Job id -> GPU-seconds over its ended attempts, for every queued or running job that
+        had one: the attained service an attained-service ordering ranks by (core/attained.py;
+        the running attempt is added by the core from the job's start). Read from the attempt
+        rows, written in the transaction that ends each attempt, so it never lags an accountant
+        step. Only jobs that ran before have rows: the read is small, and the head asks only
+        when the policy ranks jobs."""
+        a, j = schema.attempts.c, schema.jobs.c
+        q = (
+            select(a.job_id, a.started_at, a.ended_at, a.allocation)
+            .select_from(schema.attempts.join(schema.jobs, a.job_id == j.id))
+            .where(j.state.in_([JobState.QUEUED.value, JobState.RUNNING.value]), a.started_at.is_not(None))
+        )
+        with self._read() as c:
+            rows = c.execute(q).all()
+        out: dict[int, float] = {}
+        for job_id, started, ended, alloc in rows:
+            allocation = allocation_from_json(alloc)
+            if allocation is not None:
+                out[job_id] = out.get(job_id, 0.0) + allocation.gpu_count * max(0.0, ended - started)
+        return out
+
     def attempts(self, job_id: int) -> list[AttemptRecord]:
         """The ended attempts of a job, oldest first."""
         a = schema.attempts.c

@@ -1,0 +1,280 @@
+"""Least attained service (issue 25, core/attained.py): the queues, promotion, the rules it runs
+inside (classes, fair share, quotas), its preemption and the anti-thrash slice."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpucluster.core.attained import Ordering, may_be_taken, may_take, rank_of
+from gpucluster.core.policy import Policy, fifo_backfill_policy
+from gpucluster.core.scheduler import decide
+from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.types import JobRequest, Plan, RunningJob
+from gpucluster.policyfile import PolicyFileError, load_policy
+
+from .builders import job, node, policy, running, snapshot, team
+
+H = 3600.0
+NOW = 100 * H
+LAS = Ordering(mode="las", queues=(H, 8 * H), promote_after_s=24 * H)
+LAS_PREEMPT = replace(LAS, preempt=True, min_slice_s=1800.0, restart_cost_s=60.0)
+
+
+def _snap(
+    queued: list[JobRequest],
+    attained: dict[int, float] | None = None,
+    running_jobs: list[RunningJob] | None = None,
+    gpus: int = 1,
+    usage: dict[str, float] | None = None,
+) -> Snapshot:
+    s = snapshot(nodes=[node("n1").gpus(gpus)], running=running_jobs or [], queued=queued, usage=usage)
+    return replace(s, attained=attained or {})
+
+
+def _started(plan: Plan) -> list[int]:
+    return [s.job_id for s in plan.starts]
+
+
+def _queued(job_id: int, at: float, team_name: str = "default", priority: str = "normal") -> JobRequest:
+    # Entered the queue `at`; `queued_at` so that age counts from there (as a requeued job's).
+    return replace(job(job_id).at(at).team(team_name).priority(priority).build(), queued_at=at)
+
+
+# ---- the queues --------------------------------------------------------------------------------
+
+
+def test_queue_of_thresholds() -> None:
+    assert [LAS.queue_of(x) for x in (0.0, H - 1, H, 8 * H - 1, 8 * H, 1e9)] == [0, 0, 1, 1, 2, 2]
+    assert LAS.allowance(0) == H and LAS.allowance(2) == float("inf")
+
+
+def test_less_attained_goes_first_within_a_team() -> None:
+    """One GPU free: the older job has had 10 GPU-hours, the newer none. Age order starts the
+    older; LAS the newer."""
+    queued = [_queued(1, NOW - 2 * H), _queued(2, NOW - H)]
+    attained = {1: 10 * H}
+    assert _started(decide(_snap(queued, attained), Policy(), NOW)) == [1]
+    assert _started(decide(_snap(queued, attained), Policy(ordering=LAS), NOW)) == [2]
+
+
+def test_same_queue_keeps_age_order() -> None:
+    """Attained service is discretised: two jobs in queue 0 (10 and 50 GPU-minutes) go by age."""
+    queued = [_queued(1, NOW - 2 * H), _queued(2, NOW - H)]
+    assert _started(decide(_snap(queued, {1: 3000.0, 2: 600.0}), Policy(ordering=LAS), NOW)) == [1]
+
+
+def test_promotion_after_waiting() -> None:
+    """A job demoted to the last queue that has waited `promote_after` since it entered the queue
+    is back in queue 0, and by age before a newer job there."""
+    old = _queued(1, NOW - 25 * H)
+    new = _queued(2, NOW - H)
+    assert rank_of(old, LAS, {1: 100 * H}, {}, NOW) == 0.0
+    assert rank_of(old, replace(LAS, promote_after_s=None), {1: 100 * H}, {}, NOW) == 2.0
+    policy_ = Policy(ordering=LAS, starvation_age_s=1000 * H)  # promotion, not the starvation age
+    assert _started(decide(_snap([old, new], {1: 100 * H}), policy_, NOW)) == [1]
+    never = Policy(ordering=replace(LAS, promote_after_s=None), starvation_age_s=1000 * H)
+    assert _started(decide(_snap([old, new], {1: 100 * H}), never, NOW)) == [2]
+
+
+def test_classes_keep_their_order() -> None:
+    """A high job with much attained service still goes before a normal one with none."""
+    queued = [_queued(1, NOW - H, priority="high"), _queued(2, NOW - H / 2)]
+    assert _started(decide(_snap(queued, {1: 50 * H}), Policy(ordering=LAS), NOW)) == [1]
+
+
+def test_fair_share_between_teams_keeps_its_order() -> None:
+    """Team b is far below its share, team a far above: b's job goes first even though it has
+    more attained service; LAS orders only inside a team's line."""
+    queued = [_queued(1, NOW - 2 * H, "a"), _queued(2, NOW - H, "b")]
+    pol = policy(team("a"), team("b"), ordering=LAS)
+    snap = _snap(queued, {2: 50 * H}, usage={"a": 1000 * H, "b": 0.0})
+    assert _started(decide(snap, pol, NOW)) == [2]
+
+
+def test_without_fair_share_rank_decides_between_teams() -> None:
+    queued = [_queued(1, NOW - 2 * H, "a"), _queued(2, NOW - H, "b")]
+    pol = replace(fifo_backfill_policy(), ordering=LAS)
+    assert _started(decide(_snap(queued, {1: 50 * H}), pol, NOW)) == [2]
+    assert _started(decide(_snap(queued, {1: 50 * H}), fifo_backfill_policy(), NOW)) == [1]
+
+
+def test_default_ordering_ignores_attained() -> None:
+    """Mode `age` (the default) never reads attained service: the plan is the one without it."""
+    queued = [_queued(i, NOW - i * 60.0) for i in range(1, 6)]
+    attained = {i: i * 10 * H for i in range(1, 6)}
+    assert decide(_snap(queued, attained, gpus=2), Policy(), NOW) == decide(_snap(queued, {}, gpus=2), Policy(), NOW)
+
+
+def test_sjf_orders_by_expected_runtime() -> None:
+    """Mode `sjf` (the oracle's, and the seam for a predictor): shortest expected first; a job
+    without an expectation goes last."""
+    queued = [_queued(1, NOW - 3 * H), _queued(2, NOW - 2 * H), _queued(3, NOW - H)]
+    s = replace(_snap(queued), expected_runtime={1: 5 * H, 3: 60.0})
+    assert _started(decide(s, Policy(ordering=Ordering(mode="sjf")), NOW)) == [3]
+
+
+# ---- preemption --------------------------------------------------------------------------------
+
+
+def _victim(started: float, checkpoint: float | None, priority: str = "normal") -> RunningJob:
+    return running(9, "n1", 0, started_at=started, checkpoint=checkpoint, priority=priority)
+
+
+def _preempted(plan: Plan) -> list[int]:
+    return [p.job_id for p in plan.preemptions]
+
+
+def test_preempts_a_job_in_a_later_queue_that_checkpoints() -> None:
+    """The running job has had 3 GPU-hours (queue 1) and checkpointed 5 minutes ago; a new job
+    (queue 0) stops it, with a reason that says why."""
+    v = _victim(NOW - 3 * H, NOW - 300)
+    plan = decide(_snap([_queued(1, NOW - 60)], running_jobs=[v]), Policy(ordering=LAS_PREEMPT), NOW)
+    assert _preempted(plan) == [9]
+    assert "attained service" in plan.preemptions[0].reason
+
+
+@pytest.mark.parametrize(
+    ("started", "checkpoint", "why"),
+    [
+        (NOW - 3 * H, None, "never checkpointed: it would lose everything"),
+        (NOW - 3 * H, NOW - 2 * H, "loses 2 GPU-hours, more than queue 0's 1 GPU-hour allowance"),
+        (NOW - 1200.0, NOW - 300, "within its minimum slice (anti-thrash)"),
+        (NOW - 1900.0, NOW - 300, "past its slice but only 0.5 GPU-hours: queue 0, like the asker"),
+    ],
+)
+def test_no_preemption(started: float, checkpoint: float | None, why: str) -> None:
+    v = _victim(started, checkpoint)
+    plan = decide(_snap([_queued(1, NOW - 60)], running_jobs=[v]), Policy(ordering=LAS_PREEMPT), NOW)
+    assert _preempted(plan) == [], why
+
+
+def test_a_restarted_job_gets_its_slice_again() -> None:
+    """A victim restarted 10 minutes ago with 20 GPU-hours from earlier attempts is in the last
+    queue, but within its new slice: not preempted again (no thrashing); past it, it is."""
+    q = [_queued(1, NOW - 60)]
+    fresh = _victim(NOW - 600, NOW - 60)
+    assert _preempted(decide(_snap(q, {9: 20 * H}, [fresh]), Policy(ordering=LAS_PREEMPT), NOW)) == []
+    later = _victim(NOW - 1900, NOW - 60)
+    assert _preempted(decide(_snap(q, {9: 20 * H}, [later]), Policy(ordering=LAS_PREEMPT), NOW)) == [9]
+
+
+def test_preempt_is_optional_and_needs_preemption_enabled() -> None:
+    v = _victim(NOW - 3 * H, NOW - 300)
+    q = [_queued(1, NOW - 60)]
+    assert _preempted(decide(_snap(q, running_jobs=[v]), Policy(ordering=LAS), NOW)) == []
+    off = replace(fifo_backfill_policy(), ordering=LAS_PREEMPT)  # preemption disabled
+    assert _preempted(decide(_snap(q, running_jobs=[v]), off, NOW)) == []
+
+
+def test_never_preempts_a_higher_class() -> None:
+    v = _victim(NOW - 3 * H, NOW - 300, priority="high")
+    assert _preempted(decide(_snap([_queued(1, NOW - 60)], running_jobs=[v]), Policy(ordering=LAS_PREEMPT), NOW)) == []
+
+
+def test_quota_guarantee_protects_the_victim() -> None:
+    """Team a is within its guaranteed quota: b's job of the same class may not stop a's job for
+    attained service (a quota is a guarantee, whatever the ordering)."""
+    v = replace(_victim(NOW - 3 * H, NOW - 300), team="a")
+    pol = policy(team("a", quota={"H100": 1}), team("b"), ordering=LAS_PREEMPT)
+    assert _preempted(decide(_snap([_queued(1, NOW - 60, "b")], running_jobs=[v]), pol, NOW)) == []
+    pol_free = policy(team("a"), team("b"), ordering=LAS_PREEMPT)
+    assert _preempted(decide(_snap([_queued(1, NOW - 60, "b")], running_jobs=[v]), pol_free, NOW)) == [9]
+
+
+def test_may_take_counts_gpus_in_the_loss() -> None:
+    """An 8-GPU victim 10 minutes past its checkpoint loses 8 x 11 GPU-minutes: over 1 GPU-hour."""
+    big = RunningJob(9, running(9, "n1", *range(8)).allocation, started_at=NOW - 3 * H, last_checkpoint_at=NOW - 600)
+    assert not may_take(0.0, big, LAS_PREEMPT, {}, NOW)
+    assert may_take(1.0, big, LAS_PREEMPT, {}, NOW)  # queue 1's allowance: 8 GPU-hours
+
+
+# ---- the policy file ---------------------------------------------------------------------------
+
+
+def test_policy_file_ordering(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("ordering: {mode: las, queues: [30m, 4h], promote_after: 12h, preempt: true, min_slice: 10m}\n")
+    o = load_policy(f).ordering
+    assert o == Ordering(mode="las", queues=(1800.0, 4 * H), promote_after_s=12 * H, preempt=True, min_slice_s=600.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("ordering: {mode: las, queues: [8h, 1h]}\n", "ascending"),
+        ("ordering: {mode: fastest}\n", "mode"),
+        ("ordering: {mode: las, preempt: true}\npreemption: {enabled: false}\n", "preemption.enabled"),
+    ],
+)
+def test_policy_file_ordering_errors(tmp_path: Path, text: str, words: str) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    with pytest.raises(PolicyFileError, match=words):
+        load_policy(f)
+
+
+# ---- the head supplies attained service --------------------------------------------------------
+
+
+def test_the_head_reads_attained_service_from_attempt_rows(tmp_path: Path) -> None:
+    """A low job runs 100 s on 8 GPUs and is preempted: its ended attempt is 800 GPU-seconds, the
+    head's snapshot carries it under an attained-service policy, and nothing under the default."""
+    from gpucluster.core.states import JobState
+    from gpucluster.executors.base import Exited
+    from gpucluster.head.policy_source import PolicySource
+
+    from .headkit import T0, make_cluster
+
+    path = tmp_path / "policy.yaml"
+    path.write_text("ordering: {mode: las}\n")
+    c = make_cluster(tmp_path, policy=PolicySource(path))
+    try:
+        low = c.submit(gpus=8, priority="low")
+        c.tick_at(T0)
+        high = c.submit(gpus=8, priority="high")
+        c.tick_at(T0 + 100)  # plans the preemption
+        c.tick_at(T0 + 101)  # SIGTERM
+        c.proc(low).status = Exited(143, 15)
+        c.tick_at(T0 + 102)
+        assert c.state(low) is JobState.QUEUED and c.state(high) is JobState.RUNNING
+        (attempt,) = c.store.attempts(low)
+        assert attempt.started_at is not None
+        expected = 8 * (attempt.ended_at - attempt.started_at)
+        assert expected > 0
+        assert c.store.attained_gpu_seconds() == {low: expected}
+        assert c.head.snapshot().attained == {low: expected}
+        path.write_text("ordering: {mode: age}\n")
+        later = path.stat().st_mtime + 10  # the head reloads on a new mtime: make sure it is one
+        os.utime(path, (later, later))
+        c.tick_at(T0 + 200)  # the head reloads the file
+        assert c.head.snapshot().attained == {}
+    finally:
+        c.close()
+
+
+def test_never_takes_from_a_team_further_below_its_share() -> None:
+    """LAS preemption must not move GPUs from a team that has had less than its share to one that
+    has had more: b's job (b far over its share) may not stop a's; a's job may stop b's."""
+    pol = policy(team("a"), team("b"), ordering=LAS_PREEMPT)
+    usage = {"a": 0.0, "b": 1000 * H}
+    a_runs = replace(_victim(NOW - 3 * H, NOW - 300), team="a")
+    assert _preempted(decide(_snap([_queued(1, NOW - 60, "b")], running_jobs=[a_runs], usage=usage), pol, NOW)) == []
+    b_runs = replace(_victim(NOW - 3 * H, NOW - 300), team="b")
+    assert _preempted(decide(_snap([_queued(1, NOW - 60, "a")], running_jobs=[b_runs], usage=usage), pol, NOW)) == [9]
+
+
+@pytest.mark.parametrize("started", [NOW - 600, NOW - 1900, NOW - 3 * H, NOW - 30 * H])
+@pytest.mark.parametrize("checkpoint_ago", [None, 60.0, 900.0, 3 * H])
+@pytest.mark.parametrize("before", [0.0, 2 * H, 20 * H])
+def test_the_full_cluster_shortcut_is_exact(started: float, checkpoint_ago: float | None, before: float) -> None:
+    """`may_be_taken` (the check that lets a full cluster skip ordering its queue) is true
+    whenever some asker's rank would `may_take` the job."""
+    ckpt = None if checkpoint_ago is None else NOW - checkpoint_ago
+    v = _victim(started, ckpt)
+    attained = {9: before}
+    any_asker = any(may_take(float(r), v, LAS_PREEMPT, attained, NOW) for r in range(len(LAS_PREEMPT.queues) + 1))
+    assert may_be_taken(v, LAS_PREEMPT, attained, NOW) == any_asker
