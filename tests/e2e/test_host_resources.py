@@ -16,7 +16,8 @@ import pytest
 
 from gpucluster.executors import cgroups
 from tests.e2e.headproc import HeadProcess, wait_for
-from tests.e2e.test_jobs import finished, run_cli, running
+from tests.e2e.headproc import cli as run_cli
+from tests.e2e.test_jobs import finished, running
 
 # What a job reads of itself: its thread count and the limits in its own cgroup files.
 PROBE = r"""
