@@ -686,6 +686,18 @@ class MetricSeries(Model):
     reported: list[float]  # the values, in report order (not `values`: the CLI reads wire objects as dicts)
 
 
+class ExpectedRun(Model):
+    """How long a queued or running job is expected to run, learned from similar finished jobs
+    (core/runtime_predict.py); what its estimates plan with. Never above its time limit."""
+
+    seconds: float  # the median of similar jobs' run times (the time limit when none are known)
+    low_s: float  # 10% of similar jobs ran less
+    high_s: float  # 10% ran more (never above the time limit)
+    samples: int  # similar finished jobs it comes from; 0: no history, the time limit
+    basis: str  # which similarity answered: "same user and workload", ..., or "time limit"
+    sentence: str  # "expected to run ~2 h 10 m (from 37 similar jobs: same user and workload)"
+
+
 class Job(Model):
     id: int
     name: str
@@ -719,6 +731,7 @@ class Job(Model):
     # In a collapsed listing (GET /v1/jobs?collapse=true) an array is one entry, its first
     # element, with every element counted by state here; also on a submitted array's answer.
     array_counts: dict[str, int] | None = None
+    expected_run: ExpectedRun | None = None  # a queued or running job's, in GET /v1/jobs/{id}
 
 
 class HoldOut(Model):

@@ -697,6 +697,7 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         f"  team:       {s.team}   priority: {s.priority}",
         f"  time limit: {format_duration(float(s.time_limit)) if s.time_limit else 'none'}"
         + (f"   begin: {_ts(s.begin)}" if s.begin else ""),
+        *([f"  run time:   {job.expected_run.sentence}"] if job.get("expected_run") else []),
         f"  workdir:    {s.workdir or '-'}",
         f"  allocation: {_gpus(job)}",
         f"  attempt:    {job.attempt}{restarts}",
@@ -1124,8 +1125,12 @@ def _default_limit(h: Head) -> str:
 
 def assumption(default_limit: str) -> str:
     """What every start estimate assumes, said next to it: an estimate of "about 1 hour" for a
-    job that started 26 s later read as a promise, when it only assumed the default time limit."""
-    return f"assuming running jobs use their whole time limit, the default {default_limit} where none is set"
+    job that started 26 s later read as a promise, when it only assumed the default time limit.
+    Run times learned from finished jobs (issue 24) replace the limit where history exists."""
+    return (
+        "assuming jobs run as long as similar finished jobs did, else their whole time limit,"
+        f" the default {default_limit} where none is set"
+    )
 
 
 def _ago(t: float) -> str:

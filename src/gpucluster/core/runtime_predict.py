@@ -119,7 +119,7 @@ def duration_words(seconds: float) -> str:
 class _Samples:
     """The `window` latest values of one key, with their sorted copy made when first asked."""
 
-    __slots__ = ("values", "_sorted")
+    __slots__ = ("_sorted", "values")
 
     def __init__(self, window: int) -> None:
         self.values: deque[float] = deque(maxlen=window)

@@ -11,7 +11,7 @@ recorded value, so the store is not rewritten for every queued job on every refr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gpucluster.core.estimate import DEFAULT_LIMIT, NO_LATENCY, Estimate, Latency, estimate_starts
 from gpucluster.core.policy import Policy
@@ -31,8 +31,12 @@ class EstimateRefresher:
         limit: int = DEFAULT_LIMIT,
         jitter_s: float = 30.0,
         latency: Callable[[], Latency] | None = None,
+        runs: Callable[[Snapshot, Policy, float], Mapping[int, float]] | None = None,
     ) -> None:
         self.every_s = every_s
+        # Expected run times of queued and running jobs (head/runtime_model.py), learned again
+        # at each replay; None: every job is planned to its time limit.
+        self.runs = runs
         # The head's start and stop latencies, learned again at each replay (head/latency.py).
         self.latency = latency
         self.last_latency = NO_LATENCY
@@ -58,7 +62,8 @@ class EstimateRefresher:
             started = time.perf_counter()
             if self.latency is not None:
                 self.last_latency = self.latency()
-            self._estimates = estimate_starts(snap, policy, now, plan, self.limit, self.last_latency)
+            runs = self.runs(snap, policy, now) if self.runs is not None else None
+            self._estimates = estimate_starts(snap, policy, now, plan, self.limit, self.last_latency, runs)
             self.last_cost_s = time.perf_counter() - started
             self._at = now
             self._not_before.clear()

@@ -41,6 +41,7 @@ from gpucluster.head.update import (
 )
 from gpucluster.models import (
     Attempt,
+    ExpectedRun,
     GpuOut,
     GrantOut,
     HoldOut,
@@ -387,7 +388,27 @@ class ClusterService:
                 job.reason = phase
         if record.array_id == record.id:
             job.array_counts = self.store.array_counts([record.id]).get(record.id, {})
+        if record.state in (JobState.QUEUED, JobState.RUNNING):
+            job.expected_run = self._expected_run(record)
         return describe_job(job, self.head.telemetry, self.telemetry)
+
+    def _expected_run(self, record: JobRecord) -> ExpectedRun:
+        """How long the job should run, from similar finished jobs (head/runtime_model.py)."""
+        spec = record.spec
+        p = self.head.runtime.predict(
+            record.owner,
+            spec.team,
+            record.name,
+            spec.command,
+            float(spec.gpus),
+            spec.gpu_types,
+            float(spec.time_limit) if spec.time_limit is not None else None,
+            self.head.planning_policy,
+            nodes=[s.node for s in record.allocation.slices] if record.allocation else (),
+        )
+        return ExpectedRun(
+            seconds=p.run_s, low_s=p.low_s, high_s=p.high_s, samples=p.samples, basis=p.basis, sentence=p.sentence()
+        )
 
     def jobs(
         self,

@@ -94,7 +94,7 @@ export function fmtLimit(seconds) {
 /** What every start estimate assumes, said next to it, as the CLI does (`gpucluster why`). */
 export function estimateAssumption(policy) {
   const limit = policy && Number.isFinite(policy.default_time_limit_s) ? fmtLimit(policy.default_time_limit_s) : "";
-  return `assuming running jobs use their whole time limit, the default ${limit || "of the policy"} where none is set`;
+  return `assuming jobs run as long as similar finished jobs did, else their whole time limit, the default ${limit || "of the policy"} where none is set`;
 }
 
 export function fmtTime(unix) {
