@@ -47,6 +47,14 @@ def simulate(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed for every random draw (same seed, same metrics)")] = 0,
     strict: Annotated[bool, typer.Option("--strict", help="stop at the first malformed trace row")] = False,
+    estimates: Annotated[
+        bool,
+        typer.Option(
+            "--estimates",
+            help="at every submit, measure the start estimate a live head would show, with time limits"
+            " and with learned run times; metrics.json's start_estimates (slower)",
+        ),
+    ] = False,
     workers: Annotated[
         int | None,
         typer.Option("--workers", min=1, help="policies simulated at once [default: one per core, up to the number]"),
@@ -68,6 +76,7 @@ def simulate(
         fmt=fmt,
         seed=seed,
         strict=strict,
+        estimates=estimates,
     )
     bar = _Bar(enabled=not quiet and _consoles()[0].is_terminal)
     try:
