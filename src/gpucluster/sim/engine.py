@@ -350,6 +350,8 @@ class Engine:
                         self._schedule(t)
                     elif self._queued:
                         res.decide_skipped += 1
+                        if self._estimates is not None and self._estimates.waiting_for_plan:
+                            self._estimate_only(t)  # the head shows new jobs an estimate all the same
                     if not self._regate:
                         break
                     self._regate = False  # a job others wait to see start (`after`) just started
@@ -492,7 +494,10 @@ class Engine:
             self._holds,
         )
         t0 = time.process_time()  # CPU time: on a shared machine wall time mostly measures the others
-        plan = scheduling.decide(snap, self.policy, now)
+        # Estimates need every waiting job in line (the head's full cycle); the starts and
+        # preemptions are the same either way (scheduling.decide).
+        full = self._estimates is not None and self._estimates.waiting_for_plan
+        plan = scheduling.decide(snap, self.policy, now, reasons=full)
         spent = time.process_time() - t0
         res.decide_calls += 1
         res.decide_s += spent
@@ -512,6 +517,25 @@ class Engine:
         if self.spec.replan_every_s and self._queued and not self._replan_pending:
             self._replan_pending = True
             self._wake(now + self.spec.replan_every_s, _PERIODIC)
+
+    def _estimate_only(self, now: float) -> None:
+        """A plan only to estimate new jobs' starts, when nothing could start (decide skipped):
+        nothing of it is applied, so the run is the same with and without `estimates`."""
+        usage = self._usage.at(now) if self._usage is not None else {}
+        snap = scheduling.snapshot(
+            self._nodes,
+            tuple(self._running.values()),
+            tuple(self._queued.values()),
+            usage,
+            self._capacity,
+            self._queue_index,
+            self._preempted_for,
+            self._holds,
+        )
+        plan = scheduling.decide(snap, self.policy, now, reasons=True)
+        if plan.starts or plan.preemptions:
+            raise SimulationError(f"t={now}: a plan said to change nothing starts or preempts jobs")
+        self._estimate(snap, now, plan)
 
     def _estimate(self, snap: Snapshot, now: float, plan: Plan) -> None:
         """The start estimates the head would show new jobs now (sim/estimate_error.py)."""

@@ -59,6 +59,11 @@ class StartEstimateProbe:
             model = trace.gpu_types[0] if len(trace.gpu_types) == 1 else self._only_model
         return JobShape(trace.user, trace.team, workload_of(trace.name), trace.gpus, model, trace.time_limit)
 
+    @property
+    def waiting_for_plan(self) -> bool:
+        """Jobs arrived that no plan has seen yet."""
+        return bool(self._pending)
+
     def arrived(self, trace: TraceJob) -> None:
         self._pending[trace.job_id] = trace
 
