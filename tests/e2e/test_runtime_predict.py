@@ -1,0 +1,49 @@
+"""Run times learned from finished jobs on a real head (issue 24): after a user's `train` jobs
+finish, a new `train` job shows "expected to run ~1 s (from 3 similar jobs ...)" in the API and
+in `gpucluster show`, and the job queued behind it is estimated to start ~1 s after it, not the
+whole hour of its limit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.e2e.headproc import HeadProcess, wait_for
+
+
+def _cli(head: HeadProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpucluster.cli.main", *args, "--url", head.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=head.env,
+    )
+
+
+def test_a_similar_job_shows_its_learned_run_time_and_the_queue_behind_it_uses_it(head: HeadProcess) -> None:
+    with head.client() as c:
+        for _ in range(3):
+            done = c.submit(["sleep", "1"], gpus=8, name="train", time_limit="1h")
+            wait_for(lambda j=done: c.job(j.id).state == "succeeded", timeout=60, what=f"job {done.id} to succeed")
+        # No limit and a name never seen: its estimate assumes the default hour.
+        c.submit(["sleep", "600"], gpus=8, name="blocker")
+        train = c.submit(["sleep", "1"], gpus=8, name="train", time_limit="1h")
+        after = c.submit(["sleep", "1"], gpus=8, name="after", priority="low")
+        wait_for(
+            lambda: c.job(train.id).estimated_start is not None and c.job(after.id).estimated_start is not None,
+            timeout=60,
+            what="estimates for both waiting jobs",
+        )
+        expected = c.job(train.id).expected_run
+        assert expected is not None and expected.samples == 3, expected
+        assert 1 <= expected.seconds < 30, expected
+        assert expected.sentence.startswith("expected to run ~"), expected
+        assert "(from 3 similar jobs: same user, workload, GPUs and model)" in expected.sentence, expected
+        gap = c.job(after.id).estimated_start - c.job(train.id).estimated_start  # type: ignore[operator]
+        assert 1 <= gap < 60, gap  # the train job's learned ~1 s, not its 1 h limit
+        shown = _cli(head, "show", str(train.id))
+        assert shown.returncode == 0, shown.stderr
+        assert "run time:   expected to run ~" in shown.stdout and "from 3 similar jobs" in shown.stdout
+        unknown = c.job(after.id).expected_run
+        assert unknown is not None and (unknown.samples, unknown.basis) == (0, "time limit"), unknown
