@@ -710,6 +710,9 @@ class Job(Model):
     reason: str = ""
     wait_reason: str | None = None  # why a queued job waits, as a code; `reason` has the sentence
     estimated_start: float | None = None
+    # 80% interval around estimated_start: run times drawn from similar finished jobs (issue 24)
+    start_low: float | None = None
+    start_high: float | None = None
     attempt: int = 0
     allocation: list[SliceOut] = Field(default_factory=list)
     events: list[JobEvent] = Field(default_factory=list)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gpucluster.cli import fastparams
-from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, refuse_stray_option
+from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, refuse_stray_option, start_window
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import client as _client
 from gpucluster.cli.common import head as _head
@@ -1072,12 +1072,13 @@ def queue(
             j.spec.priority,
             _gpus_label(j.spec),
             _ago(j.submitted_at),
-            _ts(j.estimated_start),
+            start_window(j.estimated_start, j.get("start_low"), j.get("start_high")),
             j.reason,
         )
     out.print(table)
     if any(e.job.estimated_start for e in entries):
-        out.print(f"EST. START: {assumption(default_limit)}", markup=False)
+        interval = "; (from-to): 80% likely between" if any(e.job.get("start_low") for e in entries) else ""
+        out.print(f"EST. START: {assumption(default_limit)}{interval}", markup=False)
     if page.total > len(entries):
         out.print(f"... and {page.total - len(entries)} more queued; see them with --limit {page.total}", markup=False)
 
@@ -1100,6 +1101,8 @@ def why(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = Non
                 "wait_reason": job.wait_reason,
                 "reason": job.reason,
                 "estimated_start": job.estimated_start,
+                "start_low": job.get("start_low"),
+                "start_high": job.get("start_high"),
                 "position": position,
             }
         )
@@ -1113,6 +1116,11 @@ def why(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = Non
     ]
     if job.estimated_start:
         lines.append(f"  start: about {_ts(job.estimated_start)} ({assumption(default_limit)})")
+        low, high = job.get("start_low"), job.get("start_high")
+        if low is not None and high is not None:
+            lines.append(f"         80% likely between {_ts(low)} and {_ts(high)}")
+        if job.get("expected_run"):
+            lines.append(f"  run:   {job.expected_run.sentence}")
     else:
         lines.append("  start: no estimate yet")
     out.print("\n".join(lines), markup=False)

@@ -55,6 +55,10 @@ def simulate(
             " and with learned run times; metrics.json's start_estimates (slower)",
         ),
     ] = False,
+    estimate_every: Annotated[
+        int,
+        typer.Option("--estimate-every", min=1, help="with --estimates, measure every Nth submit only (cheaper)"),
+    ] = 1,
     workers: Annotated[
         int | None,
         typer.Option("--workers", min=1, help="policies simulated at once [default: one per core, up to the number]"),
@@ -77,6 +81,7 @@ def simulate(
         seed=seed,
         strict=strict,
         estimates=estimates,
+        estimate_every=estimate_every,
     )
     bar = _Bar(enabled=not quiet and _consoles()[0].is_terminal)
     try:

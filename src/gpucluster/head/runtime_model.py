@@ -79,7 +79,8 @@ class RuntimeModel:
                 model = self._node_models.get(r.allocation.slices[0].node, "") if r.allocation.slices else ""
                 gpus = float(r.allocation.gpu_count)
                 shape = JobShape(r.user, r.team, self._workloads.get(r.job_id, ""), gpus, model, r.time_limit_s)
-                out[r.job_id] = self.predictor.expected_total(shape, max(0.0, now - r.started_at), default)
+                elapsed = max(0.0, now - r.started_at)
+                out[r.job_id] = self.predictor.expected_total(shape, elapsed, default)
         return out
 
     def predict(

@@ -390,7 +390,17 @@ class ClusterService:
             job.array_counts = self.store.array_counts([record.id]).get(record.id, {})
         if record.state in (JobState.QUEUED, JobState.RUNNING):
             job.expected_run = self._expected_run(record)
+            self._interval(job)
         return describe_job(job, self.head.telemetry, self.telemetry)
+
+    def _interval(self, job: Job) -> Job:
+        """A queued job's 80% start interval, from the head's last refresh (in memory,
+        head/estimates.py), widened to hold the point estimate it is shown around."""
+        interval = self.head.estimates.intervals.get(job.id)
+        if interval is not None and job.estimated_start is not None:
+            job.start_low = min(interval.low, job.estimated_start)
+            job.start_high = max(interval.high, job.estimated_start)
+        return job
 
     def _expected_run(self, record: JobRecord) -> ExpectedRun:
         """How long the job should run, from similar finished jobs (head/runtime_model.py)."""
@@ -661,7 +671,7 @@ class ClusterService:
         else:
             shown = visible if limit is None else visible[:limit]
         records = {r.id: r for r in self.store.list_jobs(ids=[i for _, i in shown])}
-        entries = [QueueEntry(position=n, job=to_wire(records[i])) for n, i in shown if i in records]
+        entries = [QueueEntry(position=n, job=self._interval(to_wire(records[i]))) for n, i in shown if i in records]
         return QueueOut(entries=entries, total=len(visible))
 
     def policy(self, can_see: Callable[[str], bool] | None = None) -> PolicyOut:

@@ -203,10 +203,11 @@ class Engine:
         wall_budget_s: float | None = None,
         cpu_budget_s: float | None = None,
         estimates: bool = False,
+        estimate_every: int = 1,
     ) -> None:
         self.spec = spec
         # Measure the start estimates a live head would show (issue 24); off: no cost at all.
-        self._estimates = StartEstimateProbe({g.gpu_model for g in spec.groups}) if estimates else None
+        self._estimates = StartEstimateProbe({g.gpu_model for g in spec.groups}, estimate_every) if estimates else None
         self.keep_starts = keep_starts  # record every start with its allocation (RunResult.starts)
         self.wall_budget_s = wall_budget_s  # stop early (RunResult.truncated): for benchmarks
         self.cpu_budget_s = cpu_budget_s  # the same in CPU seconds, for a machine others share

@@ -36,6 +36,7 @@ class SimulateOptions:
     seed: int = 0
     strict: bool = False
     estimates: bool = False  # measure the start estimates a live head would show (issue 24)
+    estimate_every: int = 1  # ... at every Nth submit
 
 
 @dataclass
@@ -83,7 +84,16 @@ def simulate(
     read_s = time.perf_counter() - t0
     say(f"simulating {', '.join(p.name for p in policies)}")
     workers = workers if workers is not None else min(len(policies), os.cpu_count() or 1)
-    results = run_policies(spec, trace.jobs, policies, opts.seed, workers, on_progress, estimates=opts.estimates)
+    results = run_policies(
+        spec,
+        trace.jobs,
+        policies,
+        opts.seed,
+        workers,
+        on_progress,
+        estimates=opts.estimates,
+        estimate_every=opts.estimate_every,
+    )
     say("computing metrics")
     per_policy = [run_metrics(res, spec) for res in results]
     add_estimate_metrics(per_policy, results)
@@ -112,6 +122,7 @@ def run_policies(
     wall_budget_s: float | None = None,
     cpu_budget_s: float | None = None,
     estimates: bool = False,
+    estimate_every: int = 1,
 ) -> list[RunResult]:
     """One Engine per policy; with workers > 1, policies run in parallel forked processes.
 
@@ -128,13 +139,14 @@ def run_policies(
                 wall_budget_s=wall_budget_s,
                 cpu_budget_s=cpu_budget_s,
                 estimates=estimates,
+                estimate_every=estimate_every,
             ).run()
             for p in policies
         ]
     global _SHARED
     ctx = mp.get_context("fork")
     progress = ctx.Array("d", 2 * len(policies), lock=False)
-    _SHARED = (spec, jobs, policies, seed, progress, wall_budget_s, cpu_budget_s, estimates)
+    _SHARED = (spec, jobs, policies, seed, progress, wall_budget_s, cpu_budget_s, (estimates, estimate_every))
     try:
         with ctx.Pool(processes=min(workers, len(policies))) as pool:
             pending = [pool.apply_async(_run_forked, (k,)) for k in range(len(policies))]
@@ -169,12 +181,14 @@ def _named(on_progress: PolicyProgressFn | None, name: str) -> ProgressFn | None
     return lambda done, total, t: report(name, done, total, t)
 
 
-_SHARED: tuple[ClusterSpec, list[TraceJob], list[SimPolicy], int, Any, float | None, float | None, bool] | None = None
+_SHARED: (
+    tuple[ClusterSpec, list[TraceJob], list[SimPolicy], int, Any, float | None, float | None, tuple[bool, int]] | None
+) = None
 
 
 def _run_forked(k: int) -> RunResult:
     assert _SHARED is not None
-    spec, jobs, policies, seed, progress, budget, cpu_budget, estimates = _SHARED
+    spec, jobs, policies, seed, progress, budget, cpu_budget, (estimates, every) = _SHARED
     parent = os.getppid()
 
     def cb(done: int, total: int, t: float) -> None:
@@ -192,6 +206,7 @@ def _run_forked(k: int) -> RunResult:
         wall_budget_s=budget,
         cpu_budget_s=cpu_budget,
         estimates=estimates,
+        estimate_every=every,
     ).run()
 
 
