@@ -44,6 +44,7 @@ def test_metrics_json_and_the_report_carry_both_errors(tmp_path: Path) -> None:
     assert base["median_error_h"] > 7  # late, not early
     assert pred["median_abs_error_h"] < 0.01  # learned: 10 minutes, as they run
     assert m["median_abs_error_ratio"] < 0.01
+    assert m["interval_coverage"] is None  # 18 starts: fewer than the calibration needs (20)
     assert "Start estimates (what a live head would have shown at each submit)" in (out / "report.html").read_text()
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster.core.start_interval import WaitCalibration
 from gpucluster.head.runtime_model import RuntimeModel
 from gpucluster.store.runs import finished_runs
 
@@ -82,3 +83,21 @@ def test_the_model_learns_incrementally_and_a_new_one_from_the_store(cluster: Cl
     cluster.fake.finish(cancelled, 143, stopped=True)
     cluster.tick_at(t + 10)
     assert model.refresh() == 0
+
+
+def test_queue_shows_an_interval_once_starts_calibrate_it(cluster: Cluster) -> None:
+    cluster.head.estimates.calibration = WaitCalibration(min_samples=2)
+    t = run_three(cluster, 100.0)  # each started at once: no estimate, nothing to calibrate
+    first = cluster.submit(gpus=8, name="train", time_limit="1h")
+    cluster.tick_at(t)
+    waiters = [cluster.submit(gpus=8, name="train", time_limit="1h") for _ in range(4)]
+    cluster.tick_at(t + 1)
+    assert cluster.head.estimates.intervals == {}  # no start seen yet
+    for job in (first, *waiters[:2]):
+        cluster.fake.finish(job, 0)
+        t += 120  # each runs 120 s where 100 s was expected: starts are a little late
+        cluster.tick_at(t)
+        cluster.tick_at(t + 6)  # the next refresh
+    entry = api_client(cluster.service).get("/v1/queue").json()["entries"][0]["job"]
+    assert entry["id"] == waiters[3]
+    assert entry["start_low"] is not None and entry["start_low"] <= entry["estimated_start"] <= entry["start_high"]
