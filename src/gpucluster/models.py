@@ -737,6 +737,20 @@ class Job(Model):
     expected_run: ExpectedRun | None = None  # a queued or running job's, in GET /v1/jobs/{id}
 
 
+class DryRunOut(Model):
+    """Where and when a job would start if submitted now (`POST /v1/jobs/dry-run`); nothing is
+    queued or written. Planned on the head's last view with the same scheduler and estimates."""
+
+    starts_now: bool
+    estimated_start: float | None = None
+    start_low: float | None = None
+    start_high: float | None = None
+    allocation: list[SliceOut] = Field(default_factory=list)  # where, when it would start now
+    expected_run: ExpectedRun | None = None
+    wait_reason: str | None = None
+    reason: str = ""  # why it would wait
+
+
 class HoldOut(Model):
     """What a hold or release changed (queued jobs only): how many, and which (listed for a job
     or an element; not for a whole array, which may have 100,000)."""

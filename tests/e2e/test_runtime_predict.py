@@ -47,3 +47,29 @@ def test_a_similar_job_shows_its_learned_run_time_and_the_queue_behind_it_uses_i
         assert "run time:   expected to run ~" in shown.stdout and "from 3 similar jobs" in shown.stdout
         unknown = c.job(after.id).expected_run
         assert unknown is not None and (unknown.samples, unknown.basis) == (0, "time limit"), unknown
+
+
+def test_submit_dry_run_says_where_and_when_and_queues_nothing(head: HeadProcess) -> None:
+    free = _cli(head, "submit", "--dry-run", "--gpus", "2", "--name", "probe", "--", "sleep", "1")
+    assert free.returncode == 0, free.stderr
+    assert free.stdout.startswith("would start now on node0 GPUs "), free.stdout
+    assert "(dry run: nothing queued)" in free.stdout
+    with head.client() as c:
+        assert c.jobs() == []
+        blocker = c.submit(["sleep", "600"], gpus=8, time_limit="1h")
+        wait_for(lambda: c.job(blocker.id).state == "running", timeout=60, what="the blocker to run")
+        # the head plans again after the start; the dry run answers from its last plan
+        busy = wait_for(
+            lambda: (
+                (r := _cli(head, "submit", "--dry-run", "--gpus", "2", "--", "sleep", "1")).stdout.startswith(
+                    "would start ~"
+                )
+                and r
+            ),
+            timeout=60,
+            what="a dry run that waits for the blocker",
+        )
+        assert "until then:" in busy.stdout and "expected to run up to its time limit" in busy.stdout, busy.stdout
+        assert [j.id for j in c.jobs()] == [blocker.id]  # nothing queued, by either dry run
+    bad = _cli(head, "submit", "--dry-run", "--gpus", "64", "--", "true")
+    assert bad.returncode == 1 and "gpus" in bad.stderr, bad.stderr  # refused as a submit would be

@@ -28,7 +28,7 @@ from gpucluster.api.session_routes import add_session_routes
 from gpucluster.api.telemetry_routes import add_telemetry_routes
 from gpucluster.auth import grants, rules
 from gpucluster.auth.control import AccessControl
-from gpucluster.auth.identity import Denied
+from gpucluster.auth.identity import Denied, Identity
 from gpucluster.auth.rules import Caller, Rule, allow
 from gpucluster.containers import check_mounts, outside_roots
 from gpucluster.core.states import JobState
@@ -40,6 +40,7 @@ from gpucluster.models import (
     DEFAULT_QUEUE_PAGE,
     MAX_QUEUE_PAGE,
     ArrayUpdate,
+    DryRunOut,
     HealthOut,
     HoldOut,
     Job,
@@ -276,6 +277,20 @@ def create_app(
     async def submit(spec: JobSpec, who: Caller) -> Response:
         """Submit to one of your teams (`team`, default: your first); the job is yours. A class
         above normal needs a grant in the policy (`priority_grants`; 403 without one)."""
+        spec = await _admissible(spec, who)
+        job = await service.submit_async(spec, owner=who.user, can_see=who.can_see)
+        # Serialised directly: FastAPI would re-validate a Job we just built from validated data.
+        return Response(job.model_dump_json(), status_code=201, media_type="application/json")
+
+    @app.post("/v1/jobs/dry-run", response_model=DryRunOut, openapi_extra=allow(Rule.SIGNED_IN, audit=False))
+    async def dry_run(spec: JobSpec, who: Caller) -> DryRunOut:
+        """Where and when this job would start if submitted now, checked as a submission is;
+        nothing is queued or written (`gpucluster submit --dry-run`)."""
+        spec = await _admissible(spec, who)
+        return await run_in_threadpool(service.dry_run, spec, who.user, who.can_see)
+
+    async def _admissible(spec: JobSpec, who: Identity) -> JobSpec:
+        """A submission's checks beyond the spec's own: its team, class, mounts, account."""
         team = who.submit_team(spec.team if "team" in spec.model_fields_set else None)
         session_class = service.head.policy.interactive
         if spec.interactive and not getattr(service.head.executor, "supports_sessions", False):
@@ -295,9 +310,7 @@ def create_app(
         access.check_can_run(who)
         if team != spec.team:
             spec = spec.model_copy(update={"team": team})
-        job = await service.submit_async(spec, owner=who.user, can_see=who.can_see)
-        # Serialised directly: FastAPI would re-validate a Job we just built from validated data.
-        return Response(job.model_dump_json(), status_code=201, media_type="application/json")
+        return spec
 
     @app.get("/v1/jobs", openapi_extra=allow(Rule.SIGNED_IN))
     def list_jobs(

@@ -486,6 +486,9 @@ def submit(
         str | None, typer.Option("--array", help="submit an array: 0-199, 0-99:2 or 1,5,7, with %N: N at once")
     ] = None,
     yes: Annotated[bool, typer.Option("--yes", help="allow an array or sweep of more than 100,000 elements")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="say where and when it would start; queue nothing, write nothing")
+    ] = False,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -563,6 +566,20 @@ def submit(
     wd = workdir or fields.get("workdir") or os.getcwd()
     fields["workdir"] = str(Path(wd).expanduser().absolute()) if wd else None
     node = fields.pop("__node__", None)
+    if dry_run:
+        with _head(url) as h:
+            body = _validated(fields, node, source).model_dump(mode="json", exclude_none=True)
+            answer = _call(
+                h.json,
+                "POST",
+                "/v1/jobs/dry-run",
+                body={k: v for k, v in body.items() if k != "team" or "team" in fields},
+            )
+        if as_json:
+            _print_json(answer)
+        else:
+            out.print(dry_run_line(answer), markup=False)
+        return
     with _head(url) as h:
         try:
             json.dumps(fields, allow_nan=False)
@@ -585,6 +602,18 @@ def submit(
     else:
         held = " (held)" if job.held else ""
         out.print(f"submitted job {job.id} ({job.name}): {job.state}{held}", markup=False)
+
+
+def dry_run_line(answer: Any) -> str:
+    """`submit --dry-run`'s answer in one line: where it would start now, or when and why not."""
+    run = f"; {answer.expected_run.sentence}" if answer.get("expected_run") else ""
+    if answer.starts_now:
+        where = ", ".join(f"{s.node} GPUs {','.join(map(str, s.gpu_indices))}" for s in answer.allocation)
+        return f"would start now on {where}{run} (dry run: nothing queued)"
+    if answer.get("estimated_start") is None:
+        return f"would wait: {answer.reason}; no estimate{run} (dry run: nothing queued)"
+    when = start_window(answer.estimated_start, answer.get("start_low"), answer.get("start_high"))
+    return f"would start ~{when}; until then: {answer.reason}{run} (dry run: nothing queued)"
 
 
 def _id_list(option: str, text: str | None) -> list[int] | None:

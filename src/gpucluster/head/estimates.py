@@ -47,6 +47,7 @@ class EstimateRefresher:
         # only: a new head shows intervals again once MIN_SAMPLES jobs have started under it.
         self.calibration = WaitCalibration()
         self.intervals: dict[int, Interval] = {}
+        self.last_runs: Mapping[int, float] = {}  # the last refresh's run times (submit --dry-run reuses them)
         self._first: dict[int, tuple[float, float]] = {}  # job -> (when estimated, its first estimate)
         # The head's start and stop latencies, learned again at each replay (head/latency.py).
         self.latency = latency
@@ -78,6 +79,7 @@ class EstimateRefresher:
             if self.latency is not None:
                 self.last_latency = self.latency()
             runs = self.runs(snap, policy, now) if self.runs is not None else None
+            self.last_runs = runs or {}
             self._estimates = estimate_starts(snap, policy, now, plan, self.limit, self.last_latency, runs)
             self._first = {j: v for j, v in self._first.items() if j in plan.waiting}
             self.intervals = {}

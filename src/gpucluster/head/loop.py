@@ -166,6 +166,7 @@ class Head:
         self.gates = Gates(self)  # holds, dependencies, array throttles (issue 20)
         self.limit_waits: dict[int, Wait] = {}  # jobs at their user's limits in the last snapshot (issue 16)
         self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
+        self.last_snapshot: Snapshot | None = None  # the last admitted snapshot planned on
         self.runtime = RuntimeModel(store)  # run times learned from finished jobs (issue 24)
         self.estimates = EstimateRefresher(  # learned start/stop latency and run times
             latency=lambda: latency.from_store(store), runs=self.runtime.runs
@@ -547,6 +548,7 @@ class Head:
         self._capacity_changed = False
         self._last_plan_at = now
         snap = self.snapshot()
+        self.last_snapshot = snap  # what `submit --dry-run` plans on (head/dry_run.py)
         self._next_release = min(
             (j.not_before for j in snap.queued if j.not_before and j.not_before > now), default=None
         )

@@ -27,6 +27,7 @@ from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, JobRequest, Priority
 from gpucluster.durations import MAX_BEGIN_AHEAD_S
 from gpucluster.executors._shim import PHASE
+from gpucluster.head.dry_run import dry_run
 from gpucluster.head.inventory import with_presence
 from gpucluster.head.loop import Head
 from gpucluster.head.submit_batcher import SubmitBatcher
@@ -41,6 +42,7 @@ from gpucluster.head.update import (
 )
 from gpucluster.models import (
     Attempt,
+    DryRunOut,
     ExpectedRun,
     GpuOut,
     GrantOut,
@@ -129,6 +131,12 @@ class ClusterService:
         with _queue_limit():
             job_id = await self.batcher.submit(spec, now, owner)
         return self._queued(job_id, spec, now, owner)
+
+    def dry_run(self, spec: JobSpec, owner: str | None, can_see: Callable[[str], bool] | None = None) -> DryRunOut:
+        """Where and when `spec` would start (head/dry_run.py), refused as a submit would be."""
+        self._check_fits(spec)
+        self._check_dependencies(spec, can_see)
+        return dry_run(self.head, spec, owner)
 
     def _submit_array(self, spec: JobSpec, owner: str | None) -> Job:
         """All elements in one transaction (a batch insert): 100,000 in well under a second."""
