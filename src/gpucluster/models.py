@@ -749,6 +749,8 @@ class DryRunOut(Model):
     expected_run: ExpectedRun | None = None
     wait_reason: str | None = None
     reason: str = ""  # why it would wait
+    # `POST /v1/jobs/{id}/what-if`: the job's own estimated start now, to compare with
+    current_start: float | None = None
 
 
 class HoldOut(Model):

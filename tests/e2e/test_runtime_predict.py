@@ -73,3 +73,24 @@ def test_submit_dry_run_says_where_and_when_and_queues_nothing(head: HeadProcess
         assert [j.id for j in c.jobs()] == [blocker.id]  # nothing queued, by either dry run
     bad = _cli(head, "submit", "--dry-run", "--gpus", "64", "--", "true")
     assert bad.returncode == 1 and "gpus" in bad.stderr, bad.stderr  # refused as a submit would be
+
+
+def test_why_what_if_compares_a_change_and_changes_nothing(head: HeadProcess) -> None:
+    """Six GPUs busy for an hour: an 8-GPU job waits that hour; with 2 GPUs it would start now."""
+    with head.client() as c:
+        busy = c.submit(["sleep", "600"], gpus=6, time_limit="1h")
+        wait_for(lambda: c.job(busy.id).state == "running", timeout=60, what="the 6-GPU job to run")
+        big = c.submit(["sleep", "1"], gpus=8, time_limit="10m")
+        wait_for(lambda: c.job(big.id).estimated_start is not None, timeout=60, what="the 8-GPU job's estimate")
+        smaller = _cli(head, "why", str(big.id), "--what-if", "gpus=2")
+        assert smaller.returncode == 0, smaller.stderr
+        assert smaller.stdout.startswith("with gpus=2: would start now on node0 GPUs "), smaller.stdout
+        assert "earlier" in smaller.stdout and "(nothing changed)" in smaller.stdout, smaller.stdout
+        bigger = _cli(head, "why", str(big.id), "--what-if", "time-limit=20m")
+        assert bigger.stdout.startswith("with time_limit=20m: would start ~"), bigger.stdout
+        job = c.job(big.id)
+        assert (job.state, job.spec.gpus, job.spec.time_limit) == ("queued", 8, 600)  # nothing changed
+        bad = _cli(head, "why", str(big.id), "--what-if", "colour=red")
+        assert bad.returncode == 1 and "KEY one of gpus, gpu-type, priority, time-limit" in bad.stderr
+        over = _cli(head, "why", str(big.id), "--what-if", "gpus=64")
+        assert over.returncode == 1 and "gpus" in over.stderr, over.stderr

@@ -390,6 +390,13 @@ def create_app(
         rules.note_audit(request, target, "; ".join(changes) or "nothing changed")
         return job
 
+    @app.post("/v1/jobs/{job_id}/what-if", response_model=DryRunOut, openapi_extra=allow(Rule.JOB_VIEW, audit=False))
+    def what_if(job_id: Id, change: JobUpdate, who: Caller) -> DryRunOut:
+        """When this queued job would start with these fields changed (as `PATCH` takes them):
+        `gpucluster why JOB --what-if gpus=4`. Nothing is changed; a class above normal needs
+        its grant (403), as an update would."""
+        return service.what_if(job_id, change, who)
+
     @app.post("/v1/jobs/{job_id}/requeue", openapi_extra=allow(Rule.JOB_OPERATE))
     def requeue(job_id: Id, index: ArrayIndex = None, state: StateFilter = None) -> Job:
         """Checkpoint and requeue a running job: SIGTERM, the grace period, `preempted`, back in

@@ -604,6 +604,37 @@ def submit(
         out.print(f"submitted job {job.id} ({job.name}): {job.state}{held}", markup=False)
 
 
+WHAT_IF_FIELDS = {"gpus": "gpus", "gpu-type": "gpu_type", "priority": "priority", "time-limit": "time_limit"}
+
+
+def _what_if(job_id: int, items: list[str], url: str | None, as_json: bool) -> None:
+    """`why JOB --what-if gpus=4`: the job's start were it changed so, beside its own."""
+    from gpucluster.durations import format_duration
+
+    body: dict[str, Any] = {}
+    for item in items:
+        for part in item.split(","):
+            key, sep, value = part.partition("=")
+            field = WHAT_IF_FIELDS.get(key.strip().replace("_", "-"))
+            if not sep or field is None or not value.strip():
+                fail(f"--what-if {part!r}: write KEY=VALUE with KEY one of {', '.join(WHAT_IF_FIELDS)}, e.g. gpus=4")
+            body[field] = value.strip()
+    with _head(url) as h:
+        answer = _call(h.json, "POST", f"{job_path(job_id)}/what-if", body=body)
+    if as_json:
+        _print_json(answer)
+        return
+    said = ", ".join(f"{k}={v}" for k, v in body.items())
+    line = f"with {said}: " + dry_run_line(answer).replace(" (dry run: nothing queued)", "")
+    now_at, then_at = answer.get("current_start"), answer.get("estimated_start")
+    if answer.starts_now:
+        then_at = time.time()
+    if now_at is not None and then_at is not None:
+        delta = now_at - then_at
+        line += f"; as it is: ~{_ts(now_at)}, so ~{format_duration(abs(delta))} {'earlier' if delta >= 0 else 'later'}"
+    out.print(line + " (nothing changed)", markup=False)
+
+
 def dry_run_line(answer: Any) -> str:
     """`submit --dry-run`'s answer in one line: where it would start now, or when and why not."""
     run = f"; {answer.expected_run.sentence}" if answer.get("expected_run") else ""
@@ -1113,8 +1144,23 @@ def queue(
 
 
 @app.command()
-def why(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+def why(
+    job_id: Annotated[int, typer.Argument(help="job id")],
+    what_if: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--what-if",
+            help="when it would start changed so: gpus=4, gpu-type=A100-80GB, priority=high, time-limit=2h "
+            "(repeatable; nothing is changed)",
+        ),
+    ] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Why a job waits (or what happened to it), and when it is expected to start."""
+    if what_if:
+        _what_if(job_id, what_if, url, as_json)
+        return
     with _head(url) as h:
         job = _call(h.json, "GET", job_path(job_id))
         position, default_limit = None, ""

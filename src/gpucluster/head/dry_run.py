@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 PROBE_ID = 2**62  # the job that is not there: an id no store hands out
 
 
-def dry_run(head: Head, spec: JobSpec, owner: str | None) -> DryRunOut:
+def dry_run(head: Head, spec: JobSpec, owner: str | None, instead_of: int | None = None) -> DryRunOut:
+    """`instead_of`: a queued job the answer is for as if it were `spec` (`why --what-if`): it
+    is taken out of the queue first, so it does not wait behind itself."""
     snap = head.last_snapshot
     now = head.clock()
     policy = head.planning_policy
@@ -42,7 +44,8 @@ def dry_run(head: Head, spec: JobSpec, owner: str | None) -> DryRunOut:
         not_before=spec.begin if spec.begin is not None and spec.begin > now else None,
         user=owner or "",
     )
-    probe = replace(snap, queued=(*snap.queued, request), capacity=None, queue_index=None)
+    queued = tuple(q for q in snap.queued if q.job_id != instead_of)
+    probe = replace(snap, queued=(*queued, request), capacity=None, queue_index=None)
     plan = decide(probe, policy, now)
     p = head.runtime.predict(
         owner,

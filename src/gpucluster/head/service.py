@@ -138,6 +138,26 @@ class ClusterService:
         self._check_dependencies(spec, can_see)
         return dry_run(self.head, spec, owner)
 
+    def what_if(self, job_id: int, change: JobUpdate, who: Identity) -> DryRunOut:
+        """When a queued job would start were it changed so (`why --what-if gpus=4`): the change
+        laid over its spec and checked as `update` checks it (a class above normal needs its
+        grant), then planned in its place; nothing is changed."""
+        record = self.store.get_job(job_id)
+        if record is None:
+            raise NotFound(f"no job with id {job_id}")
+        if record.state is not JobState.QUEUED:
+            raise Conflict(f"job {job_id} is {record.state.value}; a what-if is for a queued job")
+        try:
+            spec = merged_spec(record.spec, change)
+        except FieldError as e:
+            raise Rejected(e.field, e.message) from None
+        if spec.priority != record.spec.priority:
+            grants.check_priority(who, record.team, spec.priority, self.head.policy)
+        self._check_fits(spec)
+        out = dry_run(self.head, spec, record.owner, instead_of=job_id)
+        out.current_start = record.estimated_start
+        return out
+
     def _submit_array(self, spec: JobSpec, owner: str | None) -> Job:
         """All elements in one transaction (a batch insert): 100,000 in well under a second."""
         shape = spec.array_spec
