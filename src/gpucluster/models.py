@@ -733,6 +733,18 @@ class MetricSeries(Model):
     reported: list[float]  # the values, in report order (not `values`: the CLI reads wire objects as dicts)
 
 
+class ExpectedRun(Model):
+    """How long a queued or running job is expected to run, learned from similar finished jobs
+    (core/runtime_predict.py); what its estimates plan with. Never above its time limit."""
+
+    seconds: float  # the median of similar jobs' run times (the time limit when none are known)
+    low_s: float  # 10% of similar jobs ran less
+    high_s: float  # 10% ran more (never above the time limit)
+    samples: int  # similar finished jobs it comes from; 0: no history, the time limit
+    basis: str  # which similarity answered: "same user and workload", ..., or "time limit"
+    sentence: str  # "expected to run ~2 h 10 m (from 37 similar jobs: same user and workload)"
+
+
 class Job(Model):
     id: int
     name: str
@@ -745,6 +757,9 @@ class Job(Model):
     reason: str = ""
     wait_reason: str | None = None  # why a queued job waits, as a code; `reason` has the sentence
     estimated_start: float | None = None
+    # 80% interval around estimated_start: run times drawn from similar finished jobs (issue 24)
+    start_low: float | None = None
+    start_high: float | None = None
     attempt: int = 0
     allocation: list[SliceOut] = Field(default_factory=list)
     events: list[JobEvent] = Field(default_factory=list)
@@ -766,6 +781,23 @@ class Job(Model):
     # In a collapsed listing (GET /v1/jobs?collapse=true) an array is one entry, its first
     # element, with every element counted by state here; also on a submitted array's answer.
     array_counts: dict[str, int] | None = None
+    expected_run: ExpectedRun | None = None  # a queued or running job's, in GET /v1/jobs/{id}
+
+
+class DryRunOut(Model):
+    """Where and when a job would start if submitted now (`POST /v1/jobs/dry-run`); nothing is
+    queued or written. Planned on the head's last view with the same scheduler and estimates."""
+
+    starts_now: bool
+    estimated_start: float | None = None
+    start_low: float | None = None
+    start_high: float | None = None
+    allocation: list[SliceOut] = Field(default_factory=list)  # where, when it would start now
+    expected_run: ExpectedRun | None = None
+    wait_reason: str | None = None
+    reason: str = ""  # why it would wait
+    # `POST /v1/jobs/{id}/what-if`: the job's own estimated start now, to compare with
+    current_start: float | None = None
 
 
 class HoldOut(Model):

@@ -251,7 +251,10 @@ def test_estimates_say_what_they_assume(signed_in: Dashboard) -> None:
     c = signed_in.client
     blocker = c.submit(["sleep", "600"], gpus=8, name="holds-all")
     waiting = c.submit(["true"], gpus=8, name="waits-for-all")
-    assumption = "assuming running jobs use their whole time limit, the default 1h where none is set"
+    assumption = (
+        "assuming jobs run as long as similar finished jobs did, else their whole time limit,"
+        " the default 1h where none is set"
+    )
     try:
         wait(driver, "its estimate", lambda _: c.job(waiting.id).estimated_start is not None, timeout=60)
         go(driver, "#/queue")

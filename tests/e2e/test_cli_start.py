@@ -181,5 +181,9 @@ def test_estimates_say_what_they_assume(head: HeadProcess, tmp_path: Path) -> No
         waiting = c.submit(["sleep", "600"], gpus=8)
         wait_for(lambda: c.job(waiting.id).estimated_start is not None, what="an estimate for the waiting job")
     why = _run(cli, "why", str(waiting.id), url=head.url)
-    assert "(assuming running jobs use their whole time limit, the default 1h where none is set)" in why.stdout
+    assumption = (
+        "(assuming jobs run as long as similar finished jobs did, else their whole time limit,"
+        " the default 1h where none is set)"
+    )
+    assert assumption in why.stdout
     assert "EST. START: assuming" in _run(cli, "queue", url=head.url).stdout

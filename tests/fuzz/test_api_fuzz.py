@@ -84,6 +84,7 @@ class Fixture:
         self.token_ids: set[int] = set()
         self.users = {"root"}
         self.job_ids: list[int] = []
+        self.what_if_target = 0
         self.array_id = 0  # the member's array (hold, release, cancel and update take its id)
         self.admin_targets: dict[str, int] = {}
         self.spare_tokens: list[int] = []
@@ -122,6 +123,9 @@ class Fixture:
         array = self.post("/v1/jobs", {"command": ["true"], "array": "0-2", "name": "arr"}, member)["array_id"]
         self.array_id = array
         self.job_ids = [own, ended, other, array]
+        # A queued job of the member's only what-if points at: the member's own fuzzing cancels
+        # `own` and the array early on, and a what-if is for a queued job (409 otherwise).
+        self.what_if_target = self.post("/v1/jobs", {"command": ["true"], "name": "for-what-if"}, member)["id"]
         # Another team's queued jobs for the admin's cancel, hold and release, one each: the
         # member's fuzzing cannot touch them (another team's job), so they are still queued.
         spare_headers = self._headers(spare["token"])
@@ -212,6 +216,8 @@ def _aim(fuzz: Fixture, case: Any, who: str = "member") -> bool:
         op = path.rsplit("/", 1)[1]
         if who == "admin" and op in fuzz.admin_targets:
             params["job_id"] = fuzz.admin_targets[op]
+        if op == "what-if":
+            params["job_id"] = fuzz.what_if_target
         if case.query and "index" in case.query and job_id % 2:
             del case.query["index"]  # the whole job or array, not an element that may not exist
     token_id = params.get("token_id")

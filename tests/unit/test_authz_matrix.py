@@ -16,6 +16,8 @@ from .authkit import SECRETS, World
 EXPECTED: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/health"): Rule.PUBLIC,
     ("POST", "/v1/jobs"): Rule.SIGNED_IN,
+    ("POST", "/v1/jobs/dry-run"): Rule.SIGNED_IN,
+    ("POST", "/v1/jobs/{job_id}/what-if"): Rule.JOB_VIEW,
     ("GET", "/v1/jobs"): Rule.SIGNED_IN,
     ("GET", "/v1/jobs/{job_id}"): Rule.JOB_VIEW,
     ("PATCH", "/v1/jobs/{job_id}"): Rule.JOB_OPERATE,

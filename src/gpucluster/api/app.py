@@ -40,6 +40,7 @@ from gpucluster.models import (
     DEFAULT_QUEUE_PAGE,
     MAX_QUEUE_PAGE,
     ArrayUpdate,
+    DryRunOut,
     HealthOut,
     HoldOut,
     Job,
@@ -280,6 +281,30 @@ def create_app(
     async def submit(spec: JobSpec, who: Caller) -> Response:
         """Submit to one of your teams (`team`, default: your first); the job is yours. A class
         above normal needs a grant in the policy (`priority_grants`; 403 without one)."""
+        if spec.interactive:
+            # One user's session submissions one at a time, from the count of GPUs their sessions
+            # hold to the job's insert: two at once would both read the count from before the
+            # other and together pass max_gpus_per_user. One head serves a database (its lease),
+            # so a lock here covers every submission.
+            async with session_submits.setdefault(who.user, asyncio.Lock()):
+                spec = await _admissible(spec, who)
+                job = await service.submit_async(spec, owner=who.user, can_see=who.can_see)
+        else:
+            spec = await _admissible(spec, who)
+            job = await service.submit_async(spec, owner=who.user, can_see=who.can_see)
+        # Serialised directly: FastAPI would re-validate a Job we just built from validated data.
+        return Response(job.model_dump_json(), status_code=201, media_type="application/json")
+
+    @app.post("/v1/jobs/dry-run", response_model=DryRunOut, openapi_extra=allow(Rule.SIGNED_IN, audit=False))
+    async def dry_run(spec: JobSpec, who: Caller) -> DryRunOut:
+        """Where and when this job would start if submitted now, checked as a submission is;
+        nothing is queued or written (`gpucluster submit --dry-run`)."""
+        spec = await _admissible(spec, who)
+        return await run_in_threadpool(service.dry_run, spec, who.user, who.can_see)
+
+    async def _admissible(spec: JobSpec, who: Identity) -> JobSpec:
+        """A submission's checks beyond the spec's own: its team, class, mounts, account; a
+        session gets the policy's session class (its priority, no grant needed, and limits)."""
         team = who.submit_team(spec.team if "team" in spec.model_fields_set else None)
         session_class = service.head.policy.interactive
         if spec.interactive and not getattr(service.head.executor, "supports_sessions", False):
@@ -289,19 +314,9 @@ def create_app(
             )
         if spec.interactive and spec.image:
             raise Rejected("interactive", "a session runs on the node's own system; leave out image (a container)")
-        if not spec.interactive:
-            return await _submit(spec, who, team)
-        # One user's session submissions one at a time, from the count of GPUs their sessions hold
-        # to the job's insert: two at once would both read the count from before the other and
-        # together pass max_gpus_per_user. One head serves a database (its lease), so a lock here
-        # covers every submission.
-        async with session_submits.setdefault(who.user, asyncio.Lock()):
+        if spec.interactive:
             held = await run_in_threadpool(service.store.session_gpus, who.user)
-            spec = sessions.apply_class(spec, session_class, held)  # its priority (no grant needed), limits
-            return await _submit(spec, who, team)
-
-    async def _submit(spec: JobSpec, who: Identity, team: str) -> Response:
-        session_class = service.head.policy.interactive
+            spec = sessions.apply_class(spec, session_class, held)
         if not (spec.interactive and session_class.priority is not None):
             if why := grants.serving_refusal(spec.priority):
                 raise Rejected("priority", why)
@@ -311,9 +326,7 @@ def create_app(
         access.check_can_run(who)
         if team != spec.team:
             spec = spec.model_copy(update={"team": team})
-        job = await service.submit_async(spec, owner=who.user, can_see=who.can_see)
-        # Serialised directly: FastAPI would re-validate a Job we just built from validated data.
-        return Response(job.model_dump_json(), status_code=201, media_type="application/json")
+        return spec
 
     @app.get("/v1/jobs", openapi_extra=allow(Rule.SIGNED_IN))
     def list_jobs(
@@ -392,6 +405,13 @@ def create_app(
         target = f"job {job_id}" + (f"[{index}]" if index is not None else "")
         rules.note_audit(request, target, "; ".join(changes) or "nothing changed")
         return job
+
+    @app.post("/v1/jobs/{job_id}/what-if", response_model=DryRunOut, openapi_extra=allow(Rule.JOB_VIEW, audit=False))
+    def what_if(job_id: Id, change: JobUpdate, who: Caller) -> DryRunOut:
+        """When this queued job would start with these fields changed (as `PATCH` takes them):
+        `gpucluster why JOB --what-if gpus=4`. Nothing is changed; a class above normal needs
+        its grant (403), as an update would."""
+        return service.what_if(job_id, change, who)
 
     @app.post("/v1/jobs/{job_id}/requeue", openapi_extra=allow(Rule.JOB_OPERATE))
     def requeue(job_id: Id, index: ArrayIndex = None, state: StateFilter = None) -> Job:

@@ -76,3 +76,19 @@ def print_json(data: Any) -> None:
 
 def ts(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def start_window(est: float | None, low: float | None, high: float | None) -> str:
+    """`2026-11-27 14:20 (13:50-15:10)`: an estimated start and its 80% interval (issue 24);
+    the interval's ends carry their date only when it is not the estimate's day."""
+    if not est:
+        return "-"
+    if low is None or high is None:
+        return ts(est)
+    day = time.strftime("%Y-%m-%d", time.localtime(est))
+
+    def hm(t: float) -> str:
+        same = time.strftime("%Y-%m-%d", time.localtime(t)) == day
+        return time.strftime("%H:%M" if same else "%Y-%m-%d %H:%M", time.localtime(t))
+
+    return f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(est))} ({hm(low)}-{hm(high)})"

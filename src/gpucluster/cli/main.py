@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gpucluster.cli import fastparams
-from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, refuse_stray_option
+from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, refuse_stray_option, start_window
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import client as _client
 from gpucluster.cli.common import head as _head
@@ -542,6 +542,9 @@ def submit(
         str | None, typer.Option("--array", help="submit an array: 0-199, 0-99:2 or 1,5,7, with %N: N at once")
     ] = None,
     yes: Annotated[bool, typer.Option("--yes", help="allow an array or sweep of more than 100,000 elements")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="say where and when it would start; queue nothing, write nothing")
+    ] = False,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -621,6 +624,20 @@ def submit(
     wd = workdir or fields.get("workdir") or os.getcwd()
     fields["workdir"] = str(Path(wd).expanduser().absolute()) if wd else None
     node = fields.pop("__node__", None)
+    if dry_run:
+        with _head(url) as h:
+            body = _validated(fields, node, source).model_dump(mode="json", exclude_none=True)
+            answer = _call(
+                h.json,
+                "POST",
+                "/v1/jobs/dry-run",
+                body={k: v for k, v in body.items() if k != "team" or "team" in fields},
+            )
+        if as_json:
+            _print_json(answer)
+        else:
+            out.print(dry_run_line(answer), markup=False)
+        return
     with _head(url) as h:
         try:
             json.dumps(fields, allow_nan=False)
@@ -643,6 +660,49 @@ def submit(
     else:
         held = " (held)" if job.held else ""
         out.print(f"submitted job {job.id} ({job.name}): {job.state}{held}", markup=False)
+
+
+WHAT_IF_FIELDS = {"gpus": "gpus", "gpu-type": "gpu_type", "priority": "priority", "time-limit": "time_limit"}
+
+
+def _what_if(job_id: int, items: list[str], url: str | None, as_json: bool) -> None:
+    """`why JOB --what-if gpus=4`: the job's start were it changed so, beside its own."""
+    from gpucluster.durations import format_duration
+
+    body: dict[str, Any] = {}
+    for item in items:
+        for part in item.split(","):
+            key, sep, value = part.partition("=")
+            field = WHAT_IF_FIELDS.get(key.strip().replace("_", "-"))
+            if not sep or field is None or not value.strip():
+                fail(f"--what-if {part!r}: write KEY=VALUE with KEY one of {', '.join(WHAT_IF_FIELDS)}, e.g. gpus=4")
+            body[field] = value.strip()
+    with _head(url) as h:
+        answer = _call(h.json, "POST", f"{job_path(job_id)}/what-if", body=body)
+    if as_json:
+        _print_json(answer)
+        return
+    said = ", ".join(f"{k}={v}" for k, v in body.items())
+    line = f"with {said}: " + dry_run_line(answer).replace(" (dry run: nothing queued)", "")
+    now_at, then_at = answer.get("current_start"), answer.get("estimated_start")
+    if answer.starts_now:
+        then_at = time.time()
+    if now_at is not None and then_at is not None:
+        delta = now_at - then_at
+        line += f"; as it is: ~{_ts(now_at)}, so ~{format_duration(abs(delta))} {'earlier' if delta >= 0 else 'later'}"
+    out.print(line + " (nothing changed)", markup=False)
+
+
+def dry_run_line(answer: Any) -> str:
+    """`submit --dry-run`'s answer in one line: where it would start now, or when and why not."""
+    run = f"; {answer.expected_run.sentence}" if answer.get("expected_run") else ""
+    if answer.starts_now:
+        where = ", ".join(f"{s.node} GPUs {','.join(map(str, s.gpu_indices))}" for s in answer.allocation)
+        return f"would start now on {where}{run} (dry run: nothing queued)"
+    if answer.get("estimated_start") is None:
+        return f"would wait: {answer.reason}; no estimate{run} (dry run: nothing queued)"
+    when = start_window(answer.estimated_start, answer.get("start_low"), answer.get("start_high"))
+    return f"would start ~{when}; until then: {answer.reason}{run} (dry run: nothing queued)"
 
 
 def _id_list(option: str, text: str | None) -> list[int] | None:
@@ -755,6 +815,7 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
         f"  team:       {s.team}   priority: {s.priority}",
         f"  time limit: {format_duration(float(s.time_limit)) if s.time_limit else 'none'}"
         + (f"   begin: {_ts(s.begin)}" if s.begin else ""),
+        *([f"  run time:   {job.expected_run.sentence}"] if job.get("expected_run") else []),
         f"  workdir:    {s.workdir or '-'}",
         f"  allocation: {_gpus(job)}",
         f"  attempt:    {job.attempt}{restarts}",
@@ -1138,19 +1199,35 @@ def queue(
             j.spec.priority,
             _gpus_label(j.spec),
             _ago(j.submitted_at),
-            _ts(j.estimated_start),
+            start_window(j.estimated_start, j.get("start_low"), j.get("start_high")),
             j.reason,
         )
     out.print(table)
     if any(e.job.estimated_start for e in entries):
-        out.print(f"EST. START: {assumption(default_limit)}", markup=False)
+        interval = "; (from-to): 80% likely between" if any(e.job.get("start_low") for e in entries) else ""
+        out.print(f"EST. START: {assumption(default_limit)}{interval}", markup=False)
     if page.total > len(entries):
         out.print(f"... and {page.total - len(entries)} more queued; see them with --limit {page.total}", markup=False)
 
 
 @app.command()
-def why(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+def why(
+    job_id: Annotated[int, typer.Argument(help="job id")],
+    what_if: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--what-if",
+            help="when it would start changed so: gpus=4, gpu-type=A100-80GB, priority=high, time-limit=2h "
+            "(repeatable; nothing is changed)",
+        ),
+    ] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Why a job waits (or what happened to it), and when it is expected to start."""
+    if what_if:
+        _what_if(job_id, what_if, url, as_json)
+        return
     with _head(url) as h:
         job = _call(h.json, "GET", job_path(job_id))
         position, default_limit = None, ""
@@ -1166,6 +1243,8 @@ def why(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = Non
                 "wait_reason": job.wait_reason,
                 "reason": job.reason,
                 "estimated_start": job.estimated_start,
+                "start_low": job.get("start_low"),
+                "start_high": job.get("start_high"),
                 "position": position,
             }
         )
@@ -1179,6 +1258,11 @@ def why(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = Non
     ]
     if job.estimated_start:
         lines.append(f"  start: about {_ts(job.estimated_start)} ({assumption(default_limit)})")
+        low, high = job.get("start_low"), job.get("start_high")
+        if low is not None and high is not None:
+            lines.append(f"         80% likely between {_ts(low)} and {_ts(high)}")
+        if job.get("expected_run"):
+            lines.append(f"  run:   {job.expected_run.sentence}")
     else:
         lines.append("  start: no estimate yet")
     out.print("\n".join(lines), markup=False)
@@ -1191,8 +1275,12 @@ def _default_limit(h: Head) -> str:
 
 def assumption(default_limit: str) -> str:
     """What every start estimate assumes, said next to it: an estimate of "about 1 hour" for a
-    job that started 26 s later read as a promise, when it only assumed the default time limit."""
-    return f"assuming running jobs use their whole time limit, the default {default_limit} where none is set"
+    job that started 26 s later read as a promise, when it only assumed the default time limit.
+    Run times learned from finished jobs (issue 24) replace the limit where history exists."""
+    return (
+        "assuming jobs run as long as similar finished jobs did, else their whole time limit,"
+        f" the default {default_limit} where none is set"
+    )
 
 
 def _ago(t: float) -> str:

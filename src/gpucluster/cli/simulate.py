@@ -49,6 +49,18 @@ def simulate(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed for every random draw (same seed, same metrics)")] = 0,
     strict: Annotated[bool, typer.Option("--strict", help="stop at the first malformed trace row")] = False,
+    estimates: Annotated[
+        bool,
+        typer.Option(
+            "--estimates",
+            help="at every submit, measure the start estimate a live head would show, with time limits"
+            " and with learned run times; metrics.json's start_estimates (slower)",
+        ),
+    ] = False,
+    estimate_every: Annotated[
+        int,
+        typer.Option("--estimate-every", min=1, help="with --estimates, measure every Nth submit only (cheaper)"),
+    ] = 1,
     workers: Annotated[
         int | None,
         typer.Option("--workers", min=1, help="policies simulated at once [default: one per core, up to the number]"),
@@ -98,6 +110,8 @@ def simulate(
         fmt=fmt,
         seed=seed,
         strict=strict,
+        estimates=estimates,
+        estimate_every=estimate_every,
     )
     bar = _Bar(enabled=not quiet and _consoles()[0].is_terminal)
     try:

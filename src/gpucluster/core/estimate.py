@@ -14,7 +14,8 @@ whose k-th GPU frees first in O(log nodes)), and the gaps a reservation leaves b
 idle until the reserved job can start) are kept per node, so a short single-node job further
 back can start in them, as backfill would start it. What it leaves out, knowingly: quotas and
 borrowing limits (the wait reason says when a quota holds a job), jobs that end before their
-limit (estimates are upper bounds on that account), and sharing: a fractional job is counted
+limit (unless the caller passes predicted run times, `runs`: then the estimate is a most-likely
+start rather than an upper bound), and sharing: a fractional job is counted
 as one whole GPU.
 
 A job with a node selection (`--nodelist`, `--exclude`, `--constraint`, `--exclusive`) or kept
@@ -213,10 +214,15 @@ def _demand(job: JobRequest) -> int:
 
 
 def _free_from(
-    snapshot: Snapshot, policy: Policy, now: float, plan: Plan, latency: Latency = NO_LATENCY
+    snapshot: Snapshot,
+    policy: Policy,
+    now: float,
+    plan: Plan,
+    latency: Latency = NO_LATENCY,
+    runs: Mapping[int, float] | None = None,
 ) -> dict[tuple[str, int], float]:
     """When each GPU is expected back: running jobs' ends and the plan's starts' ends (a time
-    limit plus the time a stop at it takes)."""
+    limit plus the time a stop at it takes; with `runs`, a job's expected run time instead)."""
     free = {(n.name, g.index): now for n in snapshot.nodes for g in n.gpus}
     for n in _returning(snapshot):  # a drained node with an end: free from then on
         until = snapshot.drains[n.name].until
@@ -240,12 +246,26 @@ def _free_from(
         if j.stopping or j.job_id in stopping:
             end = now + grace
         else:
-            end = j.started_at + (j.time_limit_s or policy.default_time_limit_s) + latency.stop_s
+            end = j.started_at + _run_s(j.job_id, j.time_limit_s, policy, latency, runs)
         hold(j.allocation, max(end, now))
     limits = {q.job_id: q.time_limit_s for q in snapshot.queued}
     for st in plan.starts:
-        hold(st.allocation, now + (limits.get(st.job_id) or policy.default_time_limit_s) + latency.stop_s)
+        hold(st.allocation, now + _run_s(st.job_id, limits.get(st.job_id), policy, latency, runs))
     return free
+
+
+def _run_s(
+    job_id: int, limit_s: float | None, policy: Policy, latency: Latency, runs: Mapping[int, float] | None
+) -> float:
+    """How long a job is planned to hold its GPUs: its expected run time when the caller
+    predicted one (core/runtime_predict.py; never above the limit), else its time limit and the
+    stop at it. A predicted end is a normal exit, so no stop latency is added to it."""
+    limit = limit_s or policy.default_time_limit_s
+    if runs is not None:
+        run = runs.get(job_id)
+        if run is not None and run < limit:
+            return run
+    return limit + latency.stop_s
 
 
 def _returning(snapshot: Snapshot) -> list[Node]:
@@ -268,14 +288,19 @@ def estimate_starts(
     plan: Plan,
     limit: int = DEFAULT_LIMIT,
     latency: Latency = NO_LATENCY,
+    runs: Mapping[int, float] | None = None,
 ) -> dict[int, Estimate]:
     """An estimate for every job `plan` has waiting, replaying at most `limit` of them exactly.
     `latency`: the cluster's own start and stop delays, added to every start after GPUs free
-    and to every end at a time limit.
+    and to every end at a time limit. `runs`: job id -> expected run time in seconds, for
+    running jobs their whole run from `started_at` (core/runtime_predict.py); a job not in it,
+    or predicted at its limit, is planned to its time limit as before. Only these estimates
+    use predictions: `decide`'s reservations stay bounded by time limits, so no guarantee the
+    scheduler gives depends on a prediction being right.
 
     Pure: the same snapshot, policy, time, plan and latency always give the same estimates.
     """
-    profile = _Profile(snapshot, _free_from(snapshot, policy, now, plan, latency))
+    profile = _Profile(snapshot, _free_from(snapshot, policy, now, plan, latency, runs))
     queued: Mapping[int, JobRequest] = {q.job_id: q for q in snapshot.queued}
     out: dict[int, Estimate] = {}
     bounds: dict[tuple[object, ...], float | None] = {}
@@ -315,9 +340,9 @@ def estimate_starts(
         sel = job.selection
         if sel is not None and (sel.filters or sel.exclusive):
             on = profile.allowed(sel)
-            out[job_id] = Estimate(_replay_on(profile, job, models, n, earliest, policy, now, latency, on))
+            out[job_id] = Estimate(_replay_on(profile, job, models, n, earliest, policy, now, latency, on, runs))
             continue
-        out[job_id] = Estimate(_replay(profile, job, models, n, earliest, policy, now, latency))
+        out[job_id] = Estimate(_replay(profile, job, models, n, earliest, policy, now, latency, runs))
     return out
 
 
@@ -349,6 +374,7 @@ def _replay(
     policy: Policy,
     now: float = 0.0,
     latency: Latency = NO_LATENCY,
+    runs: Mapping[int, float] | None = None,
 ) -> float | None:
     """The earliest start of `job` on the models it accepts (earlier preference wins ties),
     reserving its GPUs there for its time limit and the stop at it; None if no model can host
@@ -383,7 +409,7 @@ def _replay(
     if best is None:
         return None
     start = max(_after(best[0], now, latency), earliest)
-    duration = (job.time_limit_s or policy.default_time_limit_s) + latency.stop_s
+    duration = _run_s(job.job_id, job.time_limit_s, policy, latency, runs)
     if job.nodes is None:
         hole: tuple[float, str, _Gap] | None = None
         for model in models:
@@ -410,6 +436,7 @@ def _replay_on(
     now: float,
     latency: Latency,
     allowed: frozenset[str],
+    runs: Mapping[int, float] | None = None,
 ) -> float | None:
     """`_replay` for a job that may use only `allowed` nodes: each node's GPUs free times read
     directly (no heaps, no gaps). An exclusive job needs every GPU of a node, and holds them all.
@@ -429,7 +456,7 @@ def _replay_on(
     if best is None:
         return None
     start = max(_after(best[0], now, latency), earliest)
-    end = start + (job.time_limit_s or policy.default_time_limit_s) + latency.stop_s
+    end = start + _run_s(job.job_id, job.time_limit_s, policy, latency, runs)
     for node, gpus in best[2]:
         profile.reserve(best[1], node, gpus, start, end)
     return start

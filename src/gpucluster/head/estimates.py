@@ -1,5 +1,9 @@
 """Estimated starts for every waiting job, merged into the wait reasons the head records.
 
+With a run-time model (head/runtime_model.py) every replay plans with learned run times; each
+estimate gets an 80% interval from how far recent first estimates were from real starts
+(core/start_interval.py), learned from the plans' starts.
+
 Why a separate, throttled step: `decide` runs every second and gives an estimate only to the
 job first in line per GPU model; the replay that estimates every job (core/estimate.py) costs
 about 10 us a job, and an estimate need not be fresher than a few seconds. So the replay runs
@@ -11,12 +15,13 @@ recorded value, so the store is not rewritten for every queued job on every refr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gpucluster.core.estimate import DEFAULT_LIMIT, NO_LATENCY, Estimate, Latency, estimate_starts
 from gpucluster.core.policy import Policy
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.start_interval import Interval, WaitCalibration
 from gpucluster.core.types import Plan, Wait
 
 # Waits whose own estimate the replay's replaces: a drain's end is only a lower bound, and a
@@ -31,8 +36,19 @@ class EstimateRefresher:
         limit: int = DEFAULT_LIMIT,
         jitter_s: float = 30.0,
         latency: Callable[[], Latency] | None = None,
+        runs: Callable[[Snapshot, Policy, float], Mapping[int, float]] | None = None,
     ) -> None:
         self.every_s = every_s
+        # Expected run times of queued and running jobs (head/runtime_model.py), learned again
+        # at each replay; None: every job is planned to its time limit.
+        self.runs = runs
+        # The 80% interval of each estimate, calibrated on how far the first estimates of the
+        # jobs that started lately were from their starts (core/start_interval.py). In memory
+        # only: a new head shows intervals again once MIN_SAMPLES jobs have started under it.
+        self.calibration = WaitCalibration()
+        self.intervals: dict[int, Interval] = {}
+        self.last_runs: Mapping[int, float] = {}  # the last refresh's run times (submit --dry-run reuses them)
+        self._first: dict[int, tuple[float, float]] = {}  # job -> (when estimated, its first estimate)
         # The head's start and stop latencies, learned again at each replay (head/latency.py).
         self.latency = latency
         self.last_latency = NO_LATENCY
@@ -53,12 +69,26 @@ class EstimateRefresher:
         # At scale the replay is not free (~1 s at 10,000 nodes and 60,000 running jobs on a
         # loaded 2-core machine): never spend more than a tenth of the time on it.
         every = max(self.every_s, 10 * self.last_cost_s)
+        for st in plan.starts:
+            first = self._first.pop(st.job_id, None)
+            if first is not None:
+                self.calibration.observe(first[0], first[1], now)
         due = self._at is None or now - self._at >= every or now < self._at
         if due and plan.waiting:
             started = time.perf_counter()
             if self.latency is not None:
                 self.last_latency = self.latency()
-            self._estimates = estimate_starts(snap, policy, now, plan, self.limit, self.last_latency)
+            runs = self.runs(snap, policy, now) if self.runs is not None else None
+            self.last_runs = runs or {}
+            self._estimates = estimate_starts(snap, policy, now, plan, self.limit, self.last_latency, runs)
+            self._first = {j: v for j, v in self._first.items() if j in plan.waiting}
+            self.intervals = {}
+            for job_id, est in self._estimates.items():
+                if est.exact and est.start is not None:
+                    self._first.setdefault(job_id, (now, est.start))
+                    interval = self.calibration.interval(now, est.start)
+                    if interval is not None:
+                        self.intervals[job_id] = interval
             self.last_cost_s = time.perf_counter() - started
             self._at = now
             self._not_before.clear()

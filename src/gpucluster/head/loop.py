@@ -91,6 +91,7 @@ from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
 from gpucluster.head.recovery import adopt_launch, requeue_left_preempted
+from gpucluster.head.runtime_model import RuntimeModel
 from gpucluster.head.update import same_request
 from gpucluster.launch.env import inherited
 from gpucluster.store import AttemptRecord, DatabaseUnavailable, DataDirUnwritable, JobRecord, LeaseLost, Store
@@ -169,7 +170,11 @@ class Head:
         self.gates = Gates(self)  # holds, dependencies, array throttles (issue 20)
         self.limit_waits: dict[int, Wait] = {}  # jobs at their user's limits in the last snapshot (issue 16)
         self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
-        self.estimates = EstimateRefresher(latency=lambda: latency.from_store(store))  # learned start/stop latency
+        self.last_snapshot: Snapshot | None = None  # the last admitted snapshot planned on
+        self.runtime = RuntimeModel(store)  # run times learned from finished jobs (issue 24)
+        self.estimates = EstimateRefresher(  # learned start/stop latency and run times
+            latency=lambda: latency.from_store(store), runs=self.runtime.runs
+        )
         self._capacity_changed = True  # a job ended or nodes changed: the last plan may be stale
         self._free_since: float | None = None  # GPUs free with nothing queued since (elastic growth)
         self._last_plan_at: float | None = None
@@ -554,6 +559,7 @@ class Head:
         self._capacity_changed = False
         self._last_plan_at = now
         snap = self.snapshot()
+        self.last_snapshot = snap  # what `submit --dry-run` plans on (head/dry_run.py)
         self._next_release = min(
             (j.not_before for j in snap.queued if j.not_before and j.not_before > now), default=None
         )

@@ -27,6 +27,7 @@ from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, JobRequest, Priority
 from gpucluster.durations import MAX_BEGIN_AHEAD_S
 from gpucluster.executors._shim import PHASE
+from gpucluster.head.dry_run import dry_run
 from gpucluster.head.inventory import with_presence
 from gpucluster.head.loop import Head
 from gpucluster.head.submit_batcher import SubmitBatcher
@@ -41,6 +42,8 @@ from gpucluster.head.update import (
 )
 from gpucluster.models import (
     Attempt,
+    DryRunOut,
+    ExpectedRun,
     GpuOut,
     GrantOut,
     HoldOut,
@@ -130,6 +133,32 @@ class ClusterService:
         with _queue_limit():
             job_id = await self.batcher.submit(spec, now, owner)
         return self._queued(job_id, spec, now, owner)
+
+    def dry_run(self, spec: JobSpec, owner: str | None, can_see: Callable[[str], bool] | None = None) -> DryRunOut:
+        """Where and when `spec` would start (head/dry_run.py), refused as a submit would be."""
+        self._check_fits(spec)
+        self._check_dependencies(spec, can_see)
+        return dry_run(self.head, spec, owner)
+
+    def what_if(self, job_id: int, change: JobUpdate, who: Identity) -> DryRunOut:
+        """When a queued job would start were it changed so (`why --what-if gpus=4`): the change
+        laid over its spec and checked as `update` checks it (a class above normal needs its
+        grant), then planned in its place; nothing is changed."""
+        record = self.store.get_job(job_id)
+        if record is None:
+            raise NotFound(f"no job with id {job_id}")
+        if record.state is not JobState.QUEUED:
+            raise Conflict(f"job {job_id} is {record.state.value}; a what-if is for a queued job")
+        try:
+            spec = merged_spec(record.spec, change)
+        except FieldError as e:
+            raise Rejected(e.field, e.message) from None
+        if spec.priority != record.spec.priority:
+            grants.check_priority(who, record.team, spec.priority, self.head.policy)
+        self._check_fits(spec)
+        out = dry_run(self.head, spec, record.owner, instead_of=job_id)
+        out.current_start = record.estimated_start
+        return out
 
     def _submit_array(self, spec: JobSpec, owner: str | None) -> Job:
         """All elements in one transaction (a batch insert): 100,000 in well under a second."""
@@ -404,7 +433,37 @@ class ClusterService:
                 job.reason = phase
         if record.array_id == record.id:
             job.array_counts = self.store.array_counts([record.id]).get(record.id, {})
+        if record.state in (JobState.QUEUED, JobState.RUNNING):
+            job.expected_run = self._expected_run(record)
+            self._interval(job)
         return describe_job(job, self.head.telemetry, self.telemetry)
+
+    def _interval(self, job: Job) -> Job:
+        """A queued job's 80% start interval, from the head's last refresh (in memory,
+        head/estimates.py), widened to hold the point estimate it is shown around."""
+        interval = self.head.estimates.intervals.get(job.id)
+        if interval is not None and job.estimated_start is not None:
+            job.start_low = min(interval.low, job.estimated_start)
+            job.start_high = max(interval.high, job.estimated_start)
+        return job
+
+    def _expected_run(self, record: JobRecord) -> ExpectedRun:
+        """How long the job should run, from similar finished jobs (head/runtime_model.py)."""
+        spec = record.spec
+        p = self.head.runtime.predict(
+            record.owner,
+            spec.team,
+            record.name,
+            spec.command,
+            float(spec.gpus),
+            spec.gpu_types,
+            float(spec.time_limit) if spec.time_limit is not None else None,
+            self.head.planning_policy,
+            nodes=[s.node for s in record.allocation.slices] if record.allocation else (),
+        )
+        return ExpectedRun(
+            seconds=p.run_s, low_s=p.low_s, high_s=p.high_s, samples=p.samples, basis=p.basis, sentence=p.sentence()
+        )
 
     def jobs(
         self,
@@ -665,7 +724,7 @@ class ClusterService:
         else:
             shown = visible if limit is None else visible[:limit]
         records = {r.id: r for r in self.store.list_jobs(ids=[i for _, i in shown])}
-        entries = [QueueEntry(position=n, job=to_wire(records[i])) for n, i in shown if i in records]
+        entries = [QueueEntry(position=n, job=self._interval(to_wire(records[i]))) for n, i in shown if i in records]
         return QueueOut(entries=entries, total=len(visible))
 
     def policy(self, can_see: Callable[[str], bool] | None = None) -> PolicyOut:

@@ -36,11 +36,12 @@ from gpucluster.core.elastic import grow
 from gpucluster.core.eligibility import Target, array_target, eligible
 from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.queue_index import QueueIndex
-from gpucluster.core.snapshot import held_back_after
+from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation, DependencyKind, JobRequest, Node, RunningJob, Start
+from gpucluster.core.types import Allocation, DependencyKind, JobRequest, Node, Plan, RunningJob, Start
 from gpucluster.sim import scheduling
 from gpucluster.sim.errors import SimulationError
+from gpucluster.sim.estimate_error import EstimateErrors, StartEstimateProbe
 from gpucluster.sim.runtime import Progress, Timeline, allreduce_slowdown, checkpoint_interval, progress, timeline
 from gpucluster.sim.scheduling import SimPolicy, Usage
 from gpucluster.sim.spec import CheckpointRule, ClusterSpec, NodeGroup
@@ -190,6 +191,7 @@ class RunResult:
     budgets: dict[str, dict[str, float]] = field(default_factory=dict)
     starts: list[tuple[float, int, Allocation]] = field(default_factory=list)  # with keep_starts
     interruptions_log: list[tuple[float, int, str]] = field(default_factory=list)  # with keep_starts
+    start_estimates: EstimateErrors | None = None  # with estimates: sim/estimate_error.py
 
 
 ProgressFn = Callable[[int, int, float], None]
@@ -211,8 +213,12 @@ class Engine:
         keep_starts: bool = False,
         wall_budget_s: float | None = None,
         cpu_budget_s: float | None = None,
+        estimates: bool = False,
+        estimate_every: int = 1,
     ) -> None:
         self.spec = spec
+        # Measure the start estimates a live head would show (issue 24); off: no cost at all.
+        self._estimates = StartEstimateProbe({g.gpu_model for g in spec.groups}, estimate_every) if estimates else None
         self.keep_starts = keep_starts  # record every start with its allocation (RunResult.starts)
         self.wall_budget_s = wall_budget_s  # stop early (RunResult.truncated): for benchmarks
         self.cpu_budget_s = cpu_budget_s  # the same in CPU seconds, for a machine others share
@@ -370,6 +376,8 @@ class Engine:
                         self._schedule(t)
                     elif self._queued:
                         res.decide_skipped += 1
+                        if self._estimates is not None and self._estimates.waiting_for_plan:
+                            self._estimate_only(t)  # the head shows new jobs an estimate all the same
                     if not self._regate:
                         break
                     self._regate = False  # a job others wait to see start (`after`) just started
@@ -396,6 +404,8 @@ class Engine:
             if team in self._held_since:
                 res.budgets[team]["held_s"] += max(res.last_end, self._last_t) - self._held_since.pop(team)
         self._close_series()
+        if self._estimates is not None:
+            res.start_estimates = self._estimates.close()
         res.wall_s = self.clock() - started
         res.cpu_s = time.process_time() - cpu_started
         if self.on_progress is not None:
@@ -430,6 +440,8 @@ class Engine:
         if self._array_counts:
             self._count(trace, None, JobState.QUEUED)
         self._active[trace.job_id] = job
+        if self._estimates is not None:
+            self._estimates.arrived(trace)
         self._enqueue(job)
 
     def _enqueue(self, job: SimJob) -> None:
@@ -512,7 +524,10 @@ class Engine:
             self._expected,
         )
         t0 = time.process_time()  # CPU time: on a shared machine wall time mostly measures the others
-        plan = scheduling.decide(snap, self.policy, now)
+        # Estimates need every waiting job in line (the head's full cycle); the starts and
+        # preemptions are the same either way (scheduling.decide).
+        full = self._estimates is not None and self._estimates.waiting_for_plan
+        plan = scheduling.decide(snap, self.policy, now, reasons=full)
         spent = time.process_time() - t0
         res.decide_calls += 1
         res.decide_s += spent
@@ -521,6 +536,8 @@ class Engine:
         res.decide_queue_sum += len(snap.queued)
         res.decide_queue_max = max(res.decide_queue_max, len(snap.queued))
         res.decide_running_max = max(res.decide_running_max, len(snap.running))
+        if self._estimates is not None:
+            self._estimate(snap, now, plan)
         for victim in scheduling.preemptions(plan):
             self._preempt(victim, now)
         if plan.preemptions or (plan.starts and self._preempted_for):
@@ -530,6 +547,40 @@ class Engine:
         if self.spec.replan_every_s and self._queued and not self._replan_pending:
             self._replan_pending = True
             self._wake(now + self.spec.replan_every_s, _PERIODIC)
+
+    def _estimate_only(self, now: float) -> None:
+        """A plan only to estimate new jobs' starts, when nothing could start (decide skipped):
+        nothing of it is applied, so the run is the same with and without `estimates`."""
+        usage = self._usage.at(now) if self._usage is not None else {}
+        snap = scheduling.snapshot(
+            self._nodes,
+            tuple(self._running.values()),
+            tuple(self._queued.values()),
+            usage,
+            self._capacity,
+            self._queue_index,
+            self._preempted_for,
+            self._holds,
+        )
+        plan = scheduling.decide(snap, self.policy, now, reasons=True)
+        if plan.starts or plan.preemptions:
+            raise SimulationError(f"t={now}: a plan said to change nothing starts or preempts jobs")
+        self._estimate(snap, now, plan)
+
+    def _estimate(self, snap: Snapshot, now: float, plan: Plan) -> None:
+        """The start estimates the head would show new jobs now (sim/estimate_error.py)."""
+        assert self._estimates is not None
+        active, group = self._active, self._group
+
+        def trace_of(job_id: int) -> TraceJob | None:
+            job = active.get(job_id)
+            return job.trace if job is not None else None
+
+        def model_of(job_id: int) -> str:
+            job = active.get(job_id)
+            return group[job.keys[0][0]].gpu_model if job is not None and job.keys else ""
+
+        self._estimates.planned(snap, self.policy.core, now, plan, trace_of, model_of)
 
     def _grow(self, now: float) -> None:
         """Grow an elastic job as the head does (core/elastic.py): GPUs free with nothing queued
@@ -616,6 +667,8 @@ class Engine:
         job.run_start = now
         if job.first_start < 0:
             job.first_start = now
+            if self._estimates is not None:
+                self._estimates.started(start.job_id, now)
         cost = self.spec.checkpoints.cost_s
         job.plan = timeline(job.work_left / speed, job.interval, cost, job.startup)
         job.token += 1
@@ -700,6 +753,8 @@ class Engine:
         if job is None or job.token != token or job.state is not JobState.RUNNING or job.stop is not None:
             return  # an attempt that was interrupted meanwhile
         timed_out = now - job.run_start < job.plan.total_s - EPS
+        if self._estimates is not None and job.keys:  # a run that tells how long such work takes
+            self._estimates.finished(job.trace, now - job.run_start, self._group[job.keys[0][0]].gpu_model)
         self._release(job, now, LOST_FAIL, saved_all=True)
         self._dirty = True
         if timed_out:  # the head asks a time-limit stop, and the job's processes die of it

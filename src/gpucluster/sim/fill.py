@@ -10,9 +10,15 @@ the same seed gives the same workload and one rule's draws never shift another's
   normal).
 - GPU type: the trace's (native), else `trace_fill.gpu_type`: `any` (the job takes any model;
   default), a model name, or `proportional` (drawn per job in proportion to each model's GPUs).
-- time limit: the trace's (native), else `trace_fill.time_limit`: none (default), or a factor
-  such as `2x` = twice the recorded run time. Backfill plans with limits; like on the live head,
-  an attempt that outlives its limit is stopped and the job fails.
+- time limit: the trace's (native), else `trace_fill.time_limit`: none (default), a factor
+  such as `2x` = twice the recorded run time, or a range such as `2x..8x`: per job a factor
+  drawn log-uniformly between the two, the limit (run time x factor) then rounded up to the
+  next value people write (LIMIT_STEPS: 15m, 30m, 1h, 2h, 4h, 8h, 12h, 1d, 2d, 3d, 7d, 14d,
+  then whole weeks), as users pad and round their limits. Why a range: with one factor every
+  limit is exactly proportional to its run time, which no real limit is, and a run-time
+  predictor would learn the factor and nothing else (issue 24's measurement uses the range).
+  Backfill plans with limits; like on the live head, an attempt that outlives its limit is
+  stopped and the job fails.
 - run time (pollux, which records none): Pollux's own workload generator picked each
   application from the GPU-time of a Philly job: cifar10 and ncf < 1 GPU-hour, deepspeech2 and
   bert 1-10, yolov3 10-100, imagenet 100-1000. The rule draws a GPU-time log-uniformly from the
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import math
 import random
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from itertools import accumulate
 
 from gpucluster.core.types import Priority
@@ -32,6 +38,22 @@ from gpucluster.sim.spec import ClusterSpec
 from gpucluster.sim.workload import RawJob, TraceJob
 
 HOUR = 3600.0
+DAY = 24 * HOUR
+# Time limits people write (`2x..8x` rounds up to the next), then whole weeks.
+LIMIT_STEPS = (
+    15 * 60.0,
+    30 * 60.0,
+    HOUR,
+    2 * HOUR,
+    4 * HOUR,
+    8 * HOUR,
+    12 * HOUR,
+    DAY,
+    2 * DAY,
+    3 * DAY,
+    7 * DAY,
+    14 * DAY,
+)
 # application -> (low, high) GPU-seconds, from petuum/adaptdl simulator/workload.py.
 POLLUX_GPU_TIME = {
     "cifar10": (60.0, 1 * HOUR),
@@ -56,6 +78,8 @@ class Filler:
         self._priority_rng = random.Random(f"{seed}/fill/priority")
         self._gpu_type = rules.gpu_type
         self._limit_factor = rules.time_limit_factor
+        self._limit_range = rules.time_limit_range
+        self._limit_rng = random.Random(f"{seed}/fill/time_limit")
         by_model: dict[str, int] = {}
         for g in spec.groups:
             by_model[g.gpu_model] = by_model.get(g.gpu_model, 0) + g.gpus
@@ -69,6 +93,8 @@ class Filler:
         limit = raw.time_limit
         if limit is None and self._limit_factor is not None:
             limit = max(1.0, round(duration * self._limit_factor, 3))
+        elif limit is None and self._limit_range is not None:
+            limit = self._rounded_limit(duration, *self._limit_range)
         return TraceJob(
             job_id=0,
             submit=raw.submit,
@@ -92,6 +118,14 @@ class Filler:
             cpus=raw.cpus,
             mem_mb=raw.mem_mb,
         )
+
+    def _rounded_limit(self, duration: float, lo: float, hi: float) -> float:
+        factor = math.exp(self._limit_rng.uniform(math.log(lo), math.log(hi)))
+        want = max(1.0, duration * factor)
+        i = bisect_left(LIMIT_STEPS, want)
+        if i < len(LIMIT_STEPS):
+            return LIMIT_STEPS[i]
+        return math.ceil(want / (7 * DAY)) * 7 * DAY
 
     def _priority(self) -> Priority:
         if len(self._priorities) == 1:

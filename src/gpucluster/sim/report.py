@@ -15,6 +15,7 @@ from typing import Any
 
 from gpucluster.sim.engine import RunResult
 from gpucluster.sim.errors import SimInputError
+from gpucluster.sim.estimate_error import estimate_section
 
 DAY = 86400.0
 # by RunResult.outcome (engine.py's SUCCEEDED ... CANCELLED_DEPENDENCY)
@@ -603,6 +604,7 @@ def _policy_section(name: str, m: dict[str, Any]) -> str:
         )
         + "</details>"
     )
+    out.append(estimate_section(m))
     return "\n".join(out)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpucluster.sim.engine import Engine, ProgressFn, RunResult
 from gpucluster.sim.errors import SimInputError
+from gpucluster.sim.estimate_error import add_estimate_metrics
 from gpucluster.sim.metrics import comparison, inputs_metrics, run_metrics, winners
 from gpucluster.sim.readers import read_trace
 from gpucluster.sim.scheduling import SimPolicy, load_policy
@@ -39,6 +40,8 @@ class SimulateOptions:
     seeds: int = 1  # runs per grid point and policy, seeds seed .. seed + seeds - 1
     wait_target_s: float | None = None  # the sweep's goal: fewest GPUs meeting it (else max goodput)
     goodput_target: float = 0.9  # one training job: what checkpoint/restart cost reaches this
+    estimates: bool = False  # measure the start estimates a live head would show (issue 24)
+    estimate_every: int = 1  # ... at every Nth submit
 
 
 @dataclass
@@ -88,9 +91,19 @@ def simulate(
     read_s = time.perf_counter() - t0
     say(f"simulating {', '.join(p.name for p in policies)}")
     workers = workers if workers is not None else min(len(policies), os.cpu_count() or 1)
-    results = run_policies(spec, trace.jobs, policies, opts.seed, workers, on_progress)
+    results = run_policies(
+        spec,
+        trace.jobs,
+        policies,
+        opts.seed,
+        workers,
+        on_progress,
+        estimates=opts.estimates,
+        estimate_every=opts.estimate_every,
+    )
     say("computing metrics")
     per_policy = [run_metrics(res, spec) for res in results]
+    add_estimate_metrics(per_policy, results)
     metrics = {
         "inputs": inputs_metrics(spec, trace, opts.seed),
         "comparison": comparison(per_policy),
@@ -238,6 +251,8 @@ def run_policies(
     on_progress: PolicyProgressFn | None,
     wall_budget_s: float | None = None,
     cpu_budget_s: float | None = None,
+    estimates: bool = False,
+    estimate_every: int = 1,
 ) -> list[RunResult]:
     """One Engine per policy; with workers > 1, policies run in parallel forked processes.
 
@@ -253,13 +268,15 @@ def run_policies(
                 on_progress=_named(on_progress, p.name),
                 wall_budget_s=wall_budget_s,
                 cpu_budget_s=cpu_budget_s,
+                estimates=estimates,
+                estimate_every=estimate_every,
             ).run()
             for p in policies
         ]
     global _SHARED
     ctx = mp.get_context("fork")
     progress = ctx.Array("d", 2 * len(policies), lock=False)
-    _SHARED = (spec, jobs, policies, seed, progress, wall_budget_s, cpu_budget_s)
+    _SHARED = (spec, jobs, policies, seed, progress, wall_budget_s, cpu_budget_s, (estimates, estimate_every))
     try:
         with ctx.Pool(processes=min(workers, len(policies))) as pool:
             pending = [pool.apply_async(_run_forked, (k,)) for k in range(len(policies))]
@@ -294,12 +311,14 @@ def _named(on_progress: PolicyProgressFn | None, name: str) -> ProgressFn | None
     return lambda done, total, t: report(name, done, total, t)
 
 
-_SHARED: tuple[ClusterSpec, list[TraceJob], list[SimPolicy], int, Any, float | None, float | None] | None = None
+_SHARED: (
+    tuple[ClusterSpec, list[TraceJob], list[SimPolicy], int, Any, float | None, float | None, tuple[bool, int]] | None
+) = None
 
 
 def _run_forked(k: int) -> RunResult:
     assert _SHARED is not None
-    spec, jobs, policies, seed, progress, budget, cpu_budget = _SHARED
+    spec, jobs, policies, seed, progress, budget, cpu_budget, (estimates, every) = _SHARED
     parent = os.getppid()
 
     def cb(done: int, total: int, t: float) -> None:
@@ -308,7 +327,17 @@ def _run_forked(k: int) -> RunResult:
         if os.getppid() != parent:  # the parent was killed (SIGTERM/SIGKILL): do not run on alone
             os._exit(1)
 
-    return Engine(spec, jobs, policies[k], seed, on_progress=cb, wall_budget_s=budget, cpu_budget_s=cpu_budget).run()
+    return Engine(
+        spec,
+        jobs,
+        policies[k],
+        seed,
+        on_progress=cb,
+        wall_budget_s=budget,
+        cpu_budget_s=cpu_budget,
+        estimates=estimates,
+        estimate_every=every,
+    ).run()
 
 
 def performance_figures(results: list[RunResult], read_s: float, total_s: float) -> dict[str, Any]:

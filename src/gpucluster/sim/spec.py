@@ -149,6 +149,8 @@ class FillRules:
     priority_mix: tuple[tuple[Priority, float], ...] = ((Priority.NORMAL, 1.0),)
     gpu_type: str | None = None  # None: any model; "proportional": drawn by capacity; else a model
     time_limit_factor: float | None = None  # a limit of factor x the recorded run time; None: no limit
+    # `2x..8x`: a factor drawn per job (seeded), the limit rounded up to a value people write
+    time_limit_range: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -545,9 +547,12 @@ def _fill(doc: Located, models: set[str]) -> FillRules:
                 )
             gpu_type = text
     factor: float | None = None
+    factors: tuple[float, float] | None = None
     if f.has("time_limit"):
         text = str(f.raw("time_limit")).strip().lower()
-        if text not in ("none", "off"):
+        if ".." in text:
+            factors = _factor_range(f, text)
+        elif text not in ("none", "off"):
             try:
                 factor = float(text.removesuffix("x"))
             except ValueError:
@@ -557,7 +562,28 @@ def _fill(doc: Located, models: set[str]) -> FillRules:
                     "time_limit",
                     f"give none, or a factor of the recorded run time of at least 1, e.g. 2x; got {text!r}",
                 )
-    return FillRules(team=f.text("team", d.team), priority_mix=mix, gpu_type=gpu_type, time_limit_factor=factor)
+    return FillRules(
+        team=f.text("team", d.team),
+        priority_mix=mix,
+        gpu_type=gpu_type,
+        time_limit_factor=factor,
+        time_limit_range=factors,
+    )
+
+
+def _factor_range(f: Fields, text: str) -> tuple[float, float]:
+    """`2x..8x`: both ends factors of at least 1, the first not above the second."""
+    lo_text, _, hi_text = text.partition("..")
+    try:
+        lo, hi = float(lo_text.strip().removesuffix("x")), float(hi_text.strip().removesuffix("x"))
+    except ValueError:
+        lo = hi = -1.0
+    if not (lo_text.strip().endswith("x") and hi_text.strip().endswith("x") and 1.0 <= lo <= hi):
+        raise f.fail(
+            "time_limit",
+            f"a range is two factors of the recorded run time, at least 1, low first, e.g. 2x..8x; got {text!r}",
+        )
+    return lo, hi
 
 
 def _scheduler(doc: Located) -> tuple[float | None, float | None]:

@@ -94,7 +94,7 @@ export function fmtLimit(seconds) {
 /** What every start estimate assumes, said next to it, as the CLI does (`gpucluster why`). */
 export function estimateAssumption(policy) {
   const limit = policy && Number.isFinite(policy.default_time_limit_s) ? fmtLimit(policy.default_time_limit_s) : "";
-  return `assuming running jobs use their whole time limit, the default ${limit || "of the policy"} where none is set`;
+  return `assuming jobs run as long as similar finished jobs did, else their whole time limit, the default ${limit || "of the policy"} where none is set`;
 }
 
 export function fmtTime(unix) {
@@ -163,6 +163,23 @@ export function since(unix) {
 export function relative(unix) {
   if (!unix) return h("span", {}, "");
   return h("span", { "data-at": unix, title: fmtTime(unix) }, fmtRelative(unix));
+}
+
+/** "starts ~14:20 (13:50-15:10)": an estimated start, relative, with its 80% interval when the
+ * head has one (issue 24); the interval's ends carry their date only off the estimate's day. */
+export function startWindow(job) {
+  if (!job.estimated_start) return h("span", {}, "");
+  const hm = (unix) => {
+    const d = new Date(unix * 1000);
+    const same = d.toDateString() === new Date(job.estimated_start * 1000).toDateString();
+    const clock = d.toTimeString().slice(0, 5);
+    return same ? clock : `${d.toISOString().slice(0, 10)} ${clock}`;
+  };
+  const interval = job.start_low != null && job.start_high != null
+    ? h("span", { class: "muted", "data-testid": "start-interval", title: "80% likely between" },
+      ` (${hm(job.start_low)}-${hm(job.start_high)})`)
+    : null;
+  return h("span", {}, "~", relative(job.estimated_start), interval);
 }
 
 /** Bring every since()/relative() cell under `root` up to date. */

@@ -17,6 +17,7 @@ import {
   h,
   relative,
   runSeconds,
+  startWindow,
   stateBadge,
   table,
   tick,
@@ -45,6 +46,7 @@ function specFields(job, policy) {
     field("command", h("code", {}, s.shell ? s.command[0] : s.command.map(quote).join(" "))),
     s.workdir ? field("workdir", h("code", {}, s.workdir)) : null,
     field("time limit", s.time_limit ? fmtDuration(s.time_limit) : "none"),
+    job.expected_run ? field("run time", h("span", { "data-testid": "expected-run" }, job.expected_run.sentence)) : null,
     field("restarts", `${job.restarts} of ${s.max_restarts}`),
     field("submitted", fmtTime(job.submitted_at)),
     job.started_at ? field("started", fmtTime(job.started_at)) : null,
@@ -56,7 +58,7 @@ function specFields(job, policy) {
     job.exit_code !== null ? field("exit code", job.exit_code) : null,
     job.allocation.length ? field("GPUs held", h("code", {}, fmtAllocation(job.allocation))) : null,
     job.estimated_start
-      ? field("estimated start", relative(job.estimated_start), " ",
+      ? field("estimated start", startWindow(job), " ",
         h("span", { class: "muted", "data-testid": "estimate-assumption" }, `(${estimateAssumption(policy)})`))
       : null,
     job.not_before && job.state === "queued" ? field("restart not before", relative(job.not_before)) : null,

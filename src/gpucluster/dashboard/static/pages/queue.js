@@ -2,7 +2,7 @@
 // backfill reservation, when it is expected to start.
 
 import { api } from "../api.js";
-import { estimateAssumption, fill, gpusLabel, h, jobLink, relative, since, stateBadge, table, tick, unchanged } from "../ui.js";
+import { estimateAssumption, fill, gpusLabel, h, jobLink, relative, since, startWindow, stateBadge, table, tick, unchanged } from "../ui.js";
 
 function row(entry) {
   const job = entry.job;
@@ -22,7 +22,7 @@ function row(entry) {
     h("td", {}, since(job.submitted_at)),
     h("td", { class: "reason", title: job.wait_reason || "" }, job.reason || job.wait_reason || "",
       backoff ? h("span", { class: "muted" }, " · restart ", backoff) : null),
-    h("td", {}, relative(job.estimated_start)),
+    h("td", {}, startWindow(job)),
   );
 }
 

@@ -1,0 +1,223 @@
+"""How long a job will run, predicted from the cluster's own finished jobs (issue 24).
+
+Why: every estimate used to assume a job runs to its time limit, and users write limits with a
+wide margin (a 2 h job asks for 8 h so it is never killed), so start estimates were hours late.
+The cluster has the better number in its history: the same user's earlier runs of the same
+workload, on the same GPUs, took about as long.
+
+The model is deliberately simple and explainable ("from 37 similar jobs"): finished runs are
+grouped by similarity keys, from most to least specific, and the first key with at least
+`min_samples` runs answers with quantiles of their run times (median as the point, 10% and
+90% as a range):
+
+  1. user, workload, GPU count, GPU model
+  2. user, workload
+  3. team, workload, GPU count
+  4. user, GPU count
+  5. team, GPU count
+  6. team
+
+A workload is the job's name, or its command's program and first argument when the name is a
+generated `job-N`. On the keys that name the workload, run times count in seconds: the same
+workload runs about as long whatever limit its user wrote. On the coarser keys (different
+workloads) a job's own time limit is the best sign of its scale, so those answer with the
+ratio of run time to time limit, multiplied by the job's limit (when both have limits).
+
+Never above the limit: a job is stopped at its limit, so no prediction may say later. With no
+key holding enough runs, the prediction is the time limit (the old assumption), marked as
+such. Each key keeps only its `window` most recent runs, so the model follows a workload
+that got faster, and memory stays bounded. Pure: no I/O, no clock; the caller feeds runs
+(the head from its store, incrementally; the simulator as its jobs end).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+
+# Similarity keys, most specific first: (name shown to users, fields, counts in seconds).
+LEVELS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("same user, workload, GPUs and model", ("user", "workload", "gpus", "model"), True),
+    ("same user and workload", ("user", "workload"), True),
+    ("same team, workload and GPUs", ("team", "workload", "gpus"), True),
+    ("same user and GPUs", ("user", "gpus"), False),
+    ("same team and GPUs", ("team", "gpus"), False),
+    ("same team", ("team",), False),
+)
+MIN_SAMPLES = 3
+WINDOW = 256
+_GENERATED_NAME = re.compile(r"^(job-\d+|line\d+)$")
+
+
+def workload_of(name: str, command: tuple[str, ...] | list[str] = ()) -> str:
+    """What makes two jobs "the same workload": the name the user gave it; for a generated
+    name (`job-17`), the command's program and first argument (`python train.py`), paths
+    reduced to their last part so a different checkout still matches."""
+    if name and not _GENERATED_NAME.match(name):
+        return "name:" + name
+    parts = [p.rsplit("/", 1)[-1] for p in list(command)[:2]]
+    return "cmd:" + " ".join(parts) if parts else ""
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What the predictor knows of a job before it runs."""
+
+    user: str
+    team: str
+    workload: str  # workload_of(name, command); "" when unknown
+    gpus: float
+    model: str  # the GPU model it ran on (finished) or will most likely get ("" if unknown)
+    time_limit_s: float | None
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """One finished job: its shape and how long its last attempt ran (a run stopped at its
+    limit counts as the limit: it ran at least that long)."""
+
+    shape: JobShape
+    run_s: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    run_s: float  # the point prediction (median), never above the time limit
+    low_s: float  # 10% quantile
+    high_s: float  # 90% quantile
+    samples: int  # similar finished jobs it comes from; 0: the time-limit fallback
+    basis: str  # which similarity key answered, or "time limit"
+
+    @property
+    def learned(self) -> bool:
+        return self.samples > 0
+
+    def sentence(self) -> str:
+        """'expected to run ~2 h 10 m (from 37 similar jobs: same user and workload)'."""
+        if not self.learned:
+            return f"expected to run up to its time limit, {duration_words(self.run_s)} (no similar finished jobs yet)"
+        jobs = "job" if self.samples == 1 else "jobs"
+        return f"expected to run ~{duration_words(self.run_s)} (from {self.samples} similar {jobs}: {self.basis})"
+
+
+def duration_words(seconds: float) -> str:
+    """2 h 10 m, 45 m, 30 s, 3 d 4 h: two units at most, rounded, for people."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    m = round(s / 60)
+    if m < 60:
+        return f"{m} m"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h} h {m} m" if m else f"{h} h"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+class _Samples:
+    """The `window` latest values of one key, with their sorted copy made when first asked."""
+
+    __slots__ = ("_sorted", "values")
+
+    def __init__(self, window: int) -> None:
+        self.values: deque[float] = deque(maxlen=window)
+        self._sorted: list[float] | None = None
+
+    def add(self, v: float) -> None:
+        self.values.append(v)
+        self._sorted = None
+
+    def sorted(self) -> list[float]:
+        if self._sorted is None:
+            self._sorted = sorted(self.values)
+        return self._sorted
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile of sorted `values`, linear between neighbours (numpy's default)."""
+    if not values:
+        raise ValueError("quantile of no values")
+    pos = q * (len(values) - 1)
+    i = int(pos)
+    if i + 1 >= len(values):
+        return values[-1]
+    return values[i] + (values[i + 1] - values[i]) * (pos - i)
+
+
+def _key(shape: JobShape, fields: tuple[str, ...]) -> tuple[object, ...] | None:
+    out: list[object] = []
+    for f in fields:
+        v: object = shape.workload if f == "workload" else getattr(shape, f)
+        if v == "" and f in ("user", "workload"):
+            return None  # unknown: never "similar" to another unknown
+        out.append(v)
+    return tuple(out)
+
+
+class RuntimePredictor:
+    """Finished runs in, predictions out; `add` is O(keys), `predict` O(keys) plus a sort of
+    at most `window` values the first time a key is asked after it changed."""
+
+    def __init__(self, min_samples: int = MIN_SAMPLES, window: int = WINDOW) -> None:
+        if min_samples < 1 or window < min_samples:
+            raise ValueError(f"min_samples must be >= 1 and window >= min_samples, got {min_samples}, {window}")
+        self.min_samples = min_samples
+        self.window = window
+        self._seconds: list[dict[tuple[object, ...], _Samples]] = [{} for _ in LEVELS]
+        self._ratios: list[dict[tuple[object, ...], _Samples]] = [{} for _ in LEVELS]
+        self.runs = 0  # runs added so far
+
+    def add(self, run: FinishedRun) -> None:
+        if run.run_s < 0:
+            raise ValueError(f"run_s must be >= 0, got {run.run_s}")
+        self.runs += 1
+        limit = run.shape.time_limit_s
+        for i, (_, fields, seconds) in enumerate(LEVELS):
+            key = _key(run.shape, fields)
+            if key is None:
+                continue
+            if seconds:
+                self._slot(self._seconds[i], key).add(run.run_s)
+            elif limit:
+                self._slot(self._ratios[i], key).add(min(1.0, run.run_s / limit))
+            else:
+                self._slot(self._seconds[i], key).add(run.run_s)
+
+    def _slot(self, table: dict[tuple[object, ...], _Samples], key: tuple[object, ...]) -> _Samples:
+        s = table.get(key)
+        if s is None:
+            s = table[key] = _Samples(self.window)
+        return s
+
+    def predict(self, shape: JobShape, default_limit_s: float) -> Prediction:
+        """The prediction for a job of `shape`; `default_limit_s` stands for a missing limit
+        (the policy's `backfill.default_time_limit`, what the scheduler plans with)."""
+        limit = shape.time_limit_s or default_limit_s
+        for i, (basis, fields, seconds) in enumerate(LEVELS):
+            key = _key(shape, fields)
+            if key is None:
+                continue
+            if not seconds and shape.time_limit_s:
+                s = self._ratios[i].get(key)
+                scale = shape.time_limit_s
+            else:
+                s = self._seconds[i].get(key)
+                scale = 1.0
+            if s is None or len(s.values) < self.min_samples:
+                continue
+            vs = s.sorted()
+            mid, lo, hi = (min(limit, quantile(vs, q) * scale) for q in (0.5, 0.1, 0.9))
+            return Prediction(run_s=mid, low_s=lo, high_s=hi, samples=len(vs), basis=basis)
+        return Prediction(run_s=limit, low_s=limit, high_s=limit, samples=0, basis="time limit")
+
+    def expected_total(self, shape: JobShape, elapsed_s: float, default_limit_s: float) -> float:
+        """A running job's expected total run time, knowing it has already run `elapsed_s`: the
+        prediction if not yet passed; past it, halfway from there to the limit (a job that
+        outlived similar ones is likely one of the long ones), never above the limit."""
+        limit = shape.time_limit_s or default_limit_s
+        p = self.predict(shape, default_limit_s)
+        if elapsed_s < p.run_s:
+            return p.run_s
+        return min(limit, max(elapsed_s, elapsed_s + (limit - elapsed_s) / 2))

@@ -1,0 +1,106 @@
+"""The head's run-time predictor: core/runtime_predict.py fed from the store, incrementally.
+
+Why here and not in the core: the core model is pure and knows nothing of the store; the head
+reads finished runs after a watermark (store/runs.py) at each estimate refresh (every 5 s at
+most, head/estimates.py), so a finished job counts within one refresh and the store is never
+scanned whole. A new head learns from the latest `INITIAL` runs. The model is in memory only:
+it is rebuilt from the store after a restart, so it survives crashes the way the store does.
+
+The API reads predictions from other threads than the loop's, hence the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from gpucluster.core.policy import Policy
+from gpucluster.core.runtime_predict import FinishedRun, JobShape, Prediction, RuntimePredictor, workload_of
+from gpucluster.core.snapshot import Snapshot
+from gpucluster.store import Store
+from gpucluster.store.runs import finished_runs, workloads
+
+INITIAL = 20_000  # runs a new head learns from
+BATCH = 5_000  # runs read per query when catching up
+
+
+class RuntimeModel:
+    def __init__(self, store: Store, predictor: RuntimePredictor | None = None) -> None:
+        self.store = store
+        self.predictor = predictor or RuntimePredictor()
+        self._mark: tuple[float, int] | None = None
+        self._loaded = False
+        self._workloads: dict[int, str] = {}  # job id -> workload, for queued and running jobs
+        self._node_models: dict[str, str] = {}  # node -> its GPU model, from the last snapshot
+        self._lock = threading.Lock()
+
+    def refresh(self) -> int:
+        """Learn the runs that finished since the last call; how many there were."""
+        added = 0
+        while True:
+            rows = finished_runs(self.store, self._mark, BATCH if self._loaded else INITIAL)
+            with self._lock:
+                for r in rows:
+                    model = next((self._node_models[n] for n in r.nodes if n in self._node_models), "")
+                    shape = JobShape(r.owner, r.team, workload_of(r.name, r.command), r.gpus, model, r.time_limit_s)
+                    self.predictor.add(FinishedRun(shape, r.run_s))
+            if rows:
+                self._mark = (rows[-1].ended_at, rows[-1].job_id)
+            added += len(rows)
+            first, self._loaded = not self._loaded, True
+            if first or len(rows) < BATCH:
+                return added
+
+    def _workload(self, ids: Iterable[int]) -> None:
+        missing = [i for i in ids if i not in self._workloads]
+        if missing:
+            for job_id, (name, command) in workloads(self.store, missing).items():
+                self._workloads[job_id] = workload_of(name, command)
+
+    def runs(self, snap: Snapshot, policy: Policy, now: float) -> dict[int, float]:
+        """Expected run time of every queued and running job of `snap` (a running job's whole
+        run, knowing how long it has run): what core/estimate.py plans with."""
+        self._node_models = {n.name: n.gpus[0].model for n in (*snap.nodes, *snap.unavailable) if n.gpus}
+        self.refresh()
+        present = [q.job_id for q in snap.queued] + [r.job_id for r in snap.running]
+        self._workload(present)
+        keep = set(present)
+        self._workloads = {k: v for k, v in self._workloads.items() if k in keep}
+        models = set(self._node_models.values())
+        only = next(iter(models)) if len(models) == 1 else ""
+        default = policy.default_time_limit_s
+        out: dict[int, float] = {}
+        with self._lock:
+            for q in snap.queued:
+                model = q.gpu_types[0] if len(q.gpu_types) == 1 else only
+                shape = JobShape(q.user, q.team, self._workloads.get(q.job_id, ""), q.gpus, model, q.time_limit_s)
+                out[q.job_id] = self.predictor.predict(shape, default).run_s
+            for r in snap.running:
+                model = self._node_models.get(r.allocation.slices[0].node, "") if r.allocation.slices else ""
+                gpus = float(r.allocation.gpu_count)
+                shape = JobShape(r.user, r.team, self._workloads.get(r.job_id, ""), gpus, model, r.time_limit_s)
+                elapsed = max(0.0, now - r.started_at)
+                out[r.job_id] = self.predictor.expected_total(shape, elapsed, default)
+        return out
+
+    def predict(
+        self,
+        owner: str | None,
+        team: str,
+        name: str,
+        command: Iterable[str],
+        gpus: float,
+        gpu_types: Iterable[str],
+        time_limit_s: float | None,
+        policy: Policy,
+        nodes: Iterable[str] = (),
+    ) -> Prediction:
+        """One job's prediction, for `gpucluster show` and the API (any thread)."""
+        model = next((self._node_models[n] for n in nodes if n in self._node_models), "")
+        types = list(gpu_types)
+        if not model:
+            models = set(self._node_models.values())
+            model = types[0] if len(types) == 1 else (next(iter(models)) if len(models) == 1 else "")
+        shape = JobShape(owner or "", team, workload_of(name, list(command)), gpus, model, time_limit_s)
+        with self._lock:
+            return self.predictor.predict(shape, policy.default_time_limit_s)

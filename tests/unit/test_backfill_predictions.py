@@ -1,0 +1,116 @@
+"""Predictions never cost the reserved job its guarantee (issue 24).
+
+Run-time predictions (core/runtime_predict.py) go into the estimates; `decide`'s backfill
+reservations stay bounded by time limits. Property: on random clusters and queues, with every
+job really running some time up to its limit and predictions that may be wildly wrong (far
+shorter than the real run), cycles of `decide` with the prediction-based estimates computed each
+cycle (as the head does) never start the head-of-line job later than the reservation it was
+first given from time limits; and the estimates never change a plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpucluster.core.estimate import estimate_starts
+from gpucluster.core.reasons import WaitReason
+from gpucluster.core.scheduler import decide
+from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.types import JobRequest, RunningJob
+from tests.unit.builders import job, no_preemption, node, policy, running
+
+POLICY = policy(preemption=no_preemption())
+GPUS = 8
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> tuple[list[RunningJob], list[JobRequest], dict[int, float], dict[int, float]]:
+    """Running jobs filling some of one 8-GPU node, a head-of-line job that cannot start now,
+    and small jobs behind it; each job's real run time (<= its limit) and its prediction."""
+    actual: dict[int, float] = {}
+    predicted: dict[int, float] = {}
+    held: list[RunningJob] = []
+    gpu = 0
+    job_id = 1
+    while gpu < GPUS and (gpu < 2 or draw(st.booleans())):
+        n = draw(st.integers(1, min(4, GPUS - gpu)))
+        limit = float(draw(st.integers(10, 200)))
+        held.append(running(job_id, "h1", *range(gpu, gpu + n), limit=limit, started_at=0.0))
+        actual[job_id] = draw(st.floats(1.0, limit))
+        predicted[job_id] = draw(st.floats(0.0, limit))
+        gpu += n
+        job_id += 1
+    free = GPUS - gpu
+    queue = [job(job_id).gpus(draw(st.integers(free + 1, GPUS))).limit(100.0).at(0.0).build()]
+    actual[job_id] = predicted[job_id] = 50.0
+    for _ in range(draw(st.integers(1, 6))):
+        job_id += 1
+        limit = float(draw(st.integers(5, 300)))
+        queue.append(job(job_id).gpus(draw(st.integers(1, 4))).limit(limit).at(float(job_id)).build())
+        actual[job_id] = draw(st.floats(1.0, limit))
+        predicted[job_id] = draw(st.floats(0.0, limit))
+    return held, queue, actual, predicted
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenario())
+def test_backfill_with_predictions_never_delays_the_reserved_job(
+    case: tuple[list[RunningJob], list[JobRequest], dict[int, float], dict[int, float]],
+) -> None:
+    held, queue, actual, predicted = case
+    head = queue[0].job_id
+    nodes = (node("h1").gpus(GPUS).build(),)
+    now = 0.0
+    reserved: float | None = None
+    started_at: dict[int, float] = {}
+    run = {r.job_id: r for r in held}
+    waiting = {q.job_id: q for q in queue}
+    for _ in range(100):
+        snap = Snapshot(nodes=nodes, running=tuple(run.values()), queued=tuple(waiting.values()), usage={})
+        plan = decide(snap, POLICY, now)
+        runs = {j: predicted[j] for j in (*run, *waiting)}
+        estimates = estimate_starts(snap, POLICY, now, plan, runs=runs)
+        assert decide(snap, POLICY, now) == plan  # estimating changes nothing of the plan
+        wait = plan.waiting.get(head)
+        if reserved is None and wait is not None and wait.reason is WaitReason.RESERVED:
+            assert wait.estimated_start is not None
+            reserved = wait.estimated_start
+        if head in estimates and estimates[head].start is not None and reserved is not None:
+            # the prediction-based estimate is never later than the guarantee
+            assert estimates[head].start <= reserved + 1e-6
+        for s in plan.starts:
+            req = waiting.pop(s.job_id)
+            started_at[s.job_id] = now
+            run[s.job_id] = RunningJob(
+                s.job_id, s.allocation, started_at=now, time_limit_s=req.time_limit_s, team=req.team
+            )
+        if head in started_at:
+            break
+        ends = [r.started_at + actual[j] for j, r in run.items()]
+        assert ends, "nothing runs and the head-of-line job cannot start"
+        now = min(ends)
+        run = {j: r for j, r in run.items() if r.started_at + actual[j] > now + 1e-9}
+    assert head in started_at
+    assert reserved is not None  # it had to wait: its GPUs were busy
+    assert started_at[head] <= reserved + 1e-6, (started_at[head], reserved)
+
+
+def test_the_prediction_moves_the_estimate_not_the_reservation() -> None:
+    """One case by hand: a 100 s-limit job on all GPUs, predicted to run 10 s: the job behind it
+    is estimated at 10 s, and its reservation still says 100 s."""
+    nodes = (node("h1").gpus(GPUS).build(),)
+    snap = Snapshot(
+        nodes=nodes,
+        running=(running(1, "h1", *range(GPUS), limit=100.0),),
+        queued=(job(2).gpus(GPUS).limit(50.0).build(),),
+        usage={},
+    )
+    plan = decide(snap, POLICY, 0.0)
+    assert plan.waiting[2].reason is WaitReason.RESERVED and plan.waiting[2].estimated_start == 100.0
+    assert estimate_starts(snap, POLICY, 0.0, plan)[2].start == 100.0
+    assert estimate_starts(snap, POLICY, 0.0, plan, runs={1: 10.0})[2].start == 10.0
+    assert estimate_starts(snap, POLICY, 0.0, plan, runs={1: 500.0})[2].start == 100.0  # never past the limit
+    unchanged = replace(snap)
+    assert decide(unchanged, POLICY, 0.0) == plan
