@@ -449,13 +449,7 @@ def for_gang(search: Search, per: int, count: int) -> tuple[list[RunningJob], fr
             return None
         options.sort(key=lambda o: o[:3])
     chosen = options[:count]
-    victims: list[RunningJob] = []
-    seen: set[int] = set()
-    for o in chosen:
-        for v in o[3]:
-            if v.job_id not in seen:
-                seen.add(v.job_id)
-                victims.append(v)
+    victims = _distinct(o[3] for o in chosen)
     if not search.allowed(victims):
         return None
     where = [o[2] for o in chosen]
@@ -655,13 +649,20 @@ def for_exclusive(search: Search, n: int, count: int | None) -> tuple[list[Runni
             need += o[0]
         if need > 0:
             return None
-    victims: list[RunningJob] = []
-    seen: set[int] = set()
-    for o in chosen:
-        for v in o[4]:
-            if v.job_id not in seen:
-                seen.add(v.job_id)
-                victims.append(v)
+    victims = _distinct(o[4] for o in chosen)
     if not search.allowed(victims):
         return None
     return victims, frozenset(o[3] for o in chosen)
+
+
+def _distinct(groups: Iterable[Iterable[RunningJob]]) -> list[RunningJob]:
+    """The victims of several chosen options, each once, in the order they were chosen: a job
+    on two of the chosen nodes (a gang) is one victim, stopped once."""
+    victims: list[RunningJob] = []
+    seen: set[int] = set()
+    for group in groups:
+        for v in group:
+            if v.job_id not in seen:
+                seen.add(v.job_id)
+                victims.append(v)
+    return victims

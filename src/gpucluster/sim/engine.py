@@ -506,12 +506,11 @@ class Engine:
             self._intervals[key] = checkpoint_interval(rule, max(1.0, trace.gpus), f.gpu_failures_per_day, c.cost_s)
         return self._intervals[key]
 
-    def _schedule(self, now: float) -> None:
-        res = self.result
+    def _snapshot(self, now: float) -> Snapshot:
+        """What `decide` sees now: the one snapshot both a real cycle and an estimate-only plan
+        use, so an estimate is planned on the same inputs (attained service included)."""
         usage = self._usage.at(now) if self._usage is not None else {}
-        if self._preempted_for:  # forget preemptors that started or left the queue
-            self._preempted_for = {v: p for v, p in self._preempted_for.items() if p in self._queued}
-        snap = scheduling.snapshot(
+        return scheduling.snapshot(
             self._nodes,
             tuple(self._running.values()),
             tuple(self._queued.values()),
@@ -523,6 +522,12 @@ class Engine:
             self._attained,
             self._expected,
         )
+
+    def _schedule(self, now: float) -> None:
+        res = self.result
+        if self._preempted_for:  # forget preemptors that started or left the queue
+            self._preempted_for = {v: p for v, p in self._preempted_for.items() if p in self._queued}
+        snap = self._snapshot(now)
         t0 = time.process_time()  # CPU time: on a shared machine wall time mostly measures the others
         # Estimates need every waiting job in line (the head's full cycle); the starts and
         # preemptions are the same either way (scheduling.decide).
@@ -551,17 +556,7 @@ class Engine:
     def _estimate_only(self, now: float) -> None:
         """A plan only to estimate new jobs' starts, when nothing could start (decide skipped):
         nothing of it is applied, so the run is the same with and without `estimates`."""
-        usage = self._usage.at(now) if self._usage is not None else {}
-        snap = scheduling.snapshot(
-            self._nodes,
-            tuple(self._running.values()),
-            tuple(self._queued.values()),
-            usage,
-            self._capacity,
-            self._queue_index,
-            self._preempted_for,
-            self._holds,
-        )
+        snap = self._snapshot(now)
         plan = scheduling.decide(snap, self.policy, now, reasons=True)
         if plan.starts or plan.preemptions:
             raise SimulationError(f"t={now}: a plan said to change nothing starts or preempts jobs")
