@@ -5,20 +5,8 @@ whole hour of its limit."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from tests.e2e.headproc import HeadProcess, wait_for
-
-
-def _cli(head: HeadProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpucluster.cli.main", *args, "--url", head.url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=head.env,
-    )
+from tests.e2e.headproc import cli as _cli
 
 
 def test_a_similar_job_shows_its_learned_run_time_and_the_queue_behind_it_uses_it(head: HeadProcess) -> None:
@@ -55,7 +43,8 @@ def test_submit_dry_run_says_where_and_when_and_queues_nothing(head: HeadProcess
     assert free.stdout.startswith("would start now on node0 GPUs "), free.stdout
     assert "(dry run: nothing queued)" in free.stdout
     with head.client() as c:
-        assert c.jobs() == []
+        before = [j.id for j in c.jobs()]  # the module's shared head: other tests' jobs are there
+        assert "probe" not in {j.name for j in c.jobs()}
         blocker = c.submit(["sleep", "600"], gpus=8, time_limit="1h")
         wait_for(lambda: c.job(blocker.id).state == "running", timeout=60, what="the blocker to run")
         # the head plans again after the start; the dry run answers from its last plan
@@ -70,7 +59,7 @@ def test_submit_dry_run_says_where_and_when_and_queues_nothing(head: HeadProcess
             what="a dry run that waits for the blocker",
         )
         assert "until then:" in busy.stdout and "expected to run up to its time limit" in busy.stdout, busy.stdout
-        assert [j.id for j in c.jobs()] == [blocker.id]  # nothing queued, by either dry run
+        assert [j.id for j in c.jobs()] == [*before, blocker.id]  # nothing queued, by either dry run
     bad = _cli(head, "submit", "--dry-run", "--gpus", "64", "--", "true")
     assert bad.returncode == 1 and "gpus" in bad.stderr, bad.stderr  # refused as a submit would be
 
