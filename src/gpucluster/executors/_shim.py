@@ -92,40 +92,31 @@ def _start_ticks(pid: int) -> int:
 # ---- cgroup: the job's process tree, found and killed by the kernel's own bookkeeping ----------
 
 
-def _load_cgroups() -> Any:
-    """executors/cgroups.py, by path: this script runs outside the package (python -I -S)."""
+def _load_sibling(filename: str) -> Any:
+    """A module of executors/ next to this script, by path: this script runs outside the package
+    (python -I -S), so it cannot import them by name."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "_gpucluster_cgroups", os.path.join(os.path.dirname(__file__), "cgroups.py")
-    )
+    name = "_gpucluster_" + filename.removesuffix(".py").lstrip("_")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), filename))
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
+
+
+def _load_cgroups() -> Any:
+    """executors/cgroups.py: the job's cgroup."""
+    return _load_sibling("cgroups.py")
 
 
 def _load_pull() -> Any:
-    """executors/_pull.py (a pull with its progress in bytes), by path as above."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "_gpucluster_pull", os.path.join(os.path.dirname(__file__), "_pull.py")
-    )
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    """executors/_pull.py: a pull with its progress in bytes."""
+    return _load_sibling("_pull.py")
 
 
 def _load_session() -> Any:
-    """executors/_session.py (interactive sessions: a PTY served on a socket), by path as above."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "_gpucluster_session", os.path.join(os.path.dirname(__file__), "_session.py")
-    )
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    """executors/_session.py: interactive sessions, a PTY served on a socket."""
+    return _load_sibling("_session.py")
 
 
 # ---- the job side: runs as the job's user -----------------------------------------------------
