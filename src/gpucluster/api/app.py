@@ -7,6 +7,7 @@ Errors have one shape everywhere: {"error": "<field>: <what is wrong and what is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -281,15 +282,14 @@ def create_app(
     async def submit(spec: JobSpec, who: Caller) -> Response:
         """Submit to one of your teams (`team`, default: your first); the job is yours. A class
         above normal needs a grant in the policy (`priority_grants`; 403 without one)."""
-        if spec.interactive:
-            # One user's session submissions one at a time, from the count of GPUs their sessions
-            # hold to the job's insert: two at once would both read the count from before the
-            # other and together pass max_gpus_per_user. One head serves a database (its lease),
-            # so a lock here covers every submission.
-            async with session_submits.setdefault(who.user, asyncio.Lock()):
-                spec = await _admissible(spec, who)
-                job = await service.submit_async(spec, owner=who.user, can_see=who.can_see)
-        else:
+        # One user's session submissions one at a time, from the count of GPUs their sessions
+        # hold to the job's insert: two at once would both read the count from before the other
+        # and together pass max_gpus_per_user. One head serves a database (its lease), so a lock
+        # here covers every submission. Batch jobs take no lock.
+        one_at_a_time = (
+            session_submits.setdefault(who.user, asyncio.Lock()) if spec.interactive else contextlib.nullcontext()
+        )
+        async with one_at_a_time:
             spec = await _admissible(spec, who)
             job = await service.submit_async(spec, owner=who.user, can_see=who.can_see)
         # Serialised directly: FastAPI would re-validate a Job we just built from validated data.

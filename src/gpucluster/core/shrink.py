@@ -45,6 +45,8 @@ def shrink_first(
     """Victims that are all elastic jobs above their minimum and leave room for the preemptor
     and for each of them at its minimum, or None (then the ordinary search decides).
     `candidates` in cost order, as `choose_victims(ranked=True)` takes them."""
+    if job.selection is not None and job.selection.exclusive:
+        return None  # an exclusive preemptor takes whole nodes: nothing is left on them to shrink to
     elastic = [v for v in candidates if shrinkable(v)]
     if not elastic:
         return None
@@ -59,7 +61,5 @@ def shrink_first(
     for v in choice.victims:
         room.add(v)
     wants = 1 if job.fractional else int(job.gpus)
-    if job.selection is not None and job.selection.exclusive:
-        return None  # an exclusive preemptor takes whole nodes: nothing is left on them to shrink to
     back = sum(v.min_gpus or 0 for v in choice.victims)
     return choice if room.total_free() >= wants + back else None
