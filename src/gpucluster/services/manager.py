@@ -60,7 +60,7 @@ class ServiceManager:
     def describe(self, record: ServiceRecord, usage: dict[str, ServiceUsage] | None = None) -> ServiceOut:
         """`usage`: every service's, when describing several (one query for all of them)."""
         if usage is None:
-            usage = self.store.usage()
+            usage = self.store.usage(record.name)
         return ServiceOut(
             name=record.name,
             team=record.team,

@@ -142,15 +142,18 @@ class ServiceStore:
             if service is not None and c.execute(known).first() is None:
                 c.execute(insert(sj).values(service=service, job_id=job_id))
 
-    def usage(self) -> dict[str, ServiceUsage]:
-        """Each service's GPU-hours, cost and energy so far: the sum over every job that was one of
-        its replicas, as the accountant last saved them (`gpucluster usage` reads the same rows)."""
+    def usage(self, name: str | None = None) -> dict[str, ServiceUsage]:
+        """Each service's (or only `name`'s) GPU-hours, cost and energy so far: the sum over every
+        job that was one of its replicas, as the accountant last saved them (`gpucluster usage`
+        reads the same rows)."""
         sj, u = schema.service_jobs, schema.job_usage
         q = (
             select(sj.c.service, func.sum(u.c.gpu_seconds), func.sum(u.c.cost), func.sum(u.c.energy_j))
             .select_from(sj.join(u, u.c.job_id == sj.c.job_id))
             .group_by(sj.c.service)
         )
+        if name is not None:
+            q = q.where(sj.c.service == name)
         with self.store._read() as c:
             rows = c.execute(q).all()
         return {
