@@ -162,3 +162,14 @@ def test_an_array_with_no_queued_element_is_refused(cluster: Cluster) -> None:
     cluster.tick_at(T0 + 1)  # 8 GPUs: both elements start
     with pytest.raises(Conflict, match=f"array {first} has no queued element; only queued elements can change"):
         update(cluster, first, priority="low")
+
+
+def test_a_what_if_is_checked_as_the_update_it_imagines(cluster: Cluster) -> None:
+    """`why --what-if priority=...` refuses what `update --priority` would: the serving class
+    (service replicas only) and a class above normal without its grant."""
+    job = cluster.submit(gpus=1, begin=T0 + 3600)
+    with pytest.raises(Rejected, match="serving is the class of service replicas"):
+        cluster.service.what_if(job, JobUpdate.model_validate({"priority": "serving"}), ALICE)
+    with pytest.raises(Denied, match="may not submit high jobs"):
+        cluster.service.what_if(job, JobUpdate.model_validate({"priority": "high"}), ALICE)
+    assert cluster.record(job).spec.priority == "normal"

@@ -154,7 +154,7 @@ class ClusterService:
         except FieldError as e:
             raise Rejected(e.field, e.message) from None
         if spec.priority != record.spec.priority:
-            grants.check_priority(who, record.team, spec.priority, self.head.policy)
+            self._check_new_class(who, record.team, spec.priority)
         self._check_fits(spec)
         out = dry_run(self.head, spec, record.owner, instead_of=job_id)
         out.current_start = record.estimated_start
@@ -175,6 +175,14 @@ class ClusterService:
         job.array_id, job.array_index = array_id, shape.indices[0]
         job.array_counts = {JobState.QUEUED.value: len(shape.indices)}
         return job
+
+    def _check_new_class(self, who: Identity, team: str, priority: str) -> None:
+        """A queued job moved to `priority` (an update, or a what-if of one): refused as a submit
+        of that class would be: serving is for service replicas (422), a class above normal
+        needs its grant (403)."""
+        if why := grants.serving_refusal(priority):
+            raise Rejected("priority", why)
+        grants.check_priority(who, team, priority, self.head.policy)
 
     def with_host_defaults(self, spec: JobSpec) -> JobSpec:
         """`spec` with the policy's CPUs and host memory per GPU (`resources:`) where it gives
@@ -621,9 +629,7 @@ class ClusterService:
         else:
             class_priority = spec.interactive and session_class.priority is not None
             if "priority" in fields and spec.priority != record.spec.priority and not class_priority:
-                if why := grants.serving_refusal(spec.priority):
-                    raise Rejected("priority", why)
-                grants.check_priority(who, record.team, spec.priority, self.head.policy)
+                self._check_new_class(who, record.team, spec.priority)
             self._check_fits(spec)
         said = describe_changes(record.spec, spec, fields)
         if not said:
