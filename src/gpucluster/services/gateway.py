@@ -8,7 +8,12 @@ they come (chunked bodies, server-sent events), never buffered whole.
 
 Retries: a request that could not be sent (connection refused: the replica just died) is sent
 once more to another replica whatever its method; one whose replica failed mid-way (the
-connection dropped before the response began) only if its method is idempotent.
+connection dropped before the response began) only if its method is idempotent. One exception,
+as browsers make it: a request that failed before any answer on a *reused* keep-alive connection
+is sent again on a new one, whatever its method. That is the replica closing an idle connection
+just as the gateway sent on it (uvicorn closes after 5 s idle, gunicorn after 2 s): the replica
+never read the request, so sending it again runs it once, not twice. Pooled connections are
+kept only KEEPALIVE_S, under those servers' timeouts, so the race is rare to begin with.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 from fastapi import Request
@@ -56,6 +62,22 @@ PREFIX = "/serve/"
 MOUNT = "gpucluster.gateway_mount"  # scope key: where services are mounted (PREFIX, or / on the gateway port)
 WHOLE_BODY_BYTES = 256 * 1024  # answers up to this size (with a Content-Length) are read whole
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+KEEPALIVE_S = 1.5  # an idle pooled connection to a replica is closed by us first (servers: 2-5 s)
+STALE_RETRIES = 3  # sends again after a reused connection failed before any answer (see above)
+
+
+class _Dialed:
+    """httpcore's trace hook for one request: was a new connection dialed for it? A failure on a
+    reused connection before any answer is the replica's idle close racing the send."""
+
+    __slots__ = ("fresh",)
+
+    def __init__(self) -> None:
+        self.fresh = False
+
+    async def __call__(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.started":
+            self.fresh = True
 
 
 class GatewayRoutes:
@@ -101,7 +123,7 @@ class Gateway:
         if self._client is None:
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(connect=5.0, read=None, write=60.0, pool=30.0),
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=KEEPALIVE_S),
                 follow_redirects=False,
             )
         return self._client
@@ -173,9 +195,8 @@ class Gateway:
             tried |= {endpoint.replica_id}
             query = request.url.query
             url = f"{endpoint.url}/{path}" + (f"?{query}" if query else "")
-            req = self.client().build_request(request.method, url, headers=headers, content=body)
             try:
-                upstream = await self.client().send(req, stream=True)
+                upstream = await self._send(request.method, url, headers, body)
             except httpx.ConnectError as e:
                 self._failed(name, endpoint)
                 last_error = f"replica {endpoint.replica_id}: {e.__class__.__name__}"
@@ -213,6 +234,19 @@ class Gateway:
         self.runtimes.record(name, time.perf_counter() - started, ok=False)
         why = last_error or "no replica became ready"
         return _error(502 if last_error else 503, f"service {name}: {why}")
+
+    async def _send(self, method: str, url: str, headers: list[tuple[str, str]], body: bytes) -> httpx.Response:
+        """Send to one replica; sent again on a new connection when a reused one turns out to
+        have been closed by the replica before it answered (see the module's docstring)."""
+        for stale_left in range(STALE_RETRIES, -1, -1):
+            dialed = _Dialed()
+            req = self.client().build_request(method, url, headers=headers, content=body, extensions={"trace": dialed})
+            try:
+                return await self.client().send(req, stream=True)
+            except httpx.TransportError:
+                if dialed.fresh or stale_left == 0:
+                    raise
+        raise AssertionError("unreachable: the last try raises or returns")
 
     def _failed(self, name: str, endpoint: Endpoint) -> None:
         self.runtimes.release(name, endpoint)
