@@ -60,7 +60,7 @@ async def call_through_gateway(posts: int) -> tuple[list[int], ResettingReplica]
     port = server.sockets[0].getsockname()[1]
     runtimes = Runtimes()
     runtimes.set_service("clf", Access(team="a", public=True), [(1, f"http://127.0.0.1:{port}", "ready")])
-    gateway = Gateway(runtimes, OpenService(), hold_timeout_s=5)  # type: ignore[arg-type]
+    gateway = Gateway(runtimes, OpenService(), hold_timeout_s=5)
     transport = httpx.ASGITransport(app=gateway)
     statuses = []
     try:
