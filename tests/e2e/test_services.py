@@ -196,6 +196,7 @@ def test_load_scales_it_up_idle_scales_it_down_and_to_zero_and_a_held_request_is
             target_concurrency=2, scale_down_delay_s=3,
         )  # fmt: skip
         wait_ready(c, "auto", 1)
+        # 6 requests in flight, a target of 2 per replica: the autoscaler asks for 3 (its max).
         with Load(f"{head.url}/serve/auto/", head.headers, path="slow?s=0.3", workers=6) as load:
             step = time.monotonic()
             wait_for(
@@ -204,7 +205,12 @@ def test_load_scales_it_up_idle_scales_it_down_and_to_zero_and_a_held_request_is
                 what="a scale-up under load",
             )
             scaled_in = time.monotonic() - step
-            wait_for(lambda: len({b.get("port") for b in load.bodies[-20:]}) >= 2, timeout=30, what="both serving")
+            wait_for(
+                lambda: sum(r.phase == "ready" for r in c.service("auto").replicas) == 3,
+                timeout=60,
+                what="the scale-up to 3",
+            )
+            wait_for(lambda: len({b.get("port") for b in load.bodies[-30:]}) == 3, timeout=30, what="all 3 serving")
         assert set(load.outcomes) == {"200"}, load.outcomes
         print(f"load step to a second ready replica: {scaled_in:.1f} s")
         # Idle: down (after draining), then to zero.
@@ -239,10 +245,19 @@ def test_a_rolling_update_under_load_loses_nothing(head: HeadProcess) -> None:
         metrics = httpx.get(f"{head.url}/metrics", headers=head.headers).text
         assert 'gpucluster_service_replicas{phase="ready",service="roll",team="default"} 2.0' in metrics
         assert 'gpucluster_service_errors_total{service="roll",team="default"} 0.0' in metrics
+        # Its GPU-hours: every replica job's so far (accrued by the accountant as they run).
+        wait_for(lambda: service_gauge(head, "gpu_hours_total", "roll") > 0, timeout=60, what="GPU-hours accrued")
         assert c.delete_service("roll").state == "deleting"
         wait_for(lambda: "roll" not in {s.name for s in c.services()}, timeout=60, what="the service gone")
         replicas = [j for j in c.jobs() if j.name.startswith("roll.r")]
         assert len(replicas) >= 4 and all(j.state.value == "cancelled" for j in replicas)  # 2 + 2 rolled
+
+
+def service_gauge(head: HeadProcess, metric: str, service: str) -> float:
+    """`gpucluster_service_<metric>{service=...}` from the head's /metrics (-1 when absent)."""
+    prefix = f'gpucluster_service_{metric}{{service="{service}",'
+    lines = httpx.get(f"{head.url}/metrics", headers=head.headers).text.splitlines()
+    return next((float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix)), -1.0)
 
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # one `nobody` may run (a virtualenv under /root is not)
