@@ -61,8 +61,9 @@ set +e
 # the tests with real heads, clusters and browsers in order on one (tests/conftest.py's
 # serial_scope), the pure ones on the other. Not the default: on this 2-core machine it took 22 min
 # against one process's 25, and beside the pure tests a gloo rank aborted at its requeue exit
-# (README "Tests").
-.venv/bin/pytest -q -n "${GPUCLUSTER_TEST_WORKERS:-0}" "$@"
+# (README "Tests"). The 30 slowest tests are listed after the run (--durations), so a slow CI run
+# says where its time went.
+.venv/bin/pytest -q -n "${GPUCLUSTER_TEST_WORKERS:-0}" --durations=30 "$@"
 rc=$?
 set -e
 [ "$rc" -eq 5 ] && { echo "no tests ran" >&2; exit 1; }
