@@ -30,6 +30,7 @@ from .builders import (
     running,
     shared,
     snapshot,
+    spread,
     team,
 )
 from .cycles import Cycles
@@ -770,6 +771,21 @@ PREEMPTION = [
         starts={},
         waits={1: (R.PREEMPTING, "preempting job(s) 100")},
         preempted=frozenset({100}),
+    ),
+    Rule(
+        "a gang over M nodes: one victim spanning two nodes makes a cheaper one elsewhere unneeded",
+        snapshot(  # found by test_every_shape_preempts_what_it_needs_and_no_more
+            nodes=[node("n1").gpus(2), node("n2").gpus(2), node("n3").gpus(2)],
+            running=[
+                running(100, "n1", 0, priority="low", started_at=900),  # the cheapest victim
+                running(101, "n1", 1, priority="critical"),  # never a victim
+                spread(102, {"n2": [0, 1], "n3": [0, 1]}, priority="low"),  # frees 2 nodes alone
+            ],
+            queued=[job(1).gpus(2).nodes(2).priority("high")],
+        ),
+        starts={},
+        waits={1: (R.PREEMPTING, "preempting job(s) 102")},
+        preempted=frozenset({102}),
     ),
     Rule(
         "a job larger than a node: the victims that let it span the fewest nodes, at equal count",

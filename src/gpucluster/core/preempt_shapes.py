@@ -452,14 +452,19 @@ def for_gang(search: Search, per: int, count: int) -> tuple[list[RunningJob], fr
     victims = _distinct(o[3] for o in chosen)
     if not search.allowed(victims):
         return None
+    # The gang may land on any node a chosen victim frees, not only the ones it was picked for:
+    # one victim spanning two nodes (a gang itself) can make another node's victim unneeded.
     where = [o[2] for o in chosen]
+    touched = sorted({sl.node for v in victims for sl in v.allocation.slices} - set(where))
+    candidates = [*where, *(nd for nd in touched if big_enough(nd) and room.ok(nd))]
     for v in victims:
         room.add(v)
 
-    def enough() -> bool:
-        return sum(1 for nd in where if room.free_on(nd) >= per) >= count
+    def roomy() -> list[str]:
+        return [nd for nd in candidates if room.free_on(nd) >= per]
 
-    victims = search.prune(victims, enough)
+    victims = search.prune(victims, lambda: len(roomy()) >= count)
+    where = roomy()[:count]
     for v in victims:
         room.remove(v)
     return victims, frozenset(where)
