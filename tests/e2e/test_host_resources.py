@@ -3,8 +3,9 @@ on a live head and the real CLI.
 
 The head declares a node of 4 GPUs but only 4 CPUs and 8 GiB (`up --cpus 4 --memory 8G`): two
 1-GPU jobs that each fit by GPUs but not together by CPUs run one after the other, the second
-waiting with the CPU reason; a job's cgroup holds its CPU quota and memory limit and its
-environment its thread count; requests no node could hold are refused at submit in one line."""
+waiting for CPUs under a reservation that holds them; a job's cgroup holds its CPU quota and
+memory limit and its environment its thread count; requests no node could hold are refused at
+submit in one line."""
 
 from __future__ import annotations
 
@@ -69,9 +70,12 @@ def test_two_jobs_that_fit_by_gpus_but_not_by_cpus_run_one_after_the_other(small
     running(small, first, timeout=60)
     second = submit(small, "--gpus", "1", "--cpus", "2", "--", "true")
     why = wait_for(lambda: (w := _why(small, second))["wait_reason"] and w, 60, what="a cycle to consider it")
-    assert (why["state"], why["wait_reason"]) == ("queued", "cpus"), why
+    # First in line for its GPUs' model: a reservation holds its GPU and CPUs from when the first
+    # job's CPUs come back, and its wait says it waits for CPUs.
+    assert (why["state"], why["wait_reason"]) == ("queued", "reserved"), why
     text = run_cli(small, "why", str(second)).stdout
     assert "waiting for CPUs: needs 2 CPU(s)" in text and "at most 1 CPU(s) left" in text, text
+    assert "with 2 CPU(s) on node0 are held for it from" in text, text
     table = run_cli(small, "nodes").stdout
     assert "node0 CPUs 3/4 used, memory 1.0/8.0 GiB used" in table, table
     shown = json.loads(run_cli(small, "show", str(first), "--json").stdout)
@@ -121,7 +125,7 @@ def test_policy_defaults_are_written_into_the_spec_and_update_changes_a_waiting_
     waits = submit(head, "--gpus", "1", "--", "true")  # the default: 2 CPUs and 1 GiB; 1 CPU is left
     spec = json.loads(run_cli(head, "show", str(waits), "--json").stdout)["spec"]
     assert (spec["cpus"], spec["mem"]) == (2, 1024), spec
-    wait_for(lambda: _why(head, waits)["wait_reason"] == "cpus", 60, what="it to wait for CPUs")
+    wait_for(lambda: _why(head, waits)["wait_reason"] == "reserved", 60, what="it to wait for CPUs (reserved)")
     r = run_cli(head, "update", str(waits), "--cpus", "1")
     assert r.returncode == 0, r.stderr
     assert finished(head, waits, timeout=60).state.value == "succeeded"  # beside the busy job

@@ -1,7 +1,8 @@
 """Predictions never cost the reserved job its guarantee (issue 24).
 
 Run-time predictions (core/runtime_predict.py) go into the estimates; `decide`'s backfill
-reservations stay bounded by time limits. Property: on random clusters and queues, with every
+reservations stay bounded by time limits. Property: on random clusters and queues (jobs asking
+for CPUs and host memory too, the head-of-line job possibly short of them alone), with every
 job really running some time up to its limit and predictions that may be wildly wrong (far
 shorter than the real run), cycles of `decide` with the prediction-based estimates computed each
 cycle (as the head does) never start the head-of-line job later than the reservation it was
@@ -25,43 +26,70 @@ POLICY = policy(preemption=no_preemption())
 GPUS = 8
 
 
+CPUS, MEM = 16.0, 64 * 1024  # the node's host resources, when a scenario accounts them
+
+Case = tuple[list[RunningJob], list[JobRequest], dict[int, float], dict[int, float], bool]
+
+
 @st.composite
-def scenario(draw: st.DrawFn) -> tuple[list[RunningJob], list[JobRequest], dict[int, float], dict[int, float]]:
+def scenario(draw: st.DrawFn) -> Case:
     """Running jobs filling some of one 8-GPU node, a head-of-line job that cannot start now,
-    and small jobs behind it; each job's real run time (<= its limit) and its prediction."""
+    and small jobs behind it; each job's real run time (<= its limit) and its prediction.
+    With `host` the node has 16 CPUs and 64 GiB that jobs ask for too, and the head-of-line
+    job may be short of CPUs or memory alone (its GPUs free): the same guarantee holds."""
+    host = draw(st.booleans())
     actual: dict[int, float] = {}
     predicted: dict[int, float] = {}
     held: list[RunningJob] = []
     gpu = 0
     job_id = 1
+    cpus_used, mem_used = 0.0, 0
     while gpu < GPUS and (gpu < 2 or draw(st.booleans())):
         n = draw(st.integers(1, min(4, GPUS - gpu)))
         limit = float(draw(st.integers(10, 200)))
-        held.append(running(job_id, "h1", *range(gpu, gpu + n), limit=limit, started_at=0.0))
+        r = running(job_id, "h1", *range(gpu, gpu + n), limit=limit, started_at=0.0)
+        if host:
+            c = draw(st.sampled_from([0.0, 2.0, 4.0, 6.0]))
+            m = draw(st.sampled_from([0, 8192, 16384]))
+            c, m = min(c, CPUS - cpus_used), min(m, MEM - mem_used)
+            cpus_used, mem_used = cpus_used + c, mem_used + m
+            slices = tuple(replace(sl, cpus=c, host_memory_mb=m) for sl in r.allocation.slices)
+            r = replace(r, allocation=replace(r.allocation, slices=slices))
+        held.append(r)
         actual[job_id] = draw(st.floats(1.0, limit))
         predicted[job_id] = draw(st.floats(0.0, limit))
         gpu += n
         job_id += 1
     free = GPUS - gpu
-    queue = [job(job_id).gpus(draw(st.integers(free + 1, GPUS))).limit(100.0).at(0.0).build()]
+    first = job(job_id).gpus(draw(st.integers(free + 1, GPUS))).limit(100.0).at(0.0)
+    if host:
+        short = draw(st.sampled_from(["gpus", "cpus", "memory"] if free else ["gpus"]))
+        if short == "cpus" and cpus_used > 0:
+            first.gpus(draw(st.integers(1, free))).host(cpus=draw(st.floats(CPUS - cpus_used + 0.5, CPUS)))
+        elif short == "memory" and mem_used > 0:
+            first.gpus(draw(st.integers(1, free))).host(mem_mb=draw(st.integers(MEM - mem_used + 1, MEM)))
+        else:
+            first.host(cpus=draw(st.sampled_from([0.0, 1.0, 4.0])))
+    queue = [first.build()]
     actual[job_id] = predicted[job_id] = 50.0
     for _ in range(draw(st.integers(1, 6))):
         job_id += 1
         limit = float(draw(st.integers(5, 300)))
-        queue.append(job(job_id).gpus(draw(st.integers(1, 4))).limit(limit).at(float(job_id)).build())
+        later = job(job_id).gpus(draw(st.integers(1, 4))).limit(limit).at(float(job_id))
+        if host:
+            later.host(cpus=draw(st.sampled_from([0.0, 1.0, 4.0, 8.0])), mem_mb=draw(st.sampled_from([0, 4096, 32768])))
+        queue.append(later.build())
         actual[job_id] = draw(st.floats(1.0, limit))
         predicted[job_id] = draw(st.floats(0.0, limit))
-    return held, queue, actual, predicted
+    return held, queue, actual, predicted, host
 
 
 @settings(max_examples=150, deadline=None)
 @given(scenario())
-def test_backfill_with_predictions_never_delays_the_reserved_job(
-    case: tuple[list[RunningJob], list[JobRequest], dict[int, float], dict[int, float]],
-) -> None:
-    held, queue, actual, predicted = case
+def test_backfill_with_predictions_never_delays_the_reserved_job(case: Case) -> None:
+    held, queue, actual, predicted, host = case
     head = queue[0].job_id
-    nodes = (node("h1").gpus(GPUS).build(),)
+    nodes = (node("h1").gpus(GPUS).host(cpus=CPUS, memory_mb=MEM).build() if host else node("h1").gpus(GPUS).build(),)
     now = 0.0
     reserved: float | None = None
     started_at: dict[int, float] = {}

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from gpucluster.containers import check_image, local_image, outside_roots, parse_mount
 from gpucluster.executors.podman import ContainerNode, ContainerSpec, describe_node, run_options
+from gpucluster.launch.env import host_limits
 from gpucluster.models import JobSpec
 from gpucluster.policyfile import PolicyFileError, load_policy
 
@@ -121,6 +122,25 @@ def test_run_options_pass_variable_names_only_and_mount_the_jobs_own_paths() -> 
     assert "--user=0:0" in _options(ContainerNode(), env, as_root=True)
     assert {"--rm", "--network=host", "--ipc=host", "--init", "--pull=never", "--name=n"} <= set(options)
     assert "--shm-size=1024m" in _options(ContainerNode(host_ipc=False, shm_bytes=1 << 30), env)
+
+
+def test_a_rootful_container_gets_the_jobs_cpus_and_memory_as_podman_limits() -> None:
+    """Rootful podman's container lives in podman's own cgroup, not the job's: the limits the
+    executor writes into the job's cgroup (GPUCLUSTER_CPUS, GPUCLUSTER_MEMORY_LIMIT in bytes,
+    from launch/env.py `host_limits`) go to `podman run` as --cpus and --memory."""
+    env: dict[str, str] = {}
+    host_limits(env, 2.5, 4096, {})
+    options = _options(ContainerNode(), env, as_root=True)
+    assert "--cpus=2.5" in options and f"--memory={4096 * 1024 * 1024}" in options
+    assert options.index("--cpus=2.5") < options.index("--env=GPUCLUSTER_CPUS")  # options, before the image
+    only_cpus: dict[str, str] = {}
+    host_limits(only_cpus, 4, 0, {})
+    options = _options(ContainerNode(), only_cpus, as_root=True)
+    assert "--cpus=4" in options and not any(o.startswith("--memory") for o in options)
+    # A job that asked for neither runs uncapped, as a bare job does.
+    assert not any(o.startswith(("--cpus", "--memory")) for o in _options(ContainerNode(), {}, as_root=True))
+    # Rootless: the container stays in the job's cgroup, which holds the limits already.
+    assert not any(o.startswith(("--cpus", "--memory")) for o in _options(ContainerNode(), env, as_root=False))
 
 
 def test_nvidia_gpus_go_in_through_cdi_numbered_from_zero_inside() -> None:

@@ -167,6 +167,19 @@ def test_a_ray_node_becomes_a_gpucluster_node(
     assert [g.index for g in n.gpus] == list(range(want[0]))
 
 
+def test_a_ray_nodes_cpu_and_memory_resources_become_its_cpus_and_memory() -> None:
+    """`ray start --num-cpus 32 --memory 256GiB` -> Ray's `CPU` (cores) and `memory` (bytes)
+    resources -> the node's CPUs and host memory in MiB, what `--cpus`/`--mem` are placed against;
+    a node where Ray reports neither accounts none (any request fits there)."""
+    n = node_from_ray(_ray_node({"GPU": 8.0, "CPU": 32.0, "memory": 256 * 1024**3}))
+    assert n is not None
+    assert (n.cpus, n.memory_mb) == (32.0, 256 * 1024)
+    odd = node_from_ray(_ray_node({"GPU": 1.0, "CPU": 7.5, "memory": 3 * 1024**3 + 12345}))
+    assert odd is not None and (odd.cpus, odd.memory_mb) == (7.5, 3 * 1024)  # whole MiB, rounded down
+    bare = node_from_ray({**_ray_node({"GPU": 1.0}), "Resources": {"GPU": 1.0}})
+    assert bare is not None and (bare.cpus, bare.memory_mb) == (None, None)
+
+
 def test_a_ray_node_without_gpus_is_not_a_gpucluster_node() -> None:
     assert node_from_ray(_ray_node({})) is None
     unnamed = node_from_ray(_ray_node({"GPU": 1.0}, name=""))

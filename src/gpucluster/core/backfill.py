@@ -11,6 +11,13 @@ whole-GPU ends of running jobs, sorted, updated per job that starts, ends or beg
 so a cycle that needs a reservation only adds its own starts, the stopping jobs and the jobs
 sharing a GPU. A reservation reads ends in time order and only until enough GPUs come back,
 so with the book it no longer costs O(running jobs) a cycle.
+
+A job asking for CPU cores or host memory (`JobRequest.host`) on nodes that account them is
+reserved by `reserve_host`: a node serves it once its GPUs *and* its part of the CPUs and
+memory are back, each counted up from the ends of the jobs holding them (`EndBook.host_on_node`
+and, for the cycle's own starts and the jobs kept aside, `EndTimes.host_by_node`, built only
+when such a job first needs a reservation). The node's time is the latest of the three, since
+each only grows with time. A job asking for neither takes `reserve` exactly as before.
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from heapq import merge
 
-from gpucluster.core.placement import Capacity
-from gpucluster.core.types import Gpu, JobRequest, RunningJob
+from gpucluster.core.placement import EPS, Capacity
+from gpucluster.core.types import Allocation, Gpu, JobRequest, RunningJob
 
 # (expected end, GPUs back then[, job id]): ordered by end first; the rest never decides a
 # reservation (the GPU count reached at an end does not depend on the order of equal ends).
 EndItem = tuple[float, int] | tuple[float, int, int]
+# (expected end, CPUs back, host memory MiB back[, job id]) on one node.
+HostItem = tuple[float, float, int] | tuple[float, float, int, int]
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,9 @@ class EndBook:
         self.on_model: dict[str, list[tuple[float, int, int]]] = {}
         self.aside: dict[int, RunningJob] = {}  # stopping or sharing a GPU: worked out per cycle
         self._placed: dict[int, list[tuple[str, str, tuple[float, int, int]]]] = {}
+        # Per node, the ends of the CPUs and host memory jobs hold there (jobs not aside).
+        self.host_on_node: dict[str, list[tuple[float, float, int, int]]] = {}
+        self._host_placed: dict[int, list[tuple[str, tuple[float, float, int, int]]]] = {}
 
     @classmethod
     def of(cls, running: Iterable[RunningJob], gpus: Mapping[tuple[str, int], Gpu], default: float) -> EndBook:
@@ -83,6 +95,10 @@ class EndBook:
             insort(self.on_node.setdefault((model, node), []), item)
             insort(self.on_model.setdefault(model, []), item)
             placed.append((model, node, item))
+            if s.cpus or s.host_memory_mb:
+                host = (end, s.cpus, s.host_memory_mb, job.job_id)
+                insort(self.host_on_node.setdefault(node, []), host)
+                self._host_placed.setdefault(job.job_id, []).append((node, host))
 
     def remove(self, job_id: int) -> None:
         if self.aside.pop(job_id, None) is not None:
@@ -90,6 +106,9 @@ class EndBook:
         for model, node, item in self._placed.pop(job_id, ()):
             _drop(self.on_node[(model, node)], item)
             _drop(self.on_model[model], item)
+        for node, host in self._host_placed.pop(job_id, ()):
+            items = self.host_on_node[node]
+            del items[bisect_left(items, host)]
 
     def stop(self, job: RunningJob) -> None:
         """`job` (the stopping object) has begun to stop: its GPUs come back after the grace
@@ -112,10 +131,49 @@ class EndTimes:
         self.book = book
         self.by_node: dict[tuple[str, str], list[tuple[float, int]]] = {}
         self._by_model: dict[str, list[tuple[float, int]]] | None = None
+        # Per node, (end, CPUs, MiB) of host resources held by jobs the book does not hold (or
+        # of every running job, without a book) and by the cycle's starts; None until a job
+        # asking for CPUs or memory first needs a reservation (the caller fills it then).
+        self.host_by_node: dict[str, list[tuple[float, float, int]]] | None = None
 
     def add(self, model: str, node: str, end: float, gpus: int) -> None:
         self.by_node.setdefault((model, node), []).append((end, gpus))
         self._by_model = None
+
+    def add_host(self, allocation: Allocation, end: float) -> None:
+        """The CPUs and host memory of `allocation`'s slices come back at `end`."""
+        assert self.host_by_node is not None
+        for s in allocation.slices:
+            if s.cpus or s.host_memory_mb:
+                self.host_by_node.setdefault(s.node, []).append((end, s.cpus, s.host_memory_mb))
+
+    def add_host_running(self, running: Iterable[RunningJob], now: float, grace: float, default: float) -> None:
+        """`add_host` for running jobs, at the ends `add_running` gives their GPUs."""
+        if self.host_by_node is None:
+            self.host_by_node = {}
+        by_node = self.host_by_node
+        for j in running:  # one loop with no call per job: without a book it runs over all of them
+            end = now + grace if j.stopping else j.started_at + (j.time_limit_s or default)
+            if end < now:
+                end = now
+            for s in j.allocation.slices:
+                if s.cpus or s.host_memory_mb:
+                    items = by_node.get(s.node)
+                    if items is None:
+                        by_node[s.node] = [(end, s.cpus, s.host_memory_mb)]
+                    else:
+                        items.append((end, s.cpus, s.host_memory_mb))
+
+    def host_items(self, node: str) -> Iterable[HostItem]:
+        """Every (end, CPUs, MiB) of `node`, by end."""
+        base = self.book.host_on_node.get(node) if self.book is not None else None
+        extra = self.host_by_node.get(node) if self.host_by_node is not None else None
+        if not extra:
+            return base or ()
+        if not base:
+            return sorted(extra)
+        it: Iterator[HostItem] = merge(base, sorted(extra))
+        return it
 
     def add_running(
         self,
@@ -284,3 +342,104 @@ def _reserve_exclusive(
         if got < n:
             return None
     return Reservation(job.job_id, model, max(r[0] for r in picked), frozenset(r[1] for r in picked))
+
+
+def reserve_host(
+    job: JobRequest, model: str, cap: Capacity, ends: EndTimes, now: float, allowed: frozenset[str] | None = None
+) -> Reservation | None:
+    """`reserve` for a job asking for CPUs or host memory (`ends.host_by_node` filled): on each
+    node it may use, the time its GPUs of `model` and its part of the CPUs and memory there are
+    all back (`_node_ready`). One node: the node ready first (one with all of it free now is
+    skipped, as `reserve` skips one with the GPUs: something else keeps the job off it). Over
+    nodes (`--nodes`, or more GPUs than a node has) the nodes ready first until they hold the
+    job, each node holding its part; `--exclusive` waits for all of a node's GPUs. The
+    reservation holds the chosen nodes alone: a job passing it keeps off them or ends first.
+    Nodes are looked at one by one (O(nodes of the model) a reservation, like `reserve`)."""
+    n = int(job.gpus)
+    exclusive = job.selection is not None and job.selection.exclusive
+    size = cap.node_size[model]
+    nodes = cap.model_nodes(model)
+    if allowed is not None:
+        nodes = [nd for nd in nodes if nd in allowed]
+    if not job.nodes and n <= size:
+        cpus, mem = cap.host_part(job, n)
+        best: tuple[float, str] | None = None
+        for nd in nodes:
+            have = cap.node_model_count[(nd, model)]
+            if have < n:
+                continue
+            t = _node_ready(cap, ends, model, nd, have if exclusive else n, cpus, mem, now, best, skip_now=True)
+            if t is not None and (best is None or (t, nd) < best):
+                best = (t, nd)
+        return None if best is None else Reservation(job.job_id, model, best[0], frozenset({best[1]}))
+    ready: list[tuple[float, str, int]] = []  # (ready, node, the job's GPUs there)
+    per = n // job.nodes if job.nodes else 0
+    for nd in nodes:
+        have = cap.node_model_count[(nd, model)]
+        take = per if job.nodes else min(have, n)
+        if take < 1 or have < take:
+            continue
+        cpus, mem = cap.host_part(job, take)
+        t = _node_ready(cap, ends, model, nd, have if exclusive else take, cpus, mem, now, None)
+        if t is not None:
+            ready.append((t, nd, take))
+    ready.sort()
+    picked: list[tuple[float, str, int]] = []
+    got = 0
+    for r in ready:
+        picked.append(r)
+        got += r[2]
+        if (len(picked) == job.nodes) if job.nodes else got >= n:
+            return Reservation(job.job_id, model, max(p[0] for p in picked), frozenset(p[1] for p in picked))
+    return None
+
+
+def _node_ready(
+    cap: Capacity,
+    ends: EndTimes,
+    model: str,
+    node: str,
+    gpus: int,
+    cpus: float,
+    mem: int,
+    now: float,
+    best: tuple[float, str] | None,
+    skip_now: bool = False,
+) -> float | None:
+    """When `node` has `gpus` free GPUs of `model`, `cpus` CPUs and `mem` MiB left, by the
+    running jobs' expected ends (never before `now`); None if they never do, if it is no sooner
+    than `best`, or (`skip_now`) if all of it is free now. Each resource only grows with time,
+    so the node is ready at the latest of the three times."""
+    free = len(cap.free[model].get(node, ()))
+    t = now
+    gpus_now = free >= gpus
+    if not gpus_now:
+        key = (model, node)
+        base = ends.book.on_node.get(key) if ends.book is not None else None
+        items = _in_order(base, ends.by_node.get(key))
+        for item in items:
+            free += item[1]
+            if free >= gpus:
+                t = item[0] if item[0] > now else now
+                break
+        else:
+            return None
+        if best is not None and (t, node) >= best:
+            return None
+    left_cpus, left_mem = cap.free_host(node)
+    short_cpus = bool(cpus) and left_cpus is not None and left_cpus + EPS < cpus
+    short_mem = bool(mem) and left_mem is not None and left_mem < mem
+    if not short_cpus and not short_mem:
+        return None if skip_now and gpus_now else t
+    for back in ends.host_items(node):
+        if short_cpus:
+            assert left_cpus is not None
+            left_cpus += back[1]
+            short_cpus = left_cpus + EPS < cpus
+        if short_mem:
+            assert left_mem is not None
+            left_mem += back[2]
+            short_mem = left_mem < mem
+        if not short_cpus and not short_mem:
+            return back[0] if back[0] > t else t
+    return None

@@ -18,6 +18,16 @@ limit (unless the caller passes predicted run times, `runs`: then the estimate i
 start rather than an upper bound), and sharing: a fractional job is counted
 as one whole GPU.
 
+CPU cores and host memory count where nodes account them (`Node.cpus`, `Node.memory_mb`): per
+node, chunks of each free from a moment on (what is free now, and what each running job or start
+gives back at its end), kept like the GPUs' free times (`_HostProfile`). A job asking for them
+(`JobRequest.host`) starts on a node when its GPUs there and its part of the CPUs and memory are
+all free: nodes are taken from the heap by when their GPUs free, each checked for its host
+resources, until no later node could be sooner (at most HOST_SCAN beyond the first that serves,
+so then an upper bound). Such jobs are not backfilled into gaps (an upper bound on that account).
+A job asking for neither is replayed exactly as before, and the chunks are built only when the
+first job asking for them is replayed.
+
 A job with a node selection (`--nodelist`, `--exclude`, `--constraint`, `--exclusive`) or kept
 off nodes by the policy's pools is replayed only on the nodes it may use (`_replay_on`): an
 exclusive job waits for a whole node's GPUs. Such jobs are few, so theirs is a plain scan of the
@@ -36,11 +46,11 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right, insort
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
-from gpucluster.core.placement import acceptable_models
+from gpucluster.core.placement import EPS, Capacity, acceptable_models
 from gpucluster.core.policy import Policy
 from gpucluster.core.pools import closed_nodes, restrict
 from gpucluster.core.reasons import WaitReason
@@ -77,6 +87,7 @@ class Estimate:
 # (free-from time, node, version of that node's times when pushed)
 _Entry = tuple[float, str, int]
 GAP_SCAN = 32  # gaps looked at per job at most, earliest first: bounds the cost per job
+HOST_SCAN = 64  # nodes looked at beyond the first that serves a job asking for CPUs or memory
 
 
 @dataclass(slots=True)
@@ -206,6 +217,66 @@ class _Profile:
             heapq.heappush(levels[k], (ts[k - 1], node, ver))
 
 
+class _HostProfile:
+    """Per node that accounts them, the CPUs and host memory (MiB) free from each moment on:
+    sorted [time, amount] chunks, summed up to a moment to say what is free then."""
+
+    def __init__(self, nodes: tuple[Node, ...], now: float, held: list[tuple[Allocation, float]]) -> None:
+        self.cpus: dict[str, list[list[float]]] = {}
+        self.mem: dict[str, list[list[float]]] = {}
+        used_cpus: dict[str, float] = {}
+        used_mem: dict[str, float] = {}
+        back_cpus: dict[str, list[list[float]]] = {}
+        back_mem: dict[str, list[list[float]]] = {}
+        for allocation, end in held:
+            for sl in allocation.slices:
+                if sl.cpus:
+                    used_cpus[sl.node] = used_cpus.get(sl.node, 0.0) + sl.cpus
+                    back_cpus.setdefault(sl.node, []).append([end, sl.cpus])
+                if sl.host_memory_mb:
+                    used_mem[sl.node] = used_mem.get(sl.node, 0.0) + sl.host_memory_mb
+                    back_mem.setdefault(sl.node, []).append([end, float(sl.host_memory_mb)])
+        for node in nodes:
+            name = node.name
+            if node.cpus is not None:
+                self.cpus[name] = sorted([[now, node.cpus - used_cpus.get(name, 0.0)], *back_cpus.get(name, ())])
+            if node.memory_mb is not None:
+                self.mem[name] = sorted([[now, node.memory_mb - used_mem.get(name, 0.0)], *back_mem.get(name, ())])
+
+    def ready(self, node: str, cpus: float, mem: int) -> float | None:
+        """When `node` has `cpus` CPUs and `mem` MiB free (-inf: now or it does not account
+        them); None: never."""
+        t = float("-inf")
+        for chunks, want in ((self.cpus.get(node), cpus), (self.mem.get(node), float(mem))):
+            if not want or chunks is None:
+                continue
+            have = 0.0
+            for when, amount in chunks:
+                have += amount
+                if have + EPS >= want:
+                    t = max(t, when)
+                    break
+            else:
+                return None
+        return t
+
+    def reserve(self, node: str, cpus: float, mem: int, start: float, end: float) -> None:
+        """Hold `cpus` and `mem` of the node from `start` to `end`: from the chunks free latest
+        by `start` (as `_Profile.reserve` takes GPUs), given back at `end`."""
+        for chunks, want in ((self.cpus.get(node), cpus), (self.mem.get(node), float(mem))):
+            if not want or chunks is None:
+                continue
+            j = bisect_right(chunks, [start, float("inf")])
+            left = want
+            while left > EPS and j > 0:
+                j -= 1
+                take = min(left, chunks[j][1])
+                chunks[j][1] -= take
+                left -= take
+            chunks[:] = [c for c in chunks if c[1] > EPS]
+            insort(chunks, [end, want])
+
+
 def _demand(job: JobRequest) -> int:
     """Whole GPUs the job waits for: its minimum size if elastic; one for a fraction."""
     if job.min_gpus is not None and job.min_gpus < job.gpus:
@@ -230,10 +301,6 @@ def _free_from(
         free.update({(n.name, g.index): max(now, until) for g in n.gpus})
     # A job being stopped ends within the grace period; sooner, as this cluster's stops go, once
     # its stop latency is known (a SIGTERM usually ends a job well before the grace is up).
-    grace = policy.preemption.grace_period_s
-    if latency.stop_s > 0:
-        grace = min(grace, latency.stop_s)
-    stopping = {p.job_id for p in plan.preemptions}
 
     def hold(allocation: Allocation, until: float) -> None:
         for s in allocation.slices:
@@ -242,16 +309,36 @@ def _free_from(
                 if key in free and until > free[key]:
                     free[key] = until
 
+    for allocation, end in _held(snapshot, policy, now, plan, latency, runs):
+        hold(allocation, end)
+    return free
+
+
+def _held(
+    snapshot: Snapshot,
+    policy: Policy,
+    now: float,
+    plan: Plan,
+    latency: Latency = NO_LATENCY,
+    runs: Mapping[int, float] | None = None,
+) -> list[tuple[Allocation, float]]:
+    """Each running job's and each start's allocation with when it is expected back (never
+    before `now`): a time limit plus the stop at it, a stop's grace, or a predicted run."""
+    grace = policy.preemption.grace_period_s
+    if latency.stop_s > 0:
+        grace = min(grace, latency.stop_s)
+    stopping = {p.job_id for p in plan.preemptions}
+    out: list[tuple[Allocation, float]] = []
     for j in snapshot.running:
         if j.stopping or j.job_id in stopping:
             end = now + grace
         else:
             end = j.started_at + _run_s(j.job_id, j.time_limit_s, policy, latency, runs)
-        hold(j.allocation, max(end, now))
+        out.append((j.allocation, max(end, now)))
     limits = {q.job_id: q.time_limit_s for q in snapshot.queued}
     for st in plan.starts:
-        hold(st.allocation, now + _run_s(st.job_id, limits.get(st.job_id), policy, latency, runs))
-    return free
+        out.append((st.allocation, now + _run_s(st.job_id, limits.get(st.job_id), policy, latency, runs)))
+    return out
 
 
 def _run_s(
@@ -307,6 +394,8 @@ def estimate_starts(
     kinds: dict[tuple[object, ...], list[str]] = {}  # models a kind of request accepts
     replayed = 0
     closed: dict[tuple[str, Priority], Selection] = {}  # pools, per (team, class)
+    accounts = any(nd.cpus is not None or nd.memory_mb is not None for nd in profile.nodes)
+    host: _HostProfile | None = None  # built when the first job asking for CPUs or memory is replayed
     for job_id, wait in plan.waiting.items():
         job = queued.get(job_id)
         if job is None:
@@ -337,10 +426,18 @@ def estimate_starts(
             out[job_id] = Estimate(None if bound is None else max(bound, earliest), exact=False)
             continue
         replayed += 1
+        hp: _HostProfile | None = None
+        if job.host and accounts:
+            if host is None:
+                host = _HostProfile(profile.nodes, now, _held(snapshot, policy, now, plan, latency, runs))
+            hp = host
         sel = job.selection
         if sel is not None and (sel.filters or sel.exclusive):
             on = profile.allowed(sel)
-            out[job_id] = Estimate(_replay_on(profile, job, models, n, earliest, policy, now, latency, on, runs))
+            out[job_id] = Estimate(_replay_on(profile, job, models, n, earliest, policy, now, latency, on, runs, hp))
+            continue
+        if hp is not None:
+            out[job_id] = Estimate(_replay_host(profile, hp, job, models, n, earliest, policy, now, latency, runs))
             continue
         out[job_id] = Estimate(_replay(profile, job, models, n, earliest, policy, now, latency, runs))
     return out
@@ -426,6 +523,68 @@ def _replay(
     return start
 
 
+def _replay_host(
+    profile: _Profile,
+    host: _HostProfile,
+    job: JobRequest,
+    models: list[str],
+    n: int,
+    earliest: float,
+    policy: Policy,
+    now: float = 0.0,
+    latency: Latency = NO_LATENCY,
+    runs: Mapping[int, float] | None = None,
+) -> float | None:
+    """`_replay` for a job asking for CPUs or host memory: on each model, nodes are taken from
+    the heap of its GPU level in the order their GPUs free, each ready at the later of that and
+    its host resources' time (`_HostProfile.ready`), until the next node's GPUs free no sooner
+    than the nodes found already are ready (or HOST_SCAN more were looked at). The nodes ready
+    first serve (one, `--nodes` of them, or enough for its GPUs); no gaps."""
+    best: tuple[float, str, list[tuple[str, int]]] | None = None
+    for model in models:
+        k = _level(profile, model, n, job.nodes)
+        if k is None:
+            continue
+        size = profile.node_size[model]
+        count = job.nodes if job.nodes else (1 if n <= size else -(-n // size))
+        cpus, mem = Capacity.host_part(job, k)
+        h = profile.heaps[model][k]
+        popped: list[_Entry] = []
+        found: list[tuple[float, str]] = []  # (ready, node), sorted, at most `count`
+        extra = 0
+        while h:
+            e = heapq.heappop(h)
+            if not profile._valid(model, e):
+                continue
+            popped.append(e)
+            if len(found) == count and (e[0] >= found[-1][0] or extra >= HOST_SCAN):
+                break
+            if len(found) == count:
+                extra += 1
+            t = host.ready(e[1], cpus, mem)
+            if t is None:
+                continue
+            insort(found, (max(e[0], t), e[1]))
+            del found[count:]
+        profile.push_back(model, k, popped)
+        if len(found) < count:
+            continue
+        slot = found[-1][0]
+        picks = [(nd, k) for _, nd in found]
+        if not job.nodes and count > 1:
+            picks[-1] = (picks[-1][0], n - k * (count - 1))
+        if best is None or slot < best[0]:
+            best = (slot, model, picks)
+    if best is None:
+        return None
+    start = max(_after(best[0], now, latency), earliest)
+    end = start + _run_s(job.job_id, job.time_limit_s, policy, latency, runs)
+    for node, gpus in best[2]:
+        profile.reserve(best[1], node, gpus, start, end)
+        host.reserve(node, *Capacity.host_part(job, gpus), start, end)
+    return start
+
+
 def _replay_on(
     profile: _Profile,
     job: JobRequest,
@@ -437,17 +596,26 @@ def _replay_on(
     latency: Latency,
     allowed: frozenset[str],
     runs: Mapping[int, float] | None = None,
+    host: _HostProfile | None = None,
 ) -> float | None:
     """`_replay` for a job that may use only `allowed` nodes: each node's GPUs free times read
     directly (no heaps, no gaps). An exclusive job needs every GPU of a node, and holds them all.
-    None if the allowed nodes can never host it."""
+    `host`: the job asks for CPUs or memory, counted per node there. None if the allowed nodes
+    can never host it."""
     exclusive = job.selection is not None and job.selection.exclusive
     best: tuple[float, str, list[tuple[str, int]]] | None = None
+    host_ready: Callable[[str, int], float | None] | None = None
+    if host is not None:
+        hp = host
+
+        def host_ready(nd: str, k: int) -> float | None:
+            return hp.ready(nd, *Capacity.host_part(job, k))
+
     for model in models:
         ts_of = {nd: profile.times[(model, nd)] for nd in profile.model_nodes.get(model, ()) if nd in allowed}
         if not ts_of:
             continue
-        got = _slot_on(ts_of, job, n, exclusive)
+        got = _slot_on(ts_of, job, n, exclusive, host_ready)
         if got is None:
             continue
         slot, picks = got
@@ -459,19 +627,35 @@ def _replay_on(
     end = start + _run_s(job.job_id, job.time_limit_s, policy, latency, runs)
     for node, gpus in best[2]:
         profile.reserve(best[1], node, gpus, start, end)
+        if host is not None:
+            host.reserve(node, *Capacity.host_part(job, n // job.nodes if job.nodes else min(gpus, n)), start, end)
     return start
 
 
 def _slot_on(
-    ts_of: dict[str, list[float]], job: JobRequest, n: int, exclusive: bool
+    ts_of: dict[str, list[float]],
+    job: JobRequest,
+    n: int,
+    exclusive: bool,
+    host_ready: Callable[[str, int], float | None] | None = None,
 ) -> tuple[float, list[tuple[str, int]]] | None:
     """On one model's allowed nodes (node -> its GPUs' free times, sorted): when the job could
-    start soonest and the (node, GPUs) it takes then; None if these nodes can never host it."""
+    start soonest and the (node, GPUs) it takes then; None if these nodes can never host it.
+    `host_ready(node, GPUs there)`: when the job's CPUs and memory there are free (None: never)."""
+    inf = float("inf")
 
     def ready(nd: str, k: int) -> float:
-        """When `k` GPUs of `nd` are free (all of them for an exclusive job)."""
+        """When `k` GPUs of `nd` are free (all of them for an exclusive job), and the job's CPUs
+        and memory there (inf: never)."""
         ts = ts_of[nd]
-        return ts[-1] if exclusive else ts[k - 1]
+        t = ts[-1] if exclusive else ts[k - 1]
+        if host_ready is not None:
+            h = host_ready(nd, k)
+            if h is None:
+                return inf
+            if h > t:
+                t = h
+        return t
 
     def take(nd: str, k: int) -> tuple[str, int]:
         return (nd, len(ts_of[nd]) if exclusive else k)
@@ -480,16 +664,17 @@ def _slot_on(
     if job.nodes:
         per = n // job.nodes
         fit = sorted((ready(nd, per), nd) for nd, ts in ts_of.items() if 1 <= per <= len(ts))
+        fit = [f for f in fit if f[0] < inf]
         if len(fit) < job.nodes:
             return None
         return fit[job.nodes - 1][0], [take(nd, per) for _, nd in fit[: job.nodes]]
     if n <= size:
-        fit = sorted((ready(nd, n), nd) for nd, ts in ts_of.items() if n <= len(ts))
+        fit = [f for f in sorted((ready(nd, n), nd) for nd, ts in ts_of.items() if n <= len(ts)) if f[0] < inf]
         return (fit[0][0], [take(fit[0][1], n)]) if fit else None
     # Larger than a node: the nodes whose GPUs are all free soonest, until they hold `n`.
     slot, picks, need = 0.0, [], n
-    for t, nd in sorted((ts[-1], nd) for nd, ts in ts_of.items()):
-        if need <= 0:
+    for t, nd in sorted((ready(nd, len(ts)), nd) for nd, ts in ts_of.items()):
+        if need <= 0 or t == inf:
             break
         picks.append((nd, len(ts_of[nd]) if exclusive else min(need, len(ts_of[nd]))))
         slot, need = t, need - len(ts_of[nd])

@@ -27,7 +27,7 @@ from operator import attrgetter, is_not
 
 from gpucluster.core import attained
 from gpucluster.core.admission import admit, explain_drains
-from gpucluster.core.backfill import EndTimes, Reservation, reserve
+from gpucluster.core.backfill import EndTimes, Reservation, reserve, reserve_host
 from gpucluster.core.limits import within_limits
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
@@ -116,6 +116,14 @@ def _shape(job: JobRequest) -> tuple[object, ...]:
 
 def _mib(mb: int) -> str:
     return f"{mb / 1024:g} GiB" if mb >= 1024 else f"{mb} MiB"
+
+
+def _host_asked(job: JobRequest) -> str:
+    """ " with 12 CPU(s) and 64 GiB of memory": a reservation's host part, for its message."""
+    asked = [f"{job.cpus:g} CPU(s)"] if job.cpus else []
+    if job.mem_mb:
+        asked.append(f"{_mib(job.mem_mb)} of memory")
+    return f" with {' and '.join(asked)}"
 
 
 def _fmt_time(t: float) -> str:
@@ -228,6 +236,10 @@ class _Cycle:
         self.cap = cap if cap is not None else Capacity(snapshot.nodes, snapshot.running)
         self.quotas = QuotaBook(policy, snapshot.running, self.cap.gpus)
         self.reservations: dict[str, Reservation] = {}
+        # The reservations that hold CPUs or memory too (`reserve_host`), by model: a later job
+        # asking for them keeps off their nodes on every model (`_host_off`).
+        self._host_reserved: dict[str, Reservation] = {}
+        self._mixed: bool | None = None  # see `_mixed_nodes`
         self.starts: list[Start] = []
         self._start_ends: list[float] = []  # expected end of each start, by its own time limit
         self.preemptions: list[Preemption] = []
@@ -240,6 +252,7 @@ class _Cycle:
         self._fits: dict[tuple[object, ...], list[str]] = {}
         self._waits: dict[tuple[object, ...], Wait] = {}
         self._shared_end: dict[tuple[str, int], tuple[str, float]] = {}
+        self._shared_listed = False  # whether `_shared_end` is in `_ends` (see `_end_times`)
         self._ends: EndTimes | None = None
         self._fair_ratio: dict[str, float] = {}
         # Free capacity only shrinks within a cycle (starts take GPUs; preemptions free them
@@ -585,6 +598,11 @@ class _Cycle:
             if full:
                 exclude = exclude | full
                 key = (*key, full)
+            if self._host_reserved and job.host and self._mixed_nodes():
+                held = self._host_off(job, model)
+                if held:
+                    exclude = exclude | held
+                    key = (*key, held)
             if key not in self._no_fit:
                 holders = self.s.images.get(job.image, ()) if job.image is not None else ()
                 allocation = self.cap.place(job, model, exclude, holders)
@@ -653,6 +671,23 @@ class _Cycle:
                 self._pool_used[key] = self._pool_used.get(key, 0.0) + held
                 self._pool_version += 1
 
+    def _mixed_nodes(self) -> bool:
+        """Whether a node has GPUs of more than one model (once per cycle, on first need)."""
+        if self._mixed is None:
+            self._mixed = any(len(models) > 1 for models in self.cap.node_models.values())
+        return self._mixed
+
+    def _host_off(self, job: JobRequest, model: str) -> frozenset[str]:
+        """The nodes of `model` where another model's reservation holds CPUs or memory that
+        `job` (asking for them) would take, unless it ends before that reservation's start: a
+        node with GPUs of two models shares its CPUs and memory between them."""
+        off: frozenset[str] = frozenset()
+        node_models = self.cap.node_models
+        for m, res in self._host_reserved.items():
+            if m != model and not self._ends_before(job, res):
+                off |= frozenset(nd for nd in res.nodes if model in node_models[nd])
+        return off
+
     def _fits_unreserved(self, job: JobRequest, model: str, shape: tuple[object, ...]) -> bool:
         """Could the job be placed on `model` if no GPUs were held for a reservation."""
         if (model, shape, False) in self._no_fit:
@@ -701,6 +736,8 @@ class _Cycle:
         self._start_ends.append(end)
         if self._ends is not None:
             self._add_end(job.job_id, allocation, end)
+            if self._ends.host_by_node is not None and job.host:
+                self._ends.add_host(allocation, end)
 
     # ---- preemption -------------------------------------------------------------------------
 
@@ -1012,33 +1049,44 @@ class _Cycle:
             full = self._pool_full(job)[0]
             if full:
                 allowed = (allowed if allowed is not None else frozenset(self.cap.node_labels)) - full
-        if job.host and not gpus_busy:
-            free_on = self._gpus_free_for(job, models)
-            if free_on is not None:
-                # Its GPUs are free but not the CPUs or memory beside them: a reservation counts
-                # GPUs alone, so it would hold free GPUs for nothing; it waits, naming for what.
-                self.waiting[job.job_id] = self._host_wait(job, free_on) if self.reasons else _HOST_BUSY
-                return
+        # CPUs and memory count only where nodes account them; elsewhere any request fits.
+        host = job.host and bool(self.cap.node_cpus or self.cap.node_hmem)
+        free_on = self._gpus_free_for(job, models) if host and not gpus_busy else None
         if not job.fractional and len(self.reservations) < len(self.cap.model_memory):
             for model in models:
                 if model in self.reservations:
                     continue
-                res = reserve(job, model, self.cap, self._end_times(), self.now, allowed)
+                if host:
+                    # Its GPUs, CPUs and memory all held: backfill never delays it for want
+                    # of any of them (also when its GPUs are free now and its CPUs are not).
+                    res = reserve_host(job, model, self.cap, self._host_end_times(), self.now, allowed)
+                    if res is not None:
+                        self._host_reserved[model] = res
+                else:
+                    res = reserve(job, model, self.cap, self._end_times(), self.now, allowed)
                 if res is not None:
                     self.reservations[model] = res
                     if not self.reasons:
                         self.waiting[job.job_id] = Wait(WaitReason.RESERVED, "", res.shadow)
                         return
                     which = f" ({sel.describe()})" if sel is not None else ""
+                    # Short of CPUs or memory alone: say so first, as the wait without a reservation does.
+                    short = f"{self._host_wait(job, free_on).message}; " if free_on is not None else ""
                     self._wait(
                         job,
                         WaitReason.RESERVED,
-                        f"first in line{which}: {job.gpus:g} {model} GPUs on {', '.join(sorted(res.nodes)[:3])}"
+                        f"{short}first in line{which}: {job.gpus:g} {model} GPUs{_host_asked(job) if host else ''} "
+                        f"on {', '.join(sorted(res.nodes)[:3])}"
                         f"{'...' if len(res.nodes) > 3 else ''} are held for it from {_fmt_time(res.shadow)}"
                         f"{' (an exclusive job needs nodes where nothing runs: held whole)' if exclusive else ''}",
                         res.shadow,
                     )
                     return
+        if free_on is not None:
+            # Its GPUs are free but not the CPUs or memory beside them, and no reservation could
+            # be made (its model holds one already): it waits, naming for what.
+            self.waiting[job.job_id] = self._host_wait(job, free_on) if self.reasons else _HOST_BUSY
+            return
         if not self.reasons:
             self.waiting[job.job_id] = _BUSY  # the plan's reader wants no message (see `decide`)
             return
@@ -1192,7 +1240,21 @@ class _Cycle:
                 self._add_end(st.job_id, st.allocation, end)
             for (node, _), (model, end) in self._shared_end.items():
                 self._ends.add(model, node, end, 1)
+            self._shared_listed = True
         return self._ends
+
+    def _host_end_times(self) -> EndTimes:
+        """`_end_times` with the ends of CPUs and host memory too (`EndTimes.host_by_node`),
+        filled when a job asking for them first needs a reservation: from the book's sorted
+        ends plus the jobs it holds aside, or from every running job without a book."""
+        ends = self._end_times()
+        if ends.host_by_node is None:
+            grace, default = self.policy.preemption.grace_period_s, self.policy.default_time_limit_s
+            running = ends.book.aside.values() if ends.book is not None else self.s.running
+            ends.add_host_running(running, self.now, grace, default)
+            for st, end in zip(self.starts, self._start_ends, strict=True):
+                ends.add_host(st.allocation, end)
+        return ends
 
     def _add_end(self, job_id: int, allocation: Allocation, end: float) -> None:
         assert self._ends is not None
@@ -1201,7 +1263,16 @@ class _Cycle:
             if s.share < 1:
                 # A shared GPU comes back whole when its last sharer ends.
                 key = (s.node, s.gpu_indices[0])
-                self._shared_end[key] = (model, max(self._shared_end.get(key, (model, end))[1], end))
+                was = self._shared_end.get(key)
+                if was is not None and was[1] >= end:
+                    continue
+                self._shared_end[key] = (model, end)
+                if self._shared_listed:
+                    # A share started after the ends were listed: the GPU comes back when its
+                    # last sharer ends, so its listed end moves to this one's (or is listed).
+                    if was is not None:
+                        self._ends.by_node[(model, s.node)].remove((was[1], 1))
+                    self._ends.add(model, s.node, end, 1)
                 continue
             self._ends.add(model, s.node, end, len(s.gpu_indices))
 

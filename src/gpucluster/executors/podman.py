@@ -126,6 +126,17 @@ def run_options(
         f"--workdir={workdir}",
     ]
     options += ["--user=0:0"] if as_root else ["--userns=keep-id"]
+    if as_root:
+        # Rootful podman puts the container in a cgroup of its own (under machine.slice or
+        # libpod_parent), out of the job's, so the CPUs and memory the executor writes into the
+        # job's cgroup (local.apply_host_limits) would not bind it: podman sets the same ones.
+        # Rootless podman's container stays below the job's shim, in the job's cgroup.
+        cpus = env.get("GPUCLUSTER_CPUS")
+        if cpus:
+            options.append(f"--cpus={cpus}")
+        memory = env.get("GPUCLUSTER_MEMORY_LIMIT")
+        if memory:
+            options.append(f"--memory={memory}")
     mounts: list[Mount] = check_mounts(list(spec.mounts))
     targets = {m.target for m in mounts}
     own = [workdir, env.get("GPUCLUSTER_CHECKPOINT_DIR")]
