@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -64,6 +64,9 @@ from gpucluster.core.types import Priority
 from gpucluster.durations import parse_duration
 from gpucluster.models import parse_memory_mb
 from gpucluster.yamlfile import YamlFileError, line_of, read_yaml, validate
+
+if TYPE_CHECKING:
+    import yaml
 
 PolicyFileError = YamlFileError
 
@@ -621,6 +624,13 @@ def load_policy_file(source: str | Path) -> tuple[core.Policy, Accounting]:
         return core.BUILTIN_POLICIES[source](), Accounting()
     path = Path(source)
     data, node = read_yaml(path, "policy file")
+    return parse_policy(data, path, node)
+
+
+def parse_policy(data: Any, path: Path, node: yaml.Node | None) -> tuple[core.Policy, Accounting]:
+    """`load_policy_file` after the reading: a policy file's parsed mapping (errors at `node`'s
+    lines). Apart so the simulator can sweep values laid over a file's mapping (`--sweep
+    policy.KEY=...`) through the same rules as the head."""
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -5,6 +5,8 @@ expected figures worked out by hand."""
 
 from __future__ import annotations
 
+import csv
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -155,8 +157,33 @@ def test_spares_refuse_bad_values_and_unlimited_restarts_reads(tmp_path: Path) -
     assert load_cluster_spec(c).failures.max_restarts >= 10**9
 
 
-def test_the_report_answers_first_with_cost_per_useful_gpu_hour_in_the_specs_currency(tmp_path: Path) -> None:
+def _rss_mib() -> float:
+    """This process's resident memory now (VmRSS), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_the_report_answers_first_with_cost_per_useful_gpu_hour_in_the_specs_currency(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpucluster.sim.report as report
     from gpucluster.sim.run import SimulateOptions, simulate
+
+    # The peak memory reported must include plotting: the RSS seen while the plots are drawn
+    # (made to hold 64 MiB more, touched) is a floor for it.
+    during_plots: list[float] = []
+    plot = report.write_plots
+
+    def heavy_plots(*args: Any) -> list[Path]:
+        files = plot(*args)
+        held = bytearray(b"\x01") * (64 * 1024 * 1024)
+        during_plots.append(_rss_mib())
+        del held
+        return files
+
+    monkeypatch.setattr(report, "write_plots", heavy_plots)
 
     c = cluster_yaml(tmp_path / "c.yaml", nodes=1, gpus=2, extra=CKPT + "currency: EUR\n")
     t = native_csv(
@@ -182,5 +209,60 @@ def test_the_report_answers_first_with_cost_per_useful_gpu_hour_in_the_specs_cur
     assert html.index("<b>Answer: ") < html.index("<th>policy</th>")
     assert "fifo: highest goodput" in html and " EUR" in html
     assert (tmp_path / "o" / "shares.png").stat().st_size > 0
-    perf = (tmp_path / "o" / "performance.json").read_text()
-    assert '"peak_rss_mib"' in perf
+    perf = json.loads((tmp_path / "o" / "performance.json").read_text())
+    assert during_plots and during_plots[0] >= 64
+    # (less 1 MiB: the kernel's high-water mark lags per-thread RSS counters by up to 64 pages each,
+    # and the figure is rounded to 0.1 MiB)
+    assert perf["peak_rss_mib"] >= during_plots[0] - 1.0
+    assert f"peak memory {perf['peak_rss_mib']:,.0f} MiB" in html
+    # waits by job size, per policy: both jobs ask 2 GPUs; under default L (low) was preempted and
+    # spent 3650 s not running (test above), H waited 10 s for L's checkpoint
+    section = html[html.index("<h2>Policy default</h2>") :]
+    section = section[: section.index("<h2>", 5)]
+    assert "Waits by job size" in section
+    head = "<th>GPUs</th><th>jobs started</th><th>wait mean</th><th>wait p50</th><th>wait p99</th>"
+    assert head in section
+    assert "<tr><td>2-8</td><td>2</td><td>0.00 h</td><td>0.00 h</td><td>0.00 h</td><td>2</td>" in section
+    assert "<td>0.51 h</td><td>0.00 h</td><td>1.01 h</td></tr>" in section  # not running: mean, p50, p99
+    fifo = html[html.index("<h2>Policy fifo</h2>") : html.index("<h2>Policy default</h2>")]
+    assert "<tr><td>2-8</td><td>2</td><td>0.77 h</td><td>0.00 h</td><td>1.53 h</td>" in fifo  # H waited 5510 s
+
+
+def test_jobs_csv_has_each_jobs_time_not_running_preemptions_and_restarts(tmp_path: Path) -> None:
+    from gpucluster.sim.report import write_jobs
+
+    c = cluster_yaml(tmp_path / "c.yaml", nodes=1, gpus=2, extra=CKPT)
+    t = native_csv(
+        tmp_path / "t.csv",
+        [
+            {"submit_time": 0, "duration": "2h", "gpus": 2, "priority": "low"},
+            {"submit_time": "30m", "duration": "1h", "gpus": 2, "priority": "high"},
+        ],
+    )
+    results = [run(c, t, "fifo").result, run(c, t, "default").result]
+    with write_jobs(tmp_path / "jobs.csv", results).open() as f:
+        rows = {(r["policy"], r["job_id"]): r for r in csv.DictReader(f)}
+    got = {k: (r["gpus"], r["time_not_running_s"], r["preemptions"], r["restarts"]) for k, r in rows.items()}
+    assert got == {
+        ("fifo", "1"): ("2", "0.000", "0", "0"),
+        ("fifo", "2"): ("2", "5510.000", "0", "0"),  # H waited for L: 2 h + 11 checkpoints of 10 s
+        ("default", "1"): ("2", "3650.000", "1", "0"),  # L preempted once, queued again 3650 s
+        ("default", "2"): ("2", "10.000", "0", "0"),
+    }
+    assert rows[("default", "1")]["outcome"] == "succeeded"
+    # restarts after failures: one big job on every node, a failure a day
+    big = tmp_path / "big"
+    big.mkdir()
+    c = big / "c.yaml"
+    c.write_text(
+        "node_groups:\n  - {name: n, count: 3, gpus_per_node: 2, gpu_model: H100-80GB}\n"
+        "failures: {gpu_failures_per_day: 0.1667, node_repair_time: 12h}\n"
+        "checkpoints: {interval: 1h, cost: 60s, restart: 5m}\n"
+    )
+    t = native_csv(big / "t.csv", [{"submit_time": 0, "duration": "5d", "gpus": 6, "max_restarts": 1000}])
+    res = run(c, t, "fifo", seed=3).result
+    with write_jobs(big / "jobs.csv", [res]).open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert int(row["restarts"]) == res.restarts > 0 and row["preemptions"] == "0"
+    assert float(row["time_not_running_s"]) == pytest.approx(res.end[0] - res.submit[0] - res.ran[0], abs=1e-3)
+    assert float(row["time_not_running_s"]) > 0  # it held nothing while its nodes were repaired

@@ -100,7 +100,8 @@ def test_a_wait_target_picks_the_smallest_cluster_that_meets_it(tmp_path: Path) 
         ("checkpoints.interval", "write KEY=V1,V2,..."),
         ("checkpoints.interval=1h,", "every value must be non-empty"),
         ("checkpoints.interval=1h,1h", "a value is given twice"),
-        ("policy.preemption.enabled=true,false", "values inside a policy file cannot be swept yet"),
+        ("policy.=true,false", "has an empty part; write e.g. policy.preemption.enabled"),
+        ("policy.preemption..enabled=true", "has an empty part"),
         ("node groups.count=1", "cannot read the key"),
     ],
 )
@@ -211,3 +212,82 @@ def test_the_policy_itself_can_be_a_swept_key(tmp_path: Path, one_job: tuple[Pat
         ("default", "30m"),
         ("default", "2h"),
     ]
+
+
+PREEMPTING = "priorities: true\npreemption: {enabled: true, grace_period: 30s}\nfair_share: {enabled: false}\n"
+
+
+@pytest.fixture
+def low_then_high(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """L (low, 2 GPUs, 2 h) at 0, H (high, 2 GPUs, 1 h) at 30 min on 2 GPUs: H preempts L only
+    if the policy preempts. And a policy file that does."""
+    c = tmp_path / "c.yaml"
+    c.write_text(
+        "node_groups:\n  - {name: n, count: 1, gpus_per_node: 2, gpu_model: H100-80GB}\n"
+        "failures: {gpu_failures_per_day: 0}\ncheckpoints: {interval: 10m, cost: 10s, restart: 60s}\n"
+    )
+    t = native_csv(
+        tmp_path / "t.csv",
+        [
+            {"submit_time": 0, "duration": "2h", "gpus": 2, "priority": "low"},
+            {"submit_time": "30m", "duration": "1h", "gpus": 2, "priority": "high"},
+        ],
+    )
+    pol = tmp_path / "mine.yaml"
+    pol.write_text(PREEMPTING)
+    return c, t, pol
+
+
+def test_a_value_inside_a_policy_file_can_be_swept(low_then_high: tuple[Path, Path, Path]) -> None:
+    cluster, trace, pol = low_then_high
+    opts = SimulateOptions(
+        cluster=cluster,
+        trace=trace,
+        out=None,
+        policies=(str(pol),),
+        sweeps=("policy.preemption.enabled=true,false", "policy.ordering.mode=age,las"),
+    )
+    sw = simulate(opts, write=False, workers=1).metrics["sweep"]
+    assert sw["runs"] == 4
+    got = [
+        (
+            r["policy"],
+            r["point"]["policy.preemption.enabled"],
+            r["point"]["policy.ordering.mode"],
+            r["preemptions"]["mean"],
+        )
+        for r in sw["rows"]
+    ]
+    # H preempts L only where preemption is on; the ordering within a class does not change that
+    assert got == [
+        ("mine", "true", "age", 1.0),
+        ("mine", "true", "las", 1.0),
+        ("mine", "false", "age", 0.0),
+        ("mine", "false", "las", 0.0),
+    ]
+    assert [a["key"] for a in sw["axes"]] == ["policy.preemption.enabled", "policy.ordering.mode"]
+    assert pol.read_text() == PREEMPTING  # the file itself is left as written
+
+
+def test_a_policy_value_not_in_the_policy_files_rules_is_refused_naming_the_key(
+    tmp_path: Path, low_then_high: tuple[Path, Path, Path]
+) -> None:
+    cluster, trace, pol = low_then_high
+    for policy, sweep, says in (
+        (
+            str(pol),
+            "policy.preemption.enabld=true,false",
+            "mine.yaml:2: preemption.enabld: unknown key in a policy file",
+        ),
+        (str(pol), "policy.preemption.enabled=true,maybe", "preemption.enabled: Input should be a valid boolean"),
+        (str(pol), "policy.ordering.mode=age,sjf2", "ordering.mode"),
+        (str(pol), "policy.priorities.x=1", "--sweep policy.priorities.x: priorities is not a mapping or list"),
+        ("fifo", "policy.preemption.enabled=true", "--policy fifo is a shipped baseline, not a file"),
+    ):
+        opts = SimulateOptions(cluster=cluster, trace=trace, out=None, policies=(policy,), sweeps=(sweep,))
+        with pytest.raises(SimInputError) as e:
+            simulate(opts, write=False, workers=1)
+        assert says in str(e.value), str(e.value)
+        if policy != "fifo":
+            assert str(pol) in str(e.value)  # the file the key was laid over
+        assert "(with --sweep policy." in str(e.value)

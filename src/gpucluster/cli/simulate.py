@@ -71,7 +71,9 @@ def simulate(
         typer.Option(
             "--sweep",
             help="KEY=V1,V2,... over a cluster-spec value (checkpoints.interval, node_groups[0].count, "
-            "node_groups[0].spares.hot, failures.gpu_failures_per_day) or policy=A,B; repeat for a grid",
+            "node_groups[0].spares.hot, failures.gpu_failures_per_day), policy=A,B, or a value inside "
+            "the policy file(s): policy.KEY (policy.preemption.enabled=true,false, policy.ordering.mode=age,las); "
+            "repeat for a grid",
         ),
     ] = None,
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="runs per sweep point, seeds SEED.. (spread)")] = 1,

@@ -81,6 +81,7 @@ class SimJob:
         "keys",
         "plan",
         "power_w",
+        "preemptions",
         "price_s",
         "ran_s",
         "rate",
@@ -109,6 +110,7 @@ class SimJob:
         self.token = 0  # bumped whenever this job's scheduled events become stale
         self.attempts = 0
         self.restarts = 0
+        self.preemptions = 0  # times the scheduler preempted it (resizes of an elastic job not counted)
         self.work_left = trace.duration  # seconds of work at speed 1.0
         self.first_start = -1.0
         self.run_start = 0.0
@@ -155,6 +157,9 @@ class RunResult:
     gpus: array[float] = field(default_factory=lambda: array("d"))
     ran: array[float] = field(default_factory=lambda: array("d"))
     useful: array[float] = field(default_factory=lambda: array("d"))
+    # Per job: times preempted (resizes not counted) and restarted after a failure (jobs.csv).
+    preempted: array[int] = field(default_factory=lambda: array("i"))
+    restarted: array[int] = field(default_factory=lambda: array("i"))
     team_totals: list[list[float]] = field(default_factory=list)  # team -> [USED, COST, ...]
     group_busy_gpu_s: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> jobs
@@ -789,6 +794,8 @@ class Engine:
         res.gpus.append(job.trace.gpus)
         res.ran.append(job.ran_s)
         res.useful.append(job.useful_gpu_s)
+        res.preempted.append(job.preemptions)
+        res.restarted.append(job.restarts)
 
     # ---- eligibility: dependencies and array throttles ---------------------------------------
 
@@ -1036,6 +1043,7 @@ class Engine:
             self.result.resizes += 1
         else:
             self.result.preemptions += 1
+            job.preemptions += 1
         delay = cost if job.saves_on_stop else (0.0 if job.interval is None else grace)
         self._push(now + delay, _STOPPED, job_id, job.token)
 

@@ -65,19 +65,47 @@ def _write(path: Path, text: str) -> Path:
 
 
 def write_jobs(path: Path, results: list[RunResult]) -> Path:
-    """One row per job and policy: when it was submitted, first started and ended, and how.
-    Times in seconds from the first submission; -1 = never."""
+    """One row per job and policy: when it was submitted, first started and ended, and how; the
+    time it spent not running (end - submission - the wall time it held GPUs: queued before its
+    first start and again after every preemption and failure), times preempted and times
+    restarted after a failure. Times in seconds from the first submission; -1 = never (a job that
+    never ended has no time not running: -1)."""
     try:
         with path.open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["policy", "job_id", "team", "submit_s", "first_start_s", "end_s", "outcome"])
+            w.writerow(
+                [
+                    "policy",
+                    "job_id",
+                    "team",
+                    "gpus",
+                    "submit_s",
+                    "first_start_s",
+                    "end_s",
+                    "time_not_running_s",
+                    "preemptions",
+                    "restarts",
+                    "outcome",
+                ]
+            )
             for res in results:
                 name = res.policy.name
-                for jid, team, sub, start, end, outcome in zip(
-                    res.job_id, res.team, res.submit, res.first_start, res.end, res.outcome, strict=True
+                for jid, team, gpus, sub, start, end, ran, pre, rst, outcome in zip(
+                    res.job_id,
+                    res.team,
+                    res.gpus,
+                    res.submit,
+                    res.first_start,
+                    res.end,
+                    res.ran,
+                    res.preempted,
+                    res.restarted,
+                    res.outcome,
+                    strict=True,
                 ):
-                    times = (f"{sub:.3f}", f"{start:.3f}", f"{end:.3f}")
-                    w.writerow([name, jid, res.teams[team], *times, OUTCOME[outcome]])
+                    waited = max(0.0, end - sub - ran) if end >= 0 else -1.0
+                    times = (f"{sub:.3f}", f"{start:.3f}", f"{end:.3f}", f"{waited:.3f}")
+                    w.writerow([name, jid, res.teams[team], f"{gpus:g}", *times, pre, rst, OUTCOME[outcome]])
     except OSError as e:
         raise SimInputError(f"{path}: cannot write: {e.strerror or e}") from None
     return path
@@ -489,6 +517,7 @@ def _policy_section(name: str, m: dict[str, Any]) -> str:
             [_stats_row("JCT", m["jct_s"]), _stats_row("queueing delay", m["queueing_delay_s"])],
         )
     )
+    out.append(_waits_by_size_table(m))
     f = m["fairness"]
     out.append(
         _table(
@@ -606,6 +635,49 @@ def _policy_section(name: str, m: dict[str, Any]) -> str:
     )
     out.append(estimate_section(m))
     return "\n".join(out)
+
+
+def _waits_by_size_table(m: dict[str, Any]) -> str:
+    """metrics.json's `waits_by_size`: the wait to first start and the time not running by the
+    GPUs a job asked for, since a mean over every job hides how long the large ones wait."""
+    sizes = m.get("waits_by_size") or {}
+    if not sizes:
+        return ""
+    rows = []
+    for label, w in sizes.items():
+        d, nr = w["queueing_delay_s"], w["time_not_running_s"]
+        rows.append(
+            [
+                _e(label),
+                f"{d.get('count', 0):,}",
+                hours(d.get("mean")),
+                hours(d.get("median")),
+                hours(d.get("p99")),
+                f"{nr.get('count', 0):,}",
+                hours(nr.get("mean")),
+                hours(nr.get("median")),
+                hours(nr.get("p99")),
+            ]
+        )
+    return (
+        "<p class=note>Waits by job size (GPUs asked): wait = submission to first start, over the jobs "
+        "that started; not running = submission to end minus the time holding GPUs, over the jobs that "
+        "ended.</p>"
+        + _table(
+            [
+                "GPUs",
+                "jobs started",
+                "wait mean",
+                "wait p50",
+                "wait p99",
+                "jobs ended",
+                "not running mean",
+                "not running p50",
+                "not running p99",
+            ],
+            rows,
+        )
+    )
 
 
 def _performance_section(perf: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ import threading
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,12 +142,28 @@ def simulate_sweep(
     points = grid(opts.cluster, axes)
     base, trace, policies = load_inputs(opts)
     by_name = {p.name: p for p in policies}
+    arg_of = {p.name: arg for p, arg in zip(policies, opts.policies, strict=True)}
     swept = next((a for a in axes if a.key == "policy"), None)
     if swept is not None:
         for arg in swept.texts:
-            pol = load_policy(arg)
-            by_name[arg] = SimPolicy(name=arg, source=pol.source, core=pol.core, accounting=pol.accounting)
+            by_name[arg] = replace(load_policy(arg), name=arg)  # named as swept (a file's path, not its stem)
+            arg_of[arg] = arg
     names = [p.name for p in policies]
+    # `policy.KEY` values: each policy of a point read again with them laid over its file, all
+    # before any run, so a bad key or value stops the command naming it
+    laid: dict[tuple[str, tuple[object, ...]], SimPolicy] = {}
+    policy_at: dict[tuple[int, str], SimPolicy] = {}
+    for k, point in enumerate(points):
+        if not point.policy_overrides:
+            continue
+        for name in [point.policy] if point.policy is not None else names:
+            cache = (name, point.policy_overrides)
+            if cache not in laid:
+                try:
+                    laid[cache] = replace(load_policy(arg_of[name], point.policy_overrides), name=name)
+                except SimInputError as e:
+                    raise SimInputError(f"{e} (with --sweep {point.label})") from None
+            policy_at[(k, name)] = laid[cache]
     seeds = [opts.seed + k for k in range(opts.seeds)]
     cases: list[tuple[tuple[int, str, int], ClusterSpec, list[TraceJob], SimPolicy, int]] = []
     traces: dict[tuple[object, ...], Trace] = {}
@@ -162,7 +178,8 @@ def simulate_sweep(
                         if seed == opts.seed and spec.fill == base.fill and spec.groups == base.groups
                         else read_trace(opts.trace, spec, seed, opts.fmt, opts.strict)
                     )
-                cases.append(((k, name, seed), spec, traces[key].jobs, by_name[name], seed))
+                pol = policy_at.get((k, name), by_name[name])
+                cases.append(((k, name, seed), spec, traces[key].jobs, pol, seed))
     if len(cases) > MAX_RUNS:
         raise SimInputError(f"--sweep/--seeds: {len(cases):,} runs; at most {MAX_RUNS:,} (fewer values or seeds)")
     read_s = time.perf_counter() - t0

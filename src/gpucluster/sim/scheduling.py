@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from gpucluster.core import policy as core_policy
 from gpucluster.core.accounting import Accounting
@@ -28,9 +29,11 @@ from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.scheduler import gc_paused
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Node, Plan, RunningJob
-from gpucluster.policyfile import PolicyFileError, load_policy_file
+from gpucluster.policyfile import PolicyFileError, load_policy_file, parse_policy
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.workload import TraceJob
+from gpucluster.sim.yamlspec import Path_, dotted, lay_over
+from gpucluster.yamlfile import read_yaml
 
 # A reference, not a policy: shortest job first (by the trace's true remaining run time) with
 # EASY backfill given perfect time limits, no classes, fair share or preemption. Only the
@@ -78,8 +81,13 @@ class SimPolicy:
         return self.core.share(team)
 
 
-def load_policy(arg: str) -> SimPolicy:
-    """A shipped baseline, the reference oracle, or a policy YAML file, read by the head's own loader."""
+def load_policy(arg: str, overrides: tuple[tuple[Path_, Any], ...] = ()) -> SimPolicy:
+    """A shipped baseline, the reference oracle, or a policy YAML file, read by the head's own loader.
+
+    `overrides`: (key path, value) laid over the file's mapping before the head's rules validate
+    it (`--sweep policy.KEY=...`); only a file has a mapping to lay them over."""
+    if overrides:
+        return _overridden_policy(arg, overrides)
     if arg == ORACLE:
         return SimPolicy(name=arg, source="built-in reference (knows run times)", core=oracle_policy(), oracle=True)
     if arg in BUILTIN_POLICIES:
@@ -93,6 +101,24 @@ def load_policy(arg: str) -> SimPolicy:
         return SimPolicy(name=path.stem, source=str(path), core=core, accounting=accounting)
     except PolicyFileError as e:
         raise SimInputError(str(e)) from None
+
+
+def _overridden_policy(arg: str, overrides: tuple[tuple[Path_, Any], ...]) -> SimPolicy:
+    swept = ", ".join(f"policy.{dotted(p)}" for p, _ in overrides)
+    if arg in BUILTIN_POLICIES:
+        raise SimInputError(
+            f"--sweep {swept}: --policy {arg} is a shipped baseline, not a file: values are swept inside "
+            "a policy file (--policy mine.yaml)"
+        )
+    load_policy(arg)  # the file as written first: its own errors, without the sweep
+    path = Path(arg)
+    try:
+        data, node = read_yaml(path, "policy file")
+        pol, accounting = parse_policy(lay_over(data, overrides, path, "policy."), path, node)
+    except PolicyFileError as e:
+        # pydantic's words for a key the file's rules do not have; a swept key is typed by hand
+        raise SimInputError(str(e).replace("Extra inputs are not permitted", "unknown key in a policy file")) from None
+    return SimPolicy(name=path.stem, source=str(path), core=pol, accounting=accounting)
 
 
 def job_request(

@@ -13,8 +13,6 @@ file:line of the offending key.
 
 from __future__ import annotations
 
-import copy
-import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -23,9 +21,8 @@ from typing import Any, Literal
 
 from gpucluster.core.restarts import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
 from gpucluster.core.types import Gpu, Node, Priority
-from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.fields import Fields
-from gpucluster.sim.yamlspec import Located, Path_, dotted, load
+from gpucluster.sim.yamlspec import Located, Path_, lay_over, load
 
 # Llama 3 (16,384 H100, 54 days): 419 unexpected interruptions -> ~4.7e-4 failures per GPU-day.
 LLAMA3_GPU_FAILURES_PER_DAY = 4.7e-4
@@ -255,38 +252,7 @@ def load_cluster_spec(path: Path, overrides: tuple[tuple[Path_, Any], ...] = ())
 
 
 def _overridden(doc: Located, overrides: tuple[tuple[Path_, Any], ...]) -> Located:
-    data = copy.deepcopy(doc.data) if isinstance(doc.data, dict) else {}
-    for path, value in overrides:
-        node: Any = data
-        for k, (part, nxt) in enumerate(itertools.pairwise(path)):
-            if isinstance(node, list) and not (isinstance(part, int) and part < len(node)):
-                raise SimInputError(
-                    f"--sweep {dotted(path)}: no such item: {dotted(path[:k]) or 'the spec'} has {len(node)} "
-                    f"item(s) in {doc.source}, numbered from 0"
-                )
-            child = node[part] if isinstance(node, list) and isinstance(part, int) else None
-            if isinstance(node, dict):
-                child = node.get(part)
-                if child is None:
-                    child = node[part] = [] if isinstance(nxt, int) else {}
-            if not isinstance(child, dict | list):
-                raise SimInputError(
-                    f"--sweep {dotted(path)}: {dotted(path[: k + 1])} is not a mapping or list in {doc.source}"
-                )
-            node = child
-        last = path[-1]
-        if isinstance(node, list):
-            if not isinstance(last, int) or last >= len(node):
-                raise SimInputError(
-                    f"--sweep {dotted(path)}: no such item: {dotted(path[:-1])} has {len(node)} item(s) in "
-                    f"{doc.source}, numbered from 0"
-                )
-            node[last] = value
-        elif isinstance(last, int):
-            raise SimInputError(f"--sweep {dotted(path)}: {dotted(path[:-1])} is not a list in {doc.source}")
-        else:
-            node[last] = value
-    return Located(doc.source, data, doc.lines)
+    return Located(doc.source, lay_over(doc.data, overrides, doc.source), doc.lines)
 
 
 def _groups(doc: Located, top: Fields) -> tuple[NodeGroup, ...]:

@@ -9,7 +9,10 @@ by a stated goal.
 Keys are paths into the cluster spec (`checkpoints.interval`, `node_groups[0].count`,
 `node_groups[0].spares.hot`, `failures.gpu_failures_per_day`): each value is laid over the file
 and validated by the spec's own loader, so a bad value is refused with the spec's words. `policy`
-sweeps the policy itself (`policy=fifo,default,mine.yaml`).
+sweeps the policy itself (`policy=fifo,default,mine.yaml`); `policy.KEY` a value inside every
+policy file of the run (`policy.preemption.enabled=true,false`, `policy.ordering.mode=age,las`,
+`policy.fair_share.half_life=1d,7d`), laid over the file's mapping the same way and validated by
+the head's policy loader.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Axis:
     path: Path_
     texts: tuple[str, ...]
     values: tuple[Any, ...]
+    in_policy: bool = False  # `policy.KEY`: `path` is into the policy file, not the cluster spec
 
 
 def parse_axis(arg: str) -> Axis:
@@ -56,26 +60,24 @@ def parse_axis(arg: str) -> Axis:
     if key == "policy":
         return Axis(key, (), texts, texts)
     if key.startswith("policy."):
-        raise SimInputError(
-            f"--sweep {key}: values inside a policy file cannot be swept yet; write one file per "
-            "value and sweep them: --sweep policy=a.yaml,b.yaml"
-        )
+        path = _path(key.removeprefix("policy."), arg, "policy.preemption.enabled")
+        return Axis(key, path, texts, tuple(_value(t) for t in texts), in_policy=True)
     path = _path(key, arg)
     return Axis(key, path, texts, tuple(_value(t) for t in texts))
 
 
-def _path(key: str, arg: str) -> Path_:
+def _path(key: str, arg: str, example: str = "node_groups[0].count") -> Path_:
     parts: list[str | int] = []
     for piece in key.split("."):
         if not piece:
-            raise SimInputError(f"--sweep {arg!r}: {key!r} has an empty part; write e.g. node_groups[0].count")
+            raise SimInputError(f"--sweep {arg!r}: {key!r} has an empty part; write e.g. {example}")
         tokens = _KEY.findall(piece)
         if "".join(tokens) != piece:
-            raise SimInputError(f"--sweep {arg!r}: cannot read the key {key!r}; write e.g. node_groups[0].count")
+            raise SimInputError(f"--sweep {arg!r}: cannot read the key {key!r}; write e.g. {example}")
         for t in tokens:
             parts.append(int(t.strip("[]")) if t[0] == "[" or t.isdigit() else t)
     if isinstance(parts[0], int):
-        raise SimInputError(f"--sweep {arg!r}: a key starts with a name, e.g. checkpoints.interval")
+        raise SimInputError(f"--sweep {arg!r}: a key starts with a name, e.g. {example}")
     return tuple(parts)
 
 
@@ -95,6 +97,8 @@ class Point:
     settings: tuple[tuple[str, str], ...]
     spec: ClusterSpec
     policy: str | None
+    # `policy.KEY` values: (path into the policy file, value), laid over every policy file run here
+    policy_overrides: tuple[tuple[Path_, Any], ...] = ()
 
     @property
     def label(self) -> str:
@@ -110,14 +114,16 @@ def grid(cluster: Path, axes: list[Axis]) -> list[Point]:
         raise SimInputError(f"--sweep {dupes[0]}: swept twice; give all its values in one --sweep")
     points: list[Point] = []
     for combo in product(*[range(len(a.texts)) for a in axes]):
-        overrides = tuple((a.path, a.values[i]) for a, i in zip(axes, combo, strict=True) if a.key != "policy")
+        chosen = list(zip(axes, combo, strict=True))
+        overrides = tuple((a.path, a.values[i]) for a, i in chosen if a.key != "policy" and not a.in_policy)
+        in_policy = tuple((a.path, a.values[i]) for a, i in chosen if a.in_policy)
         settings = tuple((a.key, a.texts[i]) for a, i in zip(axes, combo, strict=True))
         policy = next((a.texts[i] for a, i in zip(axes, combo, strict=True) if a.key == "policy"), None)
         try:
             spec = load_cluster_spec(cluster, overrides)
         except SimInputError as e:
             raise SimInputError(f"{e} (with --sweep {', '.join(f'{k}={v}' for k, v in settings)})") from None
-        points.append(Point(settings, spec, policy))
+        points.append(Point(settings, spec, policy, in_policy))
     return points
 
 

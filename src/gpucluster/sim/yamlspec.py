@@ -9,6 +9,8 @@ into plain data plus a line for every key path.
 
 from __future__ import annotations
 
+import copy
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,3 +78,42 @@ def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> Any:
 
 def _scalar(node: yaml.Node) -> Any:
     return construct(node)
+
+
+def lay_over(data: Any, overrides: tuple[tuple[Path_, Any], ...], source: Path, prefix: str = "") -> dict[Any, Any]:
+    """A copy of the mapping `data` with each (key path, value) of `overrides` set: what
+    `--sweep KEY=...` lays over a cluster spec (or, `prefix` "policy.", a policy file) before the
+    file's own loader validates it. Missing mappings on the way are created (the loader then
+    refuses a key it does not know, naming it); a list item must exist. Errors name the swept key
+    as written (`prefix` + the path)."""
+    out: dict[Any, Any] = copy.deepcopy(data) if isinstance(data, dict) else {}
+    for path, value in overrides:
+        swept = prefix + dotted(path)
+        node: Any = out
+        for k, (part, nxt) in enumerate(itertools.pairwise(path)):
+            if isinstance(node, list) and not (isinstance(part, int) and part < len(node)):
+                raise SimInputError(
+                    f"--sweep {swept}: no such item: {dotted(path[:k]) or 'the file'} has {len(node)} "
+                    f"item(s) in {source}, numbered from 0"
+                )
+            child = node[part] if isinstance(node, list) and isinstance(part, int) else None
+            if isinstance(node, dict):
+                child = node.get(part)
+                if child is None:
+                    child = node[part] = [] if isinstance(nxt, int) else {}
+            if not isinstance(child, dict | list):
+                raise SimInputError(f"--sweep {swept}: {dotted(path[: k + 1])} is not a mapping or list in {source}")
+            node = child
+        last = path[-1]
+        if isinstance(node, list):
+            if not isinstance(last, int) or last >= len(node):
+                raise SimInputError(
+                    f"--sweep {swept}: no such item: {dotted(path[:-1])} has {len(node)} item(s) in "
+                    f"{source}, numbered from 0"
+                )
+            node[last] = value
+        elif isinstance(last, int):
+            raise SimInputError(f"--sweep {swept}: {dotted(path[:-1])} is not a list in {source}")
+        else:
+            node[last] = value
+    return out
