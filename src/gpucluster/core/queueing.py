@@ -38,6 +38,15 @@ def by_age(jobs: Iterable[JobRequest]) -> list[JobRequest]:
     return sorted(sorted(jobs, key=attrgetter("job_id")), key=attrgetter("submitted_at"))
 
 
+_job_id = attrgetter("job_id")
+
+
+def _by_rank(jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequest]:
+    """`jobs` (by age) stably sorted by rank, a job `ranks` does not name ranking 0."""
+    keys = list(map(ranks.get, map(_job_id, jobs), repeat(0.0)))
+    return [jobs[i] for i in sorted(range(len(jobs)), key=keys.__getitem__)]
+
+
 Sorted = tuple[list[JobRequest], list[JobRequest], dict[int, dict[str, list[JobRequest]]]]
 
 
@@ -136,7 +145,8 @@ class TeamQueues:
         borrower, so a guarantee is met in the cycle its demand appears (None: no quotas).
         `presorted`: what `sort_in_plain` would give for `queued`, from a `QueueIndex`.
         `ranks`: job id -> rank inside its team's line (core/attained.py), lower first, ties by
-        age; None (the default ordering): by age alone, and no per-job work here."""
+        age, a job it does not name ranking 0; None (the default ordering): by age alone, and no
+        per-job work here."""
         self.policy = policy
         self.usage = dict(usage)
         jobs = queued if isinstance(queued, (list, tuple)) else list(queued)
@@ -147,14 +157,18 @@ class TeamQueues:
         else:
             held, aged, buckets = sort_in(jobs, policy, now, guaranteed)
         self.held = held  # not to be considered yet (`not_before` in the future)
-        self._rank = ranks.__getitem__ if ranks else None
+        self._ranks = ranks or None
         if ranks:
             # Each team's line is by age; a stable sort by rank keeps age within a rank. The
-            # aged jobs stay by age: the starvation age goes before any ranking.
+            # aged jobs stay by age: the starvation age goes before any ranking. A line with
+            # no job `ranks` names (all of rank 0) is left as it is: sorting it changes nothing.
             # New lists: `presorted`'s belong to the caller's QueueIndex.
-            key = ranks.__getitem__
+            named = ranks.keys()
             buckets = {
-                level: {team: sorted(jobs, key=lambda j: key(j.job_id)) for team, jobs in per.items()}
+                level: {
+                    team: jobs if named.isdisjoint(map(_job_id, jobs)) else _by_rank(jobs, ranks)
+                    for team, jobs in per.items()
+                }
                 for level, per in buckets.items()
             }
         levels = {level: {team: deque(jobs) for team, jobs in per.items()} for level, per in buckets.items()}
@@ -181,7 +195,8 @@ class TeamQueues:
         ratio = self._ratios.get(team)
         if ratio is None:
             ratio = self._ratios[team] = self._ratio(team)
-        return (ratio, self._rank(head.job_id) if self._rank else 0.0, head.submitted_at, head.job_id, team)
+        ranks = self._ranks
+        return (ratio, ranks.get(head.job_id, 0.0) if ranks else 0.0, head.submitted_at, head.job_id, team)
 
     def _next_level(self) -> bool:
         while self._level + 1 < len(self._levels):

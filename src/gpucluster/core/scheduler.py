@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import gc
 import time as _time
+from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from functools import partial
-from operator import attrgetter, is_not
+from itertools import compress, repeat
+from operator import attrgetter, is_not, itemgetter, lt
 
 from gpucluster.core import attained
 from gpucluster.core.admission import admit, explain_drains
@@ -47,6 +49,14 @@ _BUSY = Wait(WaitReason.RESOURCES, "")
 # Likewise for a job whose GPUs are free but not its CPUs or host memory; the waits of such jobs.
 _HOST_BUSY = Wait(WaitReason.CPUS, "")
 _HOST_REASONS = (WaitReason.CPUS, WaitReason.MEMORY)
+# Not looked up yet (`_Cycle._standing`): no job's standing (queues count from 0).
+_UNSEEN: attained.Standing = (-1, 0.0)
+_CHECKPOINT, _SLICES, _FIRST, _SHARE = (
+    attrgetter("last_checkpoint_at"),
+    attrgetter("allocation.slices"),
+    itemgetter(0),
+    attrgetter("share"),
+)
 
 
 def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *, reasons: bool = True) -> Plan:
@@ -224,6 +234,10 @@ class _Cycle:
     # Rank only the running jobs of a class below the asker when it can take nothing else (see
     # `_victim_pool`). Off only in the tests that check it changes no plan.
     pool_by_class = True
+    # Under attained-service preemption, leave out of the victim pool the asker's class's jobs
+    # no asker may take, and work out each running job's standing once a cycle (see
+    # `_victim_pool`, `_candidates_for`). Off only in the tests that check it changes no plan.
+    las_pool_filter = True
 
     def __init__(
         self, snapshot: Snapshot, policy: Policy, now: float, reasons: bool = True, cap: Capacity | None = None
@@ -247,6 +261,8 @@ class _Cycle:
         self._stopping: list[RunningJob] | None = None  # see `_stopping_jobs`
         self._candidates: dict[str, list[RunningJob]] | None = None
         self._pool_below: int | None = None  # the pool holds only classes below this (None: all)
+        self._any_share_running: bool | None = None  # see `_shares_running`
+        self._pool_rank: float | None = None  # ... and of the class just below, LAS victims of this rank
         self._shared_pool: set[str] = set()  # models whose pool holds a job sharing a GPU
         self._preempted: set[int] = set()
         self._fits: dict[tuple[object, ...], list[str]] = {}
@@ -283,6 +299,8 @@ class _Cycle:
         self._ranks: dict[int, float] = {}
         ordering = policy.ordering
         self._las = policy.preemption.enabled and ordering.mode == "las" and ordering.preempt
+        # Running job id -> its `attained.standing` this cycle (see `_standing_of`).
+        self._standing: dict[int, attained.Standing | None] = {}
 
     def run(self) -> Plan:
         index = self.s.queue_index
@@ -354,7 +372,7 @@ class _Cycle:
                     kept_at = len(reservations) + len(preemptions)
                 if settle and self._settled():
                     break  # no job left in line can change the plan; only waits would follow
-            request = (job.demand, self._ranks[job.job_id]) if las else job.demand
+            request = (job.demand, self._ranks.get(job.job_id, 0.0)) if las else job.demand
             if keep and job.need in kept:
                 after.done(job, False)
                 continue
@@ -433,8 +451,8 @@ class _Cycle:
         if self._las:
             # A queued job may preempt one of its own class with more attained service: not
             # nothing only if some running job could be taken (O(running), not O(queue)).
-            ordering, attained_s, now = self.policy.ordering, self.s.attained, self.now
-            if any(attained.may_be_taken(v, ordering, attained_s, now) for v in self.s.running if not v.stopping):
+            ordering, standing_of = self.policy.ordering, self._standing_of
+            if any(attained.may_be_taken_standing(standing_of(v), ordering) for v in self.s.running if not v.stopping):
                 return False
         if not self.policy.priorities:
             return True
@@ -762,7 +780,8 @@ class _Cycle:
             return False
         by_class = self.pool_by_class and not (pre.reclaim_quota and self.quotas.has_quotas)
         # With attained-service preemption the asker's own class is in the pool too.
-        pool = self._victim_pool(int(job.priority) + int(self._las) if by_class else None)
+        rank = self._ranks.get(job.job_id, 0.0) if self._las else None
+        pool = self._victim_pool(int(job.priority) + int(self._las) if by_class else None, rank)
         for model in models:
             if model in self.reservations:
                 continue
@@ -817,9 +836,8 @@ class _Cycle:
                     if self.policy.priorities and v.priority < job.priority:
                         why = f"preempted by job {job.job_id} ({job.priority.label} priority)"
                     elif self._las_victim(job, v):
-                        why = (
-                            f"preempted by job {job.job_id} (less attained service: queue {self._ranks[job.job_id]:g})"
-                        )
+                        rank = self._ranks.get(job.job_id, 0.0)
+                        why = f"preempted by job {job.job_id} (less attained service: queue {rank:g})"
                     else:
                         why = f"preempted: team {job.team} reclaims its guaranteed {model} GPUs"
                     if shrunk:
@@ -904,7 +922,7 @@ class _Cycle:
         (`_victim_pool`, O(running) a cycle): on Philly, with one class and no quotas, always."""
         if self.policy.preemption.reclaim_quota and self.quotas.has_quotas:
             return True
-        if self._las and self._ranks[job.job_id] < len(self.policy.ordering.queues):
+        if self._las and self._ranks.get(job.job_id, 0.0) < len(self.policy.ordering.queues):
             return True  # it may have less attained service than a running job of its class
         return self.policy.priorities and self._lower_class_runs(job.priority)
 
@@ -929,6 +947,13 @@ class _Cycle:
         borrowing: dict[str, bool] = {}
         out: list[RunningJob] = []
         las = self._las
+        if las and self.las_pool_filter:
+            # `_las_victim` inline (one Python call fewer per job of the pool, every asker).
+            rank = self._ranks.get(job.job_id, 0.0)
+            allowance = self.policy.ordering.allowance(rank)
+            fair = self.policy.fair_share
+            mine = self._over_share(job.team) if fair else 0.0
+            standing, over = self._standing, self._over_share
         for v in pool:
             if v.job_id in preempted:
                 continue
@@ -936,9 +961,23 @@ class _Cycle:
                 by_class
                 and v.priority < priority
                 and (not serving or may_take(priority, v.last_checkpoint_at is not None))
-            ) or (las and v.priority == priority and self._las_victim(job, v)):
+            ):
                 out.append(v)
-            elif reclaim and v.team != team:
+                continue
+            if las and v.priority == priority:
+                if not self.las_pool_filter:
+                    taken = self._las_victim(job, v)
+                else:
+                    st = standing.get(v.job_id, _UNSEEN)
+                    if st is _UNSEEN:
+                        st = self._standing_of(v)
+                    taken = (
+                        st is not None and st[0] > rank and st[1] <= allowance and (not fair or over(v.team) >= mine)
+                    )
+                if taken:
+                    out.append(v)
+                    continue
+            if reclaim and v.team != team:
                 b = borrowing.get(v.team)
                 if b is None:
                     b = borrowing[v.team] = self.quotas.borrowing(v.team, model)
@@ -952,13 +991,28 @@ class _Cycle:
         the asker's allowance), and, with fair share, only from a team at least as far over
         its share as the asker's (LAS reorders work; it must not move GPUs to a team that has
         had more than its share from one that has had less)."""
-        if not (
-            self._las and attained.may_take(self._ranks[job.job_id], v, self.policy.ordering, self.s.attained, self.now)
-        ):
+        if not self._las:
+            return False
+        if not self.las_pool_filter:
+            may = attained.may_take(
+                self._ranks.get(job.job_id, 0.0), v, self.policy.ordering, self.s.attained, self.now
+            )
+            return may and (not self.policy.fair_share or self._over_share(v.team) >= self._over_share(job.team))
+        standing = self._standing_of(v)
+        if standing is None or not attained.takes(self._ranks.get(job.job_id, 0.0), standing, self.policy.ordering):
             return False
         return not self.policy.fair_share or self._over_share(v.team) >= self._over_share(job.team)
 
-    def _victim_pool(self, below: int | None) -> dict[str, list[RunningJob]]:
+    def _standing_of(self, v: RunningJob) -> attained.Standing | None:
+        """`attained.standing` of a running job, once per cycle: it depends on the job, the
+        snapshot's attained service and `now` alone, and every asker of the cycle reads it."""
+        standing = self._standing
+        if v.job_id in standing:
+            return standing[v.job_id]
+        got = standing[v.job_id] = attained.standing(v, self.policy.ordering, self.s.attained, self.now)
+        return got
+
+    def _victim_pool(self, below: int | None, rank: float | None = None) -> dict[str, list[RunningJob]]:
         """Preemptible running jobs by GPU model, ranked by `_victim_cost`, built once per cycle.
 
         It looks at every running job (60,000 at scale), so the loop reads each job's fields
@@ -973,23 +1027,65 @@ class _Cycle:
         class, in pool order; a ranking of a subset keeps the subset's order in the full
         ranking (the same keys, stable sorts), so the candidates are the same. A later asker
         of a higher class than the pool was built for rebuilds it (None: every class).
+
+        `rank`: the asker's attained-service rank, under LAS preemption. With a class bound the
+        asker's own class is in the pool for LAS alone (`_candidates_for`), so of that class
+        only the jobs an asker of this rank may take (`attained.takes`; fair share is left to
+        `_candidates_for`) are kept, and each one's standing is worked out here, inline, once
+        a cycle (`_standing`). Exact by the same subset argument: an asker of a lower class
+        takes no job of this class, one of the same class and another rank rebuilds the pool.
+        Every running job of the class is still looked at for a shared GPU (`_shared_pool`).
+        Why: most running jobs are of the asker's class and are no LAS victim of it (a
+        checkpoint too long ago for its allowance, no checkpoint yet, their slice not had), and
+        ranking them, then asking each per asker, was most of a `las` cycle on Philly.
         """
         built = self._pool_below
-        if self._candidates is not None and (built is None or (below is not None and below <= built)):
+        if self._candidates is not None and (
+            built is None or (below is not None and (below < built or (below == built and rank == self._pool_rank)))
+        ):
             return self._candidates
-        self._pool_below = below
+        self._pool_below, self._pool_rank = below, rank
         pre = self.policy.preemption
         protected, min_runtime, now, gpus = pre.protected_classes, pre.min_runtime_s, self.now, self.cap.gpus
+        own = below - 1 if self._las and self.las_pool_filter and below is not None and rank is not None else None
+        ordering, attained_s, cache = self.policy.ordering, self.s.attained, self._standing
+        queues, min_slice, restart = ordering.queues, ordering.min_slice_s, ordering.restart_cost_s
+        asked = rank if rank is not None else 0.0
+        allowance = ordering.allowance(asked)
         over: dict[str, float] = {}
         shared = self._shared_pool = set()
         # model -> (jobs, then the columns of `_victim_cost`: class, -over share, work lost, -start)
         pools: dict[str, tuple[list[RunningJob], list[int], list[float], list[float], list[float]]] = {}
-        for j in self.s.running:
+        running: Iterable[RunningJob] = self.s.running
+        if own is not None and not self._lower_class_runs(own) and not self._shares_running():
+            # Every job the pool could hold is of the asker's class, and none shares a GPU: a
+            # job that has not checkpointed is no LAS victim and adds nothing to `_shared_pool`,
+            # so those are left out at C speed, before the loop.
+            running = compress(running, map(is_not, map(_CHECKPOINT, running), repeat(None)))
+        for j in running:
             if j.stopping or j.priority in protected or not now - j.started_at >= min_runtime:
                 continue
             if below is not None and j.priority >= below:
                 continue
             first = j.allocation.slices[0]
+            if own is not None and j.priority == own:
+                # `attained.standing` and `attained.takes`, inline (the same float operations).
+                checkpoint = j.last_checkpoint_at
+                if checkpoint is None or now - j.started_at < min_slice:
+                    st = None
+                else:
+                    st = cache.get(j.job_id, _UNSEEN)
+                    if st is _UNSEEN:
+                        slices = j.allocation.slices
+                        n = len(slices[0].gpu_indices) * first.share if len(slices) == 1 else j.allocation.gpu_count
+                        q = bisect_right(queues, attained_s.get(j.job_id, 0.0) + n * max(0.0, now - j.started_at))
+                        st = cache[j.job_id] = (q, n * (now - checkpoint + restart))
+                if st is None or not (st[0] > asked and st[1] <= allowance):
+                    if first.share < 1:
+                        gpu = gpus.get((first.node, first.gpu_indices[0]))
+                        if gpu is not None:
+                            shared.add(gpu.model)
+                    continue
             gpu = gpus.get((first.node, first.gpu_indices[0]))
             if gpu is None:
                 continue
@@ -1015,6 +1111,13 @@ class _Cycle:
             order.sort(key=classes.__getitem__)
             self._candidates[model] = [jobs[i] for i in order]
         return self._candidates
+
+    def _shares_running(self) -> bool:
+        """Whether a running job's first slice is a share of a GPU (C speed, once a cycle)."""
+        if self._any_share_running is None:
+            firsts = map(_FIRST, map(_SLICES, self.s.running))
+            self._any_share_running = any(map(lt, map(_SHARE, firsts), repeat(1)))
+        return self._any_share_running
 
     def _victim_cost(self, v: RunningJob) -> CostKey:
         lost = self.now - (v.last_checkpoint_at if v.last_checkpoint_at is not None else v.started_at)
