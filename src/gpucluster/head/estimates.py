@@ -64,6 +64,7 @@ class EstimateRefresher:
         self._at: float | None = None
         self._changed = False  # something changed since the last replay
         self.last_cost_s = 0.0  # how long the last replay took
+        self.last_cpu_s = 0.0  # the loop thread's CPU seconds in it: what the throttle bounds
         # Replays so far, and the loop thread's CPU seconds in `waits` (the replays, and each
         # plan's merge of the last replay into its waits), for /metrics: the estimates' share of
         # the head's CPU (bench/bench_estimate_refresh.py).
@@ -73,6 +74,19 @@ class EstimateRefresher:
         self._last: dict[int, Wait] = {}
         self._not_before: dict[float, str] = {}  # lower bound -> its sentence, formatted once
 
+    def _every(self) -> float:
+        """How long after the last replay the next one is due."""
+        # At scale the replay is not free (~1 s at 10,000 nodes and 60,000 running jobs on a
+        # loaded 2-core machine): never spend more than a tenth of a core on it. Its CPU time,
+        # not its wall time: on a loaded machine the wall time was twice the CPU time, and the
+        # throttle put a change's replay 7 s after it (bench/bench_estimate_refresh.py).
+        return max(self.min_gap_s if self._changed else self.every_s, 10 * self.last_cpu_s)
+
+    def pending(self, now: float) -> bool:
+        """A change waits for its replay, which is due: the loop plans now, not at its next
+        periodic plan (up to a second later), so that the replay runs."""
+        return self._changed and (self._at is None or now - self._at >= self._every() or now < self._at)
+
     def forget(self) -> None:
         """A queued job changed (`gpucluster update`): replay at the next cycle, not in `every_s`."""
         self._at = None
@@ -81,19 +95,16 @@ class EstimateRefresher:
         """`plan.waiting` in the same (scheduling) order, each with its estimated start.
         `changed`: the plan was made for a change (a submit, a cancel, a job's end), not only
         because time passed; the estimates are replayed for it within `min_gap_s`."""
-        # At scale the replay is not free (~1 s at 10,000 nodes and 60,000 running jobs on a
-        # loaded 2-core machine): never spend more than a tenth of the time on it.
         cpu = time.thread_time()
-        floor = 10 * self.last_cost_s
         self._changed = self._changed or changed
-        every = max(self.min_gap_s if self._changed else self.every_s, floor)
+        every = self._every()
         for st in plan.starts:
             first = self._first.pop(st.job_id, None)
             if first is not None:
                 self.calibration.observe(first[0], first[1], now)
         due = self._at is None or now - self._at >= every or now < self._at
         if due and plan.waiting:
-            started = time.perf_counter()
+            started, replay_cpu = time.perf_counter(), time.thread_time()
             if self.latency is not None:
                 self.last_latency = self.latency()
             runs = self.runs(snap, policy, now) if self.runs is not None else None
@@ -108,6 +119,7 @@ class EstimateRefresher:
                     if interval is not None:
                         self.intervals[job_id] = interval
             self.last_cost_s = time.perf_counter() - started
+            self.last_cpu_s = time.thread_time() - replay_cpu
             self.refreshes += 1
             self._at = now
             self._changed = False

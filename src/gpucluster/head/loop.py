@@ -555,7 +555,8 @@ class Head:
         # instant, not at the next periodic replan.
         released = self._next_release is not None and now >= self._next_release
         changed = queue_changed or self._capacity_changed or released
-        if not (changed or due):
+        # A change whose estimates the replay's throttle held back: plan once it allows them.
+        if not (changed or due or self.estimates.pending(now)):
             return  # nothing a new plan could differ on
         self._capacity_changed = False
         self._last_plan_at = now
