@@ -35,18 +35,38 @@ def test_the_third_in_line_has_an_estimate_in_the_queue(cluster: Cluster) -> Non
     assert cluster.state(big).value == "running"
 
 
-def test_estimates_refresh_at_most_every_few_seconds(cluster: Cluster) -> None:
-    cluster.head.estimates = EstimateRefresher(every_s=5.0)
+def test_estimates_refresh_soon_after_a_change_and_every_few_seconds_without(cluster: Cluster) -> None:
+    cluster.head.estimates = EstimateRefresher(every_s=5.0, min_gap_s=1.0)
     cluster.submit(gpus=8, time_limit="10m")
     cluster.tick_at(T0)
     first = cluster.submit(gpus=8, time_limit="10m")
     cluster.tick_at(T0 + 1)
-    late = cluster.submit(gpus=8, time_limit="10m")
-    cluster.tick_at(T0 + 2)  # planned, but the estimates are 1 s old: not replayed yet
     assert cluster.record(first).estimated_start == T0 + 600
+    assert cluster.head.estimates.refreshes == 1  # counted for /metrics, with their CPU time
+    late = cluster.submit(gpus=8, time_limit="10m")
+    cluster.tick_at(T0 + 1.5)  # planned for the submit, but the last replay is 0.5 s old
     assert cluster.record(late).estimated_start is None
-    cluster.tick_at(T0 + 7)
+    cluster.tick_at(T0 + 2.1)  # before the next periodic plan (T0 + 2.5): planned for the held-back replay
     assert cluster.record(late).estimated_start == T0 + 1200
+    cluster.tick_at(T0 + 3.7)  # planned again, nothing changed: no replay before every_s
+    cluster.tick_at(T0 + 6.5)
+    assert cluster.head.estimates.refreshes == 2
+    cluster.tick_at(T0 + 7.7)
+    assert cluster.head.estimates.refreshes == 3 and cluster.head.estimates.cpu_s > 0
+
+
+def test_a_cancelled_job_moves_the_jobs_behind_it_up_at_the_next_plan(cluster: Cluster) -> None:
+    """A queued job's cancel is a change the loop plans for (the queue cache says so), and the
+    estimates are replayed for it; it used to wait for the periodic replay, up to 5 s."""
+    cluster.head.estimates = EstimateRefresher(every_s=5.0, min_gap_s=1.0)
+    cluster.submit(gpus=8, time_limit="10m")
+    cluster.tick_at(T0)
+    first, second = (cluster.submit(gpus=8, time_limit="10m") for _ in range(2))
+    cluster.tick_at(T0 + 1)
+    assert cluster.record(second).estimated_start == T0 + 1200
+    cluster.service.cancel(first)
+    cluster.tick_at(T0 + 2.1)
+    assert cluster.record(second).estimated_start == T0 + 600
 
 
 def test_past_the_estimated_part_the_reason_says_not_before(cluster: Cluster) -> None:

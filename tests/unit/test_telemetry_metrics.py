@@ -49,6 +49,8 @@ def test_metrics_parse_with_the_expected_series_and_cover_the_dashboard(tmp_path
     assert [(s.labels["team"], s.labels["priority"], s.value) for s in waits] == [("default", "high", 1)]
     cycles = next(s for s in families["gpucluster_scheduling_cycle_seconds"].samples if s.name.endswith("_count"))
     assert cycles.value == 2  # one step: two head cycles
+    assert value("gpucluster_estimate_refreshes") >= 1  # the vision job waits: estimated
+    assert value("gpucluster_estimate_refresh_cpu_seconds") > 0
 
     exposed = set(families)
     used = set(re.findall(r"gpucluster_[a-z_]+", " ".join(_exprs(json.loads(DASHBOARD.read_text())))))

@@ -554,7 +554,9 @@ class Head:
         # A backoff that ends is an event, as in the simulator: the job may start at that very
         # instant, not at the next periodic replan.
         released = self._next_release is not None and now >= self._next_release
-        if not (queue_changed or self._capacity_changed or due or released):
+        changed = queue_changed or self._capacity_changed or released
+        # A change whose estimates the replay's throttle held back: plan once it allows them.
+        if not (changed or due or self.estimates.pending(now)):
             return  # nothing a new plan could differ on
         self._capacity_changed = False
         self._last_plan_at = now
@@ -591,7 +593,8 @@ class Head:
         if plan.starts:
             self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
         self.queue_order = list(plan.waiting)
-        waiting = self.estimates.waits(snap, self.planning_policy, now, plan)  # every job's estimated start
+        # every job's estimated start, replayed soon after a change (head/estimates.py)
+        waiting = self.estimates.waits(snap, self.planning_policy, now, plan, changed=changed)
         self._record_waits({**waiting, **self.gates.waits, **self.limit_waits})
 
     def _record_waits(self, waiting: dict[int, Wait]) -> None:

@@ -24,6 +24,7 @@ class QueueCache:
         self._last_full: float | None = None
         self._lock = threading.Lock()
         self._removed_since_load: set[int] = set()
+        self._left = False  # a job left the queue other than by the loop's own start
 
     def refresh(self, now: float) -> bool:
         """Bring the cache up to date with the store; True if the queue changed."""
@@ -42,6 +43,7 @@ class QueueCache:
                 self._jobs.update(fresh)
             if rows:
                 self._max_id = max(self._max_id, max(r.job_id for r in rows))
+            changed, self._left = changed or self._left, False
         return changed
 
     def remove(self, job_id: int) -> JobRequest | None:
@@ -50,6 +52,16 @@ class QueueCache:
         with self._lock:
             self._removed_since_load.add(job_id)
             return self._jobs.pop(job_id, None)
+
+    def cancelled(self, job_id: int) -> None:
+        """The job left the queue other than by the loop's start (a cancel): `remove`, and the
+        next refresh says the queue changed, so the jobs behind it are planned, and their
+        estimates replayed, soon (head/estimates.py). A start needs neither: the plan that
+        started the job planned without it."""
+        with self._lock:
+            self._removed_since_load.add(job_id)
+            self._jobs.pop(job_id, None)
+            self._left = True
 
     def invalidate(self) -> None:
         """Something re-entered the queue out of id order (a requeue): reload it all next time."""

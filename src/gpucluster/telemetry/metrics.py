@@ -22,6 +22,8 @@ Series (deploy/grafana/gpucluster.json is built on these names):
   gpucluster_scheduling_cycle_seconds                   histogram: one head cycle
   gpucluster_scheduler_decide_seconds                   the last plan's decide() time
   gpucluster_scheduling_cycles_total
+  gpucluster_estimate_refreshes_total                   replays estimating every queued job's start
+  gpucluster_estimate_refresh_cpu_seconds_total         the loop thread's CPU time in start estimates
   gpucluster_team_fair_share_usage_gpu_hours{team}      decayed usage the fair share orders by (*)
   gpucluster_job_metric{job,team,name}                  a running job's newest reported metric (*)
   gpucluster_telemetry_step_seconds                     the last telemetry round
@@ -168,6 +170,14 @@ class ClusterCollector(Collector):
         cycles = CounterMetricFamily("gpucluster_scheduling_cycles", "Head cycles run")
         cycles.add_metric([], head.cycles)
         yield cycles
+        refreshes = CounterMetricFamily("gpucluster_estimate_refreshes", "Replays estimating every queued job's start")
+        refreshes.add_metric([], head.estimates.refreshes)
+        yield refreshes
+        refresh_cpu = CounterMetricFamily(
+            "gpucluster_estimate_refresh_cpu_seconds", "The loop thread's CPU time in start estimates (replays, merges)"
+        )
+        refresh_cpu.add_metric([], head.estimates.cpu_s)
+        yield refresh_cpu
         step = GaugeMetricFamily("gpucluster_telemetry_step_seconds", "The last telemetry round's duration")
         monitor = self.service.telemetry
         step.add_metric([], monitor.last_step_s if monitor is not None else 0.0)
