@@ -6,7 +6,8 @@ for CPUs and host memory too, the head-of-line job possibly short of them alone)
 job really running some time up to its limit and predictions that may be wildly wrong (far
 shorter than the real run), cycles of `decide` with the prediction-based estimates computed each
 cycle (as the head does) never start the head-of-line job later than the reservation it was
-first given from time limits; and the estimates never change a plan."""
+first given from time limits; and the estimates never change a plan. With `gang` there are two
+nodes and the head-of-line job is a `--nodes 2` gang, needing its GPUs on each of them."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ GPUS = 8
 
 CPUS, MEM = 16.0, 64 * 1024  # the node's host resources, when a scenario accounts them
 
-Case = tuple[list[RunningJob], list[JobRequest], dict[int, float], dict[int, float], bool]
+Case = tuple[list[RunningJob], list[JobRequest], dict[int, float], dict[int, float], bool, bool]
 
 
 @st.composite
@@ -36,33 +37,45 @@ def scenario(draw: st.DrawFn) -> Case:
     """Running jobs filling some of one 8-GPU node, a head-of-line job that cannot start now,
     and small jobs behind it; each job's real run time (<= its limit) and its prediction.
     With `host` the node has 16 CPUs and 64 GiB that jobs ask for too, and the head-of-line
-    job may be short of CPUs or memory alone (its GPUs free): the same guarantee holds."""
+    job may be short of CPUs or memory alone (its GPUs free): the same guarantee holds. With
+    `gang`, node h2 is filled the same way and the head-of-line job asks for `per` GPUs on each
+    of both nodes, more than one of them has free (short of GPUs only)."""
     host = draw(st.booleans())
+    gang = draw(st.booleans())
     actual: dict[int, float] = {}
     predicted: dict[int, float] = {}
     held: list[RunningJob] = []
-    gpu = 0
     job_id = 1
-    cpus_used, mem_used = 0.0, 0
-    while gpu < GPUS and (gpu < 2 or draw(st.booleans())):
-        n = draw(st.integers(1, min(4, GPUS - gpu)))
-        limit = float(draw(st.integers(10, 200)))
-        r = running(job_id, "h1", *range(gpu, gpu + n), limit=limit, started_at=0.0)
+    frees: list[int] = []
+    for name in ("h1", "h2") if gang else ("h1",):
+        gpu = 0
+        cpus_used, mem_used = 0.0, 0
+        while gpu < GPUS and (gpu < 2 or draw(st.booleans())):
+            n = draw(st.integers(1, min(4, GPUS - gpu)))
+            limit = float(draw(st.integers(10, 200)))
+            r = running(job_id, name, *range(gpu, gpu + n), limit=limit, started_at=0.0)
+            if host:
+                c = draw(st.sampled_from([0.0, 2.0, 4.0, 6.0]))
+                m = draw(st.sampled_from([0, 8192, 16384]))
+                c, m = min(c, CPUS - cpus_used), min(m, MEM - mem_used)
+                cpus_used, mem_used = cpus_used + c, mem_used + m
+                slices = tuple(replace(sl, cpus=c, host_memory_mb=m) for sl in r.allocation.slices)
+                r = replace(r, allocation=replace(r.allocation, slices=slices))
+            held.append(r)
+            actual[job_id] = draw(st.floats(1.0, limit))
+            predicted[job_id] = draw(st.floats(0.0, limit))
+            gpu += n
+            job_id += 1
+        frees.append(GPUS - gpu)
+    free = min(frees)
+    if gang:
+        per = draw(st.integers(free + 1, GPUS))
+        first = job(job_id).gpus(2 * per).nodes(2).limit(100.0).at(0.0)
         if host:
-            c = draw(st.sampled_from([0.0, 2.0, 4.0, 6.0]))
-            m = draw(st.sampled_from([0, 8192, 16384]))
-            c, m = min(c, CPUS - cpus_used), min(m, MEM - mem_used)
-            cpus_used, mem_used = cpus_used + c, mem_used + m
-            slices = tuple(replace(sl, cpus=c, host_memory_mb=m) for sl in r.allocation.slices)
-            r = replace(r, allocation=replace(r.allocation, slices=slices))
-        held.append(r)
-        actual[job_id] = draw(st.floats(1.0, limit))
-        predicted[job_id] = draw(st.floats(0.0, limit))
-        gpu += n
-        job_id += 1
-    free = GPUS - gpu
-    first = job(job_id).gpus(draw(st.integers(free + 1, GPUS))).limit(100.0).at(0.0)
-    if host:
+            first.host(cpus=draw(st.sampled_from([0.0, 2.0, 8.0])))
+    else:
+        first = job(job_id).gpus(draw(st.integers(free + 1, GPUS))).limit(100.0).at(0.0)
+    if host and not gang:
         short = draw(st.sampled_from(["gpus", "cpus", "memory"] if free else ["gpus"]))
         if short == "cpus" and cpus_used > 0:
             first.gpus(draw(st.integers(1, free))).host(cpus=draw(st.floats(CPUS - cpus_used + 0.5, CPUS)))
@@ -81,15 +94,18 @@ def scenario(draw: st.DrawFn) -> Case:
         queue.append(later.build())
         actual[job_id] = draw(st.floats(1.0, limit))
         predicted[job_id] = draw(st.floats(0.0, limit))
-    return held, queue, actual, predicted, host
+    return held, queue, actual, predicted, host, gang
 
 
 @settings(max_examples=150, deadline=None)
 @given(scenario())
 def test_backfill_with_predictions_never_delays_the_reserved_job(case: Case) -> None:
-    held, queue, actual, predicted, host = case
+    held, queue, actual, predicted, host, gang = case
     head = queue[0].job_id
-    nodes = (node("h1").gpus(GPUS).host(cpus=CPUS, memory_mb=MEM).build() if host else node("h1").gpus(GPUS).build(),)
+    nodes = tuple(
+        node(name).gpus(GPUS).host(cpus=CPUS, memory_mb=MEM).build() if host else node(name).gpus(GPUS).build()
+        for name in (("h1", "h2") if gang else ("h1",))
+    )
     now = 0.0
     reserved: float | None = None
     started_at: dict[int, float] = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpucluster.core.capacity_index import CapacityIndex
@@ -209,17 +209,29 @@ def test_placement_never_overcommits_cpus_or_memory(scenario: tuple[Snapshot, Po
     assert set(plan.waiting) | {s.job_id for s in plan.starts} == {j.job_id for j in snap.queued}
 
 
+# The `--nodes` case found: 4 GPUs on 2 nodes of 2, 5 and 1 GPUs; job 1 takes n0 and 2 of n1 for an
+# hour, so job 2 has 2 on each of two nodes only when job 1 ends, not when job 1000 does.
+_GANG = _snap(
+    [
+        node("n0").gpus(2).build(),
+        *(node(n).gpus(k).host(cpus=2, memory_mb=1024).build() for n, k in (("n1", 5), ("n2", 1))),
+    ],
+    [RunningJob(1000, Allocation((NodeSlice("n1", (0,)),)), priority=Priority.LOW, started_at=0.0)],
+    [job(j).gpus(4).nodes(2).priority("low").build() for j in (1, 2)],
+)
+
+
 @PROPS
 @given(host_scenarios())
+@example((_GANG, Policy()))
 def test_backfill_never_takes_what_a_reservation_holds(scenario: tuple[Snapshot, Policy]) -> None:
-    """A job asking for CPUs or memory, first in line with a reservation (waiting for GPUs, CPUs
-    or memory), can start at its reserved time: with every job running then (those this plan
-    starts included) holding its GPUs, CPUs and memory until its own time limit, it is placed.
-    So what backfill started in front of it never delays it.
-
-    Only jobs asking for CPUs or memory (`reserve_host`): a GPU-only `--nodes` reservation
-    counts the model's GPUs in all, not per node (found here: 4 GPUs on 2 nodes of 3 and 2 GPUs
-    were reserved while a half-GPU job held one of the 2 past the shadow time)."""
+    """A job first in line with a reservation (waiting for GPUs, CPUs or memory), asking for
+    CPUs or memory (`reserve_host`) or not (`reserve`), can start at its reserved time: with
+    every job running then (those this plan starts included) holding its GPUs, CPUs and memory
+    until its own time limit, it is placed. So what backfill started in front of it never
+    delays it. (A GPU-only `--nodes` reservation once counted the model's GPUs in all, not per
+    node: found here, 4 GPUs on 2 nodes of 3 and 2 GPUs reserved while a half-GPU job held one
+    of the 2 past the shadow time.)"""
     snap, policy = scenario
     plan = decide(snap, policy, NOW)
     _check_reservations_hold(snap, policy, plan)
@@ -240,7 +252,7 @@ def _check_reservations_hold(snap: Snapshot, policy: Policy, plan: Plan) -> None
         limit = requests[s.job_id].time_limit_s or default
         held.append((RunningJob(s.job_id, s.allocation, started_at=NOW), NOW + limit))
     for job_id, wait in plan.waiting.items():
-        if wait.reason is not WaitReason.RESERVED or not requests[job_id].host:
+        if wait.reason is not WaitReason.RESERVED:
             continue
         assert wait.estimated_start is not None
         at = wait.estimated_start

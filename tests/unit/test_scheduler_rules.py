@@ -17,7 +17,7 @@ from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Plan
+from gpucluster.core.types import Plan, RunningJob
 
 from .builders import (
     H100_MB,
@@ -1369,3 +1369,29 @@ def test_default_policy_is_one_team_preemption_on_30s_grace() -> None:
     for base in (fifo_policy(), priority_policy()):
         assert not base.preemption.enabled and not base.backfill and not base.fair_share
     assert not fifo_policy().priorities and priority_policy().priorities
+
+
+def test_a_gang_reservation_waits_for_its_gpus_on_each_of_its_nodes() -> None:
+    """`--nodes 2` of 4 GPUs: 2 GPUs on each of 2 nodes. Each node has 1 of its 2 GPUs free; n1's
+    other GPU is back at 1100, n2's at 5000, n3's at 6000. The GPUs come back 4 in all at 1100,
+    but 2 on two nodes only at 5000 (n1 and n2): that is its reservation, held on n1 and n2
+    alone, so a long job starts on n3 and, at 5000, the gang still starts."""
+    nodes = [node(n).gpus(2) for n in ("n1", "n2", "n3")]
+    busy = [
+        running(100, "n1", 0, limit=NOW + 100, priority="high"),
+        running(101, "n2", 0, limit=5000, priority="high"),
+        running(102, "n3", 0, limit=6000, priority="high"),
+    ]
+    gang = job(1).gpus(4).nodes(2).build()
+    long = job(2).limit(20_000).build()
+    plan = decide(snapshot(nodes=nodes, running=busy, queued=[gang, long]), now=NOW)
+    wait = plan.waiting[1]
+    assert wait.reason is R.RESERVED and "on n1, n2 are held" in wait.message, wait
+    assert wait.estimated_start == 5000.0
+    assert [(s.job_id, s.allocation.slices[0].node) for s in plan.starts] == [(2, "n3")]
+    # At its reserved time, with every job still within its limit running, the gang starts.
+    at = wait.estimated_start
+    still = [r for r in busy if r.started_at + (r.time_limit_s or 0) > at]
+    still += [RunningJob(s.job_id, s.allocation, started_at=NOW, time_limit_s=long.time_limit_s) for s in plan.starts]
+    later = decide(snapshot(nodes=nodes, running=still, queued=[gang]), now=at)
+    assert [s.job_id for s in later.starts] == [1], later

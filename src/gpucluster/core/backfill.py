@@ -12,6 +12,9 @@ so a cycle that needs a reservation only adds its own starts, the stopping jobs 
 sharing a GPU. A reservation reads ends in time order and only until enough GPUs come back,
 so with the book it no longer costs O(running jobs) a cycle.
 
+A gang (`--nodes M`: gpus/M GPUs on each of exactly M nodes) is reserved per node, not from the
+model's GPUs in all (`_reserve_gang`): the M nodes where gpus/M GPUs are back first, held alone.
+
 A job asking for CPU cores or host memory (`JobRequest.host`) on nodes that account them is
 reserved by `reserve_host`: a node serves it once its GPUs *and* its part of the CPUs and
 memory are back, each counted up from the ends of the jobs holding them (`EndBook.host_on_node`
@@ -25,7 +28,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from heapq import merge
+from heapq import merge, nsmallest
 
 from gpucluster.core.placement import EPS, Capacity
 from gpucluster.core.types import Allocation, Gpu, JobRequest, RunningJob
@@ -240,9 +243,11 @@ def reserve(
     n = int(job.gpus)
     if job.selection is not None and job.selection.exclusive:
         return _reserve_exclusive(job, model, cap, ends, now, allowed)
-    if allowed is not None and (job.nodes or n > cap.node_size[model]):
+    if job.nodes:
+        return _reserve_gang(job, job.nodes, model, cap, ends, now, allowed)
+    if allowed is not None and n > cap.node_size[model]:
         return _reserve_across(job, model, cap, ends, now, allowed)
-    if job.nodes or n > cap.node_size[model]:
+    if n > cap.node_size[model]:
         free = cap.free_count(model)
         for item in ends.for_model(model):
             free += item[1]
@@ -273,6 +278,50 @@ def reserve(
     if best is None:
         return None
     return Reservation(job.job_id, model, best[0], frozenset({best[1]}))
+
+
+def _reserve_gang(
+    job: JobRequest,
+    count: int,
+    model: str,
+    cap: Capacity,
+    ends: EndTimes,
+    now: float,
+    allowed: frozenset[str] | None,
+) -> Reservation | None:
+    """`reserve` of a gang (`--nodes M`: gpus/M GPUs on each of exactly M nodes): each node it
+    may use that has `per` GPUs of the model is ready once `per` of them are free (its own ends,
+    read until then); the job takes the M nodes ready first and starts when the last of them is
+    ready. The reservation holds those M nodes alone: a job passing it keeps off them or ends
+    first, and nothing else can push their times later. The model's GPUs in all would not do:
+    they may be back on too few nodes, or fewer than `per` on some (4 back over 3 nodes with 1
+    each is not 2 on each of 2). O(nodes of the model) a reservation, like a one-node job's."""
+    per = int(job.gpus) // count
+    free_on = cap.free[model]
+    sizes = cap.node_model_count
+    extra = ends.by_node
+    base = ends.book.on_node if ends.book is not None else {}
+    ready: list[tuple[float, str]] = []
+    for nd in cap.model_nodes(model):
+        if allowed is not None and nd not in allowed:
+            continue
+        if sizes.get((nd, model), 0) < per:
+            continue
+        free = len(free_on.get(nd, ()))
+        if free >= per:
+            ready.append((now, nd))  # kept off it now (a quota, say): it is held from now
+            continue
+        key = (model, nd)
+        items = _in_order(base.get(key), extra.get(key)) if key in extra else base.get(key, ())
+        for item in items:
+            free += item[1]
+            if free >= per:
+                ready.append((item[0] if item[0] > now else now, nd))
+                break
+    if len(ready) < count:
+        return None
+    picked = nsmallest(count, ready)
+    return Reservation(job.job_id, model, picked[-1][0], frozenset(nd for _, nd in picked))
 
 
 def _reserve_across(
