@@ -134,6 +134,7 @@ def attach(ws: Any, stdin: int = 0, stdout: int = 1) -> int:
     # interrupt a send of keys in this same thread, inside the WebSocket's lock.
     winch_r, winch_w = os.pipe()
     os.set_blocking(winch_w, False)
+    os.set_blocking(winch_r, False)
 
     def resized(*_: object) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -154,12 +155,15 @@ def attach(ws: Any, stdin: int = 0, stdout: int = 1) -> int:
                 continue
             if wake_r in ready:
                 break
-            if winch_r in ready:
-                os.read(winch_r, 4096)
+            # A resize goes before keys typed after it. Not `winch_r in ready`: the kernel may
+            # give SIGWINCH to the receiver thread, which does not interrupt this select; its
+            # handler then runs here, after select returned for the keys alone.
+            if _drained(winch_r):
                 try:
                     ws.send(frame(RESIZE, resize_payload(*terminal_size())))
                 except Exception:
                     break
+            if stdin not in ready:
                 continue
             data = os.read(stdin, 4096)
             if not data:
@@ -185,6 +189,14 @@ def attach(ws: Any, stdin: int = 0, stdout: int = 1) -> int:
         for fd in (wake_r, wake_w, winch_r, winch_w):
             os.close(fd)
     return result[0] if result else LOST
+
+
+def _drained(fd: int) -> bool:
+    """Whether the non-blocking pipe `fd` had bytes (read them all)."""
+    try:
+        return bool(os.read(fd, 4096))
+    except BlockingIOError:
+        return False
 
 
 def _write_all(fd: int, data: bytes) -> None:
