@@ -13,7 +13,7 @@ sharing a GPU. A reservation reads ends in time order and only until enough GPUs
 so with the book it no longer costs O(running jobs) a cycle.
 
 A gang (`--nodes M`: gpus/M GPUs on each of exactly M nodes) is reserved per node, not from the
-model's GPUs in all (`_reserve_gang`): the M nodes where gpus/M GPUs are back first, held alone.
+model's GPUs in all (`_over_nodes`): the M nodes where gpus/M GPUs are back first, held alone.
 
 A job asking for CPU cores or host memory (`JobRequest.host`) on nodes that account them is
 reserved by `reserve_host`: a node serves it once its GPUs *and* its part of the CPUs and
@@ -28,7 +28,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from heapq import merge, nsmallest
+from heapq import merge
 
 from gpucluster.core.placement import EPS, Capacity
 from gpucluster.core.types import Allocation, Gpu, JobRequest, RunningJob
@@ -244,7 +244,7 @@ def reserve(
     if job.selection is not None and job.selection.exclusive:
         return _reserve_exclusive(job, model, cap, ends, now, allowed)
     if job.nodes:
-        return _reserve_gang(job, job.nodes, model, cap, ends, now, allowed)
+        return _over_nodes(job, model, cap, ends, now, _usable(cap, model, allowed), exclusive=False)
     if allowed is not None and n > cap.node_size[model]:
         return _reserve_across(job, model, cap, ends, now, allowed)
     if n > cap.node_size[model]:
@@ -278,50 +278,6 @@ def reserve(
     if best is None:
         return None
     return Reservation(job.job_id, model, best[0], frozenset({best[1]}))
-
-
-def _reserve_gang(
-    job: JobRequest,
-    count: int,
-    model: str,
-    cap: Capacity,
-    ends: EndTimes,
-    now: float,
-    allowed: frozenset[str] | None,
-) -> Reservation | None:
-    """`reserve` of a gang (`--nodes M`: gpus/M GPUs on each of exactly M nodes): each node it
-    may use that has `per` GPUs of the model is ready once `per` of them are free (its own ends,
-    read until then); the job takes the M nodes ready first and starts when the last of them is
-    ready. The reservation holds those M nodes alone: a job passing it keeps off them or ends
-    first, and nothing else can push their times later. The model's GPUs in all would not do:
-    they may be back on too few nodes, or fewer than `per` on some (4 back over 3 nodes with 1
-    each is not 2 on each of 2). O(nodes of the model) a reservation, like a one-node job's."""
-    per = int(job.gpus) // count
-    free_on = cap.free[model]
-    sizes = cap.node_model_count
-    extra = ends.by_node
-    base = ends.book.on_node if ends.book is not None else {}
-    ready: list[tuple[float, str]] = []
-    for nd in cap.model_nodes(model):
-        if allowed is not None and nd not in allowed:
-            continue
-        if sizes.get((nd, model), 0) < per:
-            continue
-        free = len(free_on.get(nd, ()))
-        if free >= per:
-            ready.append((now, nd))  # kept off it now (a quota, say): it is held from now
-            continue
-        key = (model, nd)
-        items = _in_order(base.get(key), extra.get(key)) if key in extra else base.get(key, ())
-        for item in items:
-            free += item[1]
-            if free >= per:
-                ready.append((item[0] if item[0] > now else now, nd))
-                break
-    if len(ready) < count:
-        return None
-    picked = nsmallest(count, ready)
-    return Reservation(job.job_id, model, picked[-1][0], frozenset(nd for _, nd in picked))
 
 
 def _reserve_across(
@@ -406,11 +362,8 @@ def reserve_host(
     Nodes are looked at one by one (O(nodes of the model) a reservation, like `reserve`)."""
     n = int(job.gpus)
     exclusive = job.selection is not None and job.selection.exclusive
-    size = cap.node_size[model]
-    nodes = cap.model_nodes(model)
-    if allowed is not None:
-        nodes = [nd for nd in nodes if nd in allowed]
-    if not job.nodes and n <= size:
+    nodes = _usable(cap, model, allowed)
+    if not job.nodes and n <= cap.node_size[model]:
         cpus, mem = cap.host_part(job, n)
         best: tuple[float, str] | None = None
         for nd in nodes:
@@ -421,6 +374,26 @@ def reserve_host(
             if t is not None and (best is None or (t, nd) < best):
                 best = (t, nd)
         return None if best is None else Reservation(job.job_id, model, best[0], frozenset({best[1]}))
+    return _over_nodes(job, model, cap, ends, now, nodes, exclusive)
+
+
+def _usable(cap: Capacity, model: str, allowed: frozenset[str] | None) -> list[str]:
+    """The nodes of `model` the job may use."""
+    nodes = cap.model_nodes(model)
+    return nodes if allowed is None else [nd for nd in nodes if nd in allowed]
+
+
+def _over_nodes(
+    job: JobRequest, model: str, cap: Capacity, ends: EndTimes, now: float, nodes: list[str], exclusive: bool
+) -> Reservation | None:
+    """The reservation of a job over several nodes (`--nodes M`: gpus/M on each of exactly M;
+    or more GPUs than a node has): each node is ready when its part is back there, GPUs and
+    CPUs and memory (`_node_ready`, its own ends only); the nodes ready first are taken until
+    they hold the job, and it starts when the last of them is ready. Per node, not from the
+    model's GPUs in all: 4 back over 3 nodes with 1 each is not 2 on each of 2. The reservation
+    holds the chosen nodes alone: a job passing it keeps off them or ends first. O(nodes of
+    the model) a reservation, like a one-node job's."""
+    n = int(job.gpus)
     ready: list[tuple[float, str, int]] = []  # (ready, node, the job's GPUs there)
     per = n // job.nodes if job.nodes else 0
     for nd in nodes:
@@ -475,6 +448,8 @@ def _node_ready(
             return None
         if best is not None and (t, node) >= best:
             return None
+    if not cpus and not mem:
+        return None if skip_now and gpus_now else t
     left_cpus, left_mem = cap.free_host(node)
     short_cpus = bool(cpus) and left_cpus is not None and left_cpus + EPS < cpus
     short_mem = bool(mem) and left_mem is not None and left_mem < mem
