@@ -46,22 +46,16 @@ class QueueCache:
             changed, self._left = changed or self._left, False
         return changed
 
-    def remove(self, job_id: int) -> JobRequest | None:
+    def remove(self, job_id: int, cancelled: bool = False) -> JobRequest | None:
         """The job left the queue (started or cancelled); safe to call from any thread. Returns
-        the request the cache held for it: what the cycle that starts it planned with."""
+        the request the cache held for it: what the cycle that starts it planned with.
+        `cancelled`: it left other than by the loop's start, so the next refresh says the queue
+        changed and the jobs behind it are planned, and their estimates replayed, soon
+        (head/estimates.py). A start needs neither: the plan that started it planned without it."""
         with self._lock:
             self._removed_since_load.add(job_id)
+            self._left = self._left or cancelled
             return self._jobs.pop(job_id, None)
-
-    def cancelled(self, job_id: int) -> None:
-        """The job left the queue other than by the loop's start (a cancel): `remove`, and the
-        next refresh says the queue changed, so the jobs behind it are planned, and their
-        estimates replayed, soon (head/estimates.py). A start needs neither: the plan that
-        started the job planned without it."""
-        with self._lock:
-            self._removed_since_load.add(job_id)
-            self._jobs.pop(job_id, None)
-            self._left = True
 
     def invalidate(self) -> None:
         """Something re-entered the queue out of id order (a requeue): reload it all next time."""

@@ -527,7 +527,7 @@ class ClusterService:
             ):
                 self._cancel(job_id)  # it started meanwhile: stop it as a running job
                 return
-            self.head.queue.cancelled(job_id)  # a change: the jobs behind it move up
+            self.head.queue.remove(job_id, cancelled=True)  # a change: the jobs behind it move up
         elif record.state is JobState.RUNNING:
             if record.stop_reason != "cancel":
                 self.head.request_stop(job_id, "cancel")
