@@ -27,6 +27,18 @@ def cluster_yaml(
     return path
 
 
+def low_then_high_trace(path: Path) -> Path:
+    """A trace where a high job needs a running low one's GPUs (on a node of 2): L (low, 2 GPUs,
+    2 h of work) at 0, H (high, 2 GPUs, 1 h) at 30 min; H preempts L under a policy that does."""
+    return native_csv(
+        path,
+        [
+            {"submit_time": 0, "duration": "2h", "gpus": 2, "priority": "low"},
+            {"submit_time": "30m", "duration": "1h", "gpus": 2, "priority": "high"},
+        ],
+    )
+
+
 def native_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
     fields: list[str] = []
     for r in rows:

@@ -16,7 +16,7 @@ import pytest
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.metrics import comparison, run_metrics
 from gpucluster.sim.spec import load_cluster_spec
-from tests.sim.helpers import cluster_yaml, native_csv, run
+from tests.sim.helpers import cluster_yaml, low_then_high_trace, native_csv, run
 
 CKPT = "failures: {gpu_failures_per_day: 0}\ncheckpoints: {interval: 10m, cost: 10s, restart: 60s}\n"
 
@@ -26,13 +26,7 @@ def test_a_preempted_job_waits_after_its_first_start_and_goodput_counts_it(tmp_p
     # preempts it (L writes a 10 s checkpoint), runs 1810-5460; L restarts at 5460 (60 s load)
     # and ends at 11030. L's queueing delay is 0, but it spent 5460 - 1810 = 3650 s not running.
     c = cluster_yaml(tmp_path / "c.yaml", nodes=1, gpus=2, extra=CKPT)
-    t = native_csv(
-        tmp_path / "t.csv",
-        [
-            {"submit_time": 0, "duration": "2h", "gpus": 2, "priority": "low"},
-            {"submit_time": "30m", "duration": "1h", "gpus": 2, "priority": "high"},
-        ],
-    )
+    t = low_then_high_trace(tmp_path / "t.csv")
     r = run(c, t, "default")
     assert r.start == {1: 0.0, 2: 1810.0} and r.end == {1: 11030.0, 2: 5460.0}
     m = run_metrics(r.result, load_cluster_spec(c))
@@ -232,13 +226,7 @@ def test_jobs_csv_has_each_jobs_time_not_running_preemptions_and_restarts(tmp_pa
     from gpucluster.sim.report import write_jobs
 
     c = cluster_yaml(tmp_path / "c.yaml", nodes=1, gpus=2, extra=CKPT)
-    t = native_csv(
-        tmp_path / "t.csv",
-        [
-            {"submit_time": 0, "duration": "2h", "gpus": 2, "priority": "low"},
-            {"submit_time": "30m", "duration": "1h", "gpus": 2, "priority": "high"},
-        ],
-    )
+    t = low_then_high_trace(tmp_path / "t.csv")
     results = [run(c, t, "fifo").result, run(c, t, "default").result]
     with write_jobs(tmp_path / "jobs.csv", results).open() as f:
         rows = {(r["policy"], r["job_id"]): r for r in csv.DictReader(f)}

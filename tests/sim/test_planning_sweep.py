@@ -12,7 +12,7 @@ from gpucluster.cli.main import app
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.run import SimulateOptions, simulate
 from gpucluster.sim.sweep import parse_axis
-from tests.sim.helpers import native_csv
+from tests.sim.helpers import low_then_high_trace, native_csv
 
 ONE_JOB = (
     "node_groups:\n  - {name: n, count: 3, gpus_per_node: 2, gpu_model: H100-80GB, price_per_gpu_hour: 2}\n"
@@ -226,13 +226,7 @@ def low_then_high(tmp_path: Path) -> tuple[Path, Path, Path]:
         "node_groups:\n  - {name: n, count: 1, gpus_per_node: 2, gpu_model: H100-80GB}\n"
         "failures: {gpu_failures_per_day: 0}\ncheckpoints: {interval: 10m, cost: 10s, restart: 60s}\n"
     )
-    t = native_csv(
-        tmp_path / "t.csv",
-        [
-            {"submit_time": 0, "duration": "2h", "gpus": 2, "priority": "low"},
-            {"submit_time": "30m", "duration": "1h", "gpus": 2, "priority": "high"},
-        ],
-    )
+    t = low_then_high_trace(tmp_path / "t.csv")
     pol = tmp_path / "mine.yaml"
     pol.write_text(PREEMPTING)
     return c, t, pol
