@@ -47,15 +47,21 @@ print(json.dumps({"cpu_s": cpu, "digest": h.hexdigest()[:16], "jobs": len(res.en
 
 
 def run(src: Path, policy: str, jobs: int, trace: Path = PHILLY) -> dict[str, object]:
+    return child_json(src, CHILD, str(trace), str(SPEC), policy, str(jobs), what=policy)
+
+
+def child_json(src: Path, code: str, *args: str, what: str) -> dict[str, object]:
+    """`code` run with `args` in a fresh interpreter on the tree `src`; its last line, as JSON
+    (a fresh process per run: one tree's modules never leak into the other's figures)."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(trace), str(SPEC), policy, str(jobs)],
+        [sys.executable, "-c", code, *args],
         env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         check=False,
     )
     if out.returncode:
-        raise SystemExit(f"{policy} in {src}: {out.stderr.strip()[-2000:]}")
+        raise SystemExit(f"{what} in {src}: {out.stderr.strip()[-2000:]}")
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

@@ -16,9 +16,7 @@ every digest matched (the same starts, ends and preemptions).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import bench_las  # noqa: E402  (this tree's window and cluster, for both trees)
+from bench_core_philly import child_json  # noqa: E402
 
 CHILD = r"""
 import hashlib, json, sys, time
@@ -50,17 +49,7 @@ def load() -> str:
 
 
 def run(src: Path, spec: Path, trace: Path, policy: str) -> dict[str, object]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(spec), str(trace), policy],
-        env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode:
-        raise SystemExit(f"{policy} in {src}: {out.stderr.strip()[-2000:]}")
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return child_json(src, CHILD, str(spec), str(trace), policy, what=policy)
 
 
 def main() -> None:
