@@ -117,8 +117,8 @@ def grid(cluster: Path, axes: list[Axis]) -> list[Point]:
         chosen = list(zip(axes, combo, strict=True))
         overrides = tuple((a.path, a.values[i]) for a, i in chosen if a.key != "policy" and not a.in_policy)
         in_policy = tuple((a.path, a.values[i]) for a, i in chosen if a.in_policy)
-        settings = tuple((a.key, a.texts[i]) for a, i in zip(axes, combo, strict=True))
-        policy = next((a.texts[i] for a, i in zip(axes, combo, strict=True) if a.key == "policy"), None)
+        settings = tuple((a.key, a.texts[i]) for a, i in chosen)
+        policy = next((a.texts[i] for a, i in chosen if a.key == "policy"), None)
         try:
             spec = load_cluster_spec(cluster, overrides)
         except SimInputError as e:
