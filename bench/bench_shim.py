@@ -7,12 +7,21 @@ records the exit; the head then removes the cgroup. That is work on every job's 
 (issue 18 counts per-job CPU against Slurm), so it is measured here, side by side in one run:
 
 - bare:   subprocess.Popen(["true"]) and wait (the baseline: what no job system can beat);
-- shim:   LocalExecutor.launch of `true`, poll until it ended, cleanup; no cgroup;
-- cgroup: the same with a cgroup per job (skipped where the node has none usable).
+- shim:   LocalExecutor.launch of `true`, poll until it ended, cleanup; no cgroup; each keeper an
+          exec'd `python -I -S _shim.py` (the path before issue 18, still the Ray agent's);
+- forked: the same, each keeper forked by the node's fork server (`_shim.py --serve`, issue 18);
+- cgroup, forked+cgroup: the two with a cgroup per job (skipped where the node has none usable).
 
 Each mode runs N jobs one after another (interleaved by round, so a load change hits all modes);
-per job it reports wall time from launch to the recorded exit and the CPU of this process and its
-children. Medians and the ratio to bare are printed.
+per job it reports wall time from launch to the recorded exit and the CPU it cost: this process
+and its reaped children, plus, for the fork server, the server's own CPU (its schedstat) and the
+keepers it forked, which this process reaps as their subreaper (prctl PR_SET_CHILD_SUBREAPER),
+so their CPU and their job's are counted as an exec'd shim's are. Medians and the ratios to bare
+and to shim (the named baseline) are printed.
+
+Then, where the node has a v2 cgroup: the start of a process straight into its cgroup
+(clone3 with CLONE_INTO_CGROUP, through ctypes) against fork + the `cgroup.procs` write the job
+side does today, both then exec `true`: what the RCU wait of a migration costs a start.
 
 Run: `PYTHONPATH=src python bench/bench_shim.py [--jobs 40] [--record]`; --record appends the
 result, with the machine and its load average, to bench/RESULTS.md.
@@ -21,9 +30,12 @@ result, with the machine and its load average, to bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,14 +43,30 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpucluster.executors import cgroups
 from gpucluster.executors.base import LaunchSpec, Running
 from gpucluster.executors.cgroups import detect
 from gpucluster.executors.local import LocalExecutor
 
+PR_SET_CHILD_SUBREAPER = 36
+CLONE_INTO_CGROUP = 0x200000000
+SYS_CLONE3 = 435  # x86_64 and aarch64 alike
+_libc = ctypes.CDLL(None, use_errno=True)
+_servers: list[LocalExecutor] = []  # whose fork server's CPU counts
+
+
+def _schedstat_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
 
 def _cpu() -> float:
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    servers = sum(_schedstat_s(e.fork_server.pid) for e in _servers if e.fork_server and e.fork_server.pid)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + servers
 
 
 def bare(_: int, __: Path) -> None:
@@ -55,8 +83,74 @@ def through(executor: LocalExecutor):  # type: ignore[no-untyped-def]
         while isinstance(executor.poll(handle), Running):
             time.sleep(0.001)
         executor.cleanup(handle)
+        if executor.fork_server is not None:
+            # A forked keeper is this process's child only as subreaper: reap it, so its CPU
+            # (and its job's) is counted like an exec'd shim's.
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(handle["pid"]), 0)
 
     return run
+
+
+class _CloneArgs(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size", "tls",
+        "set_tid", "set_tid_size", "cgroup",
+    )]  # fmt: skip
+
+
+def _true_into(v2_path: str, clone3: bool) -> None:
+    """One `true` started inside the v2 cgroup at v2_path and waited for."""
+    if clone3:
+        fd = os.open(v2_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            args = _CloneArgs(flags=CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=fd)
+            pid = _libc.syscall(SYS_CLONE3, ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
+            if pid == 0:  # the child: a copy of this process, without Python's fork bookkeeping
+                os.execv("/bin/true", ["true"])
+            if pid < 0:
+                raise OSError(ctypes.get_errno(), "clone3")
+        finally:
+            os.close(fd)
+    else:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with open(os.path.join(v2_path, "cgroup.procs"), "w") as f:
+                    f.write("0")
+                os.execv("/bin/true", ["true"])
+            finally:
+                os._exit(127)
+    os.waitpid(pid, 0)
+
+
+def clone3_lines(support: cgroups.CgroupSupport, jobs: int) -> list[str]:
+    """fork + cgroup.procs write vs clone3(CLONE_INTO_CGROUP), wall and CPU per start, medians."""
+    if not support.usable or cgroups.V2 not in support.bases:
+        return ["(no v2 cgroup here: clone3(CLONE_INTO_CGROUP) not measured)"]
+    instance = f"bench-clone3-{os.getpid()}"
+    group = cgroups.create(support, instance, "clone3")
+    v2 = group.paths[cgroups.V2]
+    wall: dict[str, list[float]] = {"fork + cgroup.procs write": [], "clone3(CLONE_INTO_CGROUP)": []}
+    cpu: dict[str, list[float]] = {k: [] for k in wall}
+    try:
+        for _ in range(jobs):
+            for name in wall:
+                c0, t0 = _cpu(), time.perf_counter()
+                _true_into(v2, clone3=name.startswith("clone3"))
+                wall[name].append(time.perf_counter() - t0)
+                cpu[name].append(_cpu() - c0)
+    except OSError as e:
+        return [f"(clone3(CLONE_INTO_CGROUP) failed here: {e})"]
+    finally:
+        group.kill()
+        group.remove()
+        cgroups.remove_parent(support, instance)
+    lines = ["| start of `true` in a v2 cgroup | wall, median | CPU, median |", "|---|---|---|"]
+    for name in wall:
+        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+        lines.append(f"| {name} | {w * 1000:.2f} ms | {c * 1000:.2f} ms |")
+    return lines
 
 
 def main() -> None:
@@ -65,9 +159,13 @@ def main() -> None:
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
     support = detect()
-    modes = {"bare": bare, "shim": through(LocalExecutor())}
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    executors = {"shim": LocalExecutor(fork_server=False), "forked": LocalExecutor()}
     if support.usable:
-        modes["cgroup"] = through(LocalExecutor(cgroup_support=support, instance=f"bench-{os.getpid()}"))
+        executors["cgroup"] = LocalExecutor(cgroup_support=support, instance=f"bench-{os.getpid()}", fork_server=False)
+        executors["forked+cgroup"] = LocalExecutor(cgroup_support=support, instance=f"bench-f-{os.getpid()}")
+    _servers.extend(e for e in executors.values() if e.fork_server is not None)
+    modes = {"bare": bare, **{name: through(e) for name, e in executors.items()}}
     wall: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
     load_before = os.getloadavg()
@@ -80,17 +178,29 @@ def main() -> None:
                 run(i, root)
                 wall[name].append(time.perf_counter() - t0)
                 cpu[name].append(_cpu() - c0)
+    for executor in executors.values():
+        executor.close()
+        if executor.cgroup_support is not None:
+            cgroups.remove_parent(support, executor.instance)
+    clone3 = clone3_lines(support, args.jobs)
     load_after = os.getloadavg()
     base_wall, base_cpu = statistics.median(wall["bare"]), statistics.median(cpu["bare"])
+    shim_wall, shim_cpu = statistics.median(wall["shim"]), statistics.median(cpu["shim"])
     lines = [
         f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, {args.jobs} jobs per mode; "
         f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; {support.describe()}",
-        "| mode | wall per job, median | CPU per job, median | wall vs bare | CPU vs bare |",
-        "|---|---|---|---|---|",
+        "",
+        "| mode | wall per job, median | CPU per job, median | wall vs bare | CPU vs bare | wall vs shim "
+        "| CPU vs shim |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in modes:
         w, c = statistics.median(wall[name]), statistics.median(cpu[name])
-        lines.append(f"| {name} | {w * 1000:.1f} ms | {c * 1000:.1f} ms | {w / base_wall:.1f}x | {c / base_cpu:.1f}x |")
+        lines.append(
+            f"| {name} | {w * 1000:.1f} ms | {c * 1000:.1f} ms | {w / base_wall:.1f}x | {c / base_cpu:.1f}x "
+            f"| {w / shim_wall:.2f}x | {c / shim_cpu:.2f}x |"
+        )
+    lines += ["", *clone3]
     print("\n".join(lines))
     if args.record:
         with open(Path(__file__).with_name("RESULTS.md"), "a") as f:

@@ -158,7 +158,8 @@ def job_processes(run_id: str) -> dict[tuple[int, int], Proc]:
     """Live (not zombie) processes of this test's jobs, shims included, keyed by (pid, start
     ticks): a job's processes hold CC_RUN=run_id in their environment; a shim (which starts with a
     clean environment) is found by its command line, `_shim.py RUN_DIR`, and the job's environment
-    in RUN_DIR/spec.json."""
+    in RUN_DIR/spec.json; a keeper forked by the fork server has the server's command line
+    (`_shim.py --serve`) and RUN_DIR as its cwd (the server itself, cwd /, has no spec there)."""
     needle = f"\0CC_RUN={run_id}\0".encode()
     out = {}
     for entry in os.scandir("/proc"):
@@ -170,7 +171,9 @@ def job_processes(run_id: str) -> dict[tuple[int, int], Proc]:
                 cmdline = f.read()
             shim = b"_shim.py" in cmdline
             if shim:
-                spec = json.loads((Path(cmdline.rstrip(b"\0").split(b"\0")[-1].decode()) / "spec.json").read_text())
+                last = cmdline.rstrip(b"\0").split(b"\0")[-1].decode()
+                run_dir = Path(os.readlink(f"/proc/{pid}/cwd") if last == "--serve" else last)
+                spec = json.loads((run_dir / "spec.json").read_text())
                 env = {k: str(v) for k, v in spec["env"].items()}
                 if env.get("CC_RUN") != run_id:
                     continue

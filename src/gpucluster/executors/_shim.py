@@ -5,6 +5,7 @@ the head comes back. The shim is the parent of the user's command, so it alone c
 writes the exit code to a file the head reads, whether or not the head is still its parent.
 
 usage: python -I -S _shim.py RUN_DIR [--remove-container]
+       python -I -S _shim.py --serve   (the fork server: see `serve`)
 
 Everything else comes from RUN_DIR/spec.json, which the executor wrote into the head's own
 directory (mode 0600): the command, its environment, workdir, Unix account, log and cgroup. So no
@@ -92,15 +93,22 @@ def _start_ticks(pid: int) -> int:
 # ---- cgroup: the job's process tree, found and killed by the kernel's own bookkeeping ----------
 
 
+_SIBLINGS: dict[str, Any] = {}
+
+
 def _load_sibling(filename: str) -> Any:
     """A module of executors/ next to this script, by path: this script runs outside the package
-    (python -I -S), so it cannot import them by name."""
+    (python -I -S), so it cannot import them by name. Loaded once per process: the fork server
+    loads cgroups.py before it forks, so no keeper pays for it."""
+    if filename in _SIBLINGS:
+        return _SIBLINGS[filename]
     import importlib.util
 
     name = "_gpucluster_" + filename.removesuffix(".py").lstrip("_")
     spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), filename))
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
+    _SIBLINGS[filename] = module
     return module
 
 
@@ -294,6 +302,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     own from one that ended because it was stopped. The head needs that: a stop it sends just
     as the command ends by itself lands in an empty group, and a job that finished first must
     not be requeued as preempted."""
+    os.chdir("/")  # a forked keeper's cwd is the head's run dir: nothing of the job's starts there
     stops: list[int] = []
     for stop in STOP_SIGNALS:
         signal.signal(stop, lambda signum, _: stops.append(signum))
@@ -406,8 +415,11 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
 
 
 class _Keeper:
-    def __init__(self, run_dir: str, spec: dict) -> None:  # type: ignore[type-arg]
+    def __init__(self, run_dir: str, spec: dict, orphan: bool = False) -> None:  # type: ignore[type-arg]
         self.run_dir, self.spec = run_dir, spec
+        # Started by the fork server, detached: no parent waits for its exit status, so the
+        # record is the only way the head learns how the job ended (see _save).
+        self.orphan = orphan
         self.cgroup = _load_cgroups().JobCgroup.from_json(spec["cgroup"]) if spec.get("cgroup") else None
         self.child = 0
         self.parent = os.getppid()
@@ -574,12 +586,104 @@ class _Keeper:
                 write_json_atomic(os.path.join(self.run_dir, EXIT), record)
                 return
             except OSError:
-                if os.getppid() == self.parent != 1:
+                if not self.orphan and os.getppid() == self.parent != 1:
                     return
                 time.sleep(1.0)
 
 
+# ---- the fork server: a keeper per job without a Python start per job ---------------------------
+
+
+def _keeper_of(run_dir: str, report: int) -> None:
+    """The detached keeper, in the grandchild of the fork server; never returns.
+
+    It is the same keeper an exec'd shim runs, in the same state: the server is this script with
+    nothing else loaded, started with the shim's clean environment, cwd and umask. Before the
+    keeper starts, whatever the server held goes: every fd but a fresh stdin (/dev/null) and
+    stdout/stderr (RUN_DIR/shim.log, as for an exec'd shim), so the job inherits nothing of the
+    server's nor the head's. Its cwd is RUN_DIR (the head's, 0700): the one mark that names its
+    job to a process listing (its command line is the server's); the job side leaves it at once.
+    """
+    code = 1
+    try:
+        pid = os.getpid()
+        os.chdir(run_dir)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open("shim.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        # Who the keeper is, before anything can end it: its pid and start time name it safely.
+        os.write(report, f"{pid} {_start_ticks(pid)}\n".encode())
+        os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
+        with open(SPEC) as f:
+            spec = json.load(f)
+        code = _Keeper(run_dir, spec, orphan=True).run()
+    except BaseException:  # a keeper's failure goes to its shim.log, never upward
+        import traceback
+
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+            sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _spawn(run_dir: str) -> bytes:
+    """Fork a keeper for RUN_DIR, detached: setsid, then a second fork, so its parent is gone at
+    once and it is nobody's child here (reparented to init): it outlives this server and the head,
+    as an exec'd shim in a session of its own outlives the head. The reply: b"PID TICKS\n"."""
+    read_fd, report = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(read_fd)
+            os.setsid()
+            if os.fork() == 0:
+                _keeper_of(run_dir, report)
+        finally:
+            os._exit(0)
+    os.close(report)
+    os.waitpid(middle, 0)
+    reply = b""
+    while chunk := os.read(read_fd, 64):
+        reply += chunk
+    os.close(read_fd)
+    return reply if reply.endswith(b"\n") else b"error the keeper did not start\n"
+
+
+def serve(requests: int = 0, replies: int = 1) -> int:
+    """The fork server (`_shim.py --serve`): reads run dirs, one a line, on `requests` and answers
+    each with its keeper's "PID TICKS" (or "error WHY") on `replies`; ends at end of input, so it
+    never outlives the executor that started it (the keepers it forked do).
+
+    Why: an exec'd shim costs a Python start (~40 ms of CPU) per job; a fork of this small,
+    already started process costs about a millisecond, and the keeper it makes is the same code.
+    """
+    import gc
+
+    _load_cgroups()  # what every cgroup job's keeper and job side need, loaded once
+    gc.freeze()  # what is loaded now stays shared with every keeper (no copy on write of it)
+    pending = b""
+    while True:
+        try:
+            data = os.read(requests, 1 << 16)
+        except InterruptedError:
+            continue
+        if not data:
+            return 0
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            try:
+                reply = _spawn(os.fsdecode(line))
+            except OSError as e:
+                reply = f"error {e}\n".encode()
+            os.write(replies, reply)
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--serve"]:
+        return serve()
     run_dir = sys.argv[1]
     with open(os.path.join(run_dir, SPEC)) as f:
         spec = json.load(f)

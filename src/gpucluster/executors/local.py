@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import pwd
+import select
 import signal
 import stat
 import subprocess
@@ -166,6 +167,103 @@ def shim_argv(run_dir: Path) -> list[str]:
     return [sys.executable, "-I", "-S", str(SHIM), str(run_dir)]
 
 
+class ForkServer:
+    """The node's one `_shim.py --serve` (see `_shim.serve`): forks a detached keeper per job, so
+    a job start costs a fork instead of a Python start (issue 18).
+
+    Its requests and replies travel on its stdin and stdout, pipes only this executor holds: it
+    ends when they close (this process ended, even by SIGKILL), and no other process can ask it
+    for anything. A server that died is started again on the next launch; when that fails too,
+    `start` says None and the caller execs a shim as before."""
+
+    # How long a keeper's fork may take before the server is taken for hung (and replaced).
+    REPLY_TIMEOUT_S = 30.0
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        """The running server's pid (None before the first start)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, run_dir: Path) -> tuple[int, int | None] | None:
+        """(pid, start ticks) of the keeper forked for `run_dir`; None where no server can."""
+        path = os.fsencode(os.path.abspath(run_dir))
+        if b"\n" in path:
+            return None
+        with self._lock:
+            for _ in range(2):  # the running server, else a new one
+                proc = self._running()
+                if proc is None:
+                    return None
+                reply = self._ask(proc, path + b"\n")
+                if reply is not None and not reply.startswith(b"error"):
+                    pid, ticks = reply.split()
+                    return int(pid), int(ticks)
+                if reply is not None:  # the server is fine; the fork failed (no memory, no pids)
+                    return None
+                self._stop()
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _running(self) -> subprocess.Popen[bytes] | None:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        self._stop()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(SHIM), "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=SHIM_ENV,
+                cwd="/",
+                start_new_session=True,  # a terminal's ^C to the head does not reach it
+                close_fds=True,
+                bufsize=0,
+            )
+        except OSError:
+            return None
+        return self._proc
+
+    def _ask(self, proc: subprocess.Popen[bytes], request: bytes) -> bytes | None:
+        """The server's one-line reply; None when it is gone or did not answer in time."""
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            os.write(proc.stdin.fileno(), request)
+            reply = b""
+            deadline = time.monotonic() + self.REPLY_TIMEOUT_S
+            while not reply.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                    return None
+                chunk = os.read(proc.stdout.fileno(), 256)
+                if not chunk:
+                    return None
+                reply += chunk
+            return reply
+        except OSError:  # BrokenPipeError: it died
+            return None
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        try:
+            proc.wait(timeout=5)  # its input closed: it ends by itself
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class LocalExecutor:
     # Interactive sessions (executors/_session.py): the head dials their socket on this machine.
     supports_sessions = True
@@ -179,6 +277,7 @@ class LocalExecutor:
         gpu_minors: dict[int, int] | None = None,
         container_node: podman.ContainerNode | None = None,
         image_cache: ImageCache | None = None,
+        fork_server: bool = True,
     ) -> None:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         # > 0: each process's shim writes its log, rotated past this size (_shim.py, logfile.py).
@@ -197,6 +296,14 @@ class LocalExecutor:
         self.container_node = container_node or podman.ContainerNode()
         # The node's store's LRU with a size cap (executors/image_cache.py); None: never pruned.
         self.image_cache = image_cache
+        # Keepers forked by the node's fork server instead of an exec'd shim each. Not for jobs
+        # that die with this process (the Ray node agent): those keepers watch their parent.
+        self.fork_server = ForkServer() if fork_server and not die_with_parent else None
+
+    def close(self) -> None:
+        """Stop the fork server (its keepers and their jobs run on)."""
+        if self.fork_server is not None:
+            self.fork_server.close()
 
     def launch(self, spec: LaunchSpec) -> Handle:
         if spec.job_dir is not None:
@@ -267,10 +374,21 @@ class LocalExecutor:
             container=self._container(container, leaf, p.env, workdir, user) if container is not None else None,
             session_dir=p.run_dir if session else None,
         )
+        forked = self.fork_server.start(p.run_dir) if self.fork_server is not None else None
+        pid, ticks = forked if forked is not None else self._exec_shim(p.run_dir)
+        handle: Handle = {"pid": pid, "pgid": pid, "start_ticks": ticks, "run_dir": str(p.run_dir)}
+        if cgroup is not None:
+            handle["cgroup"] = cgroup.to_json()
+        if container is not None:
+            handle["container"] = podman.container_name(self.instance, leaf)
+        return handle
+
+    def _exec_shim(self, run_dir: Path) -> tuple[int, int | None]:
+        """A shim of its own for one process (a Python start): where no fork server is used."""
         # The shim's own messages (never the job's output) go to the run dir, the head's alone.
-        with open(p.run_dir / "shim.log", "ab") as shim_log:
+        with open(run_dir / "shim.log", "ab") as shim_log:
             proc = subprocess.Popen(
-                shim_argv(p.run_dir),
+                shim_argv(run_dir),
                 stdin=subprocess.DEVNULL,
                 stdout=shim_log,
                 stderr=subprocess.STDOUT,
@@ -281,13 +399,7 @@ class LocalExecutor:
             )
         with self._lock:
             self._children[proc.pid] = proc
-        ticks = start_ticks(proc.pid)
-        handle: Handle = {"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks, "run_dir": str(p.run_dir)}
-        if cgroup is not None:
-            handle["cgroup"] = cgroup.to_json()
-        if container is not None:
-            handle["container"] = podman.container_name(self.instance, leaf)
-        return handle
+        return proc.pid, start_ticks(proc.pid)
 
     def _new_cgroup(self, leaf: str) -> cgroups.JobCgroup | None:
         if self.cgroup_support is None:
