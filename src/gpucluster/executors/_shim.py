@@ -630,16 +630,20 @@ def _keeper_of(run_dir: str, report: int) -> None:
 
 
 def _spawn(run_dir: str) -> bytes:
-    """Fork a keeper for RUN_DIR, detached: setsid, then a second fork, so its parent is gone at
-    once and it is nobody's child here (reparented to init): it outlives this server and the head,
-    as an exec'd shim in a session of its own outlives the head. The reply: b"PID TICKS\n"."""
+    """Fork a keeper for RUN_DIR, detached: a second fork, so its parent is gone at once and it is
+    nobody's child here (reparented to init), then a session of its own: it outlives this server
+    and the head, as an exec'd shim in a session of its own outlives the head. The reply:
+    b"PID TICKS\n"."""
     read_fd, report = os.pipe()
     middle = os.fork()
     if middle == 0:
         try:
             os.close(read_fd)
-            os.setsid()
             if os.fork() == 0:
+                # A session and process group of its own, led by the keeper itself (its pgid is
+                # its pid, as an exec'd shim's is): not one led by this short-lived middle
+                # process, whose id could be reused once it is gone.
+                os.setsid()
                 _keeper_of(run_dir, report)
         finally:
             os._exit(0)

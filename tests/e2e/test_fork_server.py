@@ -1,0 +1,187 @@
+"""The fork server (executors/_shim.py `serve`, local.py `ForkServer`): keepers forked per job keep
+every promise of an exec'd shim. Real processes throughout: the server, detached keepers, a head
+process killed with SIGKILL, a job's fds and environment read from /proc by the job itself."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpucluster.executors.base import Exited, Handle, LaunchSpec, Running
+from gpucluster.executors.local import SHIM_ENV, LocalExecutor
+from tests.e2e.headproc import pid_alive, wait_for
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+# A job that runs until the test creates GO in its workdir, then ends with code 3: nothing in it
+# depends on how fast the machine is.
+WAIT_FOR_GO = "while [ ! -e GO ]; do sleep 0.05; done; exit 3"
+
+
+def job(tmp: Path, job_id: int, script: str, env: dict[str, str] | None = None) -> LaunchSpec:
+    return LaunchSpec(
+        job_id=job_id,
+        attempt=1,
+        argv=["sh", "-c", script],
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+        workdir=str(tmp),
+        run_dir=tmp / "run" / str(job_id),
+        log_path=tmp / "jobs" / str(job_id) / "output.log",
+    )
+
+
+def ended(executor: LocalExecutor, handle: Handle, timeout: float = 30) -> Exited:
+    def done() -> object:
+        status = executor.poll(handle)
+        return None if isinstance(status, Running) else status
+
+    status = wait_for(done, timeout, what="the job's end")
+    assert isinstance(status, Exited), status
+    return status
+
+
+@pytest.fixture
+def executor() -> Iterator[LocalExecutor]:
+    ex = LocalExecutor()
+    yield ex
+    ex.close()
+
+
+def test_a_job_starts_through_the_fork_server_not_an_exec(executor: LocalExecutor, tmp_path: Path) -> None:
+    handle = executor.launch(job(tmp_path, 1, "exit 0"))
+    assert executor.fork_server is not None and executor.fork_server.pid is not None
+    # Not this process's child (an exec'd shim is): forked and detached by the server.
+    assert int(handle["pid"]) not in executor._children
+    assert ended(executor, handle).exit_code == 0
+    assert json.loads((tmp_path / "run" / "1" / "exit.json").read_text())["exit_code"] == 0
+    # The keeper leads its own process group, as an exec'd shim does (a head kills jobs it cannot
+    # signal otherwise by it): not a group led by a short-lived process of the server's.
+    record = json.loads((tmp_path / "run" / "1" / "shim.json").read_text())
+    assert record["pgid"] == record["pid"] == handle["pid"]
+
+
+def test_a_job_outlives_a_sigkill_of_the_fork_server_and_its_exit_is_recorded(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    handle = executor.launch(job(tmp_path, 1, WAIT_FOR_GO))
+    wait_for(lambda: (tmp_path / "run" / "1" / "shim.json").exists(), what="the keeper's record")
+    server = executor.fork_server.pid if executor.fork_server is not None else None
+    assert server is not None
+    os.kill(server, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(server), what="the server's end")
+    assert isinstance(executor.poll(handle), Running)
+    (tmp_path / "GO").touch()
+    status = ended(executor, handle)
+    assert (status.exit_code, status.signal) == (3, None)
+
+
+def test_the_fork_server_is_started_again_after_it_died(executor: LocalExecutor, tmp_path: Path) -> None:
+    first = executor.launch(job(tmp_path, 1, "exit 0"))
+    assert executor.fork_server is not None
+    server = executor.fork_server.pid
+    assert server is not None
+    ended(executor, first)
+    os.kill(server, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(server), what="the server's end")
+    second = executor.launch(job(tmp_path, 2, "exit 4"))
+    assert executor.fork_server.pid not in (None, server)
+    assert int(second["pid"]) not in executor._children  # forked by the new server, not exec'd
+    assert ended(executor, second).exit_code == 4
+
+
+def test_a_forked_job_inherits_no_fd_and_only_its_own_environment(executor: LocalExecutor, tmp_path: Path) -> None:
+    """The head's (this process's) inheritable fd and its variables, and the server's pipes, reach
+    neither the keeper nor the job."""
+    leak_r, leak_w = os.pipe()
+    os.set_inheritable(leak_r, True)
+    os.set_inheritable(leak_w, True)
+    os.environ["GPUCLUSTER_TEST_SECRET"] = "s3cret"
+    try:
+        report = "import os, json; json.dump([os.listdir('/proc/self/fd'), dict(os.environ)], open('seen', 'w'))"
+        spec = job(tmp_path, 1, f'{sys.executable} -I -S -c "{report}"; ' + WAIT_FOR_GO, {"MINE": "1"})
+        handle = executor.launch(spec)
+        keeper = int(handle["pid"])
+        wait_for(lambda: (tmp_path / "seen").exists() and (tmp_path / "seen").read_text(), what="the job's report")
+        keeper_env = Path(f"/proc/{keeper}/environ").read_bytes().split(b"\0")
+        keeper_fds = {os.readlink(f"/proc/{keeper}/fd/{fd}") for fd in os.listdir(f"/proc/{keeper}/fd")}
+        (tmp_path / "GO").touch()
+        assert ended(executor, handle).exit_code == 3
+    finally:
+        del os.environ["GPUCLUSTER_TEST_SECRET"]
+        os.close(leak_r)
+        os.close(leak_w)
+    # The job's process holds stdin, stdout, stderr, and the directory it lists them through, plus
+    # the file it writes them to: none of the head's fds, nor the server's.
+    fds, env = json.loads((tmp_path / "seen").read_text())
+    assert len(fds) <= 5 and {"0", "1", "2"} <= set(fds), fds
+    assert "GPUCLUSTER_TEST_SECRET" not in env
+    assert env["MINE"] == "1"
+    # (LC_CTYPE: set by the reporting Python itself, PEP 538)
+    assert set(env) <= {"PATH", "MINE", "HOME", "USER", "LOGNAME", "PWD", "SHLVL", "_", "LC_CTYPE"}
+    assert {kv.decode() for kv in keeper_env if kv} == {f"{k}={v}" for k, v in SHIM_ENV.items()}
+    # The keeper holds /dev/null, its shim.log and its job side's report pipe: no pipe of the
+    # server's (to the head) and nothing of the head's.
+    run_dir = tmp_path / "run" / "1"
+    assert {fd for fd in keeper_fds if not fd.startswith("pipe:")} <= {os.devnull, str(run_dir / "shim.log")}
+    assert sum(fd.startswith("pipe:") for fd in keeper_fds) <= 1
+
+
+HEAD = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from gpucluster.executors.base import LaunchSpec
+    from gpucluster.executors.local import LocalExecutor
+    tmp = Path(sys.argv[1])
+    ex = LocalExecutor()
+    spec = LaunchSpec(1, 1, ["sh", "-c", sys.argv[2]], {"PATH": "/usr/bin:/bin"}, str(tmp), tmp / "run" / "1",
+                      tmp / "jobs" / "1" / "output.log")
+    handle = ex.launch(spec)
+    print(json.dumps({"handle": handle, "server": ex.fork_server.pid}), flush=True)
+    sys.stdin.read()  # until the test kills this head
+    """
+)
+
+
+def test_a_forked_job_survives_a_sigkill_of_its_head_and_the_next_head_adopts_it(tmp_path: Path) -> None:
+    """The head (a process of its own) is SIGKILLed mid-job; its fork server ends with it (no
+    leftover), the job runs on, ends while no head is up, and the next head's executor finds it
+    from the run dir (`recover`) and reads how it ended."""
+    head = subprocess.Popen(
+        [sys.executable, "-c", HEAD, str(tmp_path), WAIT_FOR_GO],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+    try:
+        assert head.stdout is not None
+        started = json.loads(head.stdout.readline())
+        keeper, server = int(started["handle"]["pid"]), int(started["server"])
+        wait_for(lambda: (tmp_path / "run" / "1" / "shim.json").exists(), what="the keeper's record")
+        head.kill()
+        head.wait()
+        wait_for(lambda: not pid_alive(server), what="the fork server's end with its head")
+        assert pid_alive(keeper)
+        (tmp_path / "GO").touch()
+        wait_for(lambda: (tmp_path / "run" / "1" / "exit.json").exists(), what="the exit record, no head up")
+        executor = LocalExecutor()
+        try:
+            handle = executor.recover(tmp_path / "run" / "1")
+            assert handle is not None and int(handle["pid"]) == keeper
+            status = ended(executor, handle)
+            assert (status.exit_code, status.signal) == (3, None)
+        finally:
+            executor.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            head.kill()
+        head.wait()
+        (tmp_path / "GO").touch()  # a job a failed test left waiting ends by itself
