@@ -1,6 +1,6 @@
 """The executor interface: a handful of methods, so local processes, Ray and a fake are swappable.
 
-A handle is a plain JSON-able dict: the head stores it with the job, so after a head restart the
+A handle (`Handle`) is a JSON-able dict: the head stores it with the job, so after a head restart the
 executor can find, poll and signal a process it did not start in this life.
 
 An attempt is one process, or several (`LaunchSpec.processes`: one per GPU, or one launcher per
@@ -10,14 +10,48 @@ node), which the handle describes together: signals and cleanup reach all of the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
 if TYPE_CHECKING:
     from gpucluster.executors.podman import ContainerSpec
 
-Handle = dict[str, Any]
+
+class Handle(TypedDict, total=False):
+    """What an executor returns from `launch` and takes back everywhere else: JSON as it is stored
+    with the job (store `launch`), so every field is optional and old rows load as they are
+    (`as_handle`). Which fields an executor fills:
+
+    - local, one process: pid, pgid, start_ticks (the keeper's identity), run_dir, and where used
+      cgroup, container, marker; recovered from shim.json also job_pgid;
+    - local, several: ranks (one such handle per process, with its rank), expected, run_dir, marker;
+    - Ray: ray (per node: its agent's local handle and where it runs), run_dir, and for several
+      processes ranks ([{rank}]), expected, marker;
+    - fake: job_id, attempt, and ranks ([{rank}]) for several.
+    """
+
+    run_dir: str
+    pid: int
+    pgid: int
+    start_ticks: int | None
+    job_pgid: int
+    cgroup: dict[str, str]
+    container: str
+    marker: str
+    rank: int
+    ranks: list[Handle]
+    expected: int
+    ray: list[dict[str, Any]]
+    job_id: int
+    attempt: int
+
+
+def as_handle(stored: Mapping[str, Any]) -> Handle:
+    """A handle read back from JSON (the store, a run dir's records): the fields it has, unchecked,
+    as before handles were typed, so rows written by any earlier head still load."""
+    return cast(Handle, dict(stored))
 
 
 @dataclass(frozen=True)

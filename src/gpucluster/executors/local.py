@@ -42,6 +42,7 @@ from gpucluster.executors.base import (
     ProcessSpec,
     Running,
     Status,
+    as_handle,
     combined,
     expected_processes,
 )
@@ -440,12 +441,12 @@ class LocalExecutor:
             shim = _read_json(run_dir / "shim.json")
             if shim is None:
                 return None
-            return {**shim, "run_dir": str(run_dir)}
-        ranks = []
+            return as_handle({**shim, "run_dir": str(run_dir)})
+        ranks: list[Handle] = []
         for rank in range(int(manifest["ranks"])):
             shim = _read_json(rank_dir(run_dir, rank) / "shim.json")
             if shim is not None:
-                ranks.append({"rank": rank, **shim, "run_dir": str(rank_dir(run_dir, rank))})
+                ranks.append(as_handle({"rank": rank, **shim, "run_dir": str(rank_dir(run_dir, rank))}))
         if not ranks:
             return None
         handle: Handle = {"ranks": ranks, "expected": int(manifest["ranks"]), "run_dir": str(run_dir)}

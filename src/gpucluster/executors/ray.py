@@ -179,9 +179,10 @@ class RayExecutor:
             "run_dir": str(spec.run_dir),
         }
         if multi:
-            handle.update(
-                ranks=[{"rank": r} for e in handle["ray"] for r in e["ranks"]], expected=len(procs), marker=spec.marker
-            )
+            handle["ranks"] = [{"rank": r} for e in handle["ray"] for r in e["ranks"]]
+            handle["expected"] = len(procs)
+            if spec.marker is not None:
+                handle["marker"] = spec.marker
         if error is not None:
             self.signal(handle, signals.SIGKILL)
             self.cleanup(handle)
@@ -212,7 +213,8 @@ class RayExecutor:
             return None
         handle: Handle = {"ray": entries, "run_dir": str(run_dir)}
         if manifest["multi"]:
-            handle.update(ranks=[{"rank": r} for r in sorted(found)], expected=int(manifest["expected"]))
+            handle["ranks"] = [{"rank": r} for r in sorted(found)]
+            handle["expected"] = int(manifest["expected"])
             if manifest.get("marker"):
                 handle["marker"] = manifest["marker"]
         self._watch(handle)

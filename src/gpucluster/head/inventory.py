@@ -13,6 +13,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING, Protocol
 
+from gpucluster.executors.base import as_handle
 from gpucluster.models import NodeOut
 from gpucluster.store import JobRecord
 from gpucluster.store.presence import Presence
@@ -56,7 +57,7 @@ def stop_jobs_on_lost_nodes(
             if head.store.request_stop(job.id, "preempt", now, message=what):
                 log.warning("job %s: %s; stopping its processes and requeueing it", job.id, what)
             if job.launch is not None:
-                head.executor.signal(job.launch, signal.SIGKILL)
+                head.executor.signal(as_handle(job.launch), signal.SIGKILL)
             head.store.update_job(job.id, job.state, term_sent=True, kill_sent=True)
             job = head.store.get_job(job.id) or job
         out.append(job)

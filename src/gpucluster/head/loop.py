@@ -65,6 +65,7 @@ from gpucluster.executors.base import (
     Lost,
     Running,
     Status,
+    as_handle,
 )
 from gpucluster.executors.logfile import read_job_file
 from gpucluster.head import latency
@@ -258,7 +259,7 @@ class Head:
             self._usage_saved_at = now
 
     def _reconcile(self, job: JobRecord, now: float) -> None:
-        handle = job.launch if job.launch is not None else adopt_launch(self, job, now)
+        handle = as_handle(job.launch) if job.launch is not None else adopt_launch(self, job, now)
         if handle is None:
             return
         statuses = self.executor.poll_ranks(handle)
@@ -314,7 +315,7 @@ class Head:
         line = " ".join(str(text).split())
         return f": {line[:300]}" if line else ""
 
-    def _enforce_stop(self, job: JobRecord, handle: dict[str, object], now: float) -> None:
+    def _enforce_stop(self, job: JobRecord, handle: Handle, now: float) -> None:
         limit = job.spec.time_limit
         assert job.started_at is not None
         if job.stop_reason is None and isinstance(limit, float) and now - job.started_at >= limit:
