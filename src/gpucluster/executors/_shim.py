@@ -22,6 +22,13 @@ Two processes, so that the privileged part touches nothing the user controls:
   job's directories, opens its log, enters the workdir and starts the command; it pumps the
   command's output into the log and reports how the command ended to the keeper through a pipe.
 
+Started two ways, the same keeper either way: exec'd (`python -I -S _shim.py RUN_DIR`), or forked
+by the node's fork server (`_shim.py --serve`, started once by the local executor: see `serve`),
+which saves each job the ~40 ms of CPU of a Python start. A forked keeper is detached (a second
+fork and a session of its own, so it is nobody's child and outlives the server and the head), and
+starts with none of the server's fds, with the same clean environment. The Ray node agent's jobs
+(die_with_parent) keep the exec'd shim, whose parent is the agent they must die with.
+
 Signals: the executor signals the keeper (SIGTERM, SIGINT, SIGHUP are passed on to the job;
 SIGUSR1 means "SIGKILL the job"). The keeper alone can name the job's process group safely: the
 job side is its unreaped child, so that id cannot be reused while the keeper lives.

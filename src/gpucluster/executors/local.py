@@ -5,7 +5,9 @@ The head signals a job through its shim's keeper, whose identity across head res
 kernel start time), so a recycled pid is never mistaken for a shim; the keeper alone names the
 job's process group, and its cgroup, so no process is ever signalled by a remembered number.
 The job's command and environment travel in RUN_DIR/spec.json (0600, in the head's own run dir),
-never on a command line.
+never on a command line. Each keeper is forked by the node's fork server (`ForkServer`, issue 18:
+a fork instead of a Python start per job); where that cannot be used, or for jobs that die with
+this process (die_with_parent), it is exec'd as before.
 
 A multi-process attempt (ranks) runs one shim per process, each in a session of its own, under
 `RUN_DIR/rank-R/`. Before the first one starts, `RUN_DIR/launch.json` records how many there
