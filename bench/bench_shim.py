@@ -13,11 +13,11 @@ records the exit; the head then removes the cgroup. That is work on every job's 
 - cgroup, forked+cgroup: the two with a cgroup per job (skipped where the node has none usable).
 
 Each mode runs N jobs one after another (interleaved by round, so a load change hits all modes);
-per job it reports wall time from launch to the recorded exit and the CPU it cost: this process
-and its reaped children, plus, for the fork server, the server's own CPU (its schedstat) and the
-keepers it forked, which this process reaps as their subreaper (prctl PR_SET_CHILD_SUBREAPER),
-so their CPU and their job's are counted as an exec'd shim's are. Medians and the ratios to bare
-and to shim (the named baseline) are printed.
+per job it reports wall time from launch to the recorded exit (median) and the CPU it cost (mean
+over the run): this process and its reaped children, plus, for the fork server, the server's own
+CPU and that of the keepers it forked and reaped (with their jobs: /proc/SERVER/stat utime, stime,
+cutime, cstime; a run ends when its keeper has been reaped, so each job's CPU is counted). The
+ratios to bare and to shim (the named baseline) are printed.
 
 Then, where the node has a v2 cgroup: the start of a process straight into its cgroup
 (clone3 with CLONE_INTO_CGROUP, through ctypes) against fork + the `cgroup.procs` write the job
@@ -30,7 +30,6 @@ result, with the machine and its load average, to bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import os
 import platform
@@ -48,24 +47,28 @@ from gpucluster.executors.base import LaunchSpec, Running
 from gpucluster.executors.cgroups import detect
 from gpucluster.executors.local import LocalExecutor
 
-PR_SET_CHILD_SUBREAPER = 36
 CLONE_INTO_CGROUP = 0x200000000
 SYS_CLONE3 = 435  # x86_64 and aarch64 alike
 _libc = ctypes.CDLL(None, use_errno=True)
 _servers: list[LocalExecutor] = []  # whose fork server's CPU counts
 
 
-def _schedstat_s(pid: int) -> float:
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """A process's CPU and that of its reaped children (clock ticks: exact over a run, not per job)."""
     try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) * TICK_S
     except (OSError, ValueError, IndexError):
         return 0.0
 
 
 def _cpu() -> float:
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    servers = sum(_schedstat_s(e.fork_server.pid) for e in _servers if e.fork_server and e.fork_server.pid)
+    servers = sum(_tree_cpu_s(e.fork_server.pid) for e in _servers if e.fork_server and e.fork_server.pid)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + servers
 
 
@@ -83,11 +86,9 @@ def through(executor: LocalExecutor):  # type: ignore[no-untyped-def]
         while isinstance(executor.poll(handle), Running):
             time.sleep(0.001)
         executor.cleanup(handle)
-        if executor.fork_server is not None:
-            # A forked keeper is this process's child only as subreaper: reap it, so its CPU
-            # (and its job's) is counted like an exec'd shim's.
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(int(handle["pid"]), 0)
+        # A forked keeper's CPU (and its job's) is its server's once the server has reaped it.
+        while executor.fork_server is not None and os.path.exists(f"/proc/{handle['pid']}"):
+            time.sleep(0.001)
 
     return run
 
@@ -159,7 +160,6 @@ def main() -> None:
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
     support = detect()
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     executors = {"shim": LocalExecutor(fork_server=False), "forked": LocalExecutor()}
     if support.usable:
         executors["cgroup"] = LocalExecutor(cgroup_support=support, instance=f"bench-{os.getpid()}", fork_server=False)
@@ -184,18 +184,17 @@ def main() -> None:
             cgroups.remove_parent(support, executor.instance)
     clone3 = clone3_lines(support, args.jobs)
     load_after = os.getloadavg()
-    base_wall, base_cpu = statistics.median(wall["bare"]), statistics.median(cpu["bare"])
-    shim_wall, shim_cpu = statistics.median(wall["shim"]), statistics.median(cpu["shim"])
+    base_wall, base_cpu = statistics.median(wall["bare"]), statistics.mean(cpu["bare"])
+    shim_wall, shim_cpu = statistics.median(wall["shim"]), statistics.mean(cpu["shim"])
     lines = [
         f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, {args.jobs} jobs per mode; "
         f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; {support.describe()}",
         "",
-        "| mode | wall per job, median | CPU per job, median | wall vs bare | CPU vs bare | wall vs shim "
-        "| CPU vs shim |",
+        "| mode | wall per job, median | CPU per job, mean | wall vs bare | CPU vs bare | wall vs shim | CPU vs shim |",
         "|---|---|---|---|---|---|---|",
     ]
     for name in modes:
-        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+        w, c = statistics.median(wall[name]), statistics.mean(cpu[name])
         lines.append(
             f"| {name} | {w * 1000:.1f} ms | {c * 1000:.1f} ms | {w / base_wall:.1f}x | {c / base_cpu:.1f}x "
             f"| {w / shim_wall:.2f}x | {c / shim_cpu:.2f}x |"

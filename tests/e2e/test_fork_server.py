@@ -1,5 +1,5 @@
 """The fork server (executors/_shim.py `serve`, local.py `ForkServer`): keepers forked per job keep
-every promise of an exec'd shim. Real processes throughout: the server, detached keepers, a head
+every promise of an exec'd shim. Real processes throughout: the server, the keepers it forks, a head
 process killed with SIGKILL, a job's fds and environment read from /proc by the job itself."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def executor() -> Iterator[LocalExecutor]:
 def test_a_job_starts_through_the_fork_server_not_an_exec(executor: LocalExecutor, tmp_path: Path) -> None:
     handle = executor.launch(job(tmp_path, 1, "exit 0"))
     assert executor.fork_server is not None and executor.fork_server.pid is not None
-    # Not this process's child (an exec'd shim is): forked and detached by the server.
+    # Not this process's child (an exec'd shim is): forked by the server.
     assert int(handle["pid"]) not in executor._children
     assert ended(executor, handle).exit_code == 0
     assert json.loads((tmp_path / "run" / "1" / "exit.json").read_text())["exit_code"] == 0
@@ -66,6 +66,8 @@ def test_a_job_starts_through_the_fork_server_not_an_exec(executor: LocalExecuto
     # signal otherwise by it): not a group led by a short-lived process of the server's.
     record = json.loads((tmp_path / "run" / "1" / "shim.json").read_text())
     assert record["pgid"] == record["pid"] == handle["pid"]
+    # Reaped by the server: no zombie is left, whoever this node's PID 1 is.
+    wait_for(lambda: not os.path.exists(f"/proc/{handle['pid']}"), what="the ended keeper to be reaped")
 
 
 def test_a_job_outlives_a_sigkill_of_the_fork_server_and_its_exit_is_recorded(
@@ -185,3 +187,20 @@ def test_a_forked_job_survives_a_sigkill_of_its_head_and_the_next_head_adopts_it
             head.kill()
         head.wait()
         (tmp_path / "GO").touch()  # a job a failed test left waiting ends by itself
+
+
+def test_a_keeper_whose_run_dir_was_removed_ends_instead_of_retrying_its_record(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    """A forked keeper has no waiting parent, so it retries a record it cannot write (a full disk)
+    until it can; found running for ever after a test removed its attempt's directory: a record
+    there can never be read, so it stops."""
+    handle = executor.launch(job(tmp_path, 1, WAIT_FOR_GO))
+    run_dir = tmp_path / "run" / "1"
+    wait_for(lambda: (run_dir / "shim.json").exists(), what="the keeper's record")
+    keeper = int(handle["pid"])
+    for f in run_dir.iterdir():
+        f.unlink()
+    run_dir.rmdir()
+    (tmp_path / "GO").touch()
+    wait_for(lambda: not pid_alive(keeper), what="the keeper's end")

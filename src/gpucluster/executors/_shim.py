@@ -24,9 +24,9 @@ Two processes, so that the privileged part touches nothing the user controls:
 
 Started two ways, the same keeper either way: exec'd (`python -I -S _shim.py RUN_DIR`), or forked
 by the node's fork server (`_shim.py --serve`, started once by the local executor: see `serve`),
-which saves each job the ~40 ms of CPU of a Python start. A forked keeper is detached (a second
-fork and a session of its own, so it is nobody's child and outlives the server and the head), and
-starts with none of the server's fds, with the same clean environment. The Ray node agent's jobs
+which saves each job the ~40 ms of CPU of a Python start. A forked keeper is in a session of its
+own, so it outlives the server and the head, and starts with none of the server's fds, with the
+same clean environment. The Ray node agent's jobs
 (die_with_parent) keep the exec'd shim, whose parent is the agent they must die with.
 
 Signals: the executor signals the keeper (SIGTERM, SIGINT, SIGHUP are passed on to the job;
@@ -595,6 +595,8 @@ class _Keeper:
             except OSError:
                 if not self.orphan and os.getppid() == self.parent != 1:
                     return
+                if not os.path.isdir(self.run_dir):  # removed with its attempt: no one can read it
+                    return
                 time.sleep(1.0)
 
 
@@ -637,30 +639,37 @@ def _keeper_of(run_dir: str, report: int) -> None:
 
 
 def _spawn(run_dir: str) -> bytes:
-    """Fork a keeper for RUN_DIR, detached: a second fork, so its parent is gone at once and it is
-    nobody's child here (reparented to init), then a session of its own: it outlives this server
-    and the head, as an exec'd shim in a session of its own outlives the head. The reply:
-    b"PID TICKS\n"."""
+    """Fork a keeper for RUN_DIR in a session of its own, as an exec'd shim is: it outlives this
+    server and the head (no signal of theirs reaches it, and it waits for nobody). It is this
+    server's child, reaped here when it ends (`_reap`), so no keeper is left a zombie even under a
+    head that runs as PID 1 and reaps no orphans; a keeper whose server died is init's. The
+    reply: b"PID TICKS\n"."""
     read_fd, report = os.pipe()
-    middle = os.fork()
-    if middle == 0:
+    if os.fork() == 0:
         try:
             os.close(read_fd)
-            if os.fork() == 0:
-                # A session and process group of its own, led by the keeper itself (its pgid is
-                # its pid, as an exec'd shim's is): not one led by this short-lived middle
-                # process, whose id could be reused once it is gone.
-                os.setsid()
-                _keeper_of(run_dir, report)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's reaper must not take the job side
+            os.setsid()  # its own session and process group, led by itself: its pgid is its pid
+            _keeper_of(run_dir, report)
         finally:
-            os._exit(0)
+            os._exit(1)
     os.close(report)
-    os.waitpid(middle, 0)
     reply = b""
-    while chunk := os.read(read_fd, 64):
+    while not reply.endswith(b"\n") and (chunk := os.read(read_fd, 64)):
         reply += chunk
     os.close(read_fd)
     return reply if reply.endswith(b"\n") else b"error the keeper did not start\n"
+
+
+def _reap(_signum: int = 0, _frame: object = None) -> None:
+    """The server's SIGCHLD: collect every keeper that has ended."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def serve(requests: int = 0, replies: int = 1) -> int:
@@ -673,6 +682,7 @@ def serve(requests: int = 0, replies: int = 1) -> int:
     """
     import gc
 
+    signal.signal(signal.SIGCHLD, _reap)
     _load_cgroups()  # what every cgroup job's keeper and job side need, loaded once
     gc.freeze()  # what is loaded now stays shared with every keeper (no copy on write of it)
     pending = b""

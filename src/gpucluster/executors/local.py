@@ -171,7 +171,7 @@ def shim_argv(run_dir: Path) -> list[str]:
 
 
 class ForkServer:
-    """The node's one `_shim.py --serve` (see `_shim.serve`): forks a detached keeper per job, so
+    """The node's one `_shim.py --serve` (see `_shim.serve`): forks each job's keeper (in a session of its own), so
     a job start costs a fork instead of a Python start (issue 18).
 
     Its requests and replies travel on its stdin and stdout, pipes only this executor holds: it
