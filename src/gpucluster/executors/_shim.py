@@ -686,13 +686,7 @@ def serve(requests: int = 0, replies: int = 1) -> int:
     _load_cgroups()  # what every cgroup job's keeper and job side need, loaded once
     gc.freeze()  # what is loaded now stays shared with every keeper (no copy on write of it)
     pending = b""
-    while True:
-        try:
-            data = os.read(requests, 1 << 16)
-        except InterruptedError:
-            continue
-        if not data:
-            return 0
+    while data := os.read(requests, 1 << 16):  # a SIGCHLD meanwhile: retried (PEP 475)
         *lines, pending = (pending + data).split(b"\n")
         for line in lines:
             try:
@@ -700,6 +694,7 @@ def serve(requests: int = 0, replies: int = 1) -> int:
             except OSError as e:
                 reply = f"error {e}\n".encode()
             os.write(replies, reply)
+    return 0
 
 
 def main() -> int:
