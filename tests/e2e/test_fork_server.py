@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster.executors import _shim
 from gpucluster.executors.base import Exited, Handle, LaunchSpec, Running
-from gpucluster.executors.local import SHIM_ENV, LocalExecutor
+from gpucluster.executors.local import SHIM_ENV, LocalExecutor, write_shim_spec
 from tests.e2e.headproc import pid_alive, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -204,3 +205,40 @@ def test_a_keeper_whose_run_dir_was_removed_ends_instead_of_retrying_its_record(
     run_dir.rmdir()
     (tmp_path / "GO").touch()
     wait_for(lambda: not pid_alive(keeper), what="the keeper's end")
+
+
+def test_a_keeper_whose_pid_never_reached_the_head_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server forked a keeper but could not hand its pid to the head (the head's pipe broke,
+    or the server was killed in between): the keeper ends without starting the job, so a head
+    that retries the start never runs it twice. `_spawn` runs here, in this process (its fork
+    is this test's child)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_shim_spec(
+        run_dir, argv=["sh", "-c", "echo ran > RAN"], env={"PATH": "/usr/bin:/bin"}, workdir=str(tmp_path),
+        log=tmp_path / "output.log",
+    )  # fmt: skip
+    to_head, replies = os.pipe()
+    real_write = os.write
+    lost: list[bytes] = []
+
+    def head_gone(fd: int, data: bytes) -> int:
+        if fd == replies:
+            lost.append(data)
+            raise BrokenPipeError(32, "the head is gone")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", head_gone)
+    try:
+        with pytest.raises(BrokenPipeError):
+            _shim._spawn(str(run_dir), replies)
+    finally:
+        monkeypatch.undo()
+        os.close(to_head)
+        os.close(replies)
+    _, status = os.waitpid(int(lost[0].split()[0]), 0)  # the keeper: this process's child
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not (tmp_path / "RAN").exists() and not (run_dir / "exit.json").exists()
+    assert not (run_dir / "shim.json").exists()

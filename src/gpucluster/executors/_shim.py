@@ -603,8 +603,8 @@ class _Keeper:
 # ---- the fork server: a keeper per job without a Python start per job ---------------------------
 
 
-def _keeper_of(run_dir: str, report: int) -> None:
-    """The detached keeper, in the grandchild of the fork server; never returns.
+def _keeper_of(run_dir: str, report: int, go: int) -> None:
+    """The keeper, in a child of the fork server; never returns.
 
     It is the same keeper an exec'd shim runs, in the same state: the server is this script with
     nothing else loaded, started with the shim's clean environment, cwd and umask. Before the
@@ -612,6 +612,10 @@ def _keeper_of(run_dir: str, report: int) -> None:
     stdout/stderr (RUN_DIR/shim.log, as for an exec'd shim), so the job inherits nothing of the
     server's nor the head's. Its cwd is RUN_DIR (the head's, 0700): the one mark that names its
     job to a process listing (its command line is the server's); the job side leaves it at once.
+
+    It starts nothing before the server says "g" on `go`, which the server does only once the head
+    has its reply (the keeper's pid) in its pipe: a server that dies or is killed in between
+    leaves a keeper that ends at once, never a job the head does not know of (see `_spawn`).
     """
     code = 1
     try:
@@ -624,6 +628,10 @@ def _keeper_of(run_dir: str, report: int) -> None:
         os.dup2(log, 2)
         # Who the keeper is, before anything can end it: its pid and start time name it safely.
         os.write(report, f"{pid} {_start_ticks(pid)}\n".encode())
+        os.close(report)
+        if os.read(go, 1) != b"g":
+            code = 0
+            return
         os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
         with open(SPEC) as f:
             spec = json.load(f)
@@ -638,27 +646,41 @@ def _keeper_of(run_dir: str, report: int) -> None:
         os._exit(code)
 
 
-def _spawn(run_dir: str) -> bytes:
-    """Fork a keeper for RUN_DIR in a session of its own, as an exec'd shim is: it outlives this
-    server and the head (no signal of theirs reaches it, and it waits for nobody). It is this
-    server's child, reaped here when it ends (`_reap`), so no keeper is left a zombie even under a
-    head that runs as PID 1 and reaps no orphans; a keeper whose server died is init's. The
-    reply: b"PID TICKS\n"."""
+def _spawn(run_dir: str, replies: int) -> None:
+    """Fork a keeper for RUN_DIR in a session of its own, as an exec'd shim is, and tell the head
+    on `replies`: b"PID TICKS\n" (or b"error WHY\n").
+
+    The keeper outlives this server and the head (no signal of theirs reaches it, and it waits for
+    nobody). It is this server's child, reaped here when it ends (`_reap`), so no keeper is left a
+    zombie even under a head that runs as PID 1 and reaps no orphans; one whose server died is
+    init's. It runs the job only after its pid is in the head's pipe (the "g" on `go` follows the
+    reply): whatever happens to this server, the head knows every keeper that runs a job, and a
+    start it did not hear of started nothing, so a retry cannot run the job twice."""
     read_fd, report = os.pipe()
+    go_read, go = os.pipe()
     if os.fork() == 0:
         try:
             os.close(read_fd)
+            os.close(go)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's reaper must not take the job side
             os.setsid()  # its own session and process group, led by itself: its pgid is its pid
-            _keeper_of(run_dir, report)
+            _keeper_of(run_dir, report, go_read)
         finally:
             os._exit(1)
     os.close(report)
-    reply = b""
-    while not reply.endswith(b"\n") and (chunk := os.read(read_fd, 64)):
-        reply += chunk
-    os.close(read_fd)
-    return reply if reply.endswith(b"\n") else b"error the keeper did not start\n"
+    os.close(go_read)
+    try:
+        reply = b""
+        while not reply.endswith(b"\n") and (chunk := os.read(read_fd, 64)):
+            reply += chunk
+        os.close(read_fd)
+        if not reply.endswith(b"\n"):
+            os.write(replies, b"error the keeper did not start\n")
+            return
+        os.write(replies, reply)  # one write under PIPE_BUF: the head reads it whole or not at all
+        os.write(go, b"g")
+    finally:
+        os.close(go)  # without the "g": the keeper ends without starting anything
 
 
 def _reap(_signum: int = 0, _frame: object = None) -> None:
@@ -690,10 +712,9 @@ def serve(requests: int = 0, replies: int = 1) -> int:
         *lines, pending = (pending + data).split(b"\n")
         for line in lines:
             try:
-                reply = _spawn(os.fsdecode(line))
-            except OSError as e:
-                reply = f"error {e}\n".encode()
-            os.write(replies, reply)
+                _spawn(os.fsdecode(line), replies)
+            except OSError as e:  # the fork itself failed (no memory, no pids): nothing started
+                os.write(replies, f"error {e}\n".encode())
     return 0
 
 

@@ -192,7 +192,8 @@ class ForkServer:
         return self._proc.pid if self._proc is not None else None
 
     def start(self, run_dir: Path) -> tuple[int, int | None] | None:
-        """(pid, start ticks) of the keeper forked for `run_dir`; None where no server can."""
+        """(pid, start ticks) of the keeper forked for `run_dir`; None where no server can, and
+        then no keeper runs the job (the server starts none whose pid the head was not given)."""
         path = os.fsencode(os.path.abspath(run_dir))
         if b"\n" in path:
             return None
@@ -234,23 +235,33 @@ class ForkServer:
         return self._proc
 
     def _ask(self, proc: subprocess.Popen[bytes], request: bytes) -> bytes | None:
-        """The server's one-line reply; None when it is gone or did not answer in time."""
+        """The server's one-line reply; None when it is gone or did not answer in time.
+
+        A server that does not answer in time is killed, and then its pipe read to the end: a
+        reply it wrote before it died is used (its keeper may run), and without one no keeper
+        of this request runs (it starts only after the reply is written: `_shim._spawn`)."""
         assert proc.stdin is not None and proc.stdout is not None
         try:
             os.write(proc.stdin.fileno(), request)
-            reply = b""
-            deadline = time.monotonic() + self.REPLY_TIMEOUT_S
-            while not reply.endswith(b"\n"):
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
-                    return None
-                chunk = os.read(proc.stdout.fileno(), 256)
-                if not chunk:
-                    return None
-                reply += chunk
-            return reply
-        except OSError:  # BrokenPipeError: it died
+        except OSError:  # BrokenPipeError: it died before this request
             return None
+        reply = b""
+        deadline = time.monotonic() + self.REPLY_TIMEOUT_S
+        while not reply.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                break
+            chunk = os.read(proc.stdout.fileno(), 256)
+            if not chunk:
+                return None  # it died without a reply: its keeper, if any, started nothing
+            reply += chunk
+        else:
+            return reply
+        proc.kill()
+        proc.wait()
+        while chunk := os.read(proc.stdout.fileno(), 256):
+            reply += chunk
+        return reply if reply.endswith(b"\n") else None
 
     def _stop(self) -> None:
         proc, self._proc = self._proc, None
