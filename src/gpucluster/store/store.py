@@ -97,6 +97,7 @@ _UPDATE_IN_STATE = (
     .where(schema.jobs.c.id == bindparam("match_id"))
     .where(schema.jobs.c.state == bindparam("match_state"))
 )
+_GET_JOB = select(schema.jobs).where(schema.jobs.c.id == bindparam("match_id"))  # read at each start and end
 _MOVES: dict[tuple[str, ...], Update] = {}
 _JOB_COLUMNS = frozenset(schema.jobs.c.keys())
 
@@ -1095,7 +1096,7 @@ class Store:
 
     def get_job(self, job_id: int) -> JobRecord | None:
         with self._read() as c:
-            row = c.execute(select(schema.jobs).where(schema.jobs.c.id == job_id)).mappings().first()
+            row = c.execute(_GET_JOB, {"match_id": job_id}).mappings().first()
             shared = self._shared_specs(c, [row] if row else [])
         return _job(row, shared) if row else None
 
