@@ -25,7 +25,6 @@ import shutil
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -478,8 +477,6 @@ class Store:
         self._writer = self._engine(self.url, write=True)
         self._reader = self._engine(self.url, write=False)
         self._write_lock = threading.Lock()
-        self._pending_lock = threading.Lock()
-        self._pending: list[tuple[JobSpec, float, str | None, Future[int]]] = []
         self._nodes: list[NodeRecord] | None = None  # one head per store: its own writes are all
         self._upserts: dict[str, Any] = {}
         self.lease: Lease | None = None  # held by this store's head (claim); every write checks it
@@ -636,7 +633,7 @@ class Store:
             if raw is not None and seen is not None and seen[0] is mine and seen[1] == raw:
                 return  # the very row this same claim was last checked against: unchanged
             found = Lease.from_json(raw) if raw is not None else None
-            if found is not None and found.same_claim(mine):
+            if raw is not None and found is not None and found.same_claim(mine):
                 self._lease_seen = (mine, raw)
                 return
             self.lease_lost = leases.lost_message(mine, found)
@@ -706,28 +703,14 @@ class Store:
     # ---- jobs -------------------------------------------------------------------------------
 
     def create_job(self, spec: JobSpec, now: float, owner: str | None = None, limits: Limits | None = None) -> int:
-        """Insert a queued job; returns its id once the insert is durable.
+        """Insert a queued job in its own transaction; returns its id once the insert is durable.
 
-        Group commit: submissions that arrive while another commit is in flight wait for the
-        write lock, and whichever thread gets it first commits all waiting submissions in one
-        transaction (one fsync). Each caller still returns only after its own row is on disk.
-        """
-        ticket: Future[int] = Future()
-        with self._pending_lock:
-            self._pending.append((spec, now, owner, ticket))
-        with self._write_lock:
-            if not ticket.done():
-                with self._pending_lock:
-                    batch, self._pending = self._pending, []
-                outcomes = self._insert_each(
-                    [(spec, now) for spec, now, _, _ in batch], [o for _, _, o, _ in batch], limits
-                )
-                for outcome, (_, _, _, t) in zip(outcomes, batch, strict=True):
-                    if isinstance(outcome, BaseException):
-                        t.set_exception(outcome)
-                    else:
-                        t.set_result(outcome)
-        return ticket.result()
+        No group commit here: the head's submissions share commits in one place,
+        head/submit_batcher.py, which calls `create_jobs_each`."""
+        outcome = self.create_jobs_each([(spec, now)], [owner], limits)[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def create_jobs(self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None) -> list[int]:
         """Insert queued jobs in one transaction; their ids, in order, once durable."""
