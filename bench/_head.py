@@ -76,13 +76,22 @@ class Head:
         self.jobs_left_running, self.unkillable = _kill_job_groups(self.data_dir)
 
 
-def start(gpus: int, data_dir: Path, log_path: Path, timeout: float = 60, extra: tuple[str, ...] = ()) -> Head:
+def start(
+    gpus: int,
+    data_dir: Path,
+    log_path: Path,
+    timeout: float = 60,
+    extra: tuple[str, ...] = (),
+    src: Path | None = None,
+) -> Head:
     """Start `gpucluster up` in its own session and wait until GET /v1/health answers 200.
 
     The head writes its admin token to a config file next to the data dir (GPUCLUSTER_CONFIG),
-    never to the user's own ~/.config."""
+    never to the user's own ~/.config. `src`: another checkout's `src` to run the head from
+    (PYTHONPATH), so a benchmark can measure a baseline tree side by side with this one."""
     # The installed script, else this interpreter with the sources on its path (a worktree).
-    command = [str(GPUCLUSTER)] if GPUCLUSTER.exists() else [sys.executable, "-m", "gpucluster.cli.main"]
+    use_script = GPUCLUSTER.exists() and src is None
+    command = [str(GPUCLUSTER)] if use_script else [sys.executable, "-m", "gpucluster.cli.main"]
     port = free_port()
     argv = [
         *command, "up", *extra, "--virtual-gpus", str(gpus), "--gpu-type", "H100-80GB",
@@ -90,6 +99,8 @@ def start(gpus: int, data_dir: Path, log_path: Path, timeout: float = 60, extra:
     ]  # fmt: skip
     config = data_dir.parent / "gpucluster-config.yaml"
     env = {**os.environ, userconfig.ENV_PATH: str(config)}
+    if src is not None:
+        env["PYTHONPATH"] = str(src.resolve())
     log: IO[bytes]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)

@@ -223,13 +223,13 @@ def latency_summary(lat: Sequence[float]) -> Result:
 class Phase:
     """One phase on a fresh head: own data dir, port and log; stopped and swept on exit."""
 
-    def __init__(self, work: Path, name: str, gpus: int, report: Result) -> None:
-        self.work, self.name, self.gpus, self.report = work, name, gpus, report
+    def __init__(self, work: Path, name: str, gpus: int, report: Result, src: Path | None = None) -> None:
+        self.work, self.name, self.gpus, self.report, self.src = work, name, gpus, report, src
 
     def __enter__(self) -> _head.Head:
         data = self.work / f"data-{self.name}"
         shutil.rmtree(data, ignore_errors=True)
-        self.head = _head.start(self.gpus, data, self.work / f"head-{self.name}.log")
+        self.head = _head.start(self.gpus, data, self.work / f"head-{self.name}.log", src=self.src)
         return self.head
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:

@@ -149,7 +149,9 @@ def _local_ts(s: str) -> float:
     return datetime.fromisoformat(s).timestamp()
 
 
-def start(dir: Path, nodes: int, gpus_per_node: int, fresh: bool = True) -> SlurmPeer:
+def start(
+    dir: Path, nodes: int, gpus_per_node: int, fresh: bool = True, scheduler_parameters: str | None = None
+) -> SlurmPeer:
     """Run start.sh and return a handle whose env has the SLURM_CONF it printed.
 
     fresh=True wipes the state dir and logs first: start.sh's slurmctld -i reloads saved jobs,
@@ -176,7 +178,22 @@ def start(dir: Path, nodes: int, gpus_per_node: int, fresh: bool = True) -> Slur
     m = re.search(r"export SLURM_CONF=(\S+)", proc.stdout)
     if proc.returncode != 0 or not m:
         raise SlurmError(f"{script} failed ({proc.returncode}); see {dir}/log\n{proc.stdout}{proc.stderr}")
-    return SlurmPeer(dir, nodes, gpus_per_node, env={**env, "SLURM_CONF": m.group(1)})
+    peer = SlurmPeer(dir, nodes, gpus_per_node, env={**env, "SLURM_CONF": m.group(1)})
+    if scheduler_parameters:
+        tune(peer, scheduler_parameters)
+    return peer
+
+
+def tune(peer: SlurmPeer, scheduler_parameters: str) -> None:
+    """Set slurm.conf's SchedulerParameters (e.g. "batch_sched_delay=0", the usual tuning for
+    short jobs) on the running peer: start.sh takes no such option, so the line is appended and
+    slurmctld re-reads its config (`scontrol reconfigure`); checked with `scontrol show config`."""
+    conf = peer.dir / "slurm.conf"
+    conf.write_text(conf.read_text() + f"SchedulerParameters={scheduler_parameters}\n")
+    peer._run("scontrol", "reconfigure")
+    shown = peer._run("scontrol", "show", "config")
+    if scheduler_parameters not in shown:
+        raise SlurmError(f"slurmctld did not take SchedulerParameters={scheduler_parameters}")
 
 
 def stop(peer: SlurmPeer, timeout: float = 30) -> None:

@@ -136,8 +136,7 @@ class AccessControl:
         """The Unix account a job of `owner` runs as; None: the head's own."""
         if not self.run_as_submitter or owner is None:
             return None
-        user = self.store.user(owner)
-        return unix.account_for(owner, user.unix_user if user else None)
+        return unix.account_for(owner, self.store.unix_user(owner))
 
     def check_can_run(self, who: Identity) -> None:
         """Refuse a submission whose job could not run as its submitter."""

@@ -117,8 +117,7 @@ class ClusterService:
             return self._submit_array(spec, owner)
         now = self.head.clock()
         with _queue_limit():
-            job_id = self.store.create_job(spec, now, owner, self.head.policy.limits)
-        self.head.wake.set()
+            job_id = self.batcher.submit_wait(spec, now, owner)  # the API's group commit, woken as it is
         return self._queued(job_id, spec, now, owner)
 
     async def submit_async(

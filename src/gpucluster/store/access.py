@@ -162,6 +162,15 @@ class AccessStore:
         found = self.users([name])
         return found[0] if found else None
 
+    def unix_user(self, name: str) -> str | None:
+        """The Unix account `name` is mapped to (None: not mapped, or no such user). One column
+        of one row: asked at every job start (auth/control.py run_as), where reading the whole
+        user with its teams cost more than the rest of the launch spec."""
+        u = schema.users.c
+        with self._store._read() as c:
+            value = c.execute(select(u.unix_user).where(u.name == name)).scalar()
+        return None if value is None else str(value)
+
     def users(self, names: Iterable[str] | None = None) -> list[UserRecord]:
         u, m = schema.users.c, schema.memberships.c
         q = select(schema.users).order_by(u.name)

@@ -118,10 +118,22 @@ def db_now(conn: Connection) -> float:
     return time.time()
 
 
+# Built once: every write transaction reads the lease (the fencing check), and building the
+# statement anew each time cost about as much as running it.
+_READ = select(schema.meta.c.value).where(schema.meta.c.key == LEASE_KEY)
+
+
 def read(conn: Connection) -> Lease | None:
     """The lease row, or None if no head ever claimed this database."""
-    value = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == LEASE_KEY)).scalar()
+    value = read_raw(conn)
     return Lease.from_json(value) if value is not None else None
+
+
+def read_raw(conn: Connection) -> str | None:
+    """The lease row's text as stored: a writer that saw the same text last time knows the
+    claim is unchanged without parsing it again."""
+    value = conn.execute(_READ).scalar()
+    return None if value is None else str(value)
 
 
 def write(conn: Connection, lease: Lease, existed: bool) -> None:

@@ -25,7 +25,6 @@ import shutil
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,6 +37,7 @@ from sqlalchemy import (
     Select,
     String,
     Table,
+    Update,
     and_,
     bindparam,
     case,
@@ -85,6 +85,37 @@ IDS_PER_QUERY = 5000  # jobs named in one query's IN list (list_jobs(ids=...))
 
 
 log = logging.getLogger("gpucluster.store")
+
+
+# The statements of a job's start and end, built once: building them per call (and SQLAlchemy
+# checking every value of `.values()`) cost the loop more than executing them. The SET clause
+# is the parameters' columns; `match_*` are the WHERE's.
+_ADD_EVENT = insert(schema.job_events)
+_UPDATE_IN_STATE = (
+    update(schema.jobs)
+    .where(schema.jobs.c.id == bindparam("match_id"))
+    .where(schema.jobs.c.state == bindparam("match_state"))
+)
+_GET_JOB = select(schema.jobs).where(schema.jobs.c.id == bindparam("match_id"))  # read at each start and end
+_MOVES: dict[tuple[str, ...], Update] = {}
+_JOB_COLUMNS = frozenset(schema.jobs.c.keys())
+
+
+def _job_values(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` if each names a column of jobs: a parameter that names none would be dropped
+    from the SET clause without a word, where `.values()` refused it."""
+    if not values.keys() <= _JOB_COLUMNS:
+        raise ArgumentError(f"not columns of jobs: {sorted(values.keys() - _JOB_COLUMNS)}")
+    return values
+
+
+def _move_from(states: tuple[str, ...]) -> Update:
+    """UPDATE jobs SET ... WHERE id = :match_id AND state IN (states), one per set of states."""
+    stmt = _MOVES.get(states)
+    if stmt is None:
+        j = schema.jobs.c
+        stmt = _MOVES[states] = update(schema.jobs).where(j.id == bindparam("match_id")).where(j.state.in_(states))
+    return stmt
 
 
 class StoreError(RuntimeError):
@@ -446,12 +477,11 @@ class Store:
         self._writer = self._engine(self.url, write=True)
         self._reader = self._engine(self.url, write=False)
         self._write_lock = threading.Lock()
-        self._pending_lock = threading.Lock()
-        self._pending: list[tuple[JobSpec, float, str | None, Future[int]]] = []
         self._nodes: list[NodeRecord] | None = None  # one head per store: its own writes are all
         self._upserts: dict[str, Any] = {}
         self.lease: Lease | None = None  # held by this store's head (claim); every write checks it
         self.lease_lost: str | None = None  # why not any more, once a write found it taken
+        self._lease_seen: tuple[Lease, str] | None = None  # (claim, row text) a write last found it in
         self._outage_since: float | None = None  # monotonic, while the database is unreachable
         self._outage_lock = threading.Lock()
         try:
@@ -598,8 +628,13 @@ class Store:
         if mine is None:
             return
         if self.lease_lost is None:
-            found = leases.read(conn)
-            if found is not None and found.same_claim(mine):
+            raw = leases.read_raw(conn)
+            seen = self._lease_seen
+            if raw is not None and seen is not None and seen[0] is mine and seen[1] == raw:
+                return  # the very row this same claim was last checked against: unchanged
+            found = Lease.from_json(raw) if raw is not None else None
+            if raw is not None and found is not None and found.same_claim(mine):
+                self._lease_seen = (mine, raw)
                 return
             self.lease_lost = leases.lost_message(mine, found)
             log.error("%s", self.lease_lost)
@@ -668,28 +703,14 @@ class Store:
     # ---- jobs -------------------------------------------------------------------------------
 
     def create_job(self, spec: JobSpec, now: float, owner: str | None = None, limits: Limits | None = None) -> int:
-        """Insert a queued job; returns its id once the insert is durable.
+        """Insert a queued job in its own transaction; returns its id once the insert is durable.
 
-        Group commit: submissions that arrive while another commit is in flight wait for the
-        write lock, and whichever thread gets it first commits all waiting submissions in one
-        transaction (one fsync). Each caller still returns only after its own row is on disk.
-        """
-        ticket: Future[int] = Future()
-        with self._pending_lock:
-            self._pending.append((spec, now, owner, ticket))
-        with self._write_lock:
-            if not ticket.done():
-                with self._pending_lock:
-                    batch, self._pending = self._pending, []
-                outcomes = self._insert_each(
-                    [(spec, now) for spec, now, _, _ in batch], [o for _, _, o, _ in batch], limits
-                )
-                for outcome, (_, _, _, t) in zip(outcomes, batch, strict=True):
-                    if isinstance(outcome, BaseException):
-                        t.set_exception(outcome)
-                    else:
-                        t.set_result(outcome)
-        return ticket.result()
+        No group commit here: the head's submissions share commits in one place,
+        head/submit_batcher.py, which calls `create_jobs_each`."""
+        outcome = self.create_jobs_each([(spec, now)], [owner], limits)[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def create_jobs(self, items: list[tuple[JobSpec, float]], owners: list[str | None] | None = None) -> list[int]:
         """Insert queued jobs in one transaction; their ids, in order, once durable."""
@@ -1058,7 +1079,7 @@ class Store:
 
     def get_job(self, job_id: int) -> JobRecord | None:
         with self._read() as c:
-            row = c.execute(select(schema.jobs).where(schema.jobs.c.id == job_id)).mappings().first()
+            row = c.execute(_GET_JOB, {"match_id": job_id}).mappings().first()
             shared = self._shared_specs(c, [row] if row else [])
         return _job(row, shared) if row else None
 
@@ -1365,15 +1386,10 @@ class Store:
         if to.terminal:
             values.setdefault("ended_at", now)
         with self._write() as c:
-            res = c.execute(
-                update(schema.jobs)
-                .where(schema.jobs.c.id == job_id)
-                .where(schema.jobs.c.state.in_([s.value for s in allowed]))
-                .values(**values)
-            )
+            res = c.execute(_move_from(tuple(s.value for s in allowed)), {"match_id": job_id, **_job_values(values)})
             if res.rowcount != 1:
                 return False
-            c.execute(insert(schema.job_events).values(job_id=job_id, at=now, state=to.value, reason=reason))
+            c.execute(_ADD_EVENT, {"job_id": job_id, "at": now, "state": to.value, "reason": reason})
             if ended_attempt is not None:
                 a = ended_attempt
                 c.execute(
@@ -1614,12 +1630,7 @@ class Store:
         if "launch" in fields:
             fields["launch"] = json.dumps(fields["launch"]) if fields["launch"] is not None else None
         with self._write() as c:
-            res = c.execute(
-                update(schema.jobs)
-                .where(schema.jobs.c.id == job_id)
-                .where(schema.jobs.c.state == expect.value)
-                .values(**fields)
-            )
+            res = c.execute(_UPDATE_IN_STATE, {"match_id": job_id, "match_state": expect.value, **_job_values(fields)})
         return res.rowcount == 1
 
     # ---- nodes ------------------------------------------------------------------------------
