@@ -8,6 +8,7 @@ has and the event-fed queue missed (a write no event told), rather than plan wit
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ def _random_history(rng: random.Random, steps: int, state: ClusterState, queued:
                 .priority(rng.choice(("low", "normal", "high")))
                 .build()
             )
+            # as the head's store has them: queued at the submit, or again later (a requeue)
+            j = replace(j, queued_at=j.submitted_at + rng.choice((0.0, 0.0, 5.0, 500.0)))
             next_id += 1
             queued[j.job_id] = j
             state.apply(Submitted(j))
