@@ -37,7 +37,24 @@ from gpucluster.core.events import (
 )
 from gpucluster.core.policy import Policy
 from gpucluster.core.queue_index import QueueIndex
-from gpucluster.core.types import JobRequest, Node, RunningJob
+from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob
+
+
+def running_job(request: JobRequest, allocation: Allocation, started_at: float) -> RunningJob:
+    """A running job as the core sees it, the one a `Started` carries; built once per start (the
+    head's store reads the same back from the committed start)."""
+    return RunningJob(
+        job_id=request.job_id,
+        allocation=allocation,
+        team=request.team,
+        priority=request.priority,
+        started_at=started_at,
+        time_limit_s=request.time_limit_s,
+        max_gpus=int(request.gpus) if request.min_gpus is not None else None,  # elastic: may grow
+        min_gpus=request.min_gpus,  # and shrink to this
+        user=request.user,
+        exclusive=request.selection is not None and request.selection.exclusive,
+    )
 
 
 class StateMismatch(AssertionError):

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import threading
 
-from gpucluster.core.cluster_state import ClusterState
+from gpucluster.core.cluster_state import ClusterState, running_job
 from gpucluster.core.events import Ended, Event, Started, Submitted
 from gpucluster.core.lifecycle import StopReason
-from gpucluster.core.types import Allocation, JobRequest, RunningJob
+from gpucluster.core.types import Allocation, JobRequest
 from gpucluster.store import Store
 
 
@@ -87,7 +87,7 @@ class QueueCache:
             self._apply_pending()
             job = self.state.queued.get(job_id)
             if job is not None:
-                self.state.apply(Started(_running(job, allocation, now)))
+                self.state.apply(Started(running_job(job, allocation, now)))
             return job
 
     def invalidate(self) -> None:
@@ -99,19 +99,3 @@ class QueueCache:
         with self._lock:
             self._apply_pending()
             return tuple(self.state.queued.values())
-
-
-def _running(job: JobRequest, allocation: Allocation, now: float) -> RunningJob:
-    """The running job as the store's `running_jobs` reads it back once the start is committed."""
-    return RunningJob(
-        job_id=job.job_id,
-        allocation=allocation,
-        team=job.team,
-        priority=job.priority,
-        started_at=now,
-        time_limit_s=job.time_limit_s,
-        max_gpus=int(job.gpus) if job.min_gpus is not None else None,
-        min_gpus=job.min_gpus,
-        user=job.user,
-        exclusive=job.selection is not None and job.selection.exclusive,
-    )
