@@ -14,6 +14,11 @@ from typing import Any
 
 import pytest
 
+# Check mode, always on in tests: every plan of every head (in process, or a `gpucluster up` a
+# test starts, which inherits this) first compares its event-fed cluster state with a fresh build
+# from the store and fails on a difference (head/loop.py, core/cluster_state.py; issue 15).
+os.environ["GPUCLUSTER_CHECK_STATE"] = "1"
+
 from tests.pgserver import (  # noqa: F401 - PostgreSQL for the store's tests
     postgres_server,
     postgres_url,

@@ -10,6 +10,7 @@ import pytest
 
 from gpucluster.auth.identity import Denied, Identity
 from gpucluster.core.states import JobState
+from gpucluster.core.types import Allocation
 from gpucluster.head.service import Conflict, Rejected
 from gpucluster.models import JobUpdate
 
@@ -57,15 +58,15 @@ def test_an_update_after_the_snapshot_drops_the_planned_start(cluster: Cluster) 
     """The cycle planned 1 GPU; the job was changed to 6 before its start: it must not start on
     the 1-GPU plan (nor launch 6 processes on 1 GPU); the next cycle starts it on 6."""
     job = cluster.submit(gpus=1)
-    remove = cluster.head.queue.remove
+    started = cluster.head.queue.started
 
-    def update_then_remove(job_id: int):  # type: ignore[no-untyped-def]
+    def update_then_start(job_id: int, allocation: Allocation, now: float):  # type: ignore[no-untyped-def]
         update(cluster, job_id, gpus=6)  # commits between the plan and its start
-        return remove(job_id)
+        return started(job_id, allocation, now)
 
-    cluster.head.queue.remove = update_then_remove  # type: ignore[method-assign]
+    cluster.head.queue.started = update_then_start  # type: ignore[method-assign]
     cluster.tick_at(T0 + 1)
-    cluster.head.queue.remove = remove  # type: ignore[method-assign]
+    cluster.head.queue.started = started  # type: ignore[method-assign]
     assert cluster.state(job) is JobState.QUEUED and cluster.fake.processes == {}
     cluster.tick_at(T0 + 2)
     assert cluster.state(job) is JobState.RUNNING and gpus_of(cluster, job) == 6

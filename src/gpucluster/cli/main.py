@@ -195,6 +195,14 @@ def up(
             help="wait before a failed job's first restart; doubles with each restart, at most 5m [default: 1s]",
         ),
     ] = None,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="check mode: compare the head's event-fed cluster state with the database before each plan "
+            "(slower; a difference fails the cycle and is logged)",
+        ),
+    ] = False,
     gpus_per_domain: Annotated[
         int | None,
         typer.Option(
@@ -401,6 +409,7 @@ def up(
         node_name=node_name or socket.gethostname(),
         policy_path=policy,
         restart_backoff_s=backoff,
+        debug=debug,
         gpus_per_domain=gpus_per_domain,
         node_labels=tuple(node_labels),
         node_cpus=node_cpus,

@@ -130,7 +130,11 @@ class QueueIndex:
 
     def _add(self, key: int, job: JobRequest) -> None:
         self._count(job, 1)
-        if job.queued_at is not None or job.not_before is not None:
+        # A job whose queue entry is its submit (the head's store records `queued_at` at submit)
+        # ages and sorts as one without it (`queueing.sort_in`), so it is plain: otherwise every
+        # job at the head was odd, and sorted again at each change.
+        entered = job.queued_at
+        if (entered is not None and entered != job.submitted_at) or job.not_before is not None:
             self._odd[key] = job
             self._odd_sorted = None
             return

@@ -44,7 +44,9 @@ from typing import TYPE_CHECKING, Any
 from gpucluster.containers import stored_name
 from gpucluster.core.admission import admit
 from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.cluster_state import ClusterState, StateMismatch
 from gpucluster.core.elastic import grow
+from gpucluster.core.events import PolicyChanged
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.lifecycle import AttemptResult, Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.limits import within_limits
@@ -107,6 +109,9 @@ log = logging.getLogger("gpucluster.head")
 
 # Even when nothing seems to change, plan again this often (the safety net for missed events).
 REPLAN_EVERY_S = 1.0
+# Set (not "0"): every plan first checks the event-fed cluster state against the store (tests;
+# `gpucluster up --debug` sets it).
+CHECK_STATE_ENV = "GPUCLUSTER_CHECK_STATE"
 USAGE_SAVE_EVERY_S = 10.0
 # While the database is unreachable, cycles are retried after 0.2 s, doubling up to this.
 OUTAGE_RETRY_MAX_S = 2.0
@@ -167,7 +172,14 @@ class Head:
         self.usage, saved_at = store.load_usage()
         self._usage_at = saved_at if saved_at is not None else clock()
         self._usage_saved_at = self._usage_at
-        self.queue = QueueCache(store)
+        # The cluster state fed by events (core/cluster_state.py): the queue and its told index,
+        # kept from what the loop reads and does (head/queue_cache.py), not re-sorted each cycle.
+        # Running jobs are still read from the store each cycle (keeps_running=False).
+        self.cluster = ClusterState(keeps_running=False)
+        self.queue = QueueCache(store, self.cluster)
+        # Check mode (tests, `gpucluster up --debug`): each plan first compares the state with a
+        # fresh build from the store and raises StateMismatch on a difference.
+        self.check_state = os.environ.get(CHECK_STATE_ENV, "") not in ("", "0")
         self.gates = Gates(self)  # holds, dependencies, array throttles (issue 20)
         self.limit_waits: dict[int, Wait] = {}  # jobs at their user's limits in the last snapshot (issue 16)
         self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
@@ -222,6 +234,7 @@ class Head:
         started = time.perf_counter()
         now = self.clock()
         if self.policy_source.maybe_reload(now):
+            self.cluster.apply(PolicyChanged(self.policy))
             self._capacity_changed = True
         if self.inventory is not None and self.inventory.refresh(now):
             self._capacity_changed = True
@@ -536,6 +549,7 @@ class Head:
             queued=queued,
             usage=dict(self.usage),
             capacity=self.capacity_index,
+            queue_index=self.cluster.queue_index,
             preempted_for=dict(self.preempted_for),
             drained=self.telemetry.drained() | down,
             holds=dict(self.accounting.held),
@@ -551,6 +565,8 @@ class Head:
         if self.hold_starts:
             return
         queue_changed = self.queue.refresh(now)
+        if self.check_state:
+            queue_changed = self._check_state(now) or queue_changed
         due = self._last_plan_at is None or now - self._last_plan_at >= REPLAN_EVERY_S
         # A backoff that ends is an event, as in the simulator: the job may start at that very
         # instant, not at the next periodic replan.
@@ -585,7 +601,7 @@ class Head:
                 stopped.append(p.job_id)
                 self.wake.set()
         for start in plan.starts:
-            planned = self.queue.remove(start.job_id)
+            planned = self.queue.started(start.job_id, start.allocation, now)
             self._start(start.job_id, start.allocation, now, planned)
         if plan.starts and self.gates.awaits_start:
             self._capacity_changed = True  # a job waiting for one of these to start may go now
@@ -597,6 +613,25 @@ class Head:
         # every job's estimated start, replayed soon after a change (head/estimates.py)
         waiting = self.estimates.waits(snap, self.planning_policy, now, plan, changed=changed)
         self._record_waits({**waiting, **self.gates.waits, **self.limit_waits})
+
+    def _check_state(self, now: float) -> bool:
+        """Check mode: the queue fed by events equals a fresh read of the store. Another thread
+        (an API submit or cancel) may commit between the two reads, so a difference is read
+        again once, after what was told meanwhile, before it is called a mismatch. True if
+        that second read changed the queue."""
+        changed = False
+        for last in (False, True):
+            fresh = ClusterState.build(queued=self.store.queued_requests(), keeps_running=False)
+            self.queue.requests()  # applies removals told from other threads
+            diffs = self.cluster.differences(fresh)
+            if not diffs:
+                return changed
+            if last:
+                raise StateMismatch(
+                    "the head's cluster state fed by events differs from the store: " + "; ".join(diffs)
+                )
+            changed = self.queue.refresh(now)
+        return changed
 
     def _record_waits(self, waiting: dict[int, Wait]) -> None:
         changed = {k: v for k, v in waiting.items() if self._reasons.get(k) != v}

@@ -86,6 +86,9 @@ class UpOptions:
     node_name: str
     policy_path: Path | None = None
     restart_backoff_s: float | None = None
+    # Check mode: each plan first compares the event-fed cluster state with the store (slower:
+    # a full read of the queue each plan), failing the cycle on a difference.
+    debug: bool = False
     gpus_per_domain: int | None = None
     node_labels: tuple[str, ...] = ()  # what jobs select the local node by (up --label)
     # CPU cores and host memory (MiB) jobs on the local node may ask for (up --cpus/--memory);
@@ -256,6 +259,7 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         prices=opts.prices,
     )
     head.identity = access  # each job's own token, and its Unix account under a root head
+    head.check_state = head.check_state or opts.debug
     if isinstance(executor, LocalExecutor) and executor.image_cache is not None:
         # What the node's cache kept is where placement may prefer; what it removes, no longer.
         for ref in executor.image_cache.known():

@@ -32,10 +32,11 @@ from typing import cast
 
 from gpucluster.core.accounting import Budget, Spend, hold_message, over_budget, period_end
 from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.cluster_state import ClusterState
 from gpucluster.core.elastic import grow
 from gpucluster.core.eligibility import Target, array_target, eligible
+from gpucluster.core.events import Ended, Held, Released, Started, StopRequested, Submitted
 from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
-from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, DependencyKind, JobRequest, Node, Plan, RunningJob, Start
@@ -239,7 +240,11 @@ class Engine:
         self._down: set[str] = set()
         self._nodes: tuple[Node, ...] = self._all_nodes  # the live ones, in spec order
         self._up_gpus = spec.total_gpus
-        self._queued: dict[int, JobRequest] = {}
+        # The cluster state the core keeps from events (core/cluster_state.py), as the head's:
+        # the queue, the running jobs, budget holds, and the told capacity and queue indexes.
+        # The names below are its own dicts and indexes, read here; changes go through `apply`.
+        self._state = ClusterState()
+        self._queued: dict[int, JobRequest] = self._state.queued
         # Attained-service ordering (core/attained.py): GPU-seconds of each job's ended attempts,
         # kept only when the policy ranks jobs; and for the reference oracle, each queued job's
         # true remaining run time (core reads them through the snapshot).
@@ -254,7 +259,7 @@ class Engine:
         self._free_since: float | None = None
         self._grow_wake: float | None = None
         self._may_grow = self.policy.core.elastic.enabled and any(j.min_gpus is not None for j in jobs)
-        self._running: dict[int, RunningJob] = {}
+        self._running: dict[int, RunningJob] = self._state.running
         self._active: dict[int, SimJob] = {}
         self._used: dict[tuple[str, int], float] = {}  # GPU -> share in use
         self._busy_gpus = 0.0
@@ -267,9 +272,9 @@ class Engine:
         self.cycle_s = spec.cycle_s
         self._repairs_pending = 0
         # Free GPUs kept across scheduler calls, as the head does, told what starts and ends.
-        self._capacity = CapacityIndex(told=True)
+        self._capacity = self._state.capacity
         # The queue kept sorted into lines across scheduler calls, told what enters and leaves.
-        self._queue_index = QueueIndex(told=True)
+        self._queue_index = self._state.queue_index
         self._feasible: dict[tuple[object, ...], str | None] = {}
         # The empty cluster `_infeasible` asks about, built once and forked per new kind of
         # request (a fresh build of 12,500 nodes was ~0.5 s each, ~10-20 times a run).
@@ -304,7 +309,7 @@ class Engine:
         self._spend: dict[str, list[float]] = {t: [0.0, 0.0] for t in self._budgets}  # period's money, GPU-s
         self._rate: dict[str, list[float]] = {t: [0.0, 0.0] for t in self._budgets}  # money/s, GPUs
         self._spend_at: dict[str, float] = {t: 0.0 for t in self._budgets}
-        self._holds: dict[str, str] = {}
+        self._holds: dict[str, str] = self._state.holds
         self._held_since: dict[str, float] = {}
         self._budget_wake: dict[str, float] = {}
         for t in self._budgets:
@@ -473,10 +478,9 @@ class Engine:
         """Into the queue the scheduler sees."""
         if job.trace.throttle is not None and job.trace.array_id is not None:
             self._admitted[job.trace.array_id].add(job.trace.job_id)
-        self._queued[job.trace.job_id] = job.request
+        self._state.apply(Submitted(job.request))
         if self._oracle:
             self._expected[job.trace.job_id] = job.work_left
-        self._queue_index.add(job.request)
         self._team_queued[job.team] += job.trace.gpus
         self._dirty = True
 
@@ -620,7 +624,6 @@ class Engine:
         self._claim(job, alloc, now)
         if self.keep_starts:
             self.result.starts.append((now, start.job_id, alloc))
-        self._queue_index.remove(self._queued.pop(start.job_id))
         trace = job.trace
         if trace.throttle is not None and trace.array_id is not None:
             self._gated.pop(start.job_id, None)
@@ -638,8 +641,7 @@ class Engine:
         self._team_running[team] += job.held
         if self._usage is not None:
             self._usage.change(job.trace.team, job.held, now)
-        running = self._running[start.job_id] = scheduling.running_job(job.request, alloc, now)
-        self._capacity.add(running)
+        self._state.apply(Started(scheduling.running_job(job.request, alloc, now)))
         self._busy_gpus += job.held
         speed, price_s, power_w = INF, 0.0, 0.0
         for s in alloc.slices:
@@ -707,7 +709,7 @@ class Engine:
         the work since its last checkpoint is lost, charged to `lost_to`, as is any time spent
         on a stop."""
         jid = job.trace.job_id
-        self._capacity.remove(self._running.pop(jid))
+        self._state.apply(Ended(jid))
         if job.trace.throttle is not None and job.trace.array_id is not None:
             self._array_running[job.trace.array_id] -= 1
             self._gate_dirty = True
@@ -917,7 +919,7 @@ class Engine:
 
     def _withdraw(self, job_id: int) -> None:
         """Out of the scheduler's queue, back to waiting on eligibility."""
-        self._queue_index.remove(self._queued.pop(job_id))
+        self._state.apply(Ended(job_id))
         job = self._active[job_id]
         if job.trace.throttle is not None and job.trace.array_id is not None:
             self._admitted[job.trace.array_id].discard(job_id)
@@ -980,7 +982,7 @@ class Engine:
             money, gpu_s = self._spend[team]
             why = over_budget(budget, Spend(money, gpu_s / 3600.0))
             if why is not None and team not in self._holds:
-                self._holds[team] = hold_message(why, budget, now)
+                self._state.apply(Held(team, hold_message(why, budget, now)))
                 self._held_since[team] = now
                 self.result.budgets[team]["holds"] += 1
                 self._dirty = True
@@ -989,7 +991,7 @@ class Engine:
                     for jid in [j for j, r in self._running.items() if r.team == team]:
                         self._stop_for_budget(self._active[jid], now)
             elif why is None and team in self._holds:
-                del self._holds[team]
+                self._state.apply(Released(team))
                 self.result.budgets[team]["held_s"] += now - self._held_since.pop(team)
                 self._dirty = True
             if why is None:
@@ -1037,8 +1039,7 @@ class Engine:
         job.stop_elapsed = now - job.run_start
         job.stop = StopReason.PREEMPT
         job.token += 1
-        self._running[job_id] = scheduling.stopping(self._running[job_id])
-        self._capacity.stopping(self._running[job_id])
+        self._state.apply(StopRequested(scheduling.stopping(self._running[job_id]), job.stop))
         if resize:
             self.result.resizes += 1
         else:

@@ -21,6 +21,7 @@ from gpucluster.core import policy as core_policy
 from gpucluster.core.accounting import Accounting
 from gpucluster.core.attained import Ordering
 from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.cluster_state import running_job as running_job  # the one the simulator starts with
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import HostDefaults, Policy
 from gpucluster.core.queue_index import QueueIndex
@@ -28,7 +29,7 @@ from gpucluster.core.restarts import restart_backoff
 from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.scheduler import gc_paused
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Allocation, JobRequest, Node, Plan, RunningJob
+from gpucluster.core.types import JobRequest, Node, Plan, RunningJob
 from gpucluster.policyfile import PolicyFileError, load_policy_file, parse_policy
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.workload import TraceJob
@@ -166,22 +167,6 @@ def job_request(
 def restart_delay(restart: int) -> float:
     """How long the `restart`-th restart after a failure waits: the live head's rule (core/restarts.py)."""
     return restart_backoff(restart)
-
-
-def running_job(request: JobRequest, allocation: Allocation, started_at: float) -> RunningJob:
-    """A running job as the core sees it; built once per start."""
-    return RunningJob(
-        job_id=request.job_id,
-        allocation=allocation,
-        team=request.team,
-        priority=request.priority,
-        started_at=started_at,
-        time_limit_s=request.time_limit_s,
-        max_gpus=int(request.gpus) if request.min_gpus is not None else None,  # elastic: may grow
-        min_gpus=request.min_gpus,  # and shrink to this
-        user=request.user,
-        exclusive=request.selection is not None and request.selection.exclusive,
-    )
 
 
 def checkpointed(job: RunningJob, at: float) -> RunningJob:

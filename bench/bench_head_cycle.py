@@ -1,0 +1,163 @@
+"""The live head's cycle at 1,000 nodes with 100,000 queued, a baseline tree beside this one (issue 15).
+
+  python bench/bench_head_cycle.py --baseline DIR [--nodes 1000] [--jobs 100000] [--cycles 15]
+
+Issue 15 asks the head's cycle for the simulator's speed: cluster state fed by events rather
+than rebuilt or diffed from the store each cycle. This measures `Head.tick()` itself (the real
+loop, a real SQLite store, the fake executor on virtual GPUs, a clock the benchmark moves, the
+default policy) in a fresh process per tree, so the baseline's figures come from its own code:
+
+- setup: `--nodes` nodes of 8 virtual GPUs, `--jobs` queued jobs of 1-8 GPUs over 20 teams and
+  three priorities, inserted through the store's batch path (`create_jobs`), then a first tick
+  that fills the cluster (its time is printed, not compared: it is mostly the starts);
+- `quiet`: a cycle with nothing changed (the clock moves 0.05 s): reconcile and no plan;
+- `change`: one running job exits and one job is submitted between two cycles (clock +0.05 s):
+  the cycle finishes the job, reads the new one and plans the whole queue again.
+
+Figures are CPU seconds of the process (`time.process_time`; the head's loop runs in this
+thread, no API threads) and wall seconds; median and p95 over `--cycles` of each kind. The machine
+has 2 cores that other engineers load: the script prints the load average before each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = Path(sys.executable)
+
+
+def child(nodes: int, jobs: int, cycles: int) -> dict[str, object]:
+    """One tree's figures, in this process (its `gpucluster` is whatever PYTHONPATH names)."""
+    import random
+    import time
+
+    from gpucluster.core.types import Gpu, Node
+    from gpucluster.executors.base import Exited, Running
+    from gpucluster.executors.fake import FakeExecutor
+    from gpucluster.head.loop import Head
+    from gpucluster.head.paths import DataDir
+    from gpucluster.models import JobSpec
+    from gpucluster.store import Store
+
+    class Clock:
+        def __init__(self) -> None:
+            self.t = 1000.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    rng = random.Random(15)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-head-cycle-"))
+    clock = Clock()
+    store = Store(tmp / "state.db")
+    for n in range(nodes):
+        gpus = tuple(Gpu(index=i, model="H100", memory_mb=81920, uuid=f"V-{n}-{i}") for i in range(8))
+        store.put_node(Node(name=f"n{n:05d}", gpus=gpus), virtual=True, now=clock.t)
+
+    def one(k: int) -> tuple[JobSpec, float]:
+        spec = JobSpec.model_validate(
+            {
+                "command": ["train"],
+                "gpus": rng.choice((1, 1, 2, 4, 8)),
+                "team": f"t{k % 20}",
+                "priority": rng.choice(("low", "normal", "normal", "high")),
+                "time_limit": rng.choice((3600, 7200, 14400)),
+            }
+        )
+        return spec, clock.t - jobs + k * 1.0  # submitted over the last `jobs` seconds
+
+    t0 = time.perf_counter()
+    for first in range(0, jobs, 10_000):
+        store.create_jobs([one(k) for k in range(first, min(jobs, first + 10_000))])
+    insert_s = time.perf_counter() - t0
+    fake = FakeExecutor()
+    head = Head(store=store, executor=fake, data_dir=DataDir(tmp / "data"), clock=clock, base_env={"HOME": "/h"})
+    t0 = time.perf_counter()
+    head.tick()
+    first_s = time.perf_counter() - t0
+    running_after_first = len(fake.running())
+
+    def timed() -> tuple[float, float]:
+        c0, w0 = time.process_time(), time.perf_counter()
+        head.tick()
+        return time.process_time() - c0, time.perf_counter() - w0
+
+    quiet: list[tuple[float, float]] = []
+    change: list[tuple[float, float]] = []
+    for k in range(cycles):
+        clock.t += 0.05
+        quiet.append(timed())
+        # one job ends, one is submitted: the next cycle finishes it and plans again
+        victim = rng.choice(fake.running())
+        for (j, _), p in fake.processes.items():
+            if j == victim and isinstance(p.status, Running):
+                p.status = Exited(0)
+        store.create_jobs([one(jobs + k)])
+        clock.t += 0.05
+        change.append(timed())
+    queued = len(head.queue.requests())
+    store.close()
+
+    def stats(xs: list[float]) -> dict[str, float]:
+        s = sorted(xs)
+        return {"median": statistics.median(s), "p95": s[min(len(s) - 1, round(0.95 * (len(s) - 1)))]}
+
+    return {
+        "insert_s": insert_s,
+        "first_tick_s": first_s,
+        "running": running_after_first,
+        "queued": queued,
+        "quiet_cpu": stats([c for c, _ in quiet]),
+        "quiet_wall": stats([w for _, w in quiet]),
+        "change_cpu": stats([c for c, _ in change]),
+        "change_wall": stats([w for _, w in change]),
+    }
+
+
+def run(tree: Path, args: argparse.Namespace) -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    cmd = [str(PYTHON), __file__, "--child", str(args.nodes), str(args.jobs), str(args.cycles)]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    got: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return got
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        nodes, jobs, cycles = (int(x) for x in sys.argv[2:5])
+        print(json.dumps(child(nodes, jobs, cycles)))
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", type=Path, required=True, help="a checkout of the tree before (its src/)")
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--cycles", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=1, help="baseline/this pairs, alternated")
+    args = ap.parse_args()
+    print(f"{args.nodes} nodes x 8 virtual GPUs, {args.jobs} queued, {args.cycles} cycles of each kind")
+    results: dict[str, list[dict[str, object]]] = {"baseline": [], "this": []}
+    for r in range(args.rounds):
+        for name, tree in (("baseline", args.baseline), ("this", ROOT)):
+            print(f"round {r + 1} {name}: load average {os.getloadavg()[0]:.2f}", flush=True)
+            got = run(tree, args)
+            results[name].append(got)
+            print(f"  {json.dumps(got)}", flush=True)
+    print("\nkind     figure   baseline  this      baseline/this")
+    for kind in ("quiet", "change"):
+        for fig in ("cpu", "wall"):
+            for q in ("median", "p95"):
+                b = statistics.median(float(x[f"{kind}_{fig}"][q]) for x in results["baseline"])  # type: ignore[index]
+                t = statistics.median(float(x[f"{kind}_{fig}"][q]) for x in results["this"])  # type: ignore[index]
+                print(f"{kind:8} {fig} {q:6} {b:8.3f}s {t:8.3f}s  {b / t:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""The cluster as the scheduler sees it, kept from events (core/events.py) rather than rebuilt.
+
+Why: the simulator always knew every arrival, start and end and kept its indexes incrementally
+("told" capacity and queue indexes: core/capacity_index.py, core/queue_index.py), while the head
+re-read and re-sorted its queue every cycle, so its cycle cost O(queued jobs) where the
+simulator's cost O(changes). One object, applied the same events by either caller, keeps the
+queue, the running jobs, the nodes, drains and holds, and tells the indexes what came and went.
+
+Check mode (`check`): a fresh build from the source of truth (the head: the store) must equal the
+state; a difference raises `StateMismatch` naming it, so a missed or wrong event is found where it
+happens (tests and `gpucluster up --debug`), not as a wrong plan much later. The plan itself never
+depends on the events being right: the indexes check what they are told against the queue and
+running jobs handed to `decide` (by count) and fall back to a comparison.
+
+Single-threaded: one caller applies events (the head's loop thread; others queue theirs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.events import (
+    Drained,
+    Ended,
+    Event,
+    Held,
+    NodeDown,
+    NodeUp,
+    PolicyChanged,
+    Released,
+    Started,
+    StopRequested,
+    Submitted,
+    Undrained,
+)
+from gpucluster.core.policy import Policy
+from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob
+
+
+def running_job(request: JobRequest, allocation: Allocation, started_at: float) -> RunningJob:
+    """A running job as the core sees it, the one a `Started` carries; built once per start (the
+    head's store reads the same back from the committed start)."""
+    return RunningJob(
+        job_id=request.job_id,
+        allocation=allocation,
+        team=request.team,
+        priority=request.priority,
+        started_at=started_at,
+        time_limit_s=request.time_limit_s,
+        max_gpus=int(request.gpus) if request.min_gpus is not None else None,  # elastic: may grow
+        min_gpus=request.min_gpus,  # and shrink to this
+        user=request.user,
+        exclusive=request.selection is not None and request.selection.exclusive,
+    )
+
+
+class StateMismatch(AssertionError):
+    """The event-fed state differs from a fresh build: an event was missed or wrong."""
+
+
+class ClusterState:
+    def __init__(self, keeps_running: bool = True) -> None:
+        # False: the caller reads its running jobs elsewhere (the head, from the store, for now),
+        # so `Started` only takes the job out of the queue and running jobs are not compared.
+        self.keeps_running = keeps_running
+        self.queued: dict[int, JobRequest] = {}  # in the order they entered
+        self.running: dict[int, RunningJob] = {}
+        self.nodes: dict[str, Node] = {}
+        self.drained: set[str] = set()
+        self.holds: dict[str, str] = {}  # team -> why its queued jobs are held
+        self.policy: Policy | None = None
+        self.queue_index = QueueIndex(told=True)
+        self.capacity = CapacityIndex(told=True)
+        self.applied = 0  # events applied: for tests and stats
+
+    @classmethod
+    def build(
+        cls,
+        queued: Iterable[JobRequest] = (),
+        running: Iterable[RunningJob] = (),
+        nodes: Iterable[Node] = (),
+        drained: Iterable[str] = (),
+        holds: dict[str, str] | None = None,
+        keeps_running: bool = True,
+    ) -> ClusterState:
+        """A fresh state from a full read (crash recovery, and the check's reference)."""
+        state = cls(keeps_running)
+        for node in nodes:
+            state.apply(NodeUp(node))
+        for name in drained:
+            state.apply(Drained(name))
+        for team, why in (holds or {}).items():
+            state.apply(Held(team, why))
+        for job in queued:
+            state.apply(Submitted(job))
+        for r in running if keeps_running else ():
+            state.running[r.job_id] = r
+            state.capacity.add(r)
+        return state
+
+    def apply(self, event: Event) -> None:
+        self.applied += 1
+        match event:
+            case Submitted(job):
+                old = self.queued.pop(job.job_id, None)
+                if old is not None:
+                    self.queue_index.remove(old)
+                self.queued[job.job_id] = job
+                self.queue_index.add(job)
+            case Started(job):
+                left = self.queued.pop(job.job_id, None)
+                if left is not None:
+                    self.queue_index.remove(left)
+                if self.keeps_running:
+                    self.running[job.job_id] = job
+                    self.capacity.add(job)
+            case Ended(job_id):
+                left = self.queued.pop(job_id, None)
+                if left is not None:
+                    self.queue_index.remove(left)
+                ran = self.running.pop(job_id, None)
+                if ran is not None:
+                    self.capacity.remove(ran)
+            case StopRequested(job):
+                if job.job_id in self.running:
+                    self.running[job.job_id] = job
+                    self.capacity.stopping(job)
+            case NodeUp(node):
+                self.nodes[node.name] = node
+            case NodeDown(name):
+                self.nodes.pop(name, None)
+                self.drained.discard(name)
+            case Drained(name):
+                self.drained.add(name)
+            case Undrained(name):
+                self.drained.discard(name)
+            case Held(team, why):
+                self.holds[team] = why
+            case Released(team):
+                self.holds.pop(team, None)
+            case PolicyChanged(policy):
+                self.policy = policy  # the queue index re-sorts itself when the classes change
+
+    def differences(self, fresh: ClusterState, limit: int = 5) -> list[str]:
+        """What differs from `fresh`, in words (at most `limit` examples per kind)."""
+        out: list[str] = []
+
+        def compare(what: str, mine: Mapping[Any, object], theirs: Mapping[Any, object]) -> None:
+            extra = [k for k in mine if k not in theirs]
+            missing = [k for k in theirs if k not in mine]
+            changed = [k for k in mine if k in theirs and mine[k] != theirs[k]]
+            if extra:
+                out.append(f"{what}: {len(extra)} kept but not in a fresh build, e.g. {extra[:limit]}")
+            if missing:
+                out.append(f"{what}: {len(missing)} in a fresh build but not kept, e.g. {missing[:limit]}")
+            for k in changed[:limit]:
+                out.append(f"{what} {k}: kept {mine[k]!r}, fresh {theirs[k]!r}")
+
+        compare("queued job", self.queued, fresh.queued)
+        if self.keeps_running:
+            compare("running job", self.running, fresh.running)
+        compare("node", self.nodes, fresh.nodes)
+        compare("drained node", dict.fromkeys(self.drained), dict.fromkeys(fresh.drained))
+        compare("held team", dict(self.holds), dict(fresh.holds))
+        return out
+
+    def check(self, fresh: ClusterState, what: str = "cluster state") -> None:
+        """Raise `StateMismatch` naming each difference from a fresh build."""
+        diffs = self.differences(fresh)
+        if diffs:
+            raise StateMismatch(f"{what} fed by events differs from a fresh build: " + "; ".join(diffs))

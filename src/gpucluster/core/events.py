@@ -1,0 +1,109 @@
+"""What happens to the cluster, as events: the one vocabulary the head and the simulator tell
+the cluster state with (core/cluster_state.py, issue 15).
+
+Why events rather than a snapshot rebuilt or diffed each cycle: between two cycles only a few
+jobs come, start or end, and whoever makes the change knows it (the simulator its clock, the head
+its own starts and what it reads from the store). Telling the state what changed keeps every
+index incremental; reading back the whole store or queue each cycle made the head's cycle cost
+O(queued jobs) while the simulator's was O(changes). Frozen values: an event is a fact, applied
+once, and can be logged or compared by a check (`ClusterState.check`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpucluster.core.lifecycle import StopReason
+from gpucluster.core.policy import Policy
+from gpucluster.core.types import JobRequest, Node, RunningJob
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A job entered the queue: a submit, a requeue, or its request changed (replaces the old)."""
+
+    job: JobRequest
+
+
+@dataclass(frozen=True)
+class Started:
+    """A queued job started: it leaves the queue and holds `job.allocation`."""
+
+    job: RunningJob
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A job left the cluster's queue or GPUs other than by a start: its attempt ended (`reason`:
+    the stop that ended it, None for an exit of its own) or, queued, it was cancelled or held."""
+
+    job_id: int
+    reason: StopReason | None = None
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """A stop of a running job is under way (`job.stopping` is set): its GPUs come back after
+    the grace period, which reservations count with."""
+
+    job: RunningJob
+    reason: StopReason
+
+
+@dataclass(frozen=True)
+class NodeUp:
+    """A node joined, or came back with these GPUs (a changed node is a NodeUp again)."""
+
+    node: Node
+
+
+@dataclass(frozen=True)
+class NodeDown:
+    """A node left the cluster."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Drained:
+    """A node takes no new job (its running jobs stay)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Undrained:
+    name: str
+
+
+@dataclass(frozen=True)
+class Held:
+    """A team's queued jobs are held (a spent budget): `why` is the wait they show."""
+
+    team: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Released:
+    team: str
+
+
+@dataclass(frozen=True)
+class PolicyChanged:
+    policy: Policy
+
+
+Event = (
+    Submitted
+    | Started
+    | Ended
+    | StopRequested
+    | NodeUp
+    | NodeDown
+    | Drained
+    | Undrained
+    | Held
+    | Released
+    | PolicyChanged
+)

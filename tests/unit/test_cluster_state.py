@@ -1,0 +1,123 @@
+"""The cluster state fed by events (core/cluster_state.py) and the head's check mode (issue 15).
+
+The state must equal a fresh build after any history of events, and its told queue index must
+hand `decide` the same lines as a fresh sort; the head's check mode must name a job the store
+has and the event-fed queue missed (a write no event told), rather than plan without it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from gpucluster.core.cluster_state import ClusterState, StateMismatch
+from gpucluster.core.events import Drained, Ended, Held, NodeDown, NodeUp, Released, Started, Submitted, Undrained
+from gpucluster.core.policy import Policy
+from gpucluster.core.queueing import sort_in_plain
+from gpucluster.core.states import JobState
+from gpucluster.core.types import JobRequest, Priority
+from gpucluster.store import schema
+
+from .builders import job, node, running
+from .headkit import make_cluster
+
+
+def _random_history(rng: random.Random, steps: int, state: ClusterState, queued: dict[int, JobRequest]) -> None:
+    next_id = max(queued, default=0) + 1 + len(state.running)
+    for _ in range(steps):
+        roll = rng.random()
+        if roll < 0.5 or not queued:
+            j = (
+                job(next_id)
+                .gpus(rng.choice((1, 2, 4)))
+                .team(rng.choice("ab"))
+                .priority(rng.choice(("low", "normal", "high")))
+                .build()
+            )
+            # as the head's store has them: queued at the submit, or again later (a requeue)
+            j = replace(j, queued_at=j.submitted_at + rng.choice((0.0, 0.0, 5.0, 500.0)))
+            next_id += 1
+            queued[j.job_id] = j
+            state.apply(Submitted(j))
+        elif roll < 0.7:
+            job_id = rng.choice(list(queued))
+            state.apply(Started(running(job_id, "n1", 0)))
+            del queued[job_id]
+        elif roll < 0.85:
+            job_id = rng.choice(list(queued))
+            state.apply(Ended(job_id))
+            del queued[job_id]
+        else:  # a changed request replaces the old
+            job_id = rng.choice(list(queued))
+            j = job(job_id).gpus(8).team("b").build()
+            queued[job_id] = j
+            state.apply(Submitted(j))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_state_fed_by_events_equals_a_fresh_build_and_its_index_a_fresh_sort(seed: int) -> None:
+    rng = random.Random(seed)
+    policy = Policy(priorities=True)
+    state = ClusterState()
+    queued: dict[int, JobRequest] = {}
+    first_diffs = None
+    for step in range(4):  # the index is used between histories, as a cycle would
+        _random_history(rng, 60 + step, state, queued)
+        state.check(ClusterState.build(queued=queued.values(), running=state.running.values()))
+        now = 1000.0
+        queue = tuple(state.queued.values())
+        state.queue_index.update(queue, policy)
+        if first_diffs is None:
+            first_diffs = state.queue_index.diffs  # its first use builds it from the queue
+        assert state.queue_index.diffs == first_diffs  # after that, what it was told was enough
+        assert state.queue_index.sorted_in(policy, now) == sort_in_plain(queue, policy, now)
+
+
+def test_check_names_each_kind_of_difference() -> None:
+    state = ClusterState()
+    for e in (NodeUp(node("n1").gpus(8).build()), NodeUp(node("n2").gpus(8).build()), Drained("n1"), Held("a", "x")):
+        state.apply(e)
+    state.apply(Submitted(job(1).build()))
+    state.apply(Submitted(job(2).build()))
+    state.apply(Started(running(3, "n1", 0)))
+    fresh = ClusterState.build(
+        queued=[job(1).build(), job(2).priority(Priority.HIGH).build(), job(4).build()],
+        nodes=[node("n1").gpus(8).build()],
+        drained=["n1"],
+        holds={"a": "x"},
+    )
+    with pytest.raises(StateMismatch) as e:
+        state.check(fresh)
+    text = str(e.value)
+    assert "queued job: 1 in a fresh build but not kept, e.g. [4]" in text
+    assert "queued job 2: kept" in text
+    assert "running job: 1 kept but not in a fresh build, e.g. [3]" in text
+    assert "node: 1 kept but not in a fresh build, e.g. ['n2']" in text
+    for e2 in (NodeDown("n2"), Ended(3), Undrained("n1"), Drained("n1"), Released("a"), Held("a", "x")):
+        state.apply(e2)
+    state.apply(Submitted(job(2).priority(Priority.HIGH).build()))
+    state.apply(Submitted(job(4).build()))
+    state.check(fresh)
+
+
+def test_the_heads_check_mode_names_a_queued_job_no_event_told(tmp_path: Path) -> None:
+    c = make_cluster(tmp_path, gpus=2)
+    try:
+        c.head.check_state = True
+        first = c.submit(gpus=2, command=["a"])
+        second = c.submit(gpus=2, command=["b"])
+        c.tick_at(c.clock.t + 1)
+        assert c.state(first) is JobState.RUNNING and c.state(second) is JobState.QUEUED
+        c.tick_at(c.clock.t + 0.1)  # consistent: no error
+        # A write behind the loop's back: the running job goes back to the queue in the store,
+        # and nothing tells the head (its id is below what it has read, so no incremental read sees it).
+        with c.store._writer.begin() as conn:
+            conn.execute(update(schema.jobs).where(schema.jobs.c.id == first).values(state="queued"))
+        with pytest.raises(StateMismatch, match=rf"queued job: 1 in a fresh build but not kept, e.g. \[{first}\]"):
+            c.tick_at(c.clock.t + 0.1)
+    finally:
+        c.close()
