@@ -24,10 +24,12 @@ from typing import Any
 
 import yaml
 
+from gpucluster.errors import GpuclusterError
+
 ENV_PATH = "GPUCLUSTER_CONFIG"
 
 
-class ConfigError(RuntimeError):
+class ConfigError(RuntimeError, GpuclusterError):
     """The config file exists but cannot be used; the message names it and says why."""
 
 

@@ -36,6 +36,8 @@ import signal as _signal
 import time
 from collections.abc import Iterable, Mapping
 
+from gpucluster.errors import GpuclusterError
+
 V2 = "v2"
 """The key of the cgroup v2 directory in a job's paths (the other keys are v1 controller names)."""
 
@@ -53,7 +55,7 @@ NVIDIACTL_MINOR = 255
 _NOT_LOST = "a job's background processes that leave its process group can outlive it, and CPU/memory are not accounted"
 
 
-class CgroupError(OSError):
+class CgroupError(OSError, GpuclusterError):
     """A cgroup operation that could not be done (e.g. removing a cgroup that still has processes)."""
 
 

@@ -26,6 +26,7 @@ from gpucluster.core.selection import unmatched_message
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, JobRequest, Priority
 from gpucluster.durations import MAX_BEGIN_AHEAD_S
+from gpucluster.errors import GpuclusterError
 from gpucluster.executors._shim import PHASE
 from gpucluster.head.dry_run import dry_run
 from gpucluster.head.inventory import with_presence
@@ -81,18 +82,18 @@ MAX_PIPELINE_JOBS = 100  # a pipeline drawing shows at most this many steps
 MAX_PIPELINE_SCAN = 5000  # newer jobs with dependencies looked at for a job's dependents
 
 
-class NotFound(LookupError):
+class NotFound(LookupError, GpuclusterError):
     pass
 
 
-class Rejected(ValueError):
+class Rejected(ValueError, GpuclusterError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
 
 
-class Conflict(RuntimeError):
+class Conflict(RuntimeError, GpuclusterError):
     pass
 
 

@@ -74,6 +74,7 @@ from gpucluster.core.types import (
     RunningJob,
     Wait,
 )
+from gpucluster.errors import GpuclusterError
 from gpucluster.models import JobSpec
 from gpucluster.store import lease as leases
 from gpucluster.store import migrate, schema
@@ -87,7 +88,7 @@ IDS_PER_QUERY = 5000  # jobs named in one query's IN list (list_jobs(ids=...))
 log = logging.getLogger("gpucluster.store")
 
 
-class StoreError(RuntimeError):
+class StoreError(RuntimeError, GpuclusterError):
     """The store cannot be used (locked by another head, unreadable, newer schema)."""
 
 

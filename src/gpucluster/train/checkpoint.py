@@ -49,6 +49,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from gpucluster.errors import GpuclusterError
 from gpucluster.train import env as train_env
 from gpucluster.train.atomic import TMP_PREFIX, atomic_rename_dir, atomic_write, fsync_dir
 from gpucluster.train.distributed import async_checkpoint_group
@@ -62,7 +63,7 @@ FORMAT_VERSION = 1
 ENV_TEST_CRASH_AT_STEP = "GPUCLUSTER_TEST_CRASH_AT_CHECKPOINT_STEP"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RuntimeError, GpuclusterError):
     """A checkpoint exists but cannot be loaded: the attempt fails with this reason rather than
     start again from step 0 (which would look like success while losing all the work)."""
 
