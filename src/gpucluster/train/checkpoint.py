@@ -14,7 +14,7 @@ rank 0, and only one attempt runs at a time), so "the newest checkpoint" is the 
 last, whatever its step: a script that renumbers its steps (after an elastic resize, say) would
 otherwise see each new checkpoint rotated away right after it was written, because rotation
 kept the highest steps. Only complete checkpoints carry such a name (see
-`gpucluster.train.atomic`), so a crash mid-save leaves the previous one in place. The last `keep`
+`gpucluster.atomicfile`), so a crash mid-save leaves the previous one in place. The last `keep`
 checkpoints are kept; older ones are deleted only after a newer one is durable.
 
 A checkpoint that cannot be loaded is an error (`CheckpointError`, naming the file and why), not
@@ -49,9 +49,9 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from gpucluster.atomicfile import TMP_PREFIX, atomic_rename_dir, atomic_write, fsync_dir
 from gpucluster.errors import GpuclusterError
 from gpucluster.train import env as train_env
-from gpucluster.train.atomic import TMP_PREFIX, atomic_rename_dir, atomic_write, fsync_dir
 from gpucluster.train.distributed import async_checkpoint_group
 
 log = logging.getLogger(__name__)
