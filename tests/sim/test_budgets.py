@@ -19,6 +19,7 @@ from gpucluster.sim.metrics import run_metrics
 from gpucluster.sim.scheduling import load_policy
 from gpucluster.sim.spec import ClusterSpec, load_cluster_spec
 from gpucluster.sim.workload import TraceJob
+from gpucluster.waits_text import sentence
 from tests.sim.helpers import cluster_yaml
 from tests.unit.builders import node
 
@@ -109,7 +110,7 @@ def test_decide_admits_drained_nodes_and_held_teams() -> None:
     snap = Snapshot(nodes, (), queued, drained=frozenset({"n1"}), holds={"a": "held: over budget"})
     plan = decide(snap, Policy(), 10.0)
     assert [(s.job_id, s.allocation.slices[0].node) for s in plan.starts] == [(2, "n2")]
-    assert plan.waiting[1].reason is WaitReason.BUDGET and plan.waiting[1].message == "held: over budget"
+    assert plan.waiting[1].reason is WaitReason.BUDGET and sentence(plan.waiting[1]) == "held: over budget"
     assert plan.waiting[3].reason is not WaitReason.BUDGET
     admitted, held = admit(snap)
     assert [n.name for n in admitted.nodes] == ["n2"] and [j.job_id for j in admitted.queued] == [2, 3]

@@ -24,6 +24,7 @@ from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
+from gpucluster.waits_text import sentence
 
 from .builders import job, no_preemption, node, policy, running, snapshot
 
@@ -273,7 +274,7 @@ def test_decide(case: Case) -> None:
         wait = plan.waiting[job_id]
         assert wait.reason is reason, wait
         for needle in needles:
-            assert needle in wait.message, wait
+            assert needle in sentence(wait), wait
     assert {p.job_id for p in plan.preemptions} == case.preempted
 
 

@@ -34,7 +34,7 @@ from gpucluster.core.accounting import (
     share_on,
     would_exceed,
 )
-from gpucluster.core.reasons import WaitReason
+from gpucluster.core.reasons import WaitFacts, WaitReason
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, JobRequest, Wait
 from gpucluster.store import JobRecord
@@ -290,7 +290,7 @@ class Accountant:
             self._held_jobs.clear()
             self.held_count = {}
             return
-        write: dict[int, str] = {}
+        write: dict[int, Wait] = {}
         now_held: dict[int, str] = {}
         count: dict[str, int] = {}
         for r in queued:
@@ -300,8 +300,8 @@ class Accountant:
             now_held[r.job_id] = why
             count[r.team] = count.get(r.team, 0) + 1
             if self._held_jobs.get(r.job_id) != why:
-                write[r.job_id] = why
-        self.head.store.set_wait_reasons({job_id: Wait(WaitReason.BUDGET, why) for job_id, why in write.items()})
+                write[r.job_id] = Wait(WaitReason.BUDGET, WaitFacts(team=r.team, note=why))
+        self.head.store.set_wait_reasons(write)
         for job_id in write:
             # The loop writes a wait reason only when it changes from the last it wrote: forget
             # that one, so a released job gets its scheduler's reason again even if unchanged.

@@ -33,6 +33,7 @@ from gpucluster.policyfile import PolicyFileError, load_policy_file, parse_polic
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.workload import TraceJob
 from gpucluster.sim.yamlspec import Path_, dotted, lay_over
+from gpucluster.waits_text import sentence
 from gpucluster.yamlfile import read_yaml
 
 # A reference, not a policy: shortest job first (by the trace's true remaining run time) with
@@ -257,7 +258,7 @@ def preempted_for(plan: Plan) -> dict[int, int]:
 
 def wait_message(plan: Plan, job_id: int) -> str:
     wait = plan.waiting.get(job_id)
-    return wait.message if wait is not None else "no reason given"
+    return sentence(wait) if wait is not None else "no reason given"
 
 
 class Usage:
