@@ -70,6 +70,13 @@ def stored(text_column: str | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "code" in data else None
 
 
+def reason_text(text_column: str | None, tz: tzinfo | None = UTC) -> str:
+    """What a job row's reason column says: its stored wait made a sentence, or the sentence it
+    holds (a transition's reason, or a wait written before waits were kept structured)."""
+    data = stored(text_column)
+    return render_stored(data, tz) if data is not None else text_column or ""
+
+
 def render_stored(data: Mapping[str, Any], tz: tzinfo | None = UTC) -> str:
     """The sentence of a structured wait from the store or the API; its code alone if unknown."""
     parsed = from_json(data)
@@ -282,4 +289,4 @@ _SAY: dict[WaitReason, Callable[[WaitFacts, tzinfo | None], str]] = {
     WaitReason.MEMORY: _host,
 }
 
-__all__ = ["HELD_BY_USER", "at", "from_json", "render_stored", "sentence", "stored", "text", "to_json"]
+__all__ = ["HELD_BY_USER", "at", "from_json", "reason_text", "render_stored", "sentence", "stored", "text", "to_json"]
