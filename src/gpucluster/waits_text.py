@@ -21,10 +21,11 @@ from gpucluster.core.types import Wait
 HELD_BY_USER = "held by user"
 
 
-def at(t: float, tz: tzinfo | None = UTC) -> str:
-    """'2026-11-28 14:20 UTC': a time with its zone named; `tz` None is the viewer's local zone."""
+def at(t: float, tz: tzinfo | None = UTC, *, seconds: bool = False) -> str:
+    """'2026-11-28 14:20 UTC': a time with its zone named; `tz` None is the viewer's local zone.
+    `seconds` for times seconds apart (a restart's backoff, a begin time)."""
     when = datetime.fromtimestamp(t, tz) if tz is not None else datetime.fromtimestamp(t).astimezone()
-    return when.strftime("%Y-%m-%d %H:%M %Z")
+    return when.strftime("%Y-%m-%d %H:%M:%S %Z" if seconds else "%Y-%m-%d %H:%M %Z")
 
 
 def sentence(wait: Wait, tz: tzinfo | None = UTC) -> str:
@@ -213,11 +214,11 @@ def _drained(f: WaitFacts, tz: tzinfo | None) -> str:
 
 
 def _backoff(f: WaitFacts, tz: tzinfo | None) -> str:
-    return f"restart held back until {at(f.until, tz)} (backoff)" if f.until is not None else "restart held back"
+    return f"restart held back until {at(f.until, tz, seconds=True)} (backoff)" if f.until is not None else "restart held back"
 
 
 def _begin(f: WaitFacts, tz: tzinfo | None) -> str:
-    return f"waits for its begin time {at(f.until, tz)}" if f.until is not None else "waits for its begin time"
+    return f"waits for its begin time {at(f.until, tz, seconds=True)}" if f.until is not None else "waits for its begin time"
 
 
 def _budget(f: WaitFacts, tz: tzinfo | None) -> str:

@@ -59,7 +59,7 @@ def test_a_begin_time_is_a_number_and_said_with_its_zone() -> None:
     later = replace(job(20).gpus(2).build(), not_before=NOW + 3600, begin=NOW + 3600)
     wait = decide(snapshot([node("n1").gpus(8)], [], [later]), policy(), NOW).waiting[20]
     assert (wait.reason, wait.facts.until, wait.estimated_start) == (WaitReason.BEGIN, NOW + 3600, NOW + 3600)
-    assert sentence(wait) == "waits for its begin time 1970-01-02 04:46 UTC"
+    assert sentence(wait) == "waits for its begin time 1970-01-02 04:46:40 UTC"
 
 
 def test_a_limit_wait_carries_the_limit_and_the_use() -> None:
