@@ -214,15 +214,33 @@ def _drained(f: WaitFacts, tz: tzinfo | None) -> str:
 
 
 def _backoff(f: WaitFacts, tz: tzinfo | None) -> str:
-    return f"restart held back until {at(f.until, tz, seconds=True)} (backoff)" if f.until is not None else "restart held back"
+    return (
+        f"restart held back until {at(f.until, tz, seconds=True)} (backoff)"
+        if f.until is not None
+        else "restart held back"
+    )
 
 
 def _begin(f: WaitFacts, tz: tzinfo | None) -> str:
-    return f"waits for its begin time {at(f.until, tz, seconds=True)}" if f.until is not None else "waits for its begin time"
+    return (
+        f"waits for its begin time {at(f.until, tz, seconds=True)}"
+        if f.until is not None
+        else "waits for its begin time"
+    )
 
 
 def _budget(f: WaitFacts, tz: tzinfo | None) -> str:
-    return f.note or f"team {f.team} has spent its budget for the period"
+    parts = []
+    if f.money_limit is not None:
+        parts.append(f"spent {f.money or 0:.2f} of its {f.money_limit:g} money budget")
+    if f.gpu_hours_limit is not None:
+        parts.append(f"used {f.gpu_hours or 0:.2f} of its {f.gpu_hours_limit:g} GPU-hour budget")
+    over = " and ".join(parts) or "is over its budget"
+    end = f" ({at(f.until, tz)})" if f.until is not None else ""
+    return (
+        f"held: team {f.team} {over} for this {f.period} period; "
+        f"released when the period rolls over{end} or the budget grows"
+    )
 
 
 def _held(f: WaitFacts, tz: tzinfo | None) -> str:

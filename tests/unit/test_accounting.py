@@ -201,7 +201,7 @@ def test_the_period_rolling_over_releases_held_jobs(tmp_path: Path) -> None:
         held = c.submit(gpus=1, team="vision")
         c.tick_at(86400 - 30)
         assert c.record(held).wait_reason == "budget"
-        assert "released when the period rolls over (1970-01-02 00:00 UTC)" in c.record(held).reason
+        assert "released when the period rolls over (1970-01-02 00:00 UTC)" in reason_text(c.record(held).reason)
         c.tick_at(86400 + 1)
         c.tick_at(86400 + 2)
         assert c.state(held) is JobState.RUNNING

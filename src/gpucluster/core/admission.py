@@ -49,7 +49,7 @@ def admit(snapshot: Snapshot) -> tuple[Snapshot, dict[int, Wait]]:
             if why is None:
                 keep.append(job)
             else:
-                waits[job.job_id] = Wait(WaitReason.BUDGET, WaitFacts(team=job.team, note=why))
+                waits[job.job_id] = Wait(WaitReason.BUDGET, why)
         if waits:
             # A kept queue index holds every queued job: the cycle sorts the admitted ones itself.
             snap = replace(snap, queued=tuple(keep), queue_index=None)

@@ -100,7 +100,12 @@ class WaitFacts:
     until: float | None = None  # a begin time or the end of a restart's backoff
     no_earlier_than: float | None = None  # an estimate's floor when it is not exact
     estimated_first: int | None = None  # how many in line are estimated exactly
-    note: str | None = None  # text another part of the head gave (a budget hold's), passed on
+    # a budget hold: what the team spent of the budget it is over (only the parts it is over)
+    money: float | None = None
+    money_limit: float | None = None
+    gpu_hours: float | None = None
+    gpu_hours_limit: float | None = None
+    period: str | None = None  # the budget's period as written (1d, month); `until` its end
 
     def to_json(self) -> dict[str, Any]:
         """The fields that are set, tuples as lists: JSON for the store and the API."""

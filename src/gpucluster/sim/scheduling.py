@@ -24,6 +24,7 @@ from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import HostDefaults, Policy
 from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.restarts import restart_backoff
 from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.scheduler import gc_paused
@@ -204,7 +205,7 @@ def snapshot(
     capacity: CapacityIndex | None = None,
     queue_index: QueueIndex | None = None,
     preempted_for: dict[int, int] | None = None,
-    holds: dict[str, str] | None = None,
+    holds: dict[str, WaitFacts] | None = None,
     attained: dict[int, float] | None = None,
     expected_runtime: dict[int, float] | None = None,
 ) -> Snapshot:
