@@ -11,7 +11,7 @@ other waits with a named reason. The plan is only a proposal: the head commits i
 reason): the cycle stops as soon as no job still in line could add either (`_Cycle._settled`),
 so its cost no longer grows with the queued jobs that cannot start. The starts and preemptions
 are those of the full cycle; `waiting` then names only the jobs considered before it stopped,
-and a wait for busy GPUs or a reservation carries its reason but no message.
+and a wait for busy GPUs or a reservation carries its reason but not its numbers.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Plan, Preemption, Priority, RunningJob, Start, Wait
 
 DEFAULT_POLICY = Policy()
-# The wait of a job whose GPUs are busy when no message is asked for (`reasons=False`).
+# The wait of a job whose GPUs are busy when no numbers are asked for (`reasons=False`).
 _BUSY = Wait(WaitReason.RESOURCES)
 # Likewise for a job whose GPUs are free but not its CPUs or host memory; the waits of such jobs.
 _HOST_BUSY = Wait(WaitReason.CPUS)
@@ -1174,7 +1174,7 @@ class _Cycle:
             self.waiting[job.job_id] = self._host_wait(job, free_on) if self.reasons else _HOST_BUSY
             return
         if not self.reasons:
-            self.waiting[job.job_id] = _BUSY  # the plan's reader wants no message (see `decide`)
+            self.waiting[job.job_id] = _BUSY  # the plan's reader wants no numbers (see `decide`)
             return
         model = models[0]
         if sel is not None:
