@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 
+from gpucluster.errors import GpuclusterError
 from gpucluster.userconfig import UserConfig
 
 DEFAULT_URL = "http://127.0.0.1:8642"
 DEFAULT_QUEUE_PAGE = 1000  # queued jobs GET /v1/queue lists when no limit= is given
 
 
-class ApiError(RuntimeError):
+class ApiError(RuntimeError, GpuclusterError):
     """The head refused a request; `message` says what was wrong and how to fix it."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -27,7 +28,7 @@ class ApiError(RuntimeError):
         self.message = message
 
 
-class ClusterUnreachable(RuntimeError):
+class ClusterUnreachable(RuntimeError, GpuclusterError):
     pass
 
 

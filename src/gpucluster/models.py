@@ -756,6 +756,9 @@ class Job(Model):
     exit_code: int | None = None
     reason: str = ""
     wait_reason: str | None = None  # why a queued job waits, as a code; `reason` has the sentence
+    # The same wait with its numbers: {"code": wait_reason, "gpus": 8, "free": 3, "reserved_at": ...}
+    # (core/reasons.py WaitFacts: times in epoch seconds, memory in MiB), for programs.
+    wait: dict[str, Any] | None = None
     estimated_start: float | None = None
     # 80% interval around estimated_start: run times drawn from similar finished jobs (issue 24)
     start_low: float | None = None
@@ -795,6 +798,7 @@ class DryRunOut(Model):
     allocation: list[SliceOut] = Field(default_factory=list)  # where, when it would start now
     expected_run: ExpectedRun | None = None
     wait_reason: str | None = None
+    wait: dict[str, Any] | None = None  # as Job.wait
     reason: str = ""  # why it would wait
     # `POST /v1/jobs/{id}/what-if`: the job's own estimated start now, to compare with
     current_start: float | None = None

@@ -15,7 +15,6 @@ one being sent to another.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 from dataclasses import dataclass, field
@@ -24,10 +23,13 @@ from typing import Any
 
 import yaml
 
+from gpucluster.atomicfile import atomic_write_bytes
+from gpucluster.errors import GpuclusterError
+
 ENV_PATH = "GPUCLUSTER_CONFIG"
 
 
-class ConfigError(RuntimeError):
+class ConfigError(RuntimeError, GpuclusterError):
     """The config file exists but cannot be used; the message names it and says why."""
 
 
@@ -102,14 +104,7 @@ def save_head(url: str, token: str | None, path: Path | None = None, make_defaul
             heads: dict[str, Any] = found if isinstance(found, dict) else {}
             heads[url.rstrip("/")] = token
             data["heads"] = heads
-        tmp = path.with_name(path.name + ".tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("# gpucluster client configuration (holds tokens: keep it private)\n")
-            yaml.safe_dump(data, f, sort_keys=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        text = "# gpucluster client configuration (holds tokens: keep it private)\n"
+        text += yaml.safe_dump(data, sort_keys=False)
+        atomic_write_bytes(path, text.encode(), mode=0o600)
     return path

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from gpucluster.errors import GpuclusterError
+
 if TYPE_CHECKING:  # pydantic is imported where a file is validated: `gpucluster submit` without
     # a job file, and one the head accepts, never needs it (issue 19)
     from pydantic import BaseModel, ValidationError
@@ -17,7 +19,7 @@ if TYPE_CHECKING:  # pydantic is imported where a file is validated: `gpucluster
 MAX_FILE_BYTES = 1024 * 1024
 
 
-class YamlFileError(ValueError):
+class YamlFileError(ValueError, GpuclusterError):
     pass
 
 

@@ -11,6 +11,7 @@ import json
 import time
 from typing import Any
 
+from gpucluster.waits_text import at
 from tests.e2e.headproc import HeadProcess, cli, wait_for
 
 
@@ -46,6 +47,11 @@ def test_a_drain_with_an_end_gives_the_estimate_and_ends_by_itself(head: HeadPro
     w = wait_for(lambda: (w := why(head, job))["wait_reason"] == "drained" and w, what="a drained wait")
     assert w["reason"].startswith("node node0 is drained (firmware), until ")
     assert w["estimated_start"] == until
+    # The wait's numbers travel beside the sentence; the API says its time in UTC, naming the
+    # zone, and the CLI in the viewer's local zone, named too.
+    assert w["wait"] == {"code": "drained", "drains": [["node0", "firmware", until]]}
+    assert w["reason"] == f"node node0 is drained (firmware), until {at(until)}" and at(until).endswith(" UTC")
+    assert f"until {at(until, None)}" in cli(head, "why", str(job)).stdout
     # The head ends the drain at its end by itself, and the job runs then.
     wait_for(lambda: why(head, job)["state"] == "succeeded", timeout=60, what="the job to run after the drain")
     assert json.loads(cli(head, "nodes", "--json").stdout)[0]["drained"] is False

@@ -10,7 +10,7 @@ import pytest
 
 from gpucluster.core.admission import admit
 from gpucluster.core.policy import Policy
-from gpucluster.core.reasons import WaitReason
+from gpucluster.core.reasons import WaitFacts, WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import JobRequest, Priority
@@ -19,6 +19,7 @@ from gpucluster.sim.metrics import run_metrics
 from gpucluster.sim.scheduling import load_policy
 from gpucluster.sim.spec import ClusterSpec, load_cluster_spec
 from gpucluster.sim.workload import TraceJob
+from gpucluster.waits_text import sentence
 from tests.sim.helpers import cluster_yaml
 from tests.unit.builders import node
 
@@ -106,10 +107,15 @@ def test_decide_admits_drained_nodes_and_held_teams() -> None:
         JobRequest(2, 4.0, team="b", priority=Priority.NORMAL, submitted_at=1.0),
         JobRequest(3, 4.0, team="b", priority=Priority.NORMAL, submitted_at=2.0),
     )
-    snap = Snapshot(nodes, (), queued, drained=frozenset({"n1"}), holds={"a": "held: over budget"})
+    hold = WaitFacts(team="a", money=5.0, money_limit=5.0, period="1d", until=86400.0)
+    snap = Snapshot(nodes, (), queued, drained=frozenset({"n1"}), holds={"a": hold})
     plan = decide(snap, Policy(), 10.0)
     assert [(s.job_id, s.allocation.slices[0].node) for s in plan.starts] == [(2, "n2")]
-    assert plan.waiting[1].reason is WaitReason.BUDGET and plan.waiting[1].message == "held: over budget"
+    assert plan.waiting[1].reason is WaitReason.BUDGET and plan.waiting[1].facts == hold
+    assert sentence(plan.waiting[1]) == (
+        "held: team a spent 5.00 of its 5 money budget for this 1d period; "
+        "released when the period rolls over (1970-01-02 00:00 UTC) or the budget grows"
+    )
     assert plan.waiting[3].reason is not WaitReason.BUDGET
     admitted, held = admit(snap)
     assert [n.name for n in admitted.nodes] == ["n2"] and [j.job_id for j in admitted.queued] == [2, 3]

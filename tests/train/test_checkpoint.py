@@ -14,8 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from gpucluster.atomicfile import atomic_write  # noqa: E402
 from gpucluster.train import checkpoint_dir  # noqa: E402
-from gpucluster.train.atomic import atomic_write  # noqa: E402
 from gpucluster.train.checkpoint import ENV_TEST_CRASH_AT_STEP, CheckpointError, CheckpointManager  # noqa: E402
 
 np = pytest.importorskip("numpy")

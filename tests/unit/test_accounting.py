@@ -20,6 +20,7 @@ from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.service import ClusterService
 from gpucluster.store.accounting import UsageRow
 from gpucluster.store.telemetry import GpuSample
+from gpucluster.waits_text import reason_text
 
 from .headkit import T0, Cluster, api_client, make_cluster
 
@@ -171,7 +172,9 @@ def test_a_team_over_budget_has_new_jobs_held_until_the_budget_grows_or_the_peri
         assert (c.state(held), c.state(other)) == (JobState.QUEUED, JobState.RUNNING)
         r = c.record(held)
         assert r.wait_reason == "budget"
-        assert r.reason.startswith("held: team vision spent 0.18 of its 0.18 money budget for this 1d period")
+        assert reason_text(r.reason).startswith(
+            "held: team vision spent 0.18 of its 0.18 money budget for this 1d period"
+        )
         assert [e.job.id for e in c.service.queue().entries] == [held]
         with api_client(c.service) as api:
             [b] = api.get("/v1/budgets").json()["budgets"]
@@ -198,7 +201,7 @@ def test_the_period_rolling_over_releases_held_jobs(tmp_path: Path) -> None:
         held = c.submit(gpus=1, team="vision")
         c.tick_at(86400 - 30)
         assert c.record(held).wait_reason == "budget"
-        assert "released when the period rolls over (1970-01-02 00:00 UTC)" in c.record(held).reason
+        assert "released when the period rolls over (1970-01-02 00:00 UTC)" in reason_text(c.record(held).reason)
         c.tick_at(86400 + 1)
         c.tick_at(86400 + 2)
         assert c.state(held) is JobState.RUNNING

@@ -15,15 +15,12 @@ from gpucluster.core.policy import Policy
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.types import Drain
+from gpucluster.waits_text import sentence
 
 from .builders import job, node, snapshot
 
 NOW = 1_000_000.0
 HOUR = 3600.0
-
-
-def hhmm(t: float) -> str:
-    return time.strftime("%H:%M", time.localtime(t))
 
 
 def test_a_job_only_a_drained_node_could_host_waits_for_the_drains_end() -> None:
@@ -36,13 +33,13 @@ def test_a_job_only_a_drained_node_could_host_waits_for_the_drains_end() -> None
     plan = decide(snap, Policy(), NOW)
     wait = plan.waiting[1]
     assert not plan.starts
-    same_day = time.localtime(end)[:3] == time.localtime(NOW)[:3]
-    when = hhmm(end) if same_day else time.strftime("%Y-%m-%d %H:%M", time.localtime(end))
-    assert (wait.reason, wait.message, wait.estimated_start) == (
+    assert (wait.reason, wait.facts.drains, wait.estimated_start) == (
         WaitReason.DRAINED,
-        f"node n1 is drained (maintenance), until {when}",
+        (("n1", "maintenance", end),),
         end,
     )
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(end))
+    assert sentence(wait) == f"node n1 is drained (maintenance), until {when}"
     admitted, _ = admit(snap)
     assert estimate_starts(admitted, Policy(), NOW, plan)[1].start == end  # the replay counts from it too
 
@@ -55,7 +52,7 @@ def test_a_drain_without_an_end_is_named_and_gives_no_estimate() -> None:
     )
     plan = decide(snap, Policy(), NOW)
     wait = plan.waiting[1]
-    assert (wait.reason, wait.message, wait.estimated_start) == (
+    assert (wait.reason, sentence(wait), wait.estimated_start) == (
         WaitReason.DRAINED,
         "node n1 is drained (ECC errors on GPU 3) with no end set",
         None,
@@ -76,9 +73,11 @@ def test_only_the_drains_a_job_needs_are_named_the_last_back_first() -> None:
         drains={"n1": Drain("a", NOW + 3 * HOUR), "n2": Drain("b", NOW + HOUR)},
     )
     plan = decide(snap, Policy(), NOW)
-    assert plan.waiting[1].reason is WaitReason.DRAINED and plan.waiting[1].message.startswith("node n2 is drained (b)")
+    assert plan.waiting[1].reason is WaitReason.DRAINED and sentence(plan.waiting[1]).startswith(
+        "node n2 is drained (b)"
+    )
     assert plan.waiting[1].estimated_start == NOW + HOUR
-    assert plan.waiting[2].message.startswith("node n1 is drained (a), until ")
-    assert "; node n2 is drained (b), until " in plan.waiting[2].message
+    assert sentence(plan.waiting[2]).startswith("node n1 is drained (a), until ")
+    assert "; node n2 is drained (b), until " in sentence(plan.waiting[2])
     assert plan.waiting[2].estimated_start == NOW + 3 * HOUR
     assert plan.waiting[3].reason is WaitReason.NO_FIT  # 32 GPUs: not even with every node back

@@ -18,6 +18,7 @@ from gpucluster.core.cluster_state import ClusterState, StateMismatch
 from gpucluster.core.events import Drained, Ended, Held, NodeDown, NodeUp, Released, Started, Submitted, Undrained
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import sort_in_plain
+from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.states import JobState
 from gpucluster.core.types import JobRequest, Priority
 from gpucluster.store import schema
@@ -79,7 +80,8 @@ def test_a_state_fed_by_events_equals_a_fresh_build_and_its_index_a_fresh_sort(s
 
 def test_check_names_each_kind_of_difference() -> None:
     state = ClusterState()
-    for e in (NodeUp(node("n1").gpus(8).build()), NodeUp(node("n2").gpus(8).build()), Drained("n1"), Held("a", "x")):
+    held = Held("a", WaitFacts(team="a"))
+    for e in (NodeUp(node("n1").gpus(8).build()), NodeUp(node("n2").gpus(8).build()), Drained("n1"), held):
         state.apply(e)
     state.apply(Submitted(job(1).build()))
     state.apply(Submitted(job(2).build()))
@@ -97,7 +99,7 @@ def test_check_names_each_kind_of_difference() -> None:
     assert "queued job 2: kept" in text
     assert "running job: 1 kept but not in a fresh build, e.g. [3]" in text
     assert "node: 1 kept but not in a fresh build, e.g. ['n2']" in text
-    for e2 in (NodeDown("n2"), Ended(3), Undrained("n1"), Drained("n1"), Released("a"), Held("a", "x")):
+    for e2 in (NodeDown("n2"), Ended(3), Undrained("n1"), Drained("n1"), Released("a"), Held("a", WaitFacts(team="a"))):
         state.apply(e2)
     state.apply(Submitted(job(2).priority(Priority.HIGH).build()))
     state.apply(Submitted(job(4).build()))

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.models import JobSpec
+from gpucluster.waits_text import sentence
 
 from .builders import job, node, policy, preemption, running, snapshot
 
@@ -48,7 +49,7 @@ def test_an_elastic_job_below_its_minimum_waits_for_its_minimum() -> None:
     plan = decide(snap, now=NOW)
     assert plan.starts == ()
     assert plan.waiting[1].reason is WaitReason.RESERVED
-    assert "2 H100 GPUs" in plan.waiting[1].message
+    assert "2 H100 GPUs" in sentence(plan.waiting[1])
 
 
 def test_an_elastic_job_preempts_only_what_its_minimum_needs() -> None:
@@ -79,7 +80,7 @@ def test_a_job_waiting_out_its_backoff_is_held_back_until_then() -> None:
     assert started(plan) == {2: 2}
     wait = plan.waiting[1]
     assert (wait.reason, wait.estimated_start) == (WaitReason.BACKOFF, NOW + 5)
-    assert "held back until" in wait.message
+    assert "held back until" in sentence(wait)
     assert started(decide(snapshot([node("n1").gpus(8)], queued=queued[:1]), now=NOW + 5)) == {1: 2}
 
 

@@ -16,6 +16,7 @@ from gpucluster.core.eligibility import Target, Verdict, eligible, verdict
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Dependency, DependencyKind, JobRequest
+from gpucluster.waits_text import sentence
 
 NOW = 1_000_000.0
 LIMIT = 3600.0
@@ -156,7 +157,7 @@ def test_nothing_to_check_passes_the_queue_through() -> None:
 def test_a_held_job_waits_with_its_reason() -> None:
     result = eligible((job(1, held=True), job(2)), {}, {}, {}, NOW, LIMIT)
     assert [r.job_id for r in result.eligible] == [2]
-    assert result.waits[1].reason is WaitReason.HELD and result.waits[1].message == "held by user"
+    assert result.waits[1].reason is WaitReason.HELD and sentence(result.waits[1]) == "held by user"
 
 
 def test_a_dependency_waits_then_is_eligible_or_doomed() -> None:
@@ -166,7 +167,7 @@ def test_a_dependency_waits_then_is_eligible_or_doomed() -> None:
     assert not result.eligible
     wait = result.waits[50]
     assert wait.reason is WaitReason.DEPENDENCY and wait.estimated_start == NOW + 600
-    assert wait.message.startswith("waits for job 41 (running, expected to end ")
+    assert sentence(wait).startswith("waits for job 41 (running, expected to end ")
     done = {(41, False): Target(JobState.SUCCEEDED, True)}
     assert [r.job_id for r in eligible((job(50, after=dep),), done, {}, {}, NOW, LIMIT).eligible] == [50]
     failed = {(41, False): Target(JobState.FAILED, True)}
@@ -193,7 +194,7 @@ def test_a_chain_is_estimated_through_each_step() -> None:
     result = eligible(queue, targets, {}, {}, NOW, LIMIT)
     assert result.waits[41].estimated_start == NOW + 600
     assert result.waits[42].estimated_start == NOW + 600 + 1200
-    assert "waiting, expected to end" in result.waits[42].message
+    assert "waiting, expected to end" in sentence(result.waits[42])
 
 
 def test_after_on_a_waiting_step_of_a_chain_is_estimated_from_its_start() -> None:
@@ -208,13 +209,13 @@ def test_after_on_a_waiting_step_of_a_chain_is_estimated_from_its_start() -> Non
     )
     result = eligible(queue, targets, {}, {}, NOW, LIMIT)
     assert result.waits[42].estimated_start == NOW + 600
-    assert "waiting, expected to start" in result.waits[42].message
+    assert "waiting, expected to start" in sentence(result.waits[42])
 
 
 def test_an_unknown_end_gives_no_estimate() -> None:
     targets = {(40, False): Target(JobState.QUEUED)}
     result = eligible((job(41, after=(Dependency(OK, 40),)),), targets, {}, {}, NOW, LIMIT)
-    assert result.waits[41].estimated_start is None and "end not estimated yet" in result.waits[41].message
+    assert result.waits[41].estimated_start is None and "end not estimated yet" in sentence(result.waits[41])
 
 
 def test_a_missing_target_can_never_be_met() -> None:
@@ -228,8 +229,8 @@ def test_the_throttle_lets_through_only_the_room_left_lowest_ids_first() -> None
     assert [r.job_id for r in result.eligible] == [10, 11, 12]
     assert all(result.waits[i].reason is WaitReason.THROTTLE for i in range(13, 20))
     full = eligible(queue, {}, {10: 5}, {10: 5}, NOW, LIMIT)
-    assert not full.eligible and "at most 5 elements at once (5 running)" in full.waits[10].message
-    assert "at most 5 elements at once (5 running)" in result.waits[13].message  # 2 running, 3 starting
+    assert not full.eligible and "at most 5 elements at once (5 running)" in sentence(full.waits[10])
+    assert "at most 5 elements at once (5 running)" in sentence(result.waits[13])  # 2 running, 3 starting
 
 
 def test_held_or_blocked_elements_take_no_room_under_the_throttle() -> None:

@@ -25,7 +25,7 @@ GPU = frozenset({("h1", 0)})
 def test_each_job_ahead_adds_its_stop_and_the_next_start() -> None:
     queued = [job(i).limit(10).build() for i in (1, 2, 3)]
     snap = Snapshot((H1,), (running(50, "h1", 0, limit=10.0),), tuple(queued))
-    plan = Plan(waiting={q.job_id: Wait(WaitReason.RESOURCES, "waits") for q in queued})
+    plan = Plan(waiting={q.job_id: Wait(WaitReason.RESOURCES) for q in queued})
     assert [estimate_starts(snap, Policy(), 0.0, plan)[i].start for i in (1, 2, 3)] == [10.0, 20.0, 30.0]
     slow = Latency(start_s=0.5, stop_s=1.5)
     got = estimate_starts(snap, Policy(), 0.0, plan, latency=slow)
@@ -34,13 +34,13 @@ def test_each_job_ahead_adds_its_stop_and_the_next_start() -> None:
 
 def test_a_reservations_shadow_is_replayed_with_the_latencies() -> None:
     snap = Snapshot((H1,), (running(50, "h1", 0, limit=10.0),), (job(1).limit(10).build(),))
-    plan = Plan(waiting={1: Wait(WaitReason.RESERVED, "first in line", 10.0)})
+    plan = Plan(waiting={1: Wait(WaitReason.RESERVED, estimated_start=10.0)})
     assert estimate_starts(snap, Policy(), 0.0, plan, latency=Latency(1.0, 2.0))[1] == Estimate(13.0)
 
 
 def test_a_stopping_job_ends_as_this_clusters_stops_do_not_after_the_whole_grace() -> None:
     snap = Snapshot((H1,), (running(50, "h1", 0, stopping=True),), (job(1).build(),))
-    plan = Plan(waiting={1: Wait(WaitReason.RESOURCES, "waits")})
+    plan = Plan(waiting={1: Wait(WaitReason.RESOURCES)})
     assert estimate_starts(snap, Policy(), 100.0, plan)[1] == Estimate(130.0)  # the 30 s grace
     assert estimate_starts(snap, Policy(), 100.0, plan, latency=Latency(0.5, 2.0))[1] == Estimate(102.5)
 

@@ -15,6 +15,7 @@ from gpucluster.head.recovery import LAUNCH_GRACE_S
 from gpucluster.head.service import Conflict, NotFound, Rejected
 from gpucluster.store import DatabaseUnavailable, Store
 from gpucluster.store.access import AccessStore
+from gpucluster.waits_text import reason_text
 
 from .builders import allocation, node, spec
 from .headkit import T0, Cluster, make_cluster
@@ -158,7 +159,7 @@ def test_finished_job_frees_its_gpus_for_the_next(cluster: Cluster) -> None:
     waiting = cluster.store.get_job(big2)
     assert waiting is not None
     assert waiting.wait_reason == "reserved"  # first in line: n1 is held for it
-    assert waiting.reason.startswith("first in line: 8 H100 GPUs on n1")
+    assert reason_text(waiting.reason).startswith("first in line: 8 H100 GPUs on n1")
     assert waiting.estimated_start == T0 + 3600  # big1 started at T0 with the default 1 h limit
     wire = cluster.service.job(big2)
     assert (wire.wait_reason, wire.estimated_start) == ("reserved", T0 + 3600)

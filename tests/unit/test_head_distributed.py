@@ -21,6 +21,7 @@ from gpucluster.head.service import Conflict, NotFound
 from gpucluster.launch.ranks import REQUEUE_EXIT_CODE
 from gpucluster.models import ProgressIn
 from gpucluster.store import Store, schema
+from gpucluster.waits_text import reason_text
 
 from .builders import allocation, spec
 from .headkit import T0, Cluster, make_cluster
@@ -149,7 +150,7 @@ def test_a_dead_rank_gets_the_others_killed_and_the_job_restarts_after_a_backoff
     cluster.tick_at(T0 + 5.5)  # backing off: not scheduled although all GPUs are free
     r = cluster.record(job)
     assert (r.state, r.wait_reason) == (JobState.QUEUED, "backoff")
-    assert r.estimated_start == T0 + 6.2 and "held back until" in r.reason
+    assert r.estimated_start == T0 + 6.2 and "held back until" in reason_text(r.reason)
     assert cluster.service.job(job).not_before == T0 + 6.2
     cluster.tick_at(T0 + 6.2)
     r = cluster.record(job)
@@ -363,7 +364,7 @@ def test_an_elastic_job_below_its_minimum_waits(cluster: Cluster) -> None:
     cluster.tick_at(T0 + 1)
     r = cluster.record(job)
     assert r.state is JobState.QUEUED and r.wait_reason == "reserved"
-    assert "2 H100 GPUs" in r.reason  # it waits for its minimum size
+    assert "2 H100 GPUs" in reason_text(r.reason)  # it waits for its minimum size
 
 
 def test_an_elastic_job_is_refused_only_if_its_minimum_can_never_fit(cluster: Cluster) -> None:

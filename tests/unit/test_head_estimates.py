@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpucluster.head.estimates import EstimateRefresher
+from gpucluster.waits_text import reason_text
 
 from .headkit import T0, Cluster, api_client, make_cluster
 
@@ -78,7 +79,7 @@ def test_past_the_estimated_part_the_reason_says_not_before(cluster: Cluster) ->
     cluster.tick_at(T0 + 1)
     r = cluster.record(second)
     assert r.estimated_start is None
-    assert "starts no earlier than" in r.reason and "first 1 in line" in r.reason
+    assert "starts no earlier than" in reason_text(r.reason) and "first 1 in line" in reason_text(r.reason)
 
 
 def test_a_begin_time_holds_the_job_says_so_and_is_its_estimate(cluster: Cluster) -> None:
@@ -90,7 +91,9 @@ def test_a_begin_time_holds_the_job_says_so_and_is_its_estimate(cluster: Cluster
     assert cluster.state(past).value == "running"
     r = cluster.record(later)
     assert (r.state.value, r.estimated_start) == ("queued", T0 + 100)
-    assert r.wait_reason == "begin" and r.reason.startswith("waits for its begin time "), r.reason
+    assert r.wait_reason == "begin" and reason_text(r.reason).startswith("waits for its begin time "), reason_text(
+        r.reason
+    )
     cluster.tick_at(T0 + 99)
     assert cluster.state(later).value == "queued"
     cluster.tick_at(T0 + 100)

@@ -10,6 +10,7 @@ import pytest
 
 from gpucluster.core.states import JobState
 from gpucluster.executors.base import Exited
+from gpucluster.waits_text import reason_text
 
 from .builders import spec
 from .headkit import T0, Cluster, make_cluster
@@ -35,7 +36,7 @@ def test_a_throttled_array_runs_at_most_its_throttle_and_refills_as_elements_end
     now = running(cluster)
     assert len(now) == 3  # 8 GPUs free: the throttle, not the cluster, holds the rest
     waiting = cluster.record(first.id + 5)
-    assert waiting.wait_reason == "throttle" and "at most 3 elements at once (3 running)" in waiting.reason
+    assert waiting.wait_reason == "throttle" and "at most 3 elements at once (3 running)" in reason_text(waiting.reason)
     done = min(now)
     cluster.proc(done).status = Exited(0)
     cluster.tick_at(T0 + 2)
@@ -64,7 +65,7 @@ def test_update_throttle_and_element_env(cluster: Cluster) -> None:
 def test_a_held_job_is_skipped_and_released_jobs_run(cluster: Cluster) -> None:
     held = cluster.submit(hold=True)
     cluster.tick_at(T0 + 1)
-    assert cluster.state(held) is JobState.QUEUED and cluster.record(held).reason == "held by user"
+    assert cluster.state(held) is JobState.QUEUED and reason_text(cluster.record(held).reason) == "held by user"
     assert cluster.service.hold(held, False).changed == [held]
     cluster.tick_at(T0 + 2)
     assert cluster.state(held) is JobState.RUNNING
@@ -104,7 +105,7 @@ def test_aftercorr_pairs_each_element_with_its_partner(cluster: Cluster) -> None
     cluster.tick_at(T0 + 2)
     cluster.tick_at(T0 + 3)
     assert cluster.state(b.id + 1) is JobState.RUNNING and cluster.state(b.id) is JobState.QUEUED
-    assert cluster.record(b.id).reason.startswith(f"waits for job {a.id} (running")
+    assert reason_text(cluster.record(b.id).reason).startswith(f"waits for job {a.id} (running")
 
 
 def test_hold_and_release_of_a_whole_array_take_one_statement(cluster: Cluster) -> None:
@@ -112,7 +113,7 @@ def test_hold_and_release_of_a_whole_array_take_one_statement(cluster: Cluster) 
     held = cluster.service.hold(first.id, True)
     assert (held.count, held.changed) == (6, [])
     cluster.tick_at(T0 + 1)
-    assert running(cluster) == set() and cluster.record(first.id + 3).reason == "held by user"
+    assert running(cluster) == set() and reason_text(cluster.record(first.id + 3).reason) == "held by user"
     assert cluster.service.hold(first.id, False, index=3).changed == [first.id + 3]
     cluster.tick_at(T0 + 2)
     assert running(cluster) == {first.id + 3}
@@ -130,7 +131,7 @@ def test_a_job_after_a_throttled_array_is_estimated_from_its_waves(cluster: Clus
     waiting = cluster.record(after)
     assert waiting.wait_reason == "dependency"
     assert waiting.estimated_start == T0 + 1 + 3 * 600
-    assert waiting.reason.startswith(f"waits for array {first.id} (running, expected to end ")
+    assert reason_text(waiting.reason).startswith(f"waits for array {first.id} (running, expected to end ")
 
 
 def test_a_job_after_an_array_is_estimated_from_the_start_of_its_last_wave(cluster: Cluster) -> None:
@@ -143,7 +144,7 @@ def test_a_job_after_an_array_is_estimated_from_the_start_of_its_last_wave(clust
     waiting = cluster.record(after)
     assert waiting.wait_reason == "dependency"
     assert waiting.estimated_start == T0 + 1 + 2 * 600
-    assert waiting.reason.startswith(f"waits for array {first.id} (running, expected to start ")
+    assert reason_text(waiting.reason).startswith(f"waits for array {first.id} (running, expected to start ")
 
 
 def test_a_pipeline_is_the_chain_through_a_job_and_leaves_out_other_teams_steps(cluster: Cluster) -> None:

@@ -15,6 +15,7 @@ from gpucluster.core.states import JobState
 from gpucluster.executors.base import Exited
 from gpucluster.head.loop import USAGE_SAVE_EVERY_S, Head
 from gpucluster.head.policy_source import PolicySource
+from gpucluster.waits_text import reason_text
 
 from .headkit import T0, Cluster, make_cluster
 
@@ -81,7 +82,7 @@ def test_a_high_job_preempts_a_low_one_which_requeues_and_runs_again_after(clust
     assert cluster.proc(low).signals == []
     waiting = cluster.record(high)
     assert (waiting.state, waiting.wait_reason) == (JobState.QUEUED, "preempting")
-    assert f"preempting job(s) {low}" in waiting.reason
+    assert f"preempting job(s) {low}" in reason_text(waiting.reason)
 
     cluster.tick_at(T0 + 2)
     assert cluster.proc(low).signals == [SIGTERM]

@@ -18,6 +18,7 @@ from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import _Cycle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Plan, Priority, RunningJob
+from gpucluster.waits_text import sentence
 
 from .builders import job, node
 
@@ -42,11 +43,11 @@ def test_a_job_whose_gpus_are_free_but_not_its_cpus_waits_for_cpus() -> None:
     assert [s.job_id for s in plan.starts] == [1]
     assert plan.starts[0].allocation.slices[0].cpus == 3
     held = plan.waiting[2]
-    assert held.reason is WaitReason.RESERVED and "with 2 CPU(s)" in held.message
+    assert held.reason is WaitReason.RESERVED and "with 2 CPU(s)" in sentence(held)
     assert held.estimated_start == NOW + Policy().default_time_limit_s
     wait = plan.waiting[3]
     assert wait.reason is WaitReason.CPUS
-    assert "needs 2 CPU(s)" in wait.message and "at most 1 CPU(s) left" in wait.message
+    assert "needs 2 CPU(s)" in sentence(wait) and "at most 1 CPU(s) left" in sentence(wait)
     # Once job 1 runs, job 3 still waits for CPUs; once it ended, jobs 2 and 3 start.
     first = RunningJob(1, plan.starts[0].allocation, started_at=NOW)
     again = decide(_snap([n0], [first], queued[1:]), now=NOW + 1)
@@ -62,9 +63,9 @@ def test_a_job_short_of_host_memory_waits_for_memory() -> None:
     asks = [job(1).host(cpus=1, mem_mb=32 * 1024).build(), job(2).host(cpus=1, mem_mb=32 * 1024).build()]
     plan = decide(_snap([n0], [busy], asks), now=NOW)
     assert not plan.starts
-    assert plan.waiting[1].reason is WaitReason.RESERVED and "32 GiB of memory" in plan.waiting[1].message
+    assert plan.waiting[1].reason is WaitReason.RESERVED and "32 GiB of memory" in sentence(plan.waiting[1])
     assert plan.waiting[2].reason is WaitReason.MEMORY
-    assert "needs 32 GiB of host memory" in plan.waiting[2].message
+    assert "needs 32 GiB of host memory" in sentence(plan.waiting[2])
 
 
 def test_cpus_pick_the_node_that_has_them() -> None:
@@ -81,7 +82,7 @@ def test_a_request_no_node_can_ever_hold_is_no_fit_naming_the_cpus() -> None:
     n0 = node("n0").gpus(8).host(cpus=16, memory_mb=64 * 1024).build()
     plan = decide(_snap([n0], [], [job(1).host(cpus=32).build()]), now=NOW)
     assert plan.waiting[1].reason is WaitReason.NO_FIT
-    assert "32 CPU(s)" in plan.waiting[1].message and "16 CPU(s)" in plan.waiting[1].message
+    assert "32 CPU(s)" in sentence(plan.waiting[1]) and "16 CPU(s)" in sentence(plan.waiting[1])
 
 
 def test_a_node_that_does_not_account_host_resources_takes_any_request() -> None:
@@ -313,7 +314,7 @@ def test_backfill_never_delays_a_job_waiting_for_cpus() -> None:
     assert not plan.starts
     wait = plan.waiting[1]
     assert wait.reason is WaitReason.RESERVED and wait.estimated_start == NOW + 3600, wait
-    assert "12 CPU(s)" in wait.message and "n0" in wait.message
+    assert "12 CPU(s)" in sentence(wait) and "n0" in sentence(wait)
     assert plan.waiting[2].reason is WaitReason.BEHIND_RESERVATION
     # A later job that ends before the reservation's start passes it.
     short = job(3).host(cpus=4).limit(1800).at(3.0).build()

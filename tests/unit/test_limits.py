@@ -16,6 +16,7 @@ from gpucluster.core.policy import Limit, Limits, Policy, Preemption
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.types import JobRequest, Priority, RunningJob
+from gpucluster.waits_text import sentence
 
 from .builders import job, node, policy, running, snapshot
 from .cycles import Cycles
@@ -57,8 +58,8 @@ def test_a_user_at_the_gpu_limit_waits_while_a_teammate_starts() -> None:
     assert started(plan) == {11}
     wait = plan.waiting[10]
     assert wait.reason is WaitReason.USER_GPUS
-    assert "alice runs 6 GPUs, the per-user limit (limits.per_user.max_running_gpus) is 8" in wait.message
-    assert "this job asks 4" in wait.message
+    assert "alice runs 6 GPUs, the per-user limit (limits.per_user.max_running_gpus) is 8" in sentence(wait)
+    assert "this job asks 4" in sentence(wait)
     # when alice's running job ends (its time limit), 6 GPUs come back and 4 fit
     assert wait.estimated_start == pytest.approx(NOW - 600 + HOUR)
 
@@ -68,7 +69,7 @@ def test_several_jobs_of_one_user_start_in_one_cycle_only_up_to_the_limit() -> N
     plan = decide(snapshot(NODES, [], queued), limited(Limit(max_running_gpus=8)), NOW)
     assert started(plan) == {1, 2}
     assert plan.waiting[3].reason is WaitReason.USER_GPUS
-    assert "alice runs 0 GPUs and 8 more are ahead in line" in plan.waiting[3].message
+    assert "alice runs 0 GPUs and 8 more are ahead in line" in sentence(plan.waiting[3])
     assert plan.waiting[3].estimated_start is None  # the jobs ahead have not started: no end known
 
 
@@ -77,8 +78,8 @@ def test_a_named_user_overrides_the_default_field_by_field() -> None:
     queued = [mine(job(i).gpus(4), "alice") for i in (1, 2, 3, 4)] + [mine(job(i).gpus(4), "bob") for i in (5, 6)]
     plan = decide(snapshot([*NODES, node("n3").gpus(8)], [], queued), policy(limits=limits), NOW)
     assert started(plan) == {1, 2, 3, 5}
-    assert "(limits.users.alice.max_running_gpus) is 12" in plan.waiting[4].message
-    assert "(limits.per_user.max_running_gpus) is 4" in plan.waiting[6].message
+    assert "(limits.users.alice.max_running_gpus) is 12" in sentence(plan.waiting[4])
+    assert "(limits.per_user.max_running_gpus) is 4" in sentence(plan.waiting[6])
     assert limits.of_user("alice", "max_queued_jobs") == (7, "limits.per_user.max_queued_jobs")
 
 
@@ -93,7 +94,7 @@ def test_a_per_class_limit_holds_each_users_jobs_of_that_class() -> None:
     plan = decide(snapshot(NODES, [], queued), policy(limits=limits), NOW)
     assert started(plan) == {1, 3, 4}
     assert plan.waiting[2].reason is WaitReason.CLASS_GPUS
-    assert "(limits.per_class.high.max_running_gpus) is 4" in plan.waiting[2].message
+    assert "(limits.per_class.high.max_running_gpus) is 4" in sentence(plan.waiting[2])
 
 
 def test_gpu_hours_in_flight_count_gpus_times_the_time_limit_left() -> None:
@@ -104,7 +105,7 @@ def test_gpu_hours_in_flight_count_gpus_times_the_time_limit_left() -> None:
     assert not plan.starts
     wait = plan.waiting[2]
     assert wait.reason is WaitReason.USER_GPU_HOURS
-    assert "alice has 6.0 GPU-hours in flight" in wait.message and "this job adds 8.0" in wait.message
+    assert "alice has 6.0 GPU-hours in flight" in sentence(wait) and "this job adds 8.0" in sentence(wait)
     # in flight falls 4 GPU-hours per hour: down to 2 (10 - 8) one hour from now
     assert wait.estimated_start == pytest.approx(NOW + HOUR)
     # a job of 4 GPU-hours fits exactly
@@ -119,13 +120,13 @@ def test_a_job_without_a_time_limit_counts_the_default_limit_in_full_and_gives_n
     limits = Limits(per_user=Limit(max_gpu_hours_in_flight=2.5))
     plan = decide(snap, policy(limits=limits, default_time_limit_s=HOUR), NOW)
     assert plan.waiting[2].reason is WaitReason.USER_GPU_HOURS
-    assert "alice has 2.0 GPU-hours in flight" in plan.waiting[2].message
+    assert "alice has 2.0 GPU-hours in flight" in sentence(plan.waiting[2])
     assert plan.waiting[2].estimated_start is None
 
 
 def test_a_job_larger_than_the_limit_says_it_can_never_start() -> None:
     plan = decide(snapshot(NODES, [], [mine(job(1).gpus(16), "alice")]), limited(Limit(max_running_gpus=8)), NOW)
-    assert "can never start under this limit" in plan.waiting[1].message
+    assert "can never start under this limit" in sentence(plan.waiting[1])
     assert plan.waiting[1].estimated_start is None
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpucluster.core.states import JobState
 from gpucluster.head.policy_source import PolicySource
+from gpucluster.waits_text import reason_text
 
 from .builders import spec
 from .headkit import T0, Cluster, api_client, make_cluster
@@ -36,11 +37,12 @@ def test_the_head_records_a_limit_wait_and_starts_the_job_once_room_frees(tmp_pa
         }
         held = states[second]
         assert held is not None and held.wait_reason == "user_gpus"
-        assert "alice runs 0 GPUs and 4 more are ahead in line" in held.reason  # both started in one cycle
+        assert "alice runs 0 GPUs and 4 more are ahead in line" in reason_text(held.reason)  # both started in one cycle
         c.tick_at(T0 + 2)
         held = c.store.get_job(second)
         assert held is not None and held.wait_reason == "user_gpus"
-        assert "alice runs 4 GPUs, the per-user limit (limits.per_user.max_running_gpus) is 4" in held.reason
+        said = reason_text(held.reason)
+        assert "alice runs 4 GPUs, the per-user limit (limits.per_user.max_running_gpus) is 4" in said
         assert held.estimated_start == T0 + 1 + 600  # when her 4-GPU job reaches its time limit
         c.fake.finish(first, 0)  # her first job ends: 4 GPUs of room again
         c.tick_at(T0 + 3)

@@ -18,6 +18,7 @@ from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.policyfile import PolicyFileError, load_policy
+from gpucluster.waits_text import sentence
 
 from .builders import job, node, running, snapshot
 from .test_scheduler_properties import TEAMS, check_no_overcommit
@@ -53,7 +54,7 @@ def test_a_job_only_the_pool_could_host_waits_naming_the_pool() -> None:
     )
     plan = decide(snap, _policy())
     wait = plan.waiting[1]
-    assert wait.reason is WaitReason.QUOTA and "pool fast" in wait.message and "2-GPU quota" in wait.message, wait
+    assert wait.reason is WaitReason.QUOTA and "pool fast" in sentence(wait) and "2-GPU quota" in sentence(wait), wait
     assert _started(plan) == {2: {"f1"}}  # another team (no quota there) takes the room
 
 

@@ -12,6 +12,7 @@ from gpucluster.core.pools import Pool
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.types import Priority
+from gpucluster.waits_text import sentence
 
 from .builders import job, node, running, shared, snapshot, spread
 
@@ -171,7 +172,7 @@ def test_an_exclusive_job_gets_a_backfill_reservation_on_a_whole_node() -> None:
     plan = decide(snap, Policy(backfill=True, default_time_limit_s=3600), now=NOW)
     wait = plan.waiting[1]
     assert wait.reason is WaitReason.RESERVED, wait
-    assert wait.estimated_start == NOW + 80 and "on n2" in wait.message
+    assert wait.estimated_start == NOW + 80 and "on n2" in sentence(wait)
 
 
 @pytest.mark.parametrize("nodes", [None, 2])

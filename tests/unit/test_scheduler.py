@@ -7,7 +7,8 @@ What changed on purpose, and how the cases follow it:
 - The default policy preempts: a blocked higher-priority job stops lower-priority running jobs.
 - A job larger than one node may span nodes (fewest nodes); one that no set of nodes can ever host
   waits with `no_fit` (the API refuses it at submit).
-- Wait reasons are `Wait(reason, message, estimated_start)`, not bare sentences.
+- Wait reasons are `Wait(reason, facts, estimated_start)`: a code and its numbers, never a sentence
+  (the sentence is waits_text's; these tests read it through `sentence`).
 
 The rules of issue 3 have their own tables in test_scheduler_rules.py; the random-cluster
 properties (which replace this file's old strict-order property) are in test_scheduler_properties.py.
@@ -24,6 +25,7 @@ from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
+from gpucluster.waits_text import sentence
 
 from .builders import job, no_preemption, node, policy, running, snapshot
 
@@ -273,7 +275,7 @@ def test_decide(case: Case) -> None:
         wait = plan.waiting[job_id]
         assert wait.reason is reason, wait
         for needle in needles:
-            assert needle in wait.message, wait
+            assert needle in sentence(wait), wait
     assert {p.job_id for p in plan.preemptions} == case.preempted
 
 

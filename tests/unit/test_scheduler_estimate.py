@@ -119,7 +119,7 @@ CASES = [
 
 
 def _plan(case: Case) -> Plan:
-    waiting = {q.job_id: Wait(case.reasons.get(q.job_id, WaitReason.RESOURCES), "waits") for q in case.queued}
+    waiting = {q.job_id: Wait(case.reasons.get(q.job_id, WaitReason.RESOURCES)) for q in case.queued}
     return Plan(preemptions=tuple(Preemption(v, 0, "test") for v in case.preempted), waiting=waiting)
 
 
@@ -134,7 +134,7 @@ def test_estimate_rule(case: Case) -> None:
 def test_past_the_replayed_part_a_lower_bound_is_given() -> None:
     queued = [job(i).gpus(8).limit(50).build() for i in (1, 2, 3)]
     snap = Snapshot((H8,), (running(50, "h1", *range(8), limit=100.0),), tuple(queued))
-    plan = Plan(waiting={q.job_id: Wait(WaitReason.RESOURCES, "waits") for q in queued})
+    plan = Plan(waiting={q.job_id: Wait(WaitReason.RESOURCES) for q in queued})
     got = estimate_starts(snap, Policy(), 0.0, plan, limit=1)
     assert got[1] == Estimate(100.0)
     # After job 1's reservation the node is free from 150: jobs 2 and 3 start no earlier.
@@ -144,7 +144,7 @@ def test_past_the_replayed_part_a_lower_bound_is_given() -> None:
 def test_backoff_and_reservation_estimates_are_respected() -> None:
     held = JobRequest(1, 1.0, not_before=500.0)
     snap = Snapshot((H8,), (), (held,))
-    plan = Plan(waiting={1: Wait(WaitReason.BACKOFF, "backoff", 500.0)})
+    plan = Plan(waiting={1: Wait(WaitReason.BACKOFF, estimated_start=500.0)})
     assert estimate_starts(snap, Policy(), 0.0, plan)[1] == Estimate(500.0)
 
 
@@ -163,7 +163,7 @@ def test_estimates_do_not_double_book() -> None:
     """Many one-GPU jobs on a busy node: never more than 8 reserved at any moment."""
     queued = [job(i).limit(float(10 * (i % 7 + 1))).build() for i in range(1, 60)]
     snap = Snapshot((H8,), (running(50, "h1", 0, 1, 2, limit=25.0),), tuple(queued))
-    plan = Plan(waiting={q.job_id: Wait(WaitReason.RESOURCES, "waits") for q in queued})
+    plan = Plan(waiting={q.job_id: Wait(WaitReason.RESOURCES) for q in queued})
     got = estimate_starts(snap, Policy(), 0.0, plan)
     intervals = [(0.0, 25.0)] * 3 + [
         (got[q.job_id].start or 0.0, (got[q.job_id].start or 0.0) + (q.time_limit_s or 0)) for q in queued

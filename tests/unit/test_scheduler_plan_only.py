@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gpucluster.core.policy import Policy, fifo_policy
 from gpucluster.core.queueing import sort_in, sort_in_plain
+from gpucluster.core.reasons import NO_FACTS
 from gpucluster.core.scheduler import _Cycle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Priority, RunningJob
@@ -36,7 +37,7 @@ def assert_same_plan(snap: Snapshot, policy: Policy) -> None:
         # Without reasons a wait for busy GPUs or a reservation is not worded; the rest is the same.
         whole = full.waiting[job_id]
         assert (wait.reason, wait.estimated_start) == (whole.reason, whole.estimated_start)
-        assert wait.message in ("", whole.message)
+        assert wait.facts in (NO_FACTS, whole.facts)
 
 
 @st.composite

@@ -20,6 +20,7 @@ from gpucluster.core.types import Plan, Priority
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.service import Rejected
 from gpucluster.policyfile import PolicyFileError, load_policy
+from gpucluster.waits_text import sentence
 
 from .builders import NodeBuilder, job, node, running, snapshot
 from .headkit import api_client, make_cluster
@@ -66,10 +67,10 @@ def test_the_wait_names_the_closed_pool_and_no_node_at_all_is_no_fit() -> None:
     plan = decide(snap, Policy(pools=(IB_FOR_VISION,)), now=NOW)
     wait = plan.waiting[1]
     assert wait.reason is WaitReason.RESOURCES
-    assert wait.message.startswith("no free node matches outside pool(s) ib (closed to its team or class): 1 node(s)")
+    assert sentence(wait).startswith("no free node matches outside pool(s) ib (closed to its team or class): 1 node(s)")
     closed_all = Pool("all", nodes=frozenset({"n1", "n2"}), teams=frozenset({"vision"}))
     none = decide(snapshot(nodes=cluster(), queued=[job(1).team("nlp")]), Policy(pools=(closed_all,)))
-    assert none.waiting[1].reason is WaitReason.NO_FIT and "pool(s) all" in none.waiting[1].message
+    assert none.waiting[1].reason is WaitReason.NO_FIT and "pool(s) all" in sentence(none.waiting[1])
 
 
 def test_a_node_in_two_pools_is_open_to_whoever_either_admits() -> None:

@@ -18,6 +18,7 @@ from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import _Cycle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Plan, Priority, RunningJob
+from gpucluster.waits_text import sentence
 
 from .builders import job, node
 from .cycles import Cycles
@@ -241,7 +242,7 @@ def check_every_job_accounted(snap: Snapshot, plan: Plan) -> None:
     assert set(started).isdisjoint(plan.waiting)
     assert set(started) | set(plan.waiting) == {j.job_id for j in snap.queued}
     for jid, w in plan.waiting.items():
-        assert isinstance(w.reason, WaitReason) and w.message, (jid, w)
+        assert isinstance(w.reason, WaitReason) and sentence(w), (jid, w)
         if w.reason is WaitReason.RESERVED:
             assert w.estimated_start is not None and w.estimated_start >= NOW
         if w.estimated_start is not None:

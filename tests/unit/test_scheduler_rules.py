@@ -18,6 +18,7 @@ from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Plan, RunningJob
+from gpucluster.waits_text import sentence
 
 from .builders import (
     H100_MB,
@@ -71,8 +72,8 @@ def check(rule: Rule) -> Plan:
         reason, words = (want, "") if isinstance(want, WaitReason) else want
         wait = plan.waiting[job_id]
         assert wait.reason is reason, f"job {job_id}: {wait}"
-        assert words in wait.message, f"job {job_id}: {wait}"
-        assert wait.message, f"job {job_id} has no sentence"
+        assert words in sentence(wait), f"job {job_id}: {wait}"
+        assert sentence(wait), f"job {job_id} has no sentence"
     for job_id, at in rule.estimated.items():
         assert plan.waiting[job_id].estimated_start == at, plan.waiting[job_id]
     return plan
@@ -1386,7 +1387,7 @@ def test_a_gang_reservation_waits_for_its_gpus_on_each_of_its_nodes() -> None:
     long = job(2).limit(20_000).build()
     plan = decide(snapshot(nodes=nodes, running=busy, queued=[gang, long]), now=NOW)
     wait = plan.waiting[1]
-    assert wait.reason is R.RESERVED and "on n1, n2 are held" in wait.message, wait
+    assert wait.reason is R.RESERVED and "on n1, n2 are held" in sentence(wait), wait
     assert wait.estimated_start == 5000.0
     assert [(s.job_id, s.allocation.slices[0].node) for s in plan.starts] == [(2, "n3")]
     # At its reserved time, with every job still within its limit running, the gang starts.

@@ -18,6 +18,7 @@ from gpucluster.core.scheduler import decide
 from gpucluster.core.selection import Selection, parse_constraint
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Plan, RunningJob
+from gpucluster.waits_text import sentence
 
 from .builders import job, node, running, shared, snapshot
 from .test_scheduler_properties import (
@@ -95,10 +96,10 @@ def test_the_wait_names_the_selection_and_how_many_nodes_match() -> None:
     )
     plan = decide(snap)
     assert not plan.starts
-    assert plan.waiting[0].reason is WaitReason.RESERVED and "on n2" in plan.waiting[0].message
+    assert plan.waiting[0].reason is WaitReason.RESERVED and "on n2" in sentence(plan.waiting[0])
     wait = plan.waiting[1]
     assert wait.reason is WaitReason.RESOURCES
-    assert wait.message == (
+    assert sentence(wait) == (
         "no free node matches --constraint ib: 2 node(s) with H100 GPUs match, 2 of them busy; "
         "needs 2 free H100 GPU(s), at most 1 free on one"
     )
@@ -111,7 +112,7 @@ def test_no_matching_node_is_no_fit_naming_the_nodes_labels() -> None:
     )
     wait = decide(snap).waiting[1]
     assert wait.reason is WaitReason.NO_FIT
-    assert wait.message == "no node matches --constraint ib (nodes and their labels: n1: rack=r1; n2: no labels)"
+    assert sentence(wait) == "no node matches --constraint ib (nodes and their labels: n1: rack=r1; n2: no labels)"
 
 
 def test_matching_nodes_too_small_is_no_fit() -> None:
@@ -121,7 +122,7 @@ def test_matching_nodes_too_small_is_no_fit() -> None:
     )
     wait = decide(snap).waiting[1]
     assert wait.reason is WaitReason.NO_FIT
-    assert "the 1 node(s) matching --constraint ib can never host 4 GPUs" in wait.message
+    assert "the 1 node(s) matching --constraint ib can never host 4 GPUs" in sentence(wait)
 
 
 def test_jobs_asking_the_same_but_with_other_selections_do_not_share_an_answer() -> None:
@@ -185,7 +186,7 @@ def test_an_exclusive_job_waits_for_an_idle_node_and_says_so() -> None:
     plan = decide(snap, PRIORITY, now=NOW)
     assert not plan.starts and not plan.preemptions
     # First in line, it holds a reservation on the node from when it empties.
-    assert plan.waiting[1].reason is WaitReason.RESERVED and "--exclusive" in plan.waiting[1].message
+    assert plan.waiting[1].reason is WaitReason.RESERVED and "--exclusive" in sentence(plan.waiting[1])
     # Without backfill reservations... behind one, it says why it waits.
     behind = snapshot(
         nodes=[node("n1").gpus(8)],
@@ -193,7 +194,7 @@ def test_an_exclusive_job_waits_for_an_idle_node_and_says_so() -> None:
         queued=[job(2).gpus(8).priority("critical"), job(1).gpus(1).exclusive().priority("high")],
     )
     plan = decide(behind, PRIORITY, now=NOW)
-    assert "an exclusive job needs nodes where nothing runs" in plan.waiting[1].message, plan.waiting[1]
+    assert "an exclusive job needs nodes where nothing runs" in sentence(plan.waiting[1]), plan.waiting[1]
 
 
 @pytest.mark.parametrize("told", [False, True])
@@ -258,7 +259,7 @@ def test_a_reservation_holds_only_allowed_nodes_and_others_backfill_elsewhere() 
     )
     plan = decide(snap, Policy(backfill=True, default_time_limit_s=3600), now=NOW)
     wait = plan.waiting[1]
-    assert wait.reason is WaitReason.RESERVED and "on n2" in wait.message
+    assert wait.reason is WaitReason.RESERVED and "on n2" in sentence(wait)
     assert wait.estimated_start == NOW + 50
     # Job 2 would delay job 1 on n2 (it outlasts the shadow), and n1 is full: it waits.
     assert plan.waiting[2].reason is WaitReason.BEHIND_RESERVATION

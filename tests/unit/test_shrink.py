@@ -10,6 +10,7 @@ from gpucluster.core.policy import Policy, Preemption
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.types import RunningJob
+from gpucluster.waits_text import sentence
 
 from .builders import job, node, running, snapshot
 
@@ -40,7 +41,7 @@ def test_an_elastic_job_above_its_minimum_is_shrunk_rather_than_another_stopped(
     assert plan.preemptions[0].reason.startswith("resized: shrinking from 6 GPUs")
     assert "at least 2" in plan.preemptions[0].reason
     wait = plan.waiting[1]
-    assert wait.reason is WaitReason.PREEMPTING and "shrinking elastic job(s) 90" in wait.message
+    assert wait.reason is WaitReason.PREEMPTING and "shrinking elastic job(s) 90" in sentence(wait)
 
 
 def test_the_policy_can_turn_shrinking_off() -> None:

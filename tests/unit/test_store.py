@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from gpucluster.core.policy import Limit, Limits
-from gpucluster.core.reasons import WaitReason
+from gpucluster.core.reasons import WaitFacts, WaitReason
 from gpucluster.core.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
 from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob, Wait
 from gpucluster.store import AttemptRecord, DataDirUnwritable, QueueLimitReached, Store, StoreError
 from gpucluster.store import store as store_module
+from gpucluster.waits_text import stored
 
 from .builders import allocation, node, spec
 from .storekit import run_sql
@@ -266,16 +267,17 @@ def test_set_wait_reasons_leaves_non_queued_jobs_alone(store: Store) -> None:
     store.transition(cancelled, JobState.CANCELLED, T0 + 1, "cancelled by user while queued")
     store.set_wait_reasons(
         {
-            queued: Wait(WaitReason.RESERVED, "first in line for 8 H100", 900.0),
-            running: Wait(WaitReason.RESOURCES, "stale"),
-            cancelled: Wait(WaitReason.RESOURCES, "stale"),
-            999: Wait(WaitReason.RESOURCES, "ghost"),
+            queued: Wait(WaitReason.RESERVED, WaitFacts(model="H100", gpus=8, reserved_at=900.0), 900.0),
+            running: Wait(WaitReason.RESOURCES),
+            cancelled: Wait(WaitReason.RESOURCES),
+            999: Wait(WaitReason.RESOURCES),
         }
     )
     store.set_wait_reasons({})
-    reasons = {j.id: (j.reason, j.wait_reason, j.estimated_start) for j in store.list_jobs()}
+    reasons = {j.id: (stored(j.reason) or j.reason, j.wait_reason, j.estimated_start) for j in store.list_jobs()}
     assert reasons == {
-        queued: ("first in line for 8 H100", "reserved", 900.0),
+        # kept structured: the code and its numbers, no sentence
+        queued: ({"code": "reserved", "model": "H100", "gpus": 8, "reserved_at": 900.0}, "reserved", 900.0),
         running: ("started", None, None),
         cancelled: ("cancelled by user while queued", None, None),
     }
@@ -443,7 +445,7 @@ def test_reopening_the_db_keeps_every_job(db: Path | str) -> None:
     start(first, ids[0], 0)
     first.update_job(ids[0], JobState.RUNNING, launch={"pid": 7})
     first.transition(ids[1], JobState.CANCELLED, T0 + 30, "cancelled")
-    first.set_wait_reasons({ids[2]: Wait(WaitReason.RESOURCES, "waiting")})
+    first.set_wait_reasons({ids[2]: Wait(WaitReason.RESOURCES)})
     first.put_node(node("n1").gpus(8, "H100").build(), virtual=True, now=T0)
     jobs_before = first.list_jobs()
     events_before = {i: first.events(i) for i in ids}

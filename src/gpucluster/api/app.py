@@ -34,6 +34,7 @@ from gpucluster.auth.rules import Caller, Rule, allow
 from gpucluster.containers import check_mounts, outside_roots
 from gpucluster.core.states import JobState
 from gpucluster.dashboard import serve as dashboard_serve
+from gpucluster.errors import GpuclusterError
 from gpucluster.executors.logfile import read_log
 from gpucluster.head import sessions
 from gpucluster.head.service import ClusterService, Conflict, NotFound, Rejected
@@ -109,11 +110,11 @@ class BodyLimit:
             await JSONResponse(body, status_code=408, headers=e.headers)(scope, receive, send)
 
 
-class _BodyTooLarge(Exception):
+class _BodyTooLarge(GpuclusterError):
     pass
 
 
-class _BodyTimeout(HTTPException):
+class _BodyTimeout(HTTPException, GpuclusterError):
     """An HTTPException, so that FastAPI, reading the body for a route, passes it on as it is
     (its own handler answers 408 in the usual error shape) rather than as a 400."""
 

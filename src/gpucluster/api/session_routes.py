@@ -34,6 +34,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gpucluster.auth.control import AccessControl
 from gpucluster.auth.identity import Identity, RateLimited, Unauthorized
+from gpucluster.errors import GpuclusterError
 from gpucluster.head import sessions
 from gpucluster.head.service import ClusterService
 from gpucluster.models import MAX_SQL_INT
@@ -44,7 +45,7 @@ log = logging.getLogger("gpucluster.api")
 RECHECK_S = 5.0  # how soon a revoked token or a removed member loses an open terminal or tunnel
 
 
-class _Refused(Exception):
+class _Refused(GpuclusterError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status

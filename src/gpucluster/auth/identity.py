@@ -13,20 +13,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpucluster.errors import GpuclusterError
 from gpucluster.store.access import TEAM_ADMIN
 
 CLUSTER_ADMIN = "cluster-admin"
 
 
-class Unauthorized(PermissionError):
+class Unauthorized(PermissionError, GpuclusterError):
     """No credential, or one that is unknown, revoked or expired (HTTP 401)."""
 
 
-class Denied(PermissionError):
+class Denied(PermissionError, GpuclusterError):
     """A known caller asked for something their role does not allow (HTTP 403)."""
 
 
-class RateLimited(RuntimeError):
+class RateLimited(RuntimeError, GpuclusterError):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s

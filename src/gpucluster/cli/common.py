@@ -78,6 +78,18 @@ def ts(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
+def wait_text(job: Any) -> str:
+    """Why a queued job waits, made here from the API's numbers (`wait`) with times in the
+    viewer's local zone, named; the API's sentence (times in UTC) where the head sent no numbers
+    (other states, an older head)."""
+    wait = job.get("wait")
+    if not wait:
+        return str(job.get("reason") or "")
+    from gpucluster.waits_text import render_stored  # only when a wait is shown: the CLI starts light
+
+    return render_stored(wait, tz=None)
+
+
 def start_window(est: float | None, low: float | None, high: float | None) -> str:
     """`2026-11-27 14:20 (13:50-15:10)`: an estimated start and its 80% interval (issue 24);
     the interval's ends carry their date only when it is not the estimate's day."""

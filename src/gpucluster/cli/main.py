@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gpucluster.cli import fastparams
-from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, refuse_stray_option, start_window
+from gpucluster.cli.common import JsonOpt, UrlOpt, err, fail, out, refuse_stray_option, start_window, wait_text
 from gpucluster.cli.common import call as _call
 from gpucluster.cli.common import client as _client
 from gpucluster.cli.common import head as _head
@@ -709,9 +709,9 @@ def dry_run_line(answer: Any) -> str:
         where = ", ".join(f"{s.node} GPUs {','.join(map(str, s.gpu_indices))}" for s in answer.allocation)
         return f"would start now on {where}{run} (dry run: nothing queued)"
     if answer.get("estimated_start") is None:
-        return f"would wait: {answer.reason}; no estimate{run} (dry run: nothing queued)"
+        return f"would wait: {wait_text(answer)}; no estimate{run} (dry run: nothing queued)"
     when = start_window(answer.estimated_start, answer.get("start_low"), answer.get("start_high"))
-    return f"would start ~{when}; until then: {answer.reason}{run} (dry run: nothing queued)"
+    return f"would start ~{when}; until then: {wait_text(answer)}{run} (dry run: nothing queued)"
 
 
 def _id_list(option: str, text: str | None) -> list[int] | None:
@@ -777,7 +777,7 @@ def jobs(
         return
     table = Table("ID", "NAME", "TEAM", "STATE", "GPUS", "PRIO", "SUBMITTED", "WHERE / WHY", box=None)
     for j in listing:
-        where = _gpus(j) if j.state == "running" else j.reason
+        where = _gpus(j) if j.state == "running" else wait_text(j)
         ident, shown = str(j.id), j.state
         if j.array_counts:
             ident = f"{j.id}[]"
@@ -812,7 +812,7 @@ def show(job_id: Annotated[int, typer.Argument(help="job id")], url: UrlOpt = No
     restarts = f"   restarts: {job.restarts} of {s.max_restarts}" if s.max_restarts else ""
     lines = [
         f"job {job.id} ({job.name})",
-        f"  state:      {job.state} — {job.reason}",
+        f"  state:      {job.state} — {wait_text(job)}",
         f"  command:    {' '.join(s.command) if not s.shell else s.command[0] + '   (shell)'}",
         *(
             [f"  kind:       interactive session (gpucluster attach {job.id}; its log is the transcript)"]
@@ -1209,7 +1209,7 @@ def queue(
             _gpus_label(j.spec),
             _ago(j.submitted_at),
             start_window(j.estimated_start, j.get("start_low"), j.get("start_high")),
-            j.reason,
+            wait_text(j),
         )
     out.print(table)
     if any(e.job.estimated_start for e in entries):
@@ -1251,6 +1251,7 @@ def why(
                 "state": job.state,
                 "wait_reason": job.wait_reason,
                 "reason": job.reason,
+                "wait": job.get("wait"),
                 "estimated_start": job.estimated_start,
                 "start_low": job.get("start_low"),
                 "start_high": job.get("start_high"),
@@ -1263,7 +1264,7 @@ def why(
         return
     lines = [
         f"job {job.id} is queued, position {position or '?'} in line",
-        f"  why:   [{job.wait_reason or 'pending'}] {job.reason}",
+        f"  why:   [{job.wait_reason or 'pending'}] {wait_text(job)}",
     ]
     if job.estimated_start:
         lines.append(f"  start: about {_ts(job.estimated_start)} ({assumption(default_limit)})")

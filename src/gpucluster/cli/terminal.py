@@ -20,6 +20,7 @@ import sys
 import threading
 from typing import Any
 
+from gpucluster.errors import GpuclusterError
 from gpucluster.executors._session import DATA, EXIT, NOTICE, RESIZE, TAKEN, FrameReader, frame, resize_payload
 
 DETACH_PREFIX = b"\x1d"  # Ctrl-]
@@ -29,7 +30,7 @@ LOST = -2  # attach() result: the connection went without an exit code
 TAKEN_OVER = -3  # attach() result: the session was attached from elsewhere
 
 
-class Refused(Exception):
+class Refused(GpuclusterError):
     """The head refused the WebSocket (its HTTP status and message)."""
 
     def __init__(self, status: int, message: str) -> None:

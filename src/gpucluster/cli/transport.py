@@ -20,6 +20,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from gpucluster import userconfig
 from gpucluster.clientbase import ClusterUnreachable, refusal, resolve_token, resolve_url, unreachable
+from gpucluster.errors import GpuclusterError
 
 
 class View(dict[str, Any]):
@@ -50,7 +51,7 @@ def _tls_context(url: str) -> Any:
     return ssl.create_default_context(cafile=certifi.where())
 
 
-class ProtocolError(Exception):
+class ProtocolError(GpuclusterError):
     """The head's answer is not HTTP/1.1 as this reader knows it."""
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.types import Allocation
 
 MONTH = "month"  # a budget period that is a calendar month (UTC)
@@ -130,10 +131,23 @@ def over_budget(budget: Budget, spent: Spend) -> str | None:
     return f"team {budget.team} {' and '.join(parts)} for this {budget.period} period"
 
 
-def hold_message(reason: str, budget: Budget, now: float) -> str:
-    """A held job's reason: why, and when it can start at the latest without a bigger budget."""
-    end = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(period_end(budget, now)))
-    return f"held: {reason}; released when the period rolls over ({end}) or the budget grows"
+def budget_hold(budget: Budget, spent: Spend, now: float) -> WaitFacts | None:
+    """A held job's wait as numbers: what its team spent of the budget it is over, and when the
+    period rolls over (when it can start at the latest without a bigger budget); None within it."""
+    eps = 1e-9  # as over_budget
+    over_money = budget.money is not None and spent.money >= budget.money - eps
+    over_hours = budget.gpu_hours is not None and spent.gpu_hours >= budget.gpu_hours - eps
+    if not over_money and not over_hours:
+        return None
+    return WaitFacts(
+        team=budget.team,
+        money=spent.money if over_money else None,
+        money_limit=budget.money if over_money else None,
+        gpu_hours=spent.gpu_hours if over_hours else None,
+        gpu_hours_limit=budget.gpu_hours if over_hours else None,
+        period=budget.period,
+        until=period_end(budget, now),
+    )
 
 
 def would_exceed(max_cost: float | None, cost_so_far: float, cost_per_s: float, grace_s: float) -> bool:

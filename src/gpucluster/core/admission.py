@@ -20,11 +20,10 @@ the estimates count from each drain's end (core/estimate.py).
 
 from __future__ import annotations
 
-import time as _time
 from dataclasses import replace
 
 from gpucluster.core.placement import Capacity
-from gpucluster.core.reasons import WaitReason
+from gpucluster.core.reasons import WaitFacts, WaitReason
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, Drain, JobRequest, Node, Plan, Wait
 
@@ -117,19 +116,11 @@ def _until(snapshot: Snapshot, node: Node) -> float | None:
 
 def _drained_wait(snapshot: Snapshot, needed: list[Node] | tuple[Node, ...], now: float) -> Wait:
     """The wait of a job that only `needed` (drained nodes, soonest back first) could host."""
-    parts = []
+    drains = []
     for node in needed[-NAMED_DRAINS:][::-1]:  # the last one back decides: named first
         drain = snapshot.drains.get(node.name, Drain("drained"))
-        end = f", until {_when(drain.until, now)}" if drain.until is not None else " with no end set"
-        parts.append(f"node {node.name} is drained ({drain.reason}){end}")
-    if len(needed) > NAMED_DRAINS:
-        parts.append(f"and {len(needed) - NAMED_DRAINS} more drained node(s)")
+        drains.append((node.name, drain.reason, drain.until))
+    more = len(needed) - NAMED_DRAINS if len(needed) > NAMED_DRAINS else None
     ends = [_until(snapshot, n) for n in needed]
     last = None if any(e is None for e in ends) else max(max(e for e in ends if e is not None), now)
-    return Wait(WaitReason.DRAINED, "; ".join(parts), last)
-
-
-def _when(t: float, now: float) -> str:
-    """14:00 today, else the date too."""
-    same_day = _time.localtime(t)[:3] == _time.localtime(now)[:3]
-    return _time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", _time.localtime(t))
+    return Wait(WaitReason.DRAINED, WaitFacts(drains=tuple(drains), more=more), last)

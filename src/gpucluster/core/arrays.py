@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpucluster.core.states import JobState
+from gpucluster.errors import GpuclusterError
 
 MAX_ARRAY_ELEMENTS = 100_000  # above this a submission must say it means it (`--yes`)
 MAX_ARRAY_ELEMENTS_CONFIRMED = 1_000_000  # the hard cap, even with `--yes`
@@ -38,7 +39,7 @@ def selected(state: JobState, held: bool, wanted: Collection[str]) -> bool:
     return state.value in wanted
 
 
-class ArraySyntaxError(ValueError):
+class ArraySyntaxError(ValueError, GpuclusterError):
     """An array spec or a sweep that cannot be read; the message says how to write it."""
 
 

@@ -37,6 +37,7 @@ from gpucluster.core.events import (
 )
 from gpucluster.core.policy import Policy
 from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob
 
 
@@ -70,7 +71,7 @@ class ClusterState:
         self.running: dict[int, RunningJob] = {}
         self.nodes: dict[str, Node] = {}
         self.drained: set[str] = set()
-        self.holds: dict[str, str] = {}  # team -> why its queued jobs are held
+        self.holds: dict[str, WaitFacts] = {}  # team -> why its queued jobs are held
         self.policy: Policy | None = None
         self.queue_index = QueueIndex(told=True)
         self.capacity = CapacityIndex(told=True)
@@ -83,7 +84,7 @@ class ClusterState:
         running: Iterable[RunningJob] = (),
         nodes: Iterable[Node] = (),
         drained: Iterable[str] = (),
-        holds: dict[str, str] | None = None,
+        holds: dict[str, WaitFacts] | None = None,
         keeps_running: bool = True,
     ) -> ClusterState:
         """A fresh state from a full read (crash recovery, and the check's reference)."""

@@ -17,16 +17,14 @@ dependent's (it existed at submit), so a target that itself waits has its estima
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gpucluster.core.reasons import WaitReason
+from gpucluster.core.reasons import WaitFacts, WaitReason
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Dependency, DependencyKind, JobRequest, Wait
 
-HELD_BY_USER = "held by user"
 _PENDING = (JobState.RUNNING, JobState.PREEMPTED, JobState.QUEUED)  # an array's state: the first present
 
 
@@ -137,7 +135,7 @@ def eligible(
         if job.job_id in waits or job.job_id in doomed:
             continue
         if job.held:
-            waits[job.job_id] = Wait(WaitReason.HELD, HELD_BY_USER)
+            waits[job.job_id] = Wait(WaitReason.HELD)
         elif job.array_id is not None and job.array_id in throttles:
             throttled.setdefault(job.array_id, []).append(job)
         else:
@@ -149,10 +147,7 @@ def eligible(
         elements.sort(key=lambda r: r.job_id)  # the lowest indices go first
         keep.extend(elements[:room])
         busy = running + min(room, len(elements))  # the eligible ones start in this very cycle
-        wait = Wait(
-            WaitReason.THROTTLE,
-            f"array {array_id} runs at most {limit} element{'s' if limit != 1 else ''} at once ({busy} running)",
-        )
+        wait = Wait(WaitReason.THROTTLE, WaitFacts(array_id=array_id, limit=limit, running=busy))
         for job in elements[room:]:
             waits[job.job_id] = wait
     return Eligibility(tuple(keep), waits, doomed)
@@ -184,22 +179,12 @@ def _dependencies(
     known = [s for s in starts if s is not None]
     estimate = max([now, *known]) if len(known) == len(starts) else None
     dep, target = unmet[0]
-    message = f"waits for {label(dep)} ({_describe(dep, target, now)})"
-    if len(unmet) > 1:
-        message += f" and {len(unmet) - 1} more"
-    return Wait(WaitReason.DEPENDENCY, message, estimate)
-
-
-def _describe(dep: Dependency, target: Target, now: float) -> str:
-    when = target.expected_start if dep.kind is DependencyKind.AFTER else target.expected_end
-    verb = "start" if dep.kind is DependencyKind.AFTER else "end"
-    state = "waiting" if target.state is JobState.QUEUED else target.state.value
-    if when is None:
-        return f"{state}, {verb} not estimated yet"
-    return f"{state}, expected to {verb} {clock_text(when, now)}"
-
-
-def clock_text(t: float, now: float) -> str:
-    """14:20 within a day of now, else 2026-11-27 14:20 (local time, as the rest of the CLI)."""
-    fmt = "%H:%M" if abs(t - now) < 86400 else "%Y-%m-%d %H:%M"
-    return time.strftime(fmt, time.localtime(t))
+    facts = WaitFacts(
+        job=dep.job_id,
+        array=dep.array or None,
+        kind=dep.kind.value,
+        state="waiting" if target.state is JobState.QUEUED else target.state.value,
+        at=target.expected_start if dep.kind is DependencyKind.AFTER else target.expected_end,
+        more=len(unmet) - 1 or None,
+    )
+    return Wait(WaitReason.DEPENDENCY, facts, estimate)

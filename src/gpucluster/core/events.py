@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from gpucluster.core.lifecycle import StopReason
 from gpucluster.core.policy import Policy
+from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.types import JobRequest, Node, RunningJob
 
 
@@ -78,10 +79,10 @@ class Undrained:
 
 @dataclass(frozen=True)
 class Held:
-    """A team's queued jobs are held (a spent budget): `why` is the wait they show."""
+    """A team's queued jobs are held (a spent budget): `why` is the wait they show (its numbers)."""
 
     team: str
-    why: str
+    why: WaitFacts
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from gpucluster.core.policy import Limits, Policy
-from gpucluster.core.reasons import WaitReason
+from gpucluster.core.reasons import WaitFacts, WaitReason
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import JobRequest, Priority, RunningJob, Wait
 
@@ -201,25 +201,23 @@ def _usage(running: tuple[RunningJob, ...], users: dict[str, list[JobRequest]], 
 
 def _wait(job: JobRequest, check: _Check, u: _Use, now: float, default: float) -> Wait:
     user, cls = check.key
-    who = user if cls is None else f"{user}'s {cls.label} jobs"
-    scope = "per-user" if cls is None else "per-class"
     if check.kind == GPUS:
-        asks = job.gpus
-        running = u.gpus
-        ahead = f" and {u.pending_gpus:g} more are ahead in line" if u.pending_gpus else ""
-        held = f"{who} {'runs' if cls is None else 'run'} {running:g} GPU{'s' if running != 1 else ''}{ahead}"
-        tail = f"this job asks {asks:g}"
+        asks, used, ahead = job.gpus, u.gpus, u.pending_gpus
         when = None if asks > check.limit + EPSILON else _gpus_free_at(u, check.limit - asks, now)
     else:
-        asks = job.gpus * (job.time_limit_s or default) / HOUR
-        ahead = f" and {u.pending_hours:.1f} more ahead in line" if u.pending_hours else ""
-        held = f"{who} {'has' if cls is None else 'have'} {u.hours(now):.1f} GPU-hours in flight{ahead}"
-        tail = f"this job adds {asks:.1f} (GPUs x time limit)"
+        asks, used, ahead = job.gpus * (job.time_limit_s or default) / HOUR, u.hours(now), u.pending_hours
         when = None if asks > check.limit + EPSILON else _hours_free_at(u, check.limit - asks, now)
-    message = f"{held}, the {scope} limit ({check.path}) is {check.limit:g}; {tail}"
-    if asks > check.limit + EPSILON:
-        message += ": it can never start under this limit; cancel it and submit it smaller or shorter"
-    return Wait(check.reason, message, when)
+    facts = WaitFacts(
+        variant="never" if asks > check.limit + EPSILON else None,
+        user=user,
+        priority_class=cls.label if cls is not None else None,
+        path=check.path,
+        limit=check.limit,
+        used=used,
+        ahead=ahead or None,
+        asks=asks,
+    )
+    return Wait(check.reason, facts, when)
 
 
 def _gpus_free_at(u: _Use, room: float, now: float) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpucluster.core.policy import Policy
+from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.types import Allocation, Gpu, RunningJob
 
 
@@ -110,7 +111,7 @@ class QuotaBook:
         """Idle guaranteed GPUs of `model` that their teams do not lend to others."""
         return self._kept_total.get(model, 0.0) - self._kept.get(model, {}).get(except_team, 0.0)
 
-    def borrow_refusal(self, team: str, model: str, gpus: float) -> str | None:
+    def borrow_refusal(self, team: str, model: str, gpus: float) -> WaitFacts | None:
         """Why the team's own borrowing limit refuses `gpus` more GPUs of `model` now, if it does.
 
         Freeing other teams' GPUs cannot change this, so it is also a reason never to preempt.
@@ -123,13 +124,10 @@ class QuotaBook:
         used_m = self.used.get(team, {}).get(model, 0.0)
         over += max(0.0, used_m + gpus - t.quota.get(model, 0.0))
         if over > t.max_borrow + 1e-9:
-            return (
-                f"team {team} would borrow {over:g} GPUs beyond its guaranteed quota; "
-                f"its borrowing limit is {t.max_borrow:g}"
-            )
+            return WaitFacts(variant="borrow_limit", team=team, used=over, limit=t.max_borrow)
         return None
 
-    def refusal(self, team: str, model: str, gpus: float, free: int) -> str | None:
+    def refusal(self, team: str, model: str, gpus: float, free: int) -> WaitFacts | None:
         """Why the team may not take `gpus` more GPUs of `model` now, with `free` idle; None if it may."""
         if self.unlimited:
             return None
@@ -140,5 +138,5 @@ class QuotaBook:
             return limit
         protected = self.protected(model, team)
         if protected > 0 and free - protected < gpus - 1e-9:
-            return f"the {free} idle {model} GPUs include {protected:g} guaranteed to other teams that they do not lend"
+            return WaitFacts(variant="protected", model=model, free=free, protected=protected)
         return None

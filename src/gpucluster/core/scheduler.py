@@ -11,13 +11,12 @@ other waits with a named reason. The plan is only a proposal: the head commits i
 reason): the cycle stops as soon as no job still in line could add either (`_Cycle._settled`),
 so its cost no longer grows with the queued jobs that cannot start. The starts and preemptions
 are those of the full cycle; `waiting` then names only the jobs considered before it stopped,
-and a wait for busy GPUs or a reservation carries its reason but no message.
+and a wait for busy GPUs or a reservation carries its reason but not its numbers.
 """
 
 from __future__ import annotations
 
 import gc
-import time as _time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -37,17 +36,17 @@ from gpucluster.core.pools import with_pools
 from gpucluster.core.preempt import CostKey, Guarantees, VictimChoice, choose_victims
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.quota import QuotaBook
-from gpucluster.core.reasons import WaitReason
-from gpucluster.core.selection import Selection, unmatched_message
+from gpucluster.core.reasons import NO_FACTS, WaitFacts, WaitReason
+from gpucluster.core.selection import Selection, unmatched_facts
 from gpucluster.core.shrink import shrink_first
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Plan, Preemption, Priority, RunningJob, Start, Wait
 
 DEFAULT_POLICY = Policy()
-# The wait of a job whose GPUs are busy when no message is asked for (`reasons=False`).
-_BUSY = Wait(WaitReason.RESOURCES, "")
+# The wait of a job whose GPUs are busy when no numbers are asked for (`reasons=False`).
+_BUSY = Wait(WaitReason.RESOURCES)
 # Likewise for a job whose GPUs are free but not its CPUs or host memory; the waits of such jobs.
-_HOST_BUSY = Wait(WaitReason.CPUS, "")
+_HOST_BUSY = Wait(WaitReason.CPUS)
 _HOST_REASONS = (WaitReason.CPUS, WaitReason.MEMORY)
 # Not looked up yet (`_Cycle._standing`): no job's standing (queues count from 0).
 _UNSEEN: attained.Standing = (-1, 0.0)
@@ -122,22 +121,6 @@ def _shape(job: JobRequest) -> tuple[object, ...]:
         job.cpus,
         job.mem_mb,
     )
-
-
-def _mib(mb: int) -> str:
-    return f"{mb / 1024:g} GiB" if mb >= 1024 else f"{mb} MiB"
-
-
-def _host_asked(job: JobRequest) -> str:
-    """ " with 12 CPU(s) and 64 GiB of memory": a reservation's host part, for its message."""
-    asked = [f"{job.cpus:g} CPU(s)"] if job.cpus else []
-    if job.mem_mb:
-        asked.append(f"{_mib(job.mem_mb)} of memory")
-    return f" with {' and '.join(asked)}"
-
-
-def _fmt_time(t: float) -> str:
-    return _time.strftime("%Y-%m-%d %H:%M", _time.localtime(t))
 
 
 class _AfterPreemptor:
@@ -293,7 +276,7 @@ class _Cycle:
         self._pool_nodes: dict[str, frozenset[str]] = {}
         self._pool_used: dict[tuple[str, str], float] | None = None
         self._pool_version = 0
-        self._pool_full_memo: dict[tuple[str, float], tuple[int, frozenset[str], str | None]] = {}
+        self._pool_full_memo: dict[tuple[str, float], tuple[int, frozenset[str], WaitFacts | None]] = {}
         # Attained-service ordering (core/attained.py): each queued job's rank, worked out in
         # `run` only when the policy ranks jobs; `_las` whether it also preempts for it.
         self._ranks: dict[int, float] = {}
@@ -394,12 +377,9 @@ class _Cycle:
             return Plan(starts=tuple(starts), preemptions=tuple(preemptions), waiting=waiting)
         for job in queues.held:  # last in line: they may not start yet
             assert job.not_before is not None
-            if job.begin is not None and job.not_before <= job.begin:
-                until = _time.strftime("%Y-%m-%d %H:%M:%S %Z", _time.localtime(job.not_before))
-                self._wait(job, WaitReason.BEGIN, f"waits for its begin time {until}", job.not_before)
-                continue
-            until = _time.strftime("%H:%M:%S", _time.localtime(job.not_before))
-            self._wait(job, WaitReason.BACKOFF, f"restart held back until {until} (backoff)", job.not_before)
+            begin = job.begin is not None and job.not_before <= job.begin
+            reason = WaitReason.BEGIN if begin else WaitReason.BACKOFF
+            self._wait(job, reason, WaitFacts(until=job.not_before), job.not_before)
         return Plan(starts=tuple(self.starts), preemptions=tuple(self.preemptions), waiting=self.waiting)
 
     def _shares_in_play(self) -> bool:
@@ -554,17 +534,17 @@ class _Cycle:
             return self._consider_elastic(job, job.min_gpus)
         fits_ever = self._models(job)
         if not fits_ever:
-            self._wait(job, WaitReason.NO_FIT, self._no_fit_message(job))
+            self._wait(job, WaitReason.NO_FIT, self._no_fit_facts(job))
             return False
         if job.selection is not None and job.selection.exclusive and job.fractional:
             # An exclusive job holds whole nodes; a share of a GPU leaves the rest of it to others.
-            self._wait(job, WaitReason.NO_FIT, "--exclusive takes whole GPUs; ask for 1 GPU or more")
+            self._wait(job, WaitReason.NO_FIT, WaitFacts(variant="exclusive_fraction", gpus=job.gpus))
             return False
         if self.quotas.limits_borrowing(job.team):
             limits = [self.quotas.borrow_refusal(job.team, m, job.gpus) for m in fits_ever]
             if all(r is not None for r in limits):
                 # Its team's borrowing limit refuses it whatever is free: say so, and never preempt for it.
-                self._wait(job, WaitReason.QUOTA, str(limits[0]))
+                self._wait(job, WaitReason.QUOTA, limits[0] or NO_FACTS)
                 return False
         if job.gpus >= 1 and job.gpu_memory_mb is None and all(self.cap.total_free[m] < job.gpus for m in fits_ever):
             # Fast path, same outcome as below: nothing could be placed, whatever quota and
@@ -585,12 +565,12 @@ class _Cycle:
         self._reserve_or_wait(job, fits_ever, blocked_by)
         return False
 
-    def _place_now(self, job: JobRequest, models: list[str]) -> tuple[bool, str | None, Reservation | None]:
+    def _place_now(self, job: JobRequest, models: list[str]) -> tuple[bool, WaitFacts | None, Reservation | None]:
         """Start the job now if a model has room that its quota and the reservations allow.
 
         Returns (started, the first quota refusal, the reservation that blocked it).
         """
-        refusal: str | None = None
+        refusal: WaitFacts | None = None
         blocked_by: Reservation | None = None
         quotas = self.quotas
         shape = (job.gpus, job.nodes, job.gpu_memory_mb, job.selection, job.cpus, job.mem_mb)
@@ -640,7 +620,7 @@ class _Cycle:
                     break
         return False, refusal, blocked_by
 
-    def _pool_full(self, job: JobRequest) -> tuple[frozenset[str], str | None]:
+    def _pool_full(self, job: JobRequest) -> tuple[frozenset[str], WaitFacts | None]:
         """The nodes of the pools where `job`'s team has no room left for it under the pool's
         quota, and the wait that names the first such pool. A job that might land wholly on a
         pool counts wholly against it (never over a quota, sometimes kept off a pool it would
@@ -651,7 +631,7 @@ class _Cycle:
             return hit[1], hit[2]
         used = self._pool_usage()
         off: set[str] = set()
-        why: str | None = None
+        why: WaitFacts | None = None
         for pool in self._quota_pools:
             quota = pool.quota(job.team)
             if quota is None:
@@ -659,10 +639,8 @@ class _Cycle:
             have = used.get((pool.name, job.team), 0.0)
             if have + job.gpus > quota + 1e-9:
                 off |= self._pool_nodes[pool.name]
-                why = why or (
-                    f"team {job.team} holds {have:g} of its {quota:g}-GPU quota in pool {pool.name}: "
-                    f"{job.gpus:g} more would exceed it (it starts elsewhere, or there when the team's "
-                    f"jobs in {pool.name} end)"
+                why = why or WaitFacts(
+                    variant="pool", team=job.team, pool=pool.name, used=have, limit=quota, asks=job.gpus
                 )
         got = (self._pool_version, frozenset(off), why)
         self._pool_full_memo[key] = got
@@ -827,11 +805,13 @@ class _Cycle:
             if not choice.victims:
                 if not candidates:
                     continue  # nothing it may preempt; what is stopping is not being freed for it
-                self._wait(job, WaitReason.PREEMPTING, f"waiting for stopping jobs to release {model} GPUs")
+                self._wait(job, WaitReason.PREEMPTING, WaitFacts(variant="stopping", model=model, gpus=job.gpus))
             else:
-                names = ", ".join(str(v.job_id) for v in choice.victims)
-                what = "shrinking elastic job(s)" if shrunk else "preempting job(s)"
-                self._wait(job, WaitReason.PREEMPTING, f"{what} {names} to free {job.gpus:g} {model} GPUs")
+                victims = tuple(v.job_id for v in choice.victims)
+                what = "shrinking" if shrunk else "preempting"
+                self._wait(
+                    job, WaitReason.PREEMPTING, WaitFacts(variant=what, model=model, gpus=job.gpus, victims=victims)
+                )
                 for v in choice.victims:
                     if self.policy.priorities and v.priority < job.priority:
                         why = f"preempted by job {job.job_id} ({job.priority.label} priority)"
@@ -1140,8 +1120,7 @@ class _Cycle:
             if wait is None:
                 wait = self._behind[blocked_by.model] = Wait(
                     WaitReason.BEHIND_RESERVATION,
-                    f"would delay job {blocked_by.job_id}, first in line for {blocked_by.model} GPUs "
-                    f"(its estimated start: {_fmt_time(blocked_by.shadow)})",
+                    WaitFacts(blocked_by=blocked_by.job_id, model=blocked_by.model, reserved_at=blocked_by.shadow),
                 )
             self.waiting[job.job_id] = wait
             return
@@ -1170,20 +1149,24 @@ class _Cycle:
                 if res is not None:
                     self.reservations[model] = res
                     if not self.reasons:
-                        self.waiting[job.job_id] = Wait(WaitReason.RESERVED, "", res.shadow)
+                        self.waiting[job.job_id] = Wait(WaitReason.RESERVED, NO_FACTS, res.shadow)
                         return
-                    which = f" ({sel.describe()})" if sel is not None else ""
-                    # Short of CPUs or memory alone: say so first, as the wait without a reservation does.
-                    short = f"{self._host_wait(job, free_on).message}; " if free_on is not None else ""
-                    self._wait(
-                        job,
-                        WaitReason.RESERVED,
-                        f"{short}first in line{which}: {job.gpus:g} {model} GPUs{_host_asked(job) if host else ''} "
-                        f"on {', '.join(sorted(res.nodes)[:3])}"
-                        f"{'...' if len(res.nodes) > 3 else ''} are held for it from {_fmt_time(res.shadow)}"
-                        f"{' (an exclusive job needs nodes where nothing runs: held whole)' if exclusive else ''}",
-                        res.shadow,
+                    # Short of CPUs or memory alone: its numbers too, as the wait without a reservation has.
+                    short = self._host_wait(job, free_on).facts if free_on is not None else NO_FACTS
+                    facts = replace(
+                        short,
+                        variant=short.variant,
+                        model=model,
+                        gpus=job.gpus,
+                        cpus=job.cpus if host and job.cpus else None,
+                        mem_mb=job.mem_mb if host and job.mem_mb else None,
+                        nodes=tuple(sorted(res.nodes)[:3]),
+                        nodes_count=len(res.nodes),
+                        reserved_at=res.shadow,
+                        selection=sel.describe() if sel is not None else None,
+                        exclusive=exclusive or None,
                     )
+                    self._wait(job, WaitReason.RESERVED, facts, res.shadow)
                     return
         if free_on is not None:
             # Its GPUs are free but not the CPUs or memory beside them, and no reservation could
@@ -1191,7 +1174,7 @@ class _Cycle:
             self.waiting[job.job_id] = self._host_wait(job, free_on) if self.reasons else _HOST_BUSY
             return
         if not self.reasons:
-            self.waiting[job.job_id] = _BUSY  # the plan's reader wants no message (see `decide`)
+            self.waiting[job.job_id] = _BUSY  # the plan's reader wants no numbers (see `decide`)
             return
         model = models[0]
         if sel is not None:
@@ -1201,11 +1184,12 @@ class _Cycle:
         key = (model, job.gpus, self.cap.free_count(model), most)
         wait = self._waits.get(key)
         if wait is None:
-            where = "on one node" if not job.fractional and int(job.gpus) <= self.cap.node_size[model] else "in all"
+            spread = job.fractional or int(job.gpus) > self.cap.node_size[model]
             wait = self._waits[key] = Wait(
                 WaitReason.RESOURCES,
-                f"needs {job.gpus:g} free {model} GPU(s) {where}; {self.cap.free_count(model)} free now "
-                f"(at most {most} on one node)",
+                WaitFacts(
+                    model=model, gpus=job.gpus, free=self.cap.free_count(model), most_on_node=most, spread=spread
+                ),
             )
         self.waiting[job.job_id] = wait
 
@@ -1251,14 +1235,12 @@ class _Cycle:
             most = max((c for c, _ in left if c is not None), default=0.0)
             return Wait(
                 WaitReason.CPUS,
-                f"waiting for CPUs: needs {cpus:g} CPU(s) beside {per:g} free {model} GPU(s) on a node; "
-                f"the nodes with those GPUs free have at most {most:g} CPU(s) left",
+                WaitFacts(variant="cpus", model=model, per_node=per, node_cpus=cpus, most_cpus=most),
             )
         most_mem = max((m for _, m in left if m is not None), default=0)
         return Wait(
             WaitReason.MEMORY,
-            f"waiting for memory: needs {_mib(mem)} of host memory beside {per:g} free {model} GPU(s) "
-            f"on a node; the nodes with those GPUs free have at most {_mib(most_mem)} left",
+            WaitFacts(variant="memory", model=model, per_node=per, node_mem_mb=mem, most_mem_mb=most_mem),
         )
 
     def _selection_wait(self, job: JobRequest, sel: Selection, model: str) -> Wait:
@@ -1279,52 +1261,57 @@ class _Cycle:
             per = int(job.gpus) // (job.nodes or 1)
         busy = sum(1 for n in matching if n in off or len(free.get(n, ())) < per)
         most = max((len(free.get(n, ())) for n in matching if n not in off), default=0)
-        idle = " (an exclusive job needs nodes where nothing runs)" if sel.exclusive else ""
         wait = self._waits[key] = Wait(
             WaitReason.RESOURCES,
-            f"no free node matches {sel.describe()}: {len(matching)} node(s) with {model} GPUs match, "
-            f"{busy} of them busy{idle}; needs {job.gpus:g} free {model} GPU(s), at most {most} free on one",
+            WaitFacts(
+                variant="selection",
+                selection=sel.describe(),
+                model=model,
+                gpus=job.gpus,
+                nodes_count=len(matching),
+                busy=busy,
+                most_on_node=most,
+                exclusive=sel.exclusive or None,
+            ),
         )
         return wait
 
-    def _no_fit_message(self, job: JobRequest) -> str:
+    def _no_fit_facts(self, job: JobRequest) -> WaitFacts:
         if job.host:
             bare = replace(job, cpus=0.0, mem_mb=0)
             if self._models(bare):
-                return self._host_no_fit_message(job)
+                return self._host_no_fit_facts(job)
         sel = job.selection
+        kinds = tuple(job.gpu_types) if job.gpu_types else None
         if sel is not None and sel.filters:
             allowed = self.cap.allowed(sel)
             if not allowed:
-                return unmatched_message(sel, self.cap.node_labels)
-            kinds = ", ".join(job.gpu_types) if job.gpu_types else "any model"
-            return (
-                f"the {len(allowed)} node(s) matching {sel.describe()} can never host {job.gpus:g} GPUs "
-                f"of {kinds} as asked ({', '.join(sorted(allowed)[:5])}{'...' if len(allowed) > 5 else ''})"
+                return unmatched_facts(sel, self.cap.node_labels)
+            return WaitFacts(
+                variant="selection",
+                selection=sel.describe(),
+                gpus=job.gpus,
+                gpu_types=kinds,
+                nodes=tuple(sorted(allowed)[:5]),
+                nodes_count=len(allowed),
             )
-        kinds = ", ".join(job.gpu_types) if job.gpu_types else "any model"
-        sizes = ", ".join(
-            f"{m}: {n} per node, {self.cap.total[m]} in all" for m, n in sorted(self.cap.node_size.items())
-        )
-        return f"no set of nodes can host {job.gpus:g} GPUs of {kinds} as asked ({sizes or 'no GPUs'})"
+        sizes = tuple((m, n, self.cap.total[m]) for m, n in sorted(self.cap.node_size.items()))
+        return WaitFacts(variant="shape", gpus=job.gpus, gpu_types=kinds, sizes=sizes)
 
-    def _host_no_fit_message(self, job: JobRequest) -> str:
+    def _host_no_fit_facts(self, job: JobRequest) -> WaitFacts:
         """No node could ever hold the job's CPUs or memory beside its GPUs."""
         cap = self.cap
-        most_cpus = max(cap.node_cpus.values(), default=0.0)
-        most_mem = max(cap.node_hmem.values(), default=0)
-        asked = []
-        if job.cpus:
-            asked.append(f"{job.cpus:g} CPU(s)")
-        if job.mem_mb:
-            asked.append(f"{_mib(job.mem_mb)} of memory")
-        return (
-            f"no node can host {' and '.join(asked)} beside {job.gpus:g} GPU(s) as asked "
-            f"(the largest node has {most_cpus:g} CPU(s) and {_mib(most_mem)} of memory)"
+        return WaitFacts(
+            variant="host",
+            gpus=job.gpus,
+            cpus=job.cpus or None,
+            mem_mb=job.mem_mb or None,
+            most_cpus=max(cap.node_cpus.values(), default=0.0),
+            most_mem_mb=max(cap.node_hmem.values(), default=0),
         )
 
-    def _wait(self, job: JobRequest, reason: WaitReason, message: str, estimated: float | None = None) -> None:
-        self.waiting[job.job_id] = Wait(reason, message, estimated)
+    def _wait(self, job: JobRequest, reason: WaitReason, facts: WaitFacts, estimated: float | None = None) -> None:
+        self.waiting[job.job_id] = Wait(reason, facts, estimated)
 
     # ---- expected ends ----------------------------------------------------------------------
 

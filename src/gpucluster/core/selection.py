@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpucluster.core.reasons import WaitFacts
+
 # A label: a flag or key=value; letters, digits and . _ - / : in each part (no spaces, no & |).
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:-]*(=[A-Za-z0-9._/:-]*)?$")
 MAX_LABEL = 128
@@ -112,13 +114,14 @@ def selection_of(
     return sel if sel.filters or sel.exclusive else None
 
 
-def unmatched_message(selection: Selection, labels: Mapping[str, frozenset[str]]) -> str:
-    """Why no node of `labels` (name -> its labels) matches: the selection and what nodes offer,
-    as Slurm's "Requested node configuration is not available" but saying which."""
-    desc = selection.describe()
-    if not labels:
-        return f"no node matches {desc}: the cluster has no nodes yet"
+def unmatched_facts(selection: Selection, labels: Mapping[str, frozenset[str]]) -> WaitFacts:
+    """Why no node of `labels` (name -> its labels) matches: the selection and what the first
+    few nodes offer, as Slurm's "Requested node configuration is not available" but saying which
+    (the sentence: gpucluster/waits_text.py)."""
     shown = sorted(labels)[:5]
-    offer = "; ".join(f"{n}: {','.join(sorted(labels[n])) or 'no labels'}" for n in shown)
-    more = f"; and {len(labels) - len(shown)} more" if len(labels) > len(shown) else ""
-    return f"no node matches {desc} (nodes and their labels: {offer}{more})"
+    return WaitFacts(
+        variant="unmatched",
+        selection=selection.describe(),
+        labels=tuple((n, ",".join(sorted(labels[n]))) for n in shown),
+        nodes_count=len(labels),
+    )

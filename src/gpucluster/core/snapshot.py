@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.types import Drain, JobRequest, Node, Plan, RunningJob
 
 
@@ -32,7 +33,7 @@ class Snapshot:
     # Admission (core/admission.py, applied by `decide`): nodes that take no new job (drained,
     # unhealthy, down), and teams whose queued jobs are held (a spent budget) -> why.
     drained: frozenset[str] = frozenset()
-    holds: Mapping[str, str] = field(default_factory=dict)
+    holds: Mapping[str, WaitFacts] = field(default_factory=dict)
     # Per-user and per-class limits (core/limits.py, applied by `decide`) were applied already:
     # the queue holds no job beyond its user's limits (the head applies them where it builds
     # its snapshot, to record their waits; `decide` then does not apply them twice).

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from functools import cached_property
 
-from gpucluster.core.reasons import WaitReason
+from gpucluster.core.reasons import NO_FACTS, WaitFacts, WaitReason
 from gpucluster.core.selection import Selection
 from gpucluster.core.states import JobState
 
@@ -241,8 +241,11 @@ class Preemption:
 
 @dataclass(frozen=True)
 class Wait:
+    """Why a job waits: its reason and the numbers behind it (never a sentence: see
+    core/reasons.py), and when it is expected to start where known."""
+
     reason: WaitReason
-    message: str
+    facts: WaitFacts = NO_FACTS
     estimated_start: float | None = None
 
 

@@ -11,9 +11,10 @@ from dataclasses import replace
 from typing import Any
 
 from gpucluster.core.types import Gpu
+from gpucluster.errors import GpuclusterError
 
 
-class NoGpus(RuntimeError):
+class NoGpus(RuntimeError, GpuclusterError):
     """NVML is unavailable or reports no GPU; the message says which, in one line."""
 
 

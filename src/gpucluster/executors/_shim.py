@@ -81,15 +81,10 @@ CANNOT_START = 127
 
 
 def write_json_atomic(path: "str | os.PathLike[str]", data: dict) -> None:  # type: ignore[type-arg]
-    """Write, fsync, rename: a record is whole or absent, and only its owner may read it (0600).
+    """A record whole or absent, and only its owner may read it (0600): the package's one atomic
+    writer (gpucluster/atomicfile.py: write, fsync, rename, fsync the directory), loaded by path.
     Also the executors' one writer of their records (local.py, ray.py)."""
-    tmp = f"{os.fspath(path)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _load_sibling("../atomicfile.py").atomic_write_bytes(path, json.dumps(data).encode(), mode=0o600)
 
 
 def _start_ticks(pid: int) -> int:
@@ -104,18 +99,19 @@ _SIBLINGS: dict[str, Any] = {}
 
 
 def _load_sibling(filename: str) -> Any:
-    """A module of executors/ next to this script, by path: this script runs outside the package
-    (python -I -S), so it cannot import them by name. Loaded once per process: the fork server
-    loads cgroups.py before it forks, so no keeper pays for it."""
-    if filename in _SIBLINGS:
-        return _SIBLINGS[filename]
+    """A module of the package next to this script (`filename` relative to executors/), by path:
+    this script runs outside the package (python -I -S), so it cannot import them by name. Each
+    is loaded once per process."""
     import importlib.util
 
-    name = "_gpucluster_" + filename.removesuffix(".py").lstrip("_")
-    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), filename))
+    name = "_gpucluster_" + os.path.basename(filename).removesuffix(".py").lstrip("_")
+    if name in _SIBLINGS:
+        return _SIBLINGS[name]
+    path = os.path.normpath(os.path.join(os.path.dirname(__file__), filename))
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
-    _SIBLINGS[filename] = module
+    _SIBLINGS[name] = module
     return module
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
+from gpucluster.errors import GpuclusterError
+
 if TYPE_CHECKING:
     from gpucluster.executors.podman import ContainerSpec
 
@@ -134,7 +136,7 @@ def combined(statuses: list[Status]) -> Status:
     return statuses[0] if statuses else Lost("no processes")
 
 
-class LaunchError(RuntimeError):
+class LaunchError(RuntimeError, GpuclusterError):
     """The job could not be started at all (missing workdir, unknown program)."""
 
 

@@ -22,8 +22,9 @@ hierarchy) are a plain ``dict[str, str]``, so the head stores them as JSON and a
 gets the same ``JobCgroup`` back with ``JobCgroup.from_json``; ``leftovers()`` lists the job
 cgroups found under the head's parent, for a cleanup at start.
 
-Standard library only and no gpucluster imports: the job shim runs under ``python -I -S`` and
-imports this file by path to call ``join()`` in its forked child, before it drops privileges.
+Standard library only (and gpucluster.errors where the package is importable, for its errors'
+root): the job shim runs under ``python -I -S`` and imports this file by path to call ``join()``
+in its forked child, before it drops privileges.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ import select
 import signal as _signal
 import time
 from collections.abc import Iterable, Mapping
+
+try:
+    from gpucluster.errors import GpuclusterError
+except ImportError:  # loaded by path by the job shim (python -I -S), where the package is not importable
+    GpuclusterError = Exception  # type: ignore[misc,assignment]
 
 V2 = "v2"
 """The key of the cgroup v2 directory in a job's paths (the other keys are v1 controller names)."""
@@ -53,7 +59,7 @@ NVIDIACTL_MINOR = 255
 _NOT_LOST = "a job's background processes that leave its process group can outlive it, and CPU/memory are not accounted"
 
 
-class CgroupError(OSError):
+class CgroupError(OSError, GpuclusterError):
     """A cgroup operation that could not be done (e.g. removing a cgroup that still has processes)."""
 
 

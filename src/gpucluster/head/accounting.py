@@ -25,7 +25,7 @@ from gpucluster.core.accounting import (
     Budget,
     Rate,
     Spend,
-    hold_message,
+    budget_hold,
     over_budget,
     overlap,
     period_end,
@@ -34,11 +34,12 @@ from gpucluster.core.accounting import (
     share_on,
     would_exceed,
 )
-from gpucluster.core.reasons import WaitReason
+from gpucluster.core.reasons import WaitFacts, WaitReason
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, JobRequest, Wait
 from gpucluster.store import JobRecord
 from gpucluster.store.accounting import ATTEMPTS_MARK, SAMPLES_MARK, RawSample, UsageRow, UsageStore
+from gpucluster.waits_text import text
 
 if TYPE_CHECKING:
     from gpucluster.head.loop import Head
@@ -69,8 +70,8 @@ class Accountant:
         self._last_step: float | None = None
         self._config: Accounting | None = None
         self._models_of: tuple[object, dict[tuple[str, int], str]] | None = None
-        self.held: dict[str, str] = {}  # team -> why its new jobs are held
-        self._held_jobs: dict[int, str] = {}  # queued job -> the hold reason written for it
+        self.held: dict[str, WaitFacts] = {}  # team -> why its new jobs are held (the wait's numbers)
+        self._held_jobs: dict[int, WaitFacts] = {}  # queued job -> the hold written for it
         self.held_count: dict[str, int] = {}  # team -> its queued jobs held now
         self.totals: dict[tuple[str, str], list[float]] = {
             k: list(v) for k, v in self.usage.totals().items()
@@ -261,12 +262,13 @@ class Accountant:
 
     def _budgets(self, running: Sequence[JobRecord], now: float, config: Accounting) -> None:
         spent = self.spend(config.budgets.values(), now)
-        held: dict[str, str] = {}
+        held: dict[str, WaitFacts] = {}
         for team, budget in config.budgets.items():
             why = over_budget(budget, spent[team])
-            if why is None:
+            hold = budget_hold(budget, spent[team], now)
+            if why is None or hold is None:
                 continue
-            held[team] = hold_message(why, budget, now)
+            held[team] = hold
             if budget.on_exceed != "stop":
                 continue
             for job in running:
@@ -290,8 +292,8 @@ class Accountant:
             self._held_jobs.clear()
             self.held_count = {}
             return
-        write: dict[int, str] = {}
-        now_held: dict[int, str] = {}
+        write: dict[int, Wait] = {}
+        now_held: dict[int, WaitFacts] = {}
         count: dict[str, int] = {}
         for r in queued:
             why = self.held.get(r.team)
@@ -300,8 +302,8 @@ class Accountant:
             now_held[r.job_id] = why
             count[r.team] = count.get(r.team, 0) + 1
             if self._held_jobs.get(r.job_id) != why:
-                write[r.job_id] = why
-        self.head.store.set_wait_reasons({job_id: Wait(WaitReason.BUDGET, why) for job_id, why in write.items()})
+                write[r.job_id] = Wait(WaitReason.BUDGET, why)
+        self.head.store.set_wait_reasons(write)
         for job_id in write:
             # The loop writes a wait reason only when it changes from the last it wrote: forget
             # that one, so a released job gets its scheduler's reason again even if unchanged.
@@ -330,7 +332,7 @@ class Accountant:
                     "gpu_hours_spent": s.gpu_hours,
                     "on_exceed": b.on_exceed,
                     "over": over_budget(b, s) is not None,
-                    "held": self.held.get(b.team),
+                    "held": text(WaitReason.BUDGET, self.held[b.team]) if b.team in self.held else None,
                     "held_jobs": self.held_count.get(b.team, 0),
                 }
             )

@@ -15,10 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gpucluster.errors import GpuclusterError
+
 ENV = "GPUCLUSTER_DATABASE_URL"
 
 
-class DatabaseUrlError(ValueError):
+class DatabaseUrlError(ValueError, GpuclusterError):
     """The connection string cannot be used as given; the message says what to do."""
 
 

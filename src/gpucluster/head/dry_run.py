@@ -18,6 +18,7 @@ from gpucluster.core.scheduler import decide
 from gpucluster.core.types import Priority
 from gpucluster.models import DryRunOut, ExpectedRun, JobSpec, SliceOut
 from gpucluster.store.store import request_from, request_json
+from gpucluster.waits_text import sentence, to_json
 
 if TYPE_CHECKING:
     from gpucluster.head.loop import Head
@@ -80,6 +81,7 @@ def dry_run(head: Head, spec: JobSpec, owner: str | None, instead_of: int | None
         start_low=interval.low if interval else None,
         start_high=interval.high if interval else None,
         expected_run=expected,
-        reason=wait.message if wait is not None else "",
+        reason=sentence(wait) if wait is not None else "",
         wait_reason=wait.reason.value if wait is not None else None,
+        wait=to_json(wait) if wait is not None else None,
     )

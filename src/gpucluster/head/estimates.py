@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from gpucluster.core.estimate import DEFAULT_LIMIT, NO_LATENCY, Estimate, Latency, estimate_starts
 from gpucluster.core.policy import Policy
@@ -72,7 +73,6 @@ class EstimateRefresher:
         self.cpu_s = 0.0
         self._estimates: dict[int, Estimate] = {}
         self._last: dict[int, Wait] = {}
-        self._not_before: dict[float, str] = {}  # lower bound -> its sentence, formatted once
 
     def _every(self) -> float:
         """How long after the last replay the next one is due."""
@@ -123,14 +123,13 @@ class EstimateRefresher:
             self.refreshes += 1
             self._at = now
             self._changed = False
-            self._not_before.clear()
         out: dict[int, Wait] = {}
         for job_id, wait in plan.waiting.items():
             merged = self._merge(wait, self._estimates.get(job_id), now)
             last = self._last.get(job_id)
             if (
                 last is not None
-                and (last.reason, last.message) == (merged.reason, merged.message)
+                and (last.reason, last.facts) == (merged.reason, merged.facts)
                 and last.estimated_start is not None
                 and merged.estimated_start is not None
                 and last.estimated_start >= now
@@ -148,11 +147,6 @@ class EstimateRefresher:
         if wait.estimated_start is not None and wait.reason not in _REPLAYED:
             return wait  # a backoff or begin time: exact
         if est.exact:
-            return Wait(wait.reason, wait.message, est.start)
-        sentence = self._not_before.get(est.start)
-        if sentence is None:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(est.start))
-            sentence = self._not_before[est.start] = (
-                f"; starts no earlier than {when} (only the first {self.limit:,} in line are estimated exactly)"
-            )
-        return Wait(wait.reason, wait.message + sentence, None)
+            return Wait(wait.reason, wait.facts, est.start)
+        facts = replace(wait.facts, no_earlier_than=est.start, estimated_first=self.limit)
+        return Wait(wait.reason, facts, None)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from gpucluster.errors import GpuclusterError
 from gpucluster.head.paths import DataDir
 from gpucluster.store import Store
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:  # ray is an optional extra: imported only once --ray is asked
 AGENTS_READY_TIMEOUT_S = 60.0
 
 
-class RayStartupError(RuntimeError):
+class RayStartupError(RuntimeError, GpuclusterError):
     """The head cannot use the Ray cluster; the message says why, in one line."""
 
 

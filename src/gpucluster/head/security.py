@@ -18,6 +18,7 @@ from typing import IO, Any
 from gpucluster import userconfig
 from gpucluster.auth import unix
 from gpucluster.auth.control import DEFAULT_RATE_PER_S, AccessControl
+from gpucluster.errors import GpuclusterError
 from gpucluster.store import Store
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -32,7 +33,7 @@ class SecurityOptions:
     admin_name: str | None = None  # the first cluster admin [default: the Unix user running the head]
 
 
-class SecurityError(RuntimeError):
+class SecurityError(RuntimeError, GpuclusterError):
     """The head must not start this way; the message says what to do instead."""
 
 

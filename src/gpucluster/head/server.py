@@ -41,6 +41,7 @@ from gpucluster.core.types import Node
 from gpucluster.dashboard.link import announce as announce_dashboard
 from gpucluster.discovery.gpus import NoGpus, discover_nvml, nvml_minor_numbers, virtual_gpus
 from gpucluster.discovery.host import discover_cpus, discover_memory_mb
+from gpucluster.errors import GpuclusterError
 from gpucluster.executors.base import Executor
 from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.executors.image_cache import DEFAULT_CAP_BYTES as DEFAULT_IMAGE_CACHE_BYTES
@@ -70,7 +71,7 @@ SHUTDOWN_SLACK_S = 15.0
 log = logging.getLogger("gpucluster.head")
 
 
-class StartupError(RuntimeError):
+class StartupError(RuntimeError, GpuclusterError):
     """The cluster cannot start; the message says why and what to do."""
 
 

@@ -22,10 +22,12 @@ from gpucluster.core.arrays import selected
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Limit
 from gpucluster.core.pools import closed_nodes, restrict
-from gpucluster.core.selection import unmatched_message
+from gpucluster.core.reasons import WaitReason
+from gpucluster.core.selection import unmatched_facts
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, JobRequest, Priority
 from gpucluster.durations import MAX_BEGIN_AHEAD_S
+from gpucluster.errors import GpuclusterError
 from gpucluster.executors._shim import PHASE
 from gpucluster.head.dry_run import dry_run
 from gpucluster.head.inventory import with_presence
@@ -70,6 +72,8 @@ from gpucluster.models import (
 from gpucluster.store import AttemptRecord, JobRecord, QueueLimitReached
 from gpucluster.store.store import request_from, request_json
 from gpucluster.telemetry.view import describe_job, describe_nodes
+from gpucluster.waits_text import render_stored, text
+from gpucluster.waits_text import stored as stored_wait
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -81,18 +85,18 @@ MAX_PIPELINE_JOBS = 100  # a pipeline drawing shows at most this many steps
 MAX_PIPELINE_SCAN = 5000  # newer jobs with dependencies looked at for a job's dependents
 
 
-class NotFound(LookupError):
+class NotFound(LookupError, GpuclusterError):
     pass
 
 
-class Rejected(ValueError):
+class Rejected(ValueError, GpuclusterError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
 
 
-class Conflict(RuntimeError):
+class Conflict(RuntimeError, GpuclusterError):
     pass
 
 
@@ -876,7 +880,7 @@ def _check_selection(spec: JobSpec, request: JobRequest, cap: Capacity, models: 
     if sel.denied and not sel.nodelist and not sel.exclude and not sel.constraint:
         field = "team"
     if not allowed:
-        raise Rejected(field, unmatched_message(sel, cap.node_labels))
+        raise Rejected(field, text(WaitReason.NO_FIT, unmatched_facts(sel, cap.node_labels)))
     if not any(cap.could_ever_fit(request, m, allowed) for m in models):
         shown = ", ".join(sorted(allowed)[:5]) + (", ..." if len(allowed) > 5 else "")
         raise Rejected(
@@ -964,6 +968,7 @@ def to_wire(
     owner and cluster admins may see that (`GET /v1/jobs/{id}`).
     """
     spec = r.spec
+    wait = stored_wait(r.reason)  # a queued job's wait, kept structured; rendered here in UTC
     if spec.exported_env is not None and not reveal_env:
         spec = spec.model_copy(update={"exported_env": None})
     return Job(
@@ -975,8 +980,9 @@ def to_wire(
         started_at=r.started_at,
         ended_at=r.ended_at,
         exit_code=r.exit_code,
-        reason=r.reason,
+        reason=render_stored(wait) if wait is not None else r.reason,
         wait_reason=r.wait_reason if r.state is JobState.QUEUED else None,
+        wait=wait if r.state is JobState.QUEUED else None,
         estimated_start=r.estimated_start if r.state is JobState.QUEUED else None,
         attempt=r.attempt,
         allocation=_slices(r.allocation),

@@ -16,13 +16,14 @@ from typing import Any
 from gpucluster.core.policy import InteractivePolicy
 from gpucluster.core.states import JobState
 from gpucluster.durations import format_duration
+from gpucluster.errors import GpuclusterError
 from gpucluster.executors import _session
 from gpucluster.head.service import Rejected
 from gpucluster.models import JobSpec
 from gpucluster.store import JobRecord
 
 
-class NotReachable(RuntimeError):
+class NotReachable(RuntimeError, GpuclusterError):
     """The job is no session, or not running, or its server cannot be reached (yet)."""
 
 

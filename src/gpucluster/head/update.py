@@ -14,13 +14,14 @@ from pydantic import ValidationError
 
 from gpucluster.core.types import JobRequest
 from gpucluster.durations import format_duration
+from gpucluster.errors import GpuclusterError
 from gpucluster.models import JobSpec, JobUpdate
 
 # The fields a running job may still change: its time limit (Slurm: scontrol update TimeLimit).
 RUNNING_FIELDS = frozenset({"time_limit"})
 
 
-class FieldError(ValueError):
+class FieldError(ValueError, GpuclusterError):
     """A change that the submit's rules refuse: which field, and what is wrong with it."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -30,13 +30,14 @@ from dataclasses import dataclass, field
 from itertools import accumulate, count
 from typing import cast
 
-from gpucluster.core.accounting import Budget, Spend, hold_message, over_budget, period_end
+from gpucluster.core.accounting import Budget, Spend, budget_hold, period_end
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.cluster_state import ClusterState
 from gpucluster.core.elastic import grow
 from gpucluster.core.eligibility import Target, array_target, eligible
 from gpucluster.core.events import Ended, Held, Released, Started, StopRequested, Submitted
 from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
+from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, DependencyKind, JobRequest, Node, Plan, RunningJob, Start
@@ -309,7 +310,7 @@ class Engine:
         self._spend: dict[str, list[float]] = {t: [0.0, 0.0] for t in self._budgets}  # period's money, GPU-s
         self._rate: dict[str, list[float]] = {t: [0.0, 0.0] for t in self._budgets}  # money/s, GPUs
         self._spend_at: dict[str, float] = {t: 0.0 for t in self._budgets}
-        self._holds: dict[str, str] = self._state.holds
+        self._holds: dict[str, WaitFacts] = self._state.holds
         self._held_since: dict[str, float] = {}
         self._budget_wake: dict[str, float] = {}
         for t in self._budgets:
@@ -980,9 +981,9 @@ class Engine:
         for team, budget in self._budgets.items():
             self._bring_spend(team, now)
             money, gpu_s = self._spend[team]
-            why = over_budget(budget, Spend(money, gpu_s / 3600.0))
-            if why is not None and team not in self._holds:
-                self._state.apply(Held(team, hold_message(why, budget, now)))
+            hold = budget_hold(budget, Spend(money, gpu_s / 3600.0), now)
+            if hold is not None and team not in self._holds:
+                self._state.apply(Held(team, hold))
                 self._held_since[team] = now
                 self.result.budgets[team]["holds"] += 1
                 self._dirty = True
@@ -990,11 +991,11 @@ class Engine:
                 if budget.on_exceed == "stop":
                     for jid in [j for j, r in self._running.items() if r.team == team]:
                         self._stop_for_budget(self._active[jid], now)
-            elif why is None and team in self._holds:
+            elif hold is None and team in self._holds:
                 self._state.apply(Released(team))
                 self.result.budgets[team]["held_s"] += now - self._held_since.pop(team)
                 self._dirty = True
-            if why is None:
+            if hold is None:
                 self._wake_at_crossing(team, budget, now)
 
     def _wake_at_crossing(self, team: str, budget: Budget, now: float) -> None:

@@ -34,6 +34,7 @@ from bisect import bisect_left, bisect_right
 from itertools import accumulate
 
 from gpucluster.core.types import Priority
+from gpucluster.errors import GpuclusterError
 from gpucluster.sim.spec import ClusterSpec
 from gpucluster.sim.workload import RawJob, TraceJob
 
@@ -65,7 +66,7 @@ POLLUX_GPU_TIME = {
 }
 
 
-class FillError(ValueError):
+class FillError(ValueError, GpuclusterError):
     """A row that no rule can complete (e.g. an unknown pollux application)."""
 
 

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from gpucluster.core.types import Dependency, DependencyKind, Priority
 from gpucluster.durations import parse_duration
+from gpucluster.errors import GpuclusterError
 from gpucluster.models import MAX_GPUS_PER_JOB, JobSpec
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.fill import Filler, FillError
@@ -48,7 +49,7 @@ NOT_SIMULATED = ("hold",)
 DEPENDENCY_FIELDS = ("after", "afterok", "afternotok", "afterany")
 
 
-class RowError(ValueError):
+class RowError(ValueError, GpuclusterError):
     """One row is unusable; the message says which field and what is allowed."""
 
 

@@ -25,6 +25,7 @@ from gpucluster.core.cluster_state import running_job as running_job  # the one 
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import HostDefaults, Policy
 from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.restarts import restart_backoff
 from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.scheduler import gc_paused
@@ -34,6 +35,7 @@ from gpucluster.policyfile import PolicyFileError, load_policy_file, parse_polic
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.workload import TraceJob
 from gpucluster.sim.yamlspec import Path_, dotted, lay_over
+from gpucluster.waits_text import sentence
 from gpucluster.yamlfile import read_yaml
 
 # A reference, not a policy: shortest job first (by the trace's true remaining run time) with
@@ -188,7 +190,7 @@ def snapshot(
     capacity: CapacityIndex | None = None,
     queue_index: QueueIndex | None = None,
     preempted_for: dict[int, int] | None = None,
-    holds: dict[str, str] | None = None,
+    holds: dict[str, WaitFacts] | None = None,
     attained: dict[int, float] | None = None,
     expected_runtime: dict[int, float] | None = None,
 ) -> Snapshot:
@@ -242,7 +244,7 @@ def preempted_for(plan: Plan) -> dict[int, int]:
 
 def wait_message(plan: Plan, job_id: int) -> str:
     wait = plan.waiting.get(job_id)
-    return wait.message if wait is not None else "no reason given"
+    return sentence(wait) if wait is not None else "no reason given"
 
 
 class Usage:

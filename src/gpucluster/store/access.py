@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import String, cast, delete, func, insert, literal, select, union_all, update
 
+from gpucluster.errors import GpuclusterError
 from gpucluster.store import schema
 from gpucluster.store.store import Store
 
@@ -22,7 +23,7 @@ TEAM_ADMIN = "team-admin"
 TEAM_ROLES = (MEMBER, TEAM_ADMIN)
 
 
-class AccessConflict(ValueError):
+class AccessConflict(ValueError, GpuclusterError):
     """A user or membership that cannot be created as asked (exists already, unknown user)."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sqlalchemy import Column, Connection, MetaData, PrimaryKeyConstraint, String, Table, inspect, select, update
 
+from gpucluster.errors import GpuclusterError
 from gpucluster.store import schema
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -34,7 +35,7 @@ version_table = Table(
 )
 
 
-class NewerSchema(Exception):
+class NewerSchema(GpuclusterError):
     """The database was written by a newer gpucluster."""
 
 

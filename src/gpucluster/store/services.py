@@ -11,16 +11,17 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, func, insert, select, update
 
+from gpucluster.errors import GpuclusterError
 from gpucluster.services.spec import ServiceSpec, ServiceUsage
 from gpucluster.store import schema
 from gpucluster.store.store import Store
 
 
-class ServiceExists(ValueError):
+class ServiceExists(ValueError, GpuclusterError):
     pass
 
 
-class ServiceGone(LookupError):
+class ServiceGone(LookupError, GpuclusterError):
     """The service was deleted or failed meanwhile: no replica is added for it."""
 
 

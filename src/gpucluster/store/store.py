@@ -74,10 +74,12 @@ from gpucluster.core.types import (
     RunningJob,
     Wait,
 )
+from gpucluster.errors import GpuclusterError
 from gpucluster.models import JobSpec
 from gpucluster.store import lease as leases
 from gpucluster.store import migrate, schema
 from gpucluster.store.lease import DEFAULT_LEASE_S, Holder, Lease
+from gpucluster.waits_text import to_json as wait_json
 
 # PostgreSQL advisory lock key ("gpuclust" in ASCII): every write transaction holds it.
 WRITE_LOCK_KEY = 0x67707563_6C757374
@@ -118,7 +120,7 @@ def _move_from(states: tuple[str, ...]) -> Update:
     return stmt
 
 
-class StoreError(RuntimeError):
+class StoreError(RuntimeError, GpuclusterError):
     """The store cannot be used (locked by another head, unreadable, newer schema)."""
 
 
@@ -1289,7 +1291,11 @@ class Store:
         return [(r[0], a) for r in rows if (a := allocation_from_json(r[1])) is not None]
 
     def set_wait_reasons(self, reasons: dict[int, Wait]) -> None:
-        """Record why queued jobs wait; jobs that left the queue meanwhile are left alone."""
+        """Record why queued jobs wait; jobs that left the queue meanwhile are left alone.
+
+        The wait is kept structured, as JSON in the row's reason column (its code also in
+        wait_reason): the sentence is made by whoever reads it (waits_text.render_stored). Rows
+        written before hold a sentence there, and are shown as they are."""
         if not reasons:
             return
         j = schema.jobs.c
@@ -1302,7 +1308,10 @@ class Store:
         with self._write() as c:
             c.execute(
                 stmt,
-                [{"jid": k, "r": v.message, "w": v.reason.value, "e": v.estimated_start} for k, v in reasons.items()],
+                [
+                    {"jid": k, "r": json.dumps(wait_json(v)), "w": v.reason.value, "e": v.estimated_start}
+                    for k, v in reasons.items()
+                ],
             )
 
     def load_usage(self) -> tuple[dict[str, float], float | None]:

@@ -14,7 +14,7 @@ rank 0, and only one attempt runs at a time), so "the newest checkpoint" is the 
 last, whatever its step: a script that renumbers its steps (after an elastic resize, say) would
 otherwise see each new checkpoint rotated away right after it was written, because rotation
 kept the highest steps. Only complete checkpoints carry such a name (see
-`gpucluster.train.atomic`), so a crash mid-save leaves the previous one in place. The last `keep`
+`gpucluster.atomicfile`), so a crash mid-save leaves the previous one in place. The last `keep`
 checkpoints are kept; older ones are deleted only after a newer one is durable.
 
 A checkpoint that cannot be loaded is an error (`CheckpointError`, naming the file and why), not
@@ -49,8 +49,9 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from gpucluster.atomicfile import TMP_PREFIX, atomic_rename_dir, atomic_write, fsync_dir
+from gpucluster.errors import GpuclusterError
 from gpucluster.train import env as train_env
-from gpucluster.train.atomic import TMP_PREFIX, atomic_rename_dir, atomic_write, fsync_dir
 from gpucluster.train.distributed import async_checkpoint_group
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ FORMAT_VERSION = 1
 ENV_TEST_CRASH_AT_STEP = "GPUCLUSTER_TEST_CRASH_AT_CHECKPOINT_STEP"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RuntimeError, GpuclusterError):
     """A checkpoint exists but cannot be loaded: the attempt fails with this reason rather than
     start again from step 0 (which would look like success while losing all the work)."""
 
