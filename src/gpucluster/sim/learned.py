@@ -1,0 +1,72 @@
+"""Run times the replay has learned so far, for `ordering.runtime_model: gittins` (issue 25).
+
+Why: the Gittins ordering (core/gittins.py) ranks a queued job by the run times of finished
+jobs like it. On the head those come from its store (head/runtime_model.py); here they come
+from the jobs that finished so far in the replay, fed to the same predictor
+(core/runtime_predict.py) with the same shapes the start-estimate probe uses
+(sim/estimate_error.py), as the head's store would feed it: a job's shape when it ends, its last
+attempt's run seconds. Never the trace's own run times of jobs not yet finished: the ordering
+would otherwise be an oracle.
+
+Cost: nothing unless the policy asks for it (the engine makes none). Each finished run is one
+`add`; the job -> distribution map the snapshot carries is rebuilt only after a run was learned
+since the last one, with one lookup per distinct shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpucluster.core.runtime_predict import FinishedRun, JobShape, RunDistribution, RuntimePredictor, workload_of
+from gpucluster.sim.workload import TraceJob
+
+
+def trace_shape(trace: TraceJob, model: str, only_model: str) -> JobShape:
+    """What the predictor knows of a trace job: its GPU model when it ran (`model`), else its
+    one allowed model, else the cluster's only one ("" with several)."""
+    if not model:
+        model = trace.gpu_types[0] if len(trace.gpu_types) == 1 else only_model
+    return JobShape(trace.user, trace.team, workload_of(trace.name), trace.gpus, model, trace.time_limit)
+
+
+class LearnedRuntimes:
+    """Fed by the engine: arrivals, finished runs, and the jobs that left; read per snapshot."""
+
+    def __init__(self, models: set[str], predictor: RuntimePredictor | None = None) -> None:
+        self.predictor = predictor or RuntimePredictor()
+        self._only_model = next(iter(models)) if len(models) == 1 else ""
+        self._shapes: dict[int, JobShape] = {}  # jobs in the system -> their shape before they run
+        self._dists: dict[int, RunDistribution] = {}
+        self._stale = False
+
+    def arrived(self, trace: TraceJob) -> None:
+        shape = self._shapes[trace.job_id] = trace_shape(trace, "", self._only_model)
+        if not self._stale:  # what was learned is unchanged: this job's entry alone
+            d = self.predictor.distribution(shape)
+            if d is not None:
+                self._dists[trace.job_id] = d
+
+    def finished(self, trace: TraceJob, run_s: float, model: str) -> None:
+        """A run that tells how long such work takes (it ended, or was stopped at its limit)."""
+        self.predictor.add(FinishedRun(trace_shape(trace, model, self._only_model), run_s))
+        self._stale = True
+
+    def left(self, job_id: int) -> None:
+        self._shapes.pop(job_id, None)
+        self._dists.pop(job_id, None)
+
+    def distributions(self) -> Mapping[int, RunDistribution]:
+        """Job id -> the run times of finished jobs like it, for every job in the system with such
+        history (the core reads queued jobs' only: `Snapshot.runtime_dist`)."""
+        if self._stale:
+            by_shape: dict[JobShape, RunDistribution | None] = {}
+            out: dict[int, RunDistribution] = {}
+            for job_id, shape in self._shapes.items():
+                if shape in by_shape:
+                    d = by_shape[shape]
+                else:
+                    d = by_shape[shape] = self.predictor.distribution(shape)
+                if d is not None:
+                    out[job_id] = d
+            self._dists, self._stale = out, False
+        return self._dists
