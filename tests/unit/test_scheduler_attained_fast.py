@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpucluster.core import attained
-from gpucluster.core.attained import Ordering, may_be_taken, may_take, rank_of, ranks, standing
+from gpucluster.core.attained import Ordering, gittins_ranks, may_be_taken, may_take, rank_of, ranks, standing
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import TeamQueues
+from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.scheduler import _Cycle
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob
@@ -40,10 +41,18 @@ gpu_seconds = st.sampled_from([0.0, 10.0, 1800.0, H, 2 * H, 8 * H, 30 * H])
 
 
 def _all_ranks(
-    queued: Iterable[JobRequest], o: Ordering, att: Mapping[int, float], expected: Mapping[int, float], now: float
+    queued: Iterable[JobRequest],
+    o: Ordering,
+    att: Mapping[int, float],
+    expected: Mapping[int, float],
+    now: float,
+    dists: Mapping[int, RunDistribution] | None = None,
 ) -> dict[int, float]:
-    """The reference: every queued job's rank, one `rank_of` each."""
-    return {j.job_id: rank_of(j, o, att, expected, now) for j in queued}
+    """The reference: every queued job's rank, one `rank_of` each (with a Gittins index, the
+    job's fraction on top, for every job that has one)."""
+    jobs = list(queued)
+    extra = gittins_ranks(jobs, o, att, dists, now) if o.gittins and dists else {}
+    return {j.job_id: extra.get(j.job_id, rank_of(j, o, att, expected, now)) for j in jobs}
 
 
 @st.composite
@@ -164,23 +173,30 @@ def las_scenarios(draw: st.DrawFn) -> tuple[Snapshot, Policy]:
     ids = [j.job_id for j in running] + [j.job_id for j in queued]
     att = {i: draw(gpu_seconds) for i in ids if draw(st.booleans())}
     o = draw(orderings.map(lambda o: replace(o, mode="las")))
+    dists: dict[int, RunDistribution] = {}
+    if draw(st.booleans()):  # inside a queue by learned run times (core/gittins.py)
+        o = replace(o, runtime_model="gittins")
+        kinds = [RunDistribution.of(v) for v in ([60.0, 120.0, 600.0], [1000.0, 5000.0, 9e4], [30 * H] * 3)]
+        dists = {q.job_id: draw(st.sampled_from(kinds)) for q in queued if draw(st.booleans())}
     pol = Policy(
         ordering=o,
         fair_share=draw(st.sampled_from([True, True, False])),
         preemption=replace(Policy().preemption, min_runtime_s=draw(st.sampled_from([0.0, 3000.0]))),
     )
     usage = {t: draw(st.sampled_from([0.0, 100.0, 1e5])) for t in TEAMS}
-    return replace(snap, running=tuple(running), queued=tuple(queued), attained=att, usage=usage), pol
+    snap = replace(snap, running=tuple(running), queued=tuple(queued), attained=att, usage=usage)
+    return replace(snap, runtime_dist=dists), pol
 
 
 @MANY
 @given(las_scenarios())
 def test_the_cheap_las_paths_change_no_plan(scenario: tuple[Snapshot, Policy]) -> None:
     """The cycle with sparse ranks, standings once a cycle, the filtered pool and answers shared
-    per (request, rank) against the reference (every rank, `may_take` per pair, the whole pool,
-    every job considered): the same starts and preemptions (victims in order, with their
-    reasons); with reasons, the same waits; without, the waits it names are the reference's
-    (a job answered from an earlier one's request is not named, as on the default path)."""
+    per (request, queue) (a Gittins fraction reorders a queue only) against the reference (every
+    rank, `may_take` per pair, the whole pool, every job considered): the same starts and
+    preemptions (victims in order, with their reasons); with reasons, the same waits; without,
+    the waits it names are the reference's (a job answered from an earlier one's request is not
+    named, as on the default path)."""
     snap, pol = scenario
     for reasons in (True, False):
         fast = _Cycle(snap, pol, NOW, reasons).run()
