@@ -42,6 +42,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from operator import attrgetter
 from typing import Literal
 
@@ -54,6 +55,9 @@ RuntimeModel = Literal["none", "gittins"]
 # A running job's (attained-service queue, GPU-seconds lost if stopped now): see `standing`.
 Standing = tuple[int, float]
 INF = float("inf")
+_JOB_ID = attrgetter("job_id")
+_GPUS = attrgetter("gpus")
+_SUBMITTED = attrgetter("submitted_at")
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ def ranks(
         return gittins_ranks(queued, ordering, attained, dists, now)
     if ordering.mode != "las" or ordering.queue_of(0.0) != 0:
         return {j.job_id: rank_of(j, ordering, attained, expected, now) for j in queued}
-    ids = list(map(attrgetter("job_id"), queued))
+    ids = list(map(_JOB_ID, queued))
     ran = attained.keys() & ids
     if not ran:
         return {}
@@ -177,32 +181,55 @@ def gittins_ranks(
     """`ranks` under `runtime_model: gittins`: a job's LAS queue (`rank_of`: promotion still puts
     it at 0, ahead of every index), plus, when `dists` names its job, its Gittins index's
     fraction (core/gittins.py) looking ahead to its queue's threshold. A job `dists` does not
-    name ranks as under plain LAS. Jobs that never ran and share a distribution and a GPU count
-    share one index (the common case: a key's new jobs), worked out once per call."""
-    out: dict[int, float] = {}
-    fresh: dict[tuple[RunDistribution, float], float] = {}
-    first = ordering.allowance(0.0)
-    for job in queued:
-        if _promoted(job, ordering, now):
-            continue  # rank 0, ahead of every index: promotion guards against starvation
-        jid = job.job_id
-        got = attained.get(jid, 0.0)
+    name ranks as under plain LAS. Every queued job is named (rank 0 included). Jobs that never
+    ran and share a distribution and a GPU count share one index (the common case: a key's new
+    jobs), worked out once per call and read at C speed; only jobs that ran before, and those
+    submitted `promote_after` ago, cost a Python step each."""
+    ids = list(map(_JOB_ID, queued))
+    by_id = dict(zip(ids, queued, strict=True))
+    # Jobs that never ran, by (distribution, GPUs): one index each, read at C speed (a dict
+    # whose misses work it out); most of a queue under Gittins ordering, every cycle.
+    fresh = _Fresh(ordering)
+    kinds = zip(map(dists.get, ids), map(_GPUS, queued), strict=True)
+    out = dict(zip(ids, map(fresh.__getitem__, kinds), strict=True))
+    for jid in attained.keys() & by_id.keys():  # ran before: its own queue and look-ahead
+        got = attained[jid]
         queue = ordering.queue_of(got)
-        dist = dists.get(jid)
-        gpus = job.gpus
+        dist, gpus = dists.get(jid), by_id[jid].gpus
         if dist is None or gpus <= 0:
-            if queue:
-                out[jid] = float(queue)
+            out[jid] = float(queue)
             continue
-        if got == 0.0 and queue == 0:
-            frac = fresh.get((dist, gpus))
-            if frac is None:
-                frac = fresh[(dist, gpus)] = gittins.rank_fraction(gittins.index(dist, 0.0, first / gpus) / gpus)
-        else:
-            left = ordering.allowance(queue) - got
-            frac = gittins.rank_fraction(gittins.index(dist, got / gpus, max(0.0, left) / gpus) / gpus)
-        out[jid] = queue + frac
+        left = ordering.allowance(queue) - got
+        out[jid] = queue + gittins.rank_fraction(gittins.index(dist, got / gpus, max(0.0, left) / gpus) / gpus)
+    promote = ordering.promote_after_s
+    if promote is not None:  # rank 0, ahead of every index: promotion guards against starvation
+        cut = now - promote
+        # A job entered the queue at or after its submission: only those submitted by `cut` may be.
+        for job in compress(queued, map(cut.__ge__, map(_SUBMITTED, queued))):
+            if _promoted(job, ordering, now):
+                out[job.job_id] = 0.0
     return out
+
+
+class _Fresh(dict[tuple[RunDistribution | None, float], float]):
+    """(distribution, GPUs) -> the rank of a job of that kind that never ran: queue 0 plus its
+    Gittins fraction looking ahead to the first threshold (no distribution, or no GPUs: plain
+    LAS's queue of nothing attained)."""
+
+    def __init__(self, ordering: Ordering) -> None:
+        super().__init__()
+        self.ordering = ordering
+
+    def __missing__(self, key: tuple[RunDistribution | None, float]) -> float:
+        dist, gpus = key
+        o = self.ordering
+        queue = o.queue_of(0.0)
+        if dist is None or gpus <= 0:
+            got = float(queue)
+        else:
+            got = queue + gittins.rank_fraction(gittins.index(dist, 0.0, o.allowance(queue) / gpus) / gpus)
+        self[key] = got
+        return got
 
 
 def _promoted(job: JobRequest, ordering: Ordering, now: float) -> bool:
