@@ -23,23 +23,19 @@ compares queues only (`int(rank)`).
 
 Cost: with sorted run times and their prefix sums (`RunDistribution`), each candidate `d` is
 O(1); the sup is over the sample points within the quantum (at most the predictor's window, 256),
-and a distribution memoises its answers per (attained, quantum) (`_MEMO`), so a job that waits
-many cycles is worked out once per change of its key's runs. Pure: no I/O, no clock.
+and a distribution memoises its answers per (attained, quantum) (`RunDistribution.memo`), so a
+job that waits many cycles is worked out once per change of its key's runs. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from weakref import WeakKeyDictionary
 
 from gpucluster.core.runtime_predict import RunDistribution
 
 H = 3600.0
 # The largest fraction below 1: an index of 0 must still rank inside its own queue.
 _LAST = 1.0 - 2.0**-30
-# Distribution -> (attained run-s, quantum run-s) -> index per run-second, unscaled. Weak: a
-# distribution replaced by its key's next run frees its answers with it.
-_MEMO: WeakKeyDictionary[RunDistribution, dict[tuple[float, float], float]] = WeakKeyDictionary()
 
 
 def index(dist: RunDistribution, attained_s: float, quantum_s: float) -> float:
@@ -47,9 +43,7 @@ def index(dist: RunDistribution, attained_s: float, quantum_s: float) -> float:
     `quantum_s` seconds ahead (inf: no limit): completions per second of service."""
     c = dist.scale
     a, d = attained_s / c, quantum_s / c
-    memo = _MEMO.get(dist)
-    if memo is None:
-        memo = _MEMO[dist] = {}
+    memo = dist.memo
     got = memo.get((a, d))
     if got is None:
         got = memo[(a, d)] = _unscaled(dist.values, dist.prefix, a, d)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 # Similarity keys, most specific first: (name shown to users, fields, counts in seconds).
@@ -156,13 +156,17 @@ class RunDistribution:
     values: tuple[float, ...]  # ascending
     prefix: tuple[float, ...]  # prefix[i] = sum(values[:i]); len(values) + 1 entries
     scale: float = 1.0
+    # What core/gittins.py worked out from it: (attained, look-ahead) -> index. It goes with the
+    # object, which its key's next run replaces.
+    memo: dict[tuple[float, float], float] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, ascending: list[float], scale: float = 1.0) -> RunDistribution:
         return cls(tuple(ascending), (0.0, *accumulate(ascending)), scale)
 
     def scaled(self, scale: float) -> RunDistribution:
-        return RunDistribution(self.values, self.prefix, scale) if scale != self.scale else self
+        # The memo is of unscaled values (core/gittins.py): a scaled copy shares it.
+        return RunDistribution(self.values, self.prefix, scale, self.memo) if scale != self.scale else self
 
 
 def quantile(values: list[float], q: float) -> float:
