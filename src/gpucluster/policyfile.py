@@ -13,7 +13,8 @@
     priorities: true
     starvation_age: 24h
     ordering: {mode: las, queues: [1h, 8h], promote_after: 24h, preempt: true, min_slice: 30m}
-    #   within a team: least attained GPU-time first (core/attained.py); mode: age (the default)
+    #   within a team: least attained GPU-time first (core/attained.py); mode: age (the default);
+    #   runtime_model: gittins orders inside each queue by learned run times (core/gittins.py)
     unknown_teams: allow        # or reject: submissions must name a team listed here
     idle:   {after: 30m, threshold: 1, action: notify}     # or requeue, stop
     health: {max_temperature: 90, node_timeout: 60s, drain_on_ecc: true, drain_on_xid: true}
@@ -53,7 +54,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpucluster.core import policy as core
 from gpucluster.core.accounting import MONTH, Accounting, Budget
@@ -154,9 +155,10 @@ class BackfillIn(_Strict):
 
 class OrderingIn(_Strict):
     """ordering: {mode: las, queues: [1h, 8h], promote_after: 24h, preempt: true, min_slice: 30m,
-    restart_cost: 1m} (core/attained.py). `queues` are GPU-time thresholds written as durations
-    (`1h`: one GPU-hour: 1 GPU for an hour or 8 GPUs for 7.5 minutes); `promote_after: null`
-    never promotes."""
+    restart_cost: 1m, runtime_model: gittins} (core/attained.py). `queues` are GPU-time
+    thresholds written as durations (`1h`: one GPU-hour: 1 GPU for an hour or 8 GPUs for 7.5
+    minutes); `promote_after: null` never promotes; `runtime_model: gittins` (mode las) orders
+    inside a queue by the Gittins index of learned run times (core/gittins.py), `none` by age."""
 
     mode: Literal["age", "las"] = "age"
     queues: list[Duration] = Field(default_factory=lambda: list[Duration](["1h", "8h"]))
@@ -164,6 +166,13 @@ class OrderingIn(_Strict):
     preempt: bool = False
     min_slice: Duration = "30m"
     restart_cost: Duration = "1m"
+    runtime_model: Literal["none", "gittins"] = "none"
+
+    @model_validator(mode="after")
+    def _gittins_needs_las(self) -> OrderingIn:
+        if self.runtime_model != "none" and self.mode != "las":
+            raise ValueError("runtime_model: gittins orders inside las's queues: it needs mode: las")
+        return self
 
     @field_validator("queues")
     @classmethod
@@ -188,6 +197,7 @@ class OrderingIn(_Strict):
             preempt=self.preempt,
             min_slice_s=_seconds(self.min_slice, "min_slice"),
             restart_cost_s=_seconds(self.restart_cost, "restart_cost"),
+            runtime_model=self.runtime_model,
         )
 
 

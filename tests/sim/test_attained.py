@@ -54,3 +54,28 @@ def test_las_without_checkpoints_never_preempts(tmp_path: Path) -> None:
     cluster.write_text(cluster.read_text().replace("interval: 30m", "interval: none"))
     ran = run(cluster, trace, "las")
     assert ran.result.preemptions == 0
+
+
+def test_gittins_orders_by_runs_finished_so_far_never_by_the_trace(tmp_path: Path) -> None:
+    """One GPU. First, `quick` jobs end in a minute and `slow` ones in 50 minutes, one after
+    another, so the replay learns both. Then, behind a running job, a `slow` job and a later
+    `quick` one wait; this time the trace gives the `quick` one 50 minutes and the `slow` one a
+    minute. `las` starts the older (`slow`); `las-gittins` the one whose kind finished soonest so
+    far (`quick`), though its own run is the long one: it learns from what finished, never from
+    the trace's run times (the oracle, which reads them, starts `slow`)."""
+    rows: list[dict[str, object]] = []
+    for i in range(6):
+        name, took = ("quick", 60) if i % 2 == 0 else ("slow", 3000)
+        rows.append({"submit_time": i * H, "duration": took, "gpus": 1, "name": name})
+    rows.append({"submit_time": 10 * H, "duration": 1000, "gpus": 1, "name": "other"})
+    rows.append({"submit_time": 10 * H + 10, "duration": 60, "gpus": 1, "name": "slow"})
+    rows.append({"submit_time": 10 * H + 20, "duration": 3000, "gpus": 1, "name": "quick"})
+    cluster = cluster_yaml(tmp_path / "c.yaml", nodes=1, gpus=1, extra=SPEC)
+    trace = native_csv(tmp_path / "t.csv", rows)
+    first = {}
+    for policy in ("las", "las-gittins", "oracle-sjf"):
+        ran = run(cluster, trace, policy)
+        slow, quick = sorted(ran.start)[-2:]
+        assert ran.start[slow] >= 10 * H + 1000 and ran.start[quick] >= 10 * H + 1000
+        first[policy] = "slow" if ran.start[slow] < ran.start[quick] else "quick"
+    assert first == {"las": "slow", "las-gittins": "quick", "oracle-sjf": "slow"}

@@ -12,10 +12,11 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpucluster.core import attained
-from gpucluster.core.attained import Ordering, may_be_taken, may_take, rank_of, ranks, standing
+from gpucluster.core import attained, gittins
+from gpucluster.core.attained import Ordering, gittins_ranks, may_be_taken, may_take, rank_of, ranks, standing
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import TeamQueues
+from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.scheduler import _Cycle
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob
@@ -40,10 +41,38 @@ gpu_seconds = st.sampled_from([0.0, 10.0, 1800.0, H, 2 * H, 8 * H, 30 * H])
 
 
 def _all_ranks(
-    queued: Iterable[JobRequest], o: Ordering, att: Mapping[int, float], expected: Mapping[int, float], now: float
+    queued: Iterable[JobRequest],
+    o: Ordering,
+    att: Mapping[int, float],
+    expected: Mapping[int, float],
+    now: float,
+    dists: Mapping[int, RunDistribution] | None = None,
 ) -> dict[int, float]:
-    """The reference: every queued job's rank, one `rank_of` each."""
+    """The reference: every queued job's rank, one `rank_of` each (with a Gittins index, the
+    job's fraction on top, for every job that has one: `_gittins_rank_of`)."""
+    if o.gittins and dists:
+        return {j.job_id: _gittins_rank_of(j, o, att, dists, now) for j in queued}
     return {j.job_id: rank_of(j, o, att, expected, now) for j in queued}
+
+
+def _gittins_rank_of(
+    job: JobRequest, o: Ordering, att: Mapping[int, float], dists: Mapping[int, RunDistribution], now: float
+) -> float:
+    """The Gittins rule written out for one job: promoted, 0; else its queue, plus, with a
+    distribution and GPUs, the fraction of its index looking ahead to its queue's threshold."""
+    queue = rank_of(job, o, att, {}, now)
+    if queue == 0.0 and o.promote_after_s is not None:
+        entered = job.submitted_at if job.queued_at is None else job.queued_at
+        if now - entered >= o.promote_after_s:
+            return 0.0
+    dist, got = dists.get(job.job_id), att.get(job.job_id, 0.0)
+    if dist is None or job.gpus <= 0:
+        return queue
+    ahead = max(0.0, o.allowance(queue) - got) / job.gpus
+    return queue + gittins.rank_fraction(gittins.index(dist, got / job.gpus, ahead) / job.gpus)
+
+
+KINDS = [RunDistribution.of(v) for v in ([60.0, 120.0, 600.0], [1000.0, 5000.0, 9e4], [30 * H] * 3)]
 
 
 @st.composite
@@ -65,6 +94,22 @@ def queue_and_history(draw: st.DrawFn) -> tuple[list[JobRequest], dict[int, floa
     att = draw(st.dictionaries(ids, gpu_seconds, max_size=20))
     expected = draw(st.dictionaries(ids, st.sampled_from([0.0, 60.0, H]), max_size=20))
     return jobs, att, expected
+
+
+@MANY
+@given(queue_and_history(), orderings, st.data())
+def test_gittins_ranks_are_the_rule_per_job(
+    history: tuple[list[JobRequest], dict[int, float], dict[int, float]], o: Ordering, data: st.DataObject
+) -> None:
+    """`gittins_ranks` (C-speed reads of the jobs that never ran, a Python step for the others)
+    against the rule per job, with every kind of job: ran before or not, promoted or not, with a
+    distribution or none, whole GPUs, shares, or none."""
+    jobs, att, _ = history
+    o = replace(o, mode="las", runtime_model="gittins")
+    jobs = [replace(j, gpus=data.draw(st.sampled_from([1.0, 8.0, 0.5, 0.0]))) for j in jobs]
+    dists = {j.job_id: data.draw(st.sampled_from(KINDS)) for j in jobs if data.draw(st.booleans())}
+    got = gittins_ranks(jobs, o, att, dists, NOW)
+    assert got == {j.job_id: _gittins_rank_of(j, o, att, dists, NOW) for j in jobs}
 
 
 @MANY
@@ -164,23 +209,29 @@ def las_scenarios(draw: st.DrawFn) -> tuple[Snapshot, Policy]:
     ids = [j.job_id for j in running] + [j.job_id for j in queued]
     att = {i: draw(gpu_seconds) for i in ids if draw(st.booleans())}
     o = draw(orderings.map(lambda o: replace(o, mode="las")))
+    dists: dict[int, RunDistribution] = {}
+    if draw(st.booleans()):  # inside a queue by learned run times (core/gittins.py)
+        o = replace(o, runtime_model="gittins")
+        dists = {q.job_id: draw(st.sampled_from(KINDS)) for q in queued if draw(st.booleans())}
     pol = Policy(
         ordering=o,
         fair_share=draw(st.sampled_from([True, True, False])),
         preemption=replace(Policy().preemption, min_runtime_s=draw(st.sampled_from([0.0, 3000.0]))),
     )
     usage = {t: draw(st.sampled_from([0.0, 100.0, 1e5])) for t in TEAMS}
-    return replace(snap, running=tuple(running), queued=tuple(queued), attained=att, usage=usage), pol
+    snap = replace(snap, running=tuple(running), queued=tuple(queued), attained=att, usage=usage)
+    return replace(snap, runtime_dist=dists), pol
 
 
 @MANY
 @given(las_scenarios())
 def test_the_cheap_las_paths_change_no_plan(scenario: tuple[Snapshot, Policy]) -> None:
     """The cycle with sparse ranks, standings once a cycle, the filtered pool and answers shared
-    per (request, rank) against the reference (every rank, `may_take` per pair, the whole pool,
-    every job considered): the same starts and preemptions (victims in order, with their
-    reasons); with reasons, the same waits; without, the waits it names are the reference's
-    (a job answered from an earlier one's request is not named, as on the default path)."""
+    per (request, queue) (a Gittins fraction reorders a queue only) against the reference (every
+    rank, `may_take` per pair, the whole pool, every job considered): the same starts and
+    preemptions (victims in order, with their reasons); with reasons, the same waits; without,
+    the waits it names are the reference's (a job answered from an earlier one's request is not
+    named, as on the default path)."""
     snap, pol = scenario
     for reasons in (True, False):
         fast = _Cycle(snap, pol, NOW, reasons).run()

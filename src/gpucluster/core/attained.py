@@ -24,10 +24,17 @@ attempts (the head from its attempt rows, the simulator from its own bookkeeping
 job's current attempt is added here from its allocation and start, so neither caller must
 update a running job's figure while it runs.
 
-The seam for learned run times (`Snapshot.expected_runtime`, mode `sjf`): job id -> expected run
-seconds. Nothing on the head fills it yet; the simulator fills it with the trace's true run
-times for its reference oracle (`oracle-sjf`). A predictor (core/runtime_predict.py, elsewhere)
-can supply the same mapping, and the ordering code need not change.
+Learned run-time distributions (`runtime_model: gittins`, `Snapshot.runtime_dist`): job id ->
+the run times of the finished jobs like it (core/runtime_predict.py's similarity keys, the ones
+the start estimates use; the head learns them from its store, the simulator from the jobs
+finished so far in the replay). Inside a queue, jobs are then ordered by their Gittins index
+(core/gittins.py) as a fraction added to the queue number; a job with no such history (not
+named) keeps plain LAS's place: the front of its queue, oldest first (an unknown job is
+presumed short, as LAS presumes). Everything that compares queues (preemption, its allowance)
+reads `int(rank)`, so the index reorders jobs within a queue and nothing else.
+
+`Snapshot.expected_runtime` (mode `sjf`): job id -> expected run seconds, filled only by the
+simulator, with the trace's true run times, for its reference oracle (`oracle-sjf`).
 """
 
 from __future__ import annotations
@@ -35,15 +42,22 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from operator import attrgetter
 from typing import Literal
 
+from gpucluster.core import gittins
+from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.types import JobRequest, RunningJob
 
 OrderingMode = Literal["age", "las", "sjf"]
+RuntimeModel = Literal["none", "gittins"]
 # A running job's (attained-service queue, GPU-seconds lost if stopped now): see `standing`.
 Standing = tuple[int, float]
 INF = float("inf")
+_JOB_ID = attrgetter("job_id")
+_GPUS = attrgetter("gpus")
+_SUBMITTED = attrgetter("submitted_at")
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,8 @@ class Ordering:
     GPUs x (work since its last checkpoint + `restart_cost_s`)) is at most what the preemptor
     may have at its rank (its queue's threshold): losing more than the preemptor can gain before
     it would itself be demoted is a net loss.
+    `runtime_model`: `gittins` (mode `las` only) orders jobs inside a queue by their Gittins
+    index from learned run times (`Snapshot.runtime_dist`, core/gittins.py); `none`: by age.
     """
 
     mode: OrderingMode = "age"
@@ -68,6 +84,12 @@ class Ordering:
     preempt: bool = False
     min_slice_s: float = 1800.0
     restart_cost_s: float = 60.0
+    runtime_model: RuntimeModel = "none"
+
+    @property
+    def gittins(self) -> bool:
+        """Whether queues are ordered inside by the Gittins index (reads `Snapshot.runtime_dist`)."""
+        return self.mode == "las" and self.runtime_model == "gittins"
 
     @property
     def ranked(self) -> bool:
@@ -113,6 +135,7 @@ def ranks(
     attained: Mapping[int, float],
     expected: Mapping[int, float],
     now: float,
+    dists: Mapping[int, RunDistribution] | None = None,
 ) -> dict[int, float]:
     """The queued jobs' ranks, once per cycle (only when `ordering.ranked`): a job not named
     ranks 0 (`rank_of` gives it 0). Callers read a rank with `.get(job_id, 0.0)`.
@@ -123,10 +146,14 @@ def ranks(
     `las`'s profiled time on the whole of Philly, where two thirds of the queue had run before,
     so about half of that is saved; more on a queue of mostly new jobs). Exact when a job with
     nothing attained is in queue 0 (the first threshold above 0); else every job is ranked.
+
+    With `ordering.gittins`, the jobs `dists` names also get their Gittins fraction (`gittins_ranks`).
     """
+    if ordering.gittins and dists:
+        return gittins_ranks(queued, ordering, attained, dists, now)
     if ordering.mode != "las" or ordering.queue_of(0.0) != 0:
         return {j.job_id: rank_of(j, ordering, attained, expected, now) for j in queued}
-    ids = list(map(attrgetter("job_id"), queued))
+    ids = list(map(_JOB_ID, queued))
     ran = attained.keys() & ids
     if not ran:
         return {}
@@ -142,6 +169,74 @@ def ranks(
         if queue:
             out[job_id] = float(queue)
     return out
+
+
+def gittins_ranks(
+    queued: Sequence[JobRequest],
+    ordering: Ordering,
+    attained: Mapping[int, float],
+    dists: Mapping[int, RunDistribution],
+    now: float,
+) -> dict[int, float]:
+    """`ranks` under `runtime_model: gittins`: a job's LAS queue (`rank_of`: promotion still puts
+    it at 0, ahead of every index), plus, when `dists` names its job, its Gittins index's
+    fraction (core/gittins.py) looking ahead to its queue's threshold. A job `dists` does not
+    name ranks as under plain LAS. Every queued job is named (rank 0 included). Jobs that never
+    ran and share a distribution and a GPU count share one index (the common case: a key's new
+    jobs), worked out once per call and read at C speed; only jobs that ran before, and those
+    submitted `promote_after` ago, cost a Python step each."""
+    ids = list(map(_JOB_ID, queued))
+    by_id = dict(zip(ids, queued, strict=True))
+    # Jobs that never ran, by (distribution, GPUs): one index each, read at C speed (a dict
+    # whose misses work it out); most of a queue under Gittins ordering, every cycle.
+    fresh = _Fresh(ordering)
+    kinds = zip(map(dists.get, ids), map(_GPUS, queued), strict=True)
+    out = dict(zip(ids, map(fresh.__getitem__, kinds), strict=True))
+    for jid in attained.keys() & by_id.keys():  # ran before: its own queue and look-ahead
+        got = attained[jid]
+        queue = ordering.queue_of(got)
+        dist, gpus = dists.get(jid), by_id[jid].gpus
+        if dist is None or gpus <= 0:
+            out[jid] = float(queue)
+            continue
+        left = ordering.allowance(queue) - got
+        out[jid] = queue + gittins.rank_fraction(gittins.index(dist, got / gpus, max(0.0, left) / gpus) / gpus)
+    promote = ordering.promote_after_s
+    if promote is not None:  # rank 0, ahead of every index: promotion guards against starvation
+        cut = now - promote
+        # A job entered the queue at or after its submission: only those submitted by `cut` may be.
+        for job in compress(queued, map(cut.__ge__, map(_SUBMITTED, queued))):
+            if _promoted(job, ordering, now):
+                out[job.job_id] = 0.0
+    return out
+
+
+class _Fresh(dict[tuple[RunDistribution | None, float], float]):
+    """(distribution, GPUs) -> the rank of a job of that kind that never ran: queue 0 plus its
+    Gittins fraction looking ahead to the first threshold (no distribution, or no GPUs: plain
+    LAS's queue of nothing attained)."""
+
+    def __init__(self, ordering: Ordering) -> None:
+        super().__init__()
+        self.ordering = ordering
+
+    def __missing__(self, key: tuple[RunDistribution | None, float]) -> float:
+        dist, gpus = key
+        o = self.ordering
+        queue = o.queue_of(0.0)
+        if dist is None or gpus <= 0:
+            got = float(queue)
+        else:
+            got = queue + gittins.rank_fraction(gittins.index(dist, 0.0, o.allowance(queue) / gpus) / gpus)
+        self[key] = got
+        return got
+
+
+def _promoted(job: JobRequest, ordering: Ordering, now: float) -> bool:
+    """Whether `job` waited `promote_after` since it entered the queue (`rank_of`'s promotion)."""
+    promote = ordering.promote_after_s
+    entered = job.submitted_at if job.queued_at is None else job.queued_at
+    return promote is not None and now - entered >= promote
 
 
 def standing(victim: RunningJob, ordering: Ordering, attained: Mapping[int, float], now: float) -> Standing | None:

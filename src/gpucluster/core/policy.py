@@ -355,6 +355,12 @@ def las_policy() -> Policy:
     return Policy(ordering=Ordering(mode="las", preempt=True))
 
 
+def las_gittins_policy() -> Policy:
+    """`las` ordering inside each attained-service queue by the Gittins index of the run times
+    the cluster learned from its finished jobs (core/gittins.py)."""
+    return Policy(ordering=Ordering(mode="las", preempt=True, runtime_model="gittins"))
+
+
 def priority_policy() -> Policy:
     """Baseline: strict priority, FIFO within a class; no fair share, backfill or preemption."""
     return Policy(fair_share=False, backfill=False, preemption=Preemption(enabled=False))
@@ -366,4 +372,5 @@ BUILTIN_POLICIES = {
     "priority": priority_policy,
     "default": Policy,
     "las": las_policy,
+    "las-gittins": las_gittins_policy,
 }

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import accumulate
 
 # Similarity keys, most specific first: (name shown to users, fields, counts in seconds).
 LEVELS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
@@ -117,22 +118,55 @@ def duration_words(seconds: float) -> str:
 
 
 class _Samples:
-    """The `window` latest values of one key, with their sorted copy made when first asked."""
+    """The `window` latest values of one key, with their sorted copy (and the distribution made
+    of it) made when first asked after a change."""
 
-    __slots__ = ("_sorted", "values")
+    __slots__ = ("_dist", "_sorted", "values")
 
     def __init__(self, window: int) -> None:
         self.values: deque[float] = deque(maxlen=window)
         self._sorted: list[float] | None = None
+        self._dist: RunDistribution | None = None
 
     def add(self, v: float) -> None:
         self.values.append(v)
         self._sorted = None
+        self._dist = None
 
     def sorted(self) -> list[float]:
         if self._sorted is None:
             self._sorted = sorted(self.values)
         return self._sorted
+
+    def distribution(self) -> RunDistribution:
+        if self._dist is None:
+            self._dist = RunDistribution.of(self.sorted())
+        return self._dist
+
+
+@dataclass(frozen=True, eq=False)
+class RunDistribution:
+    """The run times of one similarity key's finished jobs, as the Gittins index reads them
+    (core/gittins.py): sorted, with prefix sums so a conditional mean over any range is two
+    bisections. `scale` multiplies every value: 1 for keys counted in seconds, the job's time
+    limit for the coarser keys counted as ratios of run time to limit (`RuntimePredictor.
+    distribution`). Compared by identity: one object per key and change, shared by every job
+    of that key, so callers may cache what they derive from it."""
+
+    values: tuple[float, ...]  # ascending
+    prefix: tuple[float, ...]  # prefix[i] = sum(values[:i]); len(values) + 1 entries
+    scale: float = 1.0
+    # What core/gittins.py worked out from it: (attained, look-ahead) -> index. It goes with the
+    # object, which its key's next run replaces.
+    memo: dict[tuple[float, float], float] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, ascending: list[float], scale: float = 1.0) -> RunDistribution:
+        return cls(tuple(ascending), (0.0, *accumulate(ascending)), scale)
+
+    def scaled(self, scale: float) -> RunDistribution:
+        # The memo is of unscaled values (core/gittins.py): a scaled copy shares it.
+        return RunDistribution(self.values, self.prefix, scale, self.memo) if scale != self.scale else self
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -191,10 +225,9 @@ class RuntimePredictor:
             s = table[key] = _Samples(self.window)
         return s
 
-    def predict(self, shape: JobShape, default_limit_s: float) -> Prediction:
-        """The prediction for a job of `shape`; `default_limit_s` stands for a missing limit
-        (the policy's `backfill.default_time_limit`, what the scheduler plans with)."""
-        limit = shape.time_limit_s or default_limit_s
+    def _lookup(self, shape: JobShape) -> tuple[str, _Samples, float] | None:
+        """The first similarity key of `shape` holding `min_samples` runs: its name, its runs,
+        and what multiplies them into seconds (None: no key has enough)."""
         for i, (basis, fields, seconds) in enumerate(LEVELS):
             key = _key(shape, fields)
             if key is None:
@@ -205,12 +238,30 @@ class RuntimePredictor:
             else:
                 s = self._seconds[i].get(key)
                 scale = 1.0
-            if s is None or len(s.values) < self.min_samples:
-                continue
-            vs = s.sorted()
-            mid, lo, hi = (min(limit, quantile(vs, q) * scale) for q in (0.5, 0.1, 0.9))
-            return Prediction(run_s=mid, low_s=lo, high_s=hi, samples=len(vs), basis=basis)
-        return Prediction(run_s=limit, low_s=limit, high_s=limit, samples=0, basis="time limit")
+            if s is not None and len(s.values) >= self.min_samples:
+                return basis, s, scale
+        return None
+
+    def predict(self, shape: JobShape, default_limit_s: float) -> Prediction:
+        """The prediction for a job of `shape`; `default_limit_s` stands for a missing limit
+        (the policy's `backfill.default_time_limit`, what the scheduler plans with)."""
+        limit = shape.time_limit_s or default_limit_s
+        found = self._lookup(shape)
+        if found is None:
+            return Prediction(run_s=limit, low_s=limit, high_s=limit, samples=0, basis="time limit")
+        basis, s, scale = found
+        vs = s.sorted()
+        mid, lo, hi = (min(limit, quantile(vs, q) * scale) for q in (0.5, 0.1, 0.9))
+        return Prediction(run_s=mid, low_s=lo, high_s=hi, samples=len(vs), basis=basis)
+
+    def distribution(self, shape: JobShape) -> RunDistribution | None:
+        """The run times of the jobs similar to `shape`, from the same key `predict` answers
+        from (None where it would fall back to the time limit): what a Gittins-index ordering
+        ranks by (core/gittins.py). The same object until that key learns another run."""
+        found = self._lookup(shape)
+        if found is None:
+            return None
+        return found[1].distribution().scaled(found[2])
 
     def expected_total(self, shape: JobShape, elapsed_s: float, default_limit_s: float) -> float:
         """A running job's expected total run time, knowing it has already run `elapsed_s`: the

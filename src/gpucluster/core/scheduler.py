@@ -295,7 +295,9 @@ class _Cycle:
         presorted = index.sorted_in(self.policy, self.now) if index is not None and guaranteed is None else None
         ordering = self.policy.ordering
         if ordering.ranked:
-            self._ranks = attained.ranks(self.s.queued, ordering, self.s.attained, self.s.expected_runtime, self.now)
+            self._ranks = attained.ranks(
+                self.s.queued, ordering, self.s.attained, self.s.expected_runtime, self.now, self.s.runtime_dist
+            )
         queues = TeamQueues(
             self.s.queued, self.policy, self.s.usage, self.now, guaranteed, presorted, self._ranks or None
         )
@@ -355,7 +357,7 @@ class _Cycle:
                     kept_at = len(reservations) + len(preemptions)
                 if settle and self._settled():
                     break  # no job left in line can change the plan; only waits would follow
-            request = (job.demand, self._ranks.get(job.job_id, 0.0)) if las else job.demand
+            request = (job.demand, self._queue_rank(job)) if las else job.demand
             if keep and job.need in kept:
                 after.done(job, False)
                 continue
@@ -758,7 +760,7 @@ class _Cycle:
             return False
         by_class = self.pool_by_class and not (pre.reclaim_quota and self.quotas.has_quotas)
         # With attained-service preemption the asker's own class is in the pool too.
-        rank = self._ranks.get(job.job_id, 0.0) if self._las else None
+        rank = self._queue_rank(job) if self._las else None
         pool = self._victim_pool(int(job.priority) + int(self._las) if by_class else None, rank)
         for model in models:
             if model in self.reservations:
@@ -816,8 +818,7 @@ class _Cycle:
                     if self.policy.priorities and v.priority < job.priority:
                         why = f"preempted by job {job.job_id} ({job.priority.label} priority)"
                     elif self._las_victim(job, v):
-                        rank = self._ranks.get(job.job_id, 0.0)
-                        why = f"preempted by job {job.job_id} (less attained service: queue {rank:g})"
+                        why = f"preempted by job {job.job_id} (less attained service: queue {self._queue_rank(job):g})"
                     else:
                         why = f"preempted: team {job.team} reclaims its guaranteed {model} GPUs"
                     if shrunk:
@@ -982,6 +983,12 @@ class _Cycle:
         if standing is None or not attained.takes(self._ranks.get(job.job_id, 0.0), standing, self.policy.ordering):
             return False
         return not self.policy.fair_share or self._over_share(v.team) >= self._over_share(job.team)
+
+    def _queue_rank(self, job: JobRequest) -> float:
+        """A queued job's attained-service queue (its rank without a Gittins fraction, see
+        core/gittins.py): all that attained-service preemption compares (`attained.takes`), so
+        the victim pool and the shared answers are kept per queue, not per index."""
+        return float(int(self._ranks.get(job.job_id, 0.0)))
 
     def _standing_of(self, v: RunningJob) -> attained.Standing | None:
         """`attained.standing` of a running job, once per cycle: it depends on the job, the

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.reasons import WaitFacts
+from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.types import Drain, JobRequest, Node, Plan, RunningJob
 
 
@@ -50,8 +51,11 @@ class Snapshot:
     # running job's start): read only when the policy orders by attained service (core/attained.py).
     attained: Mapping[int, float] = field(default_factory=dict)
     # Job id -> expected run seconds, read only by `ordering.mode: sjf` (core/attained.py): the
-    # simulator's reference oracle fills it with true run times; a run-time predictor may later.
+    # simulator's reference oracle fills it with true run times.
     expected_runtime: Mapping[int, float] = field(default_factory=dict)
+    # Queued job id -> the run times of finished jobs like it (core/runtime_predict.py), read
+    # only by `ordering.runtime_model: gittins` (core/gittins.py); a job not named has no history.
+    runtime_dist: Mapping[int, RunDistribution] = field(default_factory=dict)
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()

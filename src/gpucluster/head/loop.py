@@ -557,6 +557,8 @@ class Head:
             images=self.images.by_image(),
             # Only an attained-service ordering reads it (core/attained.py): no query otherwise.
             attained=self.store.attained_gpu_seconds() if self.policy.ordering.ranked else {},
+            # Only `runtime_model: gittins` reads it (core/gittins.py): learned run times.
+            runtime_dist=self.runtime.distributions(queued, nodes) if self.policy.ordering.gittins else {},
         )
         admitted, self.limit_waits = within_limits(admit(snap)[0], self.policy, self.clock())
         return admitted

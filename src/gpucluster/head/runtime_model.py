@@ -12,11 +12,19 @@ The API reads predictions from other threads than the loop's, hence the lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from gpucluster.core.policy import Policy
-from gpucluster.core.runtime_predict import FinishedRun, JobShape, Prediction, RuntimePredictor, workload_of
+from gpucluster.core.runtime_predict import (
+    FinishedRun,
+    JobShape,
+    Prediction,
+    RunDistribution,
+    RuntimePredictor,
+    workload_of,
+)
 from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.types import JobRequest, Node
 from gpucluster.store import Store
 from gpucluster.store.runs import finished_runs, workloads
 
@@ -76,8 +84,7 @@ class RuntimeModel:
         seen: dict[JobShape, float] = {}
         with self._lock:
             for q in snap.queued:
-                model = q.gpu_types[0] if len(q.gpu_types) == 1 else only
-                shape = JobShape(q.user, q.team, self._workloads.get(q.job_id, ""), q.gpus, model, q.time_limit_s)
+                shape = self._queued_shape(q, only)
                 run = seen.get(shape)
                 if run is None:
                     run = seen[shape] = self.predictor.predict(shape, default).run_s
@@ -88,6 +95,32 @@ class RuntimeModel:
                 shape = JobShape(r.user, r.team, self._workloads.get(r.job_id, ""), gpus, model, r.time_limit_s)
                 elapsed = max(0.0, now - r.started_at)
                 out[r.job_id] = self.predictor.expected_total(shape, elapsed, default)
+        return out
+
+    def _queued_shape(self, q: JobRequest, only_model: str) -> JobShape:
+        """A queued job's shape: its one allowed GPU model, else the cluster's only one."""
+        model = q.gpu_types[0] if len(q.gpu_types) == 1 else only_model
+        return JobShape(q.user, q.team, self._workloads.get(q.job_id, ""), q.gpus, model, q.time_limit_s)
+
+    def distributions(self, queued: Sequence[JobRequest], nodes: Iterable[Node]) -> dict[int, RunDistribution]:
+        """Queued job id -> the run times of finished jobs like it, for `ordering.runtime_model:
+        gittins` (core/gittins.py; `Snapshot.runtime_dist`): learned first from the runs that
+        finished since the last call. Jobs of one shape share one distribution, looked up once."""
+        models = {n.gpus[0].model for n in nodes if n.gpus}
+        only = next(iter(models)) if len(models) == 1 else ""
+        self.refresh()
+        self._workload(q.job_id for q in queued)
+        out: dict[int, RunDistribution] = {}
+        seen: dict[JobShape, RunDistribution | None] = {}
+        with self._lock:
+            for q in queued:
+                shape = self._queued_shape(q, only)
+                if shape in seen:
+                    d = seen[shape]
+                else:
+                    d = seen[shape] = self.predictor.distribution(shape)
+                if d is not None:
+                    out[q.job_id] = d
         return out
 
     def predict(

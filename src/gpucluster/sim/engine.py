@@ -44,6 +44,7 @@ from gpucluster.core.types import Allocation, DependencyKind, JobRequest, Node, 
 from gpucluster.sim import scheduling
 from gpucluster.sim.errors import SimulationError
 from gpucluster.sim.estimate_error import EstimateErrors, StartEstimateProbe
+from gpucluster.sim.learned import LearnedRuntimes
 from gpucluster.sim.runtime import Progress, Timeline, allreduce_slowdown, checkpoint_interval, progress, timeline
 from gpucluster.sim.scheduling import SimPolicy, Usage
 from gpucluster.sim.spec import CheckpointRule, ClusterSpec, NodeGroup
@@ -253,6 +254,9 @@ class Engine:
         self._oracle = policy.oracle
         self._attained: dict[int, float] = {}
         self._expected: dict[int, float] = {}
+        # `runtime_model: gittins`: run times learned from the jobs finished so far (sim/learned.py).
+        gittins = policy.core.ordering.gittins
+        self._learned = LearnedRuntimes({g.gpu_model for g in spec.groups}) if gittins else None
         # Preempted job -> the job it was preempted for, while that job is queued (as the head).
         self._preempted_for: dict[int, int] = {}
         # Elastic growth, as the head: since when GPUs are free with nothing queued, and whether
@@ -453,6 +457,8 @@ class Engine:
         self._active[trace.job_id] = job
         if self._estimates is not None:
             self._estimates.arrived(trace)
+        if self._learned is not None:
+            self._learned.arrived(trace)
         self._enqueue(job)
 
     def _enqueue(self, job: SimJob) -> None:
@@ -531,6 +537,7 @@ class Engine:
             self._holds,
             self._attained,
             self._expected,
+            self._learned.distributions() if self._learned is not None else None,
         )
 
     def _schedule(self, now: float) -> None:
@@ -758,6 +765,8 @@ class Engine:
         timed_out = now - job.run_start < job.plan.total_s - EPS
         if self._estimates is not None and job.keys:  # a run that tells how long such work takes
             self._estimates.finished(job.trace, now - job.run_start, self._group[job.keys[0][0]].gpu_model)
+        if self._learned is not None and job.keys:
+            self._learned.finished(job.trace, now - job.run_start, self._group[job.keys[0][0]].gpu_model)
         self._release(job, now, LOST_FAIL, saved_all=True)
         self._dirty = True
         if timed_out:  # the head asks a time-limit stop, and the job's processes die of it
@@ -788,6 +797,8 @@ class Engine:
 
     def _record(self, job: SimJob, now: float, outcome: int) -> None:
         res = self.result
+        if self._learned is not None:
+            self._learned.left(job.trace.job_id)
         res.job_id.append(job.trace.job_id)
         res.submit.append(job.trace.submit)
         res.first_start.append(job.first_start)

@@ -29,10 +29,11 @@ from typing import Any
 
 from gpucluster.core.estimate import estimate_starts
 from gpucluster.core.policy import Policy
-from gpucluster.core.runtime_predict import FinishedRun, JobShape, RuntimePredictor, workload_of
+from gpucluster.core.runtime_predict import FinishedRun, JobShape, RuntimePredictor
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.start_interval import Interval, WaitCalibration
 from gpucluster.core.types import Plan
+from gpucluster.sim.learned import trace_shape
 from gpucluster.sim.workload import TraceJob
 
 H = 3600.0
@@ -67,9 +68,7 @@ class StartEstimateProbe:
         self.errors = EstimateErrors()
 
     def shape(self, trace: TraceJob, model: str = "") -> JobShape:
-        if not model:
-            model = trace.gpu_types[0] if len(trace.gpu_types) == 1 else self._only_model
-        return JobShape(trace.user, trace.team, workload_of(trace.name), trace.gpus, model, trace.time_limit)
+        return trace_shape(trace, model, self._only_model)
 
     @property
     def waiting_for_plan(self) -> bool:

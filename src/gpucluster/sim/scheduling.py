@@ -13,6 +13,7 @@ gpucluster.core.policy); or `oracle-sjf`, a reference only the simulator can run
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from gpucluster.core.policy import HostDefaults, Policy
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.restarts import restart_backoff
+from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.scheduler import gc_paused
 from gpucluster.core.snapshot import Snapshot
@@ -193,12 +195,14 @@ def snapshot(
     holds: dict[str, WaitFacts] | None = None,
     attained: dict[int, float] | None = None,
     expected_runtime: dict[int, float] | None = None,
+    runtime_dist: Mapping[int, RunDistribution] | None = None,
 ) -> Snapshot:
     """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
     one, so free GPUs are updated from the jobs that changed rather than rebuilt; `queue_index`
     likewise for the queue sorted into lines (the plan is the same with or without either).
     `attained`: job id -> GPU-seconds of its ended attempts; `expected_runtime`: job id -> run
-    seconds (the oracle's); read by the core only when the policy's ordering ranks jobs."""
+    seconds (the oracle's); read by the core only when the policy's ordering ranks jobs;
+    `runtime_dist`: job id -> learned run times of jobs like it (`runtime_model: gittins`)."""
     return Snapshot(
         nodes=nodes,
         running=running,
@@ -210,6 +214,7 @@ def snapshot(
         holds=holds or {},
         attained=attained or {},
         expected_runtime=expected_runtime or {},
+        runtime_dist=runtime_dist or {},
     )
 
 
