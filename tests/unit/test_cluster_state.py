@@ -90,7 +90,7 @@ def test_check_names_each_kind_of_difference() -> None:
         queued=[job(1).build(), job(2).priority(Priority.HIGH).build(), job(4).build()],
         nodes=[node("n1").gpus(8).build()],
         drained=["n1"],
-        holds={"a": "x"},
+        holds={"a": WaitFacts(team="a")},
     )
     with pytest.raises(StateMismatch) as e:
         state.check(fresh)

@@ -39,6 +39,7 @@ from gpucluster.core.policy import Policy
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob
+from gpucluster.errors import GpuclusterError
 
 
 def running_job(request: JobRequest, allocation: Allocation, started_at: float) -> RunningJob:
@@ -58,7 +59,7 @@ def running_job(request: JobRequest, allocation: Allocation, started_at: float) 
     )
 
 
-class StateMismatch(AssertionError):
+class StateMismatch(AssertionError, GpuclusterError):
     """The event-fed state differs from a fresh build: an event was missed or wrong."""
 
 
