@@ -130,3 +130,30 @@ def test_policy_defaults_are_written_into_the_spec_and_update_changes_a_waiting_
     assert r.returncode == 0, r.stderr
     assert finished(head, waits, timeout=60).state.value == "succeeded"  # beside the busy job
     assert run_cli(head, "cancel", str(busy)).returncode == 0
+
+
+def test_a_cpu_only_job_runs_beside_a_gpu_job_with_no_gpu_visible(small: HeadProcess) -> None:
+    """`--gpus 0 --cpus 1 --mem 512M` (issue 26): placed by its CPUs and memory alone, it holds no
+    GPU (all 4 stay free for the GPU job that runs beside it), sees no GPU (empty
+    CUDA_VISIBLE_DEVICES), ends succeeded, and its attempt is accounted at 0 GPUs. A CPU-only
+    request without CPUs or memory, or one no node can hold, is a one-line error at submit."""
+    show = "import os; print('VISIBLE=[' + os.environ.get('CUDA_VISIBLE_DEVICES', 'unset') + ']')"
+    cpu = submit(small, "--gpus", "0", "--cpus", "1", "--mem", "512M", "--", sys.executable, "-c", show)
+    gpu = submit(small, "--gpus", "4", "--cpus", "2", "--", sys.executable, "-c", "print('gpu job')")
+    assert finished(small, cpu, timeout=60).state.value == "succeeded"
+    assert finished(small, gpu, timeout=60).state.value == "succeeded"
+    shown = json.loads(run_cli(small, "show", str(cpu), "--json").stdout)
+    assert [(s["gpu_indices"], s["cpus"], s["host_memory_mb"]) for s in shown["allocation"]] == [([], 1, 512)], shown
+    assert shown["attempts"][-1]["gpus"] == 0, shown["attempts"]
+    logs = wait_for(lambda: "VISIBLE" in (t := run_cli(small, "logs", str(cpu)).stdout) and t, 60, what="its log")
+    assert "VISIBLE=[]" in logs, logs
+    gpu_shown = json.loads(run_cli(small, "show", str(gpu), "--json").stdout)
+    assert gpu_shown["allocation"][0]["gpu_indices"] == [0, 1, 2, 3], gpu_shown
+    for args, needle in (
+        (["--gpus", "0"], "gpus 0 is a CPU-only job: ask for CPU cores"),
+        (["--gpus", "0", "--cpus", "8"], "a CPU-only job asking for 8 CPUs and 0 MiB of host memory fits no node"),
+        (["--gpus", "0", "--cpus", "1", "--gpu-type", "H100"], "leave out gpu_type"),
+    ):
+        r = run_cli(small, "submit", *args, "--", "true")
+        assert r.returncode == 1 and needle in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr

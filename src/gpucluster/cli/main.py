@@ -86,7 +86,7 @@ def _global(
 
 
 def _gpus(job: View) -> str:
-    return "; ".join(f"{s.node}:{','.join(map(str, s.gpu_indices))}" for s in job.allocation) or "-"
+    return "; ".join(f"{s.node}:{','.join(map(str, s.gpu_indices)) or 'no GPU'}" for s in job.allocation) or "-"
 
 
 def _gpus_label(spec: View) -> str:
@@ -442,7 +442,8 @@ def submit(
         str | None,
         typer.Option(
             help="GPUs the job needs, a share of one GPU such as 0.25, or an elastic range such as 4..8 "
-            "(started on as many as are free, at least 4) [default: 1]"
+            "(started on as many as are free, at least 4), or 0 for a CPU-only job (give --cpus and/or --mem) "
+            "[default: 1]"
         ),
     ] = None,
     gpu_type: Annotated[

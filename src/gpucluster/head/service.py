@@ -404,6 +404,9 @@ class ClusterService:
             )
         # An elastic job must fit at its smallest size.
         request = request_from(0, spec.min_gpus or spec.gpu_count, 0, 0.0, spec.team, request_json(spec))
+        if request.cpu_only:
+            _check_cpu_only_fits(request, cap)
+            return
         models = cap.acceptable_models(request)
         if not models:
             raise Rejected(
@@ -830,6 +833,24 @@ class ClusterService:
             )
             for r in self.store.nodes()
         ]
+
+
+def _check_cpu_only_fits(request: JobRequest, cap: Capacity) -> None:
+    """Refuse a CPU-only job (gpus 0) that no node (of its selection) could ever hold, naming
+    what the largest node has: the core's own test (`could_host_only_ever_fit`)."""
+    sel = request.selection
+    allowed = cap.allowed(sel) if sel is not None and sel.filters else None
+    if cap.could_host_only_ever_fit(request, allowed):
+        return
+    most_cpus = max(cap.node_cpus.values(), default=0.0)
+    most_mem = max(cap.node_hmem.values(), default=0)
+    where = " among the nodes it selects" if allowed is not None else ""
+    raise Rejected(
+        "cpus" if request.cpus else "mem",
+        f"a CPU-only job asking for {request.cpus:g} CPUs and {request.mem_mb} MiB of host memory fits no node"
+        f"{where} (the most on one node: {most_cpus:g} CPUs, {most_mem} MiB; a node that states neither takes "
+        "no CPU-only job); ask for less with --cpus / --mem",
+    )
 
 
 def _host_refusal(spec: JobSpec, request: JobRequest, cap: Capacity) -> tuple[str, str]:
