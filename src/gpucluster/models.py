@@ -1113,6 +1113,9 @@ class UsageRowOut(Model):
     name: str | None = None  # the job's name, grouping by job
     gpu_model: str | None = None
     gpu_hours: float  # GPU time held, fractions by their share
+    # CPU core-hours held (`--cpus`; a CPU-only job's are all it holds: 0 GPU-hours, and no cost,
+    # as prices are per GPU-hour)
+    cpu_hours: float = 0.0
     cost: float  # money, at the prices per GPU-hour in force as it accrued
     energy_kwh: float  # integrated power of the GPUs held (telemetry), by share
     utilization: float | None  # percent: GPU-seconds used / allocated, where telemetry sampled them

@@ -147,6 +147,18 @@ def test_a_cpu_only_job_runs_beside_a_gpu_job_with_no_gpu_visible(small: HeadPro
     assert shown["attempts"][-1]["gpus"] == 0, shown["attempts"]
     logs = wait_for(lambda: "VISIBLE" in (t := run_cli(small, "logs", str(cpu)).stdout) and t, 60, what="its log")
     assert "VISIBLE=[]" in logs, logs
+
+    # Accounting: the CPU-only attempt holds 1 core and no GPU: CPU-hours, 0 GPU-hours, no cost
+    # (prices are per GPU-hour); the GPU job's 2 cores count beside its GPU-hours.
+    def usage_of(job_id: int) -> dict[str, float] | None:
+        rows = json.loads(run_cli(small, "usage", "--by", "job", "--json").stdout)["rows"]
+        row: dict[str, float] | None = next((r for r in rows if r["job_id"] == job_id), None)
+        return row if row is not None and row["cpu_hours"] > 0 else None
+
+    used = wait_for(lambda: usage_of(cpu), 60, what="the CPU-only attempt's accounting")
+    assert used["gpu_hours"] == 0 and used["cost"] == 0 and used["gpu_model"] == "cpu-only", used
+    gpu_used = wait_for(lambda: usage_of(gpu), 60, what="the GPU job's accounting")
+    assert gpu_used["gpu_hours"] > 0 and gpu_used["cpu_hours"] == pytest.approx(gpu_used["gpu_hours"] / 2), gpu_used
     gpu_shown = json.loads(run_cli(small, "show", str(gpu), "--json").stdout)
     assert gpu_shown["allocation"][0]["gpu_indices"] == [0, 1, 2, 3], gpu_shown
     for args, needle in (
