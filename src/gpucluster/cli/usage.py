@@ -97,8 +97,8 @@ def usage(
     # Sessions' GPU-hours and how many of them idle, when there were sessions (heads from before
     # issue 21 send no such field).
     sessions = bool(report.total.get("session_gpu_hours"))
-    table = Table(head, *extra, "GPU-HOURS", "CPU-HOURS", "COST", "ENERGY kWh", "UTIL", "LOST (FAIL)", "LOST (PREEMPT)", "JOBS",
-                  *(["SESSIONS (IDLE)"] if sessions else []), box=None)  # fmt: skip
+    table = Table(head, *extra, "GPU-HOURS", "CPU-HOURS", "COST", "ENERGY kWh", "UTIL", "LOST (FAIL)",
+                  "LOST (PREEMPT)", "JOBS", *(["SESSIONS (IDLE)"] if sessions else []), box=None)  # fmt: skip
     for r in [*report.rows, report.total]:
         held = [f"{_num(r.session_gpu_hours)} ({_num(r.session_idle_gpu_hours)})"] if sessions else []
         table.add_row(r.key, *_extra(r, by), *_cells(r), *held)
