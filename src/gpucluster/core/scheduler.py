@@ -1134,8 +1134,6 @@ class _Cycle:
             if below is not None and j.priority >= below:
                 continue
             first = j.allocation.slices[0]
-            if not first.gpu_indices:
-                continue  # a CPU-only job holds no GPU: preemption (which frees GPUs) never takes it
             if own is not None and j.priority == own:
                 # `attained.standing` and `attained.takes`, inline (the same float operations).
                 checkpoint = j.last_checkpoint_at
@@ -1154,7 +1152,10 @@ class _Cycle:
                         if gpu is not None:
                             shared.add(gpu.model)
                     continue
-            gpu = gpus.get((first.node, first.gpu_indices[0]))
+            try:  # no test on the way in: this loop runs over every running job (zero-cost `try`)
+                gpu = gpus.get((first.node, first.gpu_indices[0]))
+            except IndexError:
+                continue  # a CPU-only job holds no GPU: preemption (which frees GPUs) never takes it
             if gpu is None:
                 continue
             if first.share < 1:
