@@ -163,7 +163,10 @@ def test_a_cpu_only_job_runs_beside_a_gpu_job_with_no_gpu_visible(small: HeadPro
     assert gpu_shown["allocation"][0]["gpu_indices"] == [0, 1, 2, 3], gpu_shown
     for args, needle in (
         (["--gpus", "0"], "gpus 0 is a CPU-only job: ask for CPU cores"),
-        (["--gpus", "0", "--cpus", "8"], "a CPU-only job asking for 8 CPUs and 0 MiB of host memory fits no node"),
+        (
+            ["--gpus", "0", "--cpus", "8"],
+            "a CPU-only job asking for 8 CPU core(s) and 0 MiB of host memory fits no node (the most on one node: 4",
+        ),
         (["--gpus", "0", "--cpus", "1", "--gpu-type", "H100"], "leave out gpu_type"),
     ):
         r = run_cli(small, "submit", *args, "--", "true")

@@ -1444,13 +1444,20 @@ CPU_ONLY = [
         "more than any node has: no fit, naming the largest node",
         snapshot(nodes=[GPU_NODE, CPU_NODE], queued=[job(1).gpus(0).host(cpus=64)]),
         starts={},
-        waits={1: (R.NO_FIT, "the largest node has 32 cores")},
+        waits={
+            1: (
+                R.NO_FIT,
+                "asking for 64 CPU core(s) and 0 MiB of host memory fits no node (the most on one node: 32 cores",
+            )
+        },
     ),
     Rule(
         "no node accounts CPUs or memory: no fit (it would pack without bound)",
         snapshot(nodes=[node("n1").gpus(8)], queued=[job(1).gpus(0).host(cpus=1)]),
         starts={},
-        waits={1: (R.NO_FIT, "no node accounts CPUs or host memory")},
+        waits={
+            1: (R.NO_FIT, "(the most on one node: 0 cores, 0 MiB; a node that states neither takes no CPU-only job)")
+        },
     ),
     Rule(
         "a node list and an exclusion are honoured",

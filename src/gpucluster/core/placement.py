@@ -608,6 +608,20 @@ class Capacity:
             return None
         return Allocation((NodeSlice(pick, (), 1.0, None, cpus, mem),))
 
+    def most_host(self) -> tuple[float, int]:
+        """The most CPUs and the most host memory (MiB) any one node accounts (0: none does)."""
+        return max(self.node_cpus.values(), default=0.0), max(self.node_hmem.values(), default=0)
+
+    def cpu_only_no_fit(self, job: JobRequest, where: str = "") -> str:
+        """Why a CPU-only job fits no node even empty (`where`: " among the nodes it selects"):
+        the one sentence of the scheduler's NO_FIT wait and of the head's refusal at submit."""
+        cpus, mem = self.most_host()
+        return (
+            f"a CPU-only job asking for {job.cpus:g} CPU core(s) and {job.mem_mb} MiB of host memory fits no "
+            f"node{where} (the most on one node: {cpus:g} cores, {mem} MiB; a node that states neither takes "
+            "no CPU-only job)"
+        )
+
     def host_only_short(self, job: JobRequest, exclude: Collection[str] = frozenset()) -> str:
         """Which resource a CPU-only job that fits nowhere now is short of: "cpus" when no
         node (outside `exclude`) has its CPUs left, else "mem"."""

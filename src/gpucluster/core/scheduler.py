@@ -607,7 +607,9 @@ class _Cycle:
         if fits_ever is None:
             fits_ever = self._fits[shape] = [""] if self.cap.could_host_only_ever_fit(job, allowed) else []
         if not fits_ever:
-            self._wait(job, WaitReason.NO_FIT, self._no_fit_cpu_only(job))
+            self._wait(
+                job, WaitReason.NO_FIT, self.cap.cpu_only_no_fit(job, " it may use" if allowed is not None else "")
+            )
             return False
         if sel is not None and sel.exclusive:
             self._wait(job, WaitReason.NO_FIT, "--exclusive holds whole GPU nodes; a CPU-only job cannot ask for it")
@@ -638,18 +640,6 @@ class _Cycle:
         else:
             self.waiting[job.job_id] = _HOST_BUSY
         return False
-
-    def _no_fit_cpu_only(self, job: JobRequest) -> str:
-        """Why a CPU-only job fits no node even empty: the largest node's CPUs and memory."""
-        cap = self.cap
-        most_cpus = max(cap.node_cpus.values(), default=0.0)
-        most_mem = max(cap.node_hmem.values(), default=0)
-        if not most_cpus and not most_mem:
-            return "asks for no GPU, and no node accounts CPUs or host memory to place it by"
-        return (
-            f"asks for {job.cpus:g} CPU core(s) and {job.mem_mb} MiB of host memory on one node; "
-            f"the largest node has {most_cpus:g} cores and {most_mem} MiB"
-        )
 
     def _place_now(self, job: JobRequest, models: list[str]) -> tuple[bool, str | None, Reservation | None]:
         """Start the job now if a model has room that its quota and the reservations allow.
@@ -1379,9 +1369,7 @@ class _Cycle:
 
     def _host_no_fit_message(self, job: JobRequest) -> str:
         """No node could ever hold the job's CPUs or memory beside its GPUs."""
-        cap = self.cap
-        most_cpus = max(cap.node_cpus.values(), default=0.0)
-        most_mem = max(cap.node_hmem.values(), default=0)
+        most_cpus, most_mem = self.cap.most_host()
         asked = []
         if job.cpus:
             asked.append(f"{job.cpus:g} CPU(s)")

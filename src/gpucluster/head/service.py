@@ -842,15 +842,8 @@ def _check_cpu_only_fits(request: JobRequest, cap: Capacity) -> None:
     allowed = cap.allowed(sel) if sel is not None and sel.filters else None
     if cap.could_host_only_ever_fit(request, allowed):
         return
-    most_cpus = max(cap.node_cpus.values(), default=0.0)
-    most_mem = max(cap.node_hmem.values(), default=0)
-    where = " among the nodes it selects" if allowed is not None else ""
-    raise Rejected(
-        "cpus" if request.cpus else "mem",
-        f"a CPU-only job asking for {request.cpus:g} CPUs and {request.mem_mb} MiB of host memory fits no node"
-        f"{where} (the most on one node: {most_cpus:g} CPUs, {most_mem} MiB; a node that states neither takes "
-        "no CPU-only job); ask for less with --cpus / --mem",
-    )
+    why = cap.cpu_only_no_fit(request, " it may use" if allowed is not None else "")
+    raise Rejected("cpus" if request.cpus else "mem", f"{why}; ask for less with --cpus / --mem")
 
 
 def _host_refusal(spec: JobSpec, request: JobRequest, cap: Capacity) -> tuple[str, str]:
@@ -858,7 +851,7 @@ def _host_refusal(spec: JobSpec, request: JobRequest, cap: Capacity) -> tuple[st
     GPUs: "cpus: asks for 64 CPUs beside 1 GPU(s) but no node has that many (the most: 16)"."""
     per_node = f" on each of {request.nodes} nodes" if request.nodes else ""
     if request.cpus:
-        most = max(cap.node_cpus.values(), default=0.0)
+        most, _ = cap.most_host()
         cpus, _ = cap.host_part(request, int(request.gpus) // request.nodes if request.nodes else request.gpus)
         if cpus > most + 1e-9:
             return (
@@ -866,7 +859,7 @@ def _host_refusal(spec: JobSpec, request: JobRequest, cap: Capacity) -> tuple[st
                 f"asks for {cpus:g} CPUs{per_node} beside {spec.gpus_label} GPU(s) but no node of this cluster has "
                 f"that many (the most on one node: {most:g}); ask for fewer with --cpus",
             )
-    most_mem = max(cap.node_hmem.values(), default=0)
+    _, most_mem = cap.most_host()
     field = "mem" if request.mem_mb else "cpus"
     return (
         field,
