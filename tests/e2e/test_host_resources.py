@@ -172,3 +172,15 @@ def test_a_cpu_only_job_runs_beside_a_gpu_job_with_no_gpu_visible(small: HeadPro
         r = run_cli(small, "submit", *args, "--", "true")
         assert r.returncode == 1 and needle in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_head_whose_node_has_no_gpus_runs_cpu_only_jobs(head_factory: type[HeadProcess], tmp_path: Path) -> None:
+    """`gpucluster up --virtual-gpus 0 --cpus 2 --memory 2G`: a node without GPUs (issue 26). A
+    CPU-only job runs there to success; a GPU job is refused at submit saying the cluster has none."""
+    head = head_factory(tmp_path / "data", gpus=0, extra_args=("--cpus", "2", "--memory", "2G")).start()
+    listing = json.loads(run_cli(head, "nodes", "--json").stdout)
+    assert [(n["gpus"], n["cpus"]) for n in listing] == [([], 2)], listing
+    job_id = submit(head, "--gpus", "0", "--cpus", "1", "--mem", "256M", "--", "true")
+    assert finished(head, job_id, timeout=60).state.value == "succeeded"
+    r = run_cli(head, "submit", "--gpus", "1", "--", "true")
+    assert r.returncode == 1 and "this cluster has no GPUs: only CPU-only jobs run here" in r.stderr, r.stderr

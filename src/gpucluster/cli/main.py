@@ -144,7 +144,13 @@ def up(
     ] = None,
     virtual_gpus: Annotated[
         int | None,
-        typer.Option("--virtual-gpus", min=1, max=1024, help="declare N virtual GPUs instead of discovering real ones"),
+        typer.Option(
+            "--virtual-gpus",
+            min=0,
+            max=1024,
+            help="declare N virtual GPUs instead of discovering real ones (0: a node without GPUs, for CPU-only "
+            "jobs; give --cpus/--memory)",
+        ),
     ] = None,
     gpu_type: Annotated[
         str | None, typer.Option("--gpu-type", help="model name of the virtual GPUs, e.g. H100-80GB")

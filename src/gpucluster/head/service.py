@@ -408,6 +408,10 @@ class ClusterService:
             _check_cpu_only_fits(request, cap)
             return
         models = cap.acceptable_models(request)
+        if not cap.model_memory:
+            raise Rejected(
+                "gpus", "this cluster has no GPUs: only CPU-only jobs run here (--gpus 0 --cpus N / --mem SIZE)"
+            )
         if not models:
             raise Rejected(
                 "gpu_memory" if spec.gpu_memory is not None else "min_gpu_memory",
