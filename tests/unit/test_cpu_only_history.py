@@ -13,10 +13,12 @@ from dataclasses import replace
 import pytest
 
 from gpucluster.core.capacity_index import CapacityIndex
+from gpucluster.core.estimate import Estimate, estimate_starts
 from gpucluster.core.policy import Policy, Preemption
+from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import JobRequest, Node, Plan, Priority, RunningJob
+from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Plan, Priority, RunningJob
 
 from .builders import job, node
 
@@ -99,3 +101,23 @@ def test_cpu_only_jobs_over_a_history_hold_what_nodes_have_and_kept_indexes_agre
             running[st.job_id] = RunningJob(st.job_id, st.allocation, req.team, req.priority, now, req.time_limit_s)
             index.add(running[st.job_id])
     assert started_cpu_only, "no CPU-only job ever started: the history tests nothing"
+
+
+def test_a_waiting_cpu_only_job_is_estimated_from_when_cpus_come_back_not_gpus() -> None:
+    """c1 (no GPUs) has its 4 CPUs back at 500, n1 its GPUs and CPUs at 900: a CPU-only job
+    asking 2 CPUs is estimated at 500, a lower bound (not exact: jobs ahead may take them), and
+    not at a GPU's return as a zero share of a GPU would be."""
+    n1 = node("n1").gpus(2).host(cpus=4, memory_mb=8000).build()
+    c1 = node("c1").host(cpus=4, memory_mb=8000).build()
+    busy = (
+        RunningJob(100, Allocation((NodeSlice("c1", (), cpus=4),)), started_at=0, time_limit_s=500),
+        RunningJob(101, Allocation((NodeSlice("n1", (0, 1), cpus=4),)), started_at=0, time_limit_s=900),
+    )
+    snap = Snapshot((n1, c1), busy, (job(1).gpus(0).host(cpus=2).build(), job(2).gpus(1).host(cpus=1).build()))
+    plan = decide(snap, Policy(), 100.0)
+    assert plan.waiting[1].reason is WaitReason.CPUS
+    got = estimate_starts(snap, Policy(), 100.0, plan)
+    assert got[1] == Estimate(500.0, exact=False), got
+    assert got[2].start == 900.0, got
+    only_n1 = replace(snap, queued=(job(1).gpus(0).host(cpus=2).select(nodelist=["n1"]).build(),))
+    assert estimate_starts(only_n1, Policy(), 100.0, decide(only_n1, Policy(), 100.0))[1].start == 900.0
