@@ -169,8 +169,9 @@ class JobSpec(StorableText):
     )
     gpus: float = Field(
         1,
-        description="whole GPUs (1 or more), or a share of one GPU (0 < gpus < 1)",
-        json_schema_extra={"minimum": 0.01, "maximum": MAX_GPUS_PER_JOB},
+        description="whole GPUs (1 or more), a share of one GPU (0 < gpus < 1), or 0: a CPU-only job, "
+        "which must ask for cpus and/or mem",
+        json_schema_extra={"minimum": 0, "maximum": MAX_GPUS_PER_JOB},
     )
     gpu_type: str | list[str] | None = Field(
         None,
@@ -460,8 +461,10 @@ class JobSpec(StorableText):
     @field_validator("gpus")
     @classmethod
     def _gpus(cls, v: float) -> float:
-        if math.isnan(v) or v <= 0:
-            raise ValueError("gpus must be at least 1")
+        if v == 0:
+            return 0.0  # a CPU-only job: `_consistent` checks it asks for CPUs or memory
+        if math.isnan(v) or v < 0:
+            raise ValueError("gpus must be at least 1, a share of one GPU, or 0 for a CPU-only job")
         if math.isinf(v):
             raise ValueError(f"gpus must be at most {MAX_GPUS_PER_JOB}")
         if v > 1 and v != int(v):
@@ -539,6 +542,8 @@ class JobSpec(StorableText):
     def _consistent(self) -> JobSpec:
         if self.shell and len(self.command) != 1:
             raise ValueError("with shell=true, command must be a single command line")
+        if self.gpus == 0:
+            self._check_cpu_only()
         if self.gpu_memory is not None and self.gpus > 1:
             raise ValueError("gpu_memory shares one GPU; it cannot be combined with gpus above 1")
         if self.nodes is not None:
@@ -578,6 +583,31 @@ class JobSpec(StorableText):
                 raise ValueError("an interactive session is never restarted: leave max_restarts out")
         return self
 
+    def _check_cpu_only(self) -> None:
+        """A CPU-only job (gpus 0) asks for CPUs or host memory, and for nothing about GPUs."""
+        if not self.cpus and not self.mem_mb:
+            raise ValueError(
+                "gpus 0 is a CPU-only job: ask for CPU cores (cpus, --cpus 4) and/or host memory (mem, --mem 8GiB)"
+            )
+        gpu_only = {
+            "gpu_type": self.gpu_type is not None,
+            "gpu_memory": self.gpu_memory is not None,
+            "min_gpu_memory": self.min_gpu_memory is not None,
+            "nodes": (self.nodes or 1) > 1,
+            "min_gpus": self.min_gpus is not None,
+            "per_gpu": self.per_gpu,
+            "launcher": self.launcher is not None,
+            "exclusive": self.exclusive,
+        }
+        asked = [name for name, given in gpu_only.items() if given]
+        if asked:
+            raise ValueError(f"a CPU-only job (gpus 0) runs on one node without GPUs: leave out {', '.join(asked)}")
+
+    @property
+    def cpu_only(self) -> bool:
+        """Asks for no GPU: placed by its CPUs and host memory alone."""
+        return self.gpus == 0
+
     @property
     def kind(self) -> str:
         """What sort of work: `batch`, or `session` (interactive); stored in jobs.kind."""
@@ -589,7 +619,7 @@ class JobSpec(StorableText):
 
     @property
     def fractional(self) -> bool:
-        return self.gpus < 1 or self.gpu_memory is not None
+        return 0 < self.gpus < 1 or self.gpu_memory is not None
 
     @property
     def gpu_memory_mb(self) -> int | None:
@@ -1087,6 +1117,9 @@ class UsageRowOut(Model):
     name: str | None = None  # the job's name, grouping by job
     gpu_model: str | None = None
     gpu_hours: float  # GPU time held, fractions by their share
+    # CPU core-hours held (`--cpus`; a CPU-only job's are all it holds: 0 GPU-hours, and no cost,
+    # as prices are per GPU-hour)
+    cpu_hours: float = 0.0
     cost: float  # money, at the prices per GPU-hour in force as it accrued
     energy_kwh: float  # integrated power of the GPUs held (telemetry), by share
     utilization: float | None  # percent: GPU-seconds used / allocated, where telemetry sampled them

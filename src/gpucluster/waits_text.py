@@ -113,6 +113,11 @@ def _resources(f: WaitFacts, tz: tzinfo | None) -> str:
 
 
 def _host(f: WaitFacts, tz: tzinfo | None) -> str:
+    if f.variant in ("cpu_only", "cpu_only_memory"):  # a CPU-only job short of CPUs, of memory
+        behind = " (some are held for a job first in line)" if f.reserved else ""
+        if f.variant == "cpu_only":
+            return f"no node has {_g(f.cpus)} CPU core(s) free{behind}"
+        return f"no node has {f.mem_mb or 0} MiB of host memory free{behind}"
     if f.variant == "memory":
         return (
             f"waiting for memory: needs {_mib(f.node_mem_mb)} of host memory beside {_g(f.per_node)} free {f.model} "
@@ -180,6 +185,15 @@ def _no_fit(f: WaitFacts, tz: tzinfo | None) -> str:
     kinds = ", ".join(f.gpu_types) if f.gpu_types else "any model"
     if f.variant == "exclusive_fraction":
         return "--exclusive takes whole GPUs; ask for 1 GPU or more"
+    if f.variant == "cpu_only_exclusive":
+        return "--exclusive holds whole GPU nodes; a CPU-only job cannot ask for it"
+    if f.variant == "cpu_only":
+        where = " it may use" if f.selection else ""
+        return (
+            f"a CPU-only job asking for {_g(f.cpus)} CPU core(s) and {f.mem_mb or 0} MiB of host memory fits no "
+            f"node{where} (the most on one node: {_g(f.most_cpus)} cores, {f.most_mem_mb or 0} MiB; a node that "
+            "states neither takes no CPU-only job)"
+        )
     if f.variant == "host":
         return (
             f"no node can host {_asked(f)} beside {_g(f.gpus)} GPU(s) as asked "

@@ -130,3 +130,57 @@ def test_policy_defaults_are_written_into_the_spec_and_update_changes_a_waiting_
     assert r.returncode == 0, r.stderr
     assert finished(head, waits, timeout=60).state.value == "succeeded"  # beside the busy job
     assert run_cli(head, "cancel", str(busy)).returncode == 0
+
+
+def test_a_cpu_only_job_runs_beside_a_gpu_job_with_no_gpu_visible(small: HeadProcess) -> None:
+    """`--gpus 0 --cpus 1 --mem 512M` (issue 26): placed by its CPUs and memory alone, it holds no
+    GPU (all 4 stay free for the GPU job that runs beside it), sees no GPU (empty
+    CUDA_VISIBLE_DEVICES), ends succeeded, and its attempt is accounted at 0 GPUs. A CPU-only
+    request without CPUs or memory, or one no node can hold, is a one-line error at submit."""
+    show = "import os; print('VISIBLE=[' + os.environ.get('CUDA_VISIBLE_DEVICES', 'unset') + ']')"
+    cpu = submit(small, "--gpus", "0", "--cpus", "1", "--mem", "512M", "--", sys.executable, "-c", show)
+    gpu = submit(small, "--gpus", "4", "--cpus", "2", "--", sys.executable, "-c", "print('gpu job')")
+    assert finished(small, cpu, timeout=60).state.value == "succeeded"
+    assert finished(small, gpu, timeout=60).state.value == "succeeded"
+    shown = json.loads(run_cli(small, "show", str(cpu), "--json").stdout)
+    assert [(s["gpu_indices"], s["cpus"], s["host_memory_mb"]) for s in shown["allocation"]] == [([], 1, 512)], shown
+    assert shown["attempts"][-1]["gpus"] == 0, shown["attempts"]
+    logs = wait_for(lambda: "VISIBLE" in (t := run_cli(small, "logs", str(cpu)).stdout) and t, 60, what="its log")
+    assert "VISIBLE=[]" in logs, logs
+
+    # Accounting: the CPU-only attempt holds 1 core and no GPU: CPU-hours, 0 GPU-hours, no cost
+    # (prices are per GPU-hour); the GPU job's 2 cores count beside its GPU-hours.
+    def usage_of(job_id: int) -> dict[str, float] | None:
+        rows = json.loads(run_cli(small, "usage", "--by", "job", "--json").stdout)["rows"]
+        row: dict[str, float] | None = next((r for r in rows if r["job_id"] == job_id), None)
+        return row if row is not None and row["cpu_hours"] > 0 else None
+
+    used = wait_for(lambda: usage_of(cpu), 60, what="the CPU-only attempt's accounting")
+    assert used["gpu_hours"] == 0 and used["cost"] == 0 and used["gpu_model"] == "cpu-only", used
+    gpu_used = wait_for(lambda: usage_of(gpu), 60, what="the GPU job's accounting")
+    assert gpu_used["gpu_hours"] > 0 and gpu_used["cpu_hours"] == pytest.approx(gpu_used["gpu_hours"] / 2), gpu_used
+    gpu_shown = json.loads(run_cli(small, "show", str(gpu), "--json").stdout)
+    assert gpu_shown["allocation"][0]["gpu_indices"] == [0, 1, 2, 3], gpu_shown
+    for args, needle in (
+        (["--gpus", "0"], "gpus 0 is a CPU-only job: ask for CPU cores"),
+        (
+            ["--gpus", "0", "--cpus", "8"],
+            "a CPU-only job asking for 8 CPU core(s) and 0 MiB of host memory fits no node (the most on one node: 4",
+        ),
+        (["--gpus", "0", "--cpus", "1", "--gpu-type", "H100"], "leave out gpu_type"),
+    ):
+        r = run_cli(small, "submit", *args, "--", "true")
+        assert r.returncode == 1 and needle in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_head_whose_node_has_no_gpus_runs_cpu_only_jobs(head_factory: type[HeadProcess], tmp_path: Path) -> None:
+    """`gpucluster up --virtual-gpus 0 --cpus 2 --memory 2G`: a node without GPUs (issue 26). A
+    CPU-only job runs there to success; a GPU job is refused at submit saying the cluster has none."""
+    head = head_factory(tmp_path / "data", gpus=0, extra_args=("--cpus", "2", "--memory", "2G")).start()
+    listing = json.loads(run_cli(head, "nodes", "--json").stdout)
+    assert [(n["gpus"], n["cpus"]) for n in listing] == [([], 2)], listing
+    job_id = submit(head, "--gpus", "0", "--cpus", "1", "--mem", "256M", "--", "true")
+    assert finished(head, job_id, timeout=60).state.value == "succeeded"
+    r = run_cli(head, "submit", "--gpus", "1", "--", "true")
+    assert r.returncode == 1 and "this cluster has no GPUs: only CPU-only jobs run here" in r.stderr, r.stderr

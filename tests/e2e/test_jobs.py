@@ -250,9 +250,9 @@ def test_cli_errors_are_one_message_without_a_traceback(head: HeadProcess, tmp_p
     bad_yaml = tmp_path / "job.yaml"
     bad_yaml.write_text("command: [python, train.py]\ngpus: 2\n  team: : x\n")
     wrong_field = tmp_path / "job2.yaml"
-    wrong_field.write_text("name: ok\ncommand: [true]\ngpus: 0\n")
+    wrong_field.write_text("name: ok\ncommand: [true]\ngpus: -1\n")
     cases = [
-        (["submit", "--gpus", "0", "--", "true"], "gpus"),
+        (["submit", "--gpus", "0", "--", "true"], "gpus 0 is a CPU-only job: ask for CPU cores"),
         (["submit", "--gpus", "2.5", "--", "true"], "whole number"),
         (["submit", "--gpus", "64", "--", "true"], "can never host"),
         (["submit", "--gpu-type", "A100", "--", "true"], "unknown GPU type"),

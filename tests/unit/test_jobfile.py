@@ -101,7 +101,7 @@ def test_a_wrong_field_reports_the_line_of_its_key(
 
 
 def test_every_wrong_field_is_reported(tmp_path: Path) -> None:
-    p = write(tmp_path, "command: [python]\ngpus: 0\npriority: urgent\n")
+    p = write(tmp_path, "command: [python]\ngpus: -1\npriority: urgent\n")
     lines = error(p).splitlines()
     assert len(lines) == 2
     assert lines[0].startswith(f"{p}:2: gpus")
@@ -154,7 +154,7 @@ def test_oversized_file(tmp_path: Path) -> None:
 def test_without_a_source_errors_still_name_the_field() -> None:
     with pytest.raises(JobFileError) as e:
         spec_from_fields({"command": ["x"], "gpus": -1})
-    assert str(e.value) == "gpus: gpus must be at least 1"
+    assert str(e.value) == "gpus: gpus must be at least 1, a share of one GPU, or 0 for a CPU-only job"
 
 
 def test_infinite_gpus_in_a_job_file_is_a_job_file_error(tmp_path: Path) -> None:
@@ -170,3 +170,12 @@ def test_numbers_in_a_command_list_become_arguments_but_booleans_must_be_quoted(
     bad.write_text("command: [python, train.py, --flag, true]\n")
     with pytest.raises(JobFileError, match=r"bad.yaml:1: command.3"):
         spec_from_fields(read_job_file(bad), bad)
+
+
+def test_a_cpu_only_job_file(tmp_path: Path) -> None:
+    """`gpus: 0` with `cpus:`/`mem:` is a CPU-only job (issue 26); without them, one error naming both."""
+    p = write(tmp_path, "command: [python, etl.py]\ngpus: 0\ncpus: 4\nmem: 8GiB\n")
+    s = spec_from_fields(read_job_file(p), p)
+    assert s.cpu_only and (s.cpus, s.mem_mb) == (4, 8192)
+    msg = error(write(tmp_path, "command: [python]\ngpus: 0\n", "bare.yaml"))
+    assert "gpus 0 is a CPU-only job: ask for CPU cores (cpus, --cpus 4) and/or host memory" in msg, msg

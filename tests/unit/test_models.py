@@ -52,7 +52,6 @@ def test_a_share_of_one_gpu_is_accepted(gpus: Any) -> None:
 @pytest.mark.parametrize(
     ("gpus", "words"),
     [
-        (0, "at least 1"),
         (-1, "at least 1"),
         (-0.5, "at least 1"),
         (float("nan"), "at least 1"),
@@ -71,6 +70,23 @@ def test_bad_gpu_counts_are_refused(gpus: Any, words: str) -> None:
     err = refused(gpus=gpus)
     assert err.errors()[0]["loc"] == ("gpus",)
     assert words in str(err)
+
+
+def test_gpus_0_is_a_cpu_only_job_that_must_ask_for_cpus_or_memory() -> None:
+    """Issue 26: `gpus: 0` with CPUs and/or memory is a CPU-only job (no GPU, no fraction); without
+    either it is refused naming both, and with a GPU option naming the option."""
+    for host in ({"cpus": 4}, {"mem": "8GiB"}, {"cpus": 1, "mem": 512}):
+        spec = JobSpec(command=["x"], gpus=0, **host)
+        assert spec.cpu_only and not spec.fractional and spec.gpu_count == 0 and spec.gpus_label == "0"
+    assert "gpus 0 is a CPU-only job: ask for CPU cores" in str(refused(gpus=0))
+    for extra, name in (
+        ({"gpu_type": "H100"}, "gpu_type"),
+        ({"gpu_memory": "1GiB"}, "gpu_memory"),
+        ({"nodes": 2}, "nodes"),
+        ({"per_gpu": True}, "per_gpu"),
+        ({"exclusive": True}, "exclusive"),
+    ):
+        assert f"leave out {name}" in str(refused(gpus=0, cpus=1, **extra)), extra
 
 
 @pytest.mark.parametrize("gpus", [float("inf"), "inf", "Infinity"])

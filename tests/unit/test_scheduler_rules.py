@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Plan, RunningJob
+from gpucluster.core.types import Allocation, NodeSlice, Plan, Priority, RunningJob
 from gpucluster.waits_text import sentence
 
 from .builders import (
@@ -1396,3 +1397,137 @@ def test_a_gang_reservation_waits_for_its_gpus_on_each_of_its_nodes() -> None:
     still += [RunningJob(s.job_id, s.allocation, started_at=NOW, time_limit_s=long.time_limit_s) for s in plan.starts]
     later = decide(snapshot(nodes=nodes, running=still, queued=[gang]), now=at)
     assert [s.job_id for s in later.starts] == [1], later
+
+
+# ---- CPU-only jobs (gpus 0; issue 26) --------------------------------------------------------
+
+
+def cpu_job(job_id: int, node_name: str, cpus: float, mem_mb: int = 0, **kw: Any) -> RunningJob:
+    """A running CPU-only job: a slice with no GPU, holding `cpus` and `mem_mb` on `node_name`."""
+    return RunningJob(job_id, Allocation((NodeSlice(node_name, (), cpus=cpus, host_memory_mb=mem_mb),)), **kw)
+
+
+GPU_NODE = node("n1").gpus(8).host(cpus=32, memory_mb=64_000)
+CPU_NODE = node("c1").host(cpus=16, memory_mb=32_000)  # no GPUs at all
+RESERVED_CPUS = node("a").gpus(8).host(cpus=16)
+HOLDS_CPUS = cpu_job(100, "a", 12, started_at=0, time_limit_s=2000)
+
+CPU_ONLY = [
+    Rule(
+        "a CPU-only job lands on the node without GPUs, holding no GPU; a GPU job takes the GPUs",
+        snapshot(nodes=[GPU_NODE, CPU_NODE], queued=[job(1).gpus(0).host(cpus=4), job(2).gpus(8)]),
+        starts={1: (("c1", ()),), 2: (("n1", (0, 1, 2, 3, 4, 5, 6, 7)),)},
+    ),
+    Rule(
+        "with the CPU node full it takes a GPU node's CPUs, and never its GPUs",
+        snapshot(
+            nodes=[GPU_NODE, CPU_NODE],
+            running=[cpu_job(100, "c1", 16)],
+            queued=[job(1).gpus(0).host(cpus=4), job(2).gpus(8).host(cpus=28)],
+        ),
+        starts={1: (("n1", ()),), 2: (("n1", (0, 1, 2, 3, 4, 5, 6, 7)),)},
+    ),
+    Rule(
+        "short of CPUs everywhere: waits CPUS; short of memory: MEMORY; a later one that fits starts",
+        snapshot(
+            nodes=[GPU_NODE, CPU_NODE],
+            running=[cpu_job(100, "c1", 16), cpu_job(101, "n1", 30, 40_000)],
+            queued=[
+                job(1).gpus(0).host(cpus=4),
+                job(2).gpus(0).host(cpus=1, mem_mb=40_000),
+                job(3).gpus(0).host(cpus=2, mem_mb=20_000),
+            ],
+        ),
+        starts={3: (("n1", ()),)},
+        waits={1: (R.CPUS, "no node has 4 CPU core(s) free"), 2: (R.MEMORY, "40000 MiB of host memory")},
+    ),
+    Rule(
+        "more than any node has: no fit, naming the largest node",
+        snapshot(nodes=[GPU_NODE, CPU_NODE], queued=[job(1).gpus(0).host(cpus=64)]),
+        starts={},
+        waits={
+            1: (
+                R.NO_FIT,
+                "asking for 64 CPU core(s) and 0 MiB of host memory fits no node (the most on one node: 32 cores",
+            )
+        },
+    ),
+    Rule(
+        "no node accounts CPUs or memory: no fit (it would pack without bound)",
+        snapshot(nodes=[node("n1").gpus(8)], queued=[job(1).gpus(0).host(cpus=1)]),
+        starts={},
+        waits={
+            1: (R.NO_FIT, "(the most on one node: 0 cores, 0 MiB; a node that states neither takes no CPU-only job)")
+        },
+    ),
+    Rule(
+        "a node list and an exclusion are honoured",
+        snapshot(
+            nodes=[GPU_NODE, CPU_NODE],
+            queued=[
+                job(1).gpus(0).host(cpus=1).select(nodelist=["n1"]),
+                job(2).gpus(0).host(cpus=1).select(exclude=["c1"]),
+            ],
+        ),
+        starts={1: "n1", 2: "n1"},
+    ),
+    Rule(
+        "its CPUs count in a GPU job's reservation: it holds them until its end (2000)",
+        snapshot(nodes=[RESERVED_CPUS], running=[HOLDS_CPUS], queued=[job(1).gpus(8).host(cpus=8)]),
+        starts={},
+        waits={1: (R.RESERVED, "with 8 CPU(s) on a are held")},
+        estimated={1: 2000.0},
+    ),
+    Rule(
+        "behind a reservation holding CPUs: a long CPU-only job keeps off them, a short one passes",
+        snapshot(
+            nodes=[RESERVED_CPUS],
+            running=[HOLDS_CPUS],
+            queued=[
+                job(1).gpus(8).host(cpus=8),
+                job(2).gpus(0).host(cpus=4).limit(5000),
+                job(3).gpus(0).host(cpus=4).limit(500),
+            ],
+        ),
+        starts={3: (("a", ()),)},
+        waits={1: R.RESERVED, 2: (R.CPUS, "held for a job first in line")},
+        estimated={1: 2000.0},
+    ),
+    Rule(
+        "in strict order (no backfill) even a short CPU-only job keeps off the reserved CPUs",
+        snapshot(
+            nodes=[RESERVED_CPUS],
+            running=[HOLDS_CPUS],
+            queued=[job(1).gpus(8).host(cpus=8), job(3).gpus(0).host(cpus=4).limit(500)],
+        ),
+        starts={},
+        waits={1: R.RESERVED, 3: R.CPUS},
+        policy=policy(backfill=False),
+    ),
+    Rule(
+        "preemption frees GPUs: a high GPU job takes the low GPU job, never the low CPU-only job",
+        snapshot(
+            nodes=[GPU_NODE],
+            running=[cpu_job(100, "n1", 8, priority=Priority.LOW), running(101, "n1", *range(8), priority="low")],
+            queued=[job(1).gpus(8).priority("high")],
+        ),
+        starts={},
+        waits={1: R.PREEMPTING},
+        preempted=frozenset({101}),
+    ),
+    Rule(
+        "a high CPU-only job preempts no one: it waits for CPUs a low GPU job holds",
+        snapshot(
+            nodes=[node("n1").gpus(8).host(cpus=8)],
+            running=[RunningJob(101, Allocation((NodeSlice("n1", (0,), cpus=8),)), priority=Priority.LOW)],
+            queued=[job(1).gpus(0).host(cpus=2).priority("high")],
+        ),
+        starts={},
+        waits={1: R.CPUS},
+    ),
+]
+
+
+@pytest.mark.parametrize("rule", params(CPU_ONLY))
+def test_cpu_only(rule: Rule) -> None:
+    check(rule)

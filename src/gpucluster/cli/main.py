@@ -86,7 +86,7 @@ def _global(
 
 
 def _gpus(job: View) -> str:
-    return "; ".join(f"{s.node}:{','.join(map(str, s.gpu_indices))}" for s in job.allocation) or "-"
+    return "; ".join(f"{s.node}:{','.join(map(str, s.gpu_indices)) or 'no GPU'}" for s in job.allocation) or "-"
 
 
 def _gpus_label(spec: View) -> str:
@@ -144,7 +144,13 @@ def up(
     ] = None,
     virtual_gpus: Annotated[
         int | None,
-        typer.Option("--virtual-gpus", min=1, max=1024, help="declare N virtual GPUs instead of discovering real ones"),
+        typer.Option(
+            "--virtual-gpus",
+            min=0,
+            max=1024,
+            help="declare N virtual GPUs instead of discovering real ones (0: a node without GPUs, for CPU-only "
+            "jobs; give --cpus/--memory)",
+        ),
     ] = None,
     gpu_type: Annotated[
         str | None, typer.Option("--gpu-type", help="model name of the virtual GPUs, e.g. H100-80GB")
@@ -451,7 +457,8 @@ def submit(
         str | None,
         typer.Option(
             help="GPUs the job needs, a share of one GPU such as 0.25, or an elastic range such as 4..8 "
-            "(started on as many as are free, at least 4) [default: 1]"
+            "(started on as many as are free, at least 4), or 0 for a CPU-only job (give --cpus and/or --mem) "
+            "[default: 1]"
         ),
     ] = None,
     gpu_type: Annotated[

@@ -25,6 +25,7 @@ CSV_COLUMNS = (
     "name",
     "gpu_model",
     "gpu_hours",
+    "cpu_hours",
     "cost",
     "energy_kwh",
     "utilization",
@@ -86,7 +87,7 @@ def usage(
         w.writerow(CSV_COLUMNS)
         for r in [*report.rows, report.total]:
             d = r
-            w.writerow(["" if d[k] is None else d[k] for k in CSV_COLUMNS])
+            w.writerow(["" if d.get(k) is None else d[k] for k in CSV_COLUMNS])
         return
     start = report.since
     window = "all time" if start is None else f"since {time.strftime('%Y-%m-%d %H:%M', time.localtime(start))}"
@@ -96,8 +97,8 @@ def usage(
     # Sessions' GPU-hours and how many of them idle, when there were sessions (heads from before
     # issue 21 send no such field).
     sessions = bool(report.total.get("session_gpu_hours"))
-    table = Table(head, *extra, "GPU-HOURS", "COST", "ENERGY kWh", "UTIL", "LOST (FAIL)", "LOST (PREEMPT)", "JOBS",
-                  *(["SESSIONS (IDLE)"] if sessions else []), box=None)  # fmt: skip
+    table = Table(head, *extra, "GPU-HOURS", "CPU-HOURS", "COST", "ENERGY kWh", "UTIL", "LOST (FAIL)",
+                  "LOST (PREEMPT)", "JOBS", *(["SESSIONS (IDLE)"] if sessions else []), box=None)  # fmt: skip
     for r in [*report.rows, report.total]:
         held = [f"{_num(r.session_gpu_hours)} ({_num(r.session_idle_gpu_hours)})"] if sessions else []
         table.add_row(r.key, *_extra(r, by), *_cells(r), *held)
@@ -111,6 +112,7 @@ def _extra(r: View, by: str) -> list[str]:
 def _cells(r: View) -> list[str]:
     return [
         _num(r.gpu_hours),
+        _num(r.get("cpu_hours") or 0.0),  # a head from before CPU-hours sends none
         _num(r.cost),
         _num(r.energy_kwh, 3),
         "-" if r.utilization is None else f"{r.utilization:.0f}%",

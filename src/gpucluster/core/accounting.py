@@ -75,6 +75,8 @@ def rate(allocation: Allocation, models: Mapping[tuple[str, int], str], prices: 
                 seen.append(model)
             gpus += s.share
             cost += s.share * prices.get(model, 0.0) / 3600.0
+    if not seen and allocation.slices:
+        return Rate(0.0, 0.0, "cpu-only")  # no GPU held: no GPU-hours, no GPU price
     return Rate(gpus, cost, "+".join(sorted(seen)) or "unknown")
 
 

@@ -93,11 +93,12 @@ class EndBook:
         placed = self._placed[job.job_id] = []
         for s in job.allocation.slices:
             node = s.node
-            model = self.gpus[(node, s.gpu_indices[0])].model
-            item = (end, len(s.gpu_indices), job.job_id)
-            insort(self.on_node.setdefault((model, node), []), item)
-            insort(self.on_model.setdefault(model, []), item)
-            placed.append((model, node, item))
+            if s.gpu_indices:  # none for a CPU-only job: only its host part comes back
+                model = self.gpus[(node, s.gpu_indices[0])].model
+                item = (end, len(s.gpu_indices), job.job_id)
+                insort(self.on_node.setdefault((model, node), []), item)
+                insort(self.on_model.setdefault(model, []), item)
+                placed.append((model, node, item))
             if s.cpus or s.host_memory_mb:
                 host = (end, s.cpus, s.host_memory_mb, job.job_id)
                 insort(self.host_on_node.setdefault(node, []), host)
@@ -204,6 +205,8 @@ class EndTimes:
                 continue
             for s in slices:
                 node = s.node
+                if not s.gpu_indices:
+                    continue  # a CPU-only job: no GPU comes back (its host part: `add_host_running`)
                 model = gpus[(node, s.gpu_indices[0])].model
                 items = by_node.get((model, node))
                 if items is None:

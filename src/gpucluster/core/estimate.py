@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right, insort
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -413,6 +413,13 @@ def estimate_starts(
         # the replay makes the same reservation itself, with the latencies `decide` leaves out.
         floor = wait.estimated_start if wait.reason is not WaitReason.RESERVED else None
         earliest = max(now, job.not_before or now, floor or now)
+        if job.gpus == 0:  # CPU-only: no GPU to replay; when a node it may use has its CPUs back
+            if host is None:
+                host = _HostProfile(profile.nodes, now, _held(snapshot, policy, now, plan, latency, runs))
+            sel = job.selection
+            on = profile.allowed(sel) if sel is not None and sel.filters else None
+            out[job_id] = Estimate(_cpu_only_start(host, job, profile.nodes, earliest, on), exact=False)
+            continue
         kind = (job.gpu_types, job.gpu_memory_mb, job.min_gpu_memory_mb)
         models = kinds.get(kind)
         if models is None:
@@ -441,6 +448,24 @@ def estimate_starts(
             continue
         out[job_id] = Estimate(_replay(profile, job, models, n, earliest, policy, now, latency, runs))
     return out
+
+
+def _cpu_only_start(
+    host: _HostProfile, job: JobRequest, nodes: tuple[Node, ...], earliest: float, on: Collection[str] | None
+) -> float | None:
+    """The first moment from `earliest` a node (of `on`, when given) that accounts what the
+    CPU-only job asks has its CPUs and memory free by the running jobs' ends: a lower bound
+    (jobs ahead of it in line, and GPU jobs asking CPUs, may take them first), so not exact."""
+    best: float | None = None
+    for nd in nodes:
+        if on is not None and nd.name not in on:
+            continue
+        if not ((job.cpus and nd.cpus is not None) or (job.mem_mb and nd.memory_mb is not None)):
+            continue
+        t = host.ready(nd.name, job.cpus, job.mem_mb)
+        if t is not None and (best is None or t < best):
+            best = t
+    return None if best is None else max(best, earliest)
 
 
 def _lower_bound(profile: _Profile, models: list[str], n: int, nodes: int | None) -> float | None:

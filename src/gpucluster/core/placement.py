@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpucluster.core.image_affinity import holder
+from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.selection import Selection
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, RunningJob
 
@@ -562,6 +563,79 @@ class Capacity:
             out.append(NodeSlice(s.node, s.gpu_indices, s.share, s.memory_mb, c, m))
         return Allocation(tuple(out))
 
+    # ---- CPU-only jobs (no GPU) ----------------------------------------------------------------
+
+    def hosts_cpu_only(self, node: str, job: JobRequest) -> bool:
+        """Whether `node` bounds a CPU-only job at all: it accounts at least one resource the
+        job asks for. Why: a node that accounts neither (a trace node with GPUs only) would
+        take any number of them, a placement no real node allows."""
+        return (job.cpus > 0 and node in self.node_cpus) or (job.mem_mb > 0 and node in self.node_hmem)
+
+    def could_host_only_ever_fit(self, job: JobRequest, allowed: Collection[str] | None = None) -> bool:
+        """`could_ever_fit` for a CPU-only job: some node (of `allowed`) holds its CPUs and
+        memory once empty. O(nodes), once per shape and cycle (`scheduler._models`)."""
+        nodes = self.node_gpus if allowed is None else allowed
+        return any(
+            nd in self.node_gpus and self.hosts_cpu_only(nd, job) and self._host_room(nd, job.cpus, job.mem_mb, True)
+            for nd in nodes
+        )
+
+    def place_host_only(self, job: JobRequest, exclude: Collection[str] = frozenset()) -> Allocation | None:
+        """Where a CPU-only job goes now: a node not in `exclude` with its CPUs and memory left,
+        nodes without GPUs first (so it leaves GPU nodes' CPUs to GPU jobs), then best fit (the
+        fewest CPUs, then MiB, left after it), then inventory order. Its slice holds no GPU.
+
+        O(nodes) per call: the scheduler calls it only for a request it has not seen fail in
+        the cycle (free host room only shrinks within a cycle), so a queue of equal CPU-only
+        jobs costs one scan per start, not per job."""
+        cpus, mem = job.cpus, job.mem_mb
+        best: tuple[bool, float, float] | None = None
+        pick: str | None = None
+        inf = float("inf")
+        node_cpus, node_hmem, used_cpus, used_hmem = self.node_cpus, self.node_hmem, self.used_cpus, self.used_hmem
+        for node, gpus in self.node_gpus.items():
+            if node in exclude or not self.hosts_cpu_only(node, job) or not self._host_room(node, cpus, mem, False):
+                continue
+            have_c = node_cpus.get(node)
+            have_m = node_hmem.get(node)
+            key = (
+                bool(gpus),
+                inf if have_c is None else have_c - used_cpus.get(node, 0.0) - cpus,
+                inf if have_m is None else float(have_m - used_hmem.get(node, 0) - mem),
+            )
+            if best is None or key < best:
+                best, pick = key, node
+        if pick is None:
+            return None
+        return Allocation((NodeSlice(pick, (), 1.0, None, cpus, mem),))
+
+    def most_host(self) -> tuple[float, int]:
+        """The most CPUs and the most host memory (MiB) any one node accounts (0: none does)."""
+        return max(self.node_cpus.values(), default=0.0), max(self.node_hmem.values(), default=0)
+
+    def cpu_only_no_fit(self, job: JobRequest, selected: bool = False) -> WaitFacts:
+        """Why a CPU-only job fits no node even empty (`selected`: among the nodes its selection
+        allows), as numbers: the scheduler's NO_FIT wait and the head's refusal at submit."""
+        cpus, mem = self.most_host()
+        return WaitFacts(
+            variant="cpu_only",
+            cpus=job.cpus,
+            mem_mb=job.mem_mb,
+            most_cpus=cpus,
+            most_mem_mb=mem,
+            selection="selected" if selected else None,
+        )
+
+    def host_only_short(self, job: JobRequest, exclude: Collection[str] = frozenset()) -> str:
+        """Which resource a CPU-only job that fits nowhere now is short of: "cpus" when no
+        node (outside `exclude`) has its CPUs left, else "mem"."""
+        if job.cpus > 0 and not any(
+            nd not in exclude and self.hosts_cpu_only(nd, job) and self._host_room(nd, job.cpus, 0, False)
+            for nd in self.node_gpus
+        ):
+            return "cpus"
+        return "mem"
+
     # ---- placement --------------------------------------------------------------------------
 
     def place(
@@ -788,6 +862,7 @@ class Capacity:
             s if len(kept) == len(s.gpu_indices) else replace(s, gpu_indices=kept)
             for s in allocation.slices
             if (kept := tuple(i for i in s.gpu_indices if (s.node, i) in self.gpus))
+            or (not s.gpu_indices and s.node in self.node_gpus)  # a CPU-only job's slice: its host part
         )
         self.take(Allocation(known))
 
@@ -878,8 +953,9 @@ class Capacity:
         buckets[k][node] = None
 
     def model_of(self, allocation: Allocation) -> str:
+        """The GPU model of an allocation's first GPU; "" for a CPU-only job's (no GPU)."""
         s = allocation.slices[0]
-        return self.gpus[(s.node, s.gpu_indices[0])].model
+        return self.gpus[(s.node, s.gpu_indices[0])].model if s.gpu_indices else ""
 
     def free_count(self, model: str) -> int:
         return self.total_free[model]

@@ -108,7 +108,11 @@ class HostDefaults:
     mem_per_gpu_mb: int = 0
 
     def resolve(self, gpus: float, cpus: float | None, mem_mb: int | None) -> tuple[float | None, int | None]:
-        """The job's (cpus, MiB) once the defaults fill what it left out (None: still nothing)."""
+        """The job's (cpus, MiB) once the defaults fill what it left out (None: still nothing).
+        A CPU-only job (0 GPUs) gets nothing filled: the defaults are per GPU, and it states
+        what it needs itself."""
+        if gpus == 0:
+            return cpus, mem_mb
         if cpus is None and self.cpus_per_gpu > 0:
             cpus = max(0.01, round(self.cpus_per_gpu * gpus, 2))
         if mem_mb is None and self.mem_per_gpu_mb > 0:

@@ -72,6 +72,7 @@ class WaitFacts:
     busy: int | None = None  # of those, nodes without room now
     selection: str | None = None  # the node selection, as the user wrote it (--constraint ib)
     exclusive: bool | None = None
+    reserved: bool | None = None  # some of the room it needs is held for a job first in line
     labels: tuple[tuple[str, str], ...] | None = None  # (node, its labels): what nodes offer
     reserved_at: float | None = None  # when GPUs are held for the first in line from
     blocked_by: int | None = None  # the first in line that starting it would delay

@@ -405,8 +405,8 @@ class _Cycle:
         smallest request, the shortest time limit), so a remaining job asks no less.
         Checked only when the plan grew (a start, reservation or preemption).
         """
-        if len(self.reservations) < len(self.cap.model_memory):
-            return False
+        if len(self.reservations) < len(self.cap.model_memory) or self._least_asked()[0] == 0:
+            return False  # ... or a CPU-only job is queued: no GPU reservation holds it back
         if not self.policy.backfill:
             return True
         need, shortest = self._least_asked()
@@ -424,6 +424,8 @@ class _Cycle:
         ordering thousands of queued jobs (O(queue) a cycle) to find nothing was most of the
         simulator's time on Philly."""
         need, _ = self._least_asked()
+        if need == 0:  # a CPU-only job is queued: it may start without any GPU free
+            return False
         if any(self._has_room(m, need, frozenset()) for m in self.cap.model_memory):
             return False
         if not self.policy.preemption.enabled or not self.s.queued:
@@ -532,6 +534,8 @@ class _Cycle:
         return busy[1]
 
     def _consider(self, job: JobRequest) -> bool:
+        if job.gpus == 0:
+            return self._consider_cpu_only(job)
         if job.min_gpus is not None and job.min_gpus < job.gpus:
             return self._consider_elastic(job, job.min_gpus)
         fits_ever = self._models(job)
@@ -565,6 +569,59 @@ class _Cycle:
         if self._try_preempt(job, fits_ever):
             return False
         self._reserve_or_wait(job, fits_ever, blocked_by)
+        return False
+
+    def _consider_cpu_only(self, job: JobRequest) -> bool:
+        """A job asking for no GPU (only CPUs and/or host memory): placed by those alone, on
+        any node with them left (`Capacity.place_host_only`), in its turn in line.
+
+        The rules (README "CPU-only jobs"): it holds no GPU, so GPU quotas, pool quotas and
+        GPU reservations do not apply to it and it never keeps a GPU job off its GPUs; it
+        keeps off the nodes where a reservation holds CPUs or memory for a GPU job first in
+        line, unless its time limit ends before that reservation's start (with backfill; in
+        strict order never). It takes no reservation of its own and preempts no one; being
+        holder of no GPU it is never a victim either (preemption frees GPUs). A GPU job short
+        of the CPUs it holds waits for its end, which the reservations count."""
+        sel = job.selection
+        allowed = self.cap.allowed(sel) if sel is not None and sel.filters else None
+        shape = ("cpu-only", job.cpus, job.mem_mb, sel)
+        fits_ever = self._fits.get(shape)
+        if fits_ever is None:
+            fits_ever = self._fits[shape] = [""] if self.cap.could_host_only_ever_fit(job, allowed) else []
+        if not fits_ever:
+            self._wait(job, WaitReason.NO_FIT, self.cap.cpu_only_no_fit(job, allowed is not None))
+            return False
+        if sel is not None and sel.exclusive:
+            self._wait(job, WaitReason.NO_FIT, WaitFacts(variant="cpu_only_exclusive"))
+            return False
+        exclude: frozenset[str] = frozenset()
+        if allowed is not None:
+            exclude = frozenset(self.cap.node_gpus).difference(allowed)
+        held = frozenset(
+            nd
+            for res in self._host_reserved.values()
+            if not (self.policy.backfill and self._ends_before(job, res))
+            for nd in res.nodes
+        )
+        key = (shape, held)
+        if key not in self._no_fit:
+            allocation = self.cap.place_host_only(job, exclude | held if held else exclude)
+            if allocation is not None:
+                self._start(job, allocation)
+                return True
+            self._no_fit.add(key)
+        if self.reasons:
+            short = self.cap.host_only_short(job, exclude | held)
+            cpus = short == "cpus"
+            facts = WaitFacts(
+                variant="cpu_only" if cpus else "cpu_only_memory",
+                cpus=job.cpus or None,
+                mem_mb=job.mem_mb or None,
+                reserved=bool(held) or None,
+            )
+            self._wait(job, WaitReason.CPUS if cpus else WaitReason.MEMORY, facts)
+        else:
+            self.waiting[job.job_id] = _HOST_BUSY
         return False
 
     def _place_now(self, job: JobRequest, models: list[str]) -> tuple[bool, WaitFacts | None, Reservation | None]:
@@ -1073,7 +1130,10 @@ class _Cycle:
                         if gpu is not None:
                             shared.add(gpu.model)
                     continue
-            gpu = gpus.get((first.node, first.gpu_indices[0]))
+            try:  # no test on the way in: this loop runs over every running job (zero-cost `try`)
+                gpu = gpus.get((first.node, first.gpu_indices[0]))
+            except IndexError:
+                continue  # a CPU-only job holds no GPU: preemption (which frees GPUs) never takes it
             if gpu is None:
                 continue
             if first.share < 1:
@@ -1307,14 +1367,14 @@ class _Cycle:
 
     def _host_no_fit_facts(self, job: JobRequest) -> WaitFacts:
         """No node could ever hold the job's CPUs or memory beside its GPUs."""
-        cap = self.cap
+        most_cpus, most_mem = self.cap.most_host()
         return WaitFacts(
             variant="host",
             gpus=job.gpus,
             cpus=job.cpus or None,
             mem_mb=job.mem_mb or None,
-            most_cpus=max(cap.node_cpus.values(), default=0.0),
-            most_mem_mb=max(cap.node_hmem.values(), default=0),
+            most_cpus=most_cpus,
+            most_mem_mb=most_mem,
         )
 
     def _wait(self, job: JobRequest, reason: WaitReason, facts: WaitFacts, estimated: float | None = None) -> None:
@@ -1356,6 +1416,8 @@ class _Cycle:
     def _add_end(self, job_id: int, allocation: Allocation, end: float) -> None:
         assert self._ends is not None
         for s in allocation.slices:
+            if not s.gpu_indices:
+                continue  # a CPU-only job's slice: no GPU comes back (its host part: `add_host`)
             model = self.cap.gpus[(s.node, s.gpu_indices[0])].model
             if s.share < 1:
                 # A shared GPU comes back whole when its last sharer ends.

@@ -80,7 +80,8 @@ class Drain:
 
 @dataclass(frozen=True)
 class NodeSlice:
-    """The GPUs one job holds on one node; `share` < 1 means a fraction of one GPU."""
+    """The GPUs one job holds on one node; `share` < 1 means a fraction of one GPU. A CPU-only
+    job's slice has no GPU indices: only its CPUs and host memory."""
 
     node: str
     gpu_indices: tuple[int, ...]
@@ -127,7 +128,7 @@ class JobRequest:
     """What the scheduler needs to know about a queued job: its demand and its place in line."""
 
     job_id: int
-    gpus: float  # whole GPUs (1 or more), or a fraction of one GPU (below 1)
+    gpus: float  # whole GPUs (1 or more), a fraction of one GPU (below 1), or 0: CPU-only
     gpu_types: tuple[str, ...] = ()  # acceptable models, most preferred first; () = any
     priority: Priority = Priority.NORMAL
     submitted_at: float = 0.0
@@ -172,6 +173,12 @@ class JobRequest:
     @property
     def fractional(self) -> bool:
         return self.gpus < 1 or self.gpu_memory_mb is not None
+
+    @property
+    def cpu_only(self) -> bool:
+        """Asks for no GPU, only CPUs and/or host memory: placed by those alone
+        (`Capacity.place_host_only`), on any node, GPUs or not."""
+        return self.gpus == 0
 
     @cached_property
     def demand(self) -> tuple[object, ...]:

@@ -407,7 +407,14 @@ class ClusterService:
             )
         # An elastic job must fit at its smallest size.
         request = request_from(0, spec.min_gpus or spec.gpu_count, 0, 0.0, spec.team, request_json(spec))
+        if request.cpu_only:
+            _check_cpu_only_fits(request, cap)
+            return
         models = cap.acceptable_models(request)
+        if not cap.model_memory:
+            raise Rejected(
+                "gpus", "this cluster has no GPUs: only CPU-only jobs run here (--gpus 0 --cpus N / --mem SIZE)"
+            )
         if not models:
             raise Rejected(
                 "gpu_memory" if spec.gpu_memory is not None else "min_gpu_memory",
@@ -835,12 +842,23 @@ class ClusterService:
         ]
 
 
+def _check_cpu_only_fits(request: JobRequest, cap: Capacity) -> None:
+    """Refuse a CPU-only job (gpus 0) that no node (of its selection) could ever hold, naming
+    what the largest node has: the core's own test (`could_host_only_ever_fit`)."""
+    sel = request.selection
+    allowed = cap.allowed(sel) if sel is not None and sel.filters else None
+    if cap.could_host_only_ever_fit(request, allowed):
+        return
+    why = text(WaitReason.NO_FIT, cap.cpu_only_no_fit(request, allowed is not None))
+    raise Rejected("cpus" if request.cpus else "mem", f"{why}; ask for less with --cpus / --mem")
+
+
 def _host_refusal(spec: JobSpec, request: JobRequest, cap: Capacity) -> tuple[str, str]:
     """(field, message) for a job whose CPUs or host memory no node could ever hold beside its
     GPUs: "cpus: asks for 64 CPUs beside 1 GPU(s) but no node has that many (the most: 16)"."""
     per_node = f" on each of {request.nodes} nodes" if request.nodes else ""
     if request.cpus:
-        most = max(cap.node_cpus.values(), default=0.0)
+        most, _ = cap.most_host()
         cpus, _ = cap.host_part(request, int(request.gpus) // request.nodes if request.nodes else request.gpus)
         if cpus > most + 1e-9:
             return (
@@ -848,7 +866,7 @@ def _host_refusal(spec: JobSpec, request: JobRequest, cap: Capacity) -> tuple[st
                 f"asks for {cpus:g} CPUs{per_node} beside {spec.gpus_label} GPU(s) but no node of this cluster has "
                 f"that many (the most on one node: {most:g}); ask for fewer with --cpus",
             )
-    most_mem = max(cap.node_hmem.values(), default=0)
+    _, most_mem = cap.most_host()
     field = "mem" if request.mem_mb else "cpus"
     return (
         field,

@@ -24,6 +24,7 @@ MAX_BUCKETS = 1000  # a chart's worth; more is asked by mistake (step 1m over 30
 @dataclass
 class _Sum:
     gpu_s: float = 0.0
+    cpu_s: float = 0.0
     cost: float = 0.0
     energy_j: float = 0.0
     used_s: float = 0.0
@@ -41,6 +42,7 @@ class _Sum:
         if f <= 0 and not ended_inside:
             return
         self.gpu_s += row.gpu_seconds * f
+        self.cpu_s += row.cpu_seconds * f
         self.cost += row.cost * f
         self.energy_j += row.energy_j * f
         self.used_s += row.used_gpu_seconds * f
@@ -61,6 +63,7 @@ class _Sum:
         return UsageRowOut(
             key=key,
             gpu_hours=self.gpu_s / 3600.0,
+            cpu_hours=self.cpu_s / 3600.0,
             cost=self.cost,
             energy_kwh=self.energy_j / 3.6e6,
             utilization=100.0 * self.used_s / self.sampled_s if self.sampled_s > 0 else None,

@@ -264,6 +264,8 @@ class Engine:
         self._free_since: float | None = None
         self._grow_wake: float | None = None
         self._may_grow = self.policy.core.elastic.enabled and any(j.min_gpus is not None for j in jobs)
+        # A CPU-only job may start with no GPU free: then a cycle is never skipped for want of one.
+        self._cpu_only = any(j.gpus == 0 for j in jobs)
         self._running: dict[int, RunningJob] = self._state.running
         self._active: dict[int, SimJob] = {}
         self._used: dict[tuple[str, int], float] = {}  # GPU -> share in use
@@ -387,7 +389,9 @@ class Engine:
                 while True:
                     if self._gated and self._gate_dirty:
                         self._gate(t)
-                    if self._queued and scheduling.can_change_anything(self.policy, self._up_gpus - self._busy_gpus):
+                    if self._queued and (
+                        self._cpu_only or scheduling.can_change_anything(self.policy, self._up_gpus - self._busy_gpus)
+                    ):
                         self._schedule(t)
                     elif self._queued:
                         res.decide_skipped += 1
@@ -653,6 +657,8 @@ class Engine:
         self._busy_gpus += job.held
         speed, price_s, power_w = INF, 0.0, 0.0
         for s in alloc.slices:
+            if not s.gpu_indices:
+                continue  # a CPU-only job: no GPU model sets its speed, price or power
             g = self._group[s.node]
             speed = min(speed, self.spec.speed(g.gpu_model))
             gpus = len(s.gpu_indices) * s.share
@@ -662,6 +668,8 @@ class Engine:
             g = self._group[alloc.slices[0].node]
             gpus = int(alloc.gpu_count)
             speed /= allreduce_slowdown(self.spec.allreduce, gpus, len(alloc.slices), g.nvlink_gbps, g.network_gbps)
+        if speed == INF:
+            speed = 1.0  # CPU-only: its trace run time replays as recorded
         if job.trace.gpus >= 1 and job.held < job.trace.gpus:
             speed *= job.held / job.trace.gpus  # elastic, started smaller: the same work takes longer
         if self._array_counts:
@@ -693,7 +701,10 @@ class Engine:
         want = job.trace.gpus
         least = job.trace.min_gpus or want  # an elastic job may get fewer
         got = alloc.gpu_count
-        if (want >= 1 and not least - EPS <= got <= want + EPS) or got <= 0 or got > max(want, 1.0) + EPS:
+        if want == 0:  # CPU-only: a slice with no GPU on one node that is up
+            if got or len(alloc.slices) != 1 or alloc.slices[0].node in self._down:
+                raise SimulationError(f"t={now}: CPU-only job {jid} was given {got:g} GPUs on {alloc.slices}")
+        elif (want >= 1 and not least - EPS <= got <= want + EPS) or got <= 0 or got > max(want, 1.0) + EPS:
             raise SimulationError(f"t={now}: job {jid} asked for {want:g} GPUs and was given {got:g}")
         keys = []
         for s in alloc.slices:

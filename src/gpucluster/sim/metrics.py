@@ -74,9 +74,12 @@ def stats(values: list[float]) -> dict[str, float | int]:
 def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
     """Every number of one policy's run."""
     # Jobs cancelled by a dependency never ran: no completion time.
-    ended = [i for i, e in enumerate(res.end) if e >= 0 and res.outcome[i] != CANCELLED_DEPENDENCY]
+    # CPU-only jobs (0 GPUs) are left out of the GPU jobs' times and counted in their own
+    # bucket (`cpu_only`): their waits are for CPUs, and mixed in they would dilute the GPU figures.
+    gpus = res.gpus
+    ended = [i for i, e in enumerate(res.end) if e >= 0 and res.outcome[i] != CANCELLED_DEPENDENCY and gpus[i]]
     jct = [res.end[i] - res.submit[i] for i in ended]
-    started = [i for i, s in enumerate(res.first_start) if s >= 0]
+    started = [i for i, s in enumerate(res.first_start) if s >= 0 and gpus[i]]
     delay = [res.first_start[i] - res.submit[i] for i in started]
     makespan = max(0.0, res.last_end - res.first_submit)
     totals = res.team_totals
@@ -115,6 +118,7 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
         },
         "jct_s": stats(jct),
         "queueing_delay_s": stats(delay),
+        "cpu_only": cpu_only_metrics(res),
         "makespan_s": r(makespan),
         "utilisation": {
             "mean": r(res.busy_gpu_s / res.up_gpu_s if res.up_gpu_s else 0.0, 4),
@@ -217,6 +221,23 @@ def _per_team(
     return out
 
 
+def cpu_only_metrics(res: RunResult) -> dict[str, Any]:
+    """The CPU-only bucket: how many jobs asked for no GPU, how many started and finished, and
+    their queueing delay, completion time and time not running (none of it in the GPU figures)."""
+    mine = [i for i, g in enumerate(res.gpus) if not g]
+    finished = [i for i in mine if res.end[i] >= 0 and res.outcome[i] != CANCELLED_DEPENDENCY]
+    started = [i for i in mine if res.first_start[i] >= 0]
+    return {
+        "jobs": len(mine),
+        "started": len(started),
+        "succeeded": sum(1 for i in mine if res.outcome[i] == SUCCEEDED),
+        "never_started": sum(1 for i in mine if res.outcome[i] == NEVER_STARTED),
+        "queueing_delay_s": stats([res.first_start[i] - res.submit[i] for i in started]),
+        "jct_s": stats([res.end[i] - res.submit[i] for i in finished]),
+        "time_not_running_s": stats([max(0.0, res.end[i] - res.submit[i] - res.ran[i]) for i in finished]),
+    }
+
+
 def _finished(res: RunResult) -> list[int]:
     """Jobs that ran to an end (not cancelled by a dependency, not left unfinished)."""
     return [i for i, e in enumerate(res.end) if e >= 0 and res.outcome[i] != CANCELLED_DEPENDENCY]
@@ -232,6 +253,8 @@ def waiting_metrics(res: RunResult) -> dict[str, Any]:
     by_team: dict[int, list[float]] = {}
     values: list[float] = []
     for i in _finished(res):
+        if not res.gpus[i]:
+            continue  # CPU-only: in `cpu_only_metrics`
         v = max(0.0, res.end[i] - res.submit[i] - res.ran[i])
         values.append(v)
         by_team.setdefault(res.team[i], []).append(v)
@@ -249,6 +272,7 @@ def started_within(res: RunResult, limit_s: float) -> float | None:
 
 
 SIZE_BUCKETS = (
+    (-math.inf, 0.0, "cpu-only"),  # 0 GPUs: a bucket of its own, so "<=1" holds GPU jobs only
     (0.0, 1.0, "<=1"),
     (1.0, 8.0, "2-8"),
     (8.0, 64.0, "9-64"),

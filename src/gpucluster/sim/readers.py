@@ -313,15 +313,18 @@ def _alibaba2023(path: Path, f: Any) -> Rows:
     - `qos` (LS, BE, Burstable, Guaranteed) is the team, so per-team figures split by it;
     - run time: `deletion_time - scheduled_time`, or from `creation_time` for a pod never
       scheduled there (Pending, then deleted: it is replayed as asking for the time it waited).
-    CPU-only pods (`num_gpu` 0) are reported as rows the simulator cannot replay yet: a job
-    with no GPU has no place in the core's GPU-first placement (README, "not yet")."""
+    CPU-only pods (`num_gpu` 0) are CPU-only jobs (gpus 0): placed by their CPUs and memory
+    alone, on any node (`Capacity.place_host_only`), and counted apart in the metrics (the
+    CPU-only bucket) so GPU figures are not diluted; one asking for neither is refused."""
 
     def parse(line: int, row: dict[str, str]) -> RawJob:
         whole = _number(row, "num_gpu", 0, MAX_GPUS_PER_JOB)
         if not whole.is_integer():
             raise RowError(f"num_gpu must be a whole number of GPUs; got {row['num_gpu']!r}")
-        if whole == 0:
-            raise RowError("num_gpu is 0: CPU-only pods are not simulated yet (a job needs a GPU or a share)")
+        cpus = _number(row, "cpu_milli", 0, 1e9) / 1000
+        mem_mb = int(_number(row, "memory_mib", 0, 1e12))
+        if whole == 0 and not cpus and not mem_mb:
+            raise RowError("num_gpu is 0 and it asks for no CPU (cpu_milli) or memory (memory_mib): nothing to place")
         milli = _number(row, "gpu_milli", 0, 1000)
         gpus = milli / 1000 if whole == 1 and 0 < milli < 1000 else whole
         created = _number(row, "creation_time", 0.0, MAX_DURATION_S)
@@ -337,10 +340,12 @@ def _alibaba2023(path: Path, f: Any) -> Rows:
             gpus=gpus,
             duration=ended - began,
             team=row["qos"].strip() or None,
-            gpu_types=tuple(m.strip() for m in models.split("|") if m.strip()) if models and models != "nan" else (),
+            gpu_types=tuple(m.strip() for m in models.split("|") if m.strip())
+            if whole and models and models != "nan"
+            else (),
             name=row["name"].strip() or None,
-            cpus=_number(row, "cpu_milli", 0, 1e9) / 1000,
-            mem_mb=int(_number(row, "memory_mib", 0, 1e12)),
+            cpus=cpus,
+            mem_mb=mem_mb,
         )
 
     return _csv_rows(path, f, ALIBABA_COLUMNS, parse)

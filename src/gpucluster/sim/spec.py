@@ -266,7 +266,12 @@ def _groups(doc: Located, top: Fields) -> tuple[NodeGroup, ...]:
         if name in seen:
             raise f.fail("name", f"two node groups are named {name!r}; node names must be unique")
         seen.add(name)
-        model = f.text("gpu_model")
+        # A CPU-only group (gpus_per_node 0) hosts only CPU-only jobs: it needs no GPU model,
+        # and must state its CPUs or memory (a node accounting neither takes no CPU-only job).
+        per_node = f.integer("gpus_per_node", minimum=0, maximum=MAX_GPUS_PER_NODE)
+        model = f.text("gpu_model", "none" if per_node == 0 else None)
+        if per_node == 0 and f.raw("cpus_per_node") is None and f.raw("memory_per_node") is None:
+            raise f.fail("gpus_per_node", "is 0 (a CPU-only group): give cpus_per_node and/or memory_per_node")
         idle = f.number("power_idle_w", 50.0)
         busy = f.number("power_busy_w", 300.0)
         if busy < idle:
@@ -274,7 +279,7 @@ def _groups(doc: Located, top: Fields) -> tuple[NodeGroup, ...]:
         g = NodeGroup(
             name=name,
             count=f.integer("count", minimum=1, maximum=MAX_NODES),
-            gpus_per_node=f.integer("gpus_per_node", minimum=1, maximum=MAX_GPUS_PER_NODE),
+            gpus_per_node=per_node,
             gpu_model=model,
             gpu_memory_mb=f.memory_mb("gpu_memory", "80GiB"),
             nvlink_gbps=f.number("nvlink_gbps", 300.0, minimum=0.001),

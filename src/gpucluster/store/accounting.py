@@ -47,6 +47,14 @@ class UsageRow:
     def key(self) -> tuple[int, int]:
         return (self.job_id, self.attempt)
 
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU core-seconds held so far: the cores of its allocation (`--cpus`, a CPU-only job's
+        included) times the time accrued. Derived, not stored: the allocation is in the row and
+        the cores are held at a constant rate, so it is exact for any part of the interval."""
+        cores = sum(s.cpus for s in self.allocation.slices) if self.allocation is not None else 0.0
+        return cores * max(0.0, self.accrued_until - self.started_at)
+
     def accrue(self, until: float, cost_per_s: float) -> UsageRow:
         """GPU-seconds and cost of holding the allocation up to `until` (never backwards)."""
         dt = until - self.accrued_until
