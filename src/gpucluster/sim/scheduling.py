@@ -28,7 +28,7 @@ from gpucluster.core.restarts import restart_backoff
 from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.scheduler import gc_paused
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Allocation, JobRequest, Node, Plan, RunningJob
+from gpucluster.core.types import Allocation, Drain, JobRequest, Node, Plan, RunningJob
 from gpucluster.policyfile import PolicyFileError, load_policy_file, parse_policy
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.workload import TraceJob
@@ -206,12 +206,15 @@ def snapshot(
     holds: dict[str, str] | None = None,
     attained: dict[int, float] | None = None,
     expected_runtime: dict[int, float] | None = None,
+    drains: dict[str, Drain] | None = None,
 ) -> Snapshot:
     """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
     one, so free GPUs are updated from the jobs that changed rather than rebuilt; `queue_index`
     likewise for the queue sorted into lines (the plan is the same with or without either).
     `attained`: job id -> GPU-seconds of its ended attempts; `expected_runtime`: job id -> run
-    seconds (the oracle's); read by the core only when the policy's ordering ranks jobs."""
+    seconds (the oracle's); read by the core only when the policy's ordering ranks jobs.
+    `drains`: node -> its drain (the spec's `drains:` windows open now), admitted by the core
+    as the head's drained nodes are."""
     return Snapshot(
         nodes=nodes,
         running=running,
@@ -223,6 +226,8 @@ def snapshot(
         holds=holds or {},
         attained=attained or {},
         expected_runtime=expected_runtime or {},
+        drained=frozenset(drains) if drains else frozenset(),
+        drains=dict(drains) if drains else {},
     )
 
 
