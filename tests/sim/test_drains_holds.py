@@ -61,6 +61,12 @@ def test_a_requeue_window_stops_the_running_jobs_and_they_resume_after_it(tmp_pa
     assert res.drained_gpu_s == res.drain_idle_gpu_s == 4 * 200.0
 
 
+def test_a_job_that_ends_just_as_a_requeue_window_opens_has_succeeded(tmp_path: Path) -> None:
+    c = cluster(tmp_path, "drains: [{nodes: [n], start: 100s, duration: 50s, running: requeue}]\n")
+    ran = run(c, jsonl(tmp_path / "t.jsonl", [{"submit_time": 0, "duration": 100, "gpus": 2}]))
+    assert ran.result.drain_requeues == 0 and ran.outcome[1] == SUCCEEDED and ran.end[1] == 100.0
+
+
 def test_a_drain_without_an_end_leaves_what_only_it_could_host_unstarted(tmp_path: Path) -> None:
     c = cluster(tmp_path, "drains: [{nodes: [n-1], start: 0s}]\n", nodes=2, gpus=2)
     trace = jsonl(
@@ -149,3 +155,53 @@ def test_a_held_dependent_waits_for_both_its_release_and_its_dependency(tmp_path
     ran = run(c, trace)
     assert ran.start[2] == 200.0  # met at 100, released at 200
     assert ran.start[3] == 100.0  # released at 50, met at 100
+
+
+# The simulator and a real head loop and store (tests/sim/headreplay.py) on a drain window whose
+# running jobs finish, one whose running jobs are requeued, a held job released at a time, a
+# throttled array and a dependency chain through it: the same starts, on the same nodes, at
+# the same instants, and the same requeues.
+AGREEMENT_POLICY = (
+    "priorities: true\nfair_share: {enabled: false}\nbackfill: {enabled: false}\npreemption: {enabled: false}\n"
+)
+AGREEMENT_DRAINS = (
+    "checkpoints: {interval: none, restart: 0s}\n"
+    "drains:\n"
+    "  - {nodes: [n-1], start: 60s, duration: 100s, reason: firmware}\n"
+    "  - {nodes: [n-0], start: 230s, duration: 60s, running: requeue}\n"
+)
+AGREEMENT = [
+    {"id": 1, "submit_time": 0, "duration": 100, "gpus": 2, "array": "0-3%2"},  # jobs 1..4
+    {"id": 5, "submit_time": 1, "duration": 50, "gpus": 4, "afterok": [1]},
+    {"id": 6, "submit_time": 2, "duration": 300, "gpus": 1, "hold": True, "release_time": 120},
+    {"id": 7, "submit_time": 3, "duration": 40, "gpus": 2, "afterok": [5]},
+    {"id": 8, "submit_time": 4, "duration": 400, "gpus": 1},
+    {"id": 9, "submit_time": 5, "duration": 30, "gpus": 1, "after": [6]},
+    {"id": 10, "submit_time": 70, "duration": 30, "gpus": 3},  # while n-1 is drained
+]
+
+
+def test_simulator_and_head_agree_on_drains_holds_an_array_and_a_chain(tmp_path: Path) -> None:
+    from gpucluster.core.states import JobState
+    from gpucluster.sim.engine import Engine
+    from gpucluster.sim.readers import read_trace
+    from gpucluster.sim.scheduling import load_policy
+    from tests.sim.headreplay import replay_on_head
+
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(AGREEMENT_POLICY)
+    spec = load_cluster_spec(
+        cluster_yaml(
+            tmp_path / "c.yaml", nodes=2, gpus=4, extra="failures: {gpu_failures_per_day: 0}\n" + AGREEMENT_DRAINS
+        )
+    )
+    trace = read_trace(jsonl(tmp_path / "t.jsonl", AGREEMENT), spec, 0)
+    assert not trace.errors
+    res = Engine(spec, trace.jobs, load_policy(str(policy_file)), 0, keep_starts=True).run()
+    expected = sorted((t, j, a.slices[0].node) for t, j, a in res.starts)
+    assert res.drain_requeues == 1 and all(o == SUCCEEDED for o in res.outcome)
+
+    live = replay_on_head(tmp_path, spec, policy_file, AGREEMENT, trace.jobs)
+    assert sorted(live.starts) == expected
+    assert live.requeues == res.drain_requeues
+    assert all(s is JobState.SUCCEEDED for s in live.states.values())

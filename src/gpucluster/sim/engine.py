@@ -383,7 +383,7 @@ class Engine:
                 elif kind == _SPARE_BACK:
                     self._spares[a][b] += 1  # the node it stood in for is repaired: back in the pool
                 elif kind == _DRAIN:
-                    self._on_drain(a, t)
+                    self._on_drain(a, t, requeue=b == 1)
                 elif kind == _UNDRAIN:
                     self._on_undrain(a)
                 elif kind == _RELEASE:
@@ -1066,12 +1066,22 @@ class Engine:
 
     # ---- drains and holds ---------------------------------------------------------------------
 
-    def _on_drain(self, k: int, now: float) -> None:
+    def _on_drain(self, k: int, now: float, requeue: bool = False) -> None:
         """A drain window opens: its nodes take no new job (the core's admission leaves them out
         of the plan, as on the head); with `running: requeue` their running jobs are stopped
-        and requeued the way the head's `requeue` does it (the preemption path)."""
+        and requeued the way the head's `requeue` does it (the preemption path).
+
+        Why the requeue is an event of its own at the same instant: it then comes after the
+        ends due at that instant (pushed earlier), so a job that ends by itself just as the
+        drain begins has succeeded, not been requeued, as on the head (the lifecycle's rule)."""
         self._changes_pending -= 1
         w = self.spec.drains[k]
+        if requeue:
+            hit = set(w.nodes)
+            for jid, rj in list(self._running.items()):
+                if any(s.node in hit for s in rj.allocation.slices):
+                    self._preempt(jid, now, drain=True)
+            return
         until = now + w.duration_s if w.duration_s is not None else None
         for node in w.nodes:
             self._drain_count[node] = self._drain_count.get(node, 0) + 1
@@ -1080,10 +1090,8 @@ class Engine:
                 self._drain_busy += sum(self._used.get((node, i), 0.0) for i in range(self._size[node]))
             self._drains[node] = Drain(w.reason, until)  # the latest drain's why and end, as on the head
         if w.requeue:
-            hit = set(w.nodes)
-            for jid, rj in list(self._running.items()):
-                if any(s.node in hit for s in rj.allocation.slices):
-                    self._preempt(jid, now, drain=True)
+            self._push(now, _DRAIN, k, 1)
+            self._changes_pending += 1
         self._dirty = True
 
     def _on_undrain(self, k: int) -> None:
