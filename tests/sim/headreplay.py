@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster.core.states import JobState
+from gpucluster.core.types import Node
 from gpucluster.executors.base import Exited, Running
 from gpucluster.executors.fake import FakeExecutor
 from gpucluster.head.loop import Head
@@ -46,20 +47,7 @@ def replay_on_head(
     """Replay `rows` (a native trace, submit times from 0) on a head; `jobs` is the trace as the
     simulator read it (durations and limits per job id)."""
     clock = Clock(-1.0)  # before the first submission
-    store = Store(tmp / "state.db")
-    for n, _ in spec.nodes():
-        store.put_node(n, virtual=True, now=0.0)
-    fake = FakeExecutor()
-    fake.exit_on_signal[int(signal.SIGTERM)] = 143
-    head = Head(
-        store=store,
-        executor=fake,
-        data_dir=DataDir(tmp / "data"),
-        clock=clock,
-        policy=PolicySource(policy_file),
-        base_env={"HOME": "/h"},
-    )
-    service = ClusterService(head)
+    head, service, store, fake = head_on_clock(tmp, [n for n, _ in spec.nodes()], policy_file, clock)
     duration = {j.job_id: j.duration for j in jobs}
     limit = {j.job_id: j.time_limit for j in jobs}
     submits = sorted(rows, key=lambda r: float(r["submit_time"]))
@@ -109,6 +97,27 @@ def replay_on_head(
         service.close()
         store.close()
     return HeadRun(starts, states, requeues)
+
+
+def head_on_clock(
+    tmp: Path, nodes: list[Node], policy_file: Path, clock: Clock
+) -> tuple[Head, ClusterService, Store, FakeExecutor]:
+    """A real head loop and store (a SQLite file under `tmp`) on `nodes` (virtual GPUs), with
+    the fake executor (a stopped process exits 143 on SIGTERM) and `clock` as its time."""
+    store = Store(tmp / "state.db")
+    for n in nodes:
+        store.put_node(n, virtual=True, now=0.0)
+    fake = FakeExecutor()
+    fake.exit_on_signal[int(signal.SIGTERM)] = 143
+    head = Head(
+        store=store,
+        executor=fake,
+        data_dir=DataDir(tmp / "data"),
+        clock=clock,
+        policy=PolicySource(policy_file),
+        base_env={"HOME": "/h"},
+    )
+    return head, ClusterService(head), store, fake
 
 
 def _drain(head: Head, service: ClusterService, spec: ClusterSpec, k: int, now: float) -> None:
