@@ -61,6 +61,23 @@ def test_a_requeue_window_stops_the_running_jobs_and_they_resume_after_it(tmp_pa
     assert res.drained_gpu_s == res.drain_idle_gpu_s == 4 * 200.0
 
 
+def test_simulate_reports_the_drains_in_metrics_json(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpucluster.cli.main import app
+
+    c = cluster(tmp_path, "drains: [{nodes: [n-0], start: 0s, duration: 1h}]\n")
+    trace = jsonl(tmp_path / "t.jsonl", [{"submit_time": 0, "duration": "30m", "gpus": 1}])
+    out = tmp_path / "out"
+    args = ["--cluster", str(c), "--trace", str(trace), "--out", str(out), "--quiet", "--policy", "fifo"]
+    result = CliRunner().invoke(app, ["simulate", *args])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((out / "metrics.json").read_text())["policies"]["fifo"]
+    # the job waits out the hour, then runs 30 min: 4 GPUs drained for 1 h, none held meanwhile
+    assert metrics["drains"] == {"windows": 1, "drained_gpu_hours": 4.0, "lost_gpu_hours": 4.0, "requeued_jobs": 0}
+    assert metrics["jobs"]["succeeded"] == 1
+
+
 def test_a_job_that_ends_just_as_a_requeue_window_opens_has_succeeded(tmp_path: Path) -> None:
     c = cluster(tmp_path, "drains: [{nodes: [n], start: 100s, duration: 50s, running: requeue}]\n")
     ran = run(c, jsonl(tmp_path / "t.jsonl", [{"submit_time": 0, "duration": 100, "gpus": 2}]))

@@ -2,7 +2,8 @@
 
 Why it is built this way (a million jobs must replay in minutes):
 - Arrivals come from the sorted trace, merged with a small heap of the other events (ends,
-  checkpoints, stops, failures, repairs), so the heap holds only what is in flight.
+  checkpoints, stops, failures, repairs, drain windows opening and closing, held jobs'
+  releases), so the heap holds only what is in flight.
 - All events at one timestamp are applied, then the scheduler is called once, and only if the
   queue is not empty and something it could react to changed (a job arrived or came back, GPUs
   were freed, a node came or went): the head's own rule (head/loop.py).
