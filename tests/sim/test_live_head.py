@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
@@ -26,10 +25,6 @@ import pytest
 from gpucluster.core.types import Priority
 from gpucluster.executors.base import Exited, Running
 from gpucluster.executors.fake import FakeExecutor
-from gpucluster.head.loop import Head
-from gpucluster.head.paths import DataDir
-from gpucluster.head.policy_source import PolicySource
-from gpucluster.head.service import ClusterService
 from gpucluster.models import JobSpec
 from gpucluster.sim.engine import Engine, RunResult
 from gpucluster.sim.scheduling import SimPolicy, load_policy
@@ -37,6 +32,7 @@ from gpucluster.sim.spec import ClusterSpec, load_cluster_spec
 from gpucluster.sim.workload import TraceJob
 from gpucluster.store import Store
 from tests.e2e.headproc import HeadProcess, wait_for
+from tests.sim.headreplay import head_on_clock
 from tests.sim.helpers import cluster_yaml
 from tests.unit.headkit import Clock
 
@@ -255,20 +251,7 @@ def test_simulator_and_head_take_the_same_decisions_under_the_full_default_polic
     assert res.restarts > 0 and res.preemptions > 0
 
     clock = Clock(0.0)
-    store = Store(tmp_path / "state.db")
-    for n in nodes:
-        store.put_node(n, virtual=True, now=0.0)
-    fake = FakeExecutor()
-    fake.exit_on_signal[int(signal.SIGTERM)] = 143
-    head = Head(
-        store=store,
-        executor=fake,
-        data_dir=DataDir(tmp_path / "data"),
-        clock=clock,
-        policy=PolicySource(policy_file),
-        base_env={"HOME": "/h"},
-    )
-    service = ClusterService(head)
+    head, service, store, fake = head_on_clock(tmp_path, nodes, policy_file, clock)
     live: list[Event] = []
     started_at: dict[tuple[int, int], float] = {}  # (job, attempt) -> when its process started
     duration = {j.job_id: j.duration for j in workload}

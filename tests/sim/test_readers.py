@@ -162,7 +162,7 @@ def test_native_arrays_expand_to_elements_and_dependencies_name_trace_ids(tmp_pa
         {"submit_time": 5, "duration": 60, "afterok": [7], "after": [8]},
         {"submit_time": 6, "duration": 60, "afterok": [99]},  # no such row
         {"id": 9, "submit_time": 7, "duration": 60, "afterany": [10]},  # 10 comes later: refused
-        {"id": 10, "submit_time": 8, "duration": 60, "hold": True},
+        {"id": 10, "submit_time": 8, "duration": 60, "hold": True, "release_time": 3},
         {"id": 7, "submit_time": 9, "duration": 60},  # id 7 again
     ]
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -170,7 +170,7 @@ def test_native_arrays_expand_to_elements_and_dependencies_name_trace_ids(tmp_pa
     assert {e.line: e.message for e in t.errors} == {
         4: "afterok: no row submitted before this one has id 99",
         5: "afterany: no row submitted before this one has id 10",
-        6: "hold: a held job is not simulated (no release time); leave it out",
+        6: "release_time 3 is before submit_time: a job is released after it is submitted",
         7: "id 7 is already used by an earlier row",
     }
     shape = [(j.job_id, j.array_id, j.array_index, j.throttle) for j in t.jobs]

@@ -113,21 +113,11 @@ AGREEMENT = [
 
 
 def test_simulator_and_head_agree_on_a_sweep_and_a_pipeline(tmp_path: Path) -> None:
-    import signal
-
     from gpucluster.core.states import JobState
-    from gpucluster.executors.base import Exited, Running
-    from gpucluster.executors.fake import FakeExecutor
-    from gpucluster.head.loop import Head
-    from gpucluster.head.paths import DataDir
-    from gpucluster.head.policy_source import PolicySource
-    from gpucluster.head.service import ClusterService
-    from gpucluster.models import JobSpec
     from gpucluster.sim.engine import Engine
     from gpucluster.sim.readers import read_trace
     from gpucluster.sim.scheduling import load_policy
-    from gpucluster.store import Store
-    from tests.unit.headkit import Clock
+    from tests.sim.headreplay import replay_on_head
 
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(AGREEMENT_POLICY)
@@ -139,62 +129,10 @@ def test_simulator_and_head_agree_on_a_sweep_and_a_pipeline(tmp_path: Path) -> N
     sim_cancelled = {j for j, o in zip(res.job_id, res.outcome, strict=True) if o == CANCELLED_DEPENDENCY}
     assert sim_cancelled == {9}  # 12 runs: afterany accepts a cancelled target
 
-    clock = Clock(-1.0)  # before the first submission
-    store = Store(tmp_path / "state.db")
-    for n, _ in spec.nodes():
-        store.put_node(n, virtual=True, now=0.0)
-    fake = FakeExecutor()
-    fake.exit_on_signal[int(signal.SIGTERM)] = 143
-    head = Head(
-        store=store,
-        executor=fake,
-        data_dir=DataDir(tmp_path / "data"),
-        clock=clock,
-        policy=PolicySource(policy_file),
-        base_env={"HOME": "/h"},
-    )
-    service = ClusterService(head)
-    duration = {j.job_id: j.duration for j in trace.jobs}
-    limit = {j.job_id: j.time_limit for j in trace.jobs}
-    rows = list(AGREEMENT)
-    live: list[tuple[float, int]] = []
-    started_at: dict[int, float] = {}
-    try:
-        while True:
-            running = {k: p for k, p in fake.processes.items() if isinstance(p.status, Running)}
-            times = [started_at[j] + duration[j] for j, _ in running]
-            times += [started_at[j] + (limit[j] or 0) for j, _ in running if limit[j]]
-            times += [float(r["submit_time"]) for r in rows[:1]]
-            times = [x for x in times if x > clock.t]
-            if not times:
-                break
-            clock.t = min(times)
-            while rows and float(rows[0]["submit_time"]) == clock.t:
-                row = rows.pop(0)
-                fields = {k: v for k, v in row.items() if k not in ("id", "submit_time", "duration")}
-                got = service.submit(JobSpec.model_validate({"command": ["train"], **fields}))
-                assert got.id == row["id"]
-            for (j, _), p in running.items():
-                if started_at[j] + duration[j] == clock.t:
-                    p.status = Exited(0)
-            quiet = 0
-            while quiet < 2:  # every instant runs to rest: a stop takes a tick, a cancellation another
-                before = [(r.id, r.state) for r in store.list_jobs()], len(fake.processes)
-                head.tick()
-                quiet = (
-                    quiet + 1 if ([(r.id, r.state) for r in store.list_jobs()], len(fake.processes)) == before else 0
-                )
-                for j, _ in fake.processes:
-                    if j not in started_at:
-                        started_at[j] = clock.t
-                        live.append((clock.t, j))
-        states = {r.id: r.state for r in store.list_jobs()}
-    finally:
-        service.close()
-        store.close()
-    assert sorted(live) == sim_starts
-    assert {j for j, s in states.items() if s is JobState.CANCELLED} == sim_cancelled
-    assert states[8] is JobState.FAILED
+    live = replay_on_head(tmp_path, spec, policy_file, AGREEMENT, trace.jobs)
+    assert sorted((t, j) for t, j, _ in live.starts) == sim_starts
+    assert {j for j, s in live.states.items() if s is JobState.CANCELLED} == sim_cancelled
+    assert live.states[8] is JobState.FAILED
 
 
 def test_the_throttle_holds_through_failures_and_restarts(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 Why it is built this way (a million jobs must replay in minutes):
 - Arrivals come from the sorted trace, merged with a small heap of the other events (ends,
-  checkpoints, stops, failures, repairs), so the heap holds only what is in flight.
+  checkpoints, stops, failures, repairs, drain windows opening and closing, held jobs'
+  releases), so the heap holds only what is in flight.
 - All events at one timestamp are applied, then the scheduler is called once, and only if the
   queue is not empty and something it could react to changed (a job arrived or came back, GPUs
   were freed, a node came or went): the head's own rule (head/loop.py).
@@ -26,11 +27,12 @@ import time
 from array import array
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate, count
 from typing import cast
 
 from gpucluster.core.accounting import Budget, Spend, budget_hold, period_end
+from gpucluster.core.admission import admit
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.cluster_state import ClusterState
 from gpucluster.core.elastic import grow
@@ -40,7 +42,7 @@ from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation, DependencyKind, JobRequest, Node, Plan, RunningJob, Start
+from gpucluster.core.types import Allocation, DependencyKind, Drain, JobRequest, Node, Plan, RunningJob, Start
 from gpucluster.sim import scheduling
 from gpucluster.sim.errors import SimulationError
 from gpucluster.sim.estimate_error import EstimateErrors, StartEstimateProbe
@@ -54,7 +56,7 @@ INF = math.inf
 EPS = 1e-9
 
 # event kinds
-_END, _STOPPED, _CKPT, _FAIL, _REPAIR, _REPLAN, _SPARE_BACK = range(7)
+_END, _STOPPED, _CKPT, _FAIL, _REPAIR, _REPLAN, _SPARE_BACK, _DRAIN, _UNDRAIN, _RELEASE = range(10)
 _BACKOFF, _PERIODIC, _CYCLE = 0, 1, 2  # why a _REPLAN
 # outcomes, as RunResult.outcome stores them (one byte per job); the lifecycle says which
 SUCCEEDED, FAILED_TIME_LIMIT, FAILED_RESTARTS, NEVER_STARTED, FAILED_BUDGET, CANCELLED_DEPENDENCY = range(6)
@@ -197,6 +199,11 @@ class RunResult:
     # Teams with a budget: money and GPU-hours spent over the run, seconds and times held,
     # running jobs stopped by `on_exceed: stop` (see Engine._check_budgets).
     budgets: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Drains (the spec's `drains:` windows): GPU-seconds of drained nodes (up), of those the
+    # ones no job held (capacity lost to the drains), and jobs requeued by a `running: requeue` window.
+    drained_gpu_s: float = 0.0
+    drain_idle_gpu_s: float = 0.0
+    drain_requeues: int = 0
     starts: list[tuple[float, int, Allocation]] = field(default_factory=list)  # with keep_starts
     interruptions_log: list[tuple[float, int, str]] = field(default_factory=list)  # with keep_starts
     start_estimates: EstimateErrors | None = None  # with estimates: sim/estimate_error.py
@@ -300,6 +307,19 @@ class Engine:
         self._spares = [[g.spares.hot, g.spares.cold] for g in spec.groups]
         self._group_index = {g.name: k for k, g in enumerate(spec.groups)}
         self._regate = False  # a job others wait to see start (`after`) started: apply eligibility again
+        # Drains (the spec's windows), fed to the core's admission as the head's drained nodes:
+        # node -> its drain while any window holds it (how many do), and for the figures the
+        # GPUs of drained live nodes and the share of them jobs still hold.
+        self._drains: dict[str, Drain] = {}
+        self._drain_count: dict[str, int] = {}
+        self._drained_up = 0
+        self._drain_busy = 0.0
+        self._changes_pending = 0  # drain starts and ends, hold releases, still to come
+        for k, w in enumerate(spec.drains):
+            self._push(w.start_s, _DRAIN, k, 0)
+            if w.duration_s is not None:
+                self._push(w.start_s + w.duration_s, _UNDRAIN, k, 0)
+            self._changes_pending += 1 + (w.duration_s is not None)
         self._init_gates(jobs)
         self.result = RunResult(policy=policy, teams=teams)
         self.result.team_totals = [[0.0] * CATEGORY_COUNT for _ in teams]
@@ -347,7 +367,13 @@ class Engine:
                 t = heap[0][0]
             if t == INF or (i >= n and not self._active):
                 break
-            if i >= n and not self._running and not self._repairs_pending and not self._timers:
+            if (
+                i >= n
+                and not self._running
+                and not self._repairs_pending
+                and not self._timers
+                and not self._changes_pending
+            ):
                 break  # nothing runs and nothing will change: what is queued can never start
             self._advance(t)
             while i < n and jobs[i].submit == t:
@@ -369,6 +395,12 @@ class Engine:
                     self._on_repair(a)
                 elif kind == _SPARE_BACK:
                     self._spares[a][b] += 1  # the node it stood in for is repaired: back in the pool
+                elif kind == _DRAIN:
+                    self._on_drain(a, t, requeue=b == 1)
+                elif kind == _UNDRAIN:
+                    self._on_undrain(a)
+                elif kind == _RELEASE:
+                    self._on_release(a)
                 else:
                     self._timers -= 1
                     if a == _PERIODIC:
@@ -455,6 +487,12 @@ class Engine:
                 self._count(trace, None, JobState.CANCELLED)
                 self._gate_dirty = True
             return
+        if trace.hold_until is not None and trace.hold_until > now:
+            # held by its user (submit --hold) until released: eligibility keeps it back
+            request = replace(request, held=True)
+            if trace.hold_until < INF:
+                self._push(trace.hold_until, _RELEASE, trace.job_id, 0)
+                self._changes_pending += 1
         job = SimJob(trace, request, self._interval(trace), self._team_index[trace.team])
         if self._array_counts:
             self._count(trace, None, JobState.QUEUED)
@@ -476,7 +514,7 @@ class Engine:
         if trace.throttle is not None and trace.array_id is not None:
             self._gated[trace.job_id] = job.request  # eligibility (`_gate`) admits it
             insort(self._pending[trace.array_id], trace.job_id)
-        elif trace.after:
+        elif trace.after or job.request.held:
             self._gated[trace.job_id] = job.request
             self._unmet[trace.job_id] = job.request
         else:
@@ -542,6 +580,7 @@ class Engine:
             self._attained,
             self._expected,
             self._learned.distributions() if self._learned is not None else None,
+            self._drains,
         )
 
     def _schedule(self, now: float) -> None:
@@ -607,7 +646,7 @@ class Engine:
             self._free_since = None
             return
         since = self._free_since = now if self._free_since is None else self._free_since
-        snap = scheduling.snapshot(self._nodes, tuple(self._running.values()), (), {})
+        snap = admit(scheduling.snapshot(self._nodes, tuple(self._running.values()), (), {}, drains=self._drains))[0]
         resizes = grow(snap, self.policy.core, now, since)
         for r in resizes:
             self._preempt(r.job_id, now, resize=True)
@@ -712,6 +751,8 @@ class Engine:
             for i in s.gpu_indices:
                 if size is None or s.node in self._down or not 0 <= i < size:
                     raise SimulationError(f"t={now}: job {jid} placed on {s.node} GPU {i}, which is not up")
+                if s.node in self._drains:
+                    raise SimulationError(f"t={now}: job {jid} placed on {s.node}, which is drained")
                 used = self._used.get((s.node, i), 0.0) + s.share
                 if used > 1.0 + EPS:
                     raise SimulationError(f"t={now}: job {jid} placed on {s.node} GPU {i}, which is already in use")
@@ -732,7 +773,10 @@ class Engine:
         if job.trace.throttle is not None and job.trace.array_id is not None:
             self._array_running[job.trace.array_id] -= 1
             self._gate_dirty = True
+        drains = self._drains
         for node, i, share in job.keys:
+            if drains and node in drains:
+                self._drain_busy -= share
             left = self._used[(node, i)] - share
             if left <= EPS:
                 del self._used[(node, i)]
@@ -1046,12 +1090,73 @@ class Engine:
         self._dirty = True
         self._finish(job, now, after_attempt(StopReason.POLICY, Exit.FAILURE))
 
+    # ---- drains and holds ---------------------------------------------------------------------
+
+    def _on_drain(self, k: int, now: float, requeue: bool = False) -> None:
+        """A drain window opens: its nodes take no new job (the core's admission leaves them out
+        of the plan, as on the head); with `running: requeue` their running jobs are stopped
+        and requeued the way the head's `requeue` does it (the preemption path).
+
+        Why the requeue is an event of its own at the same instant: it then comes after the
+        ends due at that instant (pushed earlier), so a job that ends by itself just as the
+        drain begins has succeeded, not been requeued, as on the head (the lifecycle's rule)."""
+        self._changes_pending -= 1
+        w = self.spec.drains[k]
+        if requeue:
+            hit = set(w.nodes)
+            for jid, rj in list(self._running.items()):
+                if any(s.node in hit for s in rj.allocation.slices):
+                    self._preempt(jid, now, drain=True)
+            return
+        until = now + w.duration_s if w.duration_s is not None else None
+        for node in w.nodes:
+            self._drain_count[node] = self._drain_count.get(node, 0) + 1
+            if node not in self._drains and node not in self._down:
+                self._drained_up += self._size[node]
+                self._drain_busy += sum(self._used.get((node, i), 0.0) for i in range(self._size[node]))
+            self._drains[node] = Drain(w.reason, until)  # the latest drain's why and end, as on the head
+        if w.requeue:
+            self._push(now, _DRAIN, k, 1)
+            self._changes_pending += 1
+        self._dirty = True
+
+    def _on_undrain(self, k: int) -> None:
+        """A drain window ends: each node whose last window it was takes jobs again."""
+        self._changes_pending -= 1
+        for node in self.spec.drains[k].nodes:
+            left = self._drain_count[node] - 1
+            if left:
+                self._drain_count[node] = left
+                continue
+            del self._drain_count[node], self._drains[node]
+            if node not in self._down:
+                self._drained_up -= self._size[node]
+                self._drain_busy -= sum(self._used.get((node, i), 0.0) for i in range(self._size[node]))
+        if not self._drains:
+            self._drained_up, self._drain_busy = 0, 0.0  # no rounding drift carried to the next drain
+        self._dirty = True
+
+    def _on_release(self, job_id: int) -> None:
+        """Its user released a held job (`gpucluster release`): eligibility may admit it now."""
+        self._changes_pending -= 1
+        job = self._active.get(job_id)
+        if job is None or not job.request.held:
+            return
+        job.request = replace(job.request, held=False)
+        if job_id in self._gated:
+            self._gated[job_id] = job.request
+        if job_id in self._unmet:
+            self._unmet[job_id] = job.request
+        self._gate_dirty = True
+        self._dirty = True
+
     # ---- interruptions ----------------------------------------------------------------------
 
-    def _preempt(self, job_id: int, now: float, resize: bool = False) -> None:
+    def _preempt(self, job_id: int, now: float, resize: bool = False, drain: bool = False) -> None:
         """The plan stops a running job: like on the live head it gets SIGTERM, writes a
         checkpoint (if it checkpoints at all and the grace period allows) and exits; its GPUs
-        stay held until then. Then it goes back to the queue."""
+        stay held until then. Then it goes back to the queue. `resize`: an elastic job grown;
+        `drain`: requeued by a drain window (the head's `requeue`, the same path)."""
         job = self._active.get(job_id)
         if job is None or job.stop is not None:
             return
@@ -1065,6 +1170,8 @@ class Engine:
         self._state.apply(StopRequested(scheduling.stopping(self._running[job_id]), job.stop))
         if resize:
             self.result.resizes += 1
+        elif drain:
+            self.result.drain_requeues += 1
         else:
             self.result.preemptions += 1
             job.preemptions += 1
@@ -1101,6 +1208,8 @@ class Engine:
         self._down.add(node)
         self._nodes = tuple(n for n in self._all_nodes if n.name not in self._down)
         self._up_gpus -= self._size[node]
+        if node in self._drains:
+            self._drained_up -= self._size[node]
         self._repairs_pending += 1
         back = self._replace(node, now)
         res.node_down_s += back
@@ -1165,6 +1274,8 @@ class Engine:
         self._down.discard(node.name)
         self._nodes = tuple(n for n in self._all_nodes if n.name not in self._down)
         self._up_gpus += len(node.gpus)
+        if node.name in self._drains:
+            self._drained_up += len(node.gpus)
         self._repairs_pending -= 1
         self._dirty = True
 
@@ -1186,6 +1297,9 @@ class Engine:
         res, series = self.result, self.result.series
         res.busy_gpu_s += self._busy_gpus * dt
         res.up_gpu_s += self._up_gpus * dt
+        if self._drains:
+            res.drained_gpu_s += self._drained_up * dt
+            res.drain_idle_gpu_s += (self._drained_up - self._drain_busy) * dt
         b = int(self._last_t // series.bin_s)
         while len(series.busy_gpu_s) <= b:
             series.busy_gpu_s.append(0.0)

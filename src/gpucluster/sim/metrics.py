@@ -174,6 +174,17 @@ def run_metrics(res: RunResult, spec: ClusterSpec) -> dict[str, Any]:
             }
             for team, b in sorted(res.budgets.items())
         },
+        # the spec's drain windows: GPU-hours of drained (live) nodes, of those the ones no job
+        # held (lost to the drains: running jobs finishing there still used the rest), and jobs
+        # requeued by a `running: requeue` window
+        "drains": {
+            "windows": len(spec.drains),
+            "drained_gpu_hours": r(res.drained_gpu_s / H, 2),
+            "lost_gpu_hours": r(res.drain_idle_gpu_s / H, 2),
+            "requeued_jobs": res.drain_requeues,
+        }
+        if spec.drains
+        else {},
         "series": {
             "bin_s": res.series.bin_s,
             # busy / live GPU-seconds per bin; null while every node is down

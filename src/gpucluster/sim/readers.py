@@ -40,12 +40,11 @@ ALIBABA_COLUMNS = (
 )  # fmt: skip
 # The simulator's own fields; the rest of a native row is what `POST /v1/jobs` accepts (JobSpec).
 # `id`: the row's own id in the trace, which other rows' dependencies (after, afterok, ...) name.
-NATIVE_SIM_FIELDS = ("submit_time", "duration", "checkpoint_interval", "user", "id")
+# `release_time`: with `hold: true`, when its user released it (`gpucluster release`), in the
+# time base of `submit_time`; without one a held job is never released.
+NATIVE_SIM_FIELDS = ("submit_time", "duration", "checkpoint_interval", "user", "id", "release_time")
 NATIVE_FIELDS = NATIVE_SIM_FIELDS + tuple(JobSpec.model_fields)
 MAX_DURATION_S = 10 * 365 * 86400.0
-# JobSpec fields the simulator cannot replay: a held job waits for a `gpucluster release` that a
-# trace cannot say when it came.
-NOT_SIMULATED = ("hold",)
 DEPENDENCY_FIELDS = ("after", "afterok", "afternotok", "afterany")
 
 
@@ -136,7 +135,8 @@ def _number_jobs(path: Path, trace: Trace, jobs: list[TraceJob], t0: float, stri
             trace.add_error(j.line, str(e))
             continue
         first = len(out) + 1
-        base = j._replace(submit=j.submit - t0, gates=None, after=after)
+        hold = g.hold_until - t0 if g.hold_until is not None else None
+        base = j._replace(submit=j.submit - t0, gates=None, after=after, hold_until=hold)
         if g.indices is None:
             out.append(base._replace(job_id=first))
             by_index: dict[int, int] = {}
@@ -361,10 +361,6 @@ def native_job(row: dict[str, Any]) -> RawJob:
     if unknown:
         raise RowError(f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(NATIVE_FIELDS)}")
     fields = {k: v for k, v in row.items() if k not in NATIVE_SIM_FIELDS and v is not None and v != ""}
-    live_only = sorted(k for k in fields if k in NOT_SIMULATED and fields[k] not in (False, [], "false"))
-    if live_only:
-        # Accepted by the live head, but nothing in a trace says when the hold was released.
-        raise RowError(f"{', '.join(live_only)}: a held job is not simulated (no release time); leave it out")
     for k in DEPENDENCY_FIELDS:
         if isinstance(fields.get(k), str | int):
             fields[k] = _id_list(k, str(fields[k]))
@@ -448,7 +444,8 @@ def _gates(row: dict[str, Any], spec: JobSpec) -> RowGates | None:
         trace_id = int(text)
     shape = spec.array_spec
     after = tuple((k, i) for k in DEPENDENCY_FIELDS for i in getattr(spec, k))
-    if trace_id is None and shape is None and not after:
+    hold = _hold_until(row, spec)
+    if trace_id is None and shape is None and not after and hold is None:
         return None
     return RowGates(
         trace_id=trace_id,
@@ -456,7 +453,26 @@ def _gates(row: dict[str, Any], spec: JobSpec) -> RowGates | None:
         throttle=shape.throttle if shape is not None else None,
         after=after,
         corr=spec.aftercorr,
+        hold_until=hold,
     )
+
+
+def _hold_until(row: dict[str, Any], spec: JobSpec) -> float | None:
+    """`hold: true` -> when its user released it (`release_time`, in the time base of
+    `submit_time`), inf when the trace says it never was; None: not held. An array row's hold
+    holds every element, as `submit --hold --array` does."""
+    raw = row.get("release_time")
+    given = raw is not None and raw != ""
+    if not spec.hold:
+        if given:
+            raise RowError("release_time: only a held job (hold: true) is released")
+        return None
+    if not given:
+        return math.inf
+    release = _seconds(row, "release_time")
+    if release < _seconds(row, "submit_time"):
+        raise RowError(f"release_time {raw!r} is before submit_time: a job is released after it is submitted")
+    return release
 
 
 def _user(v: Any) -> str | None:

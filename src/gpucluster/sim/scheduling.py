@@ -32,7 +32,7 @@ from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.scheduler import gc_paused
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import JobRequest, Node, Plan, RunningJob
+from gpucluster.core.types import Drain, JobRequest, Node, Plan, RunningJob
 from gpucluster.policyfile import PolicyFileError, load_policy_file, parse_policy
 from gpucluster.sim.errors import SimInputError
 from gpucluster.sim.workload import TraceJob
@@ -196,13 +196,16 @@ def snapshot(
     attained: dict[int, float] | None = None,
     expected_runtime: dict[int, float] | None = None,
     runtime_dist: Mapping[int, RunDistribution] | None = None,
+    drains: dict[str, Drain] | None = None,
 ) -> Snapshot:
     """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
     one, so free GPUs are updated from the jobs that changed rather than rebuilt; `queue_index`
     likewise for the queue sorted into lines (the plan is the same with or without either).
     `attained`: job id -> GPU-seconds of its ended attempts; `expected_runtime`: job id -> run
     seconds (the oracle's); read by the core only when the policy's ordering ranks jobs;
-    `runtime_dist`: job id -> learned run times of jobs like it (`runtime_model: gittins`)."""
+    `runtime_dist`: job id -> learned run times of jobs like it (`runtime_model: gittins`).
+    `drains`: node -> its drain (the spec's `drains:` windows open now), admitted by the core
+    as the head's drained nodes are."""
     return Snapshot(
         nodes=nodes,
         running=running,
@@ -215,6 +218,8 @@ def snapshot(
         attained=attained or {},
         expected_runtime=expected_runtime or {},
         runtime_dist=runtime_dist or {},
+        drained=frozenset(drains) if drains else frozenset(),
+        drains=dict(drains) if drains else {},
     )
 
 

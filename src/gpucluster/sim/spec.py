@@ -5,7 +5,8 @@ A spec is one YAML file (see examples/clusters/ and README.md in this folder):
   name, node_groups (count, gpus_per_node, gpu_model, gpu_memory, nvlink_gbps, network_gbps,
   price_per_gpu_hour, power_idle_w, power_busy_w, labels, spares, cpus_per_node, memory_per_node),
   speeds (relative speed per GPU model), failures (rate, repair-time distribution, max_restarts,
-  restart backoff), checkpoints (times, or size and storage bandwidth), allreduce, trace_fill, scheduler.
+  restart backoff), checkpoints (times, or size and storage bandwidth), allreduce, trace_fill, scheduler,
+  drains (maintenance windows: which nodes, from when, for how long, and what their running jobs do).
 
 Everything but node_groups has a documented default, so a three-line spec works. Errors carry
 file:line of the offending key.
@@ -151,6 +152,24 @@ class FillRules:
 
 
 @dataclass(frozen=True)
+class DrainWindow:
+    """Nodes drained for a while, as `gpucluster drain NODE --until T` does on the head: from
+    `start_s` (seconds after the first submission) they take no new job, for `duration_s` (None:
+    to the end of the run). `requeue`: their running jobs are checkpointed and requeued at the
+    start (what an admin's `gpucluster requeue` of each does), else they run to their end, as a
+    drain alone lets them.
+
+    Why in the spec: maintenance is planned capacity loss, a planning question like spares; the
+    engine feeds the windows to the core's admission (`Snapshot.drained`), as the head does."""
+
+    nodes: tuple[str, ...]
+    start_s: float
+    duration_s: float | None = None
+    reason: str = "maintenance"
+    requeue: bool = False
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     groups: tuple[NodeGroup, ...]
@@ -163,6 +182,7 @@ class ClusterSpec:
     cycle_s: float | None = None  # plan only at multiples of this (a fixed scheduling cycle)
     source: str = ""
     currency: str = "USD"  # what price_per_gpu_hour is in: every cost in the report says it
+    drains: tuple[DrainWindow, ...] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -199,6 +219,7 @@ _TOP = (
     "trace_fill",
     "scheduler",
     "currency",
+    "drains",
 )
 UNLIMITED_RESTARTS = 1_000_000_000
 _GROUP = (
@@ -247,6 +268,7 @@ def load_cluster_spec(path: Path, overrides: tuple[tuple[Path_, Any], ...] = ())
         cycle_s=cycle,
         source=str(path),
         currency=top.text("currency", "USD"),
+        drains=_drains(doc, groups),
     )
     return spec
 
@@ -555,6 +577,69 @@ def _factor_range(f: Fields, text: str) -> tuple[float, float]:
             f"a range is two factors of the recorded run time, at least 1, low first, e.g. 2x..8x; got {text!r}",
         )
     return lo, hi
+
+
+_DRAIN = ("nodes", "start", "duration", "reason", "running")
+_RUNNING = ("finish", "requeue")
+
+
+def _drains(doc: Located, groups: tuple[NodeGroup, ...]) -> tuple[DrainWindow, ...]:
+    """`drains:` a list of windows: `{nodes: [a100-03, h100], start: 2h, duration: 4h, reason:
+    firmware, running: finish}`. A name in `nodes` is a node (`group-NN`, as the spec names
+    them) or a whole node group."""
+    raw = doc.data.get("drains")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise doc.error(("drains",), "must be a list of windows, e.g. [{nodes: [g-0], start: 2h, duration: 4h}]")
+    by_group = {g.name: g.node_names() for g in groups}
+    names = {n for ns in by_group.values() for n in ns}
+    out = []
+    for i, _ in enumerate(raw):
+        f = Fields(doc, ("drains", i), _DRAIN)
+        listed = f.raw("nodes")
+        if isinstance(listed, str):
+            listed = [listed]
+        if not isinstance(listed, list) or not listed or not all(isinstance(n, str) for n in listed):
+            raise f.fail("nodes", "must be a list of node names (group-NN) or node group names, e.g. [g-0, g-1]")
+        nodes: list[str] = []
+        for name in listed:
+            if name in by_group:
+                nodes.extend(by_group[name])
+            elif name in names:
+                nodes.append(name)
+            else:
+                raise f.fail(
+                    "nodes",
+                    f"no node or node group is named {name!r}; nodes are named group-NN "
+                    f"(groups: {', '.join(sorted(by_group))})",
+                )
+        if not f.has("start"):
+            raise f.fail("start", "is required: when the drain begins, after the first submission (e.g. 2h)")
+        start = f.duration("start", 0)
+        if start < 0:
+            raise f.fail("start", "must be at least 0 (seconds after the first submission)")
+        duration = None
+        if f.has("duration") and str(f.raw("duration")).strip().lower() not in ("none", "forever"):
+            duration = f.duration("duration", 0)
+            if duration <= 0:
+                raise f.fail("duration", "must be above 0; leave it out (or none) to drain until the end of the run")
+        running = f.text("running", "finish").lower()
+        if running not in _RUNNING:
+            raise f.fail(
+                "running",
+                f"must be finish (jobs run to their end) or requeue (checkpoint and requeue); got {running!r}",
+            )
+        out.append(
+            DrainWindow(
+                nodes=tuple(dict.fromkeys(nodes)),
+                start_s=start,
+                duration_s=duration,
+                reason=f.text("reason", "maintenance"),
+                requeue=running == "requeue",
+            )
+        )
+    return tuple(out)
 
 
 def _scheduler(doc: Located) -> tuple[float | None, float | None]:

@@ -26,6 +26,7 @@ class RowGates(NamedTuple):
     throttle: int | None  # an array's most elements at once
     after: tuple[tuple[str, int], ...]  # (kind, trace id): after, afterok, afternotok, afterany
     corr: int | None  # aftercorr: element i waits for element i of this array (afterok)
+    hold_until: float | None = None  # hold: true: released at this time (trace time base); inf: never
 
 
 class RawJob(NamedTuple):
@@ -82,6 +83,9 @@ class TraceJob(NamedTuple):
     array_index: int | None = None
     throttle: int | None = None
     after: tuple[Dependency, ...] = ()
+    # Held by its user (submit --hold) until this time, seconds from the first submission, when
+    # the trace says it was released (`release_time`); inf: never released. None: not held.
+    hold_until: float | None = None
     cpus: float | None = None  # CPU cores in all; None: the policy's per-GPU default (resources:)
     mem_mb: int | None = None  # host memory in all, MiB; None: likewise
 
