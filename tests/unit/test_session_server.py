@@ -149,7 +149,8 @@ def test_a_stop_reaches_the_foreground_command_and_is_announced(session: tuple) 
     run_dir = Path(handle["run_dir"])
     v = Viewer(run_dir)
     v.until(S.DATA, b"P> ")
-    v.send(b"sleep 4323; echo after=$?\r")  # the shell puts `sleep` in a process group of its own
+    # the shell puts `sleep` in a process group of its own
+    v.send(b"sleep " + _SLEEP + b"; echo after=$?\r")
     v.until(S.DATA, b"\r\n")
     wait_for(lambda: _sleeping(), timeout=20, what="the sleep")
     ex.signal(handle, signal.SIGTERM)
@@ -158,12 +159,17 @@ def test_a_stop_reaches_the_foreground_command_and_is_announced(session: tuple) 
     assert not _sleeping()
 
 
+# This test run's own sleep: another run of this test on the machine (a second checkout) must
+# not be taken for it, nor keep it "sleeping" after this one's ended.
+_SLEEP = str(40000 + os.getpid() % 20000).encode()
+
+
 def _sleeping() -> bool:
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    if f.read() == b"sleep\x004323\x00":
+                    if f.read() == b"sleep\x00" + _SLEEP + b"\x00":
                         return True
             except OSError:
                 continue
