@@ -108,6 +108,22 @@ def test_overlapping_windows_keep_a_node_drained_until_the_last_ends(tmp_path: P
     assert ran.start[1] == 200.0
 
 
+def test_a_node_that_fails_inside_a_drain_window_comes_back_drained(tmp_path: Path) -> None:
+    """Failures and repairs are NodeDown/NodeUp to the engine's cluster state, and a drain is
+    said of the node: one repaired (in a second) inside its window takes no job until it ends."""
+    c = cluster_yaml(
+        tmp_path / "c.yaml",
+        nodes=1,
+        gpus=4,
+        extra="failures: {gpu_failures_per_day: 500, node_repair_time: 1s, max_restarts: 0}\n"
+        "checkpoints: {interval: none}\n"
+        "drains: [{nodes: [n-0], start: 0s, duration: 1000s}]\n",
+    )
+    ran = run(c, jsonl(tmp_path / "t.jsonl", [{"submit_time": 10, "duration": 1, "gpus": 1}]))
+    assert ran.start[1] >= 1000.0
+    assert ran.result.node_failures >= 3  # about one every 43 s: several inside the window
+
+
 @pytest.mark.parametrize(
     ("drains", "key", "says"),
     [

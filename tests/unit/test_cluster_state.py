@@ -20,16 +20,60 @@ from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import sort_in_plain
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.states import JobState
-from gpucluster.core.types import JobRequest, Priority
+from gpucluster.core.types import Drain, JobRequest, Node, Priority
 from gpucluster.store import schema
 
 from .builders import job, node, running
 from .headkit import make_cluster
 
 
-def _random_history(rng: random.Random, steps: int, state: ClusterState, queued: dict[int, JobRequest]) -> None:
+class _Nodes:
+    """What the nodes are, kept beside the events as a store would: the live nodes, and each
+    drained node's drain (None: no reason given), up or down."""
+
+    def __init__(self) -> None:
+        self.up: dict[str, Node] = {}
+        self.drained: dict[str, Drain | None] = {}
+
+    def fresh(self, queued: dict[int, JobRequest], state: ClusterState) -> ClusterState:
+        return ClusterState.build(
+            queued=queued.values(),
+            running=state.running.values(),
+            nodes=self.up.values(),
+            drained=[n for n, d in self.drained.items() if d is None],
+            drains={n: d for n, d in self.drained.items() if d is not None},
+        )
+
+
+def _node_event(rng: random.Random, state: ClusterState, nodes: _Nodes) -> None:
+    """A failure, a repair (or a spare: the same node again, maybe with other GPUs), a drain
+    with or without its why and end (again: the latest replaces it), or its end."""
+    name = f"n{rng.randrange(1, 6)}"
+    roll = rng.random()
+    if roll < 0.3:
+        n = node(name).gpus(rng.choice((4, 8))).build()
+        nodes.up[name] = n
+        state.apply(NodeUp(n))
+    elif roll < 0.5:
+        nodes.up.pop(name, None)  # its drain stays
+        state.apply(NodeDown(name))
+    elif roll < 0.8:
+        drain = rng.choice((None, Drain("maintenance"), Drain("upgrade", until=rng.choice((100.0, 5000.0)))))
+        nodes.drained[name] = drain
+        state.apply(Drained(name, drain))
+    else:
+        nodes.drained.pop(name, None)
+        state.apply(Undrained(name))
+
+
+def _random_history(
+    rng: random.Random, steps: int, state: ClusterState, queued: dict[int, JobRequest], nodes: _Nodes
+) -> None:
     next_id = max(queued, default=0) + 1 + len(state.running)
     for _ in range(steps):
+        if rng.random() < 0.25:
+            _node_event(rng, state, nodes)
+            continue
         roll = rng.random()
         if roll < 0.5 or not queued:
             j = (
@@ -65,10 +109,11 @@ def test_a_state_fed_by_events_equals_a_fresh_build_and_its_index_a_fresh_sort(s
     policy = Policy(priorities=True)
     state = ClusterState()
     queued: dict[int, JobRequest] = {}
+    nodes = _Nodes()
     first_diffs = None
     for step in range(4):  # the index is used between histories, as a cycle would
-        _random_history(rng, 60 + step, state, queued)
-        state.check(ClusterState.build(queued=queued.values(), running=state.running.values()))
+        _random_history(rng, 60 + step, state, queued, nodes)
+        state.check(nodes.fresh(queued, state))
         now = 1000.0
         queue = tuple(state.queued.values())
         state.queue_index.update(queue, policy)
@@ -123,3 +168,26 @@ def test_the_heads_check_mode_names_a_queued_job_no_event_told(tmp_path: Path) -
             c.tick_at(c.clock.t + 0.1)
     finally:
         c.close()
+
+
+def test_a_drain_says_why_and_until_when_and_outlasts_its_node_going_down() -> None:
+    """The simulator's drain windows hold failed nodes too (sim/engine.py): a node that fails
+    while drained comes back drained, with its drain's reason and end for the DRAINED wait."""
+    state = ClusterState()
+    n1 = node("n1").gpus(8).build()
+    window = Drain("maintenance", until=3600.0)
+    for e in (NodeUp(n1), Drained("n1", window), NodeDown("n1")):
+        state.apply(e)
+    state.check(ClusterState.build(drains={"n1": window}))
+    state.apply(NodeUp(n1))  # repaired, or a spare in its place
+    assert state.drained == {"n1"} and state.drains == {"n1": window}
+    state.check(ClusterState.build(nodes=[n1], drains={"n1": window}))
+    with pytest.raises(StateMismatch, match=r"drain of node n1: kept Drain\(reason='maintenance', until=3600.0\)"):
+        state.check(ClusterState.build(nodes=[n1], drains={"n1": Drain("maintenance", until=7200.0)}))
+    with pytest.raises(StateMismatch, match=r"drain of node: 1 kept but not in a fresh build"):
+        state.check(ClusterState.build(nodes=[n1], drained=["n1"]))  # drained, but no why or end said
+    state.apply(Drained("n1"))  # told again without a record: the old one is gone
+    state.check(ClusterState.build(nodes=[n1], drained=["n1"]))
+    state.apply(Undrained("n1"))
+    assert not state.drained and not state.drains
+    state.check(ClusterState.build(nodes=[n1]))

@@ -38,7 +38,7 @@ from gpucluster.core.events import (
 from gpucluster.core.policy import Policy
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.reasons import WaitFacts
-from gpucluster.core.types import Allocation, JobRequest, Node, RunningJob
+from gpucluster.core.types import Allocation, Drain, JobRequest, Node, RunningJob
 from gpucluster.errors import GpuclusterError
 
 
@@ -71,7 +71,10 @@ class ClusterState:
         self.queued: dict[int, JobRequest] = {}  # in the order they entered
         self.running: dict[int, RunningJob] = {}
         self.nodes: dict[str, Node] = {}
+        # Drained nodes, and the drains among them that say why and until when: the snapshot's
+        # `drained` and `drains`. Kept by name, up or down (NodeDown leaves a drain alone).
         self.drained: set[str] = set()
+        self.drains: dict[str, Drain] = {}
         self.holds: dict[str, WaitFacts] = {}  # team -> why its queued jobs are held
         self.policy: Policy | None = None
         self.queue_index = QueueIndex(told=True)
@@ -85,15 +88,19 @@ class ClusterState:
         running: Iterable[RunningJob] = (),
         nodes: Iterable[Node] = (),
         drained: Iterable[str] = (),
+        drains: Mapping[str, Drain] | None = None,
         holds: dict[str, WaitFacts] | None = None,
         keeps_running: bool = True,
     ) -> ClusterState:
-        """A fresh state from a full read (crash recovery, and the check's reference)."""
+        """A fresh state from a full read (crash recovery, and the check's reference).
+        `drained`: drained nodes with no record; `drains`: drained nodes with theirs."""
         state = cls(keeps_running)
         for node in nodes:
             state.apply(NodeUp(node))
         for name in drained:
             state.apply(Drained(name))
+        for name, drain in (drains or {}).items():
+            state.apply(Drained(name, drain))
         for team, why in (holds or {}).items():
             state.apply(Held(team, why))
         for job in queued:
@@ -134,11 +141,15 @@ class ClusterState:
                 self.nodes[node.name] = node
             case NodeDown(name):
                 self.nodes.pop(name, None)
-                self.drained.discard(name)
-            case Drained(name):
+            case Drained(name, drain):
                 self.drained.add(name)
+                if drain is None:
+                    self.drains.pop(name, None)
+                else:
+                    self.drains[name] = drain
             case Undrained(name):
                 self.drained.discard(name)
+                self.drains.pop(name, None)
             case Held(team, why):
                 self.holds[team] = why
             case Released(team):
@@ -166,6 +177,7 @@ class ClusterState:
             compare("running job", self.running, fresh.running)
         compare("node", self.nodes, fresh.nodes)
         compare("drained node", dict.fromkeys(self.drained), dict.fromkeys(fresh.drained))
+        compare("drain of node", self.drains, fresh.drains)
         compare("held team", dict(self.holds), dict(fresh.holds))
         return out
 

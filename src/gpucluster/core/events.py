@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gpucluster.core.lifecycle import StopReason
 from gpucluster.core.policy import Policy
 from gpucluster.core.reasons import WaitFacts
-from gpucluster.core.types import JobRequest, Node, RunningJob
+from gpucluster.core.types import Drain, JobRequest, Node, RunningJob
 
 
 @dataclass(frozen=True)
@@ -60,20 +60,26 @@ class NodeUp:
 
 @dataclass(frozen=True)
 class NodeDown:
-    """A node left the cluster."""
+    """A node left the cluster (failed, lost). A drain on it stays: a drain is said of the node's
+    name (a user's `drain`, a maintenance window) and still holds when the node comes back."""
 
     name: str
 
 
 @dataclass(frozen=True)
 class Drained:
-    """A node takes no new job (its running jobs stay)."""
+    """A node takes no new job (its running jobs stay). `drain`: why and until when, as the
+    snapshot shows it (`Snapshot.drains`; the DRAINED wait and the estimates read it); None: no
+    reason given, no end. Told again, it replaces the node's drain (the latest one says)."""
 
     name: str
+    drain: Drain | None = None
 
 
 @dataclass(frozen=True)
 class Undrained:
+    """A node takes jobs again: its drain is over."""
+
     name: str
 
 

@@ -37,7 +37,18 @@ from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.cluster_state import ClusterState
 from gpucluster.core.elastic import grow
 from gpucluster.core.eligibility import Target, array_target, eligible
-from gpucluster.core.events import Ended, Held, Released, Started, StopRequested, Submitted
+from gpucluster.core.events import (
+    Drained,
+    Ended,
+    Held,
+    NodeDown,
+    NodeUp,
+    Released,
+    Started,
+    StopRequested,
+    Submitted,
+    Undrained,
+)
 from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.snapshot import Snapshot, held_back_after
@@ -246,13 +257,17 @@ class Engine:
         self._group: dict[str, NodeGroup] = {n.name: g for n, g in pairs}
         self._size: dict[str, int] = {n.name: len(n.gpus) for n in self._all_nodes}
         self._cum_gpus = list(accumulate(len(n.gpus) for n in self._all_nodes))
-        self._down: set[str] = set()
-        self._nodes: tuple[Node, ...] = self._all_nodes  # the live ones, in spec order
         self._up_gpus = spec.total_gpus
         # The cluster state the core keeps from events (core/cluster_state.py), as the head's:
-        # the queue, the running jobs, budget holds, and the told capacity and queue indexes.
-        # The names below are its own dicts and indexes, read here; changes go through `apply`.
+        # the queue, the running jobs, the live nodes (failures and repairs are NodeDown/NodeUp),
+        # drains (the windows' Drained/Undrained), budget holds, and the told capacity and queue
+        # indexes. The names below are its own dicts and indexes, read here; changes go through
+        # `apply`.
         self._state = ClusterState()
+        for n in self._all_nodes:
+            self._state.apply(NodeUp(n))
+        self._live: dict[str, Node] = self._state.nodes
+        self._nodes: tuple[Node, ...] = self._all_nodes  # the live ones, in spec order (`_live_nodes`)
         self._queued: dict[int, JobRequest] = self._state.queued
         # Attained-service ordering (core/attained.py): GPU-seconds of each job's ended attempts,
         # kept only when the policy ranks jobs; and for the reference oracle, each queued job's
@@ -310,7 +325,7 @@ class Engine:
         # Drains (the spec's windows), fed to the core's admission as the head's drained nodes:
         # node -> its drain while any window holds it (how many do), and for the figures the
         # GPUs of drained live nodes and the share of them jobs still hold.
-        self._drains: dict[str, Drain] = {}
+        self._drains: dict[str, Drain] = self._state.drains
         self._drain_count: dict[str, int] = {}
         self._drained_up = 0
         self._drain_busy = 0.0
@@ -581,6 +596,7 @@ class Engine:
             self._expected,
             self._learned.distributions() if self._learned is not None else None,
             self._drains,
+            self._state.drained,
         )
 
     def _schedule(self, now: float) -> None:
@@ -646,7 +662,11 @@ class Engine:
             self._free_since = None
             return
         since = self._free_since = now if self._free_since is None else self._free_since
-        snap = admit(scheduling.snapshot(self._nodes, tuple(self._running.values()), (), {}, drains=self._drains))[0]
+        snap = admit(
+            scheduling.snapshot(
+                self._nodes, tuple(self._running.values()), (), {}, drains=self._drains, drained=self._state.drained
+            )
+        )[0]
         resizes = grow(snap, self.policy.core, now, since)
         for r in resizes:
             self._preempt(r.job_id, now, resize=True)
@@ -741,7 +761,7 @@ class Engine:
         least = job.trace.min_gpus or want  # an elastic job may get fewer
         got = alloc.gpu_count
         if want == 0:  # CPU-only: a slice with no GPU on one node that is up
-            if got or len(alloc.slices) != 1 or alloc.slices[0].node in self._down:
+            if got or len(alloc.slices) != 1 or alloc.slices[0].node not in self._live:
                 raise SimulationError(f"t={now}: CPU-only job {jid} was given {got:g} GPUs on {alloc.slices}")
         elif (want >= 1 and not least - EPS <= got <= want + EPS) or got <= 0 or got > max(want, 1.0) + EPS:
             raise SimulationError(f"t={now}: job {jid} asked for {want:g} GPUs and was given {got:g}")
@@ -749,7 +769,7 @@ class Engine:
         for s in alloc.slices:
             size = self._size.get(s.node)
             for i in s.gpu_indices:
-                if size is None or s.node in self._down or not 0 <= i < size:
+                if size is None or s.node not in self._live or not 0 <= i < size:
                     raise SimulationError(f"t={now}: job {jid} placed on {s.node} GPU {i}, which is not up")
                 if s.node in self._drains:
                     raise SimulationError(f"t={now}: job {jid} placed on {s.node}, which is drained")
@@ -1111,10 +1131,10 @@ class Engine:
         until = now + w.duration_s if w.duration_s is not None else None
         for node in w.nodes:
             self._drain_count[node] = self._drain_count.get(node, 0) + 1
-            if node not in self._drains and node not in self._down:
+            if node not in self._drains and node in self._live:
                 self._drained_up += self._size[node]
                 self._drain_busy += sum(self._used.get((node, i), 0.0) for i in range(self._size[node]))
-            self._drains[node] = Drain(w.reason, until)  # the latest drain's why and end, as on the head
+            self._state.apply(Drained(node, Drain(w.reason, until)))  # the latest drain's why and end, as on the head
         if w.requeue:
             self._push(now, _DRAIN, k, 1)
             self._changes_pending += 1
@@ -1128,8 +1148,9 @@ class Engine:
             if left:
                 self._drain_count[node] = left
                 continue
-            del self._drain_count[node], self._drains[node]
-            if node not in self._down:
+            del self._drain_count[node]
+            self._state.apply(Undrained(node))
+            if node in self._live:
                 self._drained_up -= self._size[node]
                 self._drain_busy -= sum(self._used.get((node, i), 0.0) for i in range(self._size[node]))
         if not self._drains:
@@ -1201,12 +1222,12 @@ class Engine:
         gpu = self._fail_rng.randrange(self.spec.total_gpus)
         index = bisect_right(self._cum_gpus, gpu)
         node = self._all_nodes[index].name
-        if node in self._down:
+        if node not in self._live:
             return  # its node is already down: no new failure (keeps the rate per live GPU)
         res = self.result
         res.node_failures += 1
-        self._down.add(node)
-        self._nodes = tuple(n for n in self._all_nodes if n.name not in self._down)
+        self._state.apply(NodeDown(node))
+        self._nodes = self._live_nodes()
         self._up_gpus -= self._size[node]
         if node in self._drains:
             self._drained_up -= self._size[node]
@@ -1271,13 +1292,18 @@ class Engine:
 
     def _on_repair(self, node_index: int) -> None:
         node = self._all_nodes[node_index]
-        self._down.discard(node.name)
-        self._nodes = tuple(n for n in self._all_nodes if n.name not in self._down)
+        self._state.apply(NodeUp(node))  # repaired, or a spare in its place under its name
+        self._nodes = self._live_nodes()
         self._up_gpus += len(node.gpus)
         if node.name in self._drains:
             self._drained_up += len(node.gpus)
         self._repairs_pending -= 1
         self._dirty = True
+
+    def _live_nodes(self) -> tuple[Node, ...]:
+        """The state's live nodes in the spec's order (the order placement breaks ties in, so a
+        node back from repair takes its old place, not the last one)."""
+        return tuple(n for n in self._all_nodes if n.name in self._live)
 
     # ---- time series ------------------------------------------------------------------------
 

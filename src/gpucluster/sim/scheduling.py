@@ -14,6 +14,7 @@ gpucluster.core.policy); or `oracle-sjf`, a reference only the simulator can run
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -196,7 +197,8 @@ def snapshot(
     attained: dict[int, float] | None = None,
     expected_runtime: dict[int, float] | None = None,
     runtime_dist: Mapping[int, RunDistribution] | None = None,
-    drains: dict[str, Drain] | None = None,
+    drains: Mapping[str, Drain] | None = None,
+    drained: AbstractSet[str] | None = None,
 ) -> Snapshot:
     """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
     one, so free GPUs are updated from the jobs that changed rather than rebuilt; `queue_index`
@@ -205,7 +207,8 @@ def snapshot(
     seconds (the oracle's); read by the core only when the policy's ordering ranks jobs;
     `runtime_dist`: job id -> learned run times of jobs like it (`runtime_model: gittins`).
     `drains`: node -> its drain (the spec's `drains:` windows open now), admitted by the core
-    as the head's drained nodes are."""
+    as the head's drained nodes are; `drained`: the drained nodes (the engine's cluster state
+    keeps both), by default those of `drains`."""
     return Snapshot(
         nodes=nodes,
         running=running,
@@ -218,7 +221,7 @@ def snapshot(
         attained=attained or {},
         expected_runtime=expected_runtime or {},
         runtime_dist=runtime_dist or {},
-        drained=frozenset(drains) if drains else frozenset(),
+        drained=frozenset(drained) if drained is not None else frozenset(drains or ()),
         drains=dict(drains) if drains else {},
     )
 
