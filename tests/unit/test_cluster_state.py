@@ -22,6 +22,7 @@ from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Drain, JobRequest, Node, Priority
 from gpucluster.store import schema
+from gpucluster.store.store import DatabaseUnavailable
 
 from .builders import job, node, running
 from .headkit import make_cluster
@@ -166,6 +167,31 @@ def test_the_heads_check_mode_names_a_queued_job_no_event_told(tmp_path: Path) -
             conn.execute(update(schema.jobs).where(schema.jobs.c.id == first).values(state="queued"))
         with pytest.raises(StateMismatch, match=rf"queued job: 1 in a fresh build but not kept, e.g. \[{first}\]"):
             c.tick_at(c.clock.t + 0.1)
+    finally:
+        c.close()
+
+
+def test_a_start_the_database_lost_is_planned_again_with_no_mismatch(tmp_path: Path) -> None:
+    """The loop tells the queue a job started before it commits the start; when the commit fails
+    (the database went away: the PostgreSQL restart test), the job is still queued in the store,
+    and the next cycle must read it back, not wait for the next full reload (check mode raised)."""
+    c = make_cluster(tmp_path, gpus=2)
+    try:
+        c.head.check_state = True
+        c.tick_at(c.clock.t + 1)  # the first, full read behind it: later reads are incremental
+        first = c.submit(gpus=2, command=["a"])
+        real = c.store.transition
+
+        def lost(*args: object, **kwargs: object) -> bool:
+            raise DatabaseUnavailable("database unavailable: test")
+
+        c.store.transition = lost  # type: ignore[method-assign]
+        with pytest.raises(DatabaseUnavailable):
+            c.tick_at(c.clock.t + 1)
+        c.store.transition = real  # type: ignore[method-assign]
+        assert c.state(first) is JobState.QUEUED
+        c.tick_at(c.clock.t + 0.1)  # before the 5 s full reload: no StateMismatch, and it starts
+        assert c.state(first) is JobState.RUNNING
     finally:
         c.close()
 

@@ -604,7 +604,14 @@ class Head:
                 self.wake.set()
         for start in plan.starts:
             planned = self.queue.started(start.job_id, start.allocation, now)
-            self._start(start.job_id, start.allocation, now, planned)
+            try:
+                self._start(start.job_id, start.allocation, now, planned)
+            except BaseException:
+                # Told as started, but the start did not commit (the database went away): the
+                # queue is read whole next cycle, so the job is planned again, not lost for
+                # until the next full reload (check mode caught that after a PostgreSQL restart).
+                self.queue.invalidate()
+                raise
         if plan.starts and self.gates.awaits_start:
             self._capacity_changed = True  # a job waiting for one of these to start may go now
         # a preemptor that starts holds nothing back any more
