@@ -42,6 +42,9 @@ from gpucluster.store import JobRecord
 
 log = logging.getLogger("gpucluster.api")
 
+# How long an attach waits for a just-started session's launch to be recorded: one start's work
+# on the loop (moments), generous for a loaded machine; past it the caller is told to retry.
+SESSION_START_WAIT_S = 10.0
 RECHECK_S = 5.0  # how soon a revoked token or a removed member loses an open terminal or tunnel
 
 
@@ -132,11 +135,24 @@ async def _authorize(
             f"job {job_id} is {record.owner or 'someone else'}'s session; only its owner may attach "
             "(what is typed runs as their account); a team admin may cancel it",
         )
-    try:
-        sessions.run_dir_of(record)
-    except sessions.NotReachable as e:
-        raise _Refused(409, str(e)) from None
-    return record, who
+    # A session that has just started may not have its launch recorded yet (RUNNING is committed
+    # first): `run` attaches the moment it sees "running", so that is waited out here, not refused.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SESSION_START_WAIT_S
+    while True:
+        try:
+            sessions.run_dir_of(record)
+            return record, who
+        except sessions.Starting as e:
+            if loop.time() > deadline:
+                raise _Refused(409, str(e)) from None
+        except sessions.NotReachable as e:
+            raise _Refused(409, str(e)) from None
+        await asyncio.sleep(0.05)
+        again = await run_in_threadpool(service.store.get_job, job_id)
+        if again is None:
+            raise _Refused(403, f"job {job_id} is not a job of your teams ({who.describe_teams()})")
+        record = again
 
 
 async def _connect(record: JobRecord, hello: dict[str, Any]) -> socket.socket:

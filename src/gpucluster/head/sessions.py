@@ -27,6 +27,11 @@ class NotReachable(RuntimeError, GpuclusterError):
     """The job is no session, or not running, or its server cannot be reached (yet)."""
 
 
+class Starting(NotReachable):
+    """The session is running but its launch is not recorded yet: the head commits RUNNING
+    before it launches (head/loop.py), so this lasts moments; a caller may wait it out."""
+
+
 def apply_class(spec: JobSpec, policy: InteractivePolicy, held_gpus: float) -> JobSpec:
     """The spec as the session class makes it: its priority and time limit; refused (422) when
     it would take its owner's sessions past max_gpus_per_user or asks for more time than allowed."""
@@ -61,7 +66,7 @@ def run_dir_of(record: JobRecord) -> str:
     launch = record.launch or {}
     run_dir = launch.get("run_dir")
     if not run_dir or "ranks" in launch:
-        raise NotReachable(f"job {record.id} is starting; try again in a moment")
+        raise Starting(f"job {record.id} is starting; try again in a moment")
     return str(run_dir)
 
 
