@@ -120,13 +120,22 @@ class Spend:
     gpu_hours: float = 0.0
 
 
+def _over(budget: Budget, spent: Spend) -> tuple[bool, bool]:
+    """(over its money budget, over its GPU-hour budget): the one test of `over_budget` (the
+    stop's sentence) and `budget_hold` (the held jobs' numbers)."""
+    eps = 1e-9  # sums of per-second accruals are not exact in binary: 0.1 may add up to 0.09999999
+    over_money = budget.money is not None and spent.money >= budget.money - eps
+    over_hours = budget.gpu_hours is not None and spent.gpu_hours >= budget.gpu_hours - eps
+    return over_money, over_hours
+
+
 def over_budget(budget: Budget, spent: Spend) -> str | None:
     """Why the team is over its budget, or None if it is not."""
+    over_money, over_hours = _over(budget, spent)
     parts = []
-    eps = 1e-9  # sums of per-second accruals are not exact in binary: 0.1 may add up to 0.09999999
-    if budget.money is not None and spent.money >= budget.money - eps:
+    if over_money:
         parts.append(f"spent {spent.money:.2f} of its {budget.money:g} money budget")
-    if budget.gpu_hours is not None and spent.gpu_hours >= budget.gpu_hours - eps:
+    if over_hours:
         parts.append(f"used {spent.gpu_hours:.2f} of its {budget.gpu_hours:g} GPU-hour budget")
     if not parts:
         return None
@@ -136,9 +145,7 @@ def over_budget(budget: Budget, spent: Spend) -> str | None:
 def budget_hold(budget: Budget, spent: Spend, now: float) -> WaitFacts | None:
     """A held job's wait as numbers: what its team spent of the budget it is over, and when the
     period rolls over (when it can start at the latest without a bigger budget); None within it."""
-    eps = 1e-9  # as over_budget
-    over_money = budget.money is not None and spent.money >= budget.money - eps
-    over_hours = budget.gpu_hours is not None and spent.gpu_hours >= budget.gpu_hours - eps
+    over_money, over_hours = _over(budget, spent)
     if not over_money and not over_hours:
         return None
     return WaitFacts(

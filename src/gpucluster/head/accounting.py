@@ -264,13 +264,13 @@ class Accountant:
         spent = self.spend(config.budgets.values(), now)
         held: dict[str, WaitFacts] = {}
         for team, budget in config.budgets.items():
-            why = over_budget(budget, spent[team])
             hold = budget_hold(budget, spent[team], now)
-            if why is None or hold is None:
+            if hold is None:
                 continue
             held[team] = hold
             if budget.on_exceed != "stop":
                 continue
+            why = over_budget(budget, spent[team])
             for job in running:
                 if job.team != team or job.stop_reason is not None or job.state is not JobState.RUNNING:
                     continue
