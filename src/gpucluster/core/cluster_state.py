@@ -114,22 +114,16 @@ class ClusterState:
         self.applied += 1
         match event:
             case Submitted(job):
-                old = self.queued.pop(job.job_id, None)
-                if old is not None:
-                    self.queue_index.remove(old)
+                self._unqueue(job.job_id)  # a changed request replaces the old
                 self.queued[job.job_id] = job
                 self.queue_index.add(job)
             case Started(job):
-                left = self.queued.pop(job.job_id, None)
-                if left is not None:
-                    self.queue_index.remove(left)
+                self._unqueue(job.job_id)
                 if self.keeps_running:
                     self.running[job.job_id] = job
                     self.capacity.add(job)
             case Ended(job_id):
-                left = self.queued.pop(job_id, None)
-                if left is not None:
-                    self.queue_index.remove(left)
+                self._unqueue(job_id)
                 ran = self.running.pop(job_id, None)
                 if ran is not None:
                     self.capacity.remove(ran)
@@ -156,6 +150,12 @@ class ClusterState:
                 self.holds.pop(team, None)
             case PolicyChanged(policy):
                 self.policy = policy  # the queue index re-sorts itself when the classes change
+
+    def _unqueue(self, job_id: int) -> None:
+        """The job out of the queue and its index, if it is queued."""
+        left = self.queued.pop(job_id, None)
+        if left is not None:
+            self.queue_index.remove(left)
 
     def differences(self, fresh: ClusterState, limit: int = 5) -> list[str]:
         """What differs from `fresh`, in words (at most `limit` examples per kind)."""
