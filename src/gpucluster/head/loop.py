@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from gpucluster.containers import stored_name
 from gpucluster.core.admission import admit
 from gpucluster.core.capacity_index import CapacityIndex
-from gpucluster.core.cluster_state import ClusterState, StateMismatch
+from gpucluster.core.cluster_state import ClusterState
 from gpucluster.core.elastic import grow
 from gpucluster.core.events import PolicyChanged
 from gpucluster.core.fairshare import accrue
@@ -632,14 +632,12 @@ class Head:
         for last in (False, True):
             fresh = ClusterState.build(queued=self.store.queued_requests(), keeps_running=False)
             self.queue.requests()  # applies removals told from other threads
-            diffs = self.cluster.differences(fresh)
-            if not diffs:
-                return changed
             if last:
-                raise StateMismatch(
-                    "the head's cluster state fed by events differs from the store: " + "; ".join(diffs)
-                )
-            changed = self.queue.refresh(now)
+                self.cluster.check(fresh, "the head's cluster state")  # StateMismatch, naming each difference
+            elif self.cluster.differences(fresh):
+                changed = self.queue.refresh(now)
+            else:
+                break
         return changed
 
     def _record_waits(self, waiting: dict[int, Wait]) -> None:
