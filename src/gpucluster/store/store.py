@@ -91,13 +91,8 @@ log = logging.getLogger("gpucluster.store")
 
 # The statements of a job's start and end, built once: building them per call (and SQLAlchemy
 # checking every value of `.values()`) cost the loop more than executing them. The SET clause
-# is the parameters' columns; `match_*` are the WHERE's.
+# is the parameters' columns; `match_id` is the WHERE's.
 _ADD_EVENT = insert(schema.job_events)
-_UPDATE_IN_STATE = (
-    update(schema.jobs)
-    .where(schema.jobs.c.id == bindparam("match_id"))
-    .where(schema.jobs.c.state == bindparam("match_state"))
-)
 _GET_JOB = select(schema.jobs).where(schema.jobs.c.id == bindparam("match_id"))  # read at each start and end
 _MOVES: dict[tuple[str, ...], Update] = {}
 _JOB_COLUMNS = frozenset(schema.jobs.c.keys())
@@ -1639,7 +1634,7 @@ class Store:
         if "launch" in fields:
             fields["launch"] = json.dumps(fields["launch"]) if fields["launch"] is not None else None
         with self._write() as c:
-            res = c.execute(_UPDATE_IN_STATE, {"match_id": job_id, "match_state": expect.value, **_job_values(fields)})
+            res = c.execute(_move_from((expect.value,)), {"match_id": job_id, **_job_values(fields)})
         return res.rowcount == 1
 
     # ---- nodes ------------------------------------------------------------------------------
