@@ -193,14 +193,7 @@ def gittins_ranks(
     kinds = zip(map(dists.get, ids), map(_GPUS, queued), strict=True)
     out = dict(zip(ids, map(fresh.__getitem__, kinds), strict=True))
     for jid in attained.keys() & by_id.keys():  # ran before: its own queue and look-ahead
-        got = attained[jid]
-        queue = ordering.queue_of(got)
-        dist, gpus = dists.get(jid), by_id[jid].gpus
-        if dist is None or gpus <= 0:
-            out[jid] = float(queue)
-            continue
-        left = ordering.allowance(queue) - got
-        out[jid] = queue + gittins.rank_fraction(gittins.index(dist, got / gpus, max(0.0, left) / gpus) / gpus)
+        out[jid] = _kind_rank(ordering, dists.get(jid), by_id[jid].gpus, attained[jid])
     promote = ordering.promote_after_s
     if promote is not None:  # rank 0, ahead of every index: promotion guards against starvation
         cut = now - promote
@@ -222,14 +215,18 @@ class _Fresh(dict[tuple[RunDistribution | None, float], float]):
 
     def __missing__(self, key: tuple[RunDistribution | None, float]) -> float:
         dist, gpus = key
-        o = self.ordering
-        queue = o.queue_of(0.0)
-        if dist is None or gpus <= 0:
-            got = float(queue)
-        else:
-            got = queue + gittins.rank_fraction(gittins.index(dist, 0.0, o.allowance(queue) / gpus) / gpus)
-        self[key] = got
-        return got
+        rank = self[key] = _kind_rank(self.ordering, dist, gpus, 0.0)
+        return rank
+
+
+def _kind_rank(ordering: Ordering, dist: RunDistribution | None, gpus: float, got: float) -> float:
+    """The rank of a job with `got` GPU-seconds attained: its LAS queue, plus, with a learned
+    distribution, its Gittins fraction looking ahead to that queue's threshold (per GPU)."""
+    queue = ordering.queue_of(got)
+    if dist is None or gpus <= 0:
+        return float(queue)
+    left = ordering.allowance(queue) - got
+    return queue + gittins.rank_fraction(gittins.index(dist, got / gpus, max(0.0, left) / gpus) / gpus)
 
 
 def _promoted(job: JobRequest, ordering: Ordering, now: float) -> bool:
