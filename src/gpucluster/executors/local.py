@@ -165,8 +165,8 @@ def write_shim_spec(
     write_json_atomic(run_dir / SPEC, spec)
 
 
-def shim_argv(run_dir: Path) -> list[str]:
-    """The shim's whole command line: names only the run dir."""
+def shim_argv(run_dir: Path | str) -> list[str]:
+    """The shim's whole command line: names only the run dir (or `--serve`, the fork server)."""
     return [sys.executable, "-I", "-S", str(SHIM), str(run_dir)]
 
 
@@ -221,7 +221,7 @@ class ForkServer:
         self._stop()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(SHIM), "--serve"],
+                shim_argv("--serve"),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=SHIM_ENV,
