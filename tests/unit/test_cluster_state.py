@@ -196,6 +196,44 @@ def test_a_start_the_database_lost_is_planned_again_with_no_mismatch(tmp_path: P
         c.close()
 
 
+def test_submissions_committed_while_the_check_reads_are_no_mismatch(tmp_path: Path) -> None:
+    """Check mode reads the store's queue while the API keeps committing submissions. One committed
+    after the check's own incremental read, before its second fresh read, was called missed
+    (StateMismatch "queued job 3 in a fresh build but not kept") although the next incremental
+    read takes it by design: the PostgreSQL restart test, whose wave of submissions races the
+    loop's slower reads there. Here the two submissions commit at those very moments."""
+    c = make_cluster(tmp_path, gpus=1)
+    try:
+        c.head.check_state = True
+        c.submit(gpus=1, command=["a"])
+        c.tick_at(c.clock.t + 1)  # it runs and holds the GPU; later reads are incremental
+        real = c.store.queued_requests
+        reads = 0
+        late: list[int] = []
+
+        def racing(after_id: int | None = None) -> list[JobRequest]:
+            nonlocal reads
+            rows = real(after_id)
+            reads += 1
+            if reads in (1, 3):  # after the cycle's read, and after the check's own re-read
+                late.append(c.submit(gpus=1, command=["b"]))
+            return rows
+
+        c.store.queued_requests = racing  # type: ignore[method-assign]
+        c.tick_at(c.clock.t + 0.1)  # no StateMismatch
+        c.store.queued_requests = real  # type: ignore[method-assign]
+        assert late
+        c.tick_at(c.clock.t + 0.1)  # the next incremental read takes them, still consistent
+        assert [r.job_id for r in c.head.queue.requests()] == late
+        # A job the check has read past and not been told of is still a mismatch.
+        with c.store._writer.begin() as conn:
+            conn.execute(update(schema.jobs).where(schema.jobs.c.id == late[0]).values(state=JobState.CANCELLED.value))
+        with pytest.raises(StateMismatch, match=rf"queued job: 1 kept but not in a fresh build, e.g. \[{late[0]}\]"):
+            c.tick_at(c.clock.t + 0.1)
+    finally:
+        c.close()
+
+
 def test_a_drain_says_why_and_until_when_and_outlasts_its_node_going_down() -> None:
     """The simulator's drain windows hold failed nodes too (sim/engine.py): a node that fails
     while drained comes back drained, with its drain's reason and end for the DRAINED wait."""
