@@ -44,7 +44,6 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-import pytest
 
 from gpucluster.client import ApiError, Client, ClusterUnreachable
 from gpucluster.models import Job
@@ -326,10 +325,7 @@ def _all_ended(c: Client, ids: list[int]) -> list[Job] | None:
 
 
 def test_postgresql_restart_mid_work_and_a_second_head_never_double_book(
-    head_factory: type[HeadProcess],
-    private_postgres: PostgresServer,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    head_factory: type[HeadProcess], private_postgres: PostgresServer, tmp_path: Path
 ) -> None:
     """The measured bug: PostgreSQL restarted under a working head dropped its one-head lock, a
     second head was then accepted, marked the first one's running jobs `process lost` and gave
@@ -348,11 +344,6 @@ def test_postgresql_restart_mid_work_and_a_second_head_never_double_book(
     flocks span both heads: one host, the same GPU indices), every job ran exactly one attempt
     and succeeded, and the database passes Store.integrity_problems.
     """
-    # Check mode off for these heads, and only here: as PostgreSQL shuts down, the head's
-    # event-fed queue has lacked a queued job for a moment (StateMismatch in 2 of 3 CI runs, cause
-    # not found yet; a full reload within 5 s heals it; issue 15's note). The check stays on in
-    # every other test; this test asserts what it asserted before the check existed.
-    monkeypatch.setenv("GPUCLUSTER_CHECK_STATE", "0")
     rng = random.Random(SEED)
     url = private_postgres.create_database()
     run_id = uuid.uuid4().hex
