@@ -624,16 +624,15 @@ class Head:
         self._record_waits({**waiting, **self.gates.waits, **self.limit_waits})
 
     def _check_state(self, now: float) -> bool:
-        """Check mode: the queue fed by events equals a fresh read of the store, up to the last
-        job id the queue has read (a later submission is the next read's: `read_so_far`).
-        Another thread (an API cancel) may commit between the two reads, so a difference is
-        read again once, after what was told meanwhile, before it is called a mismatch. True if
+        """Check mode: the queue fed by events equals a fresh read of the store. Another thread
+        (an API submit or cancel) may commit between the two reads, so a difference is read
+        again once, after what was told meanwhile, before it is called a mismatch. True if
         that second read changed the queue."""
         changed = False
         for last in (False, True):
-            rows = self.store.queued_requests()
+            # Up to the last id the queue read: a later submission is the next read's (read_so_far).
+            fresh = ClusterState.build(queued=self.queue.read_so_far(self.store.queued_requests()), keeps_running=False)
             self.queue.requests()  # applies removals told from other threads
-            fresh = ClusterState.build(queued=self.queue.read_so_far(rows), keeps_running=False)
             if last:
                 self.cluster.check(fresh, "the head's cluster state")  # StateMismatch, naming each difference
             elif self.cluster.differences(fresh):
