@@ -443,6 +443,9 @@ class Head:
             )
             return
         n, delay = after.restart, after.backoff_s
+        # Read whole next cycle whatever the outcome: a commit whose answer the database lost
+        # (it went away) may have written the row, its id below what the queue has read.
+        self.queue.invalidate()
         if self.store.transition(
             job.id,
             after.state,
@@ -457,7 +460,6 @@ class Head:
             **_REQUEUED,
         ):
             log.info("job %s: %s; restart %s of %s in %.0f s", job.id, how, n, limit, delay)
-            self.queue.invalidate()
 
     def _requeue_preempted(
         self, job: JobRecord, statuses: list[Status], now: float, after: Next, message: str | None = None
@@ -491,6 +493,7 @@ class Head:
             # at its terminal, and hold GPUs for no one. Its owner starts a new one.
             self.store.transition(job_id, JobState.CANCELLED, now, SESSION_NOT_REQUEUED, expect=[JobState.PREEMPTED])
             return
+        self.queue.invalidate()  # before: a commit whose answer was lost may have requeued it (_fail_or_restart)
         self.store.transition(
             job_id,
             JobState.QUEUED,
@@ -501,7 +504,6 @@ class Head:
             not_before=not_before,
             **_REQUEUED,
         )
-        self.queue.invalidate()
 
     def _ended_attempt(
         self, job: JobRecord, now: float, codes: tuple[int | None, ...], statuses: list[Status]
