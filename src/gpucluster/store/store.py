@@ -24,7 +24,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -104,6 +104,13 @@ def _job_values(values: dict[str, Any]) -> dict[str, Any]:
     if not values.keys() <= _JOB_COLUMNS:
         raise ArgumentError(f"not columns of jobs: {sorted(values.keys() - _JOB_COLUMNS)}")
     return values
+
+
+# Columns of a running job that its running view (`Store.running_rows`) does not read: writing
+# only these (the launch record, signals sent, progress) tells no watcher.
+_NOT_RUNNING_VIEW = frozenset(
+    {"launch", "term_sent", "kill_sent", "progress_at", "progress_step", "checkpoint_step", "reason"}
+)
 
 
 def _move_from(states: tuple[str, ...]) -> Update:
@@ -481,6 +488,10 @@ class Store:
         self._lease_seen: tuple[Lease, str] | None = None  # (claim, row text) a write last found it in
         self._outage_since: float | None = None  # monotonic, while the database is unreachable
         self._outage_lock = threading.Lock()
+        # Told the id of each job whose running view (`running_rows`) a write may have changed:
+        # the head's event-fed running jobs (head/running_cache.py). Called after the write, from
+        # the writer's thread, whether or not it committed (a told job is only read again).
+        self._running_watchers: list[Callable[[int], None]] = []
         try:
             with self._writer.begin() as c:
                 self.migrated = migrate.prepare(c)
@@ -640,6 +651,17 @@ class Store:
     def close(self) -> None:
         self._writer.dispose()
         self._reader.dispose()
+
+    def watch_running(self, told: Callable[[int], None]) -> None:
+        """Call `told(job_id)` after every write that may start, stop, end or otherwise change a
+        running job as `running_rows` reads it. Why here: every end path (the loop's, the API's
+        cancels, budget and idle stops, crash recovery, a test's own write) goes through one of
+        these few methods, so none can be left untold; the watcher reads the job back."""
+        self._running_watchers.append(told)
+
+    def _touched(self, job_id: int) -> None:
+        for told in self._running_watchers:
+            told(job_id)
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
@@ -1235,6 +1257,11 @@ class Store:
 
     def running_jobs(self) -> list[RunningJob]:
         """The scheduler's view of running jobs: where, whose, since when, and whether stopping."""
+        return [job for job, _ in self.running_rows()]
+
+    def running_rows(self, ids: Iterable[int] | None = None) -> list[tuple[RunningJob, str | None]]:
+        """`running_jobs` with each job's stop reason (None: no stop under way); only `ids`
+        among them if given (the jobs a watcher was told of, `watch_running`)."""
         j = schema.jobs.c
         q = select(
             j.id,
@@ -1249,6 +1276,8 @@ class Store:
             j.gpus,
             j.owner,
         ).where(j.state == JobState.RUNNING.value)
+        if ids is not None:
+            q = q.where(j.id.in_(list(ids)))
         with self._read() as c:
             rows = c.execute(q).all()
         out = []
@@ -1261,22 +1290,21 @@ class Store:
             # A checkpoint older than this attempt's start (a restart resumed from it) saves this
             # attempt nothing: its work counts from the start.
             checkpoint = r[7] if r[7] is not None and r[7] >= started else None
-            out.append(
-                RunningJob(
-                    job_id=r[0],
-                    allocation=allocation,
-                    team=r[2],
-                    priority=Priority(r[3]),
-                    started_at=started,
-                    time_limit_s=req.get("tl"),
-                    last_checkpoint_at=checkpoint,
-                    stopping=r[8] is not None,
-                    max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
-                    min_gpus=int(req["mn"]) if req.get("mn") is not None else None,  # and shrink
-                    user=r[10] or "",
-                    exclusive=bool(req.get("x")),
-                )
+            job = RunningJob(
+                job_id=r[0],
+                allocation=allocation,
+                team=r[2],
+                priority=Priority(r[3]),
+                started_at=started,
+                time_limit_s=req.get("tl"),
+                last_checkpoint_at=checkpoint,
+                stopping=r[8] is not None,
+                max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
+                min_gpus=int(req["mn"]) if req.get("mn") is not None else None,  # and shrink
+                user=r[10] or "",
+                exclusive=bool(req.get("x")),
             )
+            out.append((job, r[8]))
         return out
 
     def running_allocations(self) -> list[tuple[int, Allocation]]:
@@ -1389,6 +1417,23 @@ class Store:
         values.update(fields)
         if to.terminal:
             values.setdefault("ended_at", now)
+        if to is JobState.RUNNING or JobState.RUNNING in allowed:
+            try:
+                return self._transition(job_id, to, now, reason, allowed, values, ended_attempt)
+            finally:
+                self._touched(job_id)
+        return self._transition(job_id, to, now, reason, allowed, values, ended_attempt)
+
+    def _transition(
+        self,
+        job_id: int,
+        to: JobState,
+        now: float,
+        reason: str,
+        allowed: list[JobState],
+        values: dict[str, Any],
+        ended_attempt: AttemptRecord | None,
+    ) -> bool:
         with self._write() as c:
             res = c.execute(_move_from(tuple(s.value for s in allowed)), {"match_id": job_id, **_job_values(values)})
             if res.rowcount != 1:
@@ -1555,7 +1600,14 @@ class Store:
         lifecycle's table (core/lifecycle.py `stop_overrides`), applied here in one conditional
         UPDATE each so a concurrent request cannot slip between a read and a write.
         """
-        stop = StopReason(reason)
+        try:
+            return self._request_stop(job_id, StopReason(reason), now, message, failed_rank)
+        finally:
+            self._touched(job_id)
+
+    def _request_stop(
+        self, job_id: int, stop: StopReason, now: float, message: str | None, failed_rank: int | None
+    ) -> bool:
         j = schema.jobs.c
         running = update(schema.jobs).where(j.id == job_id).where(j.state == JobState.RUNNING.value)
         with self._write() as c:
@@ -1593,6 +1645,22 @@ class Store:
         one only its spec and request (the head reads its time limit from them every cycle).
         An array's first element holds the spec its sibling elements share (`spec` ''): before
         it changes, the siblings get their own copy of the old one."""
+        try:
+            return self._change_spec(job_id, expect, spec, now, reason, not_before, was)
+        finally:
+            if expect is JobState.RUNNING:
+                self._touched(job_id)  # its time limit is in the running view
+
+    def _change_spec(
+        self,
+        job_id: int,
+        expect: JobState,
+        spec: JobSpec,
+        now: float,
+        reason: str,
+        not_before: float | None,
+        was: JobSpec | None,
+    ) -> bool:
         j = schema.jobs.c
         with self._write() as c:
             row = c.execute(select(j.state, j.request, j.spec, j.array_id).where(j.id == job_id)).first()
@@ -1633,9 +1701,13 @@ class Store:
         """Change bookkeeping fields of a job still in state `expect` (no state change, no event)."""
         if "launch" in fields:
             fields["launch"] = json.dumps(fields["launch"]) if fields["launch"] is not None else None
-        with self._write() as c:
-            res = c.execute(_move_from((expect.value,)), {"match_id": job_id, **_job_values(fields)})
-        return res.rowcount == 1
+        try:
+            with self._write() as c:
+                res = c.execute(_move_from((expect.value,)), {"match_id": job_id, **_job_values(fields)})
+            return res.rowcount == 1
+        finally:
+            if expect is JobState.RUNNING and not fields.keys() <= _NOT_RUNNING_VIEW:
+                self._touched(job_id)
 
     # ---- nodes ------------------------------------------------------------------------------
 

@@ -1,0 +1,125 @@
+"""The head's running jobs, kept in its cluster state (core/cluster_state.py) by events.
+
+Why: the snapshot read and parsed every running job from the store each cycle (most of a quiet
+cycle at 1,000 nodes x 8 GPUs), where between two cycles only a few jobs start, stop or end. The
+store tells this cache the id of each job a write may have changed (`Store.watch_running`:
+every end path goes through one of its few writes, whichever thread makes it: the loop's ends,
+restarts and requeues, an API cancel, a budget or idle stop, crash recovery). The loop's thread
+reads those jobs back and tells the state what became of them: `Started`, `StopRequested`,
+`Checkpointed`, `Ended` with its `StopReason`. So the state's running jobs are exactly what a
+fresh read gives, and check mode (`GPUCLUSTER_CHECK_STATE`) compares the two.
+
+A full read every `full_refresh_s` turns anything not told (another process's write to the
+database) into events too: only the jobs that differ.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+from gpucluster.core.cluster_state import ClusterState
+from gpucluster.core.events import Checkpointed, Ended, Started, StopRequested, Submitted
+from gpucluster.core.lifecycle import StopReason
+from gpucluster.core.types import RunningJob
+from gpucluster.store import Store
+
+# More told jobs than this at once are read with all the others (one query, no long IN list).
+_MAX_IDS = 500
+
+
+class RunningCache:
+    def __init__(self, store: Store, state: ClusterState, full_refresh_s: float = 5.0) -> None:
+        self._store = store
+        self.state = state
+        self._full_refresh_s = full_refresh_s
+        self._last_full: float | None = None
+        self._lock = threading.Lock()
+        self._told: set[int] = set()  # told from any thread, read back on the loop's
+        self._reasons: dict[int, StopReason] = {}  # why each stopping job is stopping
+        self._running: tuple[RunningJob, ...] = ()  # the state's, in id order, as of event `_at`
+        self._at = -1
+        store.watch_running(self.told)
+
+    def told(self, job_id: int) -> None:
+        """A write may have changed this job's running view (any thread)."""
+        with self._lock:
+            self._told.add(job_id)
+
+    def invalidate(self) -> None:
+        """Read every running job again at the next refresh."""
+        self._last_full = None
+
+    def refresh(self, now: float) -> bool:
+        """Tell the state what became of the jobs told since the last refresh (all of them every
+        `full_refresh_s`); True if a job started, stopped or ended (not for a checkpoint)."""
+        full = self._last_full is None or now - self._last_full >= self._full_refresh_s
+        with self._lock:
+            ids, self._told = self._told, set()
+        if not ids and not full:
+            return False
+        full = full or len(ids) > _MAX_IDS
+        try:
+            rows = self._store.running_rows(None if full else ids)
+        except BaseException:
+            with self._lock:
+                self._told |= ids  # not read: read them next time
+            raise
+        running = self.state.running
+        fresh = {job.job_id: (job, reason) for job, reason in rows}
+        gone = [i for i in (running if full else ids) if i in running and i not in fresh]
+        changed = False
+        for job_id in gone:
+            self._end(job_id)
+            changed = True
+        for job, reason in fresh.values():
+            changed = self._tell(job, StopReason(reason) if reason is not None else None) or changed
+        if full:
+            self._last_full = now
+        return changed
+
+    def _tell(self, job: RunningJob, reason: StopReason | None) -> bool:
+        """The event that brings the state's copy of `job` to the store's; True unless none or a
+        checkpoint."""
+        job_id = job.job_id
+        old = self.state.running.get(job_id)
+        if old is not None and old.started_at != job.started_at:
+            self._end(job_id)  # a new attempt whose old one's end was read together with it
+            old = None
+        if reason is not None:
+            self._reasons[job_id] = reason  # a stop that replaced another (a cancel of a preemption)
+        else:
+            self._reasons.pop(job_id, None)
+        if old == job:
+            return False
+        apply = self.state.apply
+        if old is None:
+            apply(Started(job))
+        elif job.last_checkpoint_at is not None and replace(old, last_checkpoint_at=job.last_checkpoint_at) == job:
+            apply(Checkpointed(job_id, job.last_checkpoint_at))
+            return False
+        elif job.stopping and not old.stopping and reason is not None:
+            apply(StopRequested(job, reason))
+        else:
+            apply(Started(job))  # changed otherwise (its time limit, `gpucluster update`): replaced
+        return True
+
+    def _end(self, job_id: int) -> None:
+        # Already back in the queue (a restart or requeue the queue read first): it stays there;
+        # `Ended` says the attempt ended, not that the queued job left.
+        queued = self.state.queued.get(job_id)
+        self.state.apply(Ended(job_id, self._reasons.pop(job_id, None)))
+        if queued is not None:
+            self.state.apply(Submitted(queued))
+
+    def jobs(self) -> tuple[RunningJob, ...]:
+        """The running jobs, in id order (as the store's read gave them); kept until the state
+        applies another event (the loop's own start is told by the queue, head/queue_cache.py)."""
+        if self._at != self.state.applied:
+            self._running = tuple(sorted(self.state.running.values(), key=_job_id))
+            self._at = self.state.applied
+        return self._running
+
+
+def _job_id(job: RunningJob) -> int:
+    return job.job_id
