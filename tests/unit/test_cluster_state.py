@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import update
@@ -24,7 +25,7 @@ from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Drain, JobRequest, Node, Priority, RunningJob
 from gpucluster.models import ProgressIn
-from gpucluster.store import Store, schema
+from gpucluster.store import JobRecord, Store, schema
 from gpucluster.store.store import DatabaseUnavailable
 
 from .builders import job, node, running
@@ -223,15 +224,18 @@ def test_a_drain_says_why_and_until_when_and_outlasts_its_node_going_down() -> N
 
 
 def _kept_running_equals_the_store(c: Cluster) -> None:
+    c.head.running.refresh(c.clock.t)  # the writes of the cycle's last steps, as the next cycle reads them
     stored = [j for j, _ in Store.running_rows(c.store)]  # the class's: not the head's counted reads
     assert c.head.cluster.running == {j.job_id: j for j in stored}
     assert c.head.running.jobs() == tuple(sorted(stored, key=lambda j: j.job_id))
+    assert c.head.running.records() == Store.list_jobs(c.store, states=[JobState.RUNNING])
 
 
 def test_the_heads_running_jobs_follow_starts_stops_checkpoints_and_ends_with_no_full_read(tmp_path: Path) -> None:
     """The head keeps its running jobs from events (issue 15): each start, stop (an API cancel on
     another thread), checkpoint report, restart after a failure, requeue and end reaches the
-    state without reading every running job again; the snapshot plans on them."""
+    state, and the records the loop reconciles, without reading every running job again; the
+    snapshot plans on them."""
     c = make_cluster(tmp_path, gpus=4)
     try:
         c.head.check_state = False  # check mode reads everything: here, count the loop's own reads
@@ -247,7 +251,15 @@ def test_the_heads_running_jobs_follow_starts_stops_checkpoints_and_ends_with_no
             full_reads += ids is None
             return rows(ids)
 
+        listed = c.store.list_jobs
+
+        def counted_records(**query: Any) -> list[JobRecord]:
+            nonlocal full_reads
+            full_reads += query.get("ids") is None and JobState.RUNNING in query.get("states", ())
+            return listed(**query)
+
         c.store.running_rows = counted  # type: ignore[method-assign]
+        c.store.list_jobs = counted_records  # type: ignore[method-assign]
         cancel = threading.Thread(target=c.service.cancel, args=(ids[0],))  # as the API's threads do
         cancel.start()
         cancel.join()

@@ -246,7 +246,8 @@ class Head:
         if self._preempted_left:
             requeue_left_preempted(self, now)
             self._preempted_left = False
-        running = self.store.list_jobs(states=[JobState.RUNNING])
+        self.running.refresh(now)  # what was told since (records included): no full read each cycle
+        running = self.running.records()
         if self.inventory is not None:
             running = stop_jobs_on_lost_nodes(self, self.inventory, running, now)
         self._accrue_usage(running, now)
@@ -648,6 +649,7 @@ class Head:
                 changed = self.queue.refresh(now)
             else:
                 break
+        self.running.check_records(now)
         return changed
 
     def _record_waits(self, waiting: dict[int, Wait]) -> None:

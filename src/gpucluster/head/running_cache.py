@@ -9,6 +9,10 @@ reads those jobs back and tells the state what became of them: `Started`, `StopR
 `Checkpointed`, `Ended` with its `StopReason`. So the state's running jobs are exactly what a
 fresh read gives, and check mode (`GPUCLUSTER_CHECK_STATE`) compares the two.
 
+The loop's reconcile needs each running job's whole record (its launch, the stop under way, the
+signals sent): those are kept here too, read back with the same told ids, so a quiet cycle
+parses no record at all.
+
 A full read every `full_refresh_s` turns anything not told (another process's write to the
 database) into events too: only the jobs that differ.
 """
@@ -18,11 +22,12 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from gpucluster.core.cluster_state import ClusterState
+from gpucluster.core.cluster_state import ClusterState, StateMismatch
 from gpucluster.core.events import Checkpointed, Ended, Started, StopRequested, Submitted
 from gpucluster.core.lifecycle import StopReason
+from gpucluster.core.states import JobState
 from gpucluster.core.types import RunningJob
-from gpucluster.store import Store
+from gpucluster.store import JobRecord, Store
 
 # More told jobs than this at once are read with all the others (one query, no long IN list).
 _MAX_IDS = 500
@@ -39,6 +44,8 @@ class RunningCache:
         self._reasons: dict[int, StopReason] = {}  # why each stopping job is stopping
         self._running: tuple[RunningJob, ...] = ()  # the state's, in id order, as of event `_at`
         self._at = -1
+        self._records: dict[int, JobRecord] = {}  # the running jobs' whole records
+        self._records_sorted: list[JobRecord] | None = []  # None: to be sorted again
         store.watch_running(self.told)
 
     def told(self, job_id: int) -> None:
@@ -61,6 +68,7 @@ class RunningCache:
         full = full or len(ids) > _MAX_IDS
         try:
             rows = self._store.running_rows(None if full else ids)
+            records = self._store.list_jobs(states=[JobState.RUNNING], ids=None if full else ids)
         except BaseException:
             with self._lock:
                 self._told |= ids  # not read: read them next time
@@ -74,9 +82,39 @@ class RunningCache:
             changed = True
         for job, reason in fresh.values():
             changed = self._tell(job, StopReason(reason) if reason is not None else None) or changed
+        self._keep_records(records, full, ids)
         if full:
             self._last_full = now
         return changed
+
+    def _keep_records(self, records: list[JobRecord], full: bool, ids: set[int]) -> None:
+        kept = self._records
+        if full:
+            fresh = {r.id: r for r in records}
+            if fresh != kept:
+                self._records, self._records_sorted = fresh, None
+            return
+        for job_id in ids:
+            kept.pop(job_id, None)
+        kept.update((r.id, r) for r in records)
+        self._records_sorted = None
+
+    def check_records(self, now: float) -> None:
+        """Check mode: the kept records equal a fresh read. Another thread may write between the
+        refresh and the read, so a difference is read again once before it raises."""
+        for _ in range(2):
+            self.refresh(now)
+            stored = {r.id: r for r in self._store.list_jobs(states=[JobState.RUNNING])}
+            if stored == self._records:
+                return
+        differ = sorted(i for i in stored.keys() | self._records.keys() if stored.get(i) != self._records.get(i))
+        raise StateMismatch(f"the head's running jobs' records differ from a fresh read: jobs {differ[:5]}")
+
+    def records(self) -> list[JobRecord]:
+        """The running jobs' records, in id order, as the store had them at the last refresh."""
+        if self._records_sorted is None:
+            self._records_sorted = sorted(self._records.values(), key=_record_id)
+        return list(self._records_sorted)
 
     def _tell(self, job: RunningJob, reason: StopReason | None) -> bool:
         """The event that brings the state's copy of `job` to the store's; True unless none or a
@@ -123,3 +161,7 @@ class RunningCache:
 
 def _job_id(job: RunningJob) -> int:
     return job.job_id
+
+
+def _record_id(record: JobRecord) -> int:
+    return record.id

@@ -106,13 +106,6 @@ def _job_values(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-# Columns of a running job that its running view (`Store.running_rows`) does not read: writing
-# only these (the launch record, signals sent, progress) tells no watcher.
-_NOT_RUNNING_VIEW = frozenset(
-    {"launch", "term_sent", "kill_sent", "progress_at", "progress_step", "checkpoint_step", "reason"}
-)
-
-
 def _move_from(states: tuple[str, ...]) -> Update:
     """UPDATE jobs SET ... WHERE id = :match_id AND state IN (states), one per set of states."""
     stmt = _MOVES.get(states)
@@ -488,8 +481,8 @@ class Store:
         self._lease_seen: tuple[Lease, str] | None = None  # (claim, row text) a write last found it in
         self._outage_since: float | None = None  # monotonic, while the database is unreachable
         self._outage_lock = threading.Lock()
-        # Told the id of each job whose running view (`running_rows`) a write may have changed:
-        # the head's event-fed running jobs (head/running_cache.py). Called after the write, from
+        # Told the id of each job whose running view (`running_rows`) or record a write may have
+        # changed while it runs: the head's event-fed running jobs (head/running_cache.py). Called after the write, from
         # the writer's thread, whether or not it committed (a told job is only read again).
         self._running_watchers: list[Callable[[int], None]] = []
         try:
@@ -654,9 +647,10 @@ class Store:
 
     def watch_running(self, told: Callable[[int], None]) -> None:
         """Call `told(job_id)` after every write that may start, stop, end or otherwise change a
-        running job as `running_rows` reads it. Why here: every end path (the loop's, the API's
-        cancels, budget and idle stops, crash recovery, a test's own write) goes through one of
-        these few methods, so none can be left untold; the watcher reads the job back."""
+        running job (its record, or its view as `running_rows` reads it). Why here: every end
+        path (the loop's, the API's cancels, budget and idle stops, crash recovery, a test's own
+        write) goes through one of these few methods, so none can be left untold; the watcher
+        reads the job back."""
         self._running_watchers.append(told)
 
     def _touched(self, job_id: int) -> None:
@@ -1706,7 +1700,7 @@ class Store:
                 res = c.execute(_move_from((expect.value,)), {"match_id": job_id, **_job_values(fields)})
             return res.rowcount == 1
         finally:
-            if expect is JobState.RUNNING and not fields.keys() <= _NOT_RUNNING_VIEW:
+            if expect is JobState.RUNNING:  # the head keeps its running jobs' records too
                 self._touched(job_id)
 
     # ---- nodes ------------------------------------------------------------------------------
