@@ -653,9 +653,16 @@ class Store:
         reads the job back."""
         self._running_watchers.append(told)
 
-    def _touched(self, job_id: int) -> None:
-        for told in self._running_watchers:
-            told(job_id)
+    @contextmanager
+    def _telling(self, job_id: int, running: bool = True) -> Iterator[None]:
+        """Around a write that may change a running job (`running`): its watchers are told after
+        it, committed or not (a told job is only read again; one not told would be missed)."""
+        try:
+            yield
+        finally:
+            if running:
+                for told in self._running_watchers:
+                    told(job_id)
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
@@ -1411,24 +1418,7 @@ class Store:
         values.update(fields)
         if to.terminal:
             values.setdefault("ended_at", now)
-        if to is JobState.RUNNING or JobState.RUNNING in allowed:
-            try:
-                return self._transition(job_id, to, now, reason, allowed, values, ended_attempt)
-            finally:
-                self._touched(job_id)
-        return self._transition(job_id, to, now, reason, allowed, values, ended_attempt)
-
-    def _transition(
-        self,
-        job_id: int,
-        to: JobState,
-        now: float,
-        reason: str,
-        allowed: list[JobState],
-        values: dict[str, Any],
-        ended_attempt: AttemptRecord | None,
-    ) -> bool:
-        with self._write() as c:
+        with self._telling(job_id, to is JobState.RUNNING or JobState.RUNNING in allowed), self._write() as c:
             res = c.execute(_move_from(tuple(s.value for s in allowed)), {"match_id": job_id, **_job_values(values)})
             if res.rowcount != 1:
                 return False
@@ -1594,17 +1584,10 @@ class Store:
         lifecycle's table (core/lifecycle.py `stop_overrides`), applied here in one conditional
         UPDATE each so a concurrent request cannot slip between a read and a write.
         """
-        try:
-            return self._request_stop(job_id, StopReason(reason), now, message, failed_rank)
-        finally:
-            self._touched(job_id)
-
-    def _request_stop(
-        self, job_id: int, stop: StopReason, now: float, message: str | None, failed_rank: int | None
-    ) -> bool:
+        stop = StopReason(reason)
         j = schema.jobs.c
         running = update(schema.jobs).where(j.id == job_id).where(j.state == JobState.RUNNING.value)
-        with self._write() as c:
+        with self._telling(job_id), self._write() as c:
             res = c.execute(
                 running.where(j.stop_reason.is_(None)).values(
                     stop_reason=stop.value, stop_requested_at=now, stop_message=message, failed_rank=failed_rank
@@ -1639,24 +1622,9 @@ class Store:
         one only its spec and request (the head reads its time limit from them every cycle).
         An array's first element holds the spec its sibling elements share (`spec` ''): before
         it changes, the siblings get their own copy of the old one."""
-        try:
-            return self._change_spec(job_id, expect, spec, now, reason, not_before, was)
-        finally:
-            if expect is JobState.RUNNING:
-                self._touched(job_id)  # its time limit is in the running view
-
-    def _change_spec(
-        self,
-        job_id: int,
-        expect: JobState,
-        spec: JobSpec,
-        now: float,
-        reason: str,
-        not_before: float | None,
-        was: JobSpec | None,
-    ) -> bool:
         j = schema.jobs.c
-        with self._write() as c:
+        # A running job's time limit is in its running view.
+        with self._telling(job_id, expect is JobState.RUNNING), self._write() as c:
             row = c.execute(select(j.state, j.request, j.spec, j.array_id).where(j.id == job_id)).first()
             if row is None or row[0] != expect.value:
                 return False
@@ -1695,13 +1663,9 @@ class Store:
         """Change bookkeeping fields of a job still in state `expect` (no state change, no event)."""
         if "launch" in fields:
             fields["launch"] = json.dumps(fields["launch"]) if fields["launch"] is not None else None
-        try:
-            with self._write() as c:
-                res = c.execute(_move_from((expect.value,)), {"match_id": job_id, **_job_values(fields)})
-            return res.rowcount == 1
-        finally:
-            if expect is JobState.RUNNING:  # the head keeps its running jobs' records too
-                self._touched(job_id)
+        with self._telling(job_id, expect is JobState.RUNNING), self._write() as c:  # records kept too
+            res = c.execute(_move_from((expect.value,)), {"match_id": job_id, **_job_values(fields)})
+        return res.rowcount == 1
 
     # ---- nodes ------------------------------------------------------------------------------
 
