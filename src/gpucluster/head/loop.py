@@ -542,7 +542,8 @@ class Head:
         (core/limits.py), whose waits are kept in `limit_waits` to be recorded with the plan's."""
         self.running.refresh(self.clock())  # what the store told of since (starts, stops, ends)
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
-        queued = self.gates.eligible(self.queue.requests(), self.clock())  # not held, blocked or throttled ones
+        every = self.queue.requests()
+        queued = self.gates.eligible(every, self.clock())  # not held, blocked or throttled ones
         self.accounting.note_holds(queued)  # the held jobs' reasons, in `why` and the queue
         if self.preempted_for:  # forget preemptors that started or left the queue
             ids = {r.job_id for r in queued if r.team not in self.accounting.held}
@@ -554,7 +555,12 @@ class Head:
             queued=queued,
             usage=dict(self.usage),
             capacity=self.capacity_index,
-            queue_index=self.cluster.queue_index,
+            # The told index holds every queued job: with some kept back, the cycle sorts the
+            # eligible ones itself, as admission and limits do for theirs. Handed the index, it
+            # was diffed down to them, and a later cycle whose eligible count matched it (a job
+            # submitted meanwhile, blocked) planned on the wrong jobs: a job after an array
+            # started after its first element.
+            queue_index=self.cluster.queue_index if len(queued) == len(every) else None,
             preempted_for=dict(self.preempted_for),
             drained=self.telemetry.drained() | down,
             holds=dict(self.accounting.held),
