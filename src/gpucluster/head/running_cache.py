@@ -53,10 +53,6 @@ class RunningCache:
         with self._lock:
             self._told.add(job_id)
 
-    def invalidate(self) -> None:
-        """Read every running job again at the next refresh."""
-        self._last_full = None
-
     def refresh(self, now: float) -> bool:
         """Tell the state what became of the jobs told since the last refresh (all of them every
         `full_refresh_s`); True if a job started, stopped or ended (not for a checkpoint)."""
