@@ -12,7 +12,10 @@ default policy) in a fresh process per tree, so the baseline's figures come from
   that fills the cluster (its time is printed, not compared: it is mostly the starts);
 - `quiet`: a cycle with nothing changed (the clock moves 0.05 s): reconcile and no plan;
 - `change`: one running job exits and one job is submitted between two cycles (clock +0.05 s):
-  the cycle finishes the job, reads the new one and plans the whole queue again.
+  the cycle finishes the job, reads the new one and plans the whole queue again;
+- `full`: a quiet cycle 5 s after the last (`--cycles` / 3 of them, after the others): the one
+  in 5 s (every 50th at a 0.1 s loop) that makes the full reads, of the queue in both trees and,
+  where they are fed by events, of the running jobs.
 
 Figures are CPU seconds of the process (`time.process_time`; the head's loop runs in this
 thread, no API threads) and wall seconds; median and p95 over `--cycles` of each kind. The machine
@@ -103,6 +106,10 @@ def child(nodes: int, jobs: int, cycles: int) -> dict[str, object]:
         store.create_jobs([one(jobs + k)])
         clock.t += 0.05
         change.append(timed())
+    full: list[tuple[float, float]] = []
+    for _ in range(max(1, cycles // 3)):
+        clock.t += 5.0
+        full.append(timed())
     queued = len(head.queue.requests())
     store.close()
 
@@ -119,6 +126,8 @@ def child(nodes: int, jobs: int, cycles: int) -> dict[str, object]:
         "quiet_wall": stats([w for _, w in quiet]),
         "change_cpu": stats([c for c, _ in change]),
         "change_wall": stats([w for _, w in change]),
+        "full_cpu": stats([c for c, _ in full]),
+        "full_wall": stats([w for _, w in full]),
     }
 
 
@@ -151,7 +160,7 @@ def main() -> None:
             results[name].append(got)
             print(f"  {json.dumps(got)}", flush=True)
     print("\nkind     figure   baseline  this      baseline/this")
-    for kind in ("quiet", "change"):
+    for kind in ("quiet", "change", "full"):
         for fig in ("cpu", "wall"):
             for q in ("median", "p95"):
                 b = statistics.median(float(x[f"{kind}_{fig}"][q]) for x in results["baseline"])  # type: ignore[index]

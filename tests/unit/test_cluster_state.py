@@ -8,6 +8,8 @@ has and the event-fed queue missed (a write no event told), rather than plan wit
 from __future__ import annotations
 
 import random
+import threading
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,13 @@ from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import sort_in_plain
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Drain, JobRequest, Node, Priority
-from gpucluster.store import schema
+from gpucluster.core.types import Drain, JobRequest, Node, Priority, RunningJob
+from gpucluster.models import ProgressIn
+from gpucluster.store import JobRecord, Store, schema
 from gpucluster.store.store import DatabaseUnavailable
 
 from .builders import job, node, running
-from .headkit import make_cluster
+from .headkit import Cluster, make_cluster
 
 
 class _Nodes:
@@ -153,7 +156,19 @@ def test_check_names_each_kind_of_difference() -> None:
     state.check(fresh)
 
 
-def test_the_heads_check_mode_names_a_queued_job_no_event_told(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("values", "names"),
+    [
+        # the running job back in the queue: its id is below what the head has read, so no
+        # incremental read sees it
+        ({"state": "queued"}, r"queued job: 1 in a fresh build but not kept, e.g. \[{first}\]"),
+        # a stop of the running job: no store method told it
+        ({"stop_reason": "cancel"}, r"running job {first}: kept RunningJob\(.*stopping=False"),
+    ],
+)
+def test_the_heads_check_mode_names_a_job_no_event_told(tmp_path: Path, values: dict[str, str], names: str) -> None:
+    """A write behind the loop's back (raw SQL: nothing tells the head) is named by check mode,
+    rather than planned on as if it had not happened."""
     c = make_cluster(tmp_path, gpus=2)
     try:
         c.head.check_state = True
@@ -162,11 +177,9 @@ def test_the_heads_check_mode_names_a_queued_job_no_event_told(tmp_path: Path) -
         c.tick_at(c.clock.t + 1)
         assert c.state(first) is JobState.RUNNING and c.state(second) is JobState.QUEUED
         c.tick_at(c.clock.t + 0.1)  # consistent: no error
-        # A write behind the loop's back: the running job goes back to the queue in the store,
-        # and nothing tells the head (its id is below what it has read, so no incremental read sees it).
         with c.store._writer.begin() as conn:
-            conn.execute(update(schema.jobs).where(schema.jobs.c.id == first).values(state="queued"))
-        with pytest.raises(StateMismatch, match=rf"queued job: 1 in a fresh build but not kept, e.g. \[{first}\]"):
+            conn.execute(update(schema.jobs).where(schema.jobs.c.id == first).values(**values))
+        with pytest.raises(StateMismatch, match=names.format(first=first)):
             c.tick_at(c.clock.t + 0.1)
     finally:
         c.close()
@@ -287,3 +300,67 @@ def test_a_drain_says_why_and_until_when_and_outlasts_its_node_going_down() -> N
     state.apply(Undrained("n1"))
     assert not state.drained and not state.drains
     state.check(ClusterState.build(nodes=[n1]))
+
+
+def _kept_running_equals_the_store(c: Cluster) -> None:
+    c.head.running.refresh(c.clock.t)  # the writes of the cycle's last steps, as the next cycle reads them
+    stored = [j for j, _ in Store.running_rows(c.store)]  # the class's: not the head's counted reads
+    assert c.head.cluster.running == {j.job_id: j for j in stored}
+    assert c.head.running.jobs() == tuple(sorted(stored, key=lambda j: j.job_id))
+    assert c.head.running.records() == Store.list_jobs(c.store, states=[JobState.RUNNING])
+
+
+def test_the_heads_running_jobs_follow_starts_stops_checkpoints_and_ends_with_no_full_read(tmp_path: Path) -> None:
+    """The head keeps its running jobs from events (issue 15): each start, stop (an API cancel on
+    another thread), checkpoint report, restart after a failure, requeue and end reaches the
+    state, and the records the loop reconciles, without reading every running job again; the
+    snapshot plans on them."""
+    c = make_cluster(tmp_path, gpus=4)
+    try:
+        c.head.check_state = False  # check mode reads everything: here, count the loop's own reads
+        ids = [c.submit(gpus=1, command=[f"j{i}"], max_restarts=1 if i == 2 else 0) for i in range(4)]
+        c.tick_at(c.clock.t + 1)  # the first, full read behind it; all four start
+        assert all(c.state(i) is JobState.RUNNING for i in ids)
+        _kept_running_equals_the_store(c)
+        full_reads = 0
+        rows = c.store.running_rows
+
+        def counted(ids: Iterable[int] | None = None) -> list[tuple[RunningJob, str | None]]:
+            nonlocal full_reads
+            full_reads += ids is None
+            return rows(ids)
+
+        listed = c.store.list_jobs
+
+        def counted_records(**query: Any) -> list[JobRecord]:
+            nonlocal full_reads
+            full_reads += query.get("ids") is None and JobState.RUNNING in query.get("states", ())
+            return listed(**query)
+
+        c.store.running_rows = counted  # type: ignore[method-assign]
+        c.store.list_jobs = counted_records  # type: ignore[method-assign]
+        cancel = threading.Thread(target=c.service.cancel, args=(ids[0],))  # as the API's threads do
+        cancel.start()
+        cancel.join()
+        c.service.progress(ids[1], ProgressIn(checkpoint_at=c.clock.t))
+        c.tick_at(c.clock.t + 0.1)
+        kept = c.head.cluster.running
+        assert kept[ids[0]].stopping and kept[ids[1]].last_checkpoint_at == c.clock.t - 0.1
+        _kept_running_equals_the_store(c)
+        c.fake.finish(ids[0], 143, stopped=True)  # the cancel ends it
+        c.fake.finish(ids[1], 0)
+        c.fake.finish(ids[2], 1)  # fails: restarted after a backoff
+        c.service.requeue(ids[3])
+        c.tick_at(c.clock.t + 0.1)
+        assert c.state(ids[0]) is JobState.CANCELLED and c.state(ids[1]) is JobState.SUCCEEDED
+        assert c.head.cluster.running[ids[3]].stopping
+        _kept_running_equals_the_store(c)
+        c.fake.finish(ids[3], 143, stopped=True)
+        c.tick_at(c.clock.t + 0.1)  # requeued and started again on the GPUs the others left
+        c.tick_at(c.clock.t + 3)  # the failed one's backoff is over: it starts again
+        assert c.record(ids[2]).attempt == 2 and c.record(ids[3]).attempt == 2
+        _kept_running_equals_the_store(c)
+        assert c.head.snapshot().running == c.head.running.jobs()
+        assert full_reads == 0
+    finally:
+        c.close()

@@ -179,3 +179,19 @@ def test_a_pipeline_is_the_chain_through_a_job_and_leaves_out_other_teams_steps(
     mine = cluster.service.pipeline(sweep, {"default"})
     assert theirs not in {j.id for j in mine.jobs} and all(theirs not in (e.source, e.target) for e in mine.edges)
     assert unrelated not in {j.id for j in mine.jobs}
+
+
+def test_a_job_after_an_array_submitted_while_the_throttle_is_full_waits_for_every_element(cluster: Cluster) -> None:
+    """The queue index the head keeps holds every queued job; eligibility keeps some back, so the
+    cycle must not plan on that index. It did: diffed down to the eligible jobs (none, the throttle
+    full), it then took in the blocked job submitted meanwhile, and when one element ended its one
+    job matched the one eligible element by count: the job after the array started."""
+    first = cluster.service.submit(spec(array="0-5%2"))
+    cluster.tick_at(T0 + 1)
+    after = cluster.service.submit(spec(afterok=[first.id])).id
+    for k in range(8):
+        cluster.tick_at(T0 + 1.2 + 0.2 * k)
+        now = running(cluster)
+        assert after not in now or all(cluster.state(i) is JobState.SUCCEEDED for i in range(first.id, first.id + 6))
+        for job_id in sorted(now)[:1]:
+            cluster.proc(job_id).status = Exited(0)

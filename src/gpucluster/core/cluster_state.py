@@ -18,10 +18,12 @@ Single-threaded: one caller applies events (the head's loop thread; others queue
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.events import (
+    Checkpointed,
     Drained,
     Ended,
     Event,
@@ -65,8 +67,8 @@ class StateMismatch(AssertionError, GpuclusterError):
 
 class ClusterState:
     def __init__(self, keeps_running: bool = True) -> None:
-        # False: the caller reads its running jobs elsewhere (the head, from the store, for now),
-        # so `Started` only takes the job out of the queue and running jobs are not compared.
+        # False: the caller reads its running jobs elsewhere, so `Started` only takes the job out
+        # of the queue and running jobs are not compared (a queue-only check, tools).
         self.keeps_running = keeps_running
         self.queued: dict[int, JobRequest] = {}  # in the order they entered
         self.running: dict[int, RunningJob] = {}
@@ -131,6 +133,10 @@ class ClusterState:
                 if job.job_id in self.running:
                     self.running[job.job_id] = job
                     self.capacity.stopping(job)
+            case Checkpointed(job_id, at):
+                ran = self.running.get(job_id)
+                if ran is not None:  # only the object: capacity reads allocations, not checkpoints
+                    self.running[job_id] = replace(ran, last_checkpoint_at=at)
             case NodeUp(node):
                 self.nodes[node.name] = node
             case NodeDown(name):

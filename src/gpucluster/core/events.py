@@ -52,6 +52,15 @@ class StopRequested:
 
 
 @dataclass(frozen=True)
+class Checkpointed:
+    """A running job saved a checkpoint at `at` (its own report): preemption weighs the work a
+    victim would lose from it (`RunningJob.last_checkpoint_at`); its GPUs are unchanged."""
+
+    job_id: int
+    at: float
+
+
+@dataclass(frozen=True)
 class NodeUp:
     """A node joined, or came back with these GPUs (a changed node is a NodeUp again)."""
 
@@ -106,6 +115,7 @@ Event = (
     | Started
     | Ended
     | StopRequested
+    | Checkpointed
     | NodeUp
     | NodeDown
     | Drained

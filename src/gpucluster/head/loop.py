@@ -94,6 +94,7 @@ from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
 from gpucluster.head.recovery import adopt_launch, requeue_left_preempted
+from gpucluster.head.running_cache import RunningCache
 from gpucluster.head.runtime_model import RuntimeModel
 from gpucluster.head.update import same_request
 from gpucluster.launch.env import inherited
@@ -173,10 +174,12 @@ class Head:
         self._usage_at = saved_at if saved_at is not None else clock()
         self._usage_saved_at = self._usage_at
         # The cluster state fed by events (core/cluster_state.py): the queue and its told index,
-        # kept from what the loop reads and does (head/queue_cache.py), not re-sorted each cycle.
-        # Running jobs are still read from the store each cycle (keeps_running=False).
-        self.cluster = ClusterState(keeps_running=False)
+        # kept from what the loop reads and does (head/queue_cache.py), not re-sorted each cycle,
+        # and the running jobs, read back only when the store says a write touched them
+        # (head/running_cache.py), not parsed whole each cycle.
+        self.cluster = ClusterState()
         self.queue = QueueCache(store, self.cluster)
+        self.running = RunningCache(store, self.cluster)
         # Check mode (tests, `gpucluster up --debug`): each plan first compares the state with a
         # fresh build from the store and raises StateMismatch on a difference.
         self.check_state = os.environ.get(CHECK_STATE_ENV, "") not in ("", "0")
@@ -243,7 +246,8 @@ class Head:
         if self._preempted_left:
             requeue_left_preempted(self, now)
             self._preempted_left = False
-        running = self.store.list_jobs(states=[JobState.RUNNING])
+        self.running.refresh(now)  # what was told since (records included): no full read each cycle
+        running = self.running.records()
         if self.inventory is not None:
             running = stop_jobs_on_lost_nodes(self, self.inventory, running, now)
         self._accrue_usage(running, now)
@@ -538,8 +542,10 @@ class Head:
         Its queue is the eligible one (core/eligibility.py via head/gates.py): no job held by its
         user, waiting on a dependency or over its array's throttle; nor one beyond its user's limits
         (core/limits.py), whose waits are kept in `limit_waits` to be recorded with the plan's."""
+        self.running.refresh(self.clock())  # what the store told of since (starts, stops, ends)
         nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
-        queued = self.gates.eligible(self.queue.requests(), self.clock())  # not held, blocked or throttled ones
+        every = self.queue.requests()
+        queued = self.gates.eligible(every, self.clock())  # not held, blocked or throttled ones
         self.accounting.note_holds(queued)  # the held jobs' reasons, in `why` and the queue
         if self.preempted_for:  # forget preemptors that started or left the queue
             ids = {r.job_id for r in queued if r.team not in self.accounting.held}
@@ -547,11 +553,16 @@ class Head:
         down = self.inventory.down() if self.inventory is not None else frozenset()
         snap = Snapshot(
             nodes=nodes,
-            running=tuple(self.store.running_jobs()),
+            running=self.running.jobs(),
             queued=queued,
             usage=dict(self.usage),
             capacity=self.capacity_index,
-            queue_index=self.cluster.queue_index,
+            # The told index holds every queued job: with some kept back, the cycle sorts the
+            # eligible ones itself, as admission and limits do for theirs. Handed the index, it
+            # was diffed down to them, and a later cycle whose eligible count matched it (a job
+            # submitted meanwhile, blocked) planned on the wrong jobs: a job after an array
+            # started after its first element.
+            queue_index=self.cluster.queue_index if len(queued) == len(every) else None,
             preempted_for=dict(self.preempted_for),
             drained=self.telemetry.drained() | down,
             holds=dict(self.accounting.held),
@@ -568,6 +579,7 @@ class Head:
     def _schedule(self, now: float) -> None:
         if self.hold_starts:
             return
+        self.running.refresh(now)  # first: an end read after its requeue would unqueue it
         queue_changed = self.queue.refresh(now)
         if self.check_state:
             queue_changed = self._check_state(now) or queue_changed
@@ -614,6 +626,10 @@ class Head:
                 # until the next full reload (check mode caught that after a PostgreSQL restart).
                 self.queue.invalidate()
                 raise
+            finally:
+                # Told as started; read back, as the store has it, whether the start committed
+                # or not (a start that found the job changed or gone writes nothing to tell).
+                self.running.told(start.job_id)
         if plan.starts and self.gates.awaits_start:
             self._capacity_changed = True  # a job waiting for one of these to start may go now
         # a preemptor that starts holds nothing back any more
@@ -626,14 +642,17 @@ class Head:
         self._record_waits({**waiting, **self.gates.waits, **self.limit_waits})
 
     def _check_state(self, now: float) -> bool:
-        """Check mode: the queue fed by events equals a fresh read of the store. Another thread
-        (an API submit or cancel) may commit between the two reads, so a difference is read
+        """Check mode: the queue and running jobs fed by events equal a fresh read of the store.
+        Another thread (an API submit or cancel) may commit between the two reads, so a difference is read
         again once, after what was told meanwhile, before it is called a mismatch. True if
         that second read changed the queue."""
         changed = False
         for last in (False, True):
+            self.running.refresh(now)  # what other threads told of, before the fresh read
             # Up to the last id the queue read: a later submission is the next read's (read_so_far).
-            fresh = ClusterState.build(queued=self.queue.read_so_far(self.store.queued_requests()), keeps_running=False)
+            fresh = ClusterState.build(
+                queued=self.queue.read_so_far(self.store.queued_requests()), running=self.store.running_jobs()
+            )
             self.queue.requests()  # applies removals told from other threads
             if last:
                 self.cluster.check(fresh, "the head's cluster state")  # StateMismatch, naming each difference
@@ -641,6 +660,7 @@ class Head:
                 changed = self.queue.refresh(now)
             else:
                 break
+        self.running.check_records(now)
         return changed
 
     def _record_waits(self, waiting: dict[int, Wait]) -> None:

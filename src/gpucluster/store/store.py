@@ -24,7 +24,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -481,6 +481,10 @@ class Store:
         self._lease_seen: tuple[Lease, str] | None = None  # (claim, row text) a write last found it in
         self._outage_since: float | None = None  # monotonic, while the database is unreachable
         self._outage_lock = threading.Lock()
+        # Told the id of each job whose running view (`running_rows`) or record a write may have
+        # changed while it runs: the head's event-fed running jobs (head/running_cache.py). Called after the write, from
+        # the writer's thread, whether or not it committed (a told job is only read again).
+        self._running_watchers: list[Callable[[int], None]] = []
         try:
             with self._writer.begin() as c:
                 self.migrated = migrate.prepare(c)
@@ -640,6 +644,25 @@ class Store:
     def close(self) -> None:
         self._writer.dispose()
         self._reader.dispose()
+
+    def watch_running(self, told: Callable[[int], None]) -> None:
+        """Call `told(job_id)` after every write that may start, stop, end or otherwise change a
+        running job (its record, or its view as `running_rows` reads it). Why here: every end
+        path (the loop's, the API's cancels, budget and idle stops, crash recovery, a test's own
+        write) goes through one of these few methods, so none can be left untold; the watcher
+        reads the job back."""
+        self._running_watchers.append(told)
+
+    @contextmanager
+    def _telling(self, job_id: int, running: bool = True) -> Iterator[None]:
+        """Around a write that may change a running job (`running`): its watchers are told after
+        it, committed or not (a told job is only read again; one not told would be missed)."""
+        try:
+            yield
+        finally:
+            if running:
+                for told in self._running_watchers:
+                    told(job_id)
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
@@ -1235,6 +1258,11 @@ class Store:
 
     def running_jobs(self) -> list[RunningJob]:
         """The scheduler's view of running jobs: where, whose, since when, and whether stopping."""
+        return [job for job, _ in self.running_rows()]
+
+    def running_rows(self, ids: Iterable[int] | None = None) -> list[tuple[RunningJob, str | None]]:
+        """`running_jobs` with each job's stop reason (None: no stop under way); only `ids`
+        among them if given (the jobs a watcher was told of, `watch_running`)."""
         j = schema.jobs.c
         q = select(
             j.id,
@@ -1249,6 +1277,8 @@ class Store:
             j.gpus,
             j.owner,
         ).where(j.state == JobState.RUNNING.value)
+        if ids is not None:
+            q = q.where(j.id.in_(list(ids)))
         with self._read() as c:
             rows = c.execute(q).all()
         out = []
@@ -1261,22 +1291,21 @@ class Store:
             # A checkpoint older than this attempt's start (a restart resumed from it) saves this
             # attempt nothing: its work counts from the start.
             checkpoint = r[7] if r[7] is not None and r[7] >= started else None
-            out.append(
-                RunningJob(
-                    job_id=r[0],
-                    allocation=allocation,
-                    team=r[2],
-                    priority=Priority(r[3]),
-                    started_at=started,
-                    time_limit_s=req.get("tl"),
-                    last_checkpoint_at=checkpoint,
-                    stopping=r[8] is not None,
-                    max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
-                    min_gpus=int(req["mn"]) if req.get("mn") is not None else None,  # and shrink
-                    user=r[10] or "",
-                    exclusive=bool(req.get("x")),
-                )
+            job = RunningJob(
+                job_id=r[0],
+                allocation=allocation,
+                team=r[2],
+                priority=Priority(r[3]),
+                started_at=started,
+                time_limit_s=req.get("tl"),
+                last_checkpoint_at=checkpoint,
+                stopping=r[8] is not None,
+                max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
+                min_gpus=int(req["mn"]) if req.get("mn") is not None else None,  # and shrink
+                user=r[10] or "",
+                exclusive=bool(req.get("x")),
             )
+            out.append((job, r[8]))
         return out
 
     def running_allocations(self) -> list[tuple[int, Allocation]]:
@@ -1389,7 +1418,7 @@ class Store:
         values.update(fields)
         if to.terminal:
             values.setdefault("ended_at", now)
-        with self._write() as c:
+        with self._telling(job_id, to is JobState.RUNNING or JobState.RUNNING in allowed), self._write() as c:
             res = c.execute(_move_from(tuple(s.value for s in allowed)), {"match_id": job_id, **_job_values(values)})
             if res.rowcount != 1:
                 return False
@@ -1558,7 +1587,7 @@ class Store:
         stop = StopReason(reason)
         j = schema.jobs.c
         running = update(schema.jobs).where(j.id == job_id).where(j.state == JobState.RUNNING.value)
-        with self._write() as c:
+        with self._telling(job_id), self._write() as c:
             res = c.execute(
                 running.where(j.stop_reason.is_(None)).values(
                     stop_reason=stop.value, stop_requested_at=now, stop_message=message, failed_rank=failed_rank
@@ -1594,7 +1623,8 @@ class Store:
         An array's first element holds the spec its sibling elements share (`spec` ''): before
         it changes, the siblings get their own copy of the old one."""
         j = schema.jobs.c
-        with self._write() as c:
+        # A running job's time limit is in its running view.
+        with self._telling(job_id, expect is JobState.RUNNING), self._write() as c:
             row = c.execute(select(j.state, j.request, j.spec, j.array_id).where(j.id == job_id)).first()
             if row is None or row[0] != expect.value:
                 return False
@@ -1633,7 +1663,7 @@ class Store:
         """Change bookkeeping fields of a job still in state `expect` (no state change, no event)."""
         if "launch" in fields:
             fields["launch"] = json.dumps(fields["launch"]) if fields["launch"] is not None else None
-        with self._write() as c:
+        with self._telling(job_id, expect is JobState.RUNNING), self._write() as c:  # records kept too
             res = c.execute(_move_from((expect.value,)), {"match_id": job_id, **_job_values(fields)})
         return res.rowcount == 1
 

@@ -1,0 +1,163 @@
+"""The head's running jobs, kept in its cluster state (core/cluster_state.py) by events.
+
+Why: the snapshot read and parsed every running job from the store each cycle (most of a quiet
+cycle at 1,000 nodes x 8 GPUs), where between two cycles only a few jobs start, stop or end. The
+store tells this cache the id of each job a write may have changed (`Store.watch_running`:
+every end path goes through one of its few writes, whichever thread makes it: the loop's ends,
+restarts and requeues, an API cancel, a budget or idle stop, crash recovery). The loop's thread
+reads those jobs back and tells the state what became of them: `Started`, `StopRequested`,
+`Checkpointed`, `Ended` with its `StopReason`. So the state's running jobs are exactly what a
+fresh read gives, and check mode (`GPUCLUSTER_CHECK_STATE`) compares the two.
+
+The loop's reconcile needs each running job's whole record (its launch, the stop under way, the
+signals sent): those are kept here too, read back with the same told ids, so a quiet cycle
+parses no record at all.
+
+A full read every `full_refresh_s` turns anything not told (another process's write to the
+database) into events too: only the jobs that differ.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+from gpucluster.core.cluster_state import ClusterState, StateMismatch
+from gpucluster.core.events import Checkpointed, Ended, Started, StopRequested, Submitted
+from gpucluster.core.lifecycle import StopReason
+from gpucluster.core.states import JobState
+from gpucluster.core.types import RunningJob
+from gpucluster.store import JobRecord, Store
+
+# More told jobs than this at once are read with all the others (one query, no long IN list).
+_MAX_IDS = 500
+
+
+class RunningCache:
+    def __init__(self, store: Store, state: ClusterState, full_refresh_s: float = 5.0) -> None:
+        self._store = store
+        self.state = state
+        self._full_refresh_s = full_refresh_s
+        self._last_full: float | None = None
+        self._lock = threading.Lock()
+        self._told: set[int] = set()  # told from any thread, read back on the loop's
+        self._reasons: dict[int, StopReason] = {}  # why each stopping job is stopping
+        self._running: tuple[RunningJob, ...] = ()  # the state's, in id order, as of event `_at`
+        self._at = -1
+        self._records: dict[int, JobRecord] = {}  # the running jobs' whole records
+        self._records_sorted: list[JobRecord] | None = []  # None: to be sorted again
+        store.watch_running(self.told)
+
+    def told(self, job_id: int) -> None:
+        """A write may have changed this job's running view (any thread)."""
+        with self._lock:
+            self._told.add(job_id)
+
+    def refresh(self, now: float) -> bool:
+        """Tell the state what became of the jobs told since the last refresh (all of them every
+        `full_refresh_s`); True if a job started, stopped or ended (not for a checkpoint)."""
+        full = self._last_full is None or now - self._last_full >= self._full_refresh_s
+        with self._lock:
+            ids, self._told = self._told, set()
+        if not ids and not full:
+            return False
+        full = full or len(ids) > _MAX_IDS
+        try:
+            rows = self._store.running_rows(None if full else ids)
+            records = self._store.list_jobs(states=[JobState.RUNNING], ids=None if full else ids)
+        except BaseException:
+            with self._lock:
+                self._told |= ids  # not read: read them next time
+            raise
+        running = self.state.running
+        fresh = {job.job_id: (job, reason) for job, reason in rows}
+        gone = [i for i in (running if full else ids) if i in running and i not in fresh]
+        changed = False
+        for job_id in gone:
+            self._end(job_id)
+            changed = True
+        for job, reason in fresh.values():
+            changed = self._tell(job, StopReason(reason) if reason is not None else None) or changed
+        self._keep_records(records, full, ids)
+        if full:
+            self._last_full = now
+        return changed
+
+    def _keep_records(self, records: list[JobRecord], full: bool, ids: set[int]) -> None:
+        kept = self._records
+        if full:
+            fresh = {r.id: r for r in records}
+            if fresh != kept:
+                self._records, self._records_sorted = fresh, None
+            return
+        for job_id in ids:
+            kept.pop(job_id, None)
+        kept.update((r.id, r) for r in records)
+        self._records_sorted = None
+
+    def check_records(self, now: float) -> None:
+        """Check mode: the kept records equal a fresh read. Another thread may write between the
+        refresh and the read, so a difference is read again once before it raises."""
+        for _ in range(2):
+            self.refresh(now)
+            stored = {r.id: r for r in self._store.list_jobs(states=[JobState.RUNNING])}
+            if stored == self._records:
+                return
+        differ = sorted(i for i in stored.keys() | self._records.keys() if stored.get(i) != self._records.get(i))
+        raise StateMismatch(f"the head's running jobs' records differ from a fresh read: jobs {differ[:5]}")
+
+    def records(self) -> list[JobRecord]:
+        """The running jobs' records, in id order, as the store had them at the last refresh."""
+        if self._records_sorted is None:
+            self._records_sorted = sorted(self._records.values(), key=_record_id)
+        return list(self._records_sorted)
+
+    def _tell(self, job: RunningJob, reason: StopReason | None) -> bool:
+        """The event that brings the state's copy of `job` to the store's; True unless none or a
+        checkpoint."""
+        job_id = job.job_id
+        old = self.state.running.get(job_id)
+        if old is not None and old.started_at != job.started_at:
+            self._end(job_id)  # a new attempt whose old one's end was read together with it
+            old = None
+        if reason is not None:
+            self._reasons[job_id] = reason  # a stop that replaced another (a cancel of a preemption)
+        else:
+            self._reasons.pop(job_id, None)
+        if old == job:
+            return False
+        apply = self.state.apply
+        if old is None:
+            apply(Started(job))
+        elif job.last_checkpoint_at is not None and replace(old, last_checkpoint_at=job.last_checkpoint_at) == job:
+            apply(Checkpointed(job_id, job.last_checkpoint_at))
+            return False
+        elif job.stopping and not old.stopping and reason is not None:
+            apply(StopRequested(job, reason))
+        else:
+            apply(Started(job))  # changed otherwise (its time limit, `gpucluster update`): replaced
+        return True
+
+    def _end(self, job_id: int) -> None:
+        # Already back in the queue (a restart or requeue the queue read first): it stays there;
+        # `Ended` says the attempt ended, not that the queued job left.
+        queued = self.state.queued.get(job_id)
+        self.state.apply(Ended(job_id, self._reasons.pop(job_id, None)))
+        if queued is not None:
+            self.state.apply(Submitted(queued))
+
+    def jobs(self) -> tuple[RunningJob, ...]:
+        """The running jobs, in id order (as the store's read gave them); kept until the state
+        applies another event (the loop's own start is told by the queue, head/queue_cache.py)."""
+        if self._at != self.state.applied:
+            self._running = tuple(sorted(self.state.running.values(), key=_job_id))
+            self._at = self.state.applied
+        return self._running
+
+
+def _job_id(job: RunningJob) -> int:
+    return job.job_id
+
+
+def _record_id(record: JobRecord) -> int:
+    return record.id
