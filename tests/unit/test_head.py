@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
 from gpucluster.core.states import JobState
-from gpucluster.executors.base import Exited, Lost, Running
+from gpucluster.executors.base import Exited, Handle, LaunchSpec, Lost, Running
 from gpucluster.head.loop import Head
 from gpucluster.head.recovery import LAUNCH_GRACE_S
 from gpucluster.head.service import Conflict, NotFound, Rejected
@@ -168,6 +169,49 @@ def test_finished_job_frees_its_gpus_for_the_next(cluster: Cluster) -> None:
     assert cluster.state(big1) is JobState.SUCCEEDED
     assert cluster.state(big2) is JobState.RUNNING
     assert cluster.proc(big2).spec.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+
+
+def test_the_starts_and_the_ends_of_one_cycle_share_their_commits(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18 (the head's CPU per job): six jobs starting, or ending, in one cycle cost the
+    head the commits of one, not six times them. And still every launch finds its job's start
+    durable: a second connection reads it running, with its allocation, before it launches."""
+    commits: list[int] = []
+    event.listen(cluster.store._writer, "commit", lambda _conn: commits.append(1))
+    other = Store(cluster.tmp / "state.db")
+    durable: dict[int, bool] = {}
+    launch = cluster.fake.launch
+
+    def launch_after_its_commit(spec: LaunchSpec) -> Handle:
+        seen = other.get_job(spec.job_id)
+        durable[spec.job_id] = seen is not None and seen.state is JobState.RUNNING and seen.allocation is not None
+        return launch(spec)
+
+    monkeypatch.setattr(cluster.fake, "launch", launch_after_its_commit)
+
+    def commits_of_tick(t: float) -> int:
+        before = len(commits)
+        cluster.tick_at(t)
+        return len(commits) - before
+
+    try:
+        cluster.tick_at(T0)  # a head's first cycle writes what later ones do not
+        one = cluster.submit(gpus=1)
+        start_one = commits_of_tick(T0 + 1)
+        six = [cluster.submit(gpus=1) for _ in range(6)]
+        start_six = commits_of_tick(T0 + 2)
+        assert [cluster.state(j) for j in (one, *six)] == [JobState.RUNNING] * 7
+        cluster.fake.finish(one, 0)
+        end_one = commits_of_tick(T0 + 3)
+        for j in six:
+            cluster.fake.finish(j, 0)
+        end_six = commits_of_tick(T0 + 4)
+        assert [cluster.state(j) for j in (one, *six)] == [JobState.SUCCEEDED] * 7
+    finally:
+        other.close()
+    assert durable == dict.fromkeys((one, *six), True)
+    assert (start_six, end_six) == (start_one, end_one)
 
 
 # ---- cancel ------------------------------------------------------------------------------------

@@ -183,6 +183,38 @@ def test_update_job_only_in_the_expected_state(store: Store) -> None:
     assert len(store.events(job_id)) == n  # bookkeeping, not a transition
 
 
+def test_a_batch_commits_its_writes_together_at_its_end(db: Path | str, store: Store) -> None:
+    """`Store.batch` (issue 18: one commit for a cycle's starts or ends): inside the block each
+    write is done (a compare-and-set still answers) but nothing is visible to another
+    connection; at its end every write is, at once."""
+    ids = [store.create_job(spec(), T0) for _ in range(3)]
+    other = Store(db)
+    try:
+        with store.batch():
+            assert start(store, ids[0], 0) and start(store, ids[1], 1)
+            assert not start(store, ids[0], 2)  # already running: this transaction sees its own writes
+            with store.batch():  # a nested block joins the outer one
+                assert store.update_job(ids[1], JobState.RUNNING, launch={"pid": 7})
+            assert [other.get_job(i).state for i in ids] == [JobState.QUEUED] * 3  # type: ignore[union-attr]
+        states = [other.get_job(i) for i in ids]
+    finally:
+        other.close()
+    assert [r.state for r in states if r is not None] == [JobState.RUNNING, JobState.RUNNING, JobState.QUEUED]
+    assert states[1] is not None and states[1].launch == {"pid": 7}
+    store.create_job(spec(), T0)  # the store writes alone again after the block
+
+
+def test_a_batch_that_raises_writes_nothing(store: Store) -> None:
+    ids = [store.create_job(spec(), T0) for _ in range(2)]
+    with pytest.raises(RuntimeError), store.batch():
+        assert start(store, ids[0], 0)
+        raise RuntimeError("the second start failed")
+    records = [store.get_job(i) for i in ids]
+    assert [r.state for r in records if r is not None] == [JobState.QUEUED, JobState.QUEUED]
+    assert len(store.events(ids[0])) == 1  # the submission only: the start's event went with it
+    assert start(store, ids[0], 0)  # and the store writes again
+
+
 # ---- scheduler views ---------------------------------------------------------------------------
 
 

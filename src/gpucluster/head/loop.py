@@ -37,7 +37,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +56,7 @@ from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.scheduler import decide, gc_paused
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Allocation, Drain, JobRequest, Node, Wait
+from gpucluster.core.types import Drain, JobRequest, Node, Start, Wait
 from gpucluster.durations import format_duration
 from gpucluster.executors.base import (
     Executor,
@@ -251,8 +251,13 @@ class Head:
         if self.inventory is not None:
             running = stop_jobs_on_lost_nodes(self, self.inventory, running, now)
         self._accrue_usage(running, now)
-        for job in running:
-            self._reconcile(job, now)
+        ended = [e for e in (self._reconcile(job, now) for job in running) if e is not None]
+        if ended:
+            # The ends of a cycle in one transaction, not one each (issue 18: the head's CPU per
+            # job); nothing in `_finish` acts outside the store on what it writes.
+            with self.store.batch():
+                for job, handle, statuses in ended:
+                    self._finish(job, handle, statuses, now)
         self.accounting.step(running, now)
         self._schedule(self.clock())
         self.cycles += 1
@@ -275,22 +280,23 @@ class Head:
             self.store.save_usage(self.usage, now)
             self._usage_saved_at = now
 
-    def _reconcile(self, job: JobRecord, now: float) -> None:
+    def _reconcile(self, job: JobRecord, now: float) -> tuple[JobRecord, Handle, list[Status]] | None:
+        """A running job's check: stops enforced now; an attempt whose every process ended is
+        cleaned up and returned, for the caller to record with the cycle's other ends."""
         handle = as_handle(job.launch) if job.launch is not None else adopt_launch(self, job, now)
         if handle is None:
-            return
+            return None
         statuses = self.executor.poll_ranks(handle)
         if not any(isinstance(s, Running) for s in statuses):
             self.executor.cleanup(handle)
-            self._finish(job, handle, statuses, now)
             image = stored_name(job.spec.image) if job.spec.image else None
             if image and job.allocation is not None and not any(isinstance(s, Exited) and s.final for s in statuses):
                 # It had its image (a pull that failed is `final`): placement may prefer these nodes.
                 self.images.seen(image, {s.node for s in job.allocation.slices})
-            return
-        if self._stop_on_rank_failure(job, handle, statuses, now):
-            return
-        self._enforce_stop(job, handle, now)
+            return job, handle, statuses
+        if not self._stop_on_rank_failure(job, handle, statuses, now):
+            self._enforce_stop(job, handle, now)
+        return None
 
     def _stop_on_rank_failure(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> bool:
         """One process of a multi-process attempt failed: SIGKILL the others now. True if so.
@@ -470,9 +476,11 @@ class Head:
     ) -> None:
         """`preempted`, then straight back to `queued`: same id, next start is a new attempt.
 
-        Two commits: a head that dies between them (or a cycle that fails) leaves the job
-        `preempted`, which the next head's first cycle (or the next cycle) requeues
-        (`_requeue_left_preempted`), its backoff kept in not_before.
+        Two writes, in the transaction of the cycle's ends (`tick`): a head that dies there
+        leaves neither, and the next one ends the attempt again. A job left `preempted` (by a
+        head that committed each write alone, or a failed requeue) is requeued by the next
+        head's first cycle (or the next cycle: `requeue_left_preempted`), its backoff kept in
+        not_before.
         """
         codes = tuple(s.exit_code if isinstance(s, Exited) else None for s in statuses)
         how = codes_text(codes, unit_of(job))
@@ -616,20 +624,8 @@ class Head:
                 log.info("job %s: %s", p.job_id, p.reason)
                 stopped.append(p.job_id)
                 self.wake.set()
-        for start in plan.starts:
-            planned = self.queue.started(start.job_id, start.allocation, now)
-            try:
-                self._start(start.job_id, start.allocation, now, planned)
-            except BaseException:
-                # Told as started, but the start did not commit (the database went away): the
-                # queue is read whole next cycle, so the job is planned again, not lost for
-                # until the next full reload (check mode caught that after a PostgreSQL restart).
-                self.queue.invalidate()
-                raise
-            finally:
-                # Told as started; read back, as the store has it, whether the start committed
-                # or not (a start that found the job changed or gone writes nothing to tell).
-                self.running.told(start.job_id)
+        if plan.starts:
+            self._start_all(plan.starts, now)
         if plan.starts and self.gates.awaits_start:
             self._capacity_changed = True  # a job waiting for one of these to start may go now
         # a preemptor that starts holds nothing back any more
@@ -696,23 +692,64 @@ class Head:
             if r.job_id in started:
                 self.stats.started(r.team, r.priority.label, now - (r.queued_at or r.submitted_at))
 
-    def _start(self, job_id: int, allocation: Allocation, now: float, planned: JobRequest | None = None) -> None:
-        # Under the lock `gpucluster update` takes for its commit (head/service.py): a job
-        # changed after this cycle's snapshot is not started on a plan made for its old request.
-        with self.start_lock:
-            job = self.store.get_job(job_id)
-            if job is None or job.state is not JobState.QUEUED:
-                return
-            if planned is not None and not same_request(planned, job.request()):
-                self.queue.invalidate()  # changed since the snapshot: planned again next cycle
-                self._capacity_changed = True
-                return
-            self._start_locked(job, allocation, now)
+    def _start_all(self, starts: Sequence[Start], now: float) -> None:
+        """Start a plan's jobs: every start committed (`running`, its allocation) in one
+        transaction, then each launched, then every launch recorded in a second one.
 
-    def _start_locked(self, job: JobRecord, allocation: Allocation, now: float) -> None:
-        job_id = job.id
+        Two commits a cycle, not two a job (issue 18: the head's CPU per job). Crash safety is
+        the one-job order's: an allocation is durable before its launch, so a head that dies
+        mid-way never launches a job the store does not show running; one that dies after a
+        launch and before its record finds the job by its shim's files (adopt_launch), as it
+        did between one job's launch and record. Under the lock `gpucluster update` takes for
+        its commit (head/service.py): a job changed after this cycle's snapshot is not started
+        on a plan made for its old request."""
+        committed: list[tuple[JobRecord, LaunchSpec | LaunchError | OSError]] | None = None
+        try:
+            planned = [(s, self.queue.started(s.job_id, s.allocation, now)) for s in starts]
+            with self.start_lock:
+                with self.store.batch():
+                    committed = [c for c in (self._commit_start(s, p, now) for s, p in planned) if c is not None]
+                self._launch_all(committed)
+        except BaseException:
+            if committed is None:
+                # Told as started, but the starts did not commit (the database went away): the
+                # queue is read whole next cycle, so the jobs are planned again, not lost for
+                # until the next full reload (check mode caught that after a PostgreSQL restart).
+                self.queue.invalidate()
+            raise
+        finally:
+            # Told as started (by the queue); read back, as the store has them, whether the
+            # starts committed or not (a start that found its job changed or gone writes nothing).
+            for s in starts:
+                self.running.told(s.job_id)
+
+    def _launch_all(self, committed: list[tuple[JobRecord, LaunchSpec | LaunchError | OSError]]) -> None:
+        """Launch committed starts, then record every launch in one transaction: what did
+        launch is recorded even if a later launch raised."""
+        launched: list[tuple[JobRecord, Handle | LaunchError | OSError]] = []
+        try:
+            for job, spec in committed:
+                launched.append((job, self._launch(spec)))
+        finally:
+            with self.store.batch():
+                for job, outcome in launched:
+                    self._record_launch(job, outcome)
+
+    def _commit_start(
+        self, start: Start, planned: JobRequest | None, now: float
+    ) -> tuple[JobRecord, LaunchSpec | LaunchError | OSError] | None:
+        """One start's commit, in `_start_all`'s transaction: the job as committed and its launch
+        spec (or why there is none), or None if the job may not start after all (`planned`: the
+        request it was planned on, as the queue had it)."""
+        job = self.store.get_job(start.job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            return None
+        if planned is not None and not same_request(planned, job.request()):
+            self.queue.invalidate()  # changed since the snapshot: planned again next cycle
+            self._capacity_changed = True
+            return None
         started: dict[str, Any] = {
-            "allocation": allocation,
+            "allocation": start.allocation,
             "attempt": job.attempt + 1,
             "started_at": now,
             "launch": None,
@@ -736,32 +773,39 @@ class Head:
         except (LaunchError, OSError) as e:
             spec = e  # recorded as the attempt's end once the start is committed
         ok = self.store.transition(
-            job_id,
+            job.id,
             JobState.RUNNING,
             now,
-            f"started on {describe_allocation(allocation)}",
+            f"started on {describe_allocation(start.allocation)}",
             expect=[JobState.QUEUED],
             **started,
         )
-        if not ok:
-            return  # cancelled between snapshot and start
+        return (job, spec) if ok else None  # not ok: cancelled between snapshot and start
+
+    def _launch(self, spec: LaunchSpec | LaunchError | OSError) -> Handle | LaunchError | OSError:
+        """A committed start's launch: its handle, or why it could not start."""
+        if not isinstance(spec, LaunchSpec):
+            return spec
         try:
-            if not isinstance(spec, LaunchSpec):
-                raise spec
-            handle = self.executor.launch(spec)
+            return self.executor.launch(spec)
         except (LaunchError, OSError) as e:
-            reason = f"could not start: {e}"
-            after = after_attempt(None, Exit.LAUNCH_ERROR)
-            self.store.transition(
-                job_id,
-                after.state,
-                self.clock(),
-                reason,
-                expect=[JobState.RUNNING],
-                ended_attempt=self._attempt_record(job, self.clock(), after.attempt.value, reason, ()),
-            )
+            return e
+
+    def _record_launch(self, job: JobRecord, outcome: Handle | LaunchError | OSError) -> None:
+        """A launch's record: its handle, or the attempt's end when it could not start."""
+        if not isinstance(outcome, BaseException):
+            self.store.update_job(job.id, JobState.RUNNING, launch=outcome)
             return
-        self.store.update_job(job_id, JobState.RUNNING, launch=handle)
+        reason = f"could not start: {outcome}"
+        after = after_attempt(None, Exit.LAUNCH_ERROR)
+        self.store.transition(
+            job.id,
+            after.state,
+            self.clock(),
+            reason,
+            expect=[JobState.RUNNING],
+            ended_attempt=self._attempt_record(job, self.clock(), after.attempt.value, reason, ()),
+        )
 
     def _launch_spec(self, job: JobRecord) -> LaunchSpec:
         return launch_spec(self, job)

@@ -6,7 +6,9 @@ a head that dies in between finds, on restart, either the shim's own pid file (t
 adopt it) or nothing after a grace period (it never started: back to the queue). A distributed
 attempt's executor records how many processes before starting the first, so an incomplete set
 is found too: after the grace period those that did start are killed and the job is requeued.
-Jobs left `preempted` (the head died between the two commits of a preemption) are requeued.
+Jobs left `preempted` (a head that committed a preemption's two writes apart died between them,
+or a cycle failed there; the loop now commits them together with the cycle's other ends) are
+requeued.
 """
 
 from __future__ import annotations
