@@ -193,20 +193,32 @@ class _CappedLog:
 DRAIN_S = 2.0
 
 
+def _inheritable_fds() -> list[int]:
+    """This process's fds past stdin, stdout and stderr that an exec would keep open."""
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        with contextlib.suppress(OSError):  # the listing's own fd, closed by now
+            if fd > 2 and os.get_inheritable(fd):
+                fds.append(fd)
+    return fds
+
+
 def _spawn_command(argv: list[str], env: dict[str, str], out: int) -> int:
     """Start the command as subprocess.Popen did, and cheaper (issue 18): posix_spawn, a vfork
     that copies none of this Python process's memory, instead of a fork, and no thread.
 
     As Popen: a bare name is looked up on the job's own PATH (the first exec error other than
     "not there" wins), stdin is /dev/null and stdout and stderr go to `out`, SIGPIPE and SIGXFSZ
-    (which Python ignores) are back to their defaults. Every other fd of this process is
-    close-on-exec (Python makes them so), so the command inherits none of them."""
+    (which Python ignores) are back to their defaults, and no other fd of this process reaches
+    the command (close_fds): Python makes its own close-on-exec, and any other is closed."""
     exe = argv[0]
     paths = [exe] if os.path.dirname(exe) else [os.path.join(d, exe) for d in os.get_exec_path(env)]
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_DUP2, out, 1),
         (os.POSIX_SPAWN_DUP2, out, 2),
+        *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds()),
     ]
     failed: OSError | None = None  # the first error other than "not there"
     missing: OSError = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
