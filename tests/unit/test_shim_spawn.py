@@ -1,11 +1,14 @@
-"""How the job side starts a command (executors/_shim.py `_spawn_command`, posix_spawn since
-issue 18): as subprocess.Popen did, so no job sees a difference. Real processes throughout."""
+"""How the job side starts a command and pumps its output (executors/_shim.py `_spawn_command`
+and `_pump_until_exit`: posix_spawn and no pump thread since issue 18): as subprocess.Popen and
+the thread did, so no job sees a difference. Real processes throughout."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -83,3 +86,33 @@ def test_no_fd_of_the_job_side_reaches_the_command(tmp_path: Path) -> None:
     assert code == 0
     assert sorted(int(fd) for fd in output.split()) == [0, 1, 2, 3]  # 3: ls's own listing of the directory
     assert stat.S_ISREG(os.stat(tmp_path / "secret").st_mode)
+
+
+def test_a_background_child_that_keeps_writing_does_not_hold_the_exit_record_up(tmp_path: Path) -> None:
+    """The pump (now in the job side's one thread) stops DRAIN_S after the command's end even
+    while a child it left behind still writes to the pipe; the keeper then kills that child."""
+    from gpucluster.executors.local import SHIM_ENV, shim_argv, write_shim_spec
+
+    script = "(while :; do echo more; sleep 0.01; done) & echo started"
+    log = tmp_path / "out.log"
+    write_shim_spec(tmp_path, argv=["/bin/sh", "-c", script], env={"PATH": "/usr/bin:/bin"}, workdir="/", log=log)
+    done = subprocess.run(shim_argv(tmp_path), env=SHIM_ENV, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 0
+    shim = json.loads((tmp_path / "shim.json").read_text())
+    assert log.read_bytes().startswith(b"started\nmore\n")
+    assert _live_members(shim["job_pgid"]) == []  # the whole group was killed before the record
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Processes of the group that are not dead (a killed orphan may wait a moment as a zombie)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            live.append(int(entry))
+    return live

@@ -264,12 +264,13 @@ def _pump_until_exit(read_fd: int, log: _CappedLog, pid: int, stops: list[int]) 
             if ended is None and pidfd < 0 and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
                 ended, drained_by = _wait_for(pid, stops), time.monotonic() + DRAIN_S
             if ended is not None:
-                timeout: float | None = max(0.0, drained_by - time.monotonic()) * 1000
+                left = drained_by - time.monotonic()
+                if left <= 0:  # even while a background child still writes
+                    break
+                timeout: float | None = left * 1000
             else:
                 timeout = None if pidfd >= 0 else 100
             events = poller.poll(timeout)
-            if not events and ended is not None and time.monotonic() >= drained_by:
-                break
             if ended is None and any(fd == pidfd for fd, _ in events):
                 poller.unregister(pidfd)
                 ended, drained_by = _wait_for(pid, stops), time.monotonic() + DRAIN_S
