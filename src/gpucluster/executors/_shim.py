@@ -19,8 +19,9 @@ Two processes, so that the privileged part touches nothing the user controls:
   RUN_DIR/exit.json. It stays outside the job's cgroup, so killing the job never kills the record.
 - the *job side* (the forked child) joins the job's cgroup, drops to the job's account
   (initgroups, setgid, setuid) and only then, as the user, applies the environment, makes the
-  job's directories, opens its log, enters the workdir and starts the command; it pumps the
-  command's output into the log and reports how the command ended to the keeper through a pipe.
+  job's directories, opens its log, enters the workdir and starts the command (posix_spawn: no
+  copy of this process); it pumps the command's output into the log in its one thread, and
+  reports how the command ended to the keeper through a pipe.
 
 Started two ways, the same keeper either way: exec'd (`python -I -S _shim.py RUN_DIR`), or forked
 by the node's fork server (`_shim.py --serve`, started once by the local executor: see `serve`),
