@@ -19,12 +19,17 @@ CPU and that of the keepers it forked and reaped (with their jobs: /proc/SERVER/
 cutime, cstime; a run ends when its keeper has been reaped, so each job's CPU is counted). The
 ratios to bare and to shim (the named baseline) are printed.
 
+With --baseline SRC (another checkout's src, e.g. /work/main/src), the forked modes also run
+with that tree's executor and shim, each in a worker process of its own (`--worker MODE`, with
+PYTHONPATH=SRC), interleaved with the rest: "forked@baseline" and "forked+cgroup@baseline",
+with the ratio of this tree's forked modes to them.
+
 Then, where the node has a v2 cgroup: the start of a process straight into its cgroup
 (clone3 with CLONE_INTO_CGROUP, through ctypes) against fork + the `cgroup.procs` write the job
 side does today, both then exec `true`: what the RCU wait of a migration costs a start.
 
-Run: `PYTHONPATH=src python bench/bench_shim.py [--jobs 40] [--record]`; --record appends the
-result, with the machine and its load average, to bench/RESULTS.md.
+Run: `PYTHONPATH=src python bench/bench_shim.py [--jobs 40] [--baseline /work/main/src] [--record]`;
+--record appends the result, with the machine and its load average, to bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -154,18 +159,71 @@ def clone3_lines(support: cgroups.CgroupSupport, jobs: int) -> list[str]:
     return lines
 
 
+def _executor(mode: str, support: cgroups.CgroupSupport) -> LocalExecutor:
+    forked, cgroup = mode.startswith("forked"), mode.endswith("cgroup")
+    if not cgroup:
+        return LocalExecutor(fork_server=forked)
+    return LocalExecutor(cgroup_support=support, instance=f"bench-{mode[0]}-{os.getpid()}", fork_server=forked)
+
+
+def worker(mode: str) -> None:
+    """`--worker MODE`: one executor of the tree on PYTHONPATH; runs a job per line "I ROOT" read on
+    stdin and answers "WALL_S CPU_S" (its CPU as `_cpu` counts it: its own, its children's, and its
+    fork server's tree)."""
+    support = detect()
+    executor = _executor(mode, support)
+    _servers.append(executor)
+    run = through(executor)
+    for line in sys.stdin:
+        i, root = line.split(maxsplit=1)
+        c0, t0 = _cpu(), time.perf_counter()
+        run(int(i), Path(root.strip()))
+        print(f"{time.perf_counter() - t0} {_cpu() - c0}", flush=True)
+    executor.close()
+    if executor.cgroup_support is not None:
+        cgroups.remove_parent(support, executor.instance)
+
+
+class Remote:
+    """A mode run by a worker process on another tree (--baseline): `run(i, root)` as the local
+    modes, with the wall and CPU the worker measured."""
+
+    def __init__(self, mode: str, src: str) -> None:
+        env = {**os.environ, "PYTHONPATH": src}
+        argv = [sys.executable, __file__, "--worker", mode]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        self.last = (0.0, 0.0)
+
+    def __call__(self, i: int, root: Path) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{i} {root}\n")
+        self.proc.stdin.flush()
+        wall, cpu = self.proc.stdout.readline().split()
+        self.last = (float(wall), float(cpu))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=40)
+    parser.add_argument("--baseline", help="another tree's src: its forked modes run side by side")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return
     support = detect()
-    executors = {"shim": LocalExecutor(fork_server=False), "forked": LocalExecutor()}
-    if support.usable:
-        executors["cgroup"] = LocalExecutor(cgroup_support=support, instance=f"bench-{os.getpid()}", fork_server=False)
-        executors["forked+cgroup"] = LocalExecutor(cgroup_support=support, instance=f"bench-f-{os.getpid()}")
+    names = ["shim", "forked", *(["cgroup", "forked+cgroup"] if support.usable else [])]
+    executors = {name: _executor(name, support) for name in names}
     _servers.extend(e for e in executors.values() if e.fork_server is not None)
     modes = {"bare": bare, **{name: through(e) for name, e in executors.items()}}
+    remotes = {f"{m}@baseline": Remote(m, args.baseline) for m in executors if args.baseline and m.startswith("forked")}
+    modes.update(remotes)
     wall: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
     load_before = os.getloadavg()
@@ -176,8 +234,13 @@ def main() -> None:
                 root.mkdir(exist_ok=True)
                 c0, t0 = _cpu(), time.perf_counter()
                 run(i, root)
-                wall[name].append(time.perf_counter() - t0)
-                cpu[name].append(_cpu() - c0)
+                spent = (time.perf_counter() - t0, _cpu() - c0)
+                if isinstance(run, Remote):  # measured there: this process only waited
+                    spent = run.last
+                wall[name].append(spent[0])
+                cpu[name].append(spent[1])
+    for remote in remotes.values():
+        remote.close()
     for executor in executors.values():
         executor.close()
         if executor.cgroup_support is not None:
@@ -199,6 +262,12 @@ def main() -> None:
             f"| {name} | {w * 1000:.1f} ms | {c * 1000:.1f} ms | {w / base_wall:.1f}x | {c / base_cpu:.1f}x "
             f"| {w / shim_wall:.2f}x | {c / shim_cpu:.2f}x |"
         )
+    lines += [""] if remotes else []
+    for name in remotes:
+        here = name.removesuffix("@baseline")
+        w = statistics.median(wall[here]) / statistics.median(wall[name])
+        c = statistics.mean(cpu[here]) / statistics.mean(cpu[name])
+        lines.append(f"- {here}, this tree vs {args.baseline}: wall {w:.2f}x, CPU {c:.2f}x")
     lines += ["", *clone3]
     print("\n".join(lines))
     if args.record:

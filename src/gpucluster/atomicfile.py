@@ -53,12 +53,16 @@ def atomic_write(
     *,
     mode: int = 0o666,
     crash_hook: Callable[[Path], None] | None = None,
+    durable: bool = True,
 ) -> None:
     """Write `final` through `write(fileobj)`, all or nothing.
 
     `mode` is the new file's permission bits before the umask (0o600: only its owner may read
     it, from its first byte, since the temporary file is made with them). The temporary name is
     new (O_EXCL), so a link planted there is never followed.
+    `durable=False` skips both fsyncs: still whole or absent to every reader while the machine
+    is up, but not kept through a power loss. For records that mean nothing after a reboot (a
+    running process's pid), where the fsyncs were most of a job start's file work (issue 18).
     `crash_hook`, for tests only, is called with the temporary path after the data was written
     and before the rename; a hook that kills the process simulates a crash mid-save.
     """
@@ -70,19 +74,21 @@ def atomic_write(
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         if crash_hook is not None:
             crash_hook(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def atomic_write_bytes(final: str | os.PathLike[str], data: bytes, *, mode: int = 0o666) -> None:
+def atomic_write_bytes(final: str | os.PathLike[str], data: bytes, *, mode: int = 0o666, durable: bool = True) -> None:
     """`atomic_write` of bytes already in memory."""
-    atomic_write(final, lambda f: f.write(data), mode=mode)
+    atomic_write(final, lambda f: f.write(data), mode=mode, durable=durable)
 
 
 def atomic_rename_dir(tmp: Path, final: Path) -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,13 +29,13 @@ def test_a_sigterm_that_reaches_the_shim_before_the_command_starts_stops_the_com
 ) -> None:
     """Found by tests/e2e/test_crash_consistency.py: a preemption's SIGTERM sent in this window
     was swallowed by the shim, and the job ran on to its end (then ran again, requeued)."""
-    real_popen = subprocess.Popen
+    real_spawn = _shim._spawn_command
 
-    def popen_after_a_sigterm(*args: object, **kw: object) -> subprocess.Popen[bytes]:
+    def spawn_after_a_sigterm(*args: Any) -> int:
         os.kill(os.getpid(), signal.SIGTERM)  # the head's killpg, before the command exists
-        return real_popen(*args, **kw)  # type: ignore[call-overload, no-any-return]
+        return real_spawn(*args)
 
-    monkeypatch.setattr(_shim.subprocess, "Popen", popen_after_a_sigterm)
+    monkeypatch.setattr(_shim, "_spawn_command", spawn_after_a_sigterm)
     write_shim_spec(
         tmp_path, argv=["sleep", "30"], env={"PATH": "/usr/bin:/bin"}, workdir=str(tmp_path), log=tmp_path / "out.log"
     )
@@ -52,16 +51,14 @@ def test_a_sigterm_that_comes_after_the_command_ended_by_itself_is_reported_as_n
     """Found by tests/e2e/test_crash_consistency.py: a preemption's SIGTERM sent just as the
     command exited 0 by itself (the head still saw it running) reached only the shim, and the
     head requeued a job that had finished. The record says the stop came too late."""
-    real_thread = threading.Thread
+    real_wait = _shim._wait_for
 
-    class StoppedAfterTheEnd(real_thread):
-        """The log pump, joined once the command's wait has returned: the stop comes then."""
+    def stopped_after_the_end(pid: int, stops: list[int]) -> tuple[int, bool]:
+        ended = real_wait(pid, stops)  # the command's wait has returned: the stop comes now
+        os.kill(os.getpid(), signal.SIGTERM)  # the head's killpg, into a group the command left
+        return ended
 
-        def join(self, timeout: float | None = None) -> None:
-            os.kill(os.getpid(), signal.SIGTERM)  # the head's killpg, into a group the command left
-            super().join(timeout)
-
-    monkeypatch.setattr(_shim.threading, "Thread", StoppedAfterTheEnd)
+    monkeypatch.setattr(_shim, "_wait_for", stopped_after_the_end)
     write_shim_spec(
         tmp_path, argv=["true"], env={"PATH": "/usr/bin:/bin"}, workdir=str(tmp_path), log=tmp_path / "out.log"
     )
@@ -73,15 +70,15 @@ def test_a_sigterm_that_comes_after_the_command_ended_by_itself_is_reported_as_n
 def test_a_command_stopped_while_it_runs_is_reported_as_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_handlers: None
 ) -> None:
-    real_popen = subprocess.Popen
+    real_spawn = _shim._spawn_command
 
-    class StoppedWhileRunning(real_popen):  # type: ignore[valid-type, misc]
-        def wait(self, timeout: float | None = None) -> int:
-            os.kill(os.getpid(), signal.SIGTERM)  # the head's killpg: the job side, and ...
-            self.send_signal(signal.SIGTERM)  # ... the command in the same group
-            return int(super().wait(timeout))
+    def stopped_while_running(*args: Any) -> int:
+        pid = real_spawn(*args)
+        os.kill(os.getpid(), signal.SIGTERM)  # the head's killpg: the job side, and ...
+        os.kill(pid, signal.SIGTERM)  # ... the command in the same group
+        return pid
 
-    monkeypatch.setattr(_shim.subprocess, "Popen", StoppedWhileRunning)
+    monkeypatch.setattr(_shim, "_spawn_command", stopped_while_running)
     write_shim_spec(
         tmp_path, argv=["sleep", "30"], env={"PATH": "/usr/bin:/bin"}, workdir=str(tmp_path), log=tmp_path / "out.log"
     )

@@ -19,8 +19,9 @@ Two processes, so that the privileged part touches nothing the user controls:
   RUN_DIR/exit.json. It stays outside the job's cgroup, so killing the job never kills the record.
 - the *job side* (the forked child) joins the job's cgroup, drops to the job's account
   (initgroups, setgid, setuid) and only then, as the user, applies the environment, makes the
-  job's directories, opens its log, enters the workdir and starts the command; it pumps the
-  command's output into the log and reports how the command ended to the keeper through a pipe.
+  job's directories, opens its log, enters the workdir and starts the command (posix_spawn: no
+  copy of this process); it pumps the command's output into the log in its one thread, and
+  reports how the command ended to the keeper through a pipe.
 
 Started two ways, the same keeper either way: exec'd (`python -I -S _shim.py RUN_DIR`), or forked
 by the node's fork server (`_shim.py --serve`, started once by the local executor: see `serve`),
@@ -59,10 +60,12 @@ the command on a PTY that it serves there, its output going to the log as a tran
 """
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import pwd
+import select
 import signal
 import subprocess
 import sys
@@ -80,11 +83,15 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 CANNOT_START = 127
 
 
-def write_json_atomic(path: "str | os.PathLike[str]", data: dict) -> None:  # type: ignore[type-arg]
+def write_json_atomic(path: "str | os.PathLike[str]", data: dict, durable: bool = True) -> None:  # type: ignore[type-arg]
     """A record whole or absent, and only its owner may read it (0600): the package's one atomic
     writer (gpucluster/atomicfile.py: write, fsync, rename, fsync the directory), loaded by path.
-    Also the executors' one writer of their records (local.py, ray.py)."""
-    _load_sibling("../atomicfile.py").atomic_write_bytes(path, json.dumps(data).encode(), mode=0o600)
+    Also the executors' one writer of their records (local.py, ray.py).
+
+    `durable=False` (no fsync) for what a reboot makes meaningless anyway: a job's spec and its
+    keeper's pid (spec.json, shim.json) name processes that a power loss ends; the exit record,
+    which outlives them, stays durable."""
+    _load_sibling("../atomicfile.py").atomic_write_bytes(path, json.dumps(data).encode(), mode=0o600, durable=durable)
 
 
 def _start_ticks(pid: int) -> int:
@@ -182,18 +189,105 @@ class _CappedLog:
         self.fd, self.size = fd, 0
 
 
-def _pump(read_fd: int, log: _CappedLog) -> None:
-    while True:
+# After the command has ended, how long its output pipe may stay open (held by a background
+# child) before its exit is reported anyway: the keeper then kills what is left.
+DRAIN_S = 2.0
+
+
+def _inheritable_fds() -> list[int]:
+    """This process's fds past stdin, stdout and stderr that an exec would keep open."""
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        with contextlib.suppress(OSError):  # the listing's own fd, closed by now
+            if fd > 2 and os.get_inheritable(fd):
+                fds.append(fd)
+    return fds
+
+
+def _spawn_command(argv: list[str], env: dict[str, str], out: int) -> int:
+    """Start the command as subprocess.Popen did, and cheaper (issue 18): posix_spawn, a vfork
+    that copies none of this Python process's memory, instead of a fork, and no thread.
+
+    As Popen: a bare name is looked up on the job's own PATH (the first exec error other than
+    "not there" wins), stdin is /dev/null and stdout and stderr go to `out`, SIGPIPE and SIGXFSZ
+    (which Python ignores) are back to their defaults, and no other fd of this process reaches
+    the command (close_fds): Python makes its own close-on-exec, and any other is closed."""
+    exe = argv[0]
+    paths = [exe] if os.path.dirname(exe) else [os.path.join(d, exe) for d in os.get_exec_path(env)]
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_DUP2, out, 1),
+        (os.POSIX_SPAWN_DUP2, out, 2),
+        *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds()),
+    ]
+    failed: OSError | None = None  # the first error other than "not there"
+    missing: OSError = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+    for path in paths:
         try:
-            data = os.read(read_fd, 1 << 16)
-        except OSError:
-            return
-        if not data:
-            return
-        # A full disk must not stop the job (nor this pump, or the job would block on a full
-        # pipe): its output is dropped until the log can be written again.
-        with contextlib.suppress(OSError):
-            log.write(data)
+            return os.posix_spawn(path, argv, env, file_actions=actions, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                missing = e
+            elif failed is None:
+                failed = e
+    raise failed or missing
+
+
+def _wait_for(pid: int, stops: list[int]) -> tuple[int, bool]:
+    """The command's wait status, and whether a stop had reached the job by then: taken the
+    moment the wait returns, so a stop that comes after the command's end by itself (into the
+    group it left) does not count as stopping it."""
+    _, status = os.waitpid(pid, 0)
+    return status, bool(stops)
+
+
+def _pump_until_exit(read_fd: int, log: _CappedLog, pid: int, stops: list[int]) -> tuple[int, bool]:
+    """The command's output into the log, in this one thread (no pump thread: issue 18), until
+    the command has ended and its pipe is closed, or DRAIN_S after its end (a background child
+    that holds the pipe does not hold the record up); then `_wait_for`'s answer.
+
+    A pidfd wakes this loop at the command's end; without one (a kernel before 5.3) it looks
+    every 100 ms. A full disk must not stop the job (nor this pump, or the job would block on a
+    full pipe): its output is dropped until the log can be written again."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        pidfd = -1
+    poller = select.poll()
+    poller.register(read_fd, select.POLLIN)
+    if pidfd >= 0:
+        poller.register(pidfd, select.POLLIN)
+    ended: tuple[int, bool] | None = None
+    drained_by = 0.0  # once the command has ended
+    try:
+        while True:
+            if ended is None and pidfd < 0 and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                ended, drained_by = _wait_for(pid, stops), time.monotonic() + DRAIN_S
+            if ended is not None:
+                left = drained_by - time.monotonic()
+                if left <= 0:  # even while a background child still writes
+                    break
+                timeout: float | None = left * 1000
+            else:
+                timeout = None if pidfd >= 0 else 100
+            events = poller.poll(timeout)
+            if ended is None and any(fd == pidfd for fd, _ in events):
+                poller.unregister(pidfd)
+                ended, drained_by = _wait_for(pid, stops), time.monotonic() + DRAIN_S
+            if any(fd == read_fd for fd, _ in events):
+                try:
+                    data = os.read(read_fd, 1 << 16)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                with contextlib.suppress(OSError):
+                    log.write(data)
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+    return ended if ended is not None else _wait_for(pid, stops)
 
 
 def _account_env(account: pwd.struct_passwd) -> dict[str, str]:
@@ -232,7 +326,7 @@ def _container_env(container: dict, env: dict) -> tuple[dict, dict]:  # type: ig
     return env, {**env, "PATH": path, **container.get("config_env", {})}
 
 
-def _ensure_image(container: dict, env: dict, out: int, tell: Any) -> tuple[str, float | None, str | None]:  # type: ignore[type-arg]
+def _ensure_image(container: dict, env: dict, note: Any, tell: Any) -> tuple[str, float | None, str | None]:  # type: ignore[type-arg]
     """The image to run (as given, or the id an archive loaded as), the seconds a pull took (None
     when it was already here), and why it cannot be had (None when it can). The pull is a phase
     the keeper records in RUN_DIR/phase.json while it lasts, for the head to show."""
@@ -248,7 +342,7 @@ def _ensure_image(container: dict, env: dict, out: int, tell: Any) -> tuple[str,
             return image, None, f"cannot run podman ({podman}) on this node: {e.strerror}"
         if here.returncode == 0:
             return image, None, None
-    os.write(out, f"gpucluster: preparing: pulling image {image}\n".encode())
+    note(f"preparing: pulling image {image}")
     tell({"phase": f"pulling image {image}"})
     started = time.monotonic()
     phase = f"pulling image {image}"
@@ -345,14 +439,13 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     except OSError as e:
         tell({"error": f"cannot write the job's log {log_path}: {e.strerror or e}"})
         return CANNOT_START
-    read_fd, out = os.pipe()
-    pump = threading.Thread(target=_pump, args=(read_fd, log), daemon=True)
-    pump.start()
+
+    def note(message: str) -> None:  # a line of ours in the job's log
+        with contextlib.suppress(OSError):
+            log.write(f"gpucluster: {message}\n".encode())
 
     def fail(message: str, final: bool = False, **extra: object) -> int:
-        os.write(out, f"gpucluster: {message}\n".encode())
-        os.close(out)
-        pump.join(timeout=2)
+        note(message)
         record = {"exit_code": CANNOT_START, "signal": None, "error": message, **extra}
         tell(record | ({"final": True} if final else {}))
         return CANNOT_START
@@ -369,37 +462,39 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     extra: dict = {}  # type: ignore[type-arg]
     if container:
         env, podman_env = _container_env(container, env)
-        image, pull_s, problem = _ensure_image(container, podman_env, out, tell)
+        image, pull_s, problem = _ensure_image(container, podman_env, note, tell)
         if pull_s is not None:
             extra["pull_s"] = pull_s
         extra["container_ended"] = True  # none started yet
         if problem is not None:
             return fail(problem, final=True, **extra)
         if stops:  # stopped while the image was pulled: the command never starts
-            os.close(out)
-            pump.join(timeout=2)
             tell({"exit_code": 128 + stops[0], "signal": stops[0], "stopped": True, **extra})
             return 128 + stops[0]
         argv = [container["podman"], "run", *container["options"], image, *argv]
         env = podman_env
     if session is not None:  # an interactive session: the command on a PTY, served on the socket
-        os.close(out)
-        pump.join(timeout=2)
         code, sig = session.serve(listener, argv, env, log, stops, relay_signals=not spec.get("cgroup"))
         tell({"exit_code": code, "signal": sig, "stopped": bool(stops)})
         return int(code)
+    read_fd, out = os.pipe()
     try:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True)
+        pid = _spawn_command(argv, env, out)
     except OSError as e:
+        os.close(read_fd)
         return fail(f"cannot start {argv[0]!r}: {e.strerror}")
-    os.close(out)
+    finally:
+        os.close(out)
     if stops:
         # A stop (a preemption, a cancel) sent while the command was being started reached
         # only this process, or the command before its exec: without this it would run on.
         with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(stops[0])
-    rc = proc.wait()
-    stopped = bool(stops)  # now, before a stop that comes after the command's end is counted
+            os.kill(pid, stops[0])
+    # All of the command's output is in the log before its exit is recorded; background
+    # children still holding the pipe do not hold the record up (the keeper kills them).
+    status, stopped = _pump_until_exit(read_fd, log, pid, stops)
+    os.close(read_fd)
+    rc = os.waitstatus_to_exitcode(status)
     code, sig = (rc, None) if rc >= 0 else (128 - rc, -rc)
     if container:
         # podman run returned the container's own code (not its own 125-127, nor a signal to
@@ -407,9 +502,6 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
         extra["container_ended"] = 0 <= rc < 125 or rc > 127
         if 128 < code <= 128 + 64:
             sig = code - 128  # podman run says a signal's end as the shell does: 128 + N
-    # All of the command's output is in the log before its exit is recorded; background
-    # children still holding the pipe do not hold the record up (the keeper kills them).
-    pump.join(timeout=2)
     tell({"exit_code": code, "signal": sig, "stopped": stopped, **extra})
     return code
 
@@ -495,6 +587,7 @@ class _Keeper:
             {"pid": pid, "pgid": os.getpgid(0), "start_ticks": _start_ticks(pid), "job_pgid": child}
             | ({"cgroup": self.cgroup.to_json()} if self.cgroup is not None else {})
             | ({"container": self.spec["container"]["name"]} if self.spec.get("container") else {}),
+            durable=False,
         )
         for signum in self.pending:
             self.send(signal.SIGKILL if signum == KILL_REQUEST else signum)
@@ -701,7 +794,10 @@ def serve(requests: int = 0, replies: int = 1) -> int:
     import gc
 
     signal.signal(signal.SIGCHLD, _reap)
-    _load_cgroups()  # what every cgroup job's keeper and job side need, loaded once
+    # What every keeper and job side needs, loaded once here: loaded in each keeper instead (the
+    # atomic writer imports pathlib), it was half of a forked keeper's CPU (issue 18).
+    _load_sibling("../atomicfile.py")
+    _load_cgroups()
     gc.freeze()  # what is loaded now stays shared with every keeper (no copy on write of it)
     pending = b""
     while data := os.read(requests, 1 << 16):  # a SIGCHLD meanwhile: retried (PEP 475)

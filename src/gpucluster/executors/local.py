@@ -162,7 +162,9 @@ def write_shim_spec(
         spec["container"] = container
     if session_dir is not None:
         spec["session_dir"] = str(session_dir)
-    write_json_atomic(run_dir / SPEC, spec)
+    # Not fsynced (issue 18): its shim reads it at once, and no job runs on after a reboot. A
+    # container job's is: the cleanup after a crash reads it to remove what podman kept.
+    write_json_atomic(run_dir / SPEC, spec, durable=container is not None)
 
 
 def shim_argv(run_dir: Path | str) -> list[str]:
