@@ -62,7 +62,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SerialBesidePure(config, log)
 
 
+def _compile_the_package() -> None:
+    """Write the bytecode of every gpucluster module once, before any test starts a process.
+
+    Each `gpucluster up`, CLI call and job rank the tests start is a fresh interpreter. Where
+    bytecode is not written (PYTHONDONTWRITEBYTECODE, as on this project's CI machine, and a fresh
+    clone has none), every one of them compiled the package's modules from source again: ~0.25 s
+    of CPU per head start, ~0.03 s per CLI call, hundreds of times a run. Compiled here once
+    (~0.4 s), into the package's own (git-ignored) __pycache__, they only read it; Python checks
+    each file against its source, so an edited module is compiled afresh as before.
+    """
+    import compileall
+    import importlib.util
+
+    spec = importlib.util.find_spec("gpucluster")
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        compileall.compile_dir(location, quiet=1)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _compile_the_package()
     config.addinivalue_line(
         "markers", "backends(*names): the store backends (sqlite, postgresql) a test runs on (tests/unit/conftest.py)"
     )

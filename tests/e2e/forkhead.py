@@ -24,8 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from tests.e2e.headproc import HeadProcess, pid_alive
 
 # What `gpucluster up` imports on its way to serving, so a forked child imports nothing.
@@ -197,18 +195,13 @@ class ForkedHead(HeadProcess):
     def start(self, timeout: float = 20.0) -> HeadProcess:
         self.spawn()
         assert self.pid is not None
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=1) as http:
-            while time.monotonic() < deadline:
-                if not pid_alive(self.pid):
-                    raise RuntimeError(f"head exited: {self.log_path.read_text()[-3000:]}")
-                try:
-                    if http.get(f"{self.url}/v1/health").status_code == 200:
-                        return self
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.02)
-        raise RuntimeError(f"head did not come up: {self.log_path.read_text()[-3000:]}")
+        pid = self.pid
+        return self.await_health(
+            timeout,
+            lambda: None if pid_alive(pid) else f"head exited: {self.log_path.read_text()[-3000:]}",
+            interval=0.02,
+            log_chars=3000,
+        )
 
     @property
     def alive(self) -> bool:
