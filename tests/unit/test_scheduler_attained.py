@@ -4,13 +4,14 @@ inside (classes, fair share, quotas), its preemption and the anti-thrash slice."
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from gpucluster.core.attained import Ordering, may_be_taken, may_take, rank_of
-from gpucluster.core.policy import Policy, fifo_backfill_policy
+from gpucluster.core.policy import Policy, fifo_backfill_policy, las_gittins_policy, las_policy
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import JobRequest, Plan, RunningJob
@@ -18,6 +19,7 @@ from gpucluster.policyfile import PolicyFileError, load_policy
 
 from .builders import job, node, policy, running, snapshot, team
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "policies"
 H = 3600.0
 NOW = 100 * H
 LAS = Ordering(mode="las", queues=(H, 8 * H), promote_after_s=24 * H)
@@ -78,6 +80,25 @@ def test_promotion_after_waiting() -> None:
     assert _started(decide(_snap([old, new], {1: 100 * H}), policy_, NOW)) == [1]
     never = Policy(ordering=replace(LAS, promote_after_s=None), starvation_age_s=1000 * H)
     assert _started(decide(_snap([old, new], {1: 100 * H}), never, NOW)) == [2]
+
+
+@pytest.mark.parametrize("make", [las_policy, las_gittins_policy])
+def test_a_backlog_of_days_keeps_las_order(make: Callable[[], Policy]) -> None:
+    """The built-in `las` policies under a backlog two days old: a job that has had 100 GPU-hours
+    and waited 48 h does not go before a fresh job with nothing attained. With the default's
+    day as starvation age and promotion, every job past a day went first by age, so in a
+    crowded week (Philly days 40-47) LAS was FIFO for most of the queue; a week keeps it LAS."""
+    old, new = _queued(1, NOW - 48 * H), _queued(2, NOW - H)
+    assert _started(decide(_snap([old, new], {1: 100 * H}), make(), NOW)) == [2]
+    # The guard is still there, a week on: the long-waiting job goes first.
+    older = _queued(1, NOW - 8 * 24 * H)
+    assert _started(decide(_snap([older, new], {1: 100 * H}), make(), NOW)) == [1]
+
+
+@pytest.mark.parametrize(("name", "make"), [("las", las_policy), ("las-gittins", las_gittins_policy)])
+def test_the_example_policy_files_are_the_built_ins(name: str, make: Callable[[], Policy]) -> None:
+    """examples/policies/las*.yaml say they are the built-in policies: they load to the same."""
+    assert load_policy(EXAMPLES / f"{name}.yaml") == make()
 
 
 def test_classes_keep_their_order() -> None:

@@ -17,7 +17,10 @@ What this module decides, and nothing else:
 It never changes what goes before it: the starvation age, priority classes, quota guarantees and
 the fair share between teams keep their order (`queueing.TeamQueues` ranks jobs only inside one
 team's line at one class level, and breaks ties between teams at equal fair share by rank), and
-backfill reservations are made as before, for whichever job is first in line.
+backfill reservations are made as before, for whichever job is first in line. Since the
+starvation age and promotion both order by age, a backlog older than them is served oldest
+first, not by attained service: the built-in `las` policies set both to a week
+(`policy.LAS_STARVATION_AGE_S`).
 
 Inputs both callers supply (`Snapshot.attained`): job id -> GPU-seconds over its previous
 attempts (the head from its attempt rows, the simulator from its own bookkeeping); a running

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpucluster.core.attained import Ordering
+from gpucluster.core.attained import Ordering, RuntimeModel
 from gpucluster.core.pools import Pool
 from gpucluster.core.types import Priority
 
@@ -354,15 +354,28 @@ def fifo_backfill_policy() -> Policy:
     return Policy(fair_share=False, priorities=False, backfill=True, preemption=Preemption(enabled=False))
 
 
+# `las`'s starvation age and promotion: a week, not the default's day. Why: both put a job first
+# in line by age, so once a backlog is older than they are, every job past them is ordered
+# oldest first and LAS becomes FIFO for exactly the jobs it should reorder. On Philly days 40-47
+# (17 nodes, a backlog of days) a day made `las`'s mean wait 9.2x the oracle's; a week 1.84x,
+# with p99 below FIFO + backfill's (bench/RESULTS.md, "Why las failed on a second week").
+LAS_STARVATION_AGE_S = 7 * 86400.0
+
+
 def las_policy() -> Policy:
     """The default policy with least-attained-service ordering and its preemption (core/attained.py)."""
-    return Policy(ordering=Ordering(mode="las", preempt=True))
+    return _las("none")
 
 
 def las_gittins_policy() -> Policy:
     """`las` ordering inside each attained-service queue by the Gittins index of the run times
     the cluster learned from its finished jobs (core/gittins.py)."""
-    return Policy(ordering=Ordering(mode="las", preempt=True, runtime_model="gittins"))
+    return _las("gittins")
+
+
+def _las(runtime_model: RuntimeModel) -> Policy:
+    ordering = Ordering(mode="las", preempt=True, promote_after_s=LAS_STARVATION_AGE_S, runtime_model=runtime_model)
+    return Policy(ordering=ordering, starvation_age_s=LAS_STARVATION_AGE_S)
 
 
 def priority_policy() -> Policy:
