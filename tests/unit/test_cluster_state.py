@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -252,26 +253,27 @@ def test_a_restart_whose_commit_was_lost_in_answer_is_read_back_with_no_mismatch
     """A requeue for a restart is committed, but the database goes away before it answers: the
     row is written, the call raises. Its id is below what the queue has read, so only a full read
     finds it: the loop reads the queue whole once a requeue was tried, whatever its outcome, not
-    only once one is known to have committed (check mode raised; the job waited out the 5 s reload)."""
+    only once one is known to have committed (check mode raised; the job waited out the 5 s reload).
+    The loop commits a cycle's ends in one `Store.batch`, so the answer is lost at its commit."""
     c = make_cluster(tmp_path, gpus=1)
     try:
         c.head.check_state = True
         first = c.submit(gpus=1, command=["a"], max_restarts=1)
         c.tick_at(c.clock.t + 1)
         assert c.state(first) is JobState.RUNNING
-        real = c.store.transition
+        real = c.store.batch
 
-        def answer_lost(job_id: int, to: JobState, *args: Any, **kwargs: Any) -> bool:
-            done = real(job_id, to, *args, **kwargs)
-            if to is JobState.QUEUED:
-                raise DatabaseUnavailable("database unavailable: the server closed the connection")
-            return done
+        @contextmanager
+        def answer_lost() -> Iterator[None]:
+            with real():
+                yield
+            raise DatabaseUnavailable("database unavailable: the server closed the connection")
 
-        c.store.transition = answer_lost  # type: ignore[method-assign]
+        c.store.batch = answer_lost  # type: ignore[method-assign]
         c.fake.finish(first, 2)
         with pytest.raises(DatabaseUnavailable):
             c.tick_at(c.clock.t + 0.1)
-        c.store.transition = real  # type: ignore[method-assign]
+        c.store.batch = real  # type: ignore[method-assign]
         assert c.state(first) is JobState.QUEUED
         c.tick_at(c.clock.t + 0.1)  # before the 5 s full reload: no StateMismatch
         assert [r.job_id for r in c.head.queue.requests()] == [first]
