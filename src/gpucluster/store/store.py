@@ -5,7 +5,8 @@ Writers take the database's write lock up front (SQLite: `BEGIN IMMEDIATE`; Post
 transaction-scoped advisory lock) so two writers never deadlock on a lock upgrade nor interleave,
 and state changes are compare-and-set on the current state: a cancel and a launch racing on one
 job cannot both win. Every commit is durable (SQLite: WAL, synchronous=FULL; PostgreSQL:
-synchronous_commit=on) before the API acknowledges it. Readers see one snapshot per transaction
+synchronous_commit=on) before the API acknowledges it, except the queued jobs' wait reasons, which
+the loop derives again each cycle (`_write(durable=False)`). Readers see one snapshot per transaction
 (SQLite's deferred BEGIN; PostgreSQL's REPEATABLE READ).
 
 One head per database: a head claims the lease (store/lease.py) and every write transaction it
