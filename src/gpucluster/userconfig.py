@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from gpucluster.atomicfile import atomic_write_bytes
 from gpucluster.errors import GpuclusterError
@@ -59,12 +58,59 @@ def _read(path: Path) -> dict[str, Any]:
         return {}
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    data = _read_plain(text)
+    if data is None:
+        import yaml  # only for a file beyond the plain shape `up` writes (issue 18: the CLI starts light)
+
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping (url:, token:, heads:)")
+    return data
+
+
+# One plain YAML scalar that can only mean a string: it starts with a letter (YAML 1.1's numbers,
+# dates and `.inf` start with a digit, a sign or a dot), holds no space, quote, `#`, `=`, `,`, or
+# bracket, and (below) is none of YAML 1.1's booleans or nulls.
+_PLAIN = r"[A-Za-z][A-Za-z0-9_./:@%+~-]*"
+_TOP_LINE = re.compile(rf"(url|token|heads):(?: ({_PLAIN}))?")
+_HEAD_LINE = re.compile(rf"  ({_PLAIN}): ({_PLAIN})")
+_NOT_STRINGS = frozenset(["y", "yes", "n", "no", "true", "false", "on", "off", "null"])
+
+
+def _is_string(scalar: str) -> bool:
+    return not scalar.endswith(":") and scalar.lower() not in _NOT_STRINGS
+
+
+def _read_plain(text: str) -> dict[str, Any] | None:
+    """The file as `yaml.safe_load` reads it, when it has the plain shape `save_head` writes
+    (`url: U`, `token: T`, `heads:` with `  U: T` lines, comments); None for anything else.
+
+    Why: importing PyYAML is ~20 ms of CPU, a sixth of a CLI `submit` (issue 18), for a file of
+    three kinds of line. Anything this reader is not sure of (quotes, flow style, a value YAML
+    might read as a number or a boolean, a duplicate key) goes to PyYAML, so both read alike.
+    """
+    data: dict[str, Any] = {}
+    heads: dict[str, str] | None = None
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        top = _TOP_LINE.fullmatch(line)
+        if top is not None:
+            key, value = top.groups()
+            if key in data or (value is not None and (key == "heads" or not _is_string(value))):
+                return None
+            heads = {} if key == "heads" else None
+            data[key] = heads if key == "heads" else value
+            continue
+        entry = _HEAD_LINE.fullmatch(line)
+        if entry is None or heads is None or entry[1] in heads or not (_is_string(entry[1]) and _is_string(entry[2])):
+            return None
+        heads[entry[1]] = entry[2]
+    if data.get("heads") == {}:
+        data["heads"] = None  # `heads:` alone is a null in YAML
     return data
 
 
@@ -104,6 +150,8 @@ def save_head(url: str, token: str | None, path: Path | None = None, make_defaul
             heads: dict[str, Any] = found if isinstance(found, dict) else {}
             heads[url.rstrip("/")] = token
             data["heads"] = heads
+        import yaml  # here only: `up` writes the file, every command reads it
+
         text = "# gpucluster client configuration (holds tokens: keep it private)\n"
         text += yaml.safe_dump(data, sort_keys=False)
         atomic_write_bytes(path, text.encode(), mode=0o600)

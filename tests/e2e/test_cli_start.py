@@ -82,6 +82,21 @@ def test_read_commands_import_neither_pydantic_nor_httpx(head: HeadProcess, tmp_
         assert found == [], (args, sorted({m.split(".")[0] for m in found}))
 
 
+# What a plain `submit` (and `jobs`) never needs (issue 18): PyYAML for a config file `up` wrote
+# in plain lines, and the scheduler core's types for the submitter's environment.
+SUBMIT_PATH_FREE_OF = ("yaml", "gpucluster.core", "gpucluster.models")
+
+
+def test_submit_reads_the_config_without_yaml_and_loads_no_core(head: HeadProcess, tmp_path: Path) -> None:
+    assert "heads:" in userconfig.config_path().read_text()  # the token comes from the file `up` wrote
+    cli = _script(tmp_path)
+    for args in (["submit", "--", "true"], ["submit", "--gpus", "1", "--env", "A=b", "--", "true"], ["jobs"]):
+        r = _run(cli, *args, url=head.url)
+        assert r.returncode == 0, (args, r.stderr)
+        found = [m for m in _modules(r.stderr) if any(m == p or m.startswith(p + ".") for p in SUBMIT_PATH_FREE_OF)]
+        assert found == [], (args, found)
+
+
 def test_up_records_its_url_so_later_commands_find_it(head: HeadProcess, tmp_path: Path) -> None:
     """No --url, no $GPUCLUSTER_URL: the config file's url:, written by this head's `up`."""
     assert userconfig.load().url == head.url

@@ -7,8 +7,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from gpucluster.core.policy import Limit, Limits
 from gpucluster.core.reasons import WaitFacts, WaitReason
@@ -617,3 +619,31 @@ def test_batched_submissions_are_refused_one_by_one(store: Store) -> None:
     limits = Limits(per_user=Limit(max_queued_jobs=2))
     got = store.create_jobs_each([(spec(), T0)] * 3 + [(spec(), T0)], ["alice", "alice", "alice", "bob"], limits)
     assert [type(o) for o in got] == [int, int, QueueLimitReached, int]
+
+
+def test_wait_reasons_commit_without_fsync_and_submissions_with_it(store: Store, db: Path | str) -> None:
+    """Issue 18: the loop rewrote wait reasons after each submission, with an fsync that held the
+    write lock the next submission waited for. Wait reasons (derived again every cycle) commit
+    without one; a job's row, and every other write, still with one, and neither level leaks."""
+    seen: list[tuple[str, str]] = []
+
+    @event.listens_for(store._writer, "before_cursor_execute")
+    def level(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        words = statement.split()
+        if words[:2] in (["UPDATE", "jobs"], ["INSERT", "INTO"]):
+            raw = conn.connection.dbapi_connection.cursor()
+            raw.execute("SHOW synchronous_commit" if store.dialect == "postgresql" else "PRAGMA synchronous")
+            seen.append((words[0], str(raw.fetchone()[0])))
+            raw.close()
+
+    queued = store.create_job(spec(), T0)
+    store.set_wait_reasons({queued: Wait(WaitReason.RESOURCES)})
+    store.create_job(spec(), T0)
+    durable, lazy = ("on", "off") if store.dialect == "postgresql" else ("2", "1")  # FULL, NORMAL
+    assert ("UPDATE", lazy) in seen and ("UPDATE", durable) not in seen, seen
+    assert {level for verb, level in seen if verb == "INSERT"} == {durable}, seen
+    other = Store(db)  # committed: another connection reads it
+    try:
+        assert other.get_job(queued) is not None and other.get_job(queued).wait_reason == "resources"  # type: ignore[union-attr]
+    finally:
+        other.close()

@@ -30,7 +30,6 @@ from gpucluster.cli.console import Table, escape
 from gpucluster.cli.transport import Head, View, job_path
 from gpucluster.clientbase import DEFAULT_QUEUE_PAGE, ApiError, ClusterUnreachable
 from gpucluster.durations import begin_time, format_duration
-from gpucluster.jobfile import JobFileError, read_job_file
 from gpucluster.labels import gpu_types, gpus_label
 from gpucluster.launch.env import exported_env
 from gpucluster.ranklogs import LinePrefixer
@@ -568,6 +567,8 @@ def submit(
     fields: dict[str, Any] = {}
     source = None
     if file is not None:
+        from gpucluster.jobfile import JobFileError, read_job_file  # with -f only: it loads PyYAML (issue 18)
+
         try:
             fields = read_job_file(file)
         except JobFileError as e:
@@ -750,7 +751,7 @@ def _validated(fields: dict[str, Any], node: Any, source: Path | None) -> Any:
     gets the same words it got when the CLI validated first (`job.yaml:3: gpus: ...`), and an
     invalid one the same words whether or not the head is up.
     """
-    from gpucluster.jobfile import spec_from_fields
+    from gpucluster.jobfile import JobFileError, spec_from_fields
 
     try:
         return spec_from_fields({**fields, "__node__": node}, source)

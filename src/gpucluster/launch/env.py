@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from gpucluster.core.types import NodeSlice
+if TYPE_CHECKING:  # the CLI imports this module for exported_env: it must not load the core's types (issue 18)
+    from gpucluster.core.types import NodeSlice
 
 # The only variables of the head's own environment a job inherits: where programs are and how
 # text is shown. Everything else (a database URL with its password, cloud credentials, tokens)

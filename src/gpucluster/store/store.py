@@ -5,7 +5,8 @@ Writers take the database's write lock up front (SQLite: `BEGIN IMMEDIATE`; Post
 transaction-scoped advisory lock) so two writers never deadlock on a lock upgrade nor interleave,
 and state changes are compare-and-set on the current state: a cancel and a launch racing on one
 job cannot both win. Every commit is durable (SQLite: WAL, synchronous=FULL; PostgreSQL:
-synchronous_commit=on) before the API acknowledges it. Readers see one snapshot per transaction
+synchronous_commit=on) before the API acknowledges it, except the queued jobs' wait reasons, which
+the loop derives again each cycle (`_write(durable=False)`). Readers see one snapshot per transaction
 (SQLite's deferred BEGIN; PostgreSQL's REPEATABLE READ).
 
 One head per database: a head claims the lease (store/lease.py) and every write transaction it
@@ -471,6 +472,7 @@ class Store:
         self.url, self.path = _target(path)
         self.dialect = self.url.get_backend_name()
         self.display = self.url.render_as_string(hide_password=True) if self.path is None else str(self.path)
+        self._durable = True  # False only inside `_write(durable=False)`, under the write lock
         self._writer = self._engine(self.url, write=True)
         self._reader = self._engine(self.url, write=False)
         self._write_lock = threading.Lock()
@@ -518,6 +520,11 @@ class Store:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
+            if write:  # SQLite takes the level only outside a transaction; set it when it changes
+                level = "FULL" if self._durable else "NORMAL"
+                if conn.info.get("synchronous") != level:
+                    conn.exec_driver_sql(f"PRAGMA synchronous={level}")
+                    conn.info["synchronous"] = level
             conn.exec_driver_sql(begin)
 
         return engine
@@ -689,16 +696,33 @@ class Store:
                 self._batch, self._batch_thread = None, None
 
     @contextmanager
-    def _write(self) -> Iterator[Connection]:
+    def _write(self, durable: bool = True) -> Iterator[Connection]:
+        """One write transaction under the write lock, durable (fsync'd) before it returns.
+
+        `durable=False` is for what the head derives again at its next cycle (why queued jobs
+        wait): its commit reaches the database file's log before it returns, so it survives a kill
+        -9 of the head, but is not fsync'd (SQLite WAL with synchronous=NORMAL; PostgreSQL
+        synchronous_commit=off): an OS crash or power loss may lose it, never corrupt the file, and
+        the next durable commit makes it durable too. Why (issue 18): the loop rewrote wait
+        reasons after each submission, and that fsync held the write lock the next submission's
+        commit waits for.
+        """
         if self._batch_thread == threading.get_ident():
             assert self._batch is not None
-            yield self._batch  # inside `batch`: its transaction, committed (lease checked) once
+            yield self._batch  # inside `batch`: its transaction, committed (lease checked) once, durable
             return
         # Writers queue on a Python lock, not on SQLite's busy handler, which sleeps 1-100 ms
         # between retries and cut submit throughput by 4x under concurrent clients.
-        with self._write_lock, self._errors_mapped(), self._writer.begin() as conn:
-            self._check_lease(conn)
-            yield conn
+        with self._write_lock:
+            self._durable = durable
+            try:
+                with self._errors_mapped(), self._writer.begin() as conn:
+                    if not durable and self.dialect == "postgresql":
+                        conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
+                    self._check_lease(conn)
+                    yield conn
+            finally:
+                self._durable = True
 
     @contextmanager
     def _errors_mapped(self) -> Iterator[None]:
@@ -1357,7 +1381,7 @@ class Store:
             .where(j.state == JobState.QUEUED.value)
             .values(reason=bindparam("r"), wait_reason=bindparam("w"), estimated_start=bindparam("e"))
         )
-        with self._write() as c:
+        with self._write(durable=False) as c:  # derived again each cycle: see `_write`
             c.execute(
                 stmt,
                 [
