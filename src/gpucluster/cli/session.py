@@ -9,9 +9,13 @@ reachable on this machine, through the head.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -275,29 +279,61 @@ def _wait_running(h: Head, job_id: int) -> str:
     """Until the job runs or has ended (its state), a live status line on stderr meanwhile."""
     shown = False
     polls = 0
-    while True:
-        job = call(h.json, "GET", job_path(job_id))
-        state = str(job.state)
-        if state == "running" or state in ENDED:
-            if shown:
-                _clear_line()
-            return state
-        line = f"session {job_id} {state}"
-        if state == "queued":
-            page = call(h.json, "GET", "/v1/queue", {"job": job_id, "limit": 1})
-            if page.entries:
-                line += f", position {page.entries[0].position}"
-            start = page.entries[0].job.estimated_start if page.entries else None
-            if start:
-                line += f", estimated start {time.strftime('%H:%M', time.localtime(start))}"
-            if job.reason:
-                line += f" ({job.reason})"
-        sys.stderr.write("\r\x1b[K" + line[:200])
-        sys.stderr.flush()
-        shown = True
-        # Soon at first (a free GPU starts the session within a scheduling cycle), then every POLL_S.
-        time.sleep(min(POLL_S, 0.02 * 2**polls))
-        polls += 1
+    with _ctrl_c_between_requests() as interrupted:
+        while True:
+            state = _poll_once(h, job_id, shown)
+            if interrupted.is_set():
+                raise KeyboardInterrupt
+            if state is not None:
+                return state
+            shown = True
+            # Soon at first (a free GPU starts the session within a scheduling cycle), then every
+            # POLL_S; Ctrl-C ends the wait at once.
+            if interrupted.wait(min(POLL_S, 0.02 * 2**polls)):
+                raise KeyboardInterrupt
+            polls += 1
+
+
+@contextmanager
+def _ctrl_c_between_requests() -> Iterator[threading.Event]:
+    """Ctrl-C while waiting sets an event that the wait checks between requests, instead of
+    raising KeyboardInterrupt wherever the main thread is. Why: an interrupt that lands inside an
+    HTTP request may leave the client's connection mid-exchange for the cancel sent next on the
+    same client (the likely cause of a CI run where a waiting `run` never exited after Ctrl-C and
+    its session stayed queued). The previous handler is put back afterwards."""
+    interrupted = threading.Event()
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        interrupted.set()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _poll_once(h: Head, job_id: int, shown: bool) -> str | None:
+    """The job's state if it runs or has ended; otherwise None, with its live line shown."""
+    job = call(h.json, "GET", job_path(job_id))
+    state = str(job.state)
+    if state == "running" or state in ENDED:
+        if shown:
+            _clear_line()
+        return state
+    line = f"session {job_id} {state}"
+    if state == "queued":
+        page = call(h.json, "GET", "/v1/queue", {"job": job_id, "limit": 1})
+        if page.entries:
+            line += f", position {page.entries[0].position}"
+        start = page.entries[0].job.estimated_start if page.entries else None
+        if start:
+            line += f", estimated start {time.strftime('%H:%M', time.localtime(start))}"
+        if job.reason:
+            line += f" ({job.reason})"
+    sys.stderr.write("\r\x1b[K" + line[:200])
+    sys.stderr.flush()
+    return None
 
 
 def _clear_line() -> None:
