@@ -152,7 +152,10 @@ def test_a_stop_reaches_the_foreground_command_and_is_announced(session: tuple) 
     # the shell puts `sleep` in a process group of its own
     v.send(b"sleep " + _SLEEP + b"; echo after=$?\r")
     v.until(S.DATA, b"\r\n")
-    wait_for(lambda: _sleeping(), timeout=20, what="the sleep")
+    # In the terminal's foreground, not only started: the server passes a stop to the terminal's
+    # foreground group, and a SIGTERM sent before the shell handed the terminal to the sleep's
+    # group reached only the shell, which ignores it (a fresh-clone CI run timed out so, once).
+    wait_for(lambda: _sleeping(foreground=True), timeout=20, what="the sleep, in the foreground")
     ex.signal(handle, signal.SIGTERM)
     v.until(S.DATA, b"[gpucluster] the session is being stopped (SIGTERM)")
     v.until(S.DATA, b"after=143")  # the foreground command got it; the interactive shell ignores it
@@ -164,14 +167,21 @@ def test_a_stop_reaches_the_foreground_command_and_is_announced(session: tuple) 
 _SLEEP = str(40000 + os.getpid() % 20000).encode()
 
 
-def _sleeping() -> bool:
+def _sleeping(foreground: bool = False) -> bool:
+    """This run's sleep exists (and, with `foreground`, its group holds its terminal: /proc's
+    stat fields pgrp and tpgid are equal)."""
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    if f.read() == b"sleep\x00" + _SLEEP + b"\x00":
-                        return True
-            except OSError:
+                    if f.read() != b"sleep\x00" + _SLEEP + b"\x00":
+                        continue
+                if not foreground:
+                    return True
+                with open(f"/proc/{entry.name}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()  # after the command's name
+                return fields[2] == fields[5]  # pgrp, tpgid
+            except (OSError, IndexError):
                 continue
     return False
 
