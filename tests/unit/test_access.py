@@ -183,6 +183,50 @@ def test_a_root_head_refuses_a_submitter_without_a_unix_account(world: World) ->
     assert strict.run_as("alice") == "alice" and strict.run_as(None) is None
 
 
+def test_the_account_a_job_runs_as_is_read_once_and_each_change_is_seen_by_the_next_start(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18 (the head's CPU per job): `run_as` is asked at every job start; the owner's
+    mapping is read from the store once, then kept until a change to users. Only the account's
+    name is kept: the node looks its uid up at each start."""
+    strict = AccessControl(world.cluster.store, world.cluster.clock, run_as_submitter=True)
+    read = strict.store.unix_user
+    reads: list[str] = []
+
+    def counted(name: str) -> str | None:
+        reads.append(name)
+        return read(name)
+
+    monkeypatch.setattr(strict.store, "unix_user", counted)
+    assert [strict.run_as("alice") for _ in range(5)] == ["alice"] * 5
+    assert reads == ["alice"]
+    strict.update_user("alice", "root", None)  # an account every machine has
+    assert strict.run_as("alice") == "root"
+    strict.update_user("alice", None, None)  # back to the default: their own name
+    assert strict.run_as("alice") == "alice"
+    strict.update_user("dave", "root", None)
+    strict.delete_user("dave")
+    assert strict.run_as("dave") == "dave"
+    assert reads == ["alice", "alice", "alice", "dave"]
+
+
+def test_a_mapping_read_while_users_change_is_not_kept(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start that read the old mapping just as a change committed (another thread) may use
+    it that once, as it would have without a cache, but the next start reads the new one."""
+    strict = AccessControl(world.cluster.store, world.cluster.clock, run_as_submitter=True)
+    read = strict.store.unix_user
+
+    def raced(name: str) -> str | None:
+        old = read(name)
+        monkeypatch.setattr(strict.store, "unix_user", read)
+        strict.update_user(name, "root", None)  # committed while the first read was under way
+        return old
+
+    monkeypatch.setattr(strict.store, "unix_user", raced)
+    assert strict.run_as("alice") == "alice"
+    assert strict.run_as("alice") == "root"
+
+
 @pytest.mark.backends("sqlite")  # reads the database file itself
 def test_only_token_digests_are_stored(world: World) -> None:
     db = world.cluster.store.path

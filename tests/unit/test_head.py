@@ -214,6 +214,39 @@ def test_the_starts_and_the_ends_of_one_cycle_share_their_commits(
     assert (start_six, end_six) == (start_one, end_one)
 
 
+def test_the_starts_and_the_ends_of_one_cycle_read_their_jobs_once(cluster: Cluster) -> None:
+    """Issue 18 (the head's CPU per job): a cycle reads its starting jobs, and its ending jobs,
+    in one query each: six starts or six ends in one cycle cost the reads of one. (Before:
+    one read of the job per start and one per end.) A quiet cycle between the measured ones
+    reads back what the one before told, so each measured cycle starts from the same place."""
+    reads: list[str] = []
+    event.listen(cluster.store._reader, "before_cursor_execute", lambda *a: reads.append(a[2]))
+    t = T0
+
+    def reads_of_tick() -> int:
+        nonlocal t
+        before = len(reads)
+        cluster.tick_at(t := t + 1)
+        counted = len(reads) - before
+        cluster.tick_at(t := t + 1)  # quiet
+        return counted
+
+    reads_of_tick()  # a head's first cycle reads what later ones do not
+    one = cluster.submit(gpus=1)
+    start_one = reads_of_tick()
+    six = [cluster.submit(gpus=1) for _ in range(6)]
+    start_six = reads_of_tick()
+    assert [cluster.state(j) for j in (one, *six)] == [JobState.RUNNING] * 7
+    cluster.fake.finish(one, 0)
+    end_one = reads_of_tick()
+    for j in six:
+        cluster.fake.finish(j, 0)
+    end_six = reads_of_tick()
+    assert [cluster.state(j) for j in (one, *six)] == [JobState.SUCCEEDED] * 7
+    assert start_one > 0 and end_one > 0
+    assert (start_six, end_six) == (start_one, end_one)
+
+
 # ---- cancel ------------------------------------------------------------------------------------
 
 

@@ -58,6 +58,11 @@ class AccessControl:
         self.run_as_submitter = unix.head_is_root() if run_as_submitter is None else run_as_submitter
         self._job_key = self.store.secret(JOB_KEY)
         self._cache: dict[str, _Cached] = {}
+        # Owner -> the Unix account name their jobs run as (run_as), read at every job start
+        # (issue 18: the head's CPU per job). Cleared by every change to users (`_changed`), as the
+        # identities are; `_generation` keeps a read that raced a change from being kept after it.
+        self._accounts: dict[str, str] = {}
+        self._generation = 0
         self._lock = threading.Lock()
 
     # ---- who is calling ---------------------------------------------------------------------
@@ -110,6 +115,8 @@ class AccessControl:
     def _changed(self) -> None:
         with self._lock:
             self._cache.clear()
+            self._accounts.clear()
+            self._generation += 1
 
     def check_rate(self, who: Identity) -> None:
         """RateLimited when the caller's token has spent its budget (cluster admins have none)."""
@@ -133,10 +140,23 @@ class AccessControl:
     # ---- running jobs as their users ----------------------------------------------------------
 
     def run_as(self, owner: str | None) -> str | None:
-        """The Unix account a job of `owner` runs as; None: the head's own."""
+        """The Unix account a job of `owner` runs as; None: the head's own.
+
+        The account's name only, kept until the next change to users through this head (the
+        store's only writer: `gpucluster admin` goes through its API). Never its uid: the node
+        looks the name up (pwd) at each start, so an account removed or renumbered on the
+        machine is seen by the next start, cached name or not."""
         if not self.run_as_submitter or owner is None:
             return None
-        return unix.account_for(owner, self.store.unix_user(owner))
+        with self._lock:
+            account = self._accounts.get(owner)
+            generation = self._generation
+        if account is None:
+            account = unix.account_for(owner, self.store.unix_user(owner))
+            with self._lock:
+                if generation == self._generation:  # no change to users since the read began
+                    self._accounts[owner] = account
+        return account
 
     def check_can_run(self, who: Identity) -> None:
         """Refuse a submission whose job could not run as its submitter."""
@@ -161,6 +181,7 @@ class AccessControl:
         if self.store.has_users():
             return None
         user = self.store.add_user(name, [], cluster_admin=True, unix_user=unix_user, now=self.clock())
+        self._changed()
         token, _ = self.issue_token(user.name, None, "created by the first `gpucluster up`")
         self.record(name, "add-user", f"user {name}", "cluster-admin (first start)")
         return token

@@ -253,11 +253,7 @@ class Head:
         self._accrue_usage(running, now)
         ended = [e for e in (self._reconcile(job, now) for job in running) if e is not None]
         if ended:
-            # The ends of a cycle in one transaction, not one each (issue 18: the head's CPU per
-            # job); nothing in `_finish` acts outside the store on what it writes.
-            with self.store.batch():
-                for job, handle, statuses in ended:
-                    self._finish(job, handle, statuses, now)
+            self._finish_all(ended, now)
         self.accounting.step(running, now)
         self._schedule(self.clock())
         self.cycles += 1
@@ -358,11 +354,21 @@ class Head:
         assert fresh is not None
         return fresh
 
+    def _finish_all(self, ended: list[tuple[JobRecord, Handle, list[Status]]], now: float) -> None:
+        """The ends of a cycle in one transaction, not one each, their jobs re-read in one query
+        (issue 18: the head's CPU per job); nothing in `_finish` acts outside the store on what
+        it writes. Re-read because the running record may predate a stop another thread asked
+        for since (its reason, message and failed rank decide how the attempt ended)."""
+        with self.store.batch():
+            fresh = self._read_in_batch([job.id for job, _, _ in ended])
+            for job, handle, statuses in ended:
+                self._finish(fresh.get(job.id) or self._reload(job), handle, statuses, now)
+
     def _finish(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> None:
         """Every process of the attempt has ended: what happens next is the lifecycle's
-        (core/lifecycle.py); this applies it to the store and says it in the job's events."""
+        (core/lifecycle.py); this applies it to the store and says it in the job's events.
+        `job`: its record as it is now, read in the cycle's transaction of ends."""
         self._capacity_changed = True
-        job = self._reload(job)
         if job.kill_sent:  # a process that vanished after our SIGKILL was killed by it
             statuses = [Exited(128 + signal.SIGKILL, signal.SIGKILL) if isinstance(s, Lost) else s for s in statuses]
         stop = StopReason(job.stop_reason) if job.stop_reason is not None else None
@@ -708,7 +714,9 @@ class Head:
             planned = [(s, self.queue.started(s.job_id, s.allocation, now)) for s in starts]
             with self.start_lock:
                 with self.store.batch():
-                    committed = [c for c in (self._commit_start(s, p, now) for s, p in planned) if c is not None]
+                    jobs = self._read_in_batch([s.job_id for s in starts])
+                    tried = (self._commit_start(s, p, jobs.get(s.job_id), now) for s, p in planned)
+                    committed = [c for c in tried if c is not None]
                 self._launch_all(committed)
         except BaseException:
             if committed is None:
@@ -735,13 +743,21 @@ class Head:
                 for job, outcome in launched:
                     self._record_launch(job, outcome)
 
+    def _read_in_batch(self, job_ids: list[int]) -> dict[int, JobRecord]:
+        """The records of a cycle's starting (or ending) jobs, in one query, not one per job
+        (issue 18: the head's CPU per job). Read inside the cycle's `Store.batch()`, which holds
+        the store's write lock: no other writer can commit between this read and the block's
+        writes, so each record is as fresh as a read of its own just before its write, and the
+        block's own writes touch no other job of the list."""
+        return {j.id: j for j in self.store.list_jobs(ids=job_ids)}
+
     def _commit_start(
-        self, start: Start, planned: JobRequest | None, now: float
+        self, start: Start, planned: JobRequest | None, job: JobRecord | None, now: float
     ) -> tuple[JobRecord, LaunchSpec | LaunchError | OSError] | None:
         """One start's commit, in `_start_all`'s transaction: the job as committed and its launch
         spec (or why there is none), or None if the job may not start after all (`planned`: the
-        request it was planned on, as the queue had it)."""
-        job = self.store.get_job(start.job_id)
+        request it was planned on, as the queue had it; `job`: its record, read in the
+        transaction, None if it is gone)."""
         if job is None or job.state is not JobState.QUEUED:
             return None
         if planned is not None and not same_request(planned, job.request()):

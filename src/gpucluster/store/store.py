@@ -1477,21 +1477,24 @@ class Store:
             c.execute(_ADD_EVENT, {"job_id": job_id, "at": now, "state": to.value, "reason": reason})
             if ended_attempt is not None:
                 a = ended_attempt
+                # The upsert made once, its values as parameters: a `.values(...)` statement per end
+                # was a new statement whose cache key SQLAlchemy worked out again each time.
                 c.execute(
-                    self.upsert(schema.attempts).values(
-                        job_id=a.job_id,
-                        attempt=a.attempt,
-                        started_at=a.started_at,
-                        ended_at=a.ended_at,
-                        allocation=allocation_to_json(a.allocation) if a.allocation else None,
-                        outcome=a.outcome,
-                        reason=a.reason,
-                        exit_codes=json.dumps(list(a.exit_codes)),
-                        work_lost_s=a.work_lost_s,
-                        cpu_s=a.cpu_s,
-                        memory_peak_bytes=a.memory_peak_bytes,
-                        pull_s=a.pull_s,
-                    )
+                    self.upsert(schema.attempts),
+                    {
+                        "job_id": a.job_id,
+                        "attempt": a.attempt,
+                        "started_at": a.started_at,
+                        "ended_at": a.ended_at,
+                        "allocation": allocation_to_json(a.allocation) if a.allocation else None,
+                        "outcome": a.outcome,
+                        "reason": a.reason,
+                        "exit_codes": json.dumps(list(a.exit_codes)),
+                        "work_lost_s": a.work_lost_s,
+                        "cpu_s": a.cpu_s,
+                        "memory_peak_bytes": a.memory_peak_bytes,
+                        "pull_s": a.pull_s,
+                    },
                 )
         return True
 
