@@ -15,13 +15,6 @@ usual httptools protocol plus:
   of the next request on a kept-alive connection) must be in within `header_timeout_s`, else the
   connection is closed; and at most `MAX_HEADER_BYTES` of them (431).
 
-- one write per response: uvicorn writes a response's head and its body with a call each, and on
-  loopback each write is a syscall with the GIL held (uvloop) that also wakes the client, which
-  then reads the head alone and sleeps again: two of each per submission, about a third of the
-  event loop's own time at 8 clients (issue 18). The connection's writes are gathered and handed
-  to the socket together when the response completes, or at the end of the loop's turn for a
-  response still streaming (a log follow), so nothing waits for more than that turn.
-
 A request body that stalls is bounded at the ASGI level (api/app.py's BodyLimit), where the app
 can still answer 408 with its usual error body.
 """
@@ -34,7 +27,6 @@ import json
 import logging
 import resource
 import socket
-from collections.abc import Iterable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -69,87 +61,6 @@ def connection_cap(wanted: int, fd_limit: int) -> int:
     return max(16, min(wanted, fd_limit - FD_RESERVE))
 
 
-class OneWritePerTurn(asyncio.Transport):
-    """A connection's transport whose writes are gathered and passed on as one: at `flush`, or at
-    the end of the event loop's turn in which the first of them came (see the module's doc).
-
-    Everything else goes to the real transport; `close` sends what is gathered first, `abort`
-    drops it, as the real transport does with its own buffer."""
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
-        self.inner = transport
-        self._loop = loop
-        self._pending: list[bytes] = []
-        self._scheduled = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self._turn_ended)
-        self._pending.append(bytes(data))
-
-    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
-        for data in list_of_data:
-            self.write(data)
-
-    def _turn_ended(self) -> None:
-        self._scheduled = False
-        self.flush()
-
-    def flush(self) -> None:
-        """Hand what is gathered to the socket now, in one write."""
-        if self._pending:
-            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-            self._pending.clear()
-            self.inner.write(data)
-
-    def close(self) -> None:
-        self.flush()
-        self.inner.close()
-
-    def abort(self) -> None:
-        self._pending.clear()
-        self.inner.abort()
-
-    def write_eof(self) -> None:
-        self.flush()
-        self.inner.write_eof()
-
-    def can_write_eof(self) -> bool:
-        return self.inner.can_write_eof()
-
-    def is_closing(self) -> bool:
-        return self.inner.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self.inner.get_extra_info(name, default)
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.inner.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self.inner.get_protocol()
-
-    def is_reading(self) -> bool:
-        return self.inner.is_reading()
-
-    def pause_reading(self) -> None:
-        self.inner.pause_reading()
-
-    def resume_reading(self) -> None:
-        self.inner.resume_reading()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self.inner.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return sum(map(len, self._pending)) + self.inner.get_write_buffer_size()
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self.inner.get_write_buffer_limits()
-
-
 def _keepalive(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
     if sock is None:
@@ -178,7 +89,7 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
         _awaiting_headers = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(OneWritePerTurn(transport, self.loop))
+            super().connection_made(transport)
             if len(self.connections) > max_connections:
                 transport.write(
                     _response(
@@ -232,19 +143,6 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
         def on_headers_complete(self) -> None:
             self._headers_done()
             super().on_headers_complete()
-
-        def on_response_complete(self) -> None:
-            if isinstance(self.transport, OneWritePerTurn):
-                self.transport.flush()  # the whole response in one write, now
-            super().on_response_complete()
-
-        def handle_websocket_upgrade(self) -> None:
-            # A WebSocket (a session's terminal) writes on the real transport: its frames are
-            # small and many, and each is meant to go out as it is sent.
-            if isinstance(self.transport, OneWritePerTurn):
-                self.transport.flush()
-                self.transport = self.transport.inner
-            super().handle_websocket_upgrade()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._headers_done()
