@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 
 from gpucluster.core.states import JobState
+from gpucluster.head.submit_batcher import SubmitBatcher
+from gpucluster.models import JobSpec
+from gpucluster.store import Store
 
 from .builders import spec
 from .headkit import make_cluster
@@ -59,3 +62,36 @@ def test_threads_submitting_through_the_service_share_the_batchers_commits(tmp_p
     finally:
         release.set()
         cluster.close()
+
+
+def test_a_submission_is_answered_before_the_loop_is_woken(tmp_path: Path) -> None:
+    """Once woken, the loop takes the interpreter for a cycle (milliseconds with a long queue):
+    the writer answers the batch's submitters first, so their 201s do not wait behind it."""
+    store = Store(tmp_path / "state.db")
+    answered = threading.Event()
+    answered_when_woken: list[bool] = []
+
+    def on_committed() -> None:
+        # Before the fix the loop was woken first: the answer could not come while this waits.
+        answered_when_woken.append(answered.wait(WAIT_S))
+
+    batcher = SubmitBatcher(store, on_committed=on_committed)
+
+    def submit() -> None:
+        batcher.submit_wait(JobSpec(command=["true"]), 1.0, "u")
+        answered.set()
+
+    submitter = threading.Thread(target=submit, daemon=True)
+    try:
+        submitter.start()
+        submitter.join(2 * WAIT_S)
+        assert answered.is_set(), "the submission was not answered"
+        deadline = time.monotonic() + WAIT_S
+        while not answered_when_woken:  # the wake-up follows the answer
+            assert time.monotonic() < deadline, "the loop was not woken after the commit"
+            time.sleep(0.01)
+        assert answered_when_woken == [True]
+        assert [r.state for r in store.list_jobs()] == [JobState.QUEUED]
+    finally:
+        batcher.close()
+        store.close()

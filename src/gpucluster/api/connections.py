@@ -157,5 +157,8 @@ def server_settings(max_connections: int, header_timeout_s: float) -> dict[str, 
         "http": guarded_protocol(max_connections, header_timeout_s),
         "backlog": min(4096, max_connections),
         "timeout_keep_alive": 5,
+        # The head logs at "warning": uvicorn's access lines (info) were never printed, but with
+        # the access log on it still built each line's arguments for every response.
+        "access_log": False,
         "h11_max_incomplete_event_size": MAX_HEADER_BYTES,  # if uvicorn is ever run with h11
     }

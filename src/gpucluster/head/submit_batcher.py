@@ -77,10 +77,12 @@ class SubmitBatcher:
                 )
             except Exception as e:
                 outcomes = [e] * len(batch)
-            if any(not isinstance(o, BaseException) for o in outcomes):
-                self._on_committed()
+            # Answered before the loop is woken: once woken it takes the interpreter for a
+            # cycle (milliseconds with a long queue), and the answers would wait behind it.
             for outcome, (_, _, _, done) in zip(outcomes, batch, strict=True):
                 done(outcome)
+            if any(not isinstance(o, BaseException) for o in outcomes):
+                self._on_committed()
 
     def close(self) -> None:
         """Commit what is pending, then stop."""

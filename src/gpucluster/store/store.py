@@ -94,6 +94,9 @@ log = logging.getLogger("gpucluster.store")
 # checking every value of `.values()`) cost the loop more than executing them. The SET clause
 # is the parameters' columns; `match_id` is the WHERE's.
 _ADD_EVENT = insert(schema.job_events)
+# A submission's row, ids back in the order given (a lone client's batch is one row: building the
+# statement each time cost more than executing it)
+_ADD_JOBS = insert(schema.jobs).returning(schema.jobs.c.id, sort_by_parameter_order=True)
 _GET_JOB = select(schema.jobs).where(schema.jobs.c.id == bindparam("match_id"))  # read at each start and end
 _MOVES: dict[tuple[str, ...], Update] = {}
 _JOB_COLUMNS = frozenset(schema.jobs.c.keys())
@@ -831,12 +834,9 @@ class Store:
                 self._job_row(spec, now, owners[n] if owners else None, _resolve(spec, arrays))
                 for n, (spec, now) in enumerate(items)
             ]
-            ids = [
-                int(r[0])
-                for r in c.execute(insert(schema.jobs).returning(schema.jobs.c.id, sort_by_parameter_order=True), rows)
-            ]
+            ids = [int(r[0]) for r in c.execute(_ADD_JOBS, rows)]
             c.execute(
-                insert(schema.job_events),
+                _ADD_EVENT,
                 [
                     {"job_id": job_id, "at": now, "state": JobState.QUEUED.value, "reason": "submitted"}
                     for job_id, (_, now) in zip(ids, items, strict=True)
