@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 from gpucluster.executors import _shim
 from gpucluster.executors.base import Exited, Handle, LaunchSpec, Running
 from gpucluster.executors.local import SHIM_ENV, LocalExecutor, write_shim_spec
-from tests.e2e.headproc import pid_alive, wait_for
+from tests.e2e.headproc import passable_dir, pid_alive, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 # A job that runs until the test creates GO in its workdir, then ends with code 3: nothing in it
@@ -279,3 +280,28 @@ def test_the_fork_server_loads_no_threading_before_it_forks() -> None:
         [sys.executable, "-I", "-S", "-c", probe], env=SHIM_ENV, capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a job as another account: needs a root head")
+def test_a_job_side_imports_what_it_needs_before_it_drops_to_the_jobs_account() -> None:
+    """The fork server imports no threading (above), so a job side that needs it (die with its
+    parent: the Ray agent's jobs; a container's pull) imports it itself, before the drop: after
+    it, the job's account may not read the interpreter's files (here a Python under /root, 0700),
+    and a job that needed them died before its command started."""
+    try:
+        account = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' account here")
+    with passable_dir("gc-fork-") as root:
+        logs = root / "jobs"
+        logs.mkdir()
+        os.chown(logs, account.pw_uid, account.pw_gid)
+        executor = LocalExecutor(die_with_parent=True)  # an exec'd shim, as the Ray agent's
+        spec = LaunchSpec(
+            1, 1, ["sh", "-c", "id -u"], {"PATH": "/usr/bin:/bin"}, "/", root / "run" / "1", logs / "1" / "output.log",
+            user="nobody",
+        )  # fmt: skip
+        handle = executor.launch(spec)
+        status = ended(executor, handle)
+        assert (status.exit_code, status.error) == (0, None), (status, (root / "run" / "1" / "shim.log").read_bytes())
+        assert (logs / "1" / "output.log").read_text() == f"{account.pw_uid}\n"

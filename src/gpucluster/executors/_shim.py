@@ -330,9 +330,10 @@ def _container_env(container: dict, env: dict) -> tuple[dict, dict]:  # type: ig
 def _ensure_image(container: dict, env: dict, note: Any, tell: Any) -> tuple[str, float | None, str | None]:  # type: ignore[type-arg]
     """The image to run (as given, or the id an archive loaded as), the seconds a pull took (None
     when it was already here), and why it cannot be had (None when it can). The pull is a phase
-    the keeper records in RUN_DIR/phase.json while it lasts, for the head to show."""
+    the keeper records in RUN_DIR/phase.json while it lasts, for the head to show. Runs as the
+    job's user: what it imports was loaded before the drop (`_job_side`)."""
     podman, image = container["podman"], container["image"]
-    import subprocess  # only here, not in the fork server: see `_preload`
+    import subprocess  # loaded before the drop (`_job_side`); not in the fork server: see `_preload`
 
     archive = image.startswith(("docker-archive:", "oci-archive:", "oci:"))
     if not archive:
@@ -426,6 +427,12 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     except OSError as e:
         tell({"error": f"cannot open the session's socket: {e}"})
         return CANNOT_START
+    # What this side runs after the drop, imported before it: the interpreter's own files may be
+    # readable by root alone (a Python under /root), and the fork server loads none of it.
+    if spec.get("container"):
+        _load_pull()  # with subprocess and threading
+    if spec.get("die_with_parent"):
+        import threading
     try:
         account_env = _drop_privileges(spec["user"]) if spec.get("user") else _account_env(pwd.getpwuid(os.getuid()))
     except (OSError, KeyError) as e:
@@ -434,7 +441,7 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     # --- from here on, only the job's user's rights ---
     os.umask(0o022)  # a login's default, not the head's private 077 (its logs are made 0600 anyway)
     if spec.get("die_with_parent"):
-        import threading  # only here, not in the fork server: see `_preload`
+        import threading  # loaded before the drop (above): not in the fork server, see `_preload`
 
         threading.Thread(target=_watch_keeper, args=(keeper,), daemon=True).start()
     env = {**spec["env"], **account_env}
