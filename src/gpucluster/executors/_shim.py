@@ -552,7 +552,7 @@ class _Keeper:
         if self.spec.get("container"):
             if signum == signal.SIGKILL:
                 self.killed = True
-                import threading  # only here, not in the fork server: see `_preload`
+                import threading  # loaded by `run` already
 
                 threading.Thread(target=remove_container, args=(self.spec,), daemon=True).start()
             elif self.cgroup is None or self.child in self.cgroup.pids():
@@ -598,10 +598,14 @@ class _Keeper:
                 os._exit(code)
         os.close(report)
         self.child = child
-        if self.spec.get("die_with_parent"):
-            import threading  # only here, not in the fork server: see `_preload`
+        if self.spec.get("container") or self.spec.get("die_with_parent"):
+            # Their threads' modules, loaded now rather than in a signal handler (a kill's
+            # container removal); not in the fork server: see `_preload`.
+            import subprocess  # noqa: F401
+            import threading
 
-            threading.Thread(target=self.watch_parent, daemon=True).start()
+            if self.spec.get("die_with_parent"):
+                threading.Thread(target=self.watch_parent, daemon=True).start()
         write_json_atomic(
             os.path.join(self.run_dir, "shim.json"),
             {
