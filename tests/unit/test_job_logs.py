@@ -4,6 +4,7 @@ process; and a job whose log cannot be written (a full tmpfs) still runs to its 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster.executors import logfile
+from gpucluster.executors._shim import _CappedLog
 from gpucluster.executors.local import shim_argv, write_shim_spec
 from gpucluster.executors.logfile import read_log
 
@@ -69,3 +72,39 @@ def test_a_job_whose_log_disk_is_full_still_runs_to_its_end(tmp_path: Path, full
     assert record["exit_code"] == 0
     data, _ = read_log(full_tmpfs / "output.log", 0)
     assert data.startswith(b"line 000000000......\n") and len(data) < 100_000 * LINE
+
+
+def test_a_log_under_its_cap_makes_no_lock_file_and_its_first_rotation_does(tmp_path: Path) -> None:
+    """Issue 18: the lock file readers hold off a rotation with is made by the first rotation,
+    not at every job's start (a file creation per job)."""
+    small, big = tmp_path / "small.log", tmp_path / "big.log"
+    assert _run_shim(tmp_path / "a", small, 8192, WRITE.format(n=10))["exit_code"] == 0
+    assert small.stat().st_size == 10 * LINE and not Path(f"{small}.lock").exists()
+    assert _run_shim(tmp_path / "b", big, 8192, WRITE.format(n=300))["exit_code"] == 0
+    assert Path(f"{big}.lock").exists() and Path(f"{big}.1").exists()
+
+
+def test_a_read_that_races_the_first_rotation_is_read_again_under_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that found no lock file (never rotated) while the writer's first rotation ran
+    reads again under the lock it made: the bytes and offsets it returns are the log's after the
+    rotation, never a mix of before and after."""
+    log_path = tmp_path / "output.log"
+    log = _CappedLog(str(log_path), 4 * LINE)  # segments of two lines
+    log.write(b"".join(f"line {i:09d}......\n".encode() for i in range(2)))
+    assert not Path(f"{log_path}.lock").exists()
+    real_open, opened = logfile._open, []
+
+    def rotating_meanwhile(path: Path | str, flags: int = os.O_RDONLY) -> int:
+        if str(path) == str(log_path):
+            opened.append(path)
+            if len(opened) == 1:  # PATH.1 was not there yet: now the writer rotates, then writes on
+                log.write(b"".join(f"line {i:09d}......\n".encode() for i in range(2, 4)))
+        return real_open(path, flags)
+
+    monkeypatch.setattr(logfile, "_open", rotating_meanwhile)
+    data, end = read_log(log_path, 0)
+    log.close()
+    assert (data, end) == (b"".join(f"line {i:09d}......\n".encode() for i in range(4)), 4 * LINE)
+    assert len(opened) == 2, "the read was not done again under the lock"

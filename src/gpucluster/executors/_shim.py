@@ -37,7 +37,7 @@ job side is its unreaped child, so that id cannot be reused while the keeper liv
 Log layout: past max_log_bytes/2 bytes the log becomes LOG.1 (the older LOG.1 is dropped) and a
 new LOG starts, so at most about max_log_bytes are kept, the newest. LOG.dropped holds how many
 bytes were rotated away (what makes the API's offsets count from the attempt's first byte), and a
-rotation holds an exclusive flock on LOG.lock, which readers take shared
+rotation holds an exclusive flock on LOG.lock (made by the first rotation), which readers take shared
 (gpucluster/executors/logfile.py reads this layout; its append_log keeps the head's copy of a Ray
 job's log in the same layout with this file's _CappedLog).
 
@@ -67,9 +67,7 @@ import os
 import pwd
 import select
 import signal
-import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
@@ -152,7 +150,9 @@ class _CappedLog:
                 self.dropped = int(f.read() or 0)
         except (FileNotFoundError, ValueError):
             self.dropped = 0
-        os.close(os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600))  # before any rotation: readers lock
+        # No PATH.lock yet (issue 18: a file creation per job start): the first rotation makes it
+        # before it moves anything, and a reader that found none reads again if one appeared
+        # meanwhile (logfile.py `_consistent`). Most logs never rotate.
 
     def close(self) -> None:
         os.close(self.fd)
@@ -166,7 +166,8 @@ class _CappedLog:
             data = data[n:]
 
     def _rotate(self) -> None:
-        """Under the readers' lock: PATH -> PATH.1, a new PATH, PATH.dropped updated.
+        """Under the readers' lock (made by the first rotation, before anything moves): PATH ->
+        PATH.1, a new PATH, PATH.dropped updated.
 
         Safe to retry after a failure (a full disk): the dropped count is written before
         anything moves, and a PATH already moved by an earlier try is not counted again.
@@ -329,8 +330,11 @@ def _container_env(container: dict, env: dict) -> tuple[dict, dict]:  # type: ig
 def _ensure_image(container: dict, env: dict, note: Any, tell: Any) -> tuple[str, float | None, str | None]:  # type: ignore[type-arg]
     """The image to run (as given, or the id an archive loaded as), the seconds a pull took (None
     when it was already here), and why it cannot be had (None when it can). The pull is a phase
-    the keeper records in RUN_DIR/phase.json while it lasts, for the head to show."""
+    the keeper records in RUN_DIR/phase.json while it lasts, for the head to show. Runs as the
+    job's user: what it imports was loaded before the drop (`_job_side`)."""
     podman, image = container["podman"], container["image"]
+    import subprocess  # loaded before the drop (`_job_side`); not in the fork server: see `_preload`
+
     archive = image.startswith(("docker-archive:", "oci-archive:", "oci:"))
     if not archive:
         local = image.removeprefix("docker://")  # how the store names it
@@ -370,6 +374,8 @@ def remove_container(spec: dict) -> bool:  # type: ignore[type-arg]
     container = spec.get("container")
     if not container:
         return True
+    import subprocess  # only here, not in the fork server: see `_preload`
+
     try:
         account = pwd.getpwnam(spec["user"]) if spec.get("user") else pwd.getpwuid(os.getuid())
     except KeyError:
@@ -421,6 +427,12 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     except OSError as e:
         tell({"error": f"cannot open the session's socket: {e}"})
         return CANNOT_START
+    # What this side runs after the drop, imported before it: the interpreter's own files may be
+    # readable by root alone (a Python under /root), and the fork server loads none of it.
+    if spec.get("container"):
+        _load_pull()  # with subprocess and threading
+    if spec.get("die_with_parent"):
+        import threading
     try:
         account_env = _drop_privileges(spec["user"]) if spec.get("user") else _account_env(pwd.getpwuid(os.getuid()))
     except (OSError, KeyError) as e:
@@ -429,6 +441,8 @@ def _job_side(spec: dict, report: int, keeper: int) -> int:  # type: ignore[type
     # --- from here on, only the job's user's rights ---
     os.umask(0o022)  # a login's default, not the head's private 077 (its logs are made 0600 anyway)
     if spec.get("die_with_parent"):
+        import threading  # loaded before the drop (above): not in the fork server, see `_preload`
+
         threading.Thread(target=_watch_keeper, args=(keeper,), daemon=True).start()
     env = {**spec["env"], **account_env}
     log_path, cap = spec["log"], int(spec.get("max_log_bytes") or 0)
@@ -538,6 +552,8 @@ class _Keeper:
         if self.spec.get("container"):
             if signum == signal.SIGKILL:
                 self.killed = True
+                import threading  # loaded by `run` already
+
                 threading.Thread(target=remove_container, args=(self.spec,), daemon=True).start()
             elif self.cgroup is None or self.child in self.cgroup.pids():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -562,7 +578,9 @@ class _Keeper:
             time.sleep(0.5)
         self.send(signal.SIGKILL)
 
-    def run(self) -> int:
+    def run(self, start_ticks: int | None = None) -> int:
+        """Start the job side, keep it, record its end; the job's exit code. `start_ticks`: this
+        process's start time, where the caller read it already."""
         for stop in (*STOP_SIGNALS, KILL_REQUEST):
             signal.signal(stop, self.on_signal)
         self.parent = os.getppid()
@@ -580,11 +598,22 @@ class _Keeper:
                 os._exit(code)
         os.close(report)
         self.child = child
-        if self.spec.get("die_with_parent"):
-            threading.Thread(target=self.watch_parent, daemon=True).start()
+        if self.spec.get("container") or self.spec.get("die_with_parent"):
+            # Their threads' modules, loaded now rather than in a signal handler (a kill's
+            # container removal); not in the fork server: see `_preload`.
+            import subprocess  # noqa: F401
+            import threading
+
+            if self.spec.get("die_with_parent"):
+                threading.Thread(target=self.watch_parent, daemon=True).start()
         write_json_atomic(
             os.path.join(self.run_dir, "shim.json"),
-            {"pid": pid, "pgid": os.getpgid(0), "start_ticks": _start_ticks(pid), "job_pgid": child}
+            {
+                "pid": pid,
+                "pgid": os.getpgid(0),
+                "start_ticks": _start_ticks(pid) if start_ticks is None else start_ticks,
+                "job_pgid": child,
+            }
             | ({"cgroup": self.cgroup.to_json()} if self.cgroup is not None else {})
             | ({"container": self.spec["container"]["name"]} if self.spec.get("container") else {}),
             durable=False,
@@ -697,10 +726,12 @@ def _keeper_of(run_dir: str, report: int, go: int) -> None:
 
     It is the same keeper an exec'd shim runs, in the same state: the server is this script with
     nothing else loaded, started with the shim's clean environment, cwd and umask. Before the
-    keeper starts, whatever the server held goes: every fd but a fresh stdin (/dev/null) and
-    stdout/stderr (RUN_DIR/shim.log, as for an exec'd shim), so the job inherits nothing of the
-    server's nor the head's. Its cwd is RUN_DIR (the head's, 0700): the one mark that names its
-    job to a process listing (its command line is the server's); the job side leaves it at once.
+    keeper starts, whatever the server held goes: every fd but a fresh stdin, stdout and stderr
+    (/dev/null), so the job inherits nothing of the server's nor the head's. A keeper that fails
+    writes why to RUN_DIR/shim.log, made only then (issue 18: a file creation per job start, on a
+    path where the keeper itself prints nothing). Its cwd is RUN_DIR (the head's, 0700): the one
+    mark that names its job to a process listing (its command line is the server's); the job side
+    leaves it at once.
 
     It starts nothing before the server says "g" on `go`, which the server does only once the head
     has its reply (the keeper's pid) in its pipe: a server that dies or is killed in between
@@ -710,13 +741,12 @@ def _keeper_of(run_dir: str, report: int, go: int) -> None:
     try:
         pid = os.getpid()
         os.chdir(run_dir)
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open("shim.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
         # Who the keeper is, before anything can end it: its pid and start time name it safely.
-        os.write(report, f"{pid} {_start_ticks(pid)}\n".encode())
+        ticks = _start_ticks(pid)
+        os.write(report, f"{pid} {ticks}\n".encode())
         os.close(report)
         if os.read(go, 1) != b"g":
             code = 0
@@ -724,13 +754,18 @@ def _keeper_of(run_dir: str, report: int, go: int) -> None:
         os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
         with open(SPEC) as f:
             spec = json.load(f)
-        code = _Keeper(run_dir, spec, orphan=True).run()
+        code = _Keeper(run_dir, spec, orphan=True).run(ticks)
     except BaseException:  # a keeper's failure goes to its shim.log, never upward
         import traceback
 
         with contextlib.suppress(Exception):
-            traceback.print_exc()
-            sys.stderr.flush()
+            fd = os.open(
+                os.path.join(run_dir, "shim.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600
+            )
+            try:
+                os.write(fd, traceback.format_exc().encode())
+            finally:
+                os.close(fd)
     finally:
         os._exit(code)
 
@@ -783,6 +818,23 @@ def _reap(_signum: int = 0, _frame: object = None) -> None:
             return
 
 
+def _preload() -> None:
+    """The fork server's state before its first fork: what every keeper and job side needs, and
+    nothing more.
+
+    Loaded here, once: loaded in each keeper instead (the atomic writer imports pathlib), it was
+    half of a forked keeper's CPU (issue 18). Not loaded: `threading` (nor `subprocess`, which
+    imports it), which only container, session and die-with-parent jobs use: once it is imported,
+    every os.fork runs its at-fork handlers, and a fork of this process cost 0.8 ms of CPU
+    against 0.35 ms without it, twice per job (the keeper and its job side).
+    gc.freeze(): what is loaded now stays shared with every keeper (no copy on write of it)."""
+    import gc
+
+    _load_sibling("../atomicfile.py")
+    _load_cgroups()
+    gc.freeze()
+
+
 def serve(requests: int = 0, replies: int = 1) -> int:
     """The fork server (`_shim.py --serve`): reads run dirs, one a line, on `requests` and answers
     each with its keeper's "PID TICKS" (or "error WHY") on `replies`; ends at end of input, so it
@@ -791,14 +843,8 @@ def serve(requests: int = 0, replies: int = 1) -> int:
     Why: an exec'd shim costs a Python start (~40 ms of CPU) per job; a fork of this small,
     already started process costs about a millisecond, and the keeper it makes is the same code.
     """
-    import gc
-
     signal.signal(signal.SIGCHLD, _reap)
-    # What every keeper and job side needs, loaded once here: loaded in each keeper instead (the
-    # atomic writer imports pathlib), it was half of a forked keeper's CPU (issue 18).
-    _load_sibling("../atomicfile.py")
-    _load_cgroups()
-    gc.freeze()  # what is loaded now stays shared with every keeper (no copy on write of it)
+    _preload()
     pending = b""
     while data := os.read(requests, 1 << 16):  # a SIGCHLD meanwhile: retried (PEP 475)
         *lines, pending = (pending + data).split(b"\n")

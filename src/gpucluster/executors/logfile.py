@@ -21,13 +21,16 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from gpucluster.executors._shim import _CappedLog
 
 # How long a reader waits for a rotation (a lock held by the log's writer) before reading anyway.
 LOCK_WAIT_S = 2.0
+
+_T = TypeVar("_T")
 
 
 def _owner(path: Path) -> int:
@@ -55,12 +58,13 @@ def _open(path: Path | str, flags: int = os.O_RDONLY) -> int:
 
 
 @contextlib.contextmanager
-def _lock(path: Path, exclusive: bool = False) -> Iterator[None]:
-    """Hold off a rotation (the shim's exclusive flock) while the segments are read."""
+def _lock(path: Path, exclusive: bool = False) -> Iterator[bool]:
+    """Hold off a rotation (the shim's exclusive flock) while the segments are read; says whether
+    there was a lock file to hold (there is none before the log's first rotation)."""
     try:
         fd = _open(f"{path}.lock", os.O_RDWR if exclusive else os.O_RDONLY)
-    except FileNotFoundError:  # no cap (the shim makes the lock file before any output): no rotation
-        yield
+    except FileNotFoundError:  # never rotated (the first rotation makes the lock before it moves anything)
+        yield False
         return
     try:
         deadline = time.monotonic() + LOCK_WAIT_S
@@ -72,9 +76,24 @@ def _lock(path: Path, exclusive: bool = False) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     break  # a lock held this long is not a rotation: read without it
                 time.sleep(0.005)
-        yield
+        yield True
     finally:
         os.close(fd)
+
+
+def _consistent(path: Path, read: Callable[[], _T]) -> _T:
+    """`read()` of the log's files under the readers' lock.
+
+    A log has no lock file until its first rotation (the shim makes none at the job's start:
+    issue 18), so a read that found none may have raced that rotation: if a lock file exists
+    once it is done, it is read again, under the lock. (Twice at most: a lock file that cannot
+    be opened, a link the user planted, reads as none, as before.)"""
+    with _lock(path) as locked:
+        result = read()
+    if locked or not os.path.lexists(f"{path}.lock"):
+        return result
+    with _lock(path):
+        return read()
 
 
 def _dropped(path: Path) -> int:
@@ -101,26 +120,29 @@ def read_log(path: Path, offset: int, limit: int | None = None) -> tuple[bytes, 
 
     The chunk starts at `max(offset, first byte kept)`, i.e. at the returned offset minus its
     length. Only the bytes asked for are read (a 1 GiB cap costs a seek, not a read of 1 GiB)."""
+    return _consistent(path, lambda: _read_segments(path, offset, limit))
+
+
+def _read_segments(path: Path, offset: int, limit: int | None) -> tuple[bytes, int]:
     parts: list[bytes] = []
-    with _lock(path):
-        base = _dropped(path)
-        start = pos = max(offset, base)
-        for segment in (Path(f"{path}.1"), path):
-            if limit is not None and pos - start >= limit:
-                break
-            try:
-                f = os.fdopen(_open(segment), "rb")
-            except FileNotFoundError:
-                continue
-            with f:
-                size = os.fstat(f.fileno()).st_size
-                # The live file may grow while it is read: past its size is still its next bytes.
-                if pos < base + size or segment == path:
-                    f.seek(pos - base)
-                    data = f.read(-1 if limit is None else limit - (pos - start))
-                    parts.append(data)
-                    pos += len(data)
-                base += size
+    base = _dropped(path)
+    start = pos = max(offset, base)
+    for segment in (Path(f"{path}.1"), path):
+        if limit is not None and pos - start >= limit:
+            break
+        try:
+            f = os.fdopen(_open(segment), "rb")
+        except FileNotFoundError:
+            continue
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            # The live file may grow while it is read: past its size is still its next bytes.
+            if pos < base + size or segment == path:
+                f.seek(pos - base)
+                data = f.read(-1 if limit is None else limit - (pos - start))
+                parts.append(data)
+                pos += len(data)
+            base += size
     return b"".join(parts), pos
 
 
@@ -137,8 +159,7 @@ def read_job_file(path: Path, limit: int = 65536) -> bytes | None:
 
 def log_end(path: Path | str) -> int:
     """The offset just past the log's last byte: every byte it ever had, rotated ones included."""
-    with _lock(Path(path)):
-        return _dropped(Path(path)) + _size(f"{path}.1") + _size(path)
+    return _consistent(Path(path), lambda: _dropped(Path(path)) + _size(f"{path}.1") + _size(path))
 
 
 def append_log(path: Path, start: int, data: bytes, cap: int) -> None:
