@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import httpx
 from gpucluster import userconfig
 from gpucluster.client import ApiError, Client
 from gpucluster.core.states import JobState
+from gpucluster.launch.ranks import pick_free_port
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 
@@ -41,9 +41,9 @@ def passable_dir(prefix: str) -> Iterator[Path]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port held for the server a test starts next (see `pick_free_port`: a port merely
+    found free could be taken by another process's bind or connect before that server binds it)."""
+    return pick_free_port("127.0.0.1")
 
 
 # Every wait here is for an event (a state, a file, a log line); its deadline only bounds a hang,
