@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from typing import IO
 import httpx
 
 from gpucluster import userconfig
+from gpucluster.launch.ranks import pick_free_port
 
 GPUCLUSTER = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpucluster"
 _PROBLEM = re.compile(r"Traceback|Exception|\bERROR\b|\bCRITICAL\b|failed", re.IGNORECASE)
@@ -35,9 +35,8 @@ class HeadError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port held for the head started next (`pick_free_port` says why)."""
+    return pick_free_port("127.0.0.1")
 
 
 @dataclass

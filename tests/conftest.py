@@ -8,6 +8,7 @@ Session-wide, so that module-scoped heads started before any function fixture ar
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "backends(*names): the store backends (sqlite, postgresql) a test runs on (tests/unit/conftest.py)"
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _heads_stopped() -> Iterator[None]:
+    """The session ends only once every head stopped in the background (tests/e2e/headproc.py's
+    `stop_soon`) has exited and its jobs are killed."""
+    yield
+    headproc = sys.modules.get("tests.e2e.headproc")  # none to wait for where no test imported it
+    if headproc is not None:
+        headproc.finish_stops()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from gpucluster.launch.ranks import pick_free_port
+
 SUPERUSER = "gpucluster"
 INSTALL_HINT = "apt-get install postgresql (scripts/test.sh does it when run as root)"
 
@@ -44,12 +46,6 @@ def find_bindir() -> Path | None:
         return Path(found[-1]).parent
     initdb = shutil.which("initdb")
     return Path(initdb).parent if initdb else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -150,7 +146,7 @@ def start_server(bindir: Path) -> PostgresServer:
         shutil.rmtree(root, ignore_errors=True)
         raise RuntimeError(f"initdb failed: {e.stderr.decode(errors='replace')}") from None
     for _ in range(5):
-        port = _free_port()
+        port = pick_free_port("127.0.0.1")  # held from other picks until postgres binds it
         with open(log, "ab") as out:
             # No Unix socket (-k ""): loopback TCP only. fsync off: a test server, nothing in it
             # must survive a power cut (commits are still synchronous towards the server).

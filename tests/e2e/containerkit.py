@@ -22,6 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.e2e.headproc import free_port
+
 IMAGE = "localhost/gpucluster-test:1"
 
 
@@ -88,12 +90,6 @@ class Podman:
 
 
 # ---- a private registry, and a proxy in front of it that holds a pull half-way ---------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Registry:

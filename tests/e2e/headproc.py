@@ -11,10 +11,10 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +24,7 @@ import httpx
 from gpucluster import userconfig
 from gpucluster.client import ApiError, Client
 from gpucluster.core.states import JobState
+from gpucluster.launch.ranks import pick_free_port
 
 CLI = [sys.executable, "-m", "gpucluster.cli.main"]
 
@@ -41,9 +42,9 @@ def passable_dir(prefix: str) -> Iterator[Path]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port held for the server a test starts next (see `pick_free_port`: a port merely
+    found free could be taken by another process's bind or connect before that server binds it)."""
+    return pick_free_port("127.0.0.1")
 
 
 # Every wait here is for an event (a state, a file, a log line); its deadline only bounds a hang,
@@ -91,11 +92,21 @@ class HeadProcess:
         self.log_path = data_dir.parent / f"head-{self.port}.log"
 
     def start(self, timeout: float = 20.0) -> HeadProcess:
+        return self.spawn().started(timeout)
+
+    def spawn(self) -> HeadProcess:
+        """Start the head's process without waiting for it to serve (`started` waits): a head
+        wanted later starts while the tests before it run (tests/e2e/conftest.py)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
+        return self
+
+    def started(self, timeout: float = 20.0) -> HeadProcess:
+        """Return once the spawned head serves; raise with its log if it exits or never does."""
         proc = self.proc
+        assert proc is not None, "spawn() first"
         return self.await_health(
             timeout * SLACK,  # see SLACK: a head on busy cores starts slower
             lambda: None if proc.poll() is None else f"head exited with {proc.returncode}: {self.log_path.read_text()}",
@@ -185,6 +196,30 @@ class HeadProcess:
             if needle in environ:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(entry.name), signal.SIGKILL)
+
+
+# Heads being stopped in the background (`stop_soon`), joined by `finish_stops`.
+_stopping: list[threading.Thread] = []
+
+
+def _stop_and_kill(head: HeadProcess) -> None:
+    head.stop()
+    head.kill_jobs()
+
+
+def stop_soon(head: HeadProcess) -> None:
+    """Stop the head, then kill its jobs, in a thread: a head takes ~0.75 s of a busy 2-core
+    machine to shut down (0.3 s of it CPU), which the next test need not wait for. Nothing is
+    left running: `finish_stops` (the session's end, tests/conftest.py) waits for every one."""
+    thread = threading.Thread(target=_stop_and_kill, args=(head,), name=f"stop-head-{head.port}")
+    thread.start()
+    _stopping.append(thread)
+
+
+def finish_stops() -> None:
+    """Wait until every head `stop_soon` was given has exited and its jobs are killed."""
+    while _stopping:
+        _stopping.pop().join()
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]

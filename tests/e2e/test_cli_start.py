@@ -18,6 +18,10 @@ from gpucluster import userconfig
 from gpucluster.cli.main import hoist_global_options
 from tests.e2e.headproc import HeadProcess, wait_for
 
+# A test here reads the url: the last `gpucluster up` wrote to the client config, which must be
+# this module's head's: no head is spawned ahead of it or beside it (tests/e2e/conftest.py).
+ITS_HEAD_STARTS_LAST = True
+
 # What pip installs as the `gpucluster` script, plus a report of the modules it ended up with.
 SCRIPT = """import sys, atexit, json
 loaded = lambda: sorted(m for m in sys.modules if sys.modules[m])

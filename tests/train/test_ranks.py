@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -123,10 +124,43 @@ def test_bad_allocations_are_refused() -> None:
         per_gpu_envs((NodeSlice("a", (0,)),), ADDRS, 70000, job_id=1, attempt=1)
 
 
-def test_free_port_can_be_bound() -> None:
+def test_a_picked_port_is_held_from_other_processes_but_open_to_the_server() -> None:
+    """The CI flake: a port found free, released, and taken by someone else's bind or connect
+    before rank 0's TCPStore bound it. A picked port now stays reserved by the kernel (TIME_WAIT):
+    a plain bind, as another process's would be, is refused; the server's SO_REUSEADDR bind (which
+    TCPStore, uvicorn and PostgreSQL all do) gets it, and so does the next one after it closed."""
     port = pick_free_port("127.0.0.1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
+    with socket.socket() as other, pytest.raises(OSError) as taken:
+        other.bind(("127.0.0.1", port))
+    assert taken.value.errno == errno.EADDRINUSE
+    # The kernel's own picks (bind to port 0, as pick_free_port and every ephemeral port) skip it.
+    picks = []
+    try:
+        for _ in range(200):
+            s = socket.socket()
+            picks.append(s)
+            s.bind(("127.0.0.1", 0))
+        assert port not in {s.getsockname()[1] for s in picks}
+    finally:
+        for s in picks:
+            s.close()
+    for _ in range(2):
+        with socket.socket() as server:
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", port))
+            server.listen()
+
+
+def test_a_tcpstore_master_binds_a_picked_port() -> None:
+    pytest.importorskip("torch")
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import TCPStore
+
+    port = pick_free_port("127.0.0.1")
+    store = TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=30), multi_tenant=True)
+    store.set("k", "v")
+    assert store.port == port and store.get("k") == b"v"
 
 
 def test_requeue_code_means_nothing_else() -> None:

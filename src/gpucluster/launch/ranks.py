@@ -24,6 +24,7 @@ Everything here is pure except `pick_free_port`, which binds a socket and sits a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -315,13 +316,29 @@ def _address(addresses: Mapping[str, str], node: str) -> str:
 
 
 def pick_free_port(host: str = "") -> int:
-    """A TCP port that was free on `host` a moment ago (the kernel's pick for port 0).
+    """A TCP port on `host` that the kernel will not hand to anyone else for a minute, while a
+    server that binds it with SO_REUSEADDR (torch's TCPStore, uvicorn, PostgreSQL, Go's net) can.
 
-    Racy by nature: another process may take it before rank 0 binds it. Rank 0 then fails at
-    once with "address already in use" (TCPStore does not retry a bind), the attempt fails fast,
-    and the next attempt picks a new port. Call it on the master node.
+    Why not simply "bind port 0, read it, close": between that close and rank 0's bind, any other
+    process's bind(0) or outgoing connect() may be given the same port, and TCPStore fails at once
+    with EADDRINUSE (a fresh-clone CI run lost a 4-rank test that way: rank 0 died, the others
+    timed out on the rendezvous). So the port is left reserved by the kernel itself: we listen on
+    it, connect to it and close the accepted end first, which leaves that end in TIME_WAIT (60 s
+    on Linux). While a TIME_WAIT socket holds the port, the kernel's own picks (bind to port 0,
+    the ephemeral port of a connect) skip it and a plain bind fails; a bind with SO_REUSEADDR,
+    which every listening server sets, is allowed. The listener sets SO_REUSEADDR too, since the
+    TIME_WAIT entry inherits it and only then lets the server in. Call it on the master node.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, 0))
+        listener.listen(1)
+        port: int = listener.getsockname()[1]
+        target = "127.0.0.1" if host in ("", "0.0.0.0") else host
+        with socket.create_connection((target, port), timeout=5) as client:
+            accepted, _ = listener.accept()
+            # The accepted end closes first: the active closer is the one left in TIME_WAIT.
+            accepted.close()
+            with contextlib.suppress(OSError):
+                client.recv(1)  # its FIN has arrived: the accepted end is past FIN_WAIT_1
         return port
