@@ -660,7 +660,11 @@ class Head:
         return changed
 
     def _record_waits(self, waiting: dict[int, Wait]) -> None:
-        changed = {k: v for k, v in waiting.items() if self._reasons.get(k) != v}
+        """Write the waits that changed since the last ones written. Identity first: the
+        estimates give an equal wait as the same object from cycle to cycle
+        (head/estimates.py), so the value comparison runs only for the few that are not."""
+        last = self._reasons.get
+        changed = {k: v for k, v in waiting.items() if (old := last(k)) is not v and old != v}
         self.store.set_wait_reasons(changed)
         self._reasons = waiting
 
