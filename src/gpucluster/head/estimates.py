@@ -142,8 +142,9 @@ class EstimateRefresher:
         per (wait, estimate) (`_inexact`). Equal waits are then the same object from one
         cycle to the next, and the head's comparison is an identity test for almost every job.
         """
-        canon, canon_next = self._canon, {}
-        inexact, inexact_next = self._inexact, {}
+        canon, inexact = self._canon, self._inexact
+        canon_next: dict[Wait, Wait] = {}
+        inexact_next: dict[tuple[int, float], tuple[Wait, Wait]] = {}
         seen: dict[int, Wait] = {}  # id of decide's wait -> its canonical object (this call: kept alive by `waiting`)
         estimates, last_of, jitter, limit = self._estimates, self._last.get, self.jitter_s, self.limit
         out: dict[int, Wait] = {}

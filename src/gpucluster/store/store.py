@@ -19,6 +19,7 @@ DatabaseUnavailable, said once in the log per outage; pooled connections are che
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import logging
 import os
@@ -97,6 +98,7 @@ _ADD_EVENT = insert(schema.job_events)
 _GET_JOB = select(schema.jobs).where(schema.jobs.c.id == bindparam("match_id"))  # read at each start and end
 _MOVES: dict[tuple[str, ...], Update] = {}
 _JOB_COLUMNS = frozenset(schema.jobs.c.keys())
+_CONNECTION_SERIAL = itertools.count(1)  # names each writer connection in `others_wrote_token`
 
 
 def _job_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -654,6 +656,36 @@ class Store:
     def close(self) -> None:
         self._writer.dispose()
         self._reader.dispose()
+
+    def others_wrote_token(self) -> tuple[int, int] | None:
+        """A value that changes whenever a connection other than this store's writer commits (another
+        process, another Store on the same file); this store's own writes, from any thread, leave
+        it alone. None where it cannot be told: PostgreSQL, or inside this thread's `batch`.
+
+        Why: the head keeps its queue and running jobs from what it is told (head/queue_cache.py,
+        head/running_cache.py) and read the store whole every 5 s only to catch other processes'
+        writes (the CLI's direct writes, a second head or API process): at 100,000 queued that
+        read cost more than the cycle's plan. SQLite's `PRAGMA data_version` says it for one
+        connection: it changes when another connection commits. It is read on the writer
+        connection, under the write lock (so no write of this store is under way), without a
+        transaction (BEGIN IMMEDIATE would take the file's write lock); the connection's serial is
+        part of the value, so a value read on another pooled writer connection always differs.
+        """
+        if self.dialect != "sqlite" or self._batch_thread == threading.get_ident():
+            return None
+        with self._write_lock, self._errors_mapped():
+            raw = self._writer.raw_connection()
+            try:
+                serial = raw.info.setdefault("serial", next(_CONNECTION_SERIAL))
+                cur = raw.cursor()
+                try:
+                    cur.execute("PRAGMA data_version")
+                    version = cur.fetchone()[0]  # type: ignore[index]  # the pragma always answers one row
+                finally:
+                    cur.close()
+            finally:
+                raw.close()  # back to the pool
+        return int(serial), int(version)
 
     def watch_running(self, told: Callable[[int], None]) -> None:
         """Call `told(job_id)` after every write that may start, stop, end or otherwise change a
