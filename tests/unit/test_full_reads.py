@@ -48,20 +48,20 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 def count_whole_reads(store: Store) -> list[str]:
     """Record each whole read of the queue or the running jobs (no `after_id`, no `ids`)."""
     reads: list[str] = []
-    queued, running = store.queued_requests, store.running_rows
+    queued, running = store.queued_requests, store.running_records
 
     def queued_requests(after_id: int | None = None) -> Any:
         if after_id is None:
             reads.append("queue")
         return queued(after_id)
 
-    def running_rows(ids: Any = None) -> Any:
+    def running_records(ids: Any = None) -> Any:
         if ids is None:
             reads.append("running")
         return running(ids)
 
     store.queued_requests = queued_requests  # type: ignore[method-assign]
-    store.running_rows = running_rows  # type: ignore[method-assign]
+    store.running_records = running_records  # type: ignore[method-assign]
     return reads
 
 

@@ -65,8 +65,7 @@ class RunningCache:
         if not ids and not full:
             return False
         try:
-            rows = self._store.running_rows(None if full else ids)
-            records = self._store.list_jobs(states=[JobState.RUNNING], ids=None if full else ids)
+            rows, records = self._store.running_records(None if full else ids)  # one read of the rows
         except BaseException:
             with self._lock:
                 self._told |= ids  # not read: read them next time

@@ -1348,49 +1348,35 @@ class Store:
         """`running_jobs` with each job's stop reason (None: no stop under way); only `ids`
         among them if given (the jobs a watcher was told of, `watch_running`)."""
         j = schema.jobs.c
-        q = select(
-            j.id,
-            j.allocation,
-            j.team,
-            j.priority,
-            j.started_at,
-            j.request,
-            j.spec,
-            j.last_checkpoint_at,
-            j.stop_reason,
-            j.gpus,
-            j.owner,
-        ).where(j.state == JobState.RUNNING.value)
+        q = select(*(j[c] for c in _VIEW_COLUMNS)).where(j.state == JobState.RUNNING.value)
         if ids is not None:
             q = q.where(j.id.in_(list(ids)))
         with self._read() as c:
-            rows = c.execute(q).all()
-        out = []
-        for r in rows:
-            allocation = allocation_from_json(r[1])
-            if allocation is None:
-                continue
-            req = json.loads(r[5] if r[5] is not None else _request_of_spec(r[6]))
-            started = r[4] or 0.0
-            # A checkpoint older than this attempt's start (a restart resumed from it) saves this
-            # attempt nothing: its work counts from the start.
-            checkpoint = r[7] if r[7] is not None and r[7] >= started else None
-            job = RunningJob(
-                job_id=r[0],
-                allocation=allocation,
-                team=r[2],
-                priority=Priority(r[3]),
-                started_at=started,
-                time_limit_s=req.get("tl"),
-                last_checkpoint_at=checkpoint,
-                stopping=r[8] is not None,
-                max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
-                min_gpus=int(req["mn"]) if req.get("mn") is not None else None,  # and shrink
-                user=r[10] or "",
-                exclusive=bool(req.get("x")),
-            )
-            out.append((job, r[8]))
-        return out
+            rows = c.execute(q).mappings().all()
+        return [v for v in map(_running_view, rows) if v is not None]
+
+    def running_records(
+        self, ids: Iterable[int] | None = None
+    ) -> tuple[list[tuple[RunningJob, str | None]], list[JobRecord]]:
+        """`running_rows(ids)` and `list_jobs(states=[RUNNING], ids=ids)` from one read of the rows.
+
+        Why: the head keeps both for the jobs it was told of (head/running_cache.py), and read each
+        told job twice, two queries and two parses of the same rows, after every start and end."""
+        with self._read() as c:
+            q = self._jobs_where(select(schema.jobs), [JobState.RUNNING], None, None, None, False)
+            if ids is None:
+                rows = list(c.execute(q).mappings())
+            else:  # a bound parameter per id: in chunks under every driver's limit (PostgreSQL: 65,535)
+                wanted = list(ids)
+                rows = [
+                    r
+                    for at in range(0, len(wanted), IDS_PER_QUERY)
+                    for r in c.execute(q.where(schema.jobs.c.id.in_(wanted[at : at + IDS_PER_QUERY]))).mappings()
+                ]
+            shared = self._shared_specs(c, rows)
+        rows.sort(key=lambda r: int(r["id"]))
+        views = [v for v in map(_running_view, rows) if v is not None]
+        return views, [_job(r, shared) for r in rows]
 
     def running_allocations(self) -> list[tuple[int, Allocation]]:
         j = schema.jobs.c
@@ -1853,6 +1839,52 @@ class Store:
                 jobs = ", ".join(str(job_id) for job_id, _ in holders)
                 problems.append(f"GPU {gpu} of {node_name} is handed out beyond all of it (jobs {jobs})")
         return problems
+
+
+# What `_running_view` reads of a job's row.
+_VIEW_COLUMNS = (
+    "id",
+    "allocation",
+    "team",
+    "priority",
+    "started_at",
+    "request",
+    "spec",
+    "last_checkpoint_at",
+    "stop_reason",
+    "gpus",
+    "owner",
+)
+
+
+def _running_view(r: Any) -> tuple[RunningJob, str | None] | None:
+    """A running job's row (a mapping with `_VIEW_COLUMNS`) as the scheduler sees it, with its stop
+    reason (None: no stop under way); None if it holds no allocation."""
+    allocation = allocation_from_json(r["allocation"])
+    if allocation is None:
+        return None
+    req = json.loads(r["request"] if r["request"] is not None else _request_of_spec(r["spec"]))
+    started = r["started_at"] or 0.0
+    # A checkpoint older than this attempt's start (a restart resumed from it) saves this
+    # attempt nothing: its work counts from the start.
+    checkpoint = r["last_checkpoint_at"]
+    checkpoint = checkpoint if checkpoint is not None and checkpoint >= started else None
+    stop = r["stop_reason"]
+    job = RunningJob(
+        job_id=r["id"],
+        allocation=allocation,
+        team=r["team"],
+        priority=Priority(r["priority"]),
+        started_at=started,
+        time_limit_s=req.get("tl"),
+        last_checkpoint_at=checkpoint,
+        stopping=stop is not None,
+        max_gpus=int(r["gpus"]) if req.get("mn") is not None else None,  # elastic: may grow
+        min_gpus=int(req["mn"]) if req.get("mn") is not None else None,  # and shrink
+        user=r["owner"] or "",
+        exclusive=bool(req.get("x")),
+    )
+    return job, stop
 
 
 def _job(r: Any, shared: dict[int, JobSpec] | None = None) -> JobRecord:
