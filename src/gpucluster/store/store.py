@@ -36,6 +36,7 @@ from sqlalchemy import (
     URL,
     Connection,
     Engine,
+    RowMapping,
     Select,
     String,
     Table,
@@ -1219,15 +1220,7 @@ class Store:
         if limit is not None or offset:
             q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit).offset(offset or None)
         with self._read() as c:
-            if ids is None:
-                rows = list(c.execute(q).mappings())
-            else:  # a bound parameter per id: in chunks under every driver's limit (PostgreSQL: 65,535)
-                wanted = list(ids)
-                rows = [
-                    r
-                    for at in range(0, len(wanted), IDS_PER_QUERY)
-                    for r in c.execute(q.where(schema.jobs.c.id.in_(wanted[at : at + IDS_PER_QUERY]))).mappings()
-                ]
+            rows = _rows_of(c, q, ids)
             shared = self._shared_specs(c, rows)
         records = [_job(r, shared) for r in rows]
         return sorted(records, key=lambda j: j.id)
@@ -1364,15 +1357,7 @@ class Store:
         told job twice, two queries and two parses of the same rows, after every start and end."""
         with self._read() as c:
             q = self._jobs_where(select(schema.jobs), [JobState.RUNNING], None, None, None, False)
-            if ids is None:
-                rows = list(c.execute(q).mappings())
-            else:  # a bound parameter per id: in chunks under every driver's limit (PostgreSQL: 65,535)
-                wanted = list(ids)
-                rows = [
-                    r
-                    for at in range(0, len(wanted), IDS_PER_QUERY)
-                    for r in c.execute(q.where(schema.jobs.c.id.in_(wanted[at : at + IDS_PER_QUERY]))).mappings()
-                ]
+            rows = _rows_of(c, q, ids)
             shared = self._shared_specs(c, rows)
         rows.sort(key=lambda r: int(r["id"]))
         views = [v for v in map(_running_view, rows) if v is not None]
@@ -1839,6 +1824,19 @@ class Store:
                 jobs = ", ".join(str(job_id) for job_id, _ in holders)
                 problems.append(f"GPU {gpu} of {node_name} is handed out beyond all of it (jobs {jobs})")
         return problems
+
+
+def _rows_of(c: Connection, q: Select[Any], ids: Iterable[int] | None) -> list[RowMapping]:
+    """The jobs' rows `q` selects; only `ids` among them if given, a bound parameter per id in
+    chunks under every driver's limit (PostgreSQL: 65,535)."""
+    if ids is None:
+        return list(c.execute(q).mappings())
+    wanted = list(ids)
+    return [
+        r
+        for at in range(0, len(wanted), IDS_PER_QUERY)
+        for r in c.execute(q.where(schema.jobs.c.id.in_(wanted[at : at + IDS_PER_QUERY]))).mappings()
+    ]
 
 
 # What `_running_view` reads of a job's row.
