@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,19 +26,35 @@ from .builders import spec
 from .headkit import T0, Cluster, make_cluster
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+STORE_BACKENDS = ("sqlite", "postgresql")  # tests/unit/conftest.py: each test runs on both
 
 
-def other_process(db: Path, code: str) -> None:
-    """Run `code` with `store` open on the same file, in a process of its own (the CLI's direct
-    writes, a second API process)."""
-    script = f"from gpucluster.store import Store\nstore = Store({str(db)!r})\n{code}\nstore.close()\n"
+def target_of(store: Store) -> str:
+    return str(store.path) if store.path is not None else store.url.render_as_string(hide_password=False)
+
+
+def other_process(store: Store, code: str) -> None:
+    """Run `code` with `store` open on the same database, in a process of its own (the CLI's
+    direct writes, a second API process); return once `store` can tell (PostgreSQL delivers the
+    write's notification just after its commit)."""
+    before = store.others_wrote_token()
+    script = f"from gpucluster.store import Store\nstore = Store({target_of(store)!r})\n{code}\nstore.close()\n"
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    told(store, before)
+
+
+def told(store: Store, before: object) -> None:
+    """Until the store's answer differs from `before`: another connection's write reached it."""
+    deadline = time.monotonic() + 30
+    while store.others_wrote_token() == before:
+        assert time.monotonic() < deadline, "another process's write was never told"
+        time.sleep(0.01)
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = make_cluster(tmp_path)
+def cluster(tmp_path: Path, store_target: Path | str) -> Iterator[Cluster]:
+    c = make_cluster(tmp_path, store_target=store_target)
     c.head.check_state = False  # check mode reads the store whole each plan by design: count the caches' reads
     try:
         yield c
@@ -65,8 +82,8 @@ def count_whole_reads(store: Store) -> list[str]:
     return reads
 
 
-def test_the_store_tells_another_connections_commit_from_its_own(tmp_path: Path) -> None:
-    mine, other = Store(tmp_path / "state.db"), Store(tmp_path / "state.db")
+def test_the_store_tells_another_connections_commit_from_its_own(store_target: Path | str) -> None:
+    mine, other = Store(store_target), Store(store_target)
     try:
         before = mine.others_wrote_token()
         assert before is not None
@@ -76,7 +93,8 @@ def test_the_store_tells_another_connections_commit_from_its_own(tmp_path: Path)
         writer.join(timeout=60)
         assert mine.others_wrote_token() == before
         other.create_job(spec(gpus=1), T0)
-        assert mine.others_wrote_token() != before
+        told(mine, before)
+        assert other.others_wrote_token() is not None
     finally:
         mine.close()
         other.close()
@@ -90,7 +108,7 @@ def test_a_queue_changed_by_another_process_is_read_whole_and_not_before(cluster
     cluster.tick_at(T0 + 6)
     cluster.tick_at(T0 + 12)
     assert reads == []  # nobody else wrote: 5 s on, no whole read
-    other_process(cluster.store.path, f"store.set_held([{waiting}], True)")  # type: ignore[arg-type]
+    other_process(cluster.store, f"store.set_held([{waiting}], True)")
     cluster.tick_at(T0 + 13)  # checked at T0 + 12: the next check is due 5 s later
     assert not cluster.head.queue.state.queued[waiting].held
     cluster.tick_at(T0 + 17)
@@ -104,7 +122,7 @@ def test_a_stop_written_by_another_process_reaches_the_running_job(cluster: Clus
     reads = count_whole_reads(cluster.store)
     cluster.tick_at(T0 + 6)
     assert reads == []
-    other_process(cluster.store.path, f"store.request_stop({running}, 'cancel', {T0 + 7})")  # type: ignore[arg-type]
+    other_process(cluster.store, f"store.request_stop({running}, 'cancel', {T0 + 7})")
     cluster.tick_at(T0 + 11)
     assert "running" in reads
     assert cluster.head.cluster.running[running].stopping

@@ -6,12 +6,13 @@ What nobody tells is another process's write to the same database (the CLI writi
 directly, a second head or API process), and the caches used to catch those by reading the store
 whole every 5 s: at 100,000 queued jobs that read cost more than the cycle's plan, whether anyone
 else had written or not. The store can say whether another connection committed
-(`Store.others_wrote_token`: SQLite's data_version); then the whole read happens only when the
-answer changed, checked at most every `every_s` (so another process's write is still seen
-within that time, as before). Where the store cannot tell (PostgreSQL) it reads every `every_s`
-as before. A rare read every `safety_s` remains whatever the answer: the caches' events are
-checked against fresh builds only in check mode (tests, `--debug`), and this bounds how long a
-write nobody told of (a missed event) could mislead the plans in production.
+(`Store.others_wrote_token`: SQLite's data_version, PostgreSQL's notifications of each write);
+then the whole read happens only when the answer changed, checked at most every `every_s` (so
+another process's write is still seen within that time, as before). While the store cannot tell
+(no listener on PostgreSQL) it reads every `every_s` as before. A rare read every `safety_s`
+remains whatever the answer: the caches' events are checked against fresh builds only in check
+mode (tests, `--debug`), and this bounds how long a write nobody told of (a missed event) could
+mislead the plans in production.
 """
 
 from __future__ import annotations

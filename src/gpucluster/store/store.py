@@ -18,6 +18,7 @@ DatabaseUnavailable, said once in the log per outage; pooled connections are che
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import json
@@ -86,6 +87,7 @@ from gpucluster.waits_text import to_json as wait_json
 
 # PostgreSQL advisory lock key ("gpuclust" in ASCII): every write transaction holds it.
 WRITE_LOCK_KEY = 0x67707563_6C757374
+WRITES_CHANNEL = "gpucluster_writes"  # PostgreSQL: every write transaction notifies it at commit
 IDS_PER_QUERY = 5000  # jobs named in one query's IN list (list_jobs(ids=...))
 
 
@@ -235,7 +237,7 @@ def _target(where: Path | str) -> tuple[URL, Path | None]:
 FROZEN_WRITER_TIMEOUT_S = 30.0
 
 
-def _postgres_engine(url: URL, write: bool) -> Engine:
+def _postgres_engine(url: URL, write: bool, writer_id: str = "") -> Engine:
     options = (
         f"-c synchronous_commit=on -c idle_in_transaction_session_timeout={int(FROZEN_WRITER_TIMEOUT_S * 1000)}"
         if write
@@ -258,7 +260,13 @@ def _postgres_engine(url: URL, write: bool) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+            # The one writer's lock, and a notification sent at commit (none on a rollback) that
+            # names the writing store: another store's listener knows someone else wrote
+            # (`Store.others_wrote_token`). One statement, one round trip.
+            conn.exec_driver_sql(
+                f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY}), pg_notify('{WRITES_CHANNEL}', %(w)s)",
+                {"w": writer_id},
+            )
 
     return engine
 
@@ -476,6 +484,13 @@ class Store:
         self.dialect = self.url.get_backend_name()
         self.display = self.url.render_as_string(hide_password=True) if self.path is None else str(self.path)
         self._durable = True  # False only inside `_write(durable=False)`, under the write lock
+        # PostgreSQL: this store's name in its writes' notifications, and the connection that
+        # listens for the others' (`others_wrote_token`), opened on first use.
+        self._writer_id = f"{os.getpid()}-{next(_CONNECTION_SERIAL)}-{time.time_ns()}"
+        self._listener: Any = None
+        self._listener_serial = 0
+        self._others_writes = 0
+        self._listener_lock = threading.Lock()
         self._writer = self._engine(self.url, write=True)
         self._reader = self._engine(self.url, write=False)
         self._write_lock = threading.Lock()
@@ -505,7 +520,7 @@ class Store:
 
     def _engine(self, url: URL, write: bool) -> Engine:
         if self.dialect == "postgresql":
-            return _postgres_engine(url, write)
+            return _postgres_engine(url, write, self._writer_id)
         if self.dialect != "sqlite":
             raise StoreError(f"unsupported database {self.display}: use a SQLite file or a postgresql:// URL")
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
@@ -657,11 +672,17 @@ class Store:
     def close(self) -> None:
         self._writer.dispose()
         self._reader.dispose()
+        with self._listener_lock:
+            if self._listener is not None:
+                with contextlib.suppress(Exception):
+                    self._listener.close()
+                self._listener = None
 
     def others_wrote_token(self) -> tuple[int, int] | None:
         """A value that changes whenever a connection other than this store's writer commits (another
-        process, another Store on the same file); this store's own writes, from any thread, leave
-        it alone. None where it cannot be told: PostgreSQL, or inside this thread's `batch`.
+        process, another Store on the same database); this store's own writes, from any thread,
+        leave it alone. None where it cannot be told (inside this thread's `batch` on SQLite; on
+        PostgreSQL while no listener can connect).
 
         Why: the head keeps its queue and running jobs from what it is told (head/queue_cache.py,
         head/running_cache.py) and read the store whole every 5 s only to catch other processes'
@@ -671,7 +692,11 @@ class Store:
         connection, under the write lock (so no write of this store is under way), without a
         transaction (BEGIN IMMEDIATE would take the file's write lock); the connection's serial is
         part of the value, so a value read on another pooled writer connection always differs.
+        PostgreSQL has no such pragma: each write transaction notifies (LISTEN/NOTIFY) with its
+        store's id, and a connection of this store counts the others' (`_others_notified`).
         """
+        if self.dialect == "postgresql":
+            return self._others_notified()
         if self.dialect != "sqlite" or self._batch_thread == threading.get_ident():
             return None
         with self._write_lock, self._errors_mapped():
@@ -687,6 +712,34 @@ class Store:
             finally:
                 raw.close()  # back to the pool
         return int(serial), int(version)
+
+    def _others_notified(self) -> tuple[int, int] | None:
+        """PostgreSQL's `others_wrote_token`: every write transaction notifies `WRITES_CHANNEL` at
+        its commit with its store's id (`_postgres_engine`); a connection of this store's own
+        LISTENs, and counts the notifications of other stores. A new listener (the first call,
+        or after the server went away) has a new serial, so its first value always differs;
+        None while it cannot listen."""
+        import psycopg
+
+        with self._listener_lock:
+            try:
+                if self._listener is None or self._listener.closed:
+                    conninfo = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+                    listener = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
+                    listener.execute(f"LISTEN {WRITES_CHANNEL}")
+                    self._listener, self._others_writes = listener, 0
+                    self._listener_serial = next(_CONNECTION_SERIAL)
+                for n in self._listener.notifies(timeout=0):
+                    if n.payload != self._writer_id:
+                        self._others_writes += 1
+            except psycopg.Error as e:
+                log.debug("no write notifications from %s: %s", self.display, e)
+                with contextlib.suppress(Exception):
+                    if self._listener is not None:
+                        self._listener.close()
+                self._listener = None
+                return None
+            return self._listener_serial, self._others_writes
 
     def watch_running(self, told: Callable[[int], None]) -> None:
         """Call `told(job_id)` after every write that may start, stop, end or otherwise change a
