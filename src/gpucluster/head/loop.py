@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpucluster.containers import stored_name
 from gpucluster.core.admission import admit
-from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.cluster_state import ClusterState
 from gpucluster.core.elastic import grow
 from gpucluster.core.events import PolicyChanged
@@ -187,7 +186,6 @@ class Head:
         self.check_state = os.environ.get(CHECK_STATE_ENV, "") not in ("", "0")
         self.gates = Gates(self)  # holds, dependencies, array throttles (issue 20)
         self.limit_waits: dict[int, Wait] = {}  # jobs at their user's limits in the last snapshot (issue 16)
-        self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
         self.last_snapshot: Snapshot | None = None  # the last admitted snapshot planned on
         self.runtime = RuntimeModel(store)  # run times learned from finished jobs (issue 24)
         self.estimates = EstimateRefresher(  # learned start/stop latency and run times
@@ -566,7 +564,11 @@ class Head:
             running=self.running.jobs(),
             queued=queued,
             usage=dict(self.usage),
-            capacity=self.capacity_index,
+            # The state's told index (core/cluster_state.py), as the simulator's: its starts, ends
+            # and stops are the events that keep `running` above, so a plan applies those rather
+            # than comparing every running job with the last plan's (O(running jobs) a plan).
+            # Checked by count: a running set of another size falls back to that comparison.
+            capacity=self.cluster.capacity,
             # The told index holds every queued job: with some kept back, the cycle sorts the
             # eligible ones itself, as admission and limits do for theirs. Handed the index, it
             # was diffed down to them, and a later cycle whose eligible count matched it (a job
