@@ -14,8 +14,15 @@ default policy) in a fresh process per tree, so the baseline's figures come from
 - `change`: one running job exits and one job is submitted between two cycles (clock +0.05 s):
   the cycle finishes the job, reads the new one and plans the whole queue again;
 - `full`: a quiet cycle 5 s after the last (`--cycles` / 3 of them, after the others): the one
-  in 5 s (every 50th at a 0.1 s loop) that makes the full reads, of the queue in both trees and,
-  where they are fed by events, of the running jobs.
+  in 5 s (every 50th at a 0.1 s loop) that made the full reads, of the queue and, where they are
+  fed by events, of the running jobs. Where the head reads whole only after another process
+  wrote (head/full_reads.py), nobody else wrote here: it is a periodic plan and a check.
+- `foreign`: as `full`, but a second Store on the same file (its own connection: another
+  process, as SQLite sees it) submitted a job first: the cycle that reads whole in either tree.
+- `decide`: the core's `decide` alone (`--cycles` / 3 calls, the collector paused as the loop
+  does) on the head's last admitted snapshot, with wait reasons as the head asks for them
+  (`decide`) and without, as the simulator asks (`decide_plan_only`): what the head's cycle
+  after a change is compared with.
 
 Figures are CPU seconds of the process (`time.process_time`; the head's loop runs in this
 thread, no API threads) and wall seconds; median and p95 over `--cycles` of each kind. The machine
@@ -110,6 +117,24 @@ def child(nodes: int, jobs: int, cycles: int) -> dict[str, object]:
     for _ in range(max(1, cycles // 3)):
         clock.t += 5.0
         full.append(timed())
+    foreign: list[tuple[float, float]] = []
+    other = Store(tmp / "state.db")
+    for k in range(max(1, cycles // 3)):
+        other.create_jobs([one(jobs + cycles + k)])  # another process's write, as SQLite sees it
+        clock.t += 5.0
+        foreign.append(timed())
+    other.close()
+    from gpucluster.core.scheduler import decide, gc_paused
+
+    snap, policy = head.last_snapshot, head.planning_policy
+    assert snap is not None
+    decide_cpu: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(max(1, cycles // 3)):
+        for reasons in (True, False):
+            c0 = time.process_time()
+            with gc_paused():
+                decide(snap, policy, clock.t, reasons=reasons)
+            decide_cpu[reasons].append(time.process_time() - c0)
     queued = len(head.queue.requests())
     store.close()
 
@@ -128,6 +153,10 @@ def child(nodes: int, jobs: int, cycles: int) -> dict[str, object]:
         "change_wall": stats([w for _, w in change]),
         "full_cpu": stats([c for c, _ in full]),
         "full_wall": stats([w for _, w in full]),
+        "foreign_cpu": stats([c for c, _ in foreign]),
+        "foreign_wall": stats([w for _, w in foreign]),
+        "decide_cpu": stats(decide_cpu[True]),
+        "decide_plan_only_cpu": stats(decide_cpu[False]),
     }
 
 
@@ -159,13 +188,22 @@ def main() -> None:
             got = run(tree, args)
             results[name].append(got)
             print(f"  {json.dumps(got)}", flush=True)
-    print("\nkind     figure   baseline  this      baseline/this")
-    for kind in ("quiet", "change", "full"):
-        for fig in ("cpu", "wall"):
+
+    def fig(tree: str, name: str, q: str) -> float:
+        return statistics.median(float(x[name][q]) for x in results[tree])  # type: ignore[index]
+
+    print("\nkind              figure       baseline  this      baseline/this")
+    for kind in ("quiet", "change", "full", "foreign", "decide", "decide_plan_only"):
+        for what in ("cpu", "wall") if kind not in ("decide", "decide_plan_only") else ("cpu",):
             for q in ("median", "p95"):
-                b = statistics.median(float(x[f"{kind}_{fig}"][q]) for x in results["baseline"])  # type: ignore[index]
-                t = statistics.median(float(x[f"{kind}_{fig}"][q]) for x in results["this"])  # type: ignore[index]
-                print(f"{kind:8} {fig} {q:6} {b:8.3f}s {t:8.3f}s  {b / t:5.2f}x")
+                b, t = fig("baseline", f"{kind}_{what}", q), fig("this", f"{kind}_{what}", q)
+                print(f"{kind:17} {what} {q:6} {b:8.3f}s {t:8.3f}s  {b / t:5.2f}x")
+    for tree in ("baseline", "this"):
+        d = fig(tree, "decide_cpu", "median")
+        print(
+            f"{tree}: change cycle / decide alone (CPU medians) {fig(tree, 'change_cpu', 'median') / d:.2f}x, "
+            f"foreign (whole read) / decide {fig(tree, 'foreign_cpu', 'median') / d:.2f}x"
+        )
 
 
 if __name__ == "__main__":

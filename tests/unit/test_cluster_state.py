@@ -13,13 +13,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import update
 
 from gpucluster.core.cluster_state import ClusterState, StateMismatch
 from gpucluster.core.events import Drained, Ended, Held, NodeDown, NodeUp, Released, Started, Submitted, Undrained
+from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import sort_in_plain
 from gpucluster.core.reasons import WaitFacts
@@ -325,22 +325,14 @@ def test_the_heads_running_jobs_follow_starts_stops_checkpoints_and_ends_with_no
         assert all(c.state(i) is JobState.RUNNING for i in ids)
         _kept_running_equals_the_store(c)
         full_reads = 0
-        rows = c.store.running_rows
+        reads = c.store.running_records
 
-        def counted(ids: Iterable[int] | None = None) -> list[tuple[RunningJob, str | None]]:
+        def counted(ids: Iterable[int] | None = None) -> tuple[list[tuple[RunningJob, str | None]], list[JobRecord]]:
             nonlocal full_reads
             full_reads += ids is None
-            return rows(ids)
+            return reads(ids)
 
-        listed = c.store.list_jobs
-
-        def counted_records(**query: Any) -> list[JobRecord]:
-            nonlocal full_reads
-            full_reads += query.get("ids") is None and JobState.RUNNING in query.get("states", ())
-            return listed(**query)
-
-        c.store.running_rows = counted  # type: ignore[method-assign]
-        c.store.list_jobs = counted_records  # type: ignore[method-assign]
+        c.store.running_records = counted  # type: ignore[method-assign]
         cancel = threading.Thread(target=c.service.cancel, args=(ids[0],))  # as the API's threads do
         cancel.start()
         cancel.join()
@@ -364,5 +356,34 @@ def test_the_heads_running_jobs_follow_starts_stops_checkpoints_and_ends_with_no
         _kept_running_equals_the_store(c)
         assert c.head.snapshot().running == c.head.running.jobs()
         assert full_reads == 0
+    finally:
+        c.close()
+
+
+def test_the_heads_plans_use_the_states_told_capacity_index_without_comparing_every_running_job(
+    tmp_path: Path,
+) -> None:
+    """One mode (issue 15): the head plans on the capacity index its cluster state keeps from the
+    same events as the simulator's (starts, stops, ends), not on one of its own that compares
+    every running job with the last plan's; its free GPUs are those of a fresh build."""
+    c = make_cluster(tmp_path, gpus=4)
+    try:
+        ids = [c.submit(gpus=1, command=[f"j{i}"]) for i in range(6)]
+        c.tick_at(c.clock.t + 1)  # four start, two wait
+        index = c.head.cluster.capacity
+        assert index.rebuilds == 1
+        c.service.cancel(ids[0])  # a stop under way
+        c.tick_at(c.clock.t + 0.1)
+        c.fake.finish(ids[0], 143, stopped=True)
+        c.fake.finish(ids[1], 0)
+        c.tick_at(c.clock.t + 0.1)  # two end; the two waiting start on their GPUs
+        c.tick_at(c.clock.t + 1.1)
+        assert [c.state(i) for i in ids] == [JobState.CANCELLED, JobState.SUCCEEDED] + [JobState.RUNNING] * 4
+        assert (index.rebuilds, index.diffs) == (1, 0)
+        snap = c.head.snapshot()
+        assert snap.capacity is index
+        no_index = replace(snap, capacity=None, queue_index=None)
+        free = index.capacity(snap.nodes, snap.running).free_count("H100")
+        assert free == Capacity(no_index.nodes, no_index.running).free_count("H100") == 0
     finally:
         c.close()

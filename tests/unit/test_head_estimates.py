@@ -82,6 +82,27 @@ def test_past_the_estimated_part_the_reason_says_not_before(cluster: Cluster) ->
     assert "starts no earlier than" in reason_text(r.reason) and "first 1 in line" in reason_text(r.reason)
 
 
+def test_an_unchanged_wait_is_the_same_object_from_one_plan_to_the_next(cluster: Cluster) -> None:
+    """Issue 15: at 100,000 queued, a new Wait per job each cycle, compared by value with the one
+    written last, cost ten times `decide` (bench/bench_head_cycle.py). An equal wait is now the
+    same object from plan to plan (exact estimates, estimates past the replayed part, a begin
+    time), so the loop's comparison is an identity test, and nothing is rewritten."""
+    cluster.head.estimates = EstimateRefresher(limit=1)
+    cluster.submit(gpus=8, time_limit="10m")
+    cluster.tick_at(T0)
+    waiting = [cluster.submit(gpus=8, time_limit="10m") for _ in range(3)] + [cluster.submit(gpus=2, begin=T0 + 100)]
+    cluster.tick_at(T0 + 1)
+    before = dict(cluster.head._reasons)
+    assert set(before) == set(waiting)
+    assert before[waiting[0]].estimated_start == T0 + 600  # exact
+    assert before[waiting[1]].facts.no_earlier_than is not None  # past the replayed part
+    assert before[waiting[3]].estimated_start == T0 + 100  # its begin time
+    cluster.tick_at(T0 + 2.5)  # the periodic plan: nothing changed
+    after = cluster.head._reasons
+    assert cluster.head._last_plan_at == T0 + 2.5
+    assert [after[j] is before[j] for j in waiting] == [True] * 4
+
+
 def test_a_begin_time_holds_the_job_says_so_and_is_its_estimate(cluster: Cluster) -> None:
     """`--begin`: not started before its time though GPUs are free; `why` names the time (not a
     backoff), the estimate is the begin time; at that time it starts. One already past runs now."""

@@ -39,11 +39,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from gpucluster.containers import stored_name
 from gpucluster.core.admission import admit
-from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.cluster_state import ClusterState
 from gpucluster.core.elastic import grow
 from gpucluster.core.events import PolicyChanged
@@ -118,6 +118,7 @@ USAGE_SAVE_EVERY_S = 10.0
 OUTAGE_RETRY_MAX_S = 2.0
 # Restarts after failures back off by core/restarts.py's rule (1 s doubling, at most 5 minutes;
 # `gpucluster up --restart-backoff` sets the first wait), the rule the simulator uses too.
+_NOT_BEFORE = attrgetter("not_before")
 SESSION_NOT_REQUEUED = "ended: an interactive session is not requeued after a preemption; start a new one"
 
 
@@ -185,7 +186,6 @@ class Head:
         self.check_state = os.environ.get(CHECK_STATE_ENV, "") not in ("", "0")
         self.gates = Gates(self)  # holds, dependencies, array throttles (issue 20)
         self.limit_waits: dict[int, Wait] = {}  # jobs at their user's limits in the last snapshot (issue 16)
-        self.capacity_index = CapacityIndex()  # free GPUs updated between cycles, not rebuilt
         self.last_snapshot: Snapshot | None = None  # the last admitted snapshot planned on
         self.runtime = RuntimeModel(store)  # run times learned from finished jobs (issue 24)
         self.estimates = EstimateRefresher(  # learned start/stop latency and run times
@@ -570,7 +570,11 @@ class Head:
             running=self.running.jobs(),
             queued=queued,
             usage=dict(self.usage),
-            capacity=self.capacity_index,
+            # The state's told index (core/cluster_state.py), as the simulator's: its starts, ends
+            # and stops are the events that keep `running` above, so a plan applies those rather
+            # than comparing every running job with the last plan's (O(running jobs) a plan).
+            # Checked by count: a running set of another size falls back to that comparison.
+            capacity=self.cluster.capacity,
             # The told index holds every queued job: with some kept back, the cycle sorts the
             # eligible ones itself, as admission and limits do for theirs. Handed the index, it
             # was diffed down to them, and a later cycle whose eligible count matched it (a job
@@ -609,9 +613,8 @@ class Head:
         self._last_plan_at = now
         snap = self.snapshot()
         self.last_snapshot = snap  # what `submit --dry-run` plans on (head/dry_run.py)
-        self._next_release = min(
-            (j.not_before for j in snap.queued if j.not_before and j.not_before > now), default=None
-        )
+        # Over every queued job at each plan: a pass in C (attrgetter), most have no backoff.
+        self._next_release = min((t for t in map(_NOT_BEFORE, snap.queued) if t and t > now), default=None)
         self._grow_elastic(snap, now)
         if not snap.queued:
             self.queue_order = []
@@ -630,6 +633,9 @@ class Head:
                 log.info("job %s: %s", p.job_id, p.reason)
                 stopped.append(p.job_id)
                 self.wake.set()
+        # The started jobs' requests, looked up before their starts take them out of the queue
+        # (not found by a pass over the 100,000 queued after).
+        starting = [r for r in map(self.cluster.queued.get, (s.job_id for s in plan.starts)) if r is not None]
         if plan.starts:
             self._start_all(plan.starts, now)
         if plan.starts and self.gates.awaits_start:
@@ -637,7 +643,7 @@ class Head:
         # a preemptor that starts holds nothing back any more
         self.preempted_for = held_back_after(self.preempted_for, plan, stopped)
         if plan.starts:
-            self._observe_waits(snap, {s.job_id for s in plan.starts}, now)
+            self._observe_waits(starting, now)
         self.queue_order = list(plan.waiting)
         # every job's estimated start, replayed soon after a change (head/estimates.py)
         waiting = self.estimates.waits(snap, self.planning_policy, now, plan, changed=changed)
@@ -666,7 +672,11 @@ class Head:
         return changed
 
     def _record_waits(self, waiting: dict[int, Wait]) -> None:
-        changed = {k: v for k, v in waiting.items() if self._reasons.get(k) != v}
+        """Write the waits that changed since the last ones written. Identity first: the
+        estimates give an equal wait as the same object from cycle to cycle
+        (head/estimates.py), so the value comparison runs only for the few that are not."""
+        last = self._reasons.get
+        changed = {k: v for k, v in waiting.items() if (old := last(k)) is not v and old != v}
         self.store.set_wait_reasons(changed)
         self._reasons = waiting
 
@@ -693,10 +703,9 @@ class Head:
                 self._free_since = None  # the next growth waits for GPUs to stay free again
                 self.wake.set()
 
-    def _observe_waits(self, snap: Snapshot, started: set[int], now: float) -> None:
-        for r in snap.queued:
-            if r.job_id in started:
-                self.stats.started(r.team, r.priority.label, now - (r.queued_at or r.submitted_at))
+    def _observe_waits(self, started: Sequence[JobRequest], now: float) -> None:
+        for r in started:
+            self.stats.started(r.team, r.priority.label, now - (r.queued_at or r.submitted_at))
 
     def _start_all(self, starts: Sequence[Start], now: float) -> None:
         """Start a plan's jobs: every start committed (`running`, its allocation) in one

@@ -6,9 +6,11 @@ whole queue into its lines again (O(queued) a cycle: most of a cycle at 100,000 
 that enters or leaves is told to the state as an event (`Submitted`, `Started`, `Ended`), which
 keeps the queue index the simulator keeps (`QueueIndex(told=True)`). The store stays the truth:
 new jobs are read incrementally (ids grow in commit order because SQLite serialises writers),
-removals are told by whoever made them, and a full reload every `full_refresh_s` turns anything
-missed (e.g. ids committed out of order on another database, a requeue, a changed request) into
-events too: only the jobs that differ, so the index keeps the others.
+removals are told by whoever made them, and a full reload turns anything missed (e.g. ids
+committed out of order on another database, a requeue, a changed request) into events too: only
+the jobs that differ, so the index keeps the others. The full reload is due after a requeue
+(`invalidate`), and otherwise only when another process may have written (head/full_reads.py:
+checked every `full_refresh_s`, and read whole every `full_refresh_s` where the store cannot tell).
 
 Removals may be told from any thread (an API cancel); they wait in `_pending` and are applied on
 the loop's thread (`refresh`, `requests`), the only one that touches the state.
@@ -22,6 +24,7 @@ from gpucluster.core.cluster_state import ClusterState, running_job
 from gpucluster.core.events import Ended, Event, Started, Submitted
 from gpucluster.core.lifecycle import StopReason
 from gpucluster.core.types import Allocation, JobRequest
+from gpucluster.head.full_reads import FullReads
 from gpucluster.store import Store
 
 
@@ -29,9 +32,8 @@ class QueueCache:
     def __init__(self, store: Store, state: ClusterState | None = None, full_refresh_s: float = 5.0) -> None:
         self._store = store
         self.state = state if state is not None else ClusterState(keeps_running=False)
-        self._full_refresh_s = full_refresh_s
+        self.full = FullReads(store, every_s=full_refresh_s)
         self._max_id = 0
-        self._last_full: float | None = None
         self._lock = threading.Lock()
         self._pending: list[Event] = []  # told from any thread, applied on the loop's
         self._removed_since_load: set[int] = set()
@@ -39,7 +41,7 @@ class QueueCache:
 
     def refresh(self, now: float) -> bool:
         """Bring the queue up to date with the store; True if the queue changed."""
-        full = self._last_full is None or now - self._last_full >= self._full_refresh_s
+        full = self.full.due(now)
         with self._lock:
             self._removed_since_load.clear()
         rows = self._store.queued_requests(after_id=None if full else self._max_id)
@@ -52,7 +54,7 @@ class QueueCache:
                 for job_id in [i for i in jobs if i not in fresh]:
                     apply(Ended(job_id))
                     changed = True
-                self._last_full = now
+                self.full.done(now)
             for job_id, r in fresh.items():
                 old = jobs.get(job_id)
                 if old is None or old != r:  # an equal job keeps its object (the index's key)
@@ -101,7 +103,7 @@ class QueueCache:
 
     def invalidate(self) -> None:
         """Something re-entered the queue out of id order (a requeue): reload it all next time."""
-        self._last_full = None
+        self.full.invalidate()
 
     def requests(self) -> tuple[JobRequest, ...]:
         """The queue (the loop's thread applies what others told first)."""

@@ -13,8 +13,10 @@ The loop's reconcile needs each running job's whole record (its launch, the stop
 signals sent): those are kept here too, read back with the same told ids, so a quiet cycle
 parses no record at all.
 
-A full read every `full_refresh_s` turns anything not told (another process's write to the
-database) into events too: only the jobs that differ.
+A full read turns anything not told (another process's write to the database) into events too:
+only the jobs that differ. It happens only when another process may have written
+(head/full_reads.py: checked every `full_refresh_s`; where the store cannot tell, every
+`full_refresh_s` as before).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from gpucluster.core.events import Checkpointed, Ended, Started, StopRequested, 
 from gpucluster.core.lifecycle import StopReason
 from gpucluster.core.states import JobState
 from gpucluster.core.types import RunningJob
+from gpucluster.head.full_reads import FullReads
 from gpucluster.store import JobRecord, Store
 
 # More told jobs than this at once are read with all the others (one query, no long IN list).
@@ -37,8 +40,7 @@ class RunningCache:
     def __init__(self, store: Store, state: ClusterState, full_refresh_s: float = 5.0) -> None:
         self._store = store
         self.state = state
-        self._full_refresh_s = full_refresh_s
-        self._last_full: float | None = None
+        self.full = FullReads(store, every_s=full_refresh_s)
         self._lock = threading.Lock()
         self._told: set[int] = set()  # told from any thread, read back on the loop's
         self._reasons: dict[int, StopReason] = {}  # why each stopping job is stopping
@@ -54,17 +56,16 @@ class RunningCache:
             self._told.add(job_id)
 
     def refresh(self, now: float) -> bool:
-        """Tell the state what became of the jobs told since the last refresh (all of them every
-        `full_refresh_s`); True if a job started, stopped or ended (not for a checkpoint)."""
-        full = self._last_full is None or now - self._last_full >= self._full_refresh_s
+        """Tell the state what became of the jobs told since the last refresh (all of them when
+        another process may have written: `full`); True if a job started, stopped or ended (not for a checkpoint)."""
+        due = self.full.due(now)  # before the told ids are taken: it may raise (the database went away)
         with self._lock:
             ids, self._told = self._told, set()
+        full = due or len(ids) > _MAX_IDS
         if not ids and not full:
             return False
-        full = full or len(ids) > _MAX_IDS
         try:
-            rows = self._store.running_rows(None if full else ids)
-            records = self._store.list_jobs(states=[JobState.RUNNING], ids=None if full else ids)
+            rows, records = self._store.running_records(None if full else ids)  # one read of the rows
         except BaseException:
             with self._lock:
                 self._told |= ids  # not read: read them next time
@@ -79,8 +80,8 @@ class RunningCache:
         for job, reason in fresh.values():
             changed = self._tell(job, StopReason(reason) if reason is not None else None) or changed
         self._keep_records(records, full, ids)
-        if full:
-            self._last_full = now
+        if due:
+            self.full.done(now)
         return changed
 
     def _keep_records(self, records: list[JobRecord], full: bool, ids: set[int]) -> None:

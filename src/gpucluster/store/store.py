@@ -18,7 +18,9 @@ DatabaseUnavailable, said once in the log per outage; pooled connections are che
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -35,6 +37,7 @@ from sqlalchemy import (
     URL,
     Connection,
     Engine,
+    RowMapping,
     Select,
     String,
     Table,
@@ -84,6 +87,7 @@ from gpucluster.waits_text import to_json as wait_json
 
 # PostgreSQL advisory lock key ("gpuclust" in ASCII): every write transaction holds it.
 WRITE_LOCK_KEY = 0x67707563_6C757374
+WRITES_CHANNEL = "gpucluster_writes"  # PostgreSQL: every write transaction notifies it at commit
 IDS_PER_QUERY = 5000  # jobs named in one query's IN list (list_jobs(ids=...))
 
 
@@ -100,6 +104,7 @@ _ADD_JOBS = insert(schema.jobs).returning(schema.jobs.c.id, sort_by_parameter_or
 _GET_JOB = select(schema.jobs).where(schema.jobs.c.id == bindparam("match_id"))  # read at each start and end
 _MOVES: dict[tuple[str, ...], Update] = {}
 _JOB_COLUMNS = frozenset(schema.jobs.c.keys())
+_CONNECTION_SERIAL = itertools.count(1)  # names each writer connection in `others_wrote_token`
 
 
 def _job_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +240,7 @@ def _target(where: Path | str) -> tuple[URL, Path | None]:
 FROZEN_WRITER_TIMEOUT_S = 30.0
 
 
-def _postgres_engine(url: URL, write: bool) -> Engine:
+def _postgres_engine(url: URL, write: bool, writer_id: str = "") -> Engine:
     options = (
         f"-c synchronous_commit=on -c idle_in_transaction_session_timeout={int(FROZEN_WRITER_TIMEOUT_S * 1000)}"
         if write
@@ -258,7 +263,13 @@ def _postgres_engine(url: URL, write: bool) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+            # The one writer's lock, and a notification sent at commit (none on a rollback) that
+            # names the writing store: another store's listener knows someone else wrote
+            # (`Store.others_wrote_token`). One statement, one round trip.
+            conn.exec_driver_sql(
+                f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY}), pg_notify('{WRITES_CHANNEL}', %(w)s)",
+                {"w": writer_id},
+            )
 
     return engine
 
@@ -476,6 +487,13 @@ class Store:
         self.dialect = self.url.get_backend_name()
         self.display = self.url.render_as_string(hide_password=True) if self.path is None else str(self.path)
         self._durable = True  # False only inside `_write(durable=False)`, under the write lock
+        # PostgreSQL: this store's name in its writes' notifications, and the connection that
+        # listens for the others' (`others_wrote_token`), opened on first use.
+        self._writer_id = f"{os.getpid()}-{next(_CONNECTION_SERIAL)}-{time.time_ns()}"
+        self._listener: Any = None
+        self._listener_serial = 0
+        self._others_writes = 0
+        self._listener_lock = threading.Lock()
         self._writer = self._engine(self.url, write=True)
         self._reader = self._engine(self.url, write=False)
         self._write_lock = threading.Lock()
@@ -505,7 +523,7 @@ class Store:
 
     def _engine(self, url: URL, write: bool) -> Engine:
         if self.dialect == "postgresql":
-            return _postgres_engine(url, write)
+            return _postgres_engine(url, write, self._writer_id)
         if self.dialect != "sqlite":
             raise StoreError(f"unsupported database {self.display}: use a SQLite file or a postgresql:// URL")
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
@@ -657,6 +675,74 @@ class Store:
     def close(self) -> None:
         self._writer.dispose()
         self._reader.dispose()
+        with self._listener_lock:
+            if self._listener is not None:
+                with contextlib.suppress(Exception):
+                    self._listener.close()
+                self._listener = None
+
+    def others_wrote_token(self) -> tuple[int, int] | None:
+        """A value that changes whenever a connection other than this store's writer commits (another
+        process, another Store on the same database); this store's own writes, from any thread,
+        leave it alone. None where it cannot be told (inside this thread's `batch` on SQLite; on
+        PostgreSQL while no listener can connect).
+
+        Why: the head keeps its queue and running jobs from what it is told (head/queue_cache.py,
+        head/running_cache.py) and read the store whole every 5 s only to catch other processes'
+        writes (the CLI's direct writes, a second head or API process): at 100,000 queued that
+        read cost more than the cycle's plan. SQLite's `PRAGMA data_version` says it for one
+        connection: it changes when another connection commits. It is read on the writer
+        connection, under the write lock (so no write of this store is under way), without a
+        transaction (BEGIN IMMEDIATE would take the file's write lock); the connection's serial is
+        part of the value, so a value read on another pooled writer connection always differs.
+        PostgreSQL has no such pragma: each write transaction notifies (LISTEN/NOTIFY) with its
+        store's id, and a connection of this store counts the others' (`_others_notified`).
+        """
+        if self.dialect == "postgresql":
+            return self._others_notified()
+        if self.dialect != "sqlite" or self._batch_thread == threading.get_ident():
+            return None
+        with self._write_lock, self._errors_mapped():
+            raw = self._writer.raw_connection()
+            try:
+                serial = raw.info.setdefault("serial", next(_CONNECTION_SERIAL))
+                cur = raw.cursor()
+                try:
+                    cur.execute("PRAGMA data_version")
+                    version = cur.fetchone()[0]  # type: ignore[index]  # the pragma always answers one row
+                finally:
+                    cur.close()
+            finally:
+                raw.close()  # back to the pool
+        return int(serial), int(version)
+
+    def _others_notified(self) -> tuple[int, int] | None:
+        """PostgreSQL's `others_wrote_token`: every write transaction notifies `WRITES_CHANNEL` at
+        its commit with its store's id (`_postgres_engine`); a connection of this store's own
+        LISTENs, and counts the notifications of other stores. A new listener (the first call,
+        or after the server went away) has a new serial, so its first value always differs;
+        None while it cannot listen."""
+        import psycopg
+
+        with self._listener_lock:
+            try:
+                if self._listener is None or self._listener.closed:
+                    conninfo = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+                    listener = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
+                    listener.execute(f"LISTEN {WRITES_CHANNEL}")
+                    self._listener, self._others_writes = listener, 0
+                    self._listener_serial = next(_CONNECTION_SERIAL)
+                for n in self._listener.notifies(timeout=0):
+                    if n.payload != self._writer_id:
+                        self._others_writes += 1
+            except psycopg.Error as e:
+                log.debug("no write notifications from %s: %s", self.display, e)
+                with contextlib.suppress(Exception):
+                    if self._listener is not None:
+                        self._listener.close()
+                self._listener = None
+                return None
+            return self._listener_serial, self._others_writes
 
     def watch_running(self, told: Callable[[int], None]) -> None:
         """Call `told(job_id)` after every write that may start, stop, end or otherwise change a
@@ -1187,15 +1273,7 @@ class Store:
         if limit is not None or offset:
             q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit).offset(offset or None)
         with self._read() as c:
-            if ids is None:
-                rows = list(c.execute(q).mappings())
-            else:  # a bound parameter per id: in chunks under every driver's limit (PostgreSQL: 65,535)
-                wanted = list(ids)
-                rows = [
-                    r
-                    for at in range(0, len(wanted), IDS_PER_QUERY)
-                    for r in c.execute(q.where(schema.jobs.c.id.in_(wanted[at : at + IDS_PER_QUERY]))).mappings()
-                ]
+            rows = _rows_of(c, q, ids)
             shared = self._shared_specs(c, rows)
         records = [_job(r, shared) for r in rows]
         return sorted(records, key=lambda j: j.id)
@@ -1316,49 +1394,27 @@ class Store:
         """`running_jobs` with each job's stop reason (None: no stop under way); only `ids`
         among them if given (the jobs a watcher was told of, `watch_running`)."""
         j = schema.jobs.c
-        q = select(
-            j.id,
-            j.allocation,
-            j.team,
-            j.priority,
-            j.started_at,
-            j.request,
-            j.spec,
-            j.last_checkpoint_at,
-            j.stop_reason,
-            j.gpus,
-            j.owner,
-        ).where(j.state == JobState.RUNNING.value)
+        q = select(*(j[c] for c in _VIEW_COLUMNS)).where(j.state == JobState.RUNNING.value)
         if ids is not None:
             q = q.where(j.id.in_(list(ids)))
         with self._read() as c:
-            rows = c.execute(q).all()
-        out = []
-        for r in rows:
-            allocation = allocation_from_json(r[1])
-            if allocation is None:
-                continue
-            req = json.loads(r[5] if r[5] is not None else _request_of_spec(r[6]))
-            started = r[4] or 0.0
-            # A checkpoint older than this attempt's start (a restart resumed from it) saves this
-            # attempt nothing: its work counts from the start.
-            checkpoint = r[7] if r[7] is not None and r[7] >= started else None
-            job = RunningJob(
-                job_id=r[0],
-                allocation=allocation,
-                team=r[2],
-                priority=Priority(r[3]),
-                started_at=started,
-                time_limit_s=req.get("tl"),
-                last_checkpoint_at=checkpoint,
-                stopping=r[8] is not None,
-                max_gpus=int(r[9]) if req.get("mn") is not None else None,  # elastic: may grow
-                min_gpus=int(req["mn"]) if req.get("mn") is not None else None,  # and shrink
-                user=r[10] or "",
-                exclusive=bool(req.get("x")),
-            )
-            out.append((job, r[8]))
-        return out
+            rows = c.execute(q).mappings().all()
+        return [v for v in map(_running_view, rows) if v is not None]
+
+    def running_records(
+        self, ids: Iterable[int] | None = None
+    ) -> tuple[list[tuple[RunningJob, str | None]], list[JobRecord]]:
+        """`running_rows(ids)` and `list_jobs(states=[RUNNING], ids=ids)` from one read of the rows.
+
+        Why: the head keeps both for the jobs it was told of (head/running_cache.py), and read each
+        told job twice, two queries and two parses of the same rows, after every start and end."""
+        with self._read() as c:
+            q = self._jobs_where(select(schema.jobs), [JobState.RUNNING], None, None, None, False)
+            rows = _rows_of(c, q, ids)
+            shared = self._shared_specs(c, rows)
+        rows.sort(key=lambda r: int(r["id"]))
+        views = [v for v in map(_running_view, rows) if v is not None]
+        return views, [_job(r, shared) for r in rows]
 
     def running_allocations(self) -> list[tuple[int, Allocation]]:
         j = schema.jobs.c
@@ -1824,6 +1880,65 @@ class Store:
                 jobs = ", ".join(str(job_id) for job_id, _ in holders)
                 problems.append(f"GPU {gpu} of {node_name} is handed out beyond all of it (jobs {jobs})")
         return problems
+
+
+def _rows_of(c: Connection, q: Select[Any], ids: Iterable[int] | None) -> list[RowMapping]:
+    """The jobs' rows `q` selects; only `ids` among them if given, a bound parameter per id in
+    chunks under every driver's limit (PostgreSQL: 65,535)."""
+    if ids is None:
+        return list(c.execute(q).mappings())
+    wanted = list(ids)
+    return [
+        r
+        for at in range(0, len(wanted), IDS_PER_QUERY)
+        for r in c.execute(q.where(schema.jobs.c.id.in_(wanted[at : at + IDS_PER_QUERY]))).mappings()
+    ]
+
+
+# What `_running_view` reads of a job's row.
+_VIEW_COLUMNS = (
+    "id",
+    "allocation",
+    "team",
+    "priority",
+    "started_at",
+    "request",
+    "spec",
+    "last_checkpoint_at",
+    "stop_reason",
+    "gpus",
+    "owner",
+)
+
+
+def _running_view(r: Any) -> tuple[RunningJob, str | None] | None:
+    """A running job's row (a mapping with `_VIEW_COLUMNS`) as the scheduler sees it, with its stop
+    reason (None: no stop under way); None if it holds no allocation."""
+    allocation = allocation_from_json(r["allocation"])
+    if allocation is None:
+        return None
+    req = json.loads(r["request"] if r["request"] is not None else _request_of_spec(r["spec"]))
+    started = r["started_at"] or 0.0
+    # A checkpoint older than this attempt's start (a restart resumed from it) saves this
+    # attempt nothing: its work counts from the start.
+    checkpoint = r["last_checkpoint_at"]
+    checkpoint = checkpoint if checkpoint is not None and checkpoint >= started else None
+    stop = r["stop_reason"]
+    job = RunningJob(
+        job_id=r["id"],
+        allocation=allocation,
+        team=r["team"],
+        priority=Priority(r["priority"]),
+        started_at=started,
+        time_limit_s=req.get("tl"),
+        last_checkpoint_at=checkpoint,
+        stopping=stop is not None,
+        max_gpus=int(r["gpus"]) if req.get("mn") is not None else None,  # elastic: may grow
+        min_gpus=int(req["mn"]) if req.get("mn") is not None else None,  # and shrink
+        user=r["owner"] or "",
+        exclusive=bool(req.get("x")),
+    )
+    return job, stop
 
 
 def _job(r: Any, shared: dict[int, JobSpec] | None = None) -> JobRecord:
