@@ -1196,10 +1196,10 @@ class _Cycle:
         the class is not protected. Each test and each figure is the loop's, on the same floats
         in the same order (`now - started_at`, `attained.standing`'s queue and loss), so the
         pool and the standings kept (`_standing`) are the loop's. None (the loop decides): a job
-        holds no GPU in its first slice, or the GPUs are of several models."""
+        spans several slices or holds no GPU in its first, or the GPUs are of several models."""
         now, pre, ordering = self.now, self.policy.preemption, self.policy.ordering
         firsts = list(map(_FIRST, map(_SLICES, running)))
-        if not all(map(len, map(_GPU_INDICES, firsts))):
+        if any(map(lt, repeat(1), map(len, map(_SLICES, running)))) or not all(map(len, map(_GPU_INDICES, firsts))):
             return None
         held = list(
             map(self.cap.gpus.get, zip(map(_NODE, firsts), map(_FIRST, map(_GPU_INDICES, firsts)), strict=True))
@@ -1225,9 +1225,6 @@ class _Cycle:
         # `attained.standing`: GPUs x (now - last checkpoint + restart cost) lost, and the queue
         # of the attained service before plus GPUs x time since the start.
         gpus = list(map(mul, map(len, map(_GPU_INDICES, firsts)), map(_SHARE, firsts)))
-        # A job over several nodes (a Philly job above 8 GPUs) counts every slice, as the loop does.
-        for i in compress(range(len(jobs)), map(lt, repeat(1), map(len, map(_SLICES, jobs)))):
-            gpus[i] = jobs[i].allocation.gpu_count
         since_ckpt = list(map(sub, repeat(now), map(_CHECKPOINT, jobs)))
         lost = list(map(mul, gpus, map(add, since_ckpt, repeat(ordering.restart_cost_s))))
         got = map(add, map(self.s.attained.get, ids, repeat(0.0)), map(mul, gpus, map(max, repeat(0.0), since)))
