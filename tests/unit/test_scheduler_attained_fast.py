@@ -245,39 +245,3 @@ def test_the_cheap_las_paths_change_no_plan(scenario: tuple[Snapshot, Policy]) -
             assert {k: (w.reason, w.estimated_start) for k, w in fast.waiting.items()} == {
                 k: (slow.waiting[k].reason, slow.waiting[k].estimated_start) for k in fast.waiting
             }
-
-
-class _LoopPool(_Cycle):
-    """The cycle with `_victim_pool`'s loop in every case (no pool built column by column)."""
-
-    las_pool_columns = False
-
-
-@MANY
-@given(las_scenarios(), st.booleans())
-def test_the_column_wise_victim_pool_changes_no_plan(scenario: tuple[Snapshot, Policy], one_class: bool) -> None:
-    """The LAS victim pool built column by column (`_las_pool_columns`: every job it could hold
-    of the asker's class) against the loop it replaces, on the same cycle otherwise: the same
-    starts, preemptions (victims in order, with their reasons) and waits. `one_class` puts every
-    job in one class, the case the columns serve (else the loop decides, as before)."""
-    snap, pol = scenario
-    if one_class:
-        snap = replace(
-            snap,
-            running=tuple(replace(r, priority=Priority.NORMAL) for r in snap.running),
-            queued=tuple(replace(q, priority=Priority.NORMAL) for q in snap.queued),
-        )
-    for reasons in (True, False):
-        fast = _Cycle(snap, pol, NOW, reasons).run()
-        slow = _LoopPool(snap, pol, NOW, reasons).run()
-        assert fast.starts == slow.starts
-        assert fast.preemptions == slow.preemptions
-        assert list(fast.waiting.items()) == list(slow.waiting.items())
-    # The pool itself, for an asker of each class and queue: the same jobs in the same order
-    # (few plans have two victims to order), and the same standings kept for the cycle.
-    for asker in (Priority.LOW, Priority.NORMAL):
-        for rank in range(len(pol.ordering.queues) + 1):
-            columns, loop = _Cycle(snap, pol, NOW), _LoopPool(snap, pol, NOW)
-            assert columns._victim_pool(int(asker) + 1, float(rank)) == loop._victim_pool(int(asker) + 1, float(rank))
-            assert columns._shared_pool == loop._shared_pool
-            assert {k: v for k, v in columns._standing.items() if k in loop._standing} == loop._standing

@@ -24,7 +24,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from functools import partial
 from itertools import compress, repeat
-from operator import add, and_, attrgetter, eq, ge, is_, is_not, itemgetter, le, lt, mul, neg, not_, sub
+from operator import attrgetter, is_not, itemgetter, lt
 
 from gpucluster.core import attained
 from gpucluster.core.admission import admit, explain_drains
@@ -55,9 +55,6 @@ _CHECKPOINT, _SLICES, _FIRST, _SHARE = (
     attrgetter("allocation.slices"),
     itemgetter(0),
     attrgetter("share"),
-)
-_GPU_INDICES, _NODE, _STARTED, _STOPPING, _PRIORITY, _JOB_ID, _TEAM, _MODEL = map(
-    attrgetter, ("gpu_indices", "node", "started_at", "stopping", "priority", "job_id", "team", "model")
 )
 
 
@@ -229,9 +226,6 @@ class _Cycle:
     # no asker may take, and work out each running job's standing once a cycle (see
     # `_victim_pool`, `_candidates_for`). Off only in the tests that check it changes no plan.
     las_pool_filter = True
-    # Build that pool column by column when every job it could hold is of the asker's class (see
-    # `_las_pool_columns`). Off only in the tests that check it changes no plan.
-    las_pool_columns = True
 
     def __init__(
         self, snapshot: Snapshot, policy: Policy, now: float, reasons: bool = True, cap: Capacity | None = None
@@ -1124,15 +1118,7 @@ class _Cycle:
             # Every job the pool could hold is of the asker's class, and none shares a GPU: a
             # job that has not checkpointed is no LAS victim and adds nothing to `_shared_pool`,
             # so those are left out at C speed, before the loop.
-            running = list(compress(running, map(is_not, map(_CHECKPOINT, running), repeat(None))))
-            columns = (
-                self._las_pool_columns(running, own, asked, allowance)
-                if self.las_pool_columns and own not in protected
-                else None
-            )
-            if columns is not None:
-                pools = columns
-                running = ()
+            running = compress(running, map(is_not, map(_CHECKPOINT, running), repeat(None)))
         for j in running:
             if j.stopping or j.priority in protected or not now - j.started_at >= min_runtime:
                 continue
@@ -1185,66 +1171,6 @@ class _Cycle:
             order.sort(key=classes.__getitem__)
             self._candidates[model] = [jobs[i] for i in order]
         return self._candidates
-
-    def _las_pool_columns(
-        self, running: list[RunningJob], own: int, asked: float, allowance: float
-    ) -> dict[str, tuple[list[RunningJob], list[int], list[float], list[float], list[float]]] | None:
-        """`_victim_pool`'s loop for its commonest case, column by column at C speed (issue 25:
-        the loop was ~12% of `las`'s CPU on the whole of Philly, one pass per asking cycle over
-        every checkpointed running job). The case: every job the pool could hold is of the
-        asker's class `own` (none below it runs), checkpointed (`running`), none shares a GPU,
-        the class is not protected. Each test and each figure is the loop's, on the same floats
-        in the same order (`now - started_at`, `attained.standing`'s queue and loss), so the
-        pool and the standings kept (`_standing`) are the loop's. None (the loop decides): a job
-        spans several slices or holds no GPU in its first, or the GPUs are of several models."""
-        now, pre, ordering = self.now, self.policy.preemption, self.policy.ordering
-        firsts = list(map(_FIRST, map(_SLICES, running)))
-        if any(map(lt, repeat(1), map(len, map(_SLICES, running)))) or not all(map(len, map(_GPU_INDICES, firsts))):
-            return None
-        held = list(
-            map(self.cap.gpus.get, zip(map(_NODE, firsts), map(_FIRST, map(_GPU_INDICES, firsts)), strict=True))
-        )
-        if any(map(is_, held, repeat(None))):
-            return None
-        models = set(map(_MODEL, held))
-        if len(models) > 1:
-            return None
-        since = list(map(sub, repeat(now), map(_STARTED, running)))
-        keep = list(
-            map(
-                and_,
-                map(and_, map(not_, map(_STOPPING, running)), map(eq, map(_PRIORITY, running), repeat(own))),
-                map(and_, map(ge, since, repeat(pre.min_runtime_s)), map(ge, since, repeat(ordering.min_slice_s))),
-            )
-        )
-        jobs = list(compress(running, keep))
-        if not jobs:
-            return {}
-        firsts, since = list(compress(firsts, keep)), list(compress(since, keep))
-        ids = list(map(_JOB_ID, jobs))
-        # `attained.standing`: GPUs x (now - last checkpoint + restart cost) lost, and the queue
-        # of the attained service before plus GPUs x time since the start.
-        gpus = list(map(mul, map(len, map(_GPU_INDICES, firsts)), map(_SHARE, firsts)))
-        since_ckpt = list(map(sub, repeat(now), map(_CHECKPOINT, jobs)))
-        lost = list(map(mul, gpus, map(add, since_ckpt, repeat(ordering.restart_cost_s))))
-        got = map(add, map(self.s.attained.get, ids, repeat(0.0)), map(mul, gpus, map(max, repeat(0.0), since)))
-        queue = list(map(bisect_right, repeat(ordering.queues), got))
-        self._standing.update(zip(ids, zip(queue, lost, strict=True), strict=True))
-        taken = list(map(and_, map(lt, repeat(asked), queue), map(le, lost, repeat(allowance))))
-        jobs = list(compress(jobs, taken))
-        if not jobs:
-            return {}
-        teams = list(map(_TEAM, jobs))
-        ratio = {team: -self._over_share(team) for team in set(teams)}
-        return {
-            models.pop(): (
-                jobs,
-                [int(own)] * len(jobs),
-                list(map(ratio.__getitem__, teams)),
-                list(compress(since_ckpt, taken)),
-                list(map(neg, map(_STARTED, jobs))),
-            )
-        }
 
     def _shares_running(self) -> bool:
         """Whether a running job's first slice is a share of a GPU (C speed, once a cycle)."""
