@@ -45,7 +45,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import compress
 from operator import attrgetter
 from typing import Literal
 
@@ -157,26 +157,20 @@ def ranks(
     if ordering.mode != "las" or ordering.queue_of(0.0) != 0:
         return {j.job_id: rank_of(j, ordering, attained, expected, now) for j in queued}
     ids = list(map(_JOB_ID, queued))
-    ran = list(map(attained.__contains__, ids))
-    if not any(ran):
+    ran = attained.keys() & ids
+    if not ran:
         return {}
-    # Every pass below is at C speed (issue 25: a Python step per job that ran before was most
-    # of this call, 33,000 of them a cycle at 100,000 queued): the queue of each job that ran,
-    # then only the jobs of a queue above 0 kept, then promotion for the few that may be due.
-    ran_ids = list(compress(ids, ran))
-    queues = list(map(float, map(bisect_right, repeat(ordering.queues), map(attained.__getitem__, ran_ids))))
-    out = dict(compress(zip(ran_ids, queues, strict=True), queues))
-    promote = ordering.promote_after_s
-    if promote is not None and out:
-        # A job entered the queue at or after its submission, so only those submitted by the
-        # cut may be promoted; the cut is loosened by a hair so `rank_of`'s own float test
-        # (`now - entered >= promote`) decides every job it could.
-        cut = now - promote
-        cut += abs(cut) * 1e-9 + 1e-6
-        ran_jobs = list(compress(queued, ran))
-        for job in compress(ran_jobs, map(cut.__ge__, map(_SUBMITTED, ran_jobs))):
-            if job.job_id in out and _promoted(job, ordering, now):
-                del out[job.job_id]
+    by_id = dict(zip(ids, queued, strict=True))
+    out: dict[int, float] = {}
+    promote, queues = ordering.promote_after_s, ordering.queues
+    for job_id in ran:  # `rank_of`, inline: a third of the cost
+        if promote is not None:
+            job = by_id[job_id]
+            if now - (job.submitted_at if job.queued_at is None else job.queued_at) >= promote:
+                continue
+        queue = bisect_right(queues, attained[job_id])
+        if queue:
+            out[job_id] = float(queue)
     return out
 
 

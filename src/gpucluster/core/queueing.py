@@ -42,13 +42,9 @@ _job_id = attrgetter("job_id")
 
 
 def _by_rank(jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequest]:
-    """`jobs` (by age) stably sorted by rank, a job `ranks` does not name ranking 0; `jobs`
-    itself when every rank is 0 (sorting would change nothing). One pass over the line's jobs,
-    at C speed: each job's id read once (reading them was most of the cost at 100,000 queued)."""
+    """`jobs` (by age) stably sorted by rank, a job `ranks` does not name ranking 0."""
     keys = list(map(ranks.get, map(_job_id, jobs), repeat(0.0)))
-    if not any(keys):
-        return jobs
-    return list(map(jobs.__getitem__, sorted(range(len(jobs)), key=keys.__getitem__)))
+    return [jobs[i] for i in sorted(range(len(jobs)), key=keys.__getitem__)]
 
 
 Sorted = tuple[list[JobRequest], list[JobRequest], dict[int, dict[str, list[JobRequest]]]]
@@ -167,8 +163,13 @@ class TeamQueues:
             # aged jobs stay by age: the starvation age goes before any ranking. A line with
             # no job `ranks` names (all of rank 0) is left as it is: sorting it changes nothing.
             # New lists: `presorted`'s belong to the caller's QueueIndex.
+            named = ranks.keys()
             buckets = {
-                level: {team: _by_rank(jobs, ranks) for team, jobs in per.items()} for level, per in buckets.items()
+                level: {
+                    team: jobs if named.isdisjoint(map(_job_id, jobs)) else _by_rank(jobs, ranks)
+                    for team, jobs in per.items()
+                }
+                for level, per in buckets.items()
             }
         levels = {level: {team: deque(jobs) for team, jobs in per.items()} for level, per in buckets.items()}
         self._aged = deque(aged)

@@ -58,11 +58,6 @@ _CHECKPOINT, _SLICES, _FIRST, _SHARE = (
 )
 
 
-def _whole(rank: float) -> float:
-    """A rank without its Gittins fraction: its attained-service queue (`_Cycle._queue_rank`)."""
-    return float(int(rank))
-
-
 def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *, reasons: bool = True) -> Plan:
     """The plan for this snapshot. `reasons=False`: the same starts and preemptions, but the
     wait of every job is not worked out (see the module docstring).
@@ -342,9 +337,6 @@ class _Cycle:
         # (whom each may preempt depends on its rank): answers are shared per (request, rank).
         las = self._las
         keep = keep and not las
-        # A job's attained-service queue, as `_queue_rank` gives it: its rank as it is, but for
-        # the Gittins fraction (`whole`: ranks that may carry one are cut to their queue).
-        rank_of, whole, queue_of = self._ranks.get, self.policy.ordering.gittins, _whole
         if keep and self.policy.preemption.enabled and self._shares_in_play():
             # Preemption counted GPU by GPU (core/preempt_shapes.py) is not monotone in the free
             # capacity the way the argument above needs: after starts, a job may find that
@@ -365,12 +357,7 @@ class _Cycle:
                     kept_at = len(reservations) + len(preemptions)
                 if settle and self._settled():
                     break  # no job left in line can change the plan; only waits would follow
-            # `_queue_rank`, inline: this line runs for every job considered or answered.
-            request = (
-                (job.demand, queue_of(rank_of(job.job_id, 0.0)) if whole else rank_of(job.job_id, 0.0))
-                if las
-                else job.demand
-            )
+            request = (job.demand, self._queue_rank(job)) if las else job.demand
             if keep and job.need in kept:
                 after.done(job, False)
                 continue
@@ -1058,7 +1045,7 @@ class _Cycle:
         """A queued job's attained-service queue (its rank without a Gittins fraction, see
         core/gittins.py): all that attained-service preemption compares (`attained.takes`), so
         the victim pool and the shared answers are kept per queue, not per index."""
-        return _whole(self._ranks.get(job.job_id, 0.0))
+        return float(int(self._ranks.get(job.job_id, 0.0)))
 
     def _standing_of(self, v: RunningJob) -> attained.Standing | None:
         """`attained.standing` of a running job, once per cycle: it depends on the job, the
