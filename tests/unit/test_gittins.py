@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpucluster.core import gittins
-from gpucluster.core.attained import Ordering, gittins_ranks, ranks
+from gpucluster.core.attained import Ordering, gittins_ranks, rank_of, ranks
 from gpucluster.core.policy import Policy, las_gittins_policy, las_policy
 from gpucluster.core.runtime_predict import FinishedRun, JobShape, RunDistribution, RuntimePredictor
 from gpucluster.core.scheduler import decide
@@ -91,6 +91,20 @@ def test_ranks_order_inside_a_queue_and_keep_the_queues() -> None:
     assert [int(r[j]) for j in range(1, 6)] == [LAS.queue_of(attained.get(j, 0.0)) * (j != 5) for j in range(1, 6)]
     # Without distributions, the ranks are plain las's.
     assert ranks(q, LAS, attained, {}, NOW, {}) == ranks(q, replace(LAS, runtime_model="none"), attained, {}, NOW)
+
+
+def test_a_queue_stamp_before_the_submission_counts_as_the_submission() -> None:
+    """A `queued_at` earlier than the job's submission (another head's clock behind this one's
+    after a failover) must not promote the job in `rank_of` while `gittins_ranks`, which looks
+    for promoted jobs among those submitted `promote_after` ago, does not: both read the
+    submission (the hypothesis search of test_scheduler_attained_fast found the two disagreeing
+    on a preemption)."""
+    stamped_early = replace(job(1).at(NOW - H).gpus(1).build(), queued_at=NOW - 30 * H)
+    waited = replace(job(2).at(NOW - 30 * H).gpus(1).build(), queued_at=NOW - 30 * H)
+    attained = {1: 50 * H, 2: 50 * H}
+    got = gittins_ranks([stamped_early, waited], LAS, attained, {1: SHORT, 2: SHORT}, NOW)
+    assert int(got[1]) == rank_of(stamped_early, LAS, attained, {}, NOW) >= 1.0  # not promoted: its queue
+    assert got[2] == rank_of(waited, LAS, attained, {}, NOW) == 0.0  # promoted
 
 
 def _snap(queued: list[JobRequest], dists: dict[int, RunDistribution], run: list[RunningJob] | None = None) -> object:

@@ -126,7 +126,7 @@ def rank_of(
         return expected.get(job.job_id, INF)
     promote = ordering.promote_after_s
     if promote is not None:
-        entered = job.submitted_at if job.queued_at is None else job.queued_at
+        entered = entered_queue(job)
         if now - entered >= promote:
             return 0.0
     return float(ordering.queue_of(attained.get(job.job_id, 0.0)))
@@ -166,7 +166,7 @@ def ranks(
     for job_id in ran:  # `rank_of`, inline: a third of the cost
         if promote is not None:
             job = by_id[job_id]
-            if now - (job.submitted_at if job.queued_at is None else job.queued_at) >= promote:
+            if now - entered_queue(job) >= promote:
                 continue
         queue = bisect_right(queues, attained[job_id])
         if queue:
@@ -235,8 +235,16 @@ def _kind_rank(ordering: Ordering, dist: RunDistribution | None, gpus: float, go
 def _promoted(job: JobRequest, ordering: Ordering, now: float) -> bool:
     """Whether `job` waited `promote_after` since it entered the queue (`rank_of`'s promotion)."""
     promote = ordering.promote_after_s
-    entered = job.submitted_at if job.queued_at is None else job.queued_at
-    return promote is not None and now - entered >= promote
+    return promote is not None and now - entered_queue(job) >= promote
+
+
+def entered_queue(job: JobRequest) -> float:
+    """When `job` last entered the queue: its requeue, else its submission. Never before its
+    submission: a `queued_at` stamped earlier (another head's clock behind this one's after a
+    failover) counts as the submission, so `gittins_ranks`, which looks for promoted jobs only
+    among those submitted `promote_after` ago (at C speed), and `rank_of` agree on every job."""
+    queued = job.queued_at
+    return job.submitted_at if queued is None or queued < job.submitted_at else queued
 
 
 def standing(victim: RunningJob, ordering: Ordering, attained: Mapping[int, float], now: float) -> Standing | None:
