@@ -285,13 +285,17 @@ class Accounting:
 def check_accounting(db: Path, data_dir: Path, run_id: str, head_started_at: float) -> Accounting:
     """Call with the head stopped (SIGSTOP): its store cannot change while processes are read.
 
-    Processes found by two scans, before and after the store is read, were alive all along.
+    The processes are read after the store: a stopped head commits nothing more, and every
+    launch it had sent was committed running before it was sent, so a process found then belongs
+    to a running row or is an orphan. Not "found before and after the store read": the fork
+    server and its keepers run on while the head is stopped, so a keeper forked just before the
+    stop can become recognisable (its cwd, RUN_DIR) only after a first scan and write shim.json
+    before the records are looked at; requiring it in both scans reported that live job as gone
+    without a trace (a flaky failure under load).
     """
-    first = job_processes(run_id)
     with contextlib.closing(open_ro(db)) as c:
         rows = {r["id"]: r for r in c.execute("SELECT * FROM jobs WHERE state = 'running'")}
-    second = job_processes(run_id)
-    live = [p for k, p in first.items() if k in second]
+    live = list(job_processes(run_id).values())
     acc = Accounting()
     by_job: dict[int, list[Proc]] = {}
     for p in live:
