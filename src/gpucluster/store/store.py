@@ -1395,10 +1395,8 @@ class Store:
         among them if given (the jobs a watcher was told of, `watch_running`)."""
         j = schema.jobs.c
         q = select(*(j[c] for c in _VIEW_COLUMNS)).where(j.state == JobState.RUNNING.value)
-        if ids is not None:
-            q = q.where(j.id.in_(list(ids)))
         with self._read() as c:
-            rows = c.execute(q).mappings().all()
+            rows = _rows_of(c, q, ids)
         return [v for v in map(_running_view, rows) if v is not None]
 
     def running_records(
@@ -1533,7 +1531,7 @@ class Store:
             c.execute(_ADD_EVENT, {"job_id": job_id, "at": now, "state": to.value, "reason": reason})
             if ended_attempt is not None:
                 a = ended_attempt
-                # The upsert made once, its values as parameters: a `.values(...)` statement per end
+                # One statement shape, its values as parameters: a `.values(...)` statement per end
                 # was a new statement whose cache key SQLAlchemy worked out again each time.
                 c.execute(
                     self.upsert(schema.attempts),
