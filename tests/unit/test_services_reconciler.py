@@ -12,7 +12,7 @@ import pytest
 
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Priority
-from gpucluster.services.reconciler import Reconciler
+from gpucluster.services.reconciler import Reconciler, ephemeral_ports
 from gpucluster.services.runtime import Runtimes
 from gpucluster.services.spec import ServiceSpec
 from gpucluster.store.accounting import UsageStore
@@ -204,3 +204,22 @@ def test_a_services_gpu_hours_and_cost_count_every_replica_it_ever_had(cluster: 
     assert used.cost == pytest.approx(sum(r.cost for r in rows))
     services.delete("clf")
     assert "clf" not in services.usage()
+
+
+def test_replica_ports_skip_the_kernels_ephemeral_range_unless_the_spec_names_one_in_it(cluster: Cluster) -> None:
+    # Any outgoing connection on the node may be handed an ephemeral port between the probe and
+    # the replica's bind; below the range the next port up is taken, past it the range is jumped.
+    rec, _ = make(cluster, Replicas())
+    rec.ephemeral = (20002, 29999)
+    spec = ServiceSpec.model_validate({"name": "clf", "command": ["serve"], "gpus": 0.5})
+    assert rec._free_port(spec, {20000}) == 20001
+    assert rec._free_port(spec, {20000, 20001}) == 30000
+    named = ServiceSpec.model_validate({"name": "clf", "command": ["serve"], "gpus": 0.5, "port": 25000})
+    assert rec._free_port(named, set()) == 25000  # the owner chose it: kept
+
+
+def test_ephemeral_ports_are_the_kernels_range_or_linuxs_default(tmp_path: Path) -> None:
+    f = tmp_path / "range"
+    f.write_text("40000\t50000\n")
+    assert ephemeral_ports(str(f)) == (40000, 50000)
+    assert ephemeral_ports(str(tmp_path / "absent")) == (32768, 60999)

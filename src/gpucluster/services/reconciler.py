@@ -79,6 +79,7 @@ class Reconciler:
         self.clock = clock
         self.interval_s = interval_s
         self.port_free = port_free or _port_free_here
+        self.ephemeral = ephemeral_ports()  # replicas' ports skip it (_free_port)
         self._probe_fn = probe
         self._probes: dict[int, _Probe] = {}
         self._scalers: dict[str, Autoscaler] = {}
@@ -443,11 +444,31 @@ class Reconciler:
             return False
 
     def _free_port(self, spec: ServiceSpec, used: set[int]) -> int:
+        """The first port from the spec's (or the default base) up that no replica holds and
+        nothing listens on. Ports in the kernel's ephemeral range are skipped unless the spec's
+        own port lies in it: between this probe and the replica's bind, any outgoing connection
+        on the node (a probe, a job's download) may be handed that port, and the replica would
+        fail to start for a reason its owner cannot see."""
         base = spec.port or REPLICA_PORT_BASE
-        for port in range(base, base + PORT_SPAN):
-            if port not in used and port <= 65535 and self.port_free(port):
+        low, high = self.ephemeral
+        skip_ephemeral = not low <= base <= high
+        for port in range(base, min(base + PORT_SPAN, 65536)):
+            if skip_ephemeral and low <= port <= high:
+                continue
+            if port not in used and self.port_free(port):
                 return port
         raise RuntimeError("no free port for a replica")
+
+
+def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's range for the local port of an outgoing connection (Linux's default where
+    it cannot be read)."""
+    try:
+        with open(path) as f:
+            low, high = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return (32768, 60999)
+    return (low, high)
 
 
 def _port_free_here(port: int) -> bool:
