@@ -48,6 +48,12 @@ class FullReads:
         self._next = token
         return True
 
+    def others_wrote(self) -> bool:
+        """Another process may have written since the last whole read (True when the store
+        cannot tell)."""
+        token = self._store.others_wrote_token()
+        return token is None or token != self._token
+
     def done(self, now: float) -> None:
         """The whole read that `due` asked for succeeded."""
         self._at, self._checked_at, self._token = now, None, self._next

@@ -56,7 +56,7 @@ from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.scheduler import decide, gc_paused
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
-from gpucluster.core.types import Drain, JobRequest, Node, Start, Wait
+from gpucluster.core.types import JobRequest, Start, Wait
 from gpucluster.durations import format_duration
 from gpucluster.executors.base import (
     Executor,
@@ -90,6 +90,7 @@ from gpucluster.head.gates import Gates
 from gpucluster.head.images import ImageSightings
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
 from gpucluster.head.launch_specs import launch_spec
+from gpucluster.head.node_feed import NodeFeed
 from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
@@ -205,6 +206,9 @@ class Head:
         self.identity: JobIdentity | None = None  # set by `gpucluster up`: jobs' own tokens, Unix accounts
         self.inventory: NodeInventory | None = None  # set by `gpucluster up --ray`: nodes join and leave
         self.telemetry = TelemetryStore(store)  # drain state (read every plan), samples, health
+        # Nodes and drains told to the cluster state as events (head/node_feed.py); the inventory
+        # is set after construction (`up --ray`), so its down nodes are asked for at each tell.
+        self.node_feed = NodeFeed(store, self.telemetry, self.cluster, self._down_nodes)
         self.stats = LoopStats()  # cycle time and waits, for /metrics
         # GPU time, cost and energy per attempt; budgets and max cost (head/accounting.py)
         self.accounting = Accountant(self, prices)
@@ -243,6 +247,8 @@ class Head:
             self._capacity_changed = True
         if self.telemetry.end_drains_due(now):  # drains with a planned end (drain --until) that came
             self._capacity_changed = True
+        if self.node_feed.refresh(now):  # nodes or drains changed (by this head or another process)
+            self._capacity_changed = True
         if self._preempted_left:
             requeue_left_preempted(self, now)
             self._preempted_left = False
@@ -258,6 +264,9 @@ class Head:
         self._schedule(self.clock())
         self.cycles += 1
         self.stats.cycle(time.perf_counter() - started)
+
+    def _down_nodes(self) -> frozenset[str]:
+        return self.inventory.down() if self.inventory is not None else frozenset()
 
     def nodes_changed(self) -> None:
         """A node was drained, undrained or changed: plan again now."""
@@ -557,14 +566,14 @@ class Head:
         user, waiting on a dependency or over its array's throttle; nor one beyond its user's limits
         (core/limits.py), whose waits are kept in `limit_waits` to be recorded with the plan's."""
         self.running.refresh(self.clock())  # what the store told of since (starts, stops, ends)
-        nodes: tuple[Node, ...] = tuple(r.node for r in self.store.nodes())
+        self.node_feed.refresh(self.clock())  # nodes and drains, told to the state (head/node_feed.py)
+        nodes = self.node_feed.nodes
         every = self.queue.requests()
         queued = self.gates.eligible(every, self.clock())  # not held, blocked or throttled ones
         self.accounting.note_holds(queued)  # the held jobs' reasons, in `why` and the queue
         if self.preempted_for:  # forget preemptors that started or left the queue
             ids = {r.job_id for r in queued if r.team not in self.accounting.held}
             self.preempted_for = {v: p for v, p in self.preempted_for.items() if p in ids}
-        down = self.inventory.down() if self.inventory is not None else frozenset()
         snap = Snapshot(
             nodes=nodes,
             running=self.running.jobs(),
@@ -582,9 +591,9 @@ class Head:
             # started after its first element.
             queue_index=self.cluster.queue_index if len(queued) == len(every) else None,
             preempted_for=dict(self.preempted_for),
-            drained=self.telemetry.drained() | down,
+            drained=self.node_feed.drained,
             holds=dict(self.accounting.held),
-            drains={**{n: Drain("down: gone from the cluster's inventory") for n in down}, **self.telemetry.drains()},
+            drains=dict(self.cluster.drains),
             images=self.images.by_image(),
             # Only an attained-service ordering reads it (core/attained.py): no query otherwise.
             attained=self.store.attained_gpu_seconds() if self.policy.ordering.ranked else {},
@@ -650,7 +659,8 @@ class Head:
         self._record_waits({**waiting, **self.gates.waits, **self.limit_waits})
 
     def _check_state(self, now: float) -> bool:
-        """Check mode: the queue and running jobs fed by events equal a fresh read of the store.
+        """Check mode: the queue, running jobs, nodes and drains fed by events equal a fresh read
+        of the store.
         Another thread (an API submit or cancel) may commit between the two reads, so a difference is read
         again once, after what was told meanwhile, before it is called a mismatch. True if
         that second read changed the queue."""
@@ -658,14 +668,19 @@ class Head:
         for last in (False, True):
             self.running.refresh(now)  # what other threads told of, before the fresh read
             # Up to the last id the queue read: a later submission is the next read's (read_so_far).
+            nodes, drains = self.node_feed.fresh()
             fresh = ClusterState.build(
-                queued=self.queue.read_so_far(self.store.queued_requests()), running=self.store.running_jobs()
+                queued=self.queue.read_so_far(self.store.queued_requests()),
+                running=self.store.running_jobs(),
+                nodes=nodes,
+                drains=drains,
             )
             self.queue.requests()  # applies removals told from other threads
             if last:
                 self.cluster.check(fresh, "the head's cluster state")  # StateMismatch, naming each difference
             elif self.cluster.differences(fresh):
                 changed = self.queue.refresh(now)
+                self.node_feed.refresh(now, recheck=True)
             else:
                 break
         self.running.check_records(now)

@@ -500,7 +500,9 @@ class Store:
         # The open transaction of `batch`, and its thread: that thread's writes join it.
         self._batch: Connection | None = None
         self._batch_thread: int | None = None
-        self._nodes: list[NodeRecord] | None = None  # one head per store: its own writes are all
+        # The node rows, cached between this store's writes; another process's are seen by
+        # `forget_nodes` (the head's node feed calls it when `others_wrote_token` moves).
+        self._nodes: list[NodeRecord] | None = None
         self._upserts: dict[str, Any] = {}
         self.lease: Lease | None = None  # held by this store's head (claim); every write checks it
         self.lease_lost: str | None = None  # why not any more, once a write found it taken
@@ -1802,11 +1804,19 @@ class Store:
         self._nodes = None
 
     def nodes(self) -> list[NodeRecord]:
-        if self._nodes is None:
-            self._nodes = self._load_nodes()
-        return self._nodes
+        """The node rows in name order; the same list object until a write or `forget_nodes`
+        (the head's node feed compares by identity)."""
+        nodes = self._nodes
+        if nodes is None:
+            nodes = self._nodes = self.read_nodes()
+        return nodes
 
-    def _load_nodes(self) -> list[NodeRecord]:
+    def forget_nodes(self) -> None:
+        """Read the node rows again next time: another process may have written them."""
+        self._nodes = None
+
+    def read_nodes(self) -> list[NodeRecord]:
+        """The node rows read now, bypassing the cache (check mode's fresh build)."""
         with self._read() as c:
             rows = c.execute(select(schema.nodes).order_by(schema.nodes.c.name)).mappings().all()
         return [

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,26 +228,39 @@ class TelemetryStore:
     # ---- node drain state ---------------------------------------------------------------------
 
     def node_states(self) -> dict[str, NodeState]:
-        """Every node with a recorded state (drained or not); cached between writes."""
+        """Every node with a recorded state (drained or not); cached between this store's writes
+        (the same dict object until then: the head's node feed compares by identity). Another
+        process's writes are seen after `forget_states`."""
         with self._lock:
             if self._states is not None:
                 return self._states
-        with self.store._read() as c:
-            rows = c.execute(select(schema.node_states)).mappings().all()
-        states = {
-            r["name"]: NodeState(r["name"], bool(r["drained"]), r["reason"], r["source"], r["since"], r["until"])
-            for r in rows
-        }
+        states = self.read_states()
         with self._lock:
             self._states = states
         return states
 
+    def read_states(self) -> dict[str, NodeState]:
+        """The node states read now, bypassing the cache (check mode's fresh build)."""
+        with self.store._read() as c:
+            rows = c.execute(select(schema.node_states)).mappings().all()
+        return {
+            r["name"]: NodeState(r["name"], bool(r["drained"]), r["reason"], r["source"], r["since"], r["until"])
+            for r in rows
+        }
+
+    def forget_states(self) -> None:
+        """Read the node states again next time: another process may have written them."""
+        with self._lock:
+            self._states = None
+
     def drained(self) -> frozenset[str]:
         return frozenset(n for n, s in self.node_states().items() if s.drained)
 
-    def drains(self) -> dict[str, Drain]:
-        """Every drained node's reason and planned end, as the core's admission reads them."""
-        return {n: Drain(s.reason, s.until) for n, s in self.node_states().items() if s.drained}
+    def drains(self, states: Mapping[str, NodeState] | None = None) -> dict[str, Drain]:
+        """Every drained node's reason and planned end, as the core's admission reads them (of
+        `states` if given, else of the cached ones)."""
+        states = self.node_states() if states is None else states
+        return {n: Drain(s.reason, s.until) for n, s in states.items() if s.drained}
 
     def end_drains_due(self, now: float) -> list[str]:
         """Undrain the nodes whose drain's planned end has come; the nodes undrained."""
