@@ -170,6 +170,7 @@ def test_a_team_over_budget_has_new_jobs_held_until_the_budget_grows_or_the_peri
         other = c.submit(gpus=1, team="nlp")
         c.tick_at(T0 + 91)
         assert (c.state(held), c.state(other)) == (JobState.QUEUED, JobState.RUNNING)
+        assert list(c.head.cluster.holds) == ["vision"]  # told to the cluster state, as in the simulator
         r = c.record(held)
         assert r.wait_reason == "budget"
         assert reason_text(r.reason).startswith(
@@ -187,6 +188,7 @@ def test_a_team_over_budget_has_new_jobs_held_until_the_budget_grows_or_the_peri
         c.tick_at(T0 + 95)
         c.tick_at(T0 + 96)
         assert c.state(held) is JobState.RUNNING
+        assert c.head.cluster.holds == {}  # and its release
     finally:
         c.close()
 

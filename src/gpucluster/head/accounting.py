@@ -34,6 +34,7 @@ from gpucluster.core.accounting import (
     share_on,
     would_exceed,
 )
+from gpucluster.core.events import Held, Released
 from gpucluster.core.reasons import WaitFacts, WaitReason
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, JobRequest, Wait
@@ -281,6 +282,13 @@ class Accountant:
             released = set(self.held) - set(held)
             if released:
                 log.info("budget: releasing the jobs of %s", ", ".join(sorted(released)))
+            # Told to the cluster state as the simulator tells its budget holds (the snapshot
+            # reads them there); this runs on the loop's thread, in its cycle.
+            for team in sorted(released):
+                self.head.cluster.apply(Released(team))
+            for team, facts in held.items():
+                if self.held.get(team) != facts:
+                    self.head.cluster.apply(Held(team, facts))
             self.held = held
             self.head.nodes_changed()  # plan again now, with or without the held teams' jobs
 

@@ -592,7 +592,7 @@ class Head:
             queue_index=self.cluster.queue_index if len(queued) == len(every) else None,
             preempted_for=dict(self.preempted_for),
             drained=self.node_feed.drained,
-            holds=dict(self.accounting.held),
+            holds=dict(self.cluster.holds),  # budget holds, told by head/accounting.py
             drains=dict(self.cluster.drains),
             images=self.images.by_image(),
             # Only an attained-service ordering reads it (core/attained.py): no query otherwise.
@@ -674,6 +674,7 @@ class Head:
                 running=self.store.running_jobs(),
                 nodes=nodes,
                 drains=drains,
+                holds=dict(self.accounting.held),  # what the budgets say now (not a store read)
             )
             self.queue.requests()  # applies removals told from other threads
             if last:
