@@ -13,6 +13,7 @@ from sqlalchemy import update
 from gpucluster.core.cluster_state import StateMismatch
 from gpucluster.core.types import Drain
 from gpucluster.store import schema
+from gpucluster.store.telemetry import NodeState
 
 from .builders import node
 from .headkit import T0, Cluster, make_cluster
@@ -89,3 +90,21 @@ def test_check_mode_names_a_drain_written_past_the_cache(cluster: Cluster) -> No
         c.execute(update(schema.node_states).values(drained=False))
     with pytest.raises(StateMismatch, match="drained node"):
         cluster.tick_at(T0 + 1)
+
+
+def test_a_drain_committed_while_the_states_were_read_is_not_hidden_by_the_cache(cluster: Cluster) -> None:
+    """Another thread's drain (the API's) that commits and invalidates the cache while a read of
+    the old states runs: that read is answered but not cached, so the next one sees the drain."""
+    telemetry = cluster.head.telemetry
+    telemetry.forget_states()
+    real = telemetry.read_states
+
+    def read_then_a_drain_lands() -> dict[str, NodeState]:
+        old = real()
+        telemetry.read_states = real  # type: ignore[method-assign]
+        telemetry.set_drained("n1", True, "maintenance", "user", T0)  # commits, then invalidates
+        return old
+
+    telemetry.read_states = read_then_a_drain_lands  # type: ignore[method-assign]
+    assert "n1" not in telemetry.drains()  # the read that overlapped the drain
+    assert telemetry.drains() == {"n1": Drain("maintenance", None)}

@@ -71,7 +71,7 @@ class NodeFeed:
             return False
         self._seen = (rows, states, down)
         return self._tell_nodes({r.node.name: r.node for r in rows}) | self._tell_drains(
-            wanted_drains(self._telemetry.drains(), down)
+            wanted_drains(self._telemetry.drains(states), down)
         )
 
     def _tell_nodes(self, wanted: dict[str, Node]) -> bool:

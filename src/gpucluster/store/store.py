@@ -503,6 +503,7 @@ class Store:
         # The node rows, cached between this store's writes; another process's are seen by
         # `forget_nodes` (the head's node feed calls it when `others_wrote_token` moves).
         self._nodes: list[NodeRecord] | None = None
+        self._nodes_generation = 0  # bumped by each invalidation: a read that overlapped one is not cached
         self._upserts: dict[str, Any] = {}
         self.lease: Lease | None = None  # held by this store's head (claim); every write checks it
         self.lease_lost: str | None = None  # why not any more, once a write found it taken
@@ -1801,18 +1802,22 @@ class Store:
                         name=node.name, virtual=virtual, gpus=gpus, updated_at=now, labels=labels, **host
                     )
                 )
-        self._nodes = None
+        self.forget_nodes()
 
     def nodes(self) -> list[NodeRecord]:
         """The node rows in name order; the same list object until a write or `forget_nodes`
         (the head's node feed compares by identity)."""
         nodes = self._nodes
         if nodes is None:
-            nodes = self._nodes = self.read_nodes()
+            generation = self._nodes_generation
+            nodes = self.read_nodes()
+            if self._nodes_generation == generation:  # no write invalidated it while it was read
+                self._nodes = nodes
         return nodes
 
     def forget_nodes(self) -> None:
         """Read the node rows again next time: another process may have written them."""
+        self._nodes_generation += 1
         self._nodes = None
 
     def read_nodes(self) -> list[NodeRecord]:

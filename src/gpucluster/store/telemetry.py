@@ -107,6 +107,7 @@ class TelemetryStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._states: dict[str, NodeState] | None = None
+        self._generation = 0  # bumped by each invalidation: a read that overlapped one is not cached
         self._lock = threading.Lock()
 
     def holdings(self) -> list[Holding]:
@@ -234,9 +235,13 @@ class TelemetryStore:
         with self._lock:
             if self._states is not None:
                 return self._states
+            generation = self._generation
         states = self.read_states()
         with self._lock:
-            self._states = states
+            # A write that invalidated the cache while this read ran may not be in it: keep it
+            # only if none did (else the next call reads again), or plans would go on stale drains.
+            if self._generation == generation:
+                self._states = states
         return states
 
     def read_states(self) -> dict[str, NodeState]:
@@ -252,6 +257,7 @@ class TelemetryStore:
         """Read the node states again next time: another process may have written them."""
         with self._lock:
             self._states = None
+            self._generation += 1
 
     def drained(self) -> frozenset[str]:
         return frozenset(n for n, s in self.node_states().items() if s.drained)
@@ -295,8 +301,7 @@ class TelemetryStore:
                     until=until if drained else None,
                 )
             )
-        with self._lock:
-            self._states = None
+        self.forget_states()
         return True
 
     # ---- GPU health ---------------------------------------------------------------------------
