@@ -29,7 +29,7 @@ back to the diff, so a plan never depends on the caller being right about the co
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from operator import attrgetter
@@ -179,13 +179,18 @@ class QueueIndex:
         if self._odd:
             held, odd_aged, odd_buckets = self._odd_in(policy, now)
             held = list(held)
-            for job in odd_aged:
-                insort(aged, job, key=_age)
+            # Merged by one sort of the two sorted runs (Timsort finds them, at C speed), not by
+            # an `insort` per odd job (a memmove of the line each): on whole Philly under `las`,
+            # ~150 odd jobs a cycle made 22 M insorts. Keys are unique (job
+            # ids), so the order is the one insort gave.
+            if odd_aged:
+                aged.extend(odd_aged)
+                aged.sort(key=_age)
             for level, per in odd_buckets.items():
                 for team, jobs in per.items():
                     merged = buckets.setdefault(level, {}).setdefault(team, [])
-                    for job in jobs:
-                        insort(merged, job, key=_age)
+                    merged.extend(jobs)
+                    merged.sort(key=_age)
         return held, aged, buckets
 
     def _odd_in(self, policy: Policy, now: float) -> Sorted:
