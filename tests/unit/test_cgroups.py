@@ -99,12 +99,18 @@ def _line(proc: subprocess.Popen[str]) -> str:
     return proc.stdout.readline().strip()
 
 
-# A job whose tree escapes its process group and session: a double-forked setsid daemon.
+# A job whose tree escapes its process group and session: a double-forked setsid daemon. It
+# says its pid once its parent has exited (it was reparented), so the job holds exactly the
+# leader and the daemon when the test reads it: printed at once, a loaded machine let the test
+# read the cgroup while the middle process was still there (CI saw three pids).
 ESCAPING_TREE = """
     import os, time
     if os.fork() == 0:
         os.setsid()
+        middle = os.getpid()
         if os.fork() == 0:
+            while os.getppid() == middle:
+                time.sleep(0.01)
             print(os.getpid(), flush=True)
             time.sleep(1000)
         os._exit(0)
