@@ -225,11 +225,16 @@ class _Fresh(dict[tuple[RunDistribution | None, float], float]):
 def _kind_rank(ordering: Ordering, dist: RunDistribution | None, gpus: float, got: float) -> float:
     """The rank of a job with `got` GPU-seconds attained: its LAS queue, plus, with a learned
     distribution, its Gittins fraction looking ahead to that queue's threshold (per GPU)."""
-    queue = ordering.queue_of(got)
     if dist is None or gpus <= 0:
-        return float(queue)
-    left = ordering.allowance(queue) - got
-    return queue + gittins.rank_fraction(gittins.index(dist, got / gpus, max(0.0, left) / gpus) / gpus)
+        return float(ordering.queue_of(got))
+    key = (gpus, got, ordering.queues)
+    rank = dist.ranks.get(key)
+    if rank is None:  # once per distribution and kind of job (`RunDistribution.ranks`)
+        queue = ordering.queue_of(got)
+        left = ordering.allowance(queue) - got
+        rank = queue + gittins.rank_fraction(gittins.index(dist, got / gpus, max(0.0, left) / gpus) / gpus)
+        dist.ranks[key] = rank
+    return rank
 
 
 def _promoted(job: JobRequest, ordering: Ordering, now: float) -> bool:

@@ -159,6 +159,11 @@ class RunDistribution:
     # What core/gittins.py worked out from it: (attained, look-ahead) -> index. It goes with the
     # object, which its key's next run replaces.
     memo: dict[tuple[float, float], float] = field(default_factory=dict, repr=False)
+    # core/attained.py's rank of a job of this distribution: (GPUs, attained GPU-seconds, the
+    # queues' thresholds) -> rank. Its own (not a scaled copy's: the rank reads the scale).
+    # Why: a queued job that ran before is ranked every cycle with the same three, and
+    # working it out each time was most of `las-gittins`'s cost beyond `las`.
+    ranks: dict[tuple[float, float, tuple[float, ...]], float] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, ascending: list[float], scale: float = 1.0) -> RunDistribution:
