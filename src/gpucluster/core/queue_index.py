@@ -29,7 +29,7 @@ back to the diff, so a plan never depends on the caller being right about the co
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from collections.abc import Sequence
 from operator import attrgetter
@@ -179,18 +179,14 @@ class QueueIndex:
         if self._odd:
             held, odd_aged, odd_buckets = self._odd_in(policy, now)
             held = list(held)
-            # Merged by one sort of the two sorted runs (Timsort finds them, at C speed), not by
-            # an `insort` per odd job (a memmove of the line each): on whole Philly under `las`,
-            # ~150 odd jobs a cycle made 22 M insorts. Keys are unique (job
-            # ids), so the order is the one insort gave.
-            if odd_aged:
-                aged.extend(odd_aged)
-                aged.sort(key=_age)
+            # Many odd jobs go into a line by one sort of the two sorted runs (Timsort finds
+            # them, at C speed; ~150 requeued jobs a cycle under `las` on whole Philly made 22 M
+            # insorts), a few by an insort each (a sort reads every job's key: on the default
+            # policy's long lines it cost more). Keys are unique (job ids): the same order either way.
+            _merge(aged, odd_aged)
             for level, per in odd_buckets.items():
                 for team, jobs in per.items():
-                    merged = buckets.setdefault(level, {}).setdefault(team, [])
-                    merged.extend(jobs)
-                    merged.sort(key=_age)
+                    _merge(buckets.setdefault(level, {}).setdefault(team, []), jobs)
         return held, aged, buckets
 
     def _odd_in(self, policy: Policy, now: float) -> Sorted:
@@ -227,6 +223,16 @@ class QueueIndex:
             need = 0.5
         limits = [t or default_limit for t in self._limits]
         return need, min(limits, default=default_limit)
+
+
+def _merge(line: list[JobRequest], jobs: Sequence[JobRequest]) -> None:
+    """Put `jobs` (by age) into `line` (by age), keeping it by age."""
+    if len(jobs) * 16 > len(line):
+        line.extend(jobs)
+        line.sort(key=_age)
+    else:
+        for job in jobs:
+            insort(line, job, key=_age)
 
 
 class _ByAge:
