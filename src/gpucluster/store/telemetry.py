@@ -259,9 +259,6 @@ class TelemetryStore:
             self._states = None
             self._generation += 1
 
-    def drained(self) -> frozenset[str]:
-        return frozenset(n for n, s in self.node_states().items() if s.drained)
-
     def drains(self, states: Mapping[str, NodeState] | None = None) -> dict[str, Drain]:
         """Every drained node's reason and planned end, as the core's admission reads them (of
         `states` if given, else of the cached ones)."""
