@@ -1050,7 +1050,8 @@ class _Cycle:
     def _queue_rank(self, job: JobRequest) -> float:
         """A queued job's attained-service queue (its rank without a Gittins fraction, see
         core/gittins.py): all that attained-service preemption compares (`attained.takes`), so
-        the victim pool and the shared answers are kept per queue, not per index."""
+        the victim pool and the shared answers are kept per queue, not per index. `run`'s walk
+        reads it inline (a method call per job passed was measurable there): change both."""
         return float(int(self._ranks.get(job.job_id, 0.0)))
 
     def _standing_of(self, v: RunningJob) -> attained.Standing | None:
