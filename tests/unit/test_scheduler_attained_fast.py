@@ -17,7 +17,7 @@ from gpucluster.core.attained import Ordering, gittins_ranks, may_be_taken, may_
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.runtime_predict import RunDistribution
-from gpucluster.core.scheduler import _Cycle
+from gpucluster.core.scheduler import _Cycle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob
 
@@ -245,3 +245,16 @@ def test_the_cheap_las_paths_change_no_plan(scenario: tuple[Snapshot, Policy]) -
             assert {k: (w.reason, w.estimated_start) for k, w in fast.waiting.items()} == {
                 k: (slow.waiting[k].reason, slow.waiting[k].estimated_start) for k in fast.waiting
             }
+
+
+@MANY
+@given(las_scenarios())
+def test_the_plan_only_cycle_under_las_starts_and_preempts_as_the_full_one(scenario: tuple[Snapshot, Policy]) -> None:
+    """Under LAS the plan-only cycle stops once no job left in line fits the GPUs left off the
+    reserved nodes, on one node where it asks no more than a node has (`_Cycle._settled`):
+    the same starts and preemptions as the full cycle, which considers every job."""
+    snap, pol = scenario
+    full = decide(snap, pol, NOW)
+    fast = decide(snap, pol, NOW, reasons=False)
+    assert fast.starts == full.starts
+    assert fast.preemptions == full.preemptions

@@ -8,15 +8,16 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpucluster.core.policy import Policy, fifo_policy
 from gpucluster.core.queueing import sort_in, sort_in_plain
 from gpucluster.core.reasons import NO_FACTS
-from gpucluster.core.scheduler import _Cycle, decide
+from gpucluster.core.scheduler import _AfterPreemptor, _Cycle, decide
 from gpucluster.core.snapshot import Snapshot
-from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Priority, RunningJob
+from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Plan, Priority, RunningJob
 
 from .builders import job, node
 from .test_scheduler_properties import MODELS, NOW, TEAMS, nodes, policies, repetitive, requests, scenarios
@@ -167,6 +168,81 @@ def test_a_job_that_could_still_backfill_keeps_the_cycle_going() -> None:
         *_queue(300, 1, limit=7200.0),
         job(999).gpus(1).at(500.0).limit(60.0).build(),
     )
+    snap = Snapshot(nodes_, runs, queue)
+    full = decide(snap, Policy(), now=NOW)
+    fast = decide(snap, Policy(), now=NOW, reasons=False)
+    assert [s.job_id for s in full.starts] == [999]
+    assert fast.starts == full.starts
+
+
+def _fragmented(count: int, free: int) -> tuple[tuple[Node, ...], tuple[RunningJob, ...]]:
+    """`count` nodes of 8 GPUs, each with `free` GPUs left: as many free in all as a larger job
+    asks, but not on one node."""
+    nodes_ = tuple(node(f"n{k}").gpus(8, "H100", MODELS["H100"]).build() for k in range(count))
+    runs = tuple(
+        RunningJob(
+            1 + k,
+            Allocation((NodeSlice(f"n{k}", tuple(range(8 - free))),)),
+            started_at=NOW - 100,
+            time_limit_s=3600.0 + k,
+        )
+        for k in range(count)
+    )
+    return nodes_, runs
+
+
+def _popped(snap: Snapshot, policy: Policy, monkeypatch: pytest.MonkeyPatch) -> tuple[Plan, int]:
+    """The plan-only cycle's plan and how many queued jobs its walk took from the line (its
+    `waiting` does not say: under the default policy jobs answered like an earlier one are not
+    named)."""
+    count = 0
+    pop = _AfterPreemptor.pop
+
+    def counted(self: _AfterPreemptor) -> JobRequest | None:
+        nonlocal count
+        job_ = pop(self)
+        count += job_ is not None
+        return job_
+
+    with monkeypatch.context() as m:
+        m.setattr(_AfterPreemptor, "pop", counted)
+        plan = decide(snap, policy, now=NOW, reasons=False)
+    return plan, count
+
+
+def test_free_gpus_spread_over_nodes_stop_the_cycle_when_no_job_fits_on_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nine GPUs free, three a node: no 4-GPU job fits, though the sum would hold two. Before,
+    the cycle counted only the sum, reserved n0 for the 8-GPU job and walked every queued job
+    (what LAS's one-node reservations left on Philly); now it sees that no node has room for
+    the smallest request and answers before ordering the queue."""
+    nodes_, runs = _fragmented(3, free=3)
+    snap = Snapshot(nodes_, runs, (job(5).gpus(8).at(-1.0).build(), *_queue(2000, 4)))
+    for policy in (Policy(), fifo_policy()):
+        full = decide(snap, policy, now=NOW)
+        fast, popped = _popped(snap, policy, monkeypatch)
+        assert fast.starts == full.starts == ()
+        assert popped < 10
+
+
+def test_the_cycle_stops_once_no_job_left_in_line_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2-GPU job early in line starts; every job after it asks 4, more than any node has
+    left. The queue's smallest request (2) still fits, so only the count of what is left in
+    line tells the cycle it may stop."""
+    nodes_, runs = _fragmented(3, free=3)
+    queue = (job(5).gpus(8).at(-2.0).build(), job(6).gpus(2).at(-1.0).build(), *_queue(2000, 4))
+    snap = Snapshot(nodes_, runs, queue)
+    full = decide(snap, Policy(), now=NOW)
+    fast, popped = _popped(snap, Policy(), monkeypatch)
+    assert [s.job_id for s in full.starts] == [6]
+    assert fast.starts == full.starts
+    assert popped < 10
+
+
+def test_a_job_larger_than_a_node_may_still_take_the_scattered_gpus() -> None:
+    """Three GPUs free on each of seven nodes: no job of up to 8 GPUs fits on one, but a
+    16-GPU job far back in line is placed over several; the cycle must reach it."""
+    nodes_, runs = _fragmented(7, free=3)
+    queue = (job(5).gpus(8).at(-1.0).build(), *_queue(300, 4), job(999).gpus(16).at(500.0).build())
     snap = Snapshot(nodes_, runs, queue)
     full = decide(snap, Policy(), now=NOW)
     fast = decide(snap, Policy(), now=NOW, reasons=False)

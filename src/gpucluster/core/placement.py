@@ -969,6 +969,14 @@ class Capacity:
         buckets = self._buckets[model]
         return [nd for k in range(n, len(buckets)) for nd in buckets[k]]
 
+    def most_free_off(self, model: str, off: frozenset[str]) -> int:
+        """The most whole GPUs of `model` free on one node outside `off` (from the fullest
+        bucket down: O(1) when few nodes are off)."""
+        if not off:
+            return self.most_free_on_a_node(model)
+        buckets = self._buckets[model]  # membership only: no order needed
+        return next((k for k in range(len(buckets) - 1, 0, -1) if any(nd not in off for nd in buckets[k])), 0)
+
     def most_free_on_a_node(self, model: str) -> int:
         cached = self._most.get(model)
         if cached is not None and cached[0] == self.version:

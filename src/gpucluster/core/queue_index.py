@@ -31,8 +31,10 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
-from collections.abc import Sequence
-from operator import attrgetter
+from collections.abc import Collection, Sequence
+from functools import partial
+from operator import attrgetter, is_not
+from typing import NamedTuple
 
 from gpucluster.core.counts import bump
 from gpucluster.core.policy import Policy
@@ -40,6 +42,37 @@ from gpucluster.core.queueing import Sorted, sort_in
 from gpucluster.core.types import JobRequest
 
 _age = attrgetter("submitted_at", "job_id")  # the order of `queueing.by_age`, as one key
+
+
+class Asked(NamedTuple):
+    """Bounds over a set of queued jobs that say whether any of them could still start
+    (`scheduler._Cycle._settled`, `_nothing_can_change`)."""
+
+    need: float  # the fewest GPUs any could start with (below 1: a share; 0: a CPU-only job)
+    shortest: float  # the shortest time limit any has
+    # Whether any may take fewer GPUs on one node than a size below: split over a set number
+    # of nodes, or elastic (it starts at any size between its least and what it asks).
+    loose: bool
+    sizes: tuple[float, ...]  # the whole-GPU counts asked, ascending
+
+
+def least_asked(jobs: Collection[JobRequest], default_limit: float) -> Asked:
+    """`Asked` of `jobs`: a share by memory takes part of one GPU, whatever it asks; a time
+    limit of None or 0 is `default_limit`. The passes are over attribute getters, C speed."""
+    need = min(map(attrgetter("gpus"), jobs), default=float("inf"))
+    need = min(need, min(filter(partial(is_not, None), map(attrgetter("min_gpus"), jobs)), default=need))
+    if need >= 1 and any(map(partial(is_not, None), map(attrgetter("gpu_memory_mb"), jobs))):
+        need = 0.5
+    stated = list(filter(None, map(attrgetter("time_limit_s"), jobs)))
+    shortest = min(stated, default=default_limit)
+    if len(stated) < len(jobs):
+        shortest = min(shortest, default_limit)
+    loose = any(map(_loose, jobs))
+    return Asked(need, shortest, loose, tuple(sorted({g for g in map(attrgetter("gpus"), jobs) if g >= 1})))
+
+
+def _loose(job: JobRequest) -> bool:
+    return (job.nodes is not None and job.nodes > 1) or (job.min_gpus is not None and job.min_gpus < job.gpus)
 
 
 class QueueIndex:
@@ -63,6 +96,7 @@ class QueueIndex:
         self._min_gpus: Counter[int] = Counter()
         self._limits: Counter[float | None] = Counter()
         self._memory = 0  # jobs asking for a share by memory
+        self._loose = 0  # jobs `Asked.loose` counts
         self._classes: Counter[int] = Counter()  # priority classes, for `highest_class`
 
     # ---- keeping up -------------------------------------------------------------------------
@@ -163,6 +197,8 @@ class QueueIndex:
             bump(self._min_gpus, job.min_gpus, sign)
         if job.gpu_memory_mb is not None:
             self._memory += sign
+        if _loose(job):
+            self._loose += sign
 
     # ---- one cycle --------------------------------------------------------------------------
 
@@ -214,15 +250,19 @@ class QueueIndex:
         """The highest priority class of the jobs of the last `update` (None: no job)."""
         return max(self._classes, default=None)
 
-    def least_asked(self, default_limit: float) -> tuple[float, float]:
-        """`_Cycle._least_asked` for the jobs of the last `update`: the fewest GPUs any could
-        start with (0.5: a share by memory) and the shortest time limit (None or 0: the default)."""
+    def gpus_asked(self) -> Counter[float]:
+        """GPUs asked -> how many of the jobs of the last `update` ask that many (a new Counter)."""
+        return self._gpus.copy()
+
+    def least_asked(self, default_limit: float) -> Asked:
+        """`least_asked` of the jobs of the last `update`, from counts kept per value."""
         need = min(self._gpus, default=float("inf"))
         need = min(need, min(self._min_gpus, default=need))
         if need >= 1 and self._memory:
             need = 0.5
         limits = [t or default_limit for t in self._limits]
-        return need, min(limits, default=default_limit)
+        sizes = tuple(sorted(g for g in self._gpus if g >= 1))
+        return Asked(need, min(limits, default=default_limit), self._loose > 0, sizes)
 
 
 def _merge(line: list[JobRequest], jobs: Sequence[JobRequest]) -> None:

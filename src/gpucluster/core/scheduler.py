@@ -17,12 +17,11 @@ and a wait for busy GPUs or a reservation carries its reason but not its numbers
 from __future__ import annotations
 
 import gc
-from bisect import bisect_right
-from collections import deque
+from bisect import bisect_right, insort
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
-from functools import partial
 from itertools import compress, repeat
 from operator import attrgetter, is_not, itemgetter, lt
 
@@ -34,6 +33,7 @@ from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.pools import with_pools
 from gpucluster.core.preempt import CostKey, Guarantees, VictimChoice, choose_victims
+from gpucluster.core.queue_index import Asked, least_asked
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import NO_FACTS, WaitFacts, WaitReason
@@ -50,11 +50,12 @@ _HOST_BUSY = Wait(WaitReason.CPUS)
 _HOST_REASONS = (WaitReason.CPUS, WaitReason.MEMORY)
 # Not looked up yet (`_Cycle._standing`): no job's standing (queues count from 0).
 _UNSEEN: attained.Standing = (-1, 0.0)
-_CHECKPOINT, _SLICES, _FIRST, _SHARE = (
+_CHECKPOINT, _SLICES, _FIRST, _SHARE, _GPUS = (
     attrgetter("last_checkpoint_at"),
     attrgetter("allocation.slices"),
     itemgetter(0),
     attrgetter("share"),
+    attrgetter("gpus"),
 )
 
 
@@ -161,6 +162,20 @@ class _AfterPreemptor:
         self._waiting: dict[int, list[JobRequest]] = {}  # preemptor -> its victims put aside
         self._next: deque[JobRequest] = deque()  # victims to consider now, out of turn
         self._late = False  # the job last popped came from `_next`
+        # GPUs asked -> how many jobs a later `pop` may still return ask that many (a job put
+        # aside for its preemptor still counts), when the caller asks (`left_sizes`).
+        self.left: Counter[float] | None = None
+
+    def count_left(self, asked: Counter[float]) -> None:
+        """Keep `left` from `asked`: the GPUs every queued job asks, counted (taken over)."""
+        for job in self.queues.held:  # never popped
+            asked[job.gpus] -= 1
+        self.left = asked
+
+    def left_sizes(self) -> list[float]:
+        """The GPU counts still asked by a job a later `pop` may return, ascending."""
+        assert self.left is not None
+        return sorted(k for k, n in self.left.items() if n > 0)
 
     def pop(self) -> JobRequest | None:
         """The next job to consider; call `done` with it before the next `pop`."""
@@ -170,6 +185,8 @@ class _AfterPreemptor:
                 job = self._first.popleft()
                 self._late = True
                 self._seen.add(job.job_id)
+                if self.left is not None:
+                    self.left[job.gpus] -= 1
                 return job
             if self._next:
                 job = self._next.popleft()
@@ -197,6 +214,8 @@ class _AfterPreemptor:
                         continue
             if job.job_id in self.preemptors:
                 self._seen.add(job.job_id)
+            if self.left is not None:
+                self.left[job.gpus] -= 1
             return job
 
     def done(self, job: JobRequest, started: bool) -> None:
@@ -262,7 +281,7 @@ class _Cycle:
         self._guaranteed_memo: dict[tuple[object, ...], bool] = {}
         self._bare_free: dict[tuple[object, ...], tuple[int, str | None]] = {}  # see `_gpus_free_for`
         self._behind: dict[str, Wait] = {}  # model -> the wait of jobs behind its reservation
-        self._least: tuple[float, float] | None = None  # see `_least_asked`
+        self._least: Asked | None = None  # see `_least_asked`
         self._lowest_class: int | None = None  # see `_may_have_victims`
         # Node selection: per (selection, model) the nodes of the model it may not use, and for an
         # exclusive job those and the busy ones, at the capacity version they were found at.
@@ -347,6 +366,8 @@ class _Cycle:
         kept: set[tuple[object, ...]] = set()
         kept_at = 0  # reservations + preemptions when `kept` was last cleared
         after = _AfterPreemptor(self.s, queues, self.now)
+        if settle:
+            after.count_left(index.gpus_asked() if index is not None else Counter(map(_GPUS, self.s.queued)))
         ranks_of = self._ranks.get
         while (job := after.pop()) is not None:
             now_state = len(starts) + len(reservations) + len(preemptions)
@@ -356,7 +377,7 @@ class _Cycle:
                 if keep and len(reservations) + len(preemptions) != kept_at:
                     kept.clear()
                     kept_at = len(reservations) + len(preemptions)
-                if settle and self._settled():
+                if settle and self._settled(job, after):
                     break  # no job left in line can change the plan; only waits would follow
             request: tuple[object, ...]
             if las:  # `_queue_rank` inline: this runs for every job the walk passes (13 M on Philly)
@@ -394,11 +415,11 @@ class _Cycle:
         """Whether a share of a GPU is queued (the smallest request is below one GPU: the cycle's
         cached bound, `_least_asked`) or running on a GPU with room left (`Capacity.partial`):
         O(models), so a cluster of whole-GPU jobs (Philly's) keeps its shortcut at no cost."""
-        return self._least_asked()[0] < 1 or any(self.cap.partial.values())
+        return self._least_asked().need < 1 or any(self.cap.partial.values())
 
     # ---- settling (reasons=False) -------------------------------------------------------------
 
-    def _settled(self) -> bool:
+    def _settled(self, job: JobRequest, after: _AfterPreemptor) -> bool:
         """Whether no job still in line can add a start or a preemption to the plan.
 
         Why this is exact: with every GPU model reserved, no later job preempts or reserves
@@ -407,21 +428,38 @@ class _Cycle:
         asks: without backfill a reservation lets no one pass; with backfill a job that ends
         before the shadow time may use any free GPU, any other only those off the reserved
         nodes. Within a cycle free capacity only shrinks and a reservation is never taken back,
-        so once no remaining request could pass, none will. The bounds are over every queued job (the
-        smallest request, the shortest time limit), so a remaining job asks no less.
-        Checked only when the plan grew (a start, reservation or preemption).
-        """
-        if len(self.reservations) < len(self.cap.model_memory) or self._least_asked()[0] == 0:
+        so once no remaining request could pass, none will. The bounds (the smallest request,
+        the shortest time limit) are first over every queued job, then over the jobs still in
+        line (`_AfterPreemptor.remaining`), so a remaining job asks no less.
+        Checked only when the plan grew (a start, reservation or preemption)."""
+        if len(self.reservations) < len(self.cap.model_memory) or self._least_asked().need == 0:
             return False  # ... or a CPU-only job is queued: no GPU reservation holds it back
-        if not self.policy.backfill:
+        if not self.policy.backfill or not self._may_pass(self._least_asked()):
             return True
-        need, shortest = self._least_asked()
+        # Some queued job could pass, but perhaps none of those still in line (`job`, just
+        # popped, and those the walk has not reached): under LAS a preemptor's reservation
+        # holds one node, GPUs stay free elsewhere that no remaining request fits, and the
+        # walk went to the end of the queue (13.7 M jobs on Philly). The sizes they ask are
+        # counted down as the walk pops (`_AfterPreemptor.left`); a share or an elastic job in
+        # the queue is not bounded by its size alone, and then the queue's bound stands.
+        least = self._least_asked()
+        if least.need < 1 or least.loose:
+            return False
+        sizes = after.left_sizes()
+        if job.gpus not in sizes:
+            insort(sizes, job.gpus)
+        return not self._may_pass(least._replace(need=sizes[0], sizes=tuple(sizes)))
+
+    def _may_pass(self, least: Asked) -> bool:
+        """Whether a job asking what `least` bounds (`least_asked`) could pass a reservation:
+        end before its start, or find room off its nodes."""
+        shortest = least.shortest
         for model, res in self.reservations.items():
-            if self.now + shortest <= res.shadow and self._has_room(model, need, frozenset()):
-                return False
-            if self._has_room(model, need, res.nodes):
-                return False
-        return True
+            if self.now + shortest <= res.shadow and self._has_room(model, least, frozenset()):
+                return True
+            if self._has_room(model, least, res.nodes):
+                return True
+        return False
 
     def _nothing_can_change(self) -> bool:
         """Whether the plan is certainly empty, known before the queue is ordered: no model has
@@ -429,10 +467,10 @@ class _Cycle:
         `_may_have_victims`). Why: while the cluster is full every arrival asks for a plan, and
         ordering thousands of queued jobs (O(queue) a cycle) to find nothing was most of the
         simulator's time on Philly."""
-        need, _ = self._least_asked()
-        if need == 0:  # a CPU-only job is queued: it may start without any GPU free
+        least = self._least_asked()
+        if least.need == 0:  # a CPU-only job is queued: it may start without any GPU free
             return False
-        if any(self._has_room(m, need, frozenset()) for m in self.cap.model_memory):
+        if any(self._has_room(m, least, frozenset()) for m in self.cap.model_memory):
             return False
         if not self.policy.preemption.enabled or not self.s.queued:
             return True
@@ -452,30 +490,23 @@ class _Cycle:
             highest = max(map(attrgetter("priority"), self.s.queued))
         return not self._lower_class_runs(highest)
 
-    def _least_asked(self) -> tuple[float, float]:
-        """The fewest GPUs any queued job could start with (below 1: a job sharing a GPU) and
-        the shortest time limit any states (the policy's default for none), once per cycle.
-        The passes are over attribute getters, C speed: they run once per cycle."""
+    def _least_asked(self) -> Asked:
+        """`least_asked` over every queued job, once per cycle."""
         if self._least is None and self.s.queue_index is not None:
             self._least = self.s.queue_index.least_asked(self.policy.default_time_limit_s)
         if self._least is None:
-            queued = self.s.queued
-            need = min(map(attrgetter("gpus"), queued), default=float("inf"))
-            need = min(need, min(filter(partial(is_not, None), map(attrgetter("min_gpus"), queued)), default=need))
-            if need >= 1 and any(map(partial(is_not, None), map(attrgetter("gpu_memory_mb"), queued))):
-                need = 0.5  # a share by memory takes part of one GPU, whatever it asks
-            default = self.policy.default_time_limit_s
-            stated = list(filter(None, map(attrgetter("time_limit_s"), queued)))  # None or 0: the default
-            shortest = min(stated, default=default)
-            if len(stated) < len(queued):
-                shortest = min(shortest, default)
-            self._least = (need, shortest)
+            self._least = least_asked(self.s.queued, self.policy.default_time_limit_s)
         return self._least
 
-    def _has_room(self, model: str, need: float, off: frozenset[str]) -> bool:
-        """Whether `model` has what a job asking `need` GPUs needs at the least to be placed,
-        outside the nodes `off`: that many whole free GPUs, or for a share any free or shared
-        GPU (`Capacity.place` looks nowhere else)."""
+    def _has_room(self, model: str, least: Asked, off: frozenset[str]) -> bool:
+        """Whether `model` has what a job asking what `least` bounds (`least_asked`) needs at
+        the least to be placed outside the nodes `off`: for a share any free or shared GPU
+        (`Capacity.place` looks nowhere else); for whole GPUs that many free, and on one node
+        unless a larger job could use them. Why one node: a job asking no more than a node has
+        is placed on one (`Capacity.place`), so 4 GPUs free over four nodes hold no job of 2 or
+        more; under LAS a preemptor's reservation left such leftovers, and the walk (which
+        stops once no one can pass, `_settled`) went on to the end of the queue."""
+        need = least.need
         cap = self.cap
         free = cap.free[model]
         if not off:
@@ -484,9 +515,17 @@ class _Cycle:
             whole = 0
         else:
             whole = cap.total_free[model] - sum(len(free.get(nd, ())) for nd in off)
-        if need >= 1:
-            return whole >= need
-        return whole >= 1 or any(key[0] not in off for key in cap.partial[model])
+        if need < 1:
+            return whole >= 1 or any(key[0] not in off for key in cap.partial[model])
+        if whole < need:
+            return False
+        if least.loose:
+            return True  # a part of a job on one node may be less than any size it asks
+        size = cap.node_size[model]
+        if need <= size and cap.most_free_off(model, off) >= need:
+            return True  # the smallest job fits on one node
+        # Else only a job larger than a node could be placed (over several, on any free GPUs).
+        return any(size < n <= whole for n in least.sizes)
 
     # ---- one job ----------------------------------------------------------------------------
 
