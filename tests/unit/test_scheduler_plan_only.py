@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpucluster.core.attained import Ordering
 from gpucluster.core.policy import Policy, fifo_policy
 from gpucluster.core.queueing import sort_in, sort_in_plain
 from gpucluster.core.reasons import NO_FACTS
@@ -225,14 +226,17 @@ def test_free_gpus_spread_over_nodes_stop_the_cycle_when_no_job_fits_on_one(monk
 
 
 def test_the_cycle_stops_once_no_job_left_in_line_fits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 2-GPU job early in line starts; every job after it asks 4, more than any node has
-    left. The queue's smallest request (2) still fits, so only the count of what is left in
-    line tells the cycle it may stop."""
+    """Under LAS preemption (where the sizes left in line are counted): a 2-GPU job early in
+    line starts; every job after it asks 4, more than any node has left. The queue's smallest
+    request (2) still fits, so only the count of what is left in line tells the cycle it may
+    stop."""
     nodes_, runs = _fragmented(3, free=3)
     queue = (job(5).gpus(8).at(-2.0).build(), job(6).gpus(2).at(-1.0).build(), *_queue(2000, 4))
     snap = Snapshot(nodes_, runs, queue)
-    full = decide(snap, Policy(), now=NOW)
-    fast, popped = _popped(snap, Policy(), monkeypatch)
+    las = Policy(ordering=Ordering(mode="las", preempt=True))
+    assert _Cycle(snap, las, NOW)._las
+    full = decide(snap, las, now=NOW)
+    fast, popped = _popped(snap, las, monkeypatch)
     assert [s.job_id for s in full.starts] == [6]
     assert fast.starts == full.starts
     assert popped < 10
