@@ -10,7 +10,7 @@ import pytest
 
 from gpucluster.core.states import JobState
 from gpucluster.executors.fake import FakeExecutor
-from gpucluster.head.loop import Head
+from gpucluster.head.loop import REPLAN_EVERY_S, Head
 from gpucluster.head.paths import DataDir
 from gpucluster.head.service import ClusterService, Rejected
 from gpucluster.store import Store
@@ -159,7 +159,8 @@ def test_a_selected_jobs_estimate_counts_only_its_nodes(cluster: Cluster) -> Non
     cluster.submit(gpus=4, nodelist="n2", time_limit="1m")
     cluster.head.tick()
     ib = cluster.submit(gpus=4, constraint="ib", time_limit="5m")
-    cluster.head.tick()
+    # Every GPU is busy: its wait and estimate come with the next periodic replan.
+    cluster.tick_at(cluster.clock.t + REPLAN_EVERY_S)
     job = cluster.service.job(ib)
     assert job.state is JobState.QUEUED and job.estimated_start is not None
     assert abs(job.estimated_start - (T0 + 600)) < 5, job.estimated_start - T0  # n1's end, not n2's (T0 + 60)

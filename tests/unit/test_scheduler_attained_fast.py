@@ -17,7 +17,7 @@ from gpucluster.core.attained import Ordering, gittins_ranks, may_be_taken, may_
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.runtime_predict import RunDistribution
-from gpucluster.core.scheduler import _Cycle, decide
+from gpucluster.core.scheduler import _Cycle, certainly_idle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob
 
@@ -258,3 +258,14 @@ def test_the_plan_only_cycle_under_las_starts_and_preempts_as_the_full_one(scena
     fast = decide(snap, pol, NOW, reasons=False)
     assert fast.starts == full.starts
     assert fast.preemptions == full.preemptions
+
+
+@MANY
+@given(las_scenarios())
+def test_certainly_idle_under_las_only_when_the_full_plan_is_empty(scenario: tuple[Snapshot, Policy]) -> None:
+    """Under LAS a queued job may preempt one of its own class that has had more: the head's
+    idle test (`certainly_idle`) must see those victims too."""
+    snap, pol = scenario
+    if certainly_idle(snap, pol, NOW):
+        plan = decide(snap, pol, NOW)
+        assert plan.starts == () and plan.preemptions == ()

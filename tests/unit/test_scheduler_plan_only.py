@@ -16,7 +16,7 @@ from gpucluster.core.attained import Ordering
 from gpucluster.core.policy import Policy, fifo_policy
 from gpucluster.core.queueing import sort_in, sort_in_plain
 from gpucluster.core.reasons import NO_FACTS
-from gpucluster.core.scheduler import _AfterPreemptor, _Cycle, decide
+from gpucluster.core.scheduler import _AfterPreemptor, _Cycle, certainly_idle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, Node, NodeSlice, Plan, Priority, RunningJob
 
@@ -126,6 +126,26 @@ def test_plan_only_equals_the_full_plan_on_repeated_requests(scenario: tuple[Sna
     assert_same_plan(*scenario)
 
 
+def assert_idle_means_no_plan(snap: Snapshot, policy: Policy) -> None:
+    """`certainly_idle` (the head skips such cycles' planning) only when the full cycle would
+    start and preempt nothing."""
+    if certainly_idle(snap, policy, NOW):
+        plan = decide(snap, policy, now=NOW)
+        assert plan.starts == () and plan.preemptions == ()
+
+
+@MANY
+@given(crowded())
+def test_certainly_idle_only_when_the_full_plan_is_empty_on_crowded_clusters(scenario: tuple[Snapshot, Policy]) -> None:
+    assert_idle_means_no_plan(*scenario)
+
+
+@MANY
+@given(scenarios())
+def test_certainly_idle_only_when_the_full_plan_is_empty(scenario: tuple[Snapshot, Policy]) -> None:
+    assert_idle_means_no_plan(*scenario)
+
+
 # ---- it does stop early ------------------------------------------------------------------------
 
 
@@ -140,6 +160,15 @@ def _full_cluster(free: int) -> tuple[tuple[Node, ...], tuple[RunningJob, ...]]:
 
 def _queue(count: int, gpus: float, limit: float | None = None) -> tuple[JobRequest, ...]:
     return tuple(job(10 + k).gpus(gpus).team(TEAMS[k % 3]).at(float(k)).limit(limit).build() for k in range(count))
+
+
+def test_a_full_cluster_without_victims_is_certainly_idle() -> None:
+    nodes_, runs = _full_cluster(free=0)
+    snap = Snapshot(nodes_, runs, _queue(2000, 1))
+    assert certainly_idle(snap, Policy(), NOW)
+    assert not certainly_idle(Snapshot(*_full_cluster(free=1), _queue(2000, 1)), Policy(), NOW)
+    urgent = replace(_queue(1, 1)[0], priority=Priority.HIGH)
+    assert not certainly_idle(Snapshot(nodes_, runs, (*_queue(20, 1), urgent)), Policy(), NOW)  # it may preempt
 
 
 def test_a_full_cluster_without_victims_is_answered_without_ordering_the_queue() -> None:

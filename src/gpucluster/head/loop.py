@@ -53,7 +53,7 @@ from gpucluster.core.limits import within_limits
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.restarts import RESTART_BACKOFF_S
-from gpucluster.core.scheduler import decide, gc_paused
+from gpucluster.core.scheduler import certainly_idle, decide, gc_paused
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
 from gpucluster.core.types import JobRequest, Start, Wait
@@ -197,6 +197,8 @@ class Head:
         self._last_plan_at: float | None = None
         self._next_release: float | None = None  # the earliest backoff of a queued job that ends after the last plan
         self.last_decide_s = 0.0
+        self.idle_skips = 0  # cycles that planned nothing because nothing could start (`_schedule`)
+        self._skipped_change = False  # such a cycle was for a change (the estimates replay for it)
         self.last_cycle_at: float | None = None  # end of the last cycle that succeeded
         self.last_error: str | None = None  # why the last cycle failed, if it did
         self.lease_lost: str | None = None  # why this head stopped for good: another head took the lease
@@ -619,12 +621,22 @@ class Head:
         if not (changed or due or self.estimates.pending(now)):
             return  # nothing a new plan could differ on
         self._capacity_changed = False
-        self._last_plan_at = now
         snap = self.snapshot()
         self.last_snapshot = snap  # what `submit --dry-run` plans on (head/dry_run.py)
         # Over every queued job at each plan: a pass in C (attrgetter), most have no backoff.
         self._next_release = min((t for t in map(_NOT_BEFORE, snap.queued) if t and t > now), default=None)
         self._grow_elastic(snap, now)
+        if snap.queued and not (due or released) and certainly_idle(snap, self.planning_policy, now):
+            # Every GPU busy and no one to preempt: the plan would start and stop nothing, so
+            # only the waits (positions, estimates) would change. They wait for the periodic
+            # replan, at most REPLAN_EVERY_S after the last full one (the same staleness the
+            # estimates' throttle allows); a new job meanwhile has no wait recorded yet. Why:
+            # while submissions streamed in, these cycles were a third of the head's CPU.
+            self.idle_skips += 1
+            self._skipped_change = self._skipped_change or changed  # the replan plans for it
+            return
+        self._last_plan_at = now
+        changed, self._skipped_change = changed or self._skipped_change, False
         if not snap.queued:
             self.queue_order = []
             self._record_waits({**self.gates.waits, **self.limit_waits})
