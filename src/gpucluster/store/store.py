@@ -83,6 +83,7 @@ from gpucluster.models import JobSpec
 from gpucluster.store import lease as leases
 from gpucluster.store import migrate, schema
 from gpucluster.store.lease import DEFAULT_LEASE_S, Holder, Lease
+from gpucluster.store.read_cache import ReadCache
 from gpucluster.waits_text import to_json as wait_json
 
 # PostgreSQL advisory lock key ("gpuclust" in ASCII): every write transaction holds it.
@@ -502,8 +503,7 @@ class Store:
         self._batch_thread: int | None = None
         # The node rows, cached between this store's writes; another process's are seen by
         # `forget_nodes` (the head's node feed calls it when `others_wrote_token` moves).
-        self._nodes: list[NodeRecord] | None = None
-        self._nodes_generation = 0  # bumped by each invalidation: a read that overlapped one is not cached
+        self._nodes = ReadCache(lambda: self.read_nodes())  # looked up at each read: patchable
         self._upserts: dict[str, Any] = {}
         self.lease: Lease | None = None  # held by this store's head (claim); every write checks it
         self.lease_lost: str | None = None  # why not any more, once a write found it taken
@@ -1807,18 +1807,11 @@ class Store:
     def nodes(self) -> list[NodeRecord]:
         """The node rows in name order; the same list object until a write or `forget_nodes`
         (the head's node feed compares by identity)."""
-        nodes = self._nodes
-        if nodes is None:
-            generation = self._nodes_generation
-            nodes = self.read_nodes()
-            if self._nodes_generation == generation:  # no write invalidated it while it was read
-                self._nodes = nodes
-        return nodes
+        return self._nodes.get()
 
     def forget_nodes(self) -> None:
         """Read the node rows again next time: another process may have written them."""
-        self._nodes_generation += 1
-        self._nodes = None
+        self._nodes.forget()
 
     def read_nodes(self) -> list[NodeRecord]:
         """The node rows read now, bypassing the cache (check mode's fresh build)."""

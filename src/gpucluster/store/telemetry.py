@@ -16,7 +16,6 @@ utilisation over any window survives downsampling exactly; rows are merged only 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from sqlalchemy import and_, delete, insert, select, text
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, Drain
 from gpucluster.store import schema
+from gpucluster.store.read_cache import ReadCache
 from gpucluster.store.store import Store, allocation_from_json
 
 RAW, MINUTE, HOUR = 0, 1, 2
@@ -106,9 +106,7 @@ class Holding:
 class TelemetryStore:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._states: dict[str, NodeState] | None = None
-        self._generation = 0  # bumped by each invalidation: a read that overlapped one is not cached
-        self._lock = threading.Lock()
+        self._states = ReadCache(lambda: self.read_states())  # looked up at each read: patchable
 
     def holdings(self) -> list[Holding]:
         """Running jobs with an allocation; only the columns telemetry reads (no spec parsing:
@@ -232,17 +230,7 @@ class TelemetryStore:
         """Every node with a recorded state (drained or not); cached between this store's writes
         (the same dict object until then: the head's node feed compares by identity). Another
         process's writes are seen after `forget_states`."""
-        with self._lock:
-            if self._states is not None:
-                return self._states
-            generation = self._generation
-        states = self.read_states()
-        with self._lock:
-            # A write that invalidated the cache while this read ran may not be in it: keep it
-            # only if none did (else the next call reads again), or plans would go on stale drains.
-            if self._generation == generation:
-                self._states = states
-        return states
+        return self._states.get()
 
     def read_states(self) -> dict[str, NodeState]:
         """The node states read now, bypassing the cache (check mode's fresh build)."""
@@ -255,9 +243,7 @@ class TelemetryStore:
 
     def forget_states(self) -> None:
         """Read the node states again next time: another process may have written them."""
-        with self._lock:
-            self._states = None
-            self._generation += 1
+        self._states.forget()
 
     def drains(self, states: Mapping[str, NodeState] | None = None) -> dict[str, Drain]:
         """Every drained node's reason and planned end, as the core's admission reads them (of
