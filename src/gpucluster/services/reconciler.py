@@ -27,8 +27,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-
-import httpx
+from typing import TYPE_CHECKING
 
 from gpucluster.core.states import JobState
 from gpucluster.head.service import ClusterService, Conflict, NotFound
@@ -38,6 +37,9 @@ from gpucluster.services.runtime import Access, Runtimes
 from gpucluster.services.spec import REPLICA_PORT_BASE, ReplicaOut, ServiceSpec, replica_name
 from gpucluster.store.services import ReplicaRecord, ServiceGone, ServiceRecord, ServiceStore
 from gpucluster.store.store import DatabaseUnavailable, JobRecord, LeaseLost
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("gpucluster.services")
 # httpx logs every request at INFO: four probes a second per replica would flood the head's log.
@@ -92,7 +94,10 @@ class Reconciler:
         self._failed: set[str] = set()  # failed in this pass: start nothing more for them
         self._stop = threading.Event()
         self.wake = threading.Event()
-        self._http = httpx.Client(timeout=PROBE_TIMEOUT_S, limits=httpx.Limits(max_connections=PROBES_AT_ONCE))
+        # Made at the first probe (`_client`), and httpx imported then: a head without services
+        # never loads it (services/gateway.py's docstring says why).
+        self._http: httpx.Client | None = None
+        self._http_lock = threading.Lock()  # probes run in the pool's threads
         self._pool = ThreadPoolExecutor(PROBES_AT_ONCE, thread_name_prefix="probe")
         self._thread: threading.Thread | None = None
 
@@ -108,7 +113,8 @@ class Reconciler:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._pool.shutdown(wait=True)
-        self._http.close()
+        if self._http is not None:
+            self._http.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -437,9 +443,19 @@ class Reconciler:
         except KeyError:
             return None
 
+    def _client(self) -> httpx.Client:
+        import httpx  # at the first probe, not with the module (see `__init__`)
+
+        with self._http_lock:
+            if self._http is None:
+                self._http = httpx.Client(timeout=PROBE_TIMEOUT_S, limits=httpx.Limits(max_connections=PROBES_AT_ONCE))
+            return self._http
+
     def _probe(self, url: str) -> bool:
+        import httpx  # at the first probe, not with the module (see `__init__`)
+
         try:
-            return 200 <= self._http.get(url).status_code < 400
+            return 200 <= self._client().get(url).status_code < 400
         except httpx.HTTPError:
             return False
 
