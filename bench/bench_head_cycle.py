@@ -19,6 +19,8 @@ default policy) in a fresh process per tree, so the baseline's figures come from
   wrote (head/full_reads.py), nobody else wrote here: it is a periodic plan and a check.
 - `foreign`: as `full`, but a second Store on the same file (its own connection: another
   process, as SQLite sees it) submitted a job first: the cycle that reads whole in either tree.
+- `idle_check`: the loop's `certainly_idle` alone on that snapshot (trees that have it), the
+  test a cycle that is not the periodic replan makes before `decide`;
 - `decide`: the core's `decide` alone (`--cycles` / 3 calls, the collector paused as the loop
   does) on the head's last admitted snapshot, with wait reasons as the head asks for them
   (`decide`) and without, as the simulator asks (`decide_plan_only`): what the head's cycle
@@ -135,6 +137,17 @@ def child(nodes: int, jobs: int, cycles: int) -> dict[str, object]:
             with gc_paused():
                 decide(snap, policy, clock.t, reasons=reasons)
             decide_cpu[reasons].append(time.process_time() - c0)
+    # The loop's test of whether a cycle could start anything (`certainly_idle`, trees that
+    # have it): run before `decide` in every cycle that is not the periodic replan.
+    idle_cpu: list[float] = []
+    try:
+        from gpucluster.core.scheduler import certainly_idle  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        certainly_idle = None
+    for _ in range(max(1, cycles // 3) if certainly_idle is not None else 0):
+        c0 = time.process_time()
+        certainly_idle(snap, policy, clock.t)
+        idle_cpu.append(time.process_time() - c0)
     queued = len(head.queue.requests())
     store.close()
 
@@ -157,6 +170,7 @@ def child(nodes: int, jobs: int, cycles: int) -> dict[str, object]:
         "foreign_wall": stats([w for _, w in foreign]),
         "decide_cpu": stats(decide_cpu[True]),
         "decide_plan_only_cpu": stats(decide_cpu[False]),
+        **({"idle_check_cpu": stats(idle_cpu)} if idle_cpu else {}),
     }
 
 
@@ -198,6 +212,8 @@ def main() -> None:
             for q in ("median", "p95"):
                 b, t = fig("baseline", f"{kind}_{what}", q), fig("this", f"{kind}_{what}", q)
                 print(f"{kind:17} {what} {q:6} {b:8.3f}s {t:8.3f}s  {b / t:5.2f}x")
+    if "idle_check_cpu" in results["this"][0]:
+        print(f"idle check (certainly_idle) cpu median, this tree: {fig('this', 'idle_check_cpu', 'median'):.4f}s")
     for tree in ("baseline", "this"):
         d = fig(tree, "decide_cpu", "median")
         print(

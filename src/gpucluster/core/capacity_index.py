@@ -58,6 +58,11 @@ class CapacityIndex:
         (a full copy: for a cycle, `trial` is the cheap way)."""
         return self._base_for(nodes, running).fork()
 
+    def current(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> Capacity:
+        """The kept free capacity itself, brought up to these nodes and running jobs, to read
+        only (a caller that takes or releases anything uses `trial`): no copy, no undo log."""
+        return self._base_for(nodes, running)
+
     @contextmanager
     def trial(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> Iterator[Capacity]:
         """A working copy of the free capacity for these nodes and running jobs, for one cycle:
