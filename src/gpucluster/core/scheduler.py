@@ -180,9 +180,12 @@ class _AfterPreemptor:
         self._seen: set[int] = set()  # preemptors considered so far
         # Waiting preemptors, considered before anything else (in class, then arrival order);
         # when the queues reach them again they are skipped. Not one still backing off.
-        first = [
-            j for j in snapshot.queued if j.job_id in self.preemptors and (j.not_before is None or j.not_before <= now)
-        ]
+        # Looked for only with a preemptor waiting: a pass over every queued job, 32 ms a cycle
+        # of the head at 100,000 queued.
+        first: list[JobRequest] = []
+        if self.preemptors:
+            ready = [j for j in snapshot.queued if j.job_id in self.preemptors]
+            first = [j for j in ready if j.not_before is None or j.not_before <= now]
         first.sort(key=lambda j: (-int(j.priority), j.submitted_at, j.job_id))
         self._first: deque[JobRequest] = deque(first)
         self._early: set[int] = {j.job_id for j in first}
