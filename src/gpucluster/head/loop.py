@@ -627,8 +627,10 @@ class Head:
         self._capacity_changed = False
         snap = self.snapshot()
         self.last_snapshot = snap  # what `submit --dry-run` plans on (head/dry_run.py)
-        # Over every queued job at each plan: a pass in C (attrgetter), most have no backoff.
-        self._next_release = min((t for t in map(_NOT_BEFORE, snap.queued) if t and t > now), default=None)
+        # Over every queued job at each plan, so at C speed: `filter` drops None (most have no
+        # backoff), then keeps the times after now (a generator here cost 30 ms at 100,000).
+        after = float(now).__lt__  # float: an int's __lt__ answers NotImplemented (truthy) to a float
+        self._next_release = min(filter(after, filter(None, map(_NOT_BEFORE, snap.queued))), default=None)
         self._grow_elastic(snap, now)
         idle = self.skip_idle_plans and snap.queued and not (due or released)
         if idle and certainly_idle(snap, self.planning_policy, now):
