@@ -46,6 +46,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = Path(sys.executable)
 
 
+class Clock:
+    """The head's clock, moved by the benchmark (also bench_submit_cycle.py's)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def child(nodes: int, jobs: int, cycles: int) -> dict[str, object]:
     """One tree's figures, in this process (its `gpucluster` is whatever PYTHONPATH names)."""
     import random
@@ -58,13 +68,6 @@ def child(nodes: int, jobs: int, cycles: int) -> dict[str, object]:
     from gpucluster.head.paths import DataDir
     from gpucluster.models import JobSpec
     from gpucluster.store import Store
-
-    class Clock:
-        def __init__(self) -> None:
-            self.t = 1000.0
-
-        def __call__(self) -> float:
-            return self.t
 
     rng = random.Random(15)
     tmp = Path(tempfile.mkdtemp(prefix="bench-head-cycle-"))
