@@ -67,10 +67,10 @@ def count_whole_reads(store: Store) -> list[str]:
     reads: list[str] = []
     queued, running = store.queued_requests, store.running_records
 
-    def queued_requests(after_id: int | None = None) -> Any:
+    def queued_requests(after_id: int | None = None, known: Any = None) -> Any:
         if after_id is None:
             reads.append("queue")
-        return queued(after_id)
+        return queued(after_id, known)
 
     def running_records(ids: Any = None) -> Any:
         if ids is None:
@@ -138,3 +138,23 @@ def test_with_no_other_writer_a_whole_read_still_comes_every_safety_period(clust
     assert reads == []
     cluster.tick_at(T0 + SAFETY_READ_S + 1)
     assert sorted(reads) == ["queue", "running"]
+
+
+def test_a_whole_read_parses_only_the_rows_that_changed(store_target: Path | str) -> None:
+    """`known` (the head's queue cache passes it): an unchanged row is answered with the request
+    read before, the very object; a row another process changed is read afresh."""
+    mine, other = Store(store_target), Store(store_target)
+    try:
+        ids = [mine.create_job(spec(gpus=1), T0 + k) for k in range(5)]
+        known: dict[int, Any] = {}
+        first = {r.job_id: r for r in mine.queued_requests(known=known)}
+        assert set(first) == set(ids) and set(known) == set(ids)
+        other.set_held([ids[1]], True)
+        again = {r.job_id: r for r in mine.queued_requests(known=known)}
+        assert set(again) == set(ids)
+        assert all(again[i] is first[i] for i in (ids[0], ids[2], ids[3], ids[4]))
+        assert again[ids[1]] is not first[ids[1]] and again[ids[1]].held and not first[ids[1]].held
+        assert again == {r.job_id: r for r in mine.queued_requests()}  # as a read without `known`
+    finally:
+        mine.close()
+        other.close()

@@ -38,13 +38,16 @@ class QueueCache:
         self._pending: list[Event] = []  # told from any thread, applied on the loop's
         self._removed_since_load: set[int] = set()
         self._left = False  # a job left the queue other than by the loop's own start
+        # Job id -> (hash of its row, its request) as last read (`Store.queued_requests`' `known`):
+        # a whole read parses only the rows that changed. Loop thread; dropped when a job leaves.
+        self._known: dict[int, tuple[int, JobRequest]] = {}
 
     def refresh(self, now: float) -> bool:
         """Bring the queue up to date with the store; True if the queue changed."""
         full = self.full.due(now)
         with self._lock:
             self._removed_since_load.clear()
-        rows = self._store.queued_requests(after_id=None if full else self._max_id)
+        rows = self._store.queued_requests(after_id=None if full else self._max_id, known=self._known)
         with self._lock:
             self._apply_pending()
             jobs, apply = self.state.queued, self.state.apply
@@ -54,10 +57,14 @@ class QueueCache:
                 for job_id in [i for i in jobs if i not in fresh]:
                     apply(Ended(job_id))
                     changed = True
+                for job_id in self._known.keys() - fresh.keys():
+                    del self._known[job_id]
                 self.full.done(now)
             for job_id, r in fresh.items():
                 old = jobs.get(job_id)
-                if old is None or old != r:  # an equal job keeps its object (the index's key)
+                # An equal job keeps its object (the index's key); a row unchanged since the last
+                # read is that very object (`_known`), told apart without comparing its fields.
+                if old is None or (old is not r and old != r):
                     apply(Submitted(r))
                     changed = True
             if rows:
@@ -78,6 +85,7 @@ class QueueCache:
         soon (head/estimates.py). A start needs neither: the plan that started it planned without it."""
         with self._lock:
             self._removed_since_load.add(job_id)
+            self._known.pop(job_id, None)
             self._left = self._left or cancelled
             self._pending.append(Ended(job_id, StopReason.CANCEL if cancelled else None))
             return self.state.queued.get(job_id)
@@ -86,6 +94,7 @@ class QueueCache:
         """The loop starts this queued job (its own thread): the request it planned with."""
         with self._lock:
             self._removed_since_load.add(job_id)
+            self._known.pop(job_id, None)
             self._apply_pending()
             job = self.state.queued.get(job_id)
             if job is not None:

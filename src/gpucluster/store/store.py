@@ -427,6 +427,23 @@ def request_json(spec: JobSpec, after: tuple[Dependency, ...] = ()) -> str:
     return json.dumps(d, separators=(",", ":"))
 
 
+def _queued_request(r: Any) -> JobRequest:
+    """A queued job's request from a row of `Store.queued_requests`' select."""
+    return request_from(
+        r[0],
+        r[1],
+        r[2],
+        r[3],
+        r[4],
+        r[5] if r[5] is not None else _request_of_spec(r[6]),
+        r[7],
+        r[8],
+        held=bool(r[9]),
+        array_id=r[10],
+        user=r[11] or "",
+    )
+
+
 def request_from(
     job_id: int,
     gpus: float,
@@ -1351,8 +1368,17 @@ class Store:
         with self._read() as c:
             return {i: t for i, t in c.execute(select(j.id, j.team).where(j.state == JobState.QUEUED.value))}
 
-    def queued_requests(self, after_id: int | None = None) -> list[JobRequest]:
-        """The scheduler's view of the queue: only the columns it needs, no spec parsing."""
+    def queued_requests(
+        self, after_id: int | None = None, known: dict[int, tuple[int, JobRequest]] | None = None
+    ) -> list[JobRequest]:
+        """The scheduler's view of the queue: only the columns it needs, no spec parsing.
+
+        `known`: job id -> (hash of its row, its request) from the caller's earlier reads. A row
+        unchanged since is answered with that very request, not parsed again, and `known` takes
+        every row read (the caller drops the jobs that left the queue). Why: a whole read at
+        100,000 queued (the head's, after another process wrote) spent 1.4 s of its 1.65 s
+        parsing requests that had not changed. The spec (large) is read only for a row without
+        a request (a job from before requests were stored)."""
         j = schema.jobs.c
         q = select(
             j.id,
@@ -1361,7 +1387,7 @@ class Store:
             j.submitted_at,
             j.team,
             j.request,
-            j.spec,
+            case((j.request.is_(None), j.spec), else_=None),
             j.queued_at,
             j.not_before,
             j.held,
@@ -1372,22 +1398,19 @@ class Store:
             q = q.where(j.id > after_id)
         with self._read() as c:
             rows = c.execute(q).all()
-        return [
-            request_from(
-                r[0],
-                r[1],
-                r[2],
-                r[3],
-                r[4],
-                r[5] if r[5] is not None else _request_of_spec(r[6]),
-                r[7],
-                r[8],
-                held=bool(r[9]),
-                array_id=r[10],
-                user=r[11] or "",
-            )
-            for r in rows
-        ]
+        if known is None:
+            return [_queued_request(r) for r in rows]
+        out: list[JobRequest] = []
+        for r in rows:
+            key = hash(tuple(r))
+            hit = known.get(r[0])
+            if hit is not None and hit[0] == key:
+                out.append(hit[1])
+            else:
+                req = _queued_request(r)
+                known[r[0]] = (key, req)
+                out.append(req)
+        return out
 
     def running_jobs(self) -> list[RunningJob]:
         """The scheduler's view of running jobs: where, whose, since when, and whether stopping."""
