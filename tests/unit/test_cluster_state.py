@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import update
@@ -226,9 +227,9 @@ def test_submissions_committed_while_the_check_reads_are_no_mismatch(tmp_path: P
         reads = 0
         late: list[int] = []
 
-        def racing(after_id: int | None = None) -> list[JobRequest]:
+        def racing(after_id: int | None = None, known: Any = None) -> list[JobRequest]:
             nonlocal reads
-            rows = real(after_id)
+            rows = real(after_id, known)
             reads += 1
             if reads in (1, 3):  # after the cycle's read, and after the check's own re-read
                 late.append(c.submit(gpus=1, command=["b"]))
