@@ -65,9 +65,13 @@ def test_submit_dry_run_says_where_and_when_and_queues_nothing(head: HeadProcess
 
 
 def test_why_what_if_compares_a_change_and_changes_nothing(head: HeadProcess) -> None:
-    """Six GPUs busy for an hour: an 8-GPU job waits that hour; with 2 GPUs it would start now."""
+    """Six GPUs busy for an hour: an 8-GPU job waits that hour; with 2 GPUs it would start now.
+    The busy job is of a team with no finished jobs, so it is expected to run its hour: in the
+    module's team, the earlier tests' 1-s jobs taught the head it would end ~1 s after its start,
+    and once the 8-GPU job's estimate came later than that (on a loaded machine, or with the
+    plan left to the next periodic one), "as it is" was now as well."""
     with head.client() as c:
-        busy = c.submit(["sleep", "600"], gpus=6, time_limit="1h")
+        busy = c.submit(["sleep", "600"], gpus=6, time_limit="1h", team="whatif")
         wait_for(lambda: c.job(busy.id).state == "running", timeout=60, what="the 6-GPU job to run")
         big = c.submit(["sleep", "1"], gpus=8, time_limit="10m")
         wait_for(lambda: c.job(big.id).estimated_start is not None, timeout=60, what="the 8-GPU job's estimate")
