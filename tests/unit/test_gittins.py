@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gpucluster.core import attained, gittins
+from gpucluster.core import gittins
 from gpucluster.core.attained import Ordering, gittins_ranks, rank_of, ranks
 from gpucluster.core.policy import Policy, las_gittins_policy, las_policy
 from gpucluster.core.runtime_predict import FinishedRun, JobShape, RunDistribution, RuntimePredictor
@@ -92,57 +92,6 @@ def test_the_index_is_the_same_float_as_the_loop(values: list[float], a: float, 
     look-ahead included): the ranks, and so every decision, stay the same."""
     dist = RunDistribution.of(sorted(values))
     assert repr(gittins._unscaled(dist.values, dist.prefix, a, d)) == repr(_loop(dist.values, dist.prefix, a, d))
-
-
-_KEYS = [RunDistribution.of([60.0, 90.0, 120.0]), RunDistribution.of([5000.0, 7000.0, 9000.0, 9000.0])]
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["come", "requeue", "leave", "learn", "ran", "same"]),
-            st.integers(1, 12),
-            st.sampled_from([0.0, 1.0, 2.0, 4.0]),
-            st.sampled_from([0.0, 600.0, 3 * H, 20 * H, 30 * H]),
-        ),
-        min_size=1,
-        max_size=40,
-    )
-)
-def test_the_rank_book_gives_the_ranks_of_a_fresh_build(steps: list[tuple[str, int, float, float]]) -> None:
-    """Over random histories (jobs come, leave, come back requeued as new objects with more
-    attained, a key learns a run (a new distribution object), time passes into promotion), the
-    ranks kept across cycles equal `gittins_ranks` worked out afresh each cycle, and a cycle in
-    which nothing changed works nothing out."""
-    book = attained.RankBook()
-    queue: dict[int, JobRequest] = {}
-    got: dict[int, float] = {}
-    keys = list(_KEYS)
-    key_of: dict[int, int] = {}
-    now = NOW
-    for what, jid, gpus, extra in steps:
-        now += extra
-        if what == "come" and jid not in queue:
-            queue[jid] = _queued(jid, now - extra, gpus)
-            key_of[jid] = jid % 3
-        elif what == "requeue" and jid in queue:
-            got[jid] = got.get(jid, 0.0) + gpus * extra
-            queue[jid] = replace(queue[jid], queued_at=now)
-        elif what == "leave":
-            queue.pop(jid, None)
-        elif what == "learn":
-            k = jid % 2
-            keys[k] = RunDistribution.of(sorted([*keys[k].values, extra + 1.0]))
-        elif what == "ran":
-            got[jid] = got.get(jid, 0.0) + extra
-        dists = {j: keys[key_of[j]] for j in queue if key_of[j] < 2}
-        q = list(queue.values())
-        want = gittins_ranks(q, LAS, got, dists, now)
-        assert book.ranks(q, LAS, got, dists, now) == want
-        before = book.worked_out
-        assert book.ranks(q, LAS, got, dists, now) == want
-        assert book.worked_out == before
 
 
 def test_rank_fraction_stays_inside_its_queue() -> None:

@@ -47,10 +47,9 @@ def _all_ranks(
     expected: Mapping[int, float],
     now: float,
     dists: Mapping[int, RunDistribution] | None = None,
-    book: object = None,
 ) -> dict[int, float]:
     """The reference: every queued job's rank, one `rank_of` each (with a Gittins index, the
-    job's fraction on top, for every job that has one: `_gittins_rank_of`); no `book` kept."""
+    job's fraction on top, for every job that has one: `_gittins_rank_of`)."""
     if o.gittins and dists:
         return {j.job_id: _gittins_rank_of(j, o, att, dists, now) for j in queued}
     return {j.job_id: rank_of(j, o, att, expected, now) for j in queued}

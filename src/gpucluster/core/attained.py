@@ -45,8 +45,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import attrgetter, ne
+from itertools import compress
+from operator import attrgetter
 from typing import Literal
 
 from gpucluster.core import gittins
@@ -141,7 +141,6 @@ def ranks(
     expected: Mapping[int, float],
     now: float,
     dists: Mapping[int, RunDistribution] | None = None,
-    book: RankBook | None = None,
 ) -> dict[int, float]:
     """The queued jobs' ranks, once per cycle (only when `ordering.ranked`): a job not named
     ranks 0 (`rank_of` gives it 0). Callers read a rank with `.get(job_id, 0.0)`.
@@ -153,12 +152,9 @@ def ranks(
     so about half of that is saved; more on a queue of mostly new jobs). Exact when a job with
     nothing attained is in queue 0 (the first threshold above 0); else every job is ranked.
 
-    With `ordering.gittins`, the jobs `dists` names also get their Gittins fraction (`gittins_ranks`;
-    with a caller's `book`, kept across cycles: `RankBook`, the same ranks).
+    With `ordering.gittins`, the jobs `dists` names also get their Gittins fraction (`gittins_ranks`).
     """
     if ordering.gittins and dists:
-        if book is not None:
-            return book.ranks(queued, ordering, attained, dists, now)
         return gittins_ranks(queued, ordering, attained, dists, now)
     if ordering.mode != "las" or ordering.queue_of(0.0) != 0:
         return {j.job_id: rank_of(j, ordering, attained, expected, now) for j in queued}
@@ -221,59 +217,6 @@ def _promote(out: dict[int, float], queued: Sequence[JobRequest], ordering: Orde
             # the submission and the requeue (none: -inf), then `now - entered >= promote`.
             entered = map(max, map(_SUBMITTED, old), map(_NONE_FIRST.get, map(_QUEUED, old), map(_QUEUED, old)))
             out.update(dict.fromkeys(map(_JOB_ID, compress(old, map(promote.__le__, map(now.__sub__, entered)))), 0.0))
-
-
-class RankBook:
-    """`gittins_ranks` kept across cycles by its caller (one per `QueueIndex`: caller-owned, one
-    caller, not thread-safe), so a cycle works out only the ranks of the jobs whose inputs changed.
-
-    Why: a queued job's rank (before promotion) is `_kind_rank` of its GPUs, its distribution and
-    its attained GPU-seconds, and between two cycles these change for few jobs: those that came
-    (new, or requeued after they ran), and those of a key whose run just ended (a new
-    distribution object). `gittins_ranks` works every job out again each cycle, ~0.8 us a queued
-    job, ~205 us a cycle on whole Philly under `las-gittins` at 512 GPUs: ~30 of its ~95 CPU-s.
-    Here each job's inputs (the job object, its distribution, its attained service) are compared
-    with those of the cycle before at C speed, and only the jobs whose inputs differ are ranked
-    again. Exact whatever the caller hands it: nothing is trusted, every input is compared
-    (a job is the same when equal: equal jobs ask for the same GPUs), so a queue other than the
-    last one (an estimate's, a limited one) only costs more. Promotion depends on the time, so it
-    is applied afresh each cycle, on a copy: the book never holds a promoted rank."""
-
-    def __init__(self) -> None:
-        self._queues: tuple[float, ...] | None = None  # the thresholds the ranks were worked out for
-        self._inputs: dict[int, tuple[JobRequest, RunDistribution | None, float]] = {}
-        self._ranks: dict[int, float] = {}  # job id -> rank before promotion
-        self.worked_out = 0  # ranks worked out again (for tests)
-
-    def ranks(
-        self,
-        queued: Sequence[JobRequest],
-        ordering: Ordering,
-        attained: Mapping[int, float],
-        dists: Mapping[int, RunDistribution],
-        now: float,
-    ) -> dict[int, float]:
-        """`gittins_ranks(queued, ordering, attained, dists, now)`."""
-        inputs, kept = self._inputs, self._ranks
-        if ordering.queues != self._queues:
-            self._queues = ordering.queues
-            inputs.clear()
-            kept.clear()
-        ids = list(map(_JOB_ID, queued))
-        now_in = list(zip(queued, map(dists.get, ids), map(attained.get, ids, repeat(0.0)), strict=True))
-        changed = list(compress(range(len(ids)), map(ne, now_in, map(inputs.get, ids))))
-        for i in changed:  # in queue order: with a job id twice, the last one's rank stands, as there
-            job, dist, got = now_in[i]
-            inputs[ids[i]] = now_in[i]
-            kept[ids[i]] = _kind_rank(ordering, dist, job.gpus, got)
-        self.worked_out += len(changed)
-        if len(kept) != len(ids):  # jobs that left the queue
-            for gone in kept.keys() - set(ids):
-                del kept[gone]
-                del inputs[gone]
-        out = dict(kept)
-        _promote(out, queued, ordering, now)
-        return out
 
 
 class _Fresh(dict[tuple[RunDistribution | None, float], float]):

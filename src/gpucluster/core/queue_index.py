@@ -34,7 +34,6 @@ from collections import Counter
 from collections.abc import Sequence
 from operator import attrgetter
 
-from gpucluster.core.attained import RankBook
 from gpucluster.core.counts import bump
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import Sorted, sort_in
@@ -49,8 +48,6 @@ class QueueIndex:
         self.diffs = 0  # updates that diffed the whole queue (told: first use, or a count mismatch)
         self._told = told  # the caller reports each job that enters or leaves (`add`, `remove`)
         self._changes: list[tuple[bool, JobRequest]] = []  # (entered?, job) since the last update
-        # The Gittins ranks of the queue, kept across cycles as the lines are (core/attained.py).
-        self.rank_book = RankBook()
         self._reset(None)
 
     def _reset(self, priorities: bool | None) -> None:

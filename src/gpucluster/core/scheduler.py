@@ -296,13 +296,7 @@ class _Cycle:
         ordering = self.policy.ordering
         if ordering.ranked:
             self._ranks = attained.ranks(
-                self.s.queued,
-                ordering,
-                self.s.attained,
-                self.s.expected_runtime,
-                self.now,
-                self.s.runtime_dist,
-                index.rank_book if index is not None else None,
+                self.s.queued, ordering, self.s.attained, self.s.expected_runtime, self.now, self.s.runtime_dist
             )
         queues = TeamQueues(
             self.s.queued, self.policy, self.s.usage, self.now, guaranteed, presorted, self._ranks or None
