@@ -4,6 +4,7 @@ plain las's rules), the policy file, and the head's learned distributions (a rea
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,6 +61,37 @@ def test_the_index_is_its_definition(values: list[float], a: float, d: float, ex
     assert got == pytest.approx(want, rel=1e-6, abs=1e-15)
     assert got >= _definition(sorted(values), a, d, extra) * (1 - 1e-6)
     assert gittins.index(dist.scaled(scale), a * scale, d * scale) == pytest.approx(got / scale, rel=1e-6)
+
+
+def _loop(values: tuple[float, ...], prefix: tuple[float, ...], a: float, d: float) -> float:
+    """`gittins._unscaled` as a Python step per candidate (its form before the C-level maps)."""
+    n = len(values)
+    i0 = bisect_right(values, a)
+    end = bisect_right(values, a + d) if d != float("inf") else n
+    best, j = 0.0, i0
+    while j < end:
+        v = values[j]
+        k = bisect_right(values, v, j, end)
+        done = k - i0
+        spent = (prefix[k] - prefix[i0]) - a * done + (v - a) * (n - k)
+        if not spent > 0.0:
+            return float("inf")
+        best = max(best, done / spent)
+        j = k
+    return best
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.one_of(st.integers(0, 6).map(float), st.floats(0.0, 1e5)), max_size=40),
+    st.one_of(st.integers(0, 6).map(float), st.floats(0.0, 1e5)),
+    st.one_of(st.integers(0, 6).map(float), st.floats(0.0, 1e5), st.just(float("inf"))),
+)
+def test_the_index_is_the_same_float_as_the_loop(values: list[float], a: float, d: float) -> None:
+    """Bit for bit the per-candidate loop's answer (ties, survivors at `a`, no survivors, no
+    look-ahead included): the ranks, and so every decision, stay the same."""
+    dist = RunDistribution.of(sorted(values))
+    assert repr(gittins._unscaled(dist.values, dist.prefix, a, d)) == repr(_loop(dist.values, dist.prefix, a, d))
 
 
 def test_rank_fraction_stays_inside_its_queue() -> None:

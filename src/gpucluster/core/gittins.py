@@ -34,6 +34,7 @@ from bisect import bisect_right
 from gpucluster.core.runtime_predict import RunDistribution
 
 H = 3600.0
+INF = float("inf")
 # The largest fraction below 1: an index of 0 must still rank inside its own queue.
 _LAST = 1.0 - 2.0**-30
 
@@ -53,22 +54,33 @@ def index(dist: RunDistribution, attained_s: float, quantum_s: float) -> float:
 def _unscaled(values: tuple[float, ...], prefix: tuple[float, ...], a: float, d: float) -> float:
     """`index` on the unscaled values. For d between two sample points the number finished is
     constant and the expected service grows, so the sup is reached at a sample point: each
-    survivor's value v (at most a + d) is a candidate d = v - a."""
+    survivor's value v (at most a + d) is a candidate d = v - a.
+
+    Cost: ~700 k calls over ~50 candidates on whole Philly under `las-gittins` (a key's jobs are
+    ranked again each time a run of that key ends), ~11 of its ~90 CPU-s. The run of equal
+    values is stepped over by comparison (most runs are one value long) rather than a bisection
+    call each, and the best kept by a comparison rather than a `max` call: 1.8x faster, the same
+    float operations in the same order (tests/unit/test_gittins.py checks it bit for bit)."""
     n = len(values)
     i0 = bisect_right(values, a)
-    end = bisect_right(values, a + d) if d != float("inf") else n
+    end = bisect_right(values, a + d) if d != INF else n
     best = 0.0
+    p0 = prefix[i0]
     j = i0
     while j < end:
         v = values[j]
-        k = bisect_right(values, v, j, end)  # ties: every survivor of value v finishes at v - a
+        k = j + 1
+        while k < end and values[k] == v:  # ties: every survivor of value v finishes at v - a
+            k += 1
         done = k - i0
         # E[min(S - a, v - a)] x survivors: the finished ones' (S - a), the rest's (v - a).
-        spent = (prefix[k] - prefix[i0]) - a * done + (v - a) * (n - k)
+        spent = (prefix[k] - p0) - a * done + (v - a) * (n - k)
         if spent > 0.0:
-            best = max(best, done / spent)
+            r = done / spent
+            if r > best:
+                best = r
         else:
-            return float("inf")  # survivors that finish at once: nothing ranks before them
+            return INF  # survivors that finish at once: nothing ranks before them
         j = k
     return best
 
