@@ -460,7 +460,7 @@ class _Cycle:
         nodes. Within a cycle free capacity only shrinks and a reservation is never taken back,
         so once no remaining request could pass, none will. The bounds (the smallest request,
         the shortest time limit) are first over every queued job, then over the jobs still in
-        line (`_AfterPreemptor.remaining`), so a remaining job asks no less.
+        line (`_AfterPreemptor.left`, under LAS preemption), so a remaining job asks no less.
         Checked only when the plan grew (a start, reservation or preemption)."""
         if len(self.reservations) < len(self.cap.model_memory) or self._least_asked().need == 0:
             return False  # ... or a CPU-only job is queued: no GPU reservation holds it back
