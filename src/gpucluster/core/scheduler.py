@@ -72,11 +72,7 @@ def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *
     Drained nodes and held teams (`snapshot.drained`, `snapshot.holds`) are admitted first
     (core/admission.py): a held job waits with a BUDGET wait and its hold's reason. Then
     per-user and per-class limits (core/limits.py): a job beyond one waits with its own reason."""
-    snapshot, held = admit(snapshot)
-    if not snapshot.limited:
-        snapshot, over = within_limits(snapshot, policy or DEFAULT_POLICY, now)
-        if over:
-            held = {**held, **over}
+    snapshot, held = _admitted(snapshot, policy or DEFAULT_POLICY, now)
     if held:
         plan = decide(snapshot, policy, now, reasons=reasons)
         return replace(plan, waiting={**plan.waiting, **held})
@@ -97,11 +93,8 @@ def certainly_idle(snapshot: Snapshot, policy: Policy | None = None, now: float 
     that ordered and answered thousands of queued jobs to find nothing to start (18 ms of a
     head's CPU per burst at 3,600 queued: a third of its CPU while submissions streamed in).
     The head skips those cycles' waits and estimates until its next periodic replan."""
-    snapshot, _ = admit(snapshot)
     policy = policy or DEFAULT_POLICY
-    if not snapshot.limited:
-        snapshot, _ = within_limits(snapshot, policy, now)
-    snapshot = with_pools(snapshot, policy.pools)
+    snapshot = with_pools(_admitted(snapshot, policy, now)[0], policy.pools)
     index = snapshot.capacity
     # Read only, so the kept capacity itself: a trial's fork cost as much as the test (16 ms at
     # 1,000 nodes), and `decide` would make its own.
@@ -109,6 +102,18 @@ def certainly_idle(snapshot: Snapshot, policy: Policy | None = None, now: float 
     if snapshot.queue_index is not None:
         snapshot.queue_index.update(snapshot.queued, policy)  # `decide` then finds it up to date
     return _Cycle(snapshot, policy, now, False, cap)._nothing_can_change()
+
+
+def _admitted(snapshot: Snapshot, policy: Policy, now: float) -> tuple[Snapshot, dict[int, Wait]]:
+    """The snapshot after admission (core/admission.py: drained nodes, held teams) and limits
+    (core/limits.py), and the wait of every job either holds back: `decide` plans on it, and
+    `certainly_idle` asks of it."""
+    snapshot, held = admit(snapshot)
+    if not snapshot.limited:
+        snapshot, over = within_limits(snapshot, policy, now)
+        if over:
+            held = {**held, **over}
+    return snapshot, held
 
 
 def _trial(snapshot: Snapshot) -> AbstractContextManager[Capacity]:
