@@ -149,9 +149,71 @@ def _teardown_at_exit() -> None:
     (a CheckpointError from load_latest): groups left to the interpreter's own shutdown are
     destroyed with their gloo threads running, and the process aborts (SIGABRT, "terminate called
     without an active exception"), hiding the script's exit code 1 and its error behind a
-    signal. Registered after init_process_group, so it runs before torch's own exit handlers."""
+    signal. Registered after init_process_group, so it runs before torch's own exit handlers.
+
+    After a script's own `teardown` (a normal end) it waits for gloo's threads to settle
+    (`settle_native_threads`): the one window left at a normal exit. Not after an error: a peer
+    may be dead, gloo's workers then keep failing, and the survivors must exit at once for the
+    restart."""
+    settle = _torn_down_by_script
     with contextlib.suppress(Exception):
         teardown()
+    if settle:
+        with contextlib.suppress(Exception):
+            settle_native_threads()
+
+
+# The threads of torch's gloo backend that hold a collective's tensors, by their names
+# (/proc/self/task/*/comm): its work queue's workers ("pt_gloo_runloop"). Its transport's event
+# loop ("gloo_tcp_loop") moves raw bytes, never a tensor, and wakes on its own timeouts.
+GLOO_THREAD_PREFIXES = ("pt_gloo",)
+
+
+def _native_switches(prefixes: tuple[str, ...]) -> dict[str, str]:
+    """Each named native thread's context-switch counts, keyed by its thread id."""
+    counts: dict[str, str] = {}
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended between the listing and the read
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not f.read().startswith(prefixes):
+                    continue
+            with open(f"/proc/self/task/{tid}/status") as f:
+                counts[tid] = "".join(line for line in f if "ctxt_switches" in line)
+    return counts
+
+
+def settle_native_threads(
+    prefixes: tuple[str, ...] = GLOO_THREAD_PREFIXES, quiet_s: float = 0.02, timeout_s: float = 5.0
+) -> bool:
+    """Wait, with the GIL released, until the named native threads stop running; True once they
+    have not run for `quiet_s`, False if they were still running after `timeout_s`.
+
+    Why: a DDP model keeps its process group's C++ object — and gloo's threads — alive after
+    `destroy_process_group` and after the model itself is freed (torch 2.13: the reducer leaks
+    it), so those threads are still there when the interpreter finalizes. A gloo worker drops
+    its reference to a finished collective's tensors a moment after the collective returns; if
+    the last reference to a tensor that Python created dies there, the worker needs the GIL, and
+    a thread that asks for the GIL while the interpreter finalizes is ended in the middle of C++
+    code: the process aborts ("terminate called without an active exception", SIGABRT). A rank
+    of a job that had finished training then turned the whole job into a failure (seen once in
+    CI, rank 1 of 4 after its final checkpoint). Here, before finalization, every such thread
+    gets the GIL it waits for (sleep releases it) and finishes; an idle worker waits on its
+    queue and no longer switches. Linux only (/proc); elsewhere it returns True at once.
+    """
+    if not os.path.isdir("/proc/self/task"):
+        return True
+    deadline = time.monotonic() + timeout_s
+    last = _native_switches(prefixes)
+    while True:
+        if not last:
+            return True
+        time.sleep(quiet_s)
+        now = _native_switches(prefixes)
+        if now == last:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        last = now
 
 
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> TCPStore:
@@ -177,6 +239,9 @@ def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timede
 # running, and the process aborts ("terminate called without an active exception", exit -6).
 _async_checkpoint_group: Any = None
 
+# The script called `teardown` with a process group up: it ended normally (see _teardown_at_exit).
+_torn_down_by_script = False
+
 
 def async_checkpoint_group() -> Any:
     """The process's gloo group for background checkpoint writes (collective on first use)."""
@@ -188,11 +253,12 @@ def async_checkpoint_group() -> Any:
 
 def teardown() -> None:
     """Leave the process group (a no-op when there is none), the async checkpoint group first."""
-    global _async_checkpoint_group
+    global _async_checkpoint_group, _torn_down_by_script
     if dist.is_available() and dist.is_initialized():
         if _async_checkpoint_group is not None:
             dist.destroy_process_group(_async_checkpoint_group)
         dist.destroy_process_group()
+        _torn_down_by_script = True
     _async_checkpoint_group = None
 
 
