@@ -250,6 +250,100 @@ def test_submissions_committed_while_the_check_reads_are_no_mismatch(tmp_path: P
         c.close()
 
 
+def _cancel_from_another_thread(c: Cluster, job_id: int) -> None:
+    """An API cancel, committed and told on its own thread (as the API's threads do)."""
+    writer = threading.Thread(target=c.store.request_stop, args=(job_id, "cancel", c.clock.t))
+    writer.start()
+    writer.join(60)
+    assert not writer.is_alive()
+
+
+@pytest.mark.parametrize("read", ["running_jobs", "list_jobs"])
+def test_stops_committed_while_the_check_reads_twice_in_a_row_are_no_mismatch(tmp_path: Path, read: str) -> None:
+    """A cancel committed between the check's refresh and its fresh read shows a difference that
+    is not one; the check read again once and called a second such difference a mismatch. Here a
+    cancel commits before each of the check's first two fresh reads: of the cluster state
+    (`running_jobs`) or of the running jobs' records (`list_jobs`). It is read again for as long
+    as stops overlap its reads, and a write behind every watcher's back is still named."""
+    c = make_cluster(tmp_path, gpus=3)
+    try:
+        c.head.check_state = True
+        jobs = [c.submit(gpus=1, command=[name]) for name in "abc"]
+        c.tick_at(c.clock.t + 1)
+        assert all(c.state(j) is JobState.RUNNING for j in jobs)
+        real = getattr(c.store, read)
+        cancels = iter(jobs[:2])
+
+        def racing(*args: Any, **kwargs: Any) -> Any:
+            job_id = next(cancels, None)
+            if job_id is not None:
+                _cancel_from_another_thread(c, job_id)
+            return real(*args, **kwargs)
+
+        setattr(c.store, read, racing)
+        c.tick_at(c.clock.t + 0.1)  # no StateMismatch
+        assert next(cancels, None) is None  # both cancels raced the check's reads
+        setattr(c.store, read, real)
+        _kept_running_equals_the_store(c)
+        with c.store._writer.begin() as conn:  # behind every watcher's back: still a mismatch
+            conn.execute(update(schema.jobs).where(schema.jobs.c.id == jobs[2]).values(stop_reason="cancel"))
+        with pytest.raises(StateMismatch):
+            c.tick_at(c.clock.t + 0.1)
+    finally:
+        c.close()
+
+
+def test_a_stop_told_only_after_the_checks_read_saw_it_is_no_mismatch(tmp_path: Path) -> None:
+    """A write commits, the check's fresh read sees it, and only then are the watchers told (the
+    writer's thread was descheduled between its commit and its telling). The check waits for
+    that telling before it reads again, rather than calling the difference a mismatch."""
+    c = make_cluster(tmp_path, gpus=2)
+    try:
+        c.head.check_state = True
+        jobs = [c.submit(gpus=1, command=[name]) for name in "ab"]
+        c.tick_at(c.clock.t + 1)
+        committed, tell = threading.Event(), threading.Event()
+
+        def slow_to_tell(job_id: int) -> None:
+            committed.set()
+            assert tell.wait(60)
+
+        c.store._running_watchers.insert(0, slow_to_tell)
+        real_read, real_wait = c.store.running_jobs, c.store.wait_running_changes_told
+        reads = 0
+        writer = threading.Thread(target=c.store.request_stop, args=(jobs[0], "cancel", c.clock.t))
+
+        def read_after_the_commit() -> list[RunningJob]:
+            nonlocal reads
+            reads += 1
+            if reads == 1:
+                writer.start()
+                assert committed.wait(60)
+            rows = real_read()
+            if reads == 2:  # the old check's second read: told only after it
+                tell.set()
+            return rows
+
+        def waiting(timeout_s: float) -> bool:
+            tell.set()  # the writer's thread runs again while the check waits for it
+            return real_wait(timeout_s)
+
+        c.store.running_jobs = read_after_the_commit  # type: ignore[method-assign]
+        c.store.wait_running_changes_told = waiting  # type: ignore[method-assign]
+        try:
+            c.tick_at(c.clock.t + 0.1)  # no StateMismatch
+        finally:
+            tell.set()
+            writer.join(60)
+            c.store._running_watchers.remove(slow_to_tell)
+            c.store.running_jobs = real_read  # type: ignore[method-assign]
+            c.store.wait_running_changes_told = real_wait  # type: ignore[method-assign]
+        assert reads >= 2
+        _kept_running_equals_the_store(c)
+    finally:
+        c.close()
+
+
 def test_a_restart_whose_commit_was_lost_in_answer_is_read_back_with_no_mismatch(tmp_path: Path) -> None:
     """A requeue for a restart is committed, but the database goes away before it answers: the
     row is written, the call raises. Its id is below what the queue has read, so only a full read

@@ -95,12 +95,13 @@ from gpucluster.head.paths import DataDir
 from gpucluster.head.policy_source import PolicySource
 from gpucluster.head.queue_cache import QueueCache
 from gpucluster.head.recovery import adopt_launch, requeue_left_preempted
-from gpucluster.head.running_cache import RunningCache
+from gpucluster.head.running_cache import CHECK_ATTEMPTS, CHECK_WAIT_S, RunningCache
 from gpucluster.head.runtime_model import RuntimeModel
 from gpucluster.head.update import same_request
 from gpucluster.launch.env import inherited
 from gpucluster.store import AttemptRecord, DatabaseUnavailable, DataDirUnwritable, JobRecord, LeaseLost, Store
 from gpucluster.store.lease import RENEW_FRACTION
+from gpucluster.store.store import overlapped
 from gpucluster.store.telemetry import TelemetryStore
 from gpucluster.telemetry.loopstats import LoopStats
 
@@ -681,10 +682,12 @@ class Head:
         """Check mode: the queue, running jobs, nodes and drains fed by events equal a fresh read
         of the store.
         Another thread (an API submit or cancel) may commit between the two reads, so a difference is read
-        again once, after what was told meanwhile, before it is called a mismatch. True if
-        that second read changed the queue."""
+        again, after what was told meanwhile, before it is called a mismatch: once, or while
+        writes that may change a running job keep overlapping the reads (`store.overlapped`, up
+        to CHECK_ATTEMPTS times). True if a second read changed the queue."""
         changed = False
-        for last in (False, True):
+        for attempt in range(CHECK_ATTEMPTS):
+            before = self.store.running_changes()
             self.running.refresh(now)  # what other threads told of, before the fresh read
             # Up to the last id the queue read: a later submission is the next read's (read_so_far).
             nodes, drains = self.node_feed.fresh()
@@ -696,13 +699,13 @@ class Head:
                 holds=dict(self.accounting.held),  # what the budgets say now (not a store read)
             )
             self.queue.requests()  # applies removals told from other threads
-            if last:
-                self.cluster.check(fresh, "the head's cluster state")  # StateMismatch, naming each difference
-            elif self.cluster.differences(fresh):
-                changed = self.queue.refresh(now)
-                self.node_feed.refresh(now, recheck=True)
-            else:
+            if not self.cluster.differences(fresh):
                 break
+            if attempt == CHECK_ATTEMPTS - 1 or (attempt and not overlapped(before, self.store.running_changes())):
+                self.cluster.check(fresh, "the head's cluster state")  # StateMismatch, naming each difference
+            changed = self.queue.refresh(now) or changed
+            self.node_feed.refresh(now, recheck=True)
+            self.store.wait_running_changes_told(CHECK_WAIT_S)
         self.running.check_records(now)
         return changed
 

@@ -31,9 +31,16 @@ from gpucluster.core.states import JobState
 from gpucluster.core.types import RunningJob
 from gpucluster.head.full_reads import FullReads
 from gpucluster.store import JobRecord, Store
+from gpucluster.store.store import overlapped
 
 # More told jobs than this at once are read with all the others (one query, no long IN list).
 _MAX_IDS = 500
+
+# Check mode: how often a difference is read again while other threads' writes keep overlapping
+# the reads, and how long each time it waits for such a write to be told (generous: a write on a
+# busy machine; the head's loop waits only in check mode, and only while one is under way).
+CHECK_ATTEMPTS = 20
+CHECK_WAIT_S = 10.0
 
 
 class RunningCache:
@@ -98,12 +105,18 @@ class RunningCache:
 
     def check_records(self, now: float) -> None:
         """Check mode: the kept records equal a fresh read. Another thread may write between the
-        refresh and the read, so a difference is read again once before it raises."""
-        for _ in range(2):
+        refresh and the read, or be told of its write only after the read saw it: a difference
+        is a mismatch only when no such write overlapped the two reads (`store.overlapped`);
+        otherwise it is read again once that write was told, up to CHECK_ATTEMPTS times."""
+        for attempt in range(CHECK_ATTEMPTS):
+            before = self._store.running_changes()
             self.refresh(now)
             stored = {r.id: r for r in self._store.list_jobs(states=[JobState.RUNNING])}
             if stored == self._records:
                 return
+            if attempt and not overlapped(before, self._store.running_changes()):
+                break
+            self._store.wait_running_changes_told(CHECK_WAIT_S)
         differ = sorted(i for i in stored.keys() | self._records.keys() if stored.get(i) != self._records.get(i))
         raise StateMismatch(f"the head's running jobs' records differ from a fresh read: jobs {differ[:5]}")
 

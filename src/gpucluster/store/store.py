@@ -531,6 +531,10 @@ class Store:
         # changed while it runs: the head's event-fed running jobs (head/running_cache.py). Called after the write, from
         # the writer's thread, whether or not it committed (a told job is only read again).
         self._running_watchers: list[Callable[[int], None]] = []
+        # Such writes begun and not yet told, and how many ever began (`running_changes`).
+        self._running_changes_lock = threading.Condition()
+        self._running_changing = 0
+        self._running_changes_begun = 0
         try:
             with self._writer.begin() as c:
                 self.migrated = migrate.prepare(c)
@@ -776,12 +780,40 @@ class Store:
     def _telling(self, job_id: int, running: bool = True) -> Iterator[None]:
         """Around a write that may change a running job (`running`): its watchers are told after
         it, committed or not (a told job is only read again; one not told would be missed)."""
+        if not running:
+            yield
+            return
+        with self._running_changes_lock:
+            self._running_changing += 1
+            self._running_changes_begun += 1
         try:
             yield
         finally:
-            if running:
+            try:
                 for told in self._running_watchers:
                     told(job_id)
+            finally:
+                with self._running_changes_lock:
+                    self._running_changing -= 1
+                    if not self._running_changing:
+                        self._running_changes_lock.notify_all()
+
+    def running_changes(self) -> tuple[int, int]:
+        """(writes that may change a running job begun and not yet told, how many ever began).
+
+        Why: check mode compares the head's event-fed running jobs with a fresh read, and a write
+        of another thread that commits between the two reads, or is told only after the fresh
+        read saw it, shows a difference that is not one. The head calls a difference a mismatch
+        only across a span in which no such write was under way: none at its start, and none
+        begun by its end (head/loop.py `_check_state`, head/running_cache.py `check_records`).
+        """
+        with self._running_changes_lock:
+            return self._running_changing, self._running_changes_begun
+
+    def wait_running_changes_told(self, timeout_s: float) -> bool:
+        """Wait until no write that may change a running job is under way (False: still after `timeout_s`)."""
+        with self._running_changes_lock:
+            return self._running_changes_lock.wait_for(lambda: not self._running_changing, timeout_s)
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -2048,3 +2080,9 @@ def _resolve(spec: JobSpec, arrays: set[int]) -> tuple[Dependency, ...]:
 def _request_of_spec(spec_json: str) -> str:
     """For rows written before the request column existed."""
     return request_json(JobSpec.model_validate_json(spec_json))
+
+
+def overlapped(before: tuple[int, int], after: tuple[int, int]) -> bool:
+    """Whether a write that may change a running job was under way at some moment between two
+    readings of `Store.running_changes`: one was at the first, or one began since."""
+    return before[0] != 0 or after[1] != before[1]
