@@ -149,6 +149,10 @@ def run_gpucluster(label: str, src: Path | None, args: argparse.Namespace, work:
 
     steps: list[tuple[str, Callable[[_head.Head], Result]]] = [
         ("latency", lambda h: bench_submit.gc_latency(h, args.latency_jobs, args.latency_rate, args.seed, 120)),
+        (
+            f"latency_{args.clients}",
+            lambda h: bench_submit.gc_latency(h, args.latency_jobs, args.latency_rate, args.seed, 120, args.clients),
+        ),
         ("rate_1", lambda h: bench_submit.gc_rate(h, args.rate_jobs, 1)),
         (f"rate_{args.clients}", lambda h: bench_submit.gc_rate(h, args.rate_jobs, args.clients)),
         ("idle", lambda h: gc_idle(h, args.idle_s)),
@@ -236,6 +240,10 @@ def rows(sys_: dict[str, Result], clients: int) -> list[tuple[str, dict[str, flo
     }
     return [
         ("submit -> running p50 (ms)", {k: None if v is None else v * 1000 for k, v in lat.items()}),
+        (
+            f"submit -> running p50, {clients} clients each at the rate (ms; gpucluster only)",
+            {k: None if (p := _get(v, f"latency_{clients}", "p50_s")) is None else p * 1000 for k, v in sys_.items()},
+        ),
         ("submissions/s, 1 client, reused connection", each("rate_1", "jobs_per_s")),
         (f"submissions/s, {clients} clients", each(f"rate_{clients}", "jobs_per_s")),
         ("N jobs submitted -> all done (s)", each("drain", "seconds")),
