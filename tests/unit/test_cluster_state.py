@@ -422,10 +422,12 @@ def test_the_heads_running_jobs_follow_starts_stops_checkpoints_and_ends_with_no
         full_reads = 0
         reads = c.store.running_records
 
-        def counted(ids: Iterable[int] | None = None) -> tuple[list[tuple[RunningJob, str | None]], list[JobRecord]]:
+        def counted(
+            ids: Iterable[int] | None = None, known: Any = None
+        ) -> tuple[list[tuple[RunningJob, str | None]], list[JobRecord]]:
             nonlocal full_reads
             full_reads += ids is None
-            return reads(ids)
+            return reads(ids, known)
 
         c.store.running_records = counted  # type: ignore[method-assign]
         cancel = threading.Thread(target=c.service.cancel, args=(ids[0],))  # as the API's threads do

@@ -19,10 +19,12 @@ from typing import Any
 
 import pytest
 
+from gpucluster.core.states import JobState
 from gpucluster.head.full_reads import SAFETY_READ_S
 from gpucluster.store import Store
+from gpucluster.store.store import KnownRunning
 
-from .builders import spec
+from .builders import allocation, spec
 from .headkit import T0, Cluster, make_cluster
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -72,10 +74,10 @@ def count_whole_reads(store: Store) -> list[str]:
             reads.append("queue")
         return queued(after_id, known)
 
-    def running_records(ids: Any = None) -> Any:
+    def running_records(ids: Any = None, known: Any = None) -> Any:
         if ids is None:
             reads.append("running")
-        return running(ids)
+        return running(ids, known)
 
     store.queued_requests = queued_requests  # type: ignore[method-assign]
     store.running_records = running_records  # type: ignore[method-assign]
@@ -155,6 +157,36 @@ def test_a_whole_read_parses_only_the_rows_that_changed(store_target: Path | str
         assert all(again[i] is first[i] for i in (ids[0], ids[2], ids[3], ids[4]))
         assert again[ids[1]] is not first[ids[1]] and again[ids[1]].held and not first[ids[1]].held
         assert again == {r.job_id: r for r in mine.queued_requests()}  # as a read without `known`
+    finally:
+        mine.close()
+        other.close()
+
+
+def test_a_whole_read_of_running_jobs_parses_only_the_rows_that_changed(store_target: Path | str) -> None:
+    """`known` (the head's running cache passes it for a whole read): an unchanged running job is
+    answered with the view and record read before, the very objects; one another process
+    changed (a stop requested) is read afresh; one that ended leaves `known`."""
+    mine, other = Store(store_target), Store(store_target)
+    try:
+        ids = [mine.create_job(spec(gpus=1), T0 + k) for k in range(4)]
+        for k, job_id in enumerate(ids):
+            assert mine.transition(
+                job_id, JobState.RUNNING, T0 + 10, "started", allocation=allocation("n1", k), attempt=1
+            )
+        known: KnownRunning = {}
+        views, records = mine.running_records(None, known)
+        first = {r.id: r for r in records}
+        first_views = {v[0].job_id: v for v in views}
+        assert set(first) == set(ids) == set(known)
+        assert other.request_stop(ids[1], "cancel", T0 + 20)
+        assert other.transition(ids[3], JobState.SUCCEEDED, T0 + 21, "done")
+        views, records = mine.running_records(None, known)
+        again = {r.id: r for r in records}
+        assert set(again) == set(known) == {ids[0], ids[1], ids[2]}
+        assert again[ids[0]] is first[ids[0]] and again[ids[2]] is first[ids[2]]
+        assert {v[0].job_id: v for v in views}[ids[0]] is first_views[ids[0]]
+        assert again[ids[1]] is not first[ids[1]] and again[ids[1]].stop_reason == "cancel"
+        assert (views, records) == mine.running_records()  # as a read without `known`
     finally:
         mine.close()
         other.close()

@@ -31,7 +31,7 @@ from gpucluster.core.states import JobState
 from gpucluster.core.types import RunningJob
 from gpucluster.head.full_reads import FullReads
 from gpucluster.store import JobRecord, Store
-from gpucluster.store.store import overlapped
+from gpucluster.store.store import KnownRunning, overlapped
 
 # More told jobs than this at once are read with all the others (one query, no long IN list).
 _MAX_IDS = 500
@@ -55,6 +55,7 @@ class RunningCache:
         self._at = -1
         self._records: dict[int, JobRecord] = {}  # the running jobs' whole records
         self._records_sorted: list[JobRecord] | None = []  # None: to be sorted again
+        self._known: KnownRunning = {}  # the last whole read's rows (`Store.running_records`)
         store.watch_running(self.told)
 
     def told(self, job_id: int) -> None:
@@ -72,7 +73,8 @@ class RunningCache:
         if not ids and not full:
             return False
         try:
-            rows, records = self._store.running_records(None if full else ids)  # one read of the rows
+            # One read of the rows; a whole one parses only the rows changed since the last.
+            rows, records = self._store.running_records(None, self._known) if full else self._store.running_records(ids)
         except BaseException:
             with self._lock:
                 self._told |= ids  # not read: read them next time

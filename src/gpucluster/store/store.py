@@ -325,6 +325,11 @@ class JobRecord:
         )
 
 
+# A whole read's running jobs kept for the next (`Store.running_records`): job id -> (hash of
+# its row, its running view and stop reason, or None where it has none, its record).
+KnownRunning = dict[int, tuple[int, "tuple[RunningJob, str | None] | None", JobRecord]]
+
+
 @dataclass(frozen=True)
 class AttemptRecord:
     """An ended attempt: when and where it ran, how it ended, and the work it lost."""
@@ -1429,7 +1434,7 @@ class Store:
         if after_id is not None:
             q = q.where(j.id > after_id)
         with self._read() as c:
-            rows = c.execute(q).all()
+            rows = _raw_rows(c, q)
         if known is None:
             return [_queued_request(r) for r in rows]
         out: list[JobRequest] = []
@@ -1458,19 +1463,38 @@ class Store:
         return [v for v in map(_running_view, rows) if v is not None]
 
     def running_records(
-        self, ids: Iterable[int] | None = None
+        self, ids: Iterable[int] | None = None, known: KnownRunning | None = None
     ) -> tuple[list[tuple[RunningJob, str | None]], list[JobRecord]]:
         """`running_rows(ids)` and `list_jobs(states=[RUNNING], ids=ids)` from one read of the rows.
 
         Why: the head keeps both for the jobs it was told of (head/running_cache.py), and read each
-        told job twice, two queries and two parses of the same rows, after every start and end."""
+        told job twice, two queries and two parses of the same rows, after every start and end.
+
+        `known` (a whole read only, `ids` None): job id -> (hash of its row, its view, its record)
+        from the caller's last whole read; a row unchanged since is answered with those very
+        objects, and `known` becomes this read's. Why: at 1,000 nodes a whole read (after
+        another process wrote, and the periodic safety read) parsed ~2,500 unchanged records.
+        An array element without a spec of its own is built from its first element's, which
+        never changes under it (`change_spec` gives the siblings their own copy first)."""
         with self._read() as c:
             q = self._jobs_where(select(schema.jobs), [JobState.RUNNING], None, None, None, False)
             rows = _rows_of(c, q, ids)
-            shared = self._shared_specs(c, rows)
-        rows.sort(key=lambda r: int(r["id"]))
-        views = [v for v in map(_running_view, rows) if v is not None]
-        return views, [_job(r, shared) for r in rows]
+            rows.sort(key=lambda r: int(r["id"]))
+            if known is None or ids is not None:
+                shared = self._shared_specs(c, rows)
+                views = [v for v in map(_running_view, rows) if v is not None]
+                return views, [_job(r, shared) for r in rows]
+            keys = [hash(tuple(r.values())) for r in rows]
+            changed = [r for r, key in zip(rows, keys, strict=True) if known.get(int(r["id"]), (None,))[0] != key]
+            shared = self._shared_specs(c, changed)
+        out: KnownRunning = {}
+        for r, key in zip(rows, keys, strict=True):
+            job_id = int(r["id"])
+            hit = known.get(job_id)
+            out[job_id] = hit if hit is not None and hit[0] == key else (key, _running_view(r), _job(r, shared))
+        known.clear()
+        known.update(out)
+        return [v for _, v, _ in out.values() if v is not None], [record for _, _, record in out.values()]
 
     def running_allocations(self) -> list[tuple[int, Allocation]]:
         j = schema.jobs.c
@@ -1941,6 +1965,18 @@ class Store:
                 jobs = ", ".join(str(job_id) for job_id, _ in holders)
                 problems.append(f"GPU {gpu} of {node_name} is handed out beyond all of it (jobs {jobs})")
         return problems
+
+
+def _raw_rows(c: Connection, q: Select[Any]) -> list[tuple[Any, ...]]:
+    """`q`'s rows as the driver gives them, without SQLAlchemy's per-row processing: for a select
+    of integers, floats, text and booleans (a boolean may come as 0/1: read it with `bool`), the
+    same values. Why: the head's whole read of 100,000 queued jobs spent 0.23 s of CPU in
+    `Result.all()`, 0.12 s in the driver's fetch alone."""
+    result = c.execute(q)
+    try:
+        return list(result.cursor.fetchall())
+    finally:
+        result.close()
 
 
 def _rows_of(c: Connection, q: Select[Any], ids: Iterable[int] | None) -> list[RowMapping]:
