@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucluster.auth import tokens
-from gpucluster.auth.control import AccessControl
+from gpucluster.auth import tokens, unix
+from gpucluster.auth.control import ACCOUNT_SEEN_S, AccessControl
 from gpucluster.models import JobSpec
 from gpucluster.store import Store
 
@@ -181,6 +181,41 @@ def test_a_root_head_refuses_a_submitter_without_a_unix_account(world: World) ->
     with pytest.raises(PermissionError, match="no account 'alice' on it"):
         strict.check_can_run(me)
     assert strict.run_as("alice") == "alice" and strict.run_as(None) is None
+
+
+def test_an_account_found_is_not_looked_up_again_for_a_few_seconds_and_a_missing_one_always_is(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18: pwd is asked at every submission on a root head (5% of its CPU, and the event
+    loop waits on /etc/passwd). An account found is believed for ACCOUNT_SEEN_S of the head's
+    clock, a missing one is asked every time, and any change to users forgets what was seen."""
+    strict = AccessControl(world.cluster.store, world.cluster.clock, run_as_submitter=True)
+    strict.update_user("alice", "root", None)  # an account every machine has
+    asked: list[str] = []
+    real = unix.account_exists
+
+    def counted(name: str) -> bool:
+        asked.append(name)
+        return real(name)
+
+    monkeypatch.setattr(unix, "account_exists", counted)
+    alice = strict.authenticate(world.tokens["alice"])
+    for _ in range(5):
+        strict.check_can_run(alice)
+    assert asked == ["root"]
+    world.cluster.clock.advance(ACCOUNT_SEEN_S)
+    strict.check_can_run(alice)
+    assert asked == ["root", "root"]
+    dave = strict.authenticate(world.tokens["dave"])  # no Unix account 'dave' here
+    for _ in range(2):
+        with pytest.raises(PermissionError, match="no account 'dave' on it"):
+            strict.check_can_run(dave)
+    assert asked == ["root", "root", "dave", "dave"]
+    strict.update_user("alice", None, None)  # a change to users: nothing seen is kept
+    strict.update_user("alice", "root", None)
+    asked.clear()
+    strict.check_can_run(strict.authenticate(world.tokens["alice"]))
+    assert asked == ["root"]
 
 
 def test_the_account_a_job_runs_as_is_read_once_and_each_change_is_seen_by_the_next_start(

@@ -4,6 +4,7 @@ the tests exercise what production runs."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -93,5 +94,87 @@ def test_a_submission_is_answered_before_the_loop_is_woken(tmp_path: Path) -> No
         assert answered_when_woken == [True]
         assert [r.state for r in store.list_jobs()] == [JobState.QUEUED]
     finally:
+        batcher.close()
+        store.close()
+
+
+def test_an_api_submission_is_answered_on_its_event_loop_before_the_loop_is_woken(tmp_path: Path) -> None:
+    """Issue 18: for a submission from the event loop (the API's), waking the head's loop from
+    the writer right after handing over the answer still let the loop's cycle take the
+    interpreter before the task had written its 201. The event loop now wakes it, behind the
+    task its answer resumed."""
+    store = Store(tmp_path / "state.db")
+    order: list[str] = []
+    woken = threading.Event()
+    event_loop_thread: list[int] = []
+
+    def on_committed() -> None:
+        where = "the event loop" if threading.get_ident() in event_loop_thread else "another thread"
+        order.append(f"woken on {where}")
+        woken.set()
+
+    batcher = SubmitBatcher(store, on_committed=on_committed)
+
+    async def submitter() -> None:
+        event_loop_thread.append(threading.get_ident())
+        await batcher.submit(JobSpec(command=["true"]), 1.0, "u")
+        order.append("answered")  # what the route does next: write its 201, in this same step
+        while not woken.is_set():
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(asyncio.wait_for(submitter(), WAIT_S))
+        assert order == ["answered", "woken on the event loop"]
+        assert [r.state for r in store.list_jobs()] == [JobState.QUEUED]
+    finally:
+        batcher.close()
+        store.close()
+
+
+def test_a_batch_from_threads_and_an_event_loop_is_answered_and_wakes_the_loop_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    wakes: list[int] = []
+    real = store.create_jobs_each
+    entered, release = threading.Event(), threading.Event()
+
+    def held_first_commit(*args: object, **kwargs: object) -> object:
+        if not entered.is_set():
+            entered.set()
+            release.wait(WAIT_S)  # the others gather behind this commit, into one batch
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.create_jobs_each = held_first_commit  # type: ignore[method-assign]
+    batcher = SubmitBatcher(store, on_committed=lambda: wakes.append(1))
+    ids: list[int] = []
+
+    def on_thread() -> None:
+        ids.append(batcher.submit_wait(JobSpec(command=["true"]), 1.0, "t"))
+
+    async def on_loop() -> None:
+        first = threading.Thread(target=on_thread, daemon=True)
+        first.start()
+        assert await asyncio.to_thread(entered.wait, WAIT_S)
+        second = threading.Thread(target=on_thread, daemon=True)
+        second.start()
+        pending = asyncio.ensure_future(batcher.submit(JobSpec(command=["true"]), 1.0, "a"))
+        deadline = time.monotonic() + WAIT_S
+        while len(batcher._pending) < 2:  # the thread's and this loop's, behind the held commit
+            assert time.monotonic() < deadline, f"{len(batcher._pending)} of 2 submissions queued"
+            await asyncio.sleep(0.01)
+        release.set()
+        ids.append(await pending)
+        for t in (first, second):
+            await asyncio.to_thread(t.join, WAIT_S)
+        while len(wakes) < 2:  # the first commit's wake, then the shared batch's
+            assert time.monotonic() < deadline, f"{len(wakes)} wakes"
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(asyncio.wait_for(on_loop(), 2 * WAIT_S))
+        assert sorted(ids) == [1, 2, 3]
+        assert wakes == [1, 1]
+        assert [r.state for r in store.list_jobs()] == [JobState.QUEUED] * 3
+    finally:
+        release.set()
         batcher.close()
         store.close()

@@ -26,6 +26,7 @@ from gpucluster.api.follow import DEFAULT_PER_USER as DEFAULT_FOLLOWS_PER_USER
 from gpucluster.api.follow import LogFollows
 from gpucluster.api.service_routes import add_service_routes
 from gpucluster.api.session_routes import add_session_routes
+from gpucluster.api.submit_path import SubmitPath
 from gpucluster.api.telemetry_routes import add_telemetry_routes
 from gpucluster.auth import grants, rules
 from gpucluster.auth.control import AccessControl
@@ -283,6 +284,10 @@ def create_app(
     async def submit(spec: JobSpec, who: Caller) -> Response:
         """Submit to one of your teams (`team`, default: your first); the job is yours. A class
         above normal needs a grant in the policy (`priority_grants`; 403 without one)."""
+        return await accept(spec, who)
+
+    async def accept(spec: JobSpec, who: Identity) -> Response:
+        """The route's work; api/submit_path.py calls it too, for the plain case it answers itself."""
         # One user's session submissions one at a time, from the count of GPUs their sessions
         # hold to the job's insert: two at once would both read the count from before the other
         # and together pass max_gpus_per_user. One head serves a database (its lease), so a lock
@@ -505,7 +510,9 @@ def create_app(
     document_errors(app)  # every route's error answers in the OpenAPI document (api/errors.py)
     dashboard_serve.mount(app)  # the web UI at `/`: static files that read this API like any client
 
-    api = BodyLimit(rules.AuditLog(app, access), MAX_BODY_BYTES)
+    # A plain submission skips FastAPI's routing (api/submit_path.py); every other request, and
+    # any submission FastAPI must answer with an error about its body, goes to the app.
+    api = BodyLimit(rules.AuditLog(SubmitPath(app, app, accept), access), MAX_BODY_BYTES)
     if services is not None:  # the gateway at /serve/NAME/, in front of the API (services/gateway.py)
         gateway = Gateway(services.runtimes, access)
         return GatewayRoutes(api, BodyLimit(gateway, GATEWAY_MAX_BODY_BYTES), gateway_port)  # type: ignore[return-value]

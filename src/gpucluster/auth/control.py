@@ -31,6 +31,13 @@ from gpucluster.store.access import (
 log = logging.getLogger("gpucluster.auth")
 
 DEFAULT_RATE_PER_S = 100.0  # per token; cluster admins are not limited
+# How long an account seen on the head answers `check_can_run` without asking pwd again. The
+# lookup opens and parses /etc/passwd (or asks NSS) on the event loop, per submission: 5% of the
+# head's CPU in the submit phases (issue 18), and hundreds of microseconds the loop serves no one
+# under load. Kept short, and only for accounts that exist: the check only refuses early a job
+# that could never start; the node looks the account up again at the job's start, so a stale
+# entry never changes who a job runs as, only lets a submission through that fails at its start.
+ACCOUNT_SEEN_S = 5.0
 JOB_KEY = "job_token_key"
 JOB_TOKEN_ENV = "GPUCLUSTER_JOB_TOKEN"
 
@@ -62,6 +69,8 @@ class AccessControl:
         # (issue 18: the head's CPU per job). Cleared by every change to users (`_changed`), as the
         # identities are; `_generation` keeps a read that raced a change from being kept after it.
         self._accounts: dict[str, str] = {}
+        # Account name -> when pwd last found it (check_can_run; ACCOUNT_SEEN_S says the bound).
+        self._seen_accounts: dict[str, float] = {}
         self._generation = 0
         self._lock = threading.Lock()
 
@@ -116,6 +125,7 @@ class AccessControl:
         with self._lock:
             self._cache.clear()
             self._accounts.clear()
+            self._seen_accounts.clear()
             self._generation += 1
 
     def check_rate(self, who: Identity) -> None:
@@ -163,11 +173,27 @@ class AccessControl:
         if not self.run_as_submitter:
             return
         account = unix.account_for(who.user, who.unix_user)
-        if not unix.account_exists(account):
+        if not self._account_exists(account):
             raise Denied(
                 f"the head runs jobs as their submitter's Unix account, and there is no account {account!r} "
                 f"on it; a cluster admin can map you to one: gpucluster admin add-user ... --unix-user NAME"
             )
+
+    def _account_exists(self, account: str) -> bool:
+        """pwd's answer, an account found kept for ACCOUNT_SEEN_S (its comment says why that is
+        safe); a missing one is asked again every time, so an account just created is seen at once."""
+        now = self.clock()
+        with self._lock:
+            seen = self._seen_accounts.get(account)
+            generation = self._generation
+        if seen is not None and 0 <= now - seen < ACCOUNT_SEEN_S:
+            return True
+        if not unix.account_exists(account):
+            return False
+        with self._lock:
+            if generation == self._generation:
+                self._seen_accounts[account] = now
+        return True
 
     def jobs_run_as(self, who: Identity) -> str:
         if not self.run_as_submitter:
