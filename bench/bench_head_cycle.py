@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,12 +178,34 @@ def child(nodes: int, jobs: int, cycles: int) -> dict[str, object]:
     }
 
 
-def run(tree: Path, args: argparse.Namespace) -> dict[str, object]:
+def child_figures(script: str, tree: Path, argv: list[str], stderr: int | None = subprocess.PIPE) -> dict[str, object]:
+    """`script --child ARGV` in a fresh process importing `tree`'s gpucluster: the JSON object
+    its last line prints. Shared with bench_submit_cycle.py (same child protocol)."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    cmd = [str(PYTHON), __file__, "--child", str(args.nodes), str(args.jobs), str(args.cycles)]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(PYTHON), script, "--child", *argv], env=env, check=True, stdout=subprocess.PIPE, stderr=stderr, text=True
+    )
     got: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
     return got
+
+
+def alternate(
+    rounds: int, baseline: Path, run: Callable[[Path], dict[str, object]]
+) -> dict[str, list[dict[str, object]]]:
+    """`run` on the baseline tree and on this one, alternated for `rounds` pairs, each printed
+    with the load average it started at: "baseline" and "this" -> their figures, in order."""
+    results: dict[str, list[dict[str, object]]] = {"baseline": [], "this": []}
+    for r in range(rounds):
+        for name, tree in (("baseline", baseline), ("this", ROOT)):
+            print(f"round {r + 1} {name}: load average {os.getloadavg()[0]:.2f}", flush=True)
+            got = run(tree)
+            results[name].append(got)
+            print(f"  {json.dumps(got)}", flush=True)
+    return results
+
+
+def run(tree: Path, args: argparse.Namespace) -> dict[str, object]:
+    return child_figures(__file__, tree, [str(args.nodes), str(args.jobs), str(args.cycles)])
 
 
 def main() -> None:
@@ -198,13 +221,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="baseline/this pairs, alternated")
     args = ap.parse_args()
     print(f"{args.nodes} nodes x 8 virtual GPUs, {args.jobs} queued, {args.cycles} cycles of each kind")
-    results: dict[str, list[dict[str, object]]] = {"baseline": [], "this": []}
-    for r in range(args.rounds):
-        for name, tree in (("baseline", args.baseline), ("this", ROOT)):
-            print(f"round {r + 1} {name}: load average {os.getloadavg()[0]:.2f}", flush=True)
-            got = run(tree, args)
-            results[name].append(got)
-            print(f"  {json.dumps(got)}", flush=True)
+    results = alternate(args.rounds, args.baseline, lambda tree: run(tree, args))
 
     def fig(tree: str, name: str, q: str) -> float:
         return statistics.median(float(x[name][q]) for x in results[tree])  # type: ignore[index]

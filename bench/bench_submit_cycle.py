@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PYTHON = Path(sys.executable)
+from bench_head_cycle import ROOT, alternate, child_figures
 
 
 def child(queued: int, cycles: int, burst: int, profile: bool) -> dict[str, object]:
@@ -98,13 +95,10 @@ def child(queued: int, cycles: int, burst: int, profile: bool) -> dict[str, obje
 
 
 def run(tree: Path, args: argparse.Namespace) -> dict[str, object]:
-    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    cmd = [str(PYTHON), __file__, "--child", str(args.queued), str(args.cycles), str(args.burst)]
+    argv = [str(args.queued), str(args.cycles), str(args.burst)]
     if args.profile and tree == ROOT:
-        cmd.append("--profile")
-    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True)
-    got: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-    return got
+        argv.append("--profile")
+    return child_figures(__file__, tree, argv, stderr=None)  # the profile goes to stderr
 
 
 def main() -> None:
@@ -124,13 +118,7 @@ def main() -> None:
         f"1 node x 8 virtual GPUs busy, {args.queued} queued, "
         f"{args.burst} submitted before each of {args.cycles} cycles"
     )
-    results: dict[str, list[dict[str, object]]] = {"baseline": [], "this": []}
-    for r in range(args.rounds):
-        for name, tree in (("baseline", args.baseline), ("this", ROOT)):
-            print(f"round {r + 1} {name}: load average {os.getloadavg()[0]:.2f}", flush=True)
-            got = run(tree, args)
-            results[name].append(got)
-            print(f"  {json.dumps(got)}", flush=True)
+    results = alternate(args.rounds, args.baseline, lambda tree: run(tree, args))
     print("\nfigure                  baseline    this   baseline/this")
     for key in ("cycle_cpu_ms_median", "cycle_cpu_ms_p95", "cpu_ms_per_submission"):
         b = statistics.median(float(x[key]) for x in results["baseline"])  # type: ignore[arg-type]
