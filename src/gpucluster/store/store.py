@@ -1485,13 +1485,15 @@ class Store:
                 views = [v for v in map(_running_view, rows) if v is not None]
                 return views, [_job(r, shared) for r in rows]
             keys = [hash(tuple(r.values())) for r in rows]
-            changed = [r for r, key in zip(rows, keys, strict=True) if known.get(int(r["id"]), (None,))[0] != key]
-            shared = self._shared_specs(c, changed)
-        out: KnownRunning = {}
-        for r, key in zip(rows, keys, strict=True):
-            job_id = int(r["id"])
-            hit = known.get(job_id)
-            out[job_id] = hit if hit is not None and hit[0] == key else (key, _running_view(r), _job(r, shared))
+            hits = [
+                hit if (hit := known.get(int(r["id"]))) is not None and hit[0] == key else None
+                for r, key in zip(rows, keys, strict=True)
+            ]
+            shared = self._shared_specs(c, [r for r, hit in zip(rows, hits, strict=True) if hit is None])
+        out: KnownRunning = {
+            int(r["id"]): hit if hit is not None else (key, _running_view(r), _job(r, shared))
+            for r, key, hit in zip(rows, keys, hits, strict=True)
+        }
         known.clear()
         known.update(out)
         return [v for _, v, _ in out.values() if v is not None], [record for _, _, record in out.values()]
