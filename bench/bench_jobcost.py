@@ -49,6 +49,7 @@ import bench_submit
 import slurm_peer
 from bench_submit import Phase, Result, log, machine_busy_s, proc_cpu_s
 from gpucluster import userconfig
+from gpucluster.client import Client
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 TUNED = "batch_sched_delay=0"
@@ -76,15 +77,17 @@ def gc_idle(head: _head.Head, seconds: float) -> Result:
 
 
 def gc_drain(head: _head.Head, n: int, timeout: float) -> Result:
-    """n trivial jobs from one client (reused connection), then wait until every one ended."""
-    with httpx.Client(base_url=head.url, timeout=60, headers=head.headers) as c:
+    """n trivial jobs from one client (the SDK's, a kept connection; the body earlier rounds
+    posted with httpx: `export="NONE"`), then wait until every one ended."""
+    with (
+        httpx.Client(base_url=head.url, timeout=60, headers=head.headers) as c,
+        Client(head.url, timeout=60, token=head.token) as sdk,
+    ):
         bench_submit.gc_smoke(c, head)
         before = sum(c.get("/v1/health").json()["jobs"].get(s, 0) for s in TERMINAL)
         t0, cpu0, all0 = time.perf_counter(), proc_cpu_s(head.proc.pid) or 0.0, machine_busy_s()
         for _ in range(n):
-            r = c.post("/v1/jobs", json={"command": ["true"], "gpus": 1})
-            if r.status_code != 201:
-                raise _head.HeadError(f"POST /v1/jobs answered {r.status_code}: {r.text[:300]}")
+            sdk.submit(["true"], gpus=1, export="NONE")
         submitted = time.perf_counter() - t0
         deadline = time.monotonic() + timeout
         while True:

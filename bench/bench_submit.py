@@ -51,6 +51,7 @@ import httpx
 
 import _head
 import slurm_peer
+from gpucluster.client import Client
 
 Result = dict[str, Any]
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -332,16 +333,18 @@ def gc_latency(head: _head.Head, n: int, rate: float, seed: int, timeout: float,
 
 
 def gc_rate(head: _head.Head, n: int, clients: int) -> Result:
-    clients_made: list[httpx.Client] = []
+    """n submissions from `clients` threads, each with the SDK's client (`gpucluster.Client`, a
+    kept connection) as a user's script submits: `submit(command, gpus=1, export="NONE")`, the
+    body earlier rounds posted with httpx (no exported environment; sbatch sends its caller's,
+    ~1-2 KB). bench/bench_client.py measures the SDK's client against httpx's."""
+    clients_made: list[Client] = []
 
     def make_submit() -> Callable[[], None]:
-        c = httpx.Client(base_url=head.url, timeout=60, headers=head.headers)
+        c = Client(head.url, timeout=60, token=head.token)
         clients_made.append(c)
 
         def submit() -> None:
-            r = c.post("/v1/jobs", json={"command": ["sleep", "1000"], "gpus": 1})
-            if r.status_code != 201:
-                raise _head.HeadError(f"{r.status_code}: {r.text[:200]}")
+            c.submit(["sleep", "1000"], gpus=1, export="NONE")
 
         return submit
 

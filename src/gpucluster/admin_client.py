@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 if TYPE_CHECKING:
     from gpucluster.auth.wire import AuditEntry, NewToken, TokenOut, UserChanged, UserOut, WhoAmI
+    from gpucluster.connection import Answer
 
 # The admin wire models are imported at the first admin call (each method imports its own):
 # every other command, and the SDK in a job, does without their ~10 ms of import (issue 19).
 
 
 class AdminCalls:
-    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, params: dict[str, Any] | None = None, json: Any = None) -> Answer:
         raise NotImplementedError
 
     def whoami(self) -> WhoAmI:

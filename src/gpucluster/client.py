@@ -9,19 +9,9 @@ from datetime import date
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
-from gpucluster import userconfig
 from gpucluster.admin_client import AdminCalls
-from gpucluster.clientbase import (
-    DEFAULT_URL,
-    ApiError,
-    ClusterUnreachable,
-    refusal,
-    resolve_token,
-    resolve_url,
-    unreachable,
-)
+from gpucluster.clientbase import DEFAULT_URL, ApiError, ClusterUnreachable, resolve_token, resolve_url
+from gpucluster.connection import Answer, Connections, Head
 from gpucluster.durations import begin_time
 from gpucluster.launch.env import exported_env
 from gpucluster.models import (
@@ -54,19 +44,15 @@ class Client(AdminCalls):
     def __init__(
         self, url: str | None = None, timeout: float = 30.0, token: str | None = None, verify: bool | str = True
     ) -> None:
-        config = userconfig.load()
-        self.url = resolve_url(url, config)
-        self.config_path = config.path
-        token = resolve_token(self.url, token, config)
-        self.has_token = token is not None
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        # A plain-HTTP head needs no CA bundle: loading it costs ~20 ms of CPU per CLI command.
-        # (httpx follows no redirects here, so such a client never reaches an https:// URL.)
-        tls = verify if self.url.startswith("https:") else False
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers, verify=tls)
+        # HTTP/1.1 on standard-library sockets (gpucluster/connection.py): a quarter of httpx's
+        # CPU per call, which bounded a script submitting a sweep (issue 18). Keep-alive
+        # connections, one per thread using this client at once; no redirects are followed.
+        first = Head(url, timeout, token=token, verify=verify, agent="gpucluster-sdk")
+        self.url, self.config_path, self.has_token = first.url, first.config_path, first.has_token
+        self._connections = Connections(first)
 
     def close(self) -> None:
-        self._http.close()
+        self._connections.close()
 
     def __enter__(self) -> Client:
         return self
@@ -74,14 +60,10 @@ class Client(AdminCalls):
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            r = self._http.request(method, path, **kw)
-        except httpx.TransportError as e:
-            raise unreachable(self.url, e.__class__.__name__) from None
-        if r.status_code >= 400:
-            raise refusal(r.status_code, r.text, r.reason_phrase, self.url, self.has_token, self.config_path)
-        return r
+    def _request(self, method: str, path: str, params: dict[str, Any] | None = None, json: Any = None) -> Answer:
+        """The head's answer; a 4xx/5xx raises ApiError with its message, no answer
+        ClusterUnreachable (both worded as the CLI words them: clientbase)."""
+        return Answer(self._connections.request(method, path, params, json))
 
     def submit(
         self, command: list[str] | JobSpec | None = None, *, export: str | Sequence[str] = "ALL", **fields: Any
@@ -250,14 +232,7 @@ class Client(AdminCalls):
             params["attempt"] = attempt
         if rank is not None:
             params["rank"] = rank
-        try:
-            with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    raise refusal(r.status_code, r.text, r.reason_phrase, self.url, self.has_token, self.config_path)
-                yield from r.iter_text()
-        except httpx.TransportError as e:
-            raise ClusterUnreachable(f"lost the head at {self.url} while following logs ({e})") from None
+        yield from self._connections.stream(f"/v1/jobs/{job_id}/logs", params)
 
     def queue(self, limit: int | None = None, job_id: int | None = None) -> QueueOut:
         """The front of the queue (the head's default page when `limit` is None) and its length;

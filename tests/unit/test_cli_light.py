@@ -22,7 +22,7 @@ from rich.console import Console as RichConsole
 
 from gpucluster.cli import fastparams
 from gpucluster.cli.console import PIPE_WIDTH, Console, Table
-from gpucluster.cli.transport import Head, View
+from gpucluster.connection import Head, View
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

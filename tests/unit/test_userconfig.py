@@ -38,7 +38,7 @@ def test_the_client_takes_the_token_from_argument_then_env_then_file(
 
     def sent(**kw: str) -> str | None:
         with Client(**kw) as c:
-            return c._http.headers.get("authorization")
+            return c._connections.first._headers.get("Authorization")
 
     assert sent() == "Bearer gc_file"
     monkeypatch.setenv("GPUCLUSTER_TOKEN", "gc_env")

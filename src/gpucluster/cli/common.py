@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from gpucluster.cli.console import Console, escape
-from gpucluster.cli.transport import Head
 from gpucluster.clientbase import ApiError, ClusterUnreachable
+from gpucluster.connection import Head
 from gpucluster.userconfig import ConfigError
 
 if TYPE_CHECKING:

@@ -27,8 +27,9 @@ from gpucluster.cli.common import head as _head
 from gpucluster.cli.common import print_json as _print_json
 from gpucluster.cli.common import ts as _ts
 from gpucluster.cli.console import Table, escape
-from gpucluster.cli.transport import Head, View, job_path
+from gpucluster.cli.transport import job_path
 from gpucluster.clientbase import DEFAULT_QUEUE_PAGE, ApiError, ClusterUnreachable
+from gpucluster.connection import Head, View
 from gpucluster.durations import begin_time, format_duration
 from gpucluster.labels import gpu_types, gpus_label
 from gpucluster.launch.env import exported_env

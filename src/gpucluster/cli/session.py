@@ -23,8 +23,9 @@ import typer
 
 from gpucluster.cli.common import UrlOpt, call, err, fail, out, refuse_stray_option
 from gpucluster.cli.common import head as _head
-from gpucluster.cli.transport import Head, job_path
+from gpucluster.cli.transport import job_path
 from gpucluster.clientbase import ApiError, ClusterUnreachable
+from gpucluster.connection import Head
 from gpucluster.launch.env import exported_env
 
 ENDED = ("succeeded", "failed", "cancelled")

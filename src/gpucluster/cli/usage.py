@@ -14,7 +14,7 @@ import typer
 from gpucluster.cli.common import JsonOpt, UrlOpt, call, fail, out, print_json
 from gpucluster.cli.common import head as _head
 from gpucluster.cli.console import Table
-from gpucluster.cli.transport import View
+from gpucluster.connection import View
 
 GROUPS = ("team", "user", "job", "gpu-model")
 CSV_COLUMNS = (

@@ -1,0 +1,85 @@
+"""The SDK's connections (gpucluster/connection.py `Connections`): one client shared by threads."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from gpucluster.client import Client
+from gpucluster.clientbase import ApiError
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Keep-alive JSON answers: GET /v1/jobs/N is job N, anything else a 404 as the head words it."""
+
+    protocol_version = "HTTP/1.1"
+    connections: ClassVar[list[int]] = []  # one entry per TCP connection the server accepted
+
+    def setup(self) -> None:
+        super().setup()
+        type(self).connections.append(1)
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/v1/jobs/"):
+            body, status = json.dumps({"id": int(self.path.rsplit("/", 1)[1])}).encode(), 200
+        else:
+            body, status = json.dumps({"error": "no such thing"}).encode(), 404
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    _Handler.connections = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=30)
+
+
+def test_one_client_shared_by_threads_reuses_a_connection_per_thread_at_once(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An httpx client could be shared between threads; the SDK's still can: every answer reaches
+    the thread that asked, and connections are kept, at most one per thread asking at once."""
+    monkeypatch.setenv("GPUCLUSTER_CONFIG", str(tmp_path / "config.yaml"))
+    threads, calls = 8, 40
+    wrong: list[str] = []
+    with Client(server, token="gc_t") as client:
+
+        def ask(n: int) -> None:
+            for i in range(calls):
+                job_id = n * 1000 + i
+                got = client._request("GET", f"/v1/jobs/{job_id}").json()["id"]
+                if got != job_id:
+                    wrong.append(f"asked {job_id}, got {got}")
+
+        workers = [threading.Thread(target=ask, args=(n,)) for n in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=120)
+        assert not any(w.is_alive() for w in workers)
+        assert wrong == []
+        assert 1 <= len(_Handler.connections) <= threads  # kept alive and reused, never one per call
+        with pytest.raises(ApiError, match="no such thing"):
+            client._request("GET", "/v1/nothing")
+        assert client._request("GET", "/v1/jobs/7").json() == {"id": 7}  # the refusal left it usable
