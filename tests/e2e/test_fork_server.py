@@ -12,13 +12,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from gpucluster.executors import _shim
-from gpucluster.executors.base import Exited, Handle, LaunchSpec, Running
+from gpucluster.executors import _shim, cgroups, local
+from gpucluster.executors.base import Exited, Handle, LaunchError, LaunchSpec, Running
 from gpucluster.executors.local import SHIM_ENV, LocalExecutor, write_shim_spec
 from tests.e2e.headproc import passable_dir, pid_alive, wait_for
 
@@ -305,3 +307,104 @@ def test_a_job_side_imports_what_it_needs_before_it_drops_to_the_jobs_account() 
         status = ended(executor, handle)
         assert (status.exit_code, status.error) == (0, None), (status, (root / "run" / "1" / "shim.log").read_bytes())
         assert (logs / "1" / "output.log").read_text() == f"{account.pw_uid}\n"
+
+
+# ---- the node side of a start, done by the server (issue 18) ------------------------------------
+
+
+@pytest.fixture
+def cgroup_executor() -> Iterator[LocalExecutor]:
+    """An executor making job cgroups on this node's real cgroups, under a parent of its own;
+    every job cgroup it made, and the parent, removed afterwards."""
+    support = cgroups.detect()
+    if not support.usable:
+        pytest.skip(f"needs writable cgroups: {support.describe()}")
+    ex = LocalExecutor(cgroup_support=support, instance=f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        yield ex
+    finally:
+        ex.close()
+        for left in cgroups.leftovers(support, ex.instance):
+            left.kill()
+            left.remove()
+        cgroups.remove_parent(support, ex.instance)
+
+
+def test_the_node_side_of_a_start_is_done_by_the_server_not_the_head(
+    cgroup_executor: LocalExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18: the job dir, run dir, cgroup with its limits, and spec of a start are made by
+    the fork server (executors/_node_start.py), none of it in the head's process; the job runs
+    in that cgroup, its memory capped as asked."""
+    monkeypatch.setattr(local, "prepare_here", lambda request: pytest.fail("the head did the node's work"))
+    spec = replace(
+        job(tmp_path, 1, "cat /proc/self/cgroup > where; " + WAIT_FOR_GO, {"GPUCLUSTER_MEMORY_LIMIT": str(64 << 20)}),
+        job_dir=tmp_path / "jobs" / "1",
+    )
+    handle = cgroup_executor.launch(spec)
+    try:
+        assert (tmp_path / "jobs" / "1").is_dir() and (tmp_path / "run" / "1" / "spec.json").exists()
+        paths = handle["cgroup"]
+        assert paths == json.loads((tmp_path / "run" / "1" / "spec.json").read_text())["cgroup"]
+        where = wait_for(lambda: (tmp_path / "where").exists() and (tmp_path / "where").read_text(), what="the job")
+        assert "job-1-attempt-1" in where
+        support = cgroup_executor.cgroup_support
+        assert support is not None
+        if support.memory == cgroups.V2:
+            assert (Path(paths[cgroups.V2]) / "memory.max").read_text().strip() == str(64 << 20)
+        elif support.memory:
+            assert (Path(paths["memory"]) / "memory.limit_in_bytes").read_text().strip() == str(64 << 20)
+    finally:
+        (tmp_path / "GO").touch()
+    assert ended(cgroup_executor, handle).exit_code == 3
+    cgroup_executor.cleanup(handle)
+
+
+def test_a_start_the_server_refuses_fails_with_why_and_the_server_serves_on(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    """A start whose node side cannot be made (no such account) fails with the reason, as it did
+    when the head made it; nothing runs, and the same server starts the next job."""
+    first = executor.launch(job(tmp_path, 1, "exit 0"))
+    ended(executor, first)
+    assert executor.fork_server is not None
+    server = executor.fork_server.pid
+    refused = replace(job(tmp_path, 2, "touch RAN"), user="no-such-account-x9", job_dir=tmp_path / "jobs" / "2")
+    with pytest.raises(LaunchError, match="there is no Unix account 'no-such-account-x9'"):
+        executor.launch(refused)
+    assert not (tmp_path / "jobs" / "2").exists() and not (tmp_path / "RAN").exists()
+    third = executor.launch(job(tmp_path, 3, "exit 5"))
+    assert executor.fork_server.pid == server
+    assert ended(executor, third).exit_code == 5
+
+
+def test_a_start_prepared_again_kills_what_ran_in_its_cgroup_and_makes_it_afresh(
+    cgroup_executor: LocalExecutor, tmp_path: Path
+) -> None:
+    """A server that died before it answered leaves a start half made; the executor asks a new
+    one (or does it itself), so a start's node side must be safe to do again: its cgroup is made
+    afresh, and whatever ran in the old one is killed, so nothing of it runs on."""
+    support = cgroup_executor.cgroup_support
+    assert support is not None
+    request = {
+        "run_dir": str(tmp_path / "run" / "1"),
+        "spec": local.shim_spec(argv=["true"], env={}, workdir="/", log=tmp_path / "out.log"),
+        "job_dir": str(tmp_path / "jobs" / "1"),
+        "user": None,
+        "cgroup": {"support": support.to_json(), "instance": cgroup_executor.instance, "leaf": "job-1-attempt-1"},
+        "gpu_minors": None,
+    }
+    paths = local.prepare_here(request)
+    assert paths is not None
+    inside = subprocess.Popen(
+        ["sleep", "1000"], preexec_fn=lambda: cgroups.join(paths), start_new_session=True
+    )  # a process of the half-made start
+    try:
+        assert local.prepare_here(request) == paths
+        assert inside.wait(timeout=30) is not None  # killed by the second preparation
+        assert cgroups.JobCgroup(paths).pids() == []
+    finally:
+        if inside.poll() is None:
+            inside.kill()
+            inside.wait()
+    cgroups.JobCgroup(paths).remove()

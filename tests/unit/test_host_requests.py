@@ -14,7 +14,7 @@ from gpucluster.core.policy import HostDefaults
 from gpucluster.core.types import Allocation, NodeSlice
 from gpucluster.discovery import host
 from gpucluster.executors import cgroups
-from gpucluster.executors.local import apply_host_limits
+from gpucluster.executors._node_start import apply_host_limits
 from gpucluster.launch.env import job_env
 from gpucluster.models import JobSpec
 from gpucluster.policyfile import PolicyFileError, load_policy

@@ -130,6 +130,11 @@ def _load_pull() -> Any:
     return _load_sibling("_pull.py")
 
 
+def _load_node_start() -> Any:
+    """executors/_node_start.py: a start's node side, before its keeper (the fork server's)."""
+    return _load_sibling("_node_start.py")
+
+
 def _load_session() -> Any:
     """executors/_session.py: interactive sessions, a PTY served on a socket."""
     return _load_sibling("_session.py")
@@ -832,13 +837,32 @@ def _preload() -> None:
 
     _load_sibling("../atomicfile.py")
     _load_cgroups()
+    _load_node_start()
     gc.freeze()
 
 
+def _prepared(line: bytes, replies: int) -> str | None:
+    """Do a start's node side (_node_start.py `prepare`: job dir, run dir, cgroup, spec) for a
+    JSON request; its run dir, or None after answering b"refused WHY\n" (the start cannot be
+    made: the head fails the job with WHY; nothing was forked)."""
+    try:
+        request = json.loads(line)
+        _load_node_start().prepare(
+            request, _load_cgroups(), lambda path, data, durable: write_json_atomic(path, data, durable=durable)
+        )
+        return str(request["run_dir"])
+    except Exception as e:
+        why = " ".join((str(e) or type(e).__name__).split())
+        os.write(replies, f"refused {why}\n".encode(errors="replace"))
+        return None
+
+
 def serve(requests: int = 0, replies: int = 1) -> int:
-    """The fork server (`_shim.py --serve`): reads run dirs, one a line, on `requests` and answers
-    each with its keeper's "PID TICKS" (or "error WHY") on `replies`; ends at end of input, so it
-    never outlives the executor that started it (the keepers it forked do).
+    """The fork server (`_shim.py --serve`): reads starts, one a line, on `requests` (a JSON
+    request whose node side it does first, `_prepared`, or a run dir whose spec is written) and
+    answers each with its keeper's "PID TICKS" (or "error WHY", or "refused WHY") on `replies`;
+    ends at end of input, so it never outlives the executor that started it (the keepers it
+    forked do).
 
     Why: an exec'd shim costs a Python start (~40 ms of CPU) per job; a fork of this small,
     already started process costs about a millisecond, and the keeper it makes is the same code.
@@ -849,8 +873,14 @@ def serve(requests: int = 0, replies: int = 1) -> int:
     while data := os.read(requests, 1 << 16):  # a SIGCHLD meanwhile: retried (PEP 475)
         *lines, pending = (pending + data).split(b"\n")
         for line in lines:
+            if line.startswith(b"{"):  # a start to prepare first (local.py `start_prepared`)
+                run_dir = _prepared(line, replies)
+                if run_dir is None:
+                    continue
+            else:  # a run dir whose spec is written
+                run_dir = os.fsdecode(line)
             try:
-                _spawn(os.fsdecode(line), replies)
+                _spawn(run_dir, replies)
             except OSError as e:  # the fork itself failed (no memory, no pids): nothing started
                 os.write(replies, f"error {e}\n".encode())
     return 0

@@ -199,6 +199,26 @@ class CgroupSupport:
     def usable(self) -> bool:
         return bool(self.bases)
 
+    def to_json(self) -> dict[str, object]:
+        """Every field, for the node's fork server (_node_start.py), which makes job cgroups
+        where this head's detection found them."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> CgroupSupport:
+        found = cls(
+            str(data["layout"]),
+            {str(k): str(v) for k, v in dict(data["bases"]).items()},  # type: ignore[call-overload]
+            str(data["kill"]),
+            str(data["cpu"]),
+            str(data["memory"]),
+            bool(data["devices"]),
+            str(data["reason"]),
+            str(data["v2_mount"]),
+        )
+        found.cpu_limit = str(data["cpu_limit"])
+        return found
+
     def __repr__(self) -> str:
         return (
             f"CgroupSupport(layout={self.layout!r}, bases={self.bases!r}, kill={self.kill!r}, cpu={self.cpu!r}, "

@@ -24,16 +24,14 @@ import os
 import pwd
 import select
 import signal
-import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpucluster.executors import cgroups, podman
+from gpucluster.executors import _node_start, cgroups, podman
 from gpucluster.executors._shim import EXIT, KILL_REQUEST, SPEC, write_json_atomic
 from gpucluster.executors.base import (
     Exited,
@@ -104,34 +102,7 @@ def marked_pids(marker: str) -> list[int]:
     return found
 
 
-def prepare_job_dir(job_dir: Path, user: str | None) -> None:
-    """The job's own directory, made for `user` (0700, owned by it) the first time.
-
-    Its parent is the head's (the user cannot swap the directory for a link), and nothing inside
-    it is ever made, opened or changed as root: the job's processes make their logs and
-    checkpoints themselves. An existing one must already be that account's real directory.
-    """
-    if user is None:
-        job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return
-    try:
-        account = pwd.getpwnam(user)
-    except KeyError:
-        raise LaunchError(f"there is no Unix account {user!r} on this node to run the job as") from None
-    job_dir.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
-    os.chmod(job_dir.parent, 0o711)  # others may pass through to their own job's directory, not list
-    try:
-        os.mkdir(job_dir, 0o700)
-    except FileExistsError:
-        st = os.lstat(job_dir)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != account.pw_uid:
-            raise LaunchError(f"{job_dir} is not a directory of {user}'s: refusing to run the job there") from None
-        return
-    os.chown(job_dir, account.pw_uid, account.pw_gid, follow_symlinks=False)
-
-
-def write_shim_spec(
-    run_dir: Path,
+def shim_spec(
     *,
     argv: list[str],
     env: dict[str, str],
@@ -140,14 +111,14 @@ def write_shim_spec(
     user: str | None = None,
     max_log_bytes: int = 0,
     make_dirs: list[str] | None = None,
-    cgroup: dict[str, str] | None = None,
     die_with_parent: bool = False,
     container: dict[str, Any] | None = None,
     session_dir: Path | None = None,
-) -> None:
-    """What the shim in `run_dir` runs (_shim.py): a file only the head can read, so the command
-    and its environment never show in `ps` nor reach another account."""
-    spec = {
+) -> dict[str, Any]:
+    """What the shim in a run dir runs (_shim.py), bar its cgroup (added where the cgroup is
+    made: _node_start.py): a file only the head can read, so the command and its environment
+    never show in `ps` nor reach another account."""
+    spec: dict[str, Any] = {
         "argv": argv,
         "env": env,
         "workdir": workdir,
@@ -155,16 +126,31 @@ def write_shim_spec(
         "log": str(log),
         "max_log_bytes": max_log_bytes,
         "make_dirs": make_dirs or [],
-        "cgroup": cgroup or {},
+        "cgroup": {},
         "die_with_parent": die_with_parent,
     }
     if container:
         spec["container"] = container
     if session_dir is not None:
         spec["session_dir"] = str(session_dir)
-    # Not fsynced (issue 18): its shim reads it at once, and no job runs on after a reboot. A
-    # container job's is: the cleanup after a crash reads it to remove what podman kept.
-    write_json_atomic(run_dir / SPEC, spec, durable=container is not None)
+    return spec
+
+
+def write_shim_spec(run_dir: Path, *, cgroup: dict[str, str] | None = None, **fields: Any) -> None:
+    """`shim_spec(**fields)` written to RUN_DIR/spec.json (0600), for a shim started by hand."""
+    write_json_atomic(run_dir / SPEC, {**shim_spec(**fields), "cgroup": cgroup or {}}, durable=False)
+
+
+def _write_json(path: str, data: dict[str, Any], durable: bool) -> None:
+    write_json_atomic(path, data, durable=durable)
+
+
+def prepare_here(request: dict[str, Any]) -> dict[str, str] | None:
+    """A start's node side (_node_start.py) done in this process: where no fork server does it."""
+    try:
+        return _node_start.prepare(request, cgroups, _write_json)
+    except _node_start.Refused as e:
+        raise LaunchError(str(e)) from None
 
 
 def shim_argv(run_dir: Path | str) -> list[str]:
@@ -194,17 +180,29 @@ class ForkServer:
         return self._proc.pid if self._proc is not None else None
 
     def start(self, run_dir: Path) -> tuple[int, int | None] | None:
-        """(pid, start ticks) of the keeper forked for `run_dir`; None where no server can, and
-        then no keeper runs the job (the server starts none whose pid the head was not given)."""
+        """(pid, start ticks) of the keeper forked for `run_dir`, whose spec is written; None
+        where no server can, and then no keeper runs the job (the server starts none whose pid
+        the head was not given)."""
         path = os.fsencode(os.path.abspath(run_dir))
         if b"\n" in path:
             return None
+        return self._start(path + b"\n")
+
+    def start_prepared(self, request: dict[str, Any]) -> tuple[int, int | None] | None:
+        """As `start`, the server first doing the start's node side (_node_start.py `prepare`:
+        job dir, run dir, cgroup, spec). Raises LaunchError where that refused the start (no
+        such account, ...); None where no server could fork, and then the caller does it all."""
+        return self._start(json.dumps(request).encode() + b"\n")
+
+    def _start(self, line: bytes) -> tuple[int, int | None] | None:
         with self._lock:
             for _ in range(2):  # the running server, else a new one
                 proc = self._running()
                 if proc is None:
                     return None
-                reply = self._ask(proc, path + b"\n")
+                reply = self._ask(proc, line)
+                if reply is not None and reply.startswith(b"refused "):
+                    raise LaunchError(reply[len(b"refused ") :].decode(errors="replace").strip())
                 if reply is not None and not reply.startswith(b"error"):
                     pid, ticks = reply.split()
                     return int(pid), int(ticks)
@@ -244,8 +242,10 @@ class ForkServer:
         of this request runs (it starts only after the reply is written: `_shim._spawn`)."""
         assert proc.stdin is not None and proc.stdout is not None
         try:
-            os.write(proc.stdin.fileno(), request)
-        except OSError:  # BrokenPipeError: it died before this request
+            view = memoryview(request)
+            while view:  # a spec can be larger than the pipe takes at once
+                view = view[os.write(proc.stdin.fileno(), view) :]
+        except OSError:  # BrokenPipeError: it died before (or while) it read this request
             return None
         reply = b""
         deadline = time.monotonic() + self.REPLY_TIMEOUT_S
@@ -322,8 +322,6 @@ class LocalExecutor:
             self.fork_server.close()
 
     def launch(self, spec: LaunchSpec) -> Handle:
-        if spec.job_dir is not None:
-            prepare_job_dir(spec.job_dir, spec.user)
         if spec.container is not None and self.image_cache is not None and self._own_store(spec.user):
             self.image_cache.launched(str(spec.run_dir), spec.container.image, time.time())
         if spec.processes:
@@ -335,6 +333,7 @@ class LocalExecutor:
             cgroups.job_name(spec.job_id, spec.attempt),
             spec.container,
             session=spec.session,
+            job_dir=spec.job_dir,
         )
         if spec.marker:  # a session's: its command is in a session of its own (executors/_session.py)
             handle["marker"] = spec.marker
@@ -367,17 +366,13 @@ class LocalExecutor:
         leaf: str,
         container: podman.ContainerSpec | None = None,
         session: bool = False,
+        job_dir: Path | None = None,
     ) -> Handle:
-        p.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        cgroup = self._new_cgroup(leaf)
-        if cgroup is not None:
-            apply_host_limits(cgroup, p.env)  # before any join: no process runs unlimited
-        if cgroup is not None and self.gpu_minors:
-            visible = [int(i) for i in p.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip().isdigit()]
-            cgroup.fence_devices(self.gpu_minors[i] for i in visible if i in self.gpu_minors)  # before any join
+        """One process: its node side (the job dir, run dir, cgroup, spec: _node_start.py) and its
+        keeper, both by the fork server where one runs (issue 18: none of that work in the head's
+        process), else here, and its keeper exec'd."""
         checkpoints = p.env.get("GPUCLUSTER_CHECKPOINT_DIR")
-        write_shim_spec(
-            p.run_dir,
+        spec = shim_spec(
             argv=p.argv,
             env=p.env,
             workdir=workdir,
@@ -385,16 +380,32 @@ class LocalExecutor:
             log=p.log_path,
             max_log_bytes=self.max_log_bytes,
             make_dirs=[checkpoints] if checkpoints else [],
-            cgroup=cgroup.to_json() if cgroup is not None else None,
             die_with_parent=self.die_with_parent,
             container=self._container(container, leaf, p.env, workdir, user) if container is not None else None,
             session_dir=p.run_dir if session else None,
         )
-        forked = self.fork_server.start(p.run_dir) if self.fork_server is not None else None
+        request: dict[str, Any] = {
+            "run_dir": str(p.run_dir),
+            "spec": spec,
+            "durable": container is not None,  # its cleanup after a crash reads it (podman's leftovers)
+            "job_dir": str(job_dir) if job_dir is not None else None,
+            "user": user,
+            "cgroup": None,
+            "gpu_minors": None,
+        }
+        support = self.cgroup_support
+        if support is not None:
+            request["cgroup"] = {"support": support.to_json(), "instance": self.instance, "leaf": leaf}
+            if self.gpu_minors:  # only its own GPUs (v1 devices): CUDA_VISIBLE_DEVICES alone fences nothing
+                visible = [int(i) for i in p.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip().isdigit()]
+                request["gpu_minors"] = [self.gpu_minors[i] for i in visible if i in self.gpu_minors]
+        forked = self.fork_server.start_prepared(request) if self.fork_server is not None else None
+        if forked is None:  # no server, or its fork failed: the same steps here (again is safe)
+            prepare_here(request)
         pid, ticks = forked if forked is not None else self._exec_shim(p.run_dir)
         handle: Handle = {"pid": pid, "pgid": pid, "start_ticks": ticks, "run_dir": str(p.run_dir)}
-        if cgroup is not None:
-            handle["cgroup"] = cgroup.to_json()
+        if support is not None:
+            handle["cgroup"] = cgroups.job_paths(support, self.instance, leaf)  # what `create` made
         if container is not None:
             handle["container"] = podman.container_name(self.instance, leaf)
         return handle
@@ -417,19 +428,6 @@ class LocalExecutor:
             self._children[proc.pid] = proc
         return proc.pid, start_ticks(proc.pid)
 
-    def _new_cgroup(self, leaf: str) -> cgroups.JobCgroup | None:
-        if self.cgroup_support is None:
-            return None
-        try:
-            return cgroups.create(self.cgroup_support, self.instance, leaf)
-        except FileExistsError:
-            # Left by a head that died while launching this very attempt: nothing of it may run on.
-            stale = cgroups.JobCgroup(cgroups.job_paths(self.cgroup_support, self.instance, leaf))
-            stale.kill()
-            with contextlib.suppress(OSError):
-                stale.remove()
-            return cgroups.create(self.cgroup_support, self.instance, leaf)
-
     def _launch_ranks(self, spec: LaunchSpec) -> Handle:
         spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Durable before the first process exists: a head that dies halfway through this loop
@@ -441,13 +439,14 @@ class LocalExecutor:
         try:
             for rank, p in enumerate(spec.processes):
                 leaf = cgroups.job_name(spec.job_id, spec.attempt, rank)
-                handle["ranks"].append(
-                    {"rank": rank, **self._launch_one(p, spec.workdir, spec.user, leaf, spec.container)}
-                )
-        except OSError as e:
+                job_dir = spec.job_dir if rank == 0 else None  # made once, before the first rank
+                one = self._launch_one(p, spec.workdir, spec.user, leaf, spec.container, job_dir=job_dir)
+                handle["ranks"].append({"rank": rank, **one})
+        except (OSError, LaunchError) as e:  # the ranks started so far must not run on alone
             self.signal(handle, signal.SIGKILL)
             self.cleanup(handle)
-            raise LaunchError(f"could not start rank {len(handle['ranks'])}: {e.strerror or e}") from e
+            why = (e.strerror if isinstance(e, OSError) else None) or e
+            raise LaunchError(f"could not start rank {len(handle['ranks'])}: {why}") from e
         return handle
 
     def recover(self, run_dir: Path) -> Handle | None:
@@ -590,16 +589,3 @@ class LocalExecutor:
         for pid in marked_pids(str(marker)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def apply_host_limits(cgroup: cgroups.JobCgroup, env: Mapping[str, str]) -> None:
-    """Write the CPUs and host memory a process was given (launch/env.py `host_limits`:
-    GPUCLUSTER_CPUS, GPUCLUSTER_MEMORY_LIMIT in bytes) into its cgroup: cpu.max (or the v1 cfs
-    quota) and memory.max (or v1 memory.limit_in_bytes). Where the node has no such controller
-    the job runs unlimited, as `gpucluster up` says in its cgroups line."""
-    cpus = env.get("GPUCLUSTER_CPUS")
-    if cpus:
-        cgroup.set_cpu_limit(float(cpus))
-    memory = env.get("GPUCLUSTER_MEMORY_LIMIT")
-    if memory:
-        cgroup.set_memory_limit(int(memory))
