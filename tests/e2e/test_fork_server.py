@@ -335,7 +335,7 @@ def test_the_node_side_of_a_start_is_done_by_the_server_not_the_head(
 ) -> None:
     """Issue 18: the job dir, run dir, cgroup with its limits, and spec of a start are made by
     the fork server (executors/_node_start.py), none of it in the head's process; the job runs
-    in that cgroup, its memory capped as asked."""
+    in that cgroup, its memory capped as asked; its keeper removes the cgroup when it ends."""
     monkeypatch.setattr(local, "prepare_here", lambda request: pytest.fail("the head did the node's work"))
     spec = replace(
         job(tmp_path, 1, "cat /proc/self/cgroup > where; " + WAIT_FOR_GO, {"GPUCLUSTER_MEMORY_LIMIT": str(64 << 20)}),
@@ -357,6 +357,8 @@ def test_the_node_side_of_a_start_is_done_by_the_server_not_the_head(
     finally:
         (tmp_path / "GO").touch()
     assert ended(cgroup_executor, handle).exit_code == 3
+    # Removed by the job's keeper before it recorded the exit: the head's cleanup finds it gone.
+    assert not any(os.path.exists(path) for path in paths.values())
     cgroup_executor.cleanup(handle)
 
 

@@ -659,6 +659,9 @@ class _Keeper:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child, signal.SIGKILL)
         _, status = os.waitpid(child, 0)
+        if self.cgroup is not None:  # emptied above and read: removed here, on the node, not by the head
+            with contextlib.suppress(OSError):
+                self.cgroup.remove()
         record = {**self._record(final, status), **used}
         if self.spec.get("container"):
             # podman run ended by itself with the container's own code: --rm removed it. Else
