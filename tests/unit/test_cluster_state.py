@@ -90,8 +90,14 @@ def _random_history(
                 .priority(rng.choice(("low", "normal", "high")))
                 .build()
             )
-            # as the head's store has them: queued at the submit, or again later (a requeue)
-            j = replace(j, queued_at=j.submitted_at + rng.choice((0.0, 0.0, 5.0, 500.0)))
+            # as the head's store has them: queued at the submit, or again later (a requeue);
+            # now and then held by its user or an array's element (what eligibility may keep back)
+            j = replace(
+                j,
+                queued_at=j.submitted_at + rng.choice((0.0, 0.0, 5.0, 500.0)),
+                held=rng.random() < 0.1,
+                array_id=rng.choice((None, None, None, 7)),
+            )
             next_id += 1
             queued[j.job_id] = j
             state.apply(Submitted(j))
@@ -121,6 +127,8 @@ def test_a_state_fed_by_events_equals_a_fresh_build_and_its_index_a_fresh_sort(s
     for step in range(4):  # the index is used between histories, as a cycle would
         _random_history(rng, 60 + step, state, queued, nodes)
         state.check(nodes.fresh(queued, state))
+        # the jobs a cycle's eligibility must look at (head/gates.py skips its pass without any)
+        assert state.gated == {i for i, j in queued.items() if j.held or j.after or j.array_id is not None}
         now = 1000.0
         queue = tuple(state.queued.values())
         state.queue_index.update(queue, policy)

@@ -71,6 +71,10 @@ class ClusterState:
         # of the queue and running jobs are not compared (a queue-only check, tools).
         self.keeps_running = keeps_running
         self.queued: dict[int, JobRequest] = {}  # in the order they entered
+        # The queued jobs eligibility may keep back (core/eligibility.py: held by their user,
+        # waiting on another job, an array element under its throttle): with none, a cycle
+        # skips eligibility's pass over the whole queue (issue 18: 0.3 ms a cycle at 3,000 queued).
+        self.gated: set[int] = set()
         self.running: dict[int, RunningJob] = {}
         self.nodes: dict[str, Node] = {}
         # Drained nodes, and the drains among them that say why and until when: the snapshot's
@@ -119,6 +123,8 @@ class ClusterState:
                 self._unqueue(job.job_id)  # a changed request replaces the old
                 self.queued[job.job_id] = job
                 self.queue_index.add(job)
+                if job.held or job.after or job.array_id is not None:
+                    self.gated.add(job.job_id)
             case Started(job):
                 self._unqueue(job.job_id)
                 if self.keeps_running:
@@ -162,6 +168,7 @@ class ClusterState:
         left = self.queued.pop(job_id, None)
         if left is not None:
             self.queue_index.remove(left)
+            self.gated.discard(job_id)
 
     def differences(self, fresh: ClusterState, limit: int = 5) -> list[str]:
         """What differs from `fresh`, in words (at most `limit` examples per kind)."""
@@ -179,6 +186,7 @@ class ClusterState:
                 out.append(f"{what} {k}: kept {mine[k]!r}, fresh {theirs[k]!r}")
 
         compare("queued job", self.queued, fresh.queued)
+        compare("gated queued job", dict.fromkeys(self.gated), dict.fromkeys(fresh.gated))
         if self.keeps_running:
             compare("running job", self.running, fresh.running)
         compare("node", self.nodes, fresh.nodes)

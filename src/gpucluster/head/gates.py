@@ -34,9 +34,15 @@ class Gates:
         # followed by another at once, not at the next periodic replan, as in the simulator.
         self.awaits_start = False
 
-    def eligible(self, queued: tuple[JobRequest, ...], now: float) -> tuple[JobRequest, ...]:
+    def eligible(self, queued: tuple[JobRequest, ...], now: float, gated: int = 1) -> tuple[JobRequest, ...]:
         """The queue the scheduler may start from; the rest get their reason in `waits`, and a
-        job whose dependency can never be met is cancelled with that reason."""
+        job whose dependency can never be met is cancelled with that reason. `gated`: how many
+        of `queued` are held, wait on another job or are array elements (the cluster state's
+        `gated`); none: all of them, with no pass over the queue."""
+        if not gated:
+            self.waits = {}
+            self.awaits_start = False
+            return queued
         wanted: set[tuple[int, bool]] = set()
         arrays: set[int] = set()
         held = False

@@ -576,7 +576,7 @@ class Head:
         self.node_feed.refresh(self.clock())  # nodes and drains, told to the state (head/node_feed.py)
         nodes = self.node_feed.nodes
         every = self.queue.requests()
-        queued = self.gates.eligible(every, self.clock())  # not held, blocked or throttled ones
+        queued = self.gates.eligible(every, self.clock(), len(self.cluster.gated))  # not held, blocked or throttled
         self.accounting.note_holds(queued)  # the held jobs' reasons, in `why` and the queue
         if self.preempted_for:  # forget preemptors that started or left the queue
             ids = {r.job_id for r in queued if r.team not in self.accounting.held}
