@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
+from gpucluster.executors.cgroups import detect as detect_cgroups
 from gpucluster.models import Job
 from tests.e2e.headproc import HeadProcess, cli, pid_alive, wait_for
 
@@ -375,3 +379,28 @@ def test_cli_begin_holds_a_job_until_its_time_on_a_real_head(head: HeadProcess, 
             done = finished(head, job["id"])
             assert done.state.value == "succeeded"
             assert (done.started_at or 0) >= job["spec"]["begin"]
+
+
+def test_a_stopped_head_leaves_no_cgroup_behind(head_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each data dir's head has a parent cgroup of its own (gpucluster/head-<hash>): one that
+    stops with no job left running removes it (every test's head had left one behind: 3,500 on
+    the development machine), and a job's own cgroup is removed when the job ends."""
+    support = detect_cgroups()
+    if not support.usable:
+        pytest.skip(f"no cgroups here: {support.describe()}")
+    data = tmp_path / "data"
+    head = head_factory(data).start()
+    instance = "head-" + hashlib.sha256(str(data.resolve()).encode()).hexdigest()[:12]
+    parents = support.parent_paths(instance)
+    with head.client() as c:
+        job = c.submit(["true"], gpus=1).id
+        wait_for(lambda: c.job(job).state.value == "succeeded", timeout=60, what="the job's end")
+    assert all(os.path.isdir(p) for p in parents.values())  # made by the job's start
+    assert not any(_job_dirs(p) for p in parents.values())  # the job's own, removed as it ended
+    head.stop()
+    assert head.proc is not None and head.proc.returncode is not None
+    assert not any(os.path.exists(p) for p in parents.values())
+
+
+def _job_dirs(parent: str) -> list[str]:
+    return [e.name for e in os.scandir(parent) if e.is_dir() and e.name.startswith("job-")]

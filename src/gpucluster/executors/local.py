@@ -317,9 +317,14 @@ class LocalExecutor:
         self.fork_server = ForkServer() if fork_server and not die_with_parent else None
 
     def close(self) -> None:
-        """Stop the fork server (its keepers and their jobs run on)."""
+        """Stop the fork server (its keepers and their jobs run on), and remove this head's parent
+        cgroup if no job's is left below it: each data dir has a parent of its own, and every
+        stopped head (every test's) left one behind."""
         if self.fork_server is not None:
             self.fork_server.close()
+        if self.cgroup_support is not None:
+            with contextlib.suppress(OSError):  # jobs that run on keep it (and their cgroups)
+                cgroups.remove_parent(self.cgroup_support, self.instance)
 
     def launch(self, spec: LaunchSpec) -> Handle:
         if spec.container is not None and self.image_cache is not None and self._own_store(spec.user):

@@ -338,6 +338,8 @@ def run_up(opts: UpOptions, say: IO[str] = sys.stderr) -> None:
         monitor.stop()
         loop.join(timeout=5)
         sampler.join(timeout=5)
+        if isinstance(executor, LocalExecutor):
+            executor.close()
         if ray_mode is not None:
             ray_mode.close()
         try:
