@@ -5,9 +5,10 @@ Why a module of its own: the node's fork server (`_shim.py --serve`) does this f
 it is asked for (issue 18: 1.5 ms of the head's CPU per job was this file and cgroup work, in the
 head's process, where a cluster's head should do none of a node's work: Slurm's slurmctld does
 none either); the executor does it itself only where no server runs (local.py `prepare_here`).
-One code for both. Standard library only, and no package imports: the server runs as
-``python -I -S`` and loads this file, and cgroups.py and atomicfile.py, by path; the executor
-hands the same modules in (`prepare`'s `cgroups` and `write_json`).
+One code for both. Standard library only (and gpucluster.errors where the package is
+importable): the server runs as ``python -I -S`` and loads this file, and cgroups.py and
+atomicfile.py, by path; the executor hands the same modules in (`prepare`'s `cgroups` and
+`write_json`).
 
 Every step may be done again for the same start (a server that died before it answered: the
 executor asks a new one, or does it itself): a job directory that is already the user's is
@@ -32,10 +33,15 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
+try:
+    from gpucluster.errors import GpuclusterError
+except ImportError:  # loaded by path by the fork server (python -I -S), where the package is not importable
+    GpuclusterError = Exception  # type: ignore[misc,assignment]
+
 SPEC = "spec.json"
 
 
-class Refused(Exception):
+class Refused(GpuclusterError):
     """The start cannot be made (no such account, a job directory that is not the user's): the
     job fails to start with this message."""
 
