@@ -20,6 +20,7 @@ import gc
 from bisect import bisect_right, insort
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from itertools import compress, repeat
@@ -200,6 +201,8 @@ class _AfterPreemptor:
         # GPUs asked -> how many jobs a later `pop` may still return ask that many (a job put
         # aside for its preemptor still counts), when the caller asks (`left_sizes`).
         self.left: Counter[float] | None = None
+        # Jobs `pop` does more with than hand out: `skip_*` stops before them.
+        self._special: set[int] = {*self.held_for, *self.preemptors, *self._early}
 
     def count_left(self, asked: Counter[float]) -> None:
         """Keep `left` from `asked`: the GPUs every queued job asks, counted (taken over)."""
@@ -253,6 +256,57 @@ class _AfterPreemptor:
                 self.left[job.gpus] -= 1
             return job
 
+    def _front(self) -> deque[JobRequest] | None:
+        """The queues' line the next `pop` would hand out the head of as it is, or None."""
+        if self._first or self._next:
+            return None
+        return self.queues.front()
+
+    def skip_kept(self, kept: AbstractSet[object]) -> None:
+        """Take off the line, as `pop` then `done(job, False)` would, the jobs next in line
+        whose `need` is in `kept`: the cycle answers them without a look (`_Cycle.run`).
+
+        Why: that answer changes nothing, so they only cost the walk, one `pop` and `done` each
+        (~0.75 us: 15.4 M of the 16.6 M jobs popped on whole Philly under `default`, most aged,
+        so in one line by age); here a loop over the line's front, with no call per job. It
+        stops before a job `pop` treats apart (a preemptor, a job held for one) and where
+        `pop` would go to another line."""
+        line = self._front()
+        if line is None:
+            return
+        special, left = self._special, self.left
+        while line:
+            job = line[0]
+            if job.need not in kept or job.job_id in special:
+                return
+            line.popleft()
+            if left is not None:
+                left[job.gpus] -= 1
+
+    def skip_same(
+        self, same: Mapping[tuple[object, ...], Wait], waiting: dict[int, Wait], ranks: Mapping[int, float] | None
+    ) -> None:
+        """`skip_kept` for jobs whose request has an answer in `same`, each then waiting as
+        it says (what `_Cycle.run` does with them). The request is `job.demand`, with
+        `ranks` (attained-service preemption) and the job's queue (`_Cycle._queue_rank`)."""
+        line = self._front()
+        if line is None:
+            return
+        special, left = self._special, self.left
+        while line:
+            job = line[0]
+            if ranks is None:
+                wait = same.get(job.demand)
+            else:
+                rank = ranks.get(job.job_id)
+                wait = same.get((job.demand, 0.0 if rank is None else float(int(rank))))
+            if wait is None or job.job_id in special:
+                return
+            line.popleft()
+            waiting[job.job_id] = wait
+            if left is not None:
+                left[job.gpus] -= 1
+
     def done(self, job: JobRequest, started: bool) -> None:
         if self._late:
             if started:
@@ -268,6 +322,9 @@ class _Cycle:
     # Answer a job from the wait of an earlier one with the same request while nothing changed
     # (see `run`). Off only in the tests that check it changes no plan.
     share_waits = True
+    # ... and take the jobs next in line answered so off the line in one loop, not one `pop`
+    # each (`_AfterPreemptor.skip_kept`). Off only in the tests that check it changes no plan.
+    skip_answered = True
     # Rank only the running jobs of a class below the asker when it can take nothing else (see
     # `_victim_pool`). Off only in the tests that check it changes no plan.
     pool_by_class = True
@@ -422,11 +479,15 @@ class _Cycle:
                 request = job.demand
             if keep and job.need in kept:
                 after.done(job, False)
+                if self.skip_answered:
+                    after.skip_kept(kept)  # the jobs next in line answered the same way
                 continue
             wait = same.get(request)
             if wait is not None and self.share_waits:
                 waiting[job.job_id] = wait
                 after.done(job, False)
+                if self.skip_answered and not keep:  # (with `keep`, `kept` answers first, naming none)
+                    after.skip_same(same, waiting, self._ranks if las else None)
                 continue
             started = self._consider(job)
             after.done(job, started)
