@@ -1274,8 +1274,15 @@ class _Cycle:
                     if st is _UNSEEN:
                         slices = j.allocation.slices
                         n = len(slices[0].gpu_indices) * first.share if len(slices) == 1 else j.allocation.gpu_count
-                        q = bisect_right(queues, attained_s.get(j.job_id, 0.0) + n * max(0.0, now - j.started_at))
-                        st = cache[j.job_id] = (q, n * (now - checkpoint + restart))
+                        loss = n * (now - checkpoint + restart)
+                        if loss > allowance:
+                            # Not this asker's to take whatever its queue (most running jobs:
+                            # a checkpoint too long ago), so no queue looked up; its standing
+                            # is left to `_standing_of`, should an asker of another queue ask.
+                            st = None
+                        else:
+                            q = bisect_right(queues, attained_s.get(j.job_id, 0.0) + n * max(0.0, now - j.started_at))
+                            st = cache[j.job_id] = (q, loss)
                 if st is None or not (st[0] > asked and st[1] <= allowance):
                     if first.share < 1:
                         gpu = gpus.get((first.node, first.gpu_indices[0]))
