@@ -29,6 +29,7 @@ back to the diff, so a plan never depends on the caller being right about the co
 
 from __future__ import annotations
 
+import sys
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -42,6 +43,7 @@ from gpucluster.core.queueing import Sorted, sort_in
 from gpucluster.core.types import JobRequest
 
 _age = attrgetter("submitted_at", "job_id")  # the order of `queueing.by_age`, as one key
+_NO_CHANGE = sys.maxsize  # `_ByAge.low` when nothing came or went
 _NO_JOBS: tuple[JobRequest, ...] = ()  # no odd jobs for a line (one object: `_part` compares by identity)
 
 
@@ -239,8 +241,13 @@ class QueueIndex:
         `default` the aged jobs, thousands, copied each cycle), though a cycle changes a line
         or two."""
         kept = self._parts.get(key)
-        if kept is not None and kept[0] == line.version and kept[1] == cut and kept[2] is odd:
+        # The aged part is the line's first `cut` jobs: the same unless a job came or went
+        # before it (new jobs are young: they come at the end); a young part, any change.
+        same = kept is not None and kept[1] == cut and kept[2] is odd
+        if kept is not None and same and (line.low >= cut if key is None else kept[0] == line.version):
             return kept[3]
+        if key is None:
+            line.low = _NO_CHANGE
         part = line.jobs[:cut] if key is None else line.jobs[cut:]
         if odd:
             # Many odd jobs go into a line by one sort of the two sorted runs (Timsort finds
@@ -306,18 +313,20 @@ class _ByAge:
     cycle finds where each line's aged jobs end, and a bisection over plain floats runs at C
     speed where one with a key function calls Python per step (tens of lines a cycle)."""
 
-    __slots__ = ("jobs", "times", "version")
+    __slots__ = ("jobs", "low", "times", "version")
 
     def __init__(self) -> None:
         self.jobs: list[JobRequest] = []
         self.times: list[float] = []
         self.version = 0  # changes with the jobs (`QueueIndex._part`)
+        self.low = _NO_CHANGE  # the first place a job came or went since `_part` last reset it
 
     def add(self, job: JobRequest) -> None:
         i = bisect_right(self.jobs, _age(job), key=_age)  # where `insort` would put it
         self.jobs.insert(i, job)
         self.times.insert(i, job.submitted_at)
         self.version += 1
+        self.low = min(self.low, i)
 
     def drop(self, job: JobRequest) -> None:
         """Remove `job` (ages are unique: the job id breaks ties)."""
@@ -328,6 +337,7 @@ class _ByAge:
         del jobs[i]
         del self.times[i]
         self.version += 1
+        self.low = min(self.low, i)
 
     def young_from(self, now: float, starvation: float) -> int:
         """Where the young jobs begin: the first with `now - submitted_at < starvation`, the
