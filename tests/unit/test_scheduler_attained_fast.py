@@ -21,7 +21,7 @@ from gpucluster.core.scheduler import _Cycle, certainly_idle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import Allocation, JobRequest, NodeSlice, Priority, RunningJob
 
-from .test_scheduler_plan_only import crowded
+from .test_scheduler_plan_only import assert_skipping_changes_nothing, crowded, with_preemptors
 from .test_scheduler_properties import NOW, TEAMS
 
 H = 3600.0
@@ -245,6 +245,15 @@ def test_the_cheap_las_paths_change_no_plan(scenario: tuple[Snapshot, Policy]) -
             assert {k: (w.reason, w.estimated_start) for k, w in fast.waiting.items()} == {
                 k: (slow.waiting[k].reason, slow.waiting[k].estimated_start) for k in fast.waiting
             }
+
+
+@MANY
+@given(with_preemptors(las_scenarios()))
+def test_skipping_jobs_answered_per_request_and_queue_changes_no_plan(scenario: tuple[Snapshot, Policy]) -> None:
+    """Under LAS the jobs next in line whose (request, queue) has an answer are taken off the
+    line in one loop (`_AfterPreemptor.skip_same`), each waiting as that answer says: the same
+    plans as popping each, waits included, in order."""
+    assert_skipping_changes_nothing(*scenario)
 
 
 @MANY

@@ -161,6 +161,7 @@ def test_a_told_index_gives_fresh_plans_over_a_history(seed: int, honest: bool) 
     running: dict[int, RunningJob] = {}
     queued: dict[int, JobRequest] = {}
     forgot = False
+    shared = False
     next_id = 1
     for cycle in range(50):
         now = cycle * 10.0
@@ -184,6 +185,11 @@ def test_a_told_index_gives_fresh_plans_over_a_history(seed: int, honest: bool) 
         forgot = False
         fresh = decide(snap, policy, now)
         assert decide(replace(snap, capacity=index), policy, now) == fresh, f"cycle {cycle}"
+        # What the index keeps of the running jobs the cycle asks it (their lowest class, a
+        # share running) is what a pass over them finds.
+        assert index.lowest_class() == min((int(j.priority) for j in running.values()), default=None)
+        assert index.shares_running() == any(j.allocation.slices[0].share < 1 for j in running.values())
+        shared = shared or bool(index.shares_running())
         for p in fresh.preemptions:
             running[p.job_id] = replace(running[p.job_id], stopping=True)
             index.stopping(running[p.job_id])  # its expected end changes: the book must know
@@ -193,6 +199,7 @@ def test_a_told_index_gives_fresh_plans_over_a_history(seed: int, honest: bool) 
             running[st.job_id] = job
             index.add(job)
     assert running, "the history never started anything: it tests nothing"
+    assert shared, "no share of a GPU ever ran: the count of them was never tested"
     assert index.rebuilds == 2
     if honest:
         assert index.diffs == 0

@@ -192,3 +192,33 @@ def test_kept_odd_jobs_follow_every_flip_of_held_and_aged() -> None:
     times = [t + d for t in flips for d in (-1e-3, -2.5e-7, 0.0, 2.5e-7, 1e-3)]
     for now in [*times, *reversed(times)]:
         assert index.sorted_in(policy, now) == sort_in_plain(tuple(queue), policy, now), now
+
+
+def test_lines_no_change_reached_are_handed_out_again_not_copied() -> None:
+    """Between two cycles a job or two come or go; the other lines, the aged jobs among them,
+    are the lists the last cycle got (`QueueIndex._part`), and a changed line is made afresh:
+    each equal to a fresh sort. Before, every line was copied (and requeued jobs merged into it
+    again) each cycle."""
+    policy = Policy(starvation_age_s=100.0)
+    rng = random.Random(3)
+    queue = [_job(rng, k, 0.0) for k in range(1, 200)]
+    queue += [replace(_job(rng, k, 0.0), queued_at=-50.0) for k in range(200, 210)]  # requeued: odd
+    index = QueueIndex(told=True)
+    for job in queue:
+        index.add(job)
+    index.update(tuple(queue), policy)
+    _, aged, lines = index.sorted_in(policy, 0.0)
+    assert aged and lines
+    again = index.sorted_in(policy, 0.0)
+    assert again[1] is aged
+    assert all(again[2][level][team] is jobs for level, per in lines.items() for team, jobs in per.items())
+    gone = next(j for j in queue if j.queued_at is None and -j.submitted_at < 100.0)
+    index.remove(gone)
+    queue.remove(gone)
+    index.update(tuple(queue), policy)
+    after = index.sorted_in(policy, 0.0)
+    assert after == sort_in_plain(tuple(queue), policy, 0.0)
+    assert after[1] is aged  # no aged job left
+    changed = (int(gone.priority) if policy.priorities else 0, gone.team)
+    assert after[2][changed[0]][changed[1]] is not lines[changed[0]][changed[1]]
+    assert any(after[2][level][team] is jobs for level, per in lines.items() for team, jobs in per.items())

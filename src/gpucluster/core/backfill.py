@@ -272,6 +272,8 @@ def reserve(
         key = (model, node)
         items = _in_order(base.get(key), extra.get(key)) if key in extra else base.get(key, ())
         for item in items:
+            if best is not None and item[0] > best[0]:
+                break  # by end: this node is ready no sooner than the best one found
             free += item[1]
             if free >= n:
                 end = item[0] if item[0] > now else now

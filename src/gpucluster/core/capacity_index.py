@@ -52,6 +52,7 @@ class CapacityIndex:
         self._book: EndBook | None = None  # told only; None: to be built from the running jobs
         self._classes: Counter[int] = Counter()  # running jobs per priority class
         self._class_of: dict[int, int] = {}  # job id -> its class, as counted
+        self._sharing: set[int] = set()  # running jobs whose first slice is a share of a GPU
 
     def capacity(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> Capacity:
         """An independent working copy of the free capacity for these nodes and running jobs
@@ -135,12 +136,20 @@ class CapacityIndex:
             return  # a comparing index answers no `lowest_class`: the cycle makes its own pass
         self._class_of = {j.job_id: int(j.priority) for j in running}
         self._classes = Counter(self._class_of.values())
+        self._sharing = {j.job_id for j in running if _shares(j)}
 
     def lowest_class(self) -> int | None:
         """A told index: the lowest priority class of the running jobs of the last `capacity`
         call (None: none runs, or a comparing index), kept from the reports rather than found
         by a pass over them."""
         return min(self._classes, default=None)
+
+    def shares_running(self) -> bool | None:
+        """A told index: whether the first slice of any running job of the last `capacity`
+        call is a share of a GPU (None: a comparing index). Why: under LAS preemption the
+        cycle asks it each time it builds its victim pool (`scheduler._Cycle._shares_running`),
+        and a pass over every running job was 5% of whole Philly under `las`."""
+        return bool(self._sharing) if self._told else None
 
     def _apply_changes(self, base: Capacity) -> None:
         """The reported starts, ends and stops, in order: what the comparison in `capacity`
@@ -157,6 +166,7 @@ class CapacityIndex:
             if was is not None:
                 base.release(was)
                 bump(self._classes, self._class_of.pop(job_id), -1)
+                self._sharing.discard(job_id)
                 if book is not None:
                     book.remove(job_id)
             if kind == _STARTED:
@@ -164,6 +174,14 @@ class CapacityIndex:
                 base.occupy(held)
                 self._class_of[job_id] = int(job.priority)
                 bump(self._classes, int(job.priority), 1)
+                if _shares(job):
+                    self._sharing.add(job_id)
                 if book is not None:
                     book.add(job)
         self._changes.clear()
+
+
+def _shares(job: RunningJob) -> bool:
+    """Whether the job's first slice is a share of a GPU (`scheduler._Cycle._shares_running`)."""
+    slices = job.allocation.slices
+    return bool(slices) and slices[0].share < 1

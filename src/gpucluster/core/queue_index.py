@@ -29,6 +29,7 @@ back to the diff, so a plan never depends on the caller being right about the co
 
 from __future__ import annotations
 
+import sys
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -42,6 +43,8 @@ from gpucluster.core.queueing import Sorted, sort_in
 from gpucluster.core.types import JobRequest
 
 _age = attrgetter("submitted_at", "job_id")  # the order of `queueing.by_age`, as one key
+_NO_CHANGE = sys.maxsize  # `_ByAge.low` when nothing came or went
+_NO_JOBS: tuple[JobRequest, ...] = ()  # no odd jobs for a line (one object: `_part` compares by identity)
 
 
 class Asked(NamedTuple):
@@ -98,6 +101,8 @@ class QueueIndex:
         self._memory = 0  # jobs asking for a share by memory
         self._loose = 0  # jobs `Asked.loose` counts
         self._classes: Counter[int] = Counter()  # priority classes, for `highest_class`
+        # `_part`'s lists by line (None: the aged), with what each was made from.
+        self._parts: dict[tuple[int, str] | None, tuple[int, int, Sequence[JobRequest], list[JobRequest]]] = {}
 
     # ---- keeping up -------------------------------------------------------------------------
 
@@ -188,6 +193,7 @@ class QueueIndex:
         line.drop(job)
         if not line.jobs:
             del self._lines[self._level(job)]
+            self._parts.pop(self._level(job), None)
 
     def _count(self, job: JobRequest, sign: int) -> None:
         bump(self._gpus, job.gpus, sign)
@@ -203,27 +209,54 @@ class QueueIndex:
     # ---- one cycle --------------------------------------------------------------------------
 
     def sorted_in(self, policy: Policy, now: float) -> Sorted:
-        """`queueing.sort_in_plain(queued, policy, now)` for the jobs of the last `update`."""
+        """`queueing.sort_in_plain(queued, policy, now)` for the jobs of the last `update`.
+        The lists are the index's (kept for the next cycle, `_part`): the caller reads them."""
         starvation = policy.starvation_age_s
-        aged = self._plain.jobs[: self._plain.young_from(now, starvation)]
+        held: list[JobRequest] = []
+        odd_aged: Sequence[JobRequest] = _NO_JOBS
+        odd_buckets: dict[int, dict[str, list[JobRequest]]] = {}
+        if self._odd:
+            odd_held, odd_aged, odd_buckets = self._odd_in(policy, now)
+            held = list(odd_held)
+        plain = self._plain
+        aged = self._part(None, plain, plain.young_from(now, starvation), odd_aged)
         buckets: dict[int, dict[str, list[JobRequest]]] = {}
         for (level, team), line in self._lines.items():
             cut = line.young_from(now, starvation)
-            if cut < len(line.jobs):
-                buckets.setdefault(level, {})[team] = line.jobs[cut:]
-        held: list[JobRequest] = []
-        if self._odd:
-            held, odd_aged, odd_buckets = self._odd_in(policy, now)
-            held = list(held)
+            odd = odd_buckets.get(level, {}).get(team, _NO_JOBS)
+            if cut < len(line.jobs) or odd:
+                buckets.setdefault(level, {})[team] = self._part((level, team), line, cut, odd)
+        for level, per in odd_buckets.items():  # lines of odd jobs alone
+            for team, jobs in per.items():
+                if (level, team) not in self._lines:
+                    buckets.setdefault(level, {})[team] = jobs
+        return held, aged, buckets
+
+    def _part(self, key: tuple[int, str] | None, line: _ByAge, cut: int, odd: Sequence[JobRequest]) -> list[JobRequest]:
+        """The aged part of the plain jobs (`key` None: before `cut`) or the young part of a
+        line (after `cut`), with the odd jobs of it merged in by age; the list made last time
+        while the line, the cut and the odd jobs (the very list `_odd_in` kept) are the same.
+        Why: each cycle copied every line and merged the odd jobs in again (under `las` on
+        whole Philly ~150 requeued jobs a cycle, a sort of their lines: 5% of the run; under
+        `default` the aged jobs, thousands, copied each cycle), though a cycle changes a line
+        or two."""
+        kept = self._parts.get(key)
+        # The aged part is the line's first `cut` jobs: the same unless a job came or went
+        # before it (new jobs are young: they come at the end); a young part, any change.
+        same = kept is not None and kept[1] == cut and kept[2] is odd
+        if kept is not None and same and (line.low >= cut if key is None else kept[0] == line.version):
+            return kept[3]
+        if key is None:
+            line.low = _NO_CHANGE
+        part = line.jobs[:cut] if key is None else line.jobs[cut:]
+        if odd:
             # Many odd jobs go into a line by one sort of the two sorted runs (Timsort finds
             # them, at C speed; ~150 requeued jobs a cycle under `las` on whole Philly made 22 M
             # insorts), a few by an insort each (a sort reads every job's key: on the default
             # policy's long lines it cost more). Keys are unique (job ids): the same order either way.
-            _merge(aged, odd_aged)
-            for level, per in odd_buckets.items():
-                for team, jobs in per.items():
-                    _merge(buckets.setdefault(level, {}).setdefault(team, []), jobs)
-        return held, aged, buckets
+            _merge(part, odd)
+        self._parts[key] = (line.version, cut, odd, part)
+        return part
 
     def _odd_in(self, policy: Policy, now: float) -> Sorted:
         """`sort_in` of the odd jobs, kept while they stay the same and `now` stays inside the
@@ -280,16 +313,20 @@ class _ByAge:
     cycle finds where each line's aged jobs end, and a bisection over plain floats runs at C
     speed where one with a key function calls Python per step (tens of lines a cycle)."""
 
-    __slots__ = ("jobs", "times")
+    __slots__ = ("jobs", "low", "times", "version")
 
     def __init__(self) -> None:
         self.jobs: list[JobRequest] = []
         self.times: list[float] = []
+        self.version = 0  # changes with the jobs (`QueueIndex._part`)
+        self.low = _NO_CHANGE  # the first place a job came or went since `_part` last reset it
 
     def add(self, job: JobRequest) -> None:
         i = bisect_right(self.jobs, _age(job), key=_age)  # where `insort` would put it
         self.jobs.insert(i, job)
         self.times.insert(i, job.submitted_at)
+        self.version += 1
+        self.low = min(self.low, i)
 
     def drop(self, job: JobRequest) -> None:
         """Remove `job` (ages are unique: the job id breaks ties)."""
@@ -299,6 +336,8 @@ class _ByAge:
             i += 1
         del jobs[i]
         del self.times[i]
+        self.version += 1
+        self.low = min(self.low, i)
 
     def young_from(self, now: float, starvation: float) -> int:
         """Where the young jobs begin: the first with `now - submitted_at < starvation`, the
