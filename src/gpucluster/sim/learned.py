@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpucluster.core.rank_book import Logged
 from gpucluster.core.runtime_predict import FinishedRun, JobShape, RunDistribution, RuntimePredictor, workload_of
 from gpucluster.sim.workload import TraceJob
 
@@ -53,7 +54,8 @@ class LearnedRuntimes:
         self._kind_of: dict[int, _Kind] = {}  # job in the system -> its kind
         self._by_team: dict[str, set[_Kind]] = {}
         self._by_user: dict[str, set[_Kind]] = {}
-        self._dists: dict[int, RunDistribution] = {}  # what the snapshot carries
+        # What the snapshot carries; its log tells core/rank_book.py whose distribution changed.
+        self._dists: Logged[RunDistribution] = Logged()
         self._dirty_teams: set[str] = set()  # learned a run since the last `distributions`
         self._dirty_users: set[str] = set()
 
