@@ -79,15 +79,19 @@ class _World:
         return book.ranks(tuple(self.queued.values()), self.ordering, self.attained, self.dists, self.now)
 
 
+@pytest.mark.parametrize("few", [0, 8])
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_STEP, max_size=80))
-def test_the_book_answers_as_gittins_ranks_after_any_history(steps: list[tuple[str, int, int]]) -> None:
-    world, book = _World(), RankBook()
-    for what, jid, n in steps:
-        world.step(what, jid, n)
-        if what == "cycle" or n % 2:
-            assert world.got(book) == world.want()
-    assert world.got(book) == world.want()
+@given(steps=st.lists(_STEP, max_size=80))
+def test_the_book_answers_as_gittins_ranks_after_any_history(few: int, steps: list[tuple[str, int, int]]) -> None:
+    """`few`: jobs ranked again one by one up to this many, else through `gittins_ranks`."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rank_book, "_FEW", few)
+        world, book = _World(), RankBook()
+        for what, jid, n in steps:
+            world.step(what, jid, n)
+            if what == "cycle" or n % 2:
+                assert world.got(book) == world.want()
+        assert world.got(book) == world.want()
 
 
 @settings(max_examples=50, deadline=None)
@@ -118,6 +122,7 @@ def test_only_the_jobs_whose_inputs_changed_are_ranked_again(monkeypatch: pytest
         return gittins_ranks(queued, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(rank_book, "gittins_ranks", counting)
+    monkeypatch.setattr(rank_book, "_FEW", 0)  # every job ranked again goes through `gittins_ranks`
     world, book = _World(), RankBook()
     for jid in range(10):
         world.step("arrive", jid, 5)

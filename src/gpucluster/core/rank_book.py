@@ -42,6 +42,9 @@ _JOB_ID = attrgetter("job_id")
 # A log longer than this is dropped and its reader told to start again (`Logged.take`): a map
 # nobody reads (the simulator's attained map under plain `las`) must not grow without end.
 LOG_LIMIT = 1 << 16
+# Up to this many jobs to rank again are ranked one by one; more, through `gittins_ranks` (its
+# per-call set-up, ~10 us, pays for itself over its C-speed passes beyond about this many).
+_FEW = 8
 
 
 class Logged(dict[int, V]):
@@ -184,10 +187,17 @@ class RankBook:
             for jid in jobs.keys() - set(map(_JOB_ID, queued)):  # left the queue
                 del jobs[jid], out[jid]
         todo.update(jobs.keys() & changed_a, jobs.keys() & changed_d)
-        if todo:
+        promote = ordering.promote_after_s
+        if len(todo) > _FEW:
             # A job's rank reads only its own inputs: these are ranked as `gittins_ranks` ranks a queue.
             out.update(gittins_ranks(list(map(jobs.__getitem__, todo)), ordering, attained, dists, now))
-        promote = ordering.promote_after_s
+        else:  # a few (most cycles: an arrival, a start): one by one, without its set-up
+            for jid in todo:
+                job = jobs[jid]
+                if promote is not None and _promoted(job, now, promote):
+                    out[jid] = 0.0
+                else:
+                    out[jid] = _kind_rank(ordering, dists.get(jid), job.gpus, attained.get(jid, 0.0))
         if promote is not None:
             waiting, seq = self._waiting, self._seq
             for job in new:
