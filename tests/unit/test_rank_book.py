@@ -145,7 +145,7 @@ def test_plain_maps_are_ranked_whole_each_time() -> None:
     """A caller whose maps do not log (the head) gets `gittins_ranks` itself."""
     queued = [_job(1, 0.0, 1, None), _job(2, H, 2, None)]
     dists = {1: DISTS[0], 2: DISTS[2]}
-    book = RankBook(check=True)
+    book = RankBook()
     assert book.ranks(queued, LAS, {2: H}, dists, 2 * H) == gittins_ranks(queued, LAS, {2: H}, dists, 2 * H)
     assert book.rebuilds == 0
 

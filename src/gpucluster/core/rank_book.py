@@ -121,8 +121,7 @@ class Logged(dict[int, V]):
 class RankBook:
     """Ranks of the queued jobs under `runtime_model: gittins`, kept across cycles (see the module)."""
 
-    def __init__(self, check: bool = False) -> None:
-        self.check = check  # compare every answer with `gittins_ranks` (tests)
+    def __init__(self) -> None:
         self.rebuilds = 0  # times it started again from `gittins_ranks` (for tests)
         self._reset()
 
@@ -147,21 +146,6 @@ class RankBook:
         now: float,
     ) -> dict[int, float]:
         """`attained.gittins_ranks(queued, ordering, attained, dists, now)`."""
-        got = self._ranks(queued, ordering, attained, dists, now)
-        if self.check:
-            want = gittins_ranks(queued, ordering, attained, dists, now)
-            if got != want:
-                raise AssertionError(f"rank book differs from gittins_ranks: {got} != {want}")
-        return got
-
-    def _ranks(
-        self,
-        queued: Sequence[JobRequest],
-        ordering: Ordering,
-        attained: Mapping[int, float],
-        dists: Mapping[int, RunDistribution],
-        now: float,
-    ) -> dict[int, float]:
         if not isinstance(attained, Logged) or not isinstance(dists, Logged):
             return gittins_ranks(queued, ordering, attained, dists, now)
         changed_a, changed_d = attained.take(), dists.take()
