@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from gpucluster.core import rank_book
 from gpucluster.core.attained import Ordering, gittins_ranks
+from gpucluster.core.policy import las_gittins_policy
+from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.rank_book import Logged, RankBook
 from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.types import JobRequest
@@ -18,6 +20,7 @@ from gpucluster.core.types import JobRequest
 from .builders import job
 
 H = 3600.0
+POLICY = las_gittins_policy()
 LAS = Ordering(mode="las", preempt=True, promote_after_s=24 * H, runtime_model="gittins")
 DISTS = [
     RunDistribution.of([60.0, 90.0, 120.0]),
@@ -39,9 +42,11 @@ def _job(job_id: int, at: float, gpus: float, queued_at: float | None) -> JobReq
 
 
 class _World:
-    """A caller's queue, attained and learned maps, and clock, changed one step at a time."""
+    """A caller's queue, attained and learned maps, and clock, changed one step at a time;
+    `index`: none, one told what enters and leaves (the simulator's), or one left to diff."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: str = "none") -> None:
+        self.index = None if index == "none" else QueueIndex(told=index == "told")
         self.queued: dict[int, JobRequest] = {}
         self.attained: Logged[float] = Logged()
         self.dists: Logged[RunDistribution] = Logged()
@@ -52,11 +57,12 @@ class _World:
         if what == "arrive" and jid not in self.queued:
             # Some submitted over `promote_after` ago; a few stamped before their submission.
             queued_at = None if n % 3 else self.now - n * H / 2
-            self.queued[jid] = _job(jid, self.now - n * 2 * H, (1, 2, 8, 0.5)[n % 4], queued_at)
-        elif what == "leave":
-            self.queued.pop(jid, None)
+            self._enter(_job(jid, self.now - n * 2 * H, (1, 2, 8, 0.5)[n % 4], queued_at))
+        elif what == "leave" and jid in self.queued:
+            self._leave(jid)
         elif what == "requeue" and jid in self.queued:
-            self.queued[jid] = replace(self.queued[jid], queued_at=self.now)
+            old = self._leave(jid)
+            self._enter(replace(old, queued_at=self.now))
         elif what == "attain":
             self.attained[jid] = self.attained.get(jid, 0.0) + n * 0.37 * H
         elif what == "dist":
@@ -72,21 +78,38 @@ class _World:
         elif what == "ordering":
             self.ordering = replace(LAS, queues=(H, (8 + n % 3) * H)) if n % 2 else LAS
 
+    def _enter(self, job: JobRequest) -> None:
+        self.queued[job.job_id] = job
+        if self.index is not None:
+            self.index.add(job)
+
+    def _leave(self, jid: int) -> JobRequest:
+        job = self.queued.pop(jid)
+        if self.index is not None:
+            self.index.remove(job)
+        return job
+
     def want(self) -> dict[int, float]:
         return gittins_ranks(list(self.queued.values()), self.ordering, self.attained, self.dists, self.now)
 
     def got(self, book: RankBook) -> dict[int, float]:
-        return book.ranks(tuple(self.queued.values()), self.ordering, self.attained, self.dists, self.now)
+        queued = tuple(self.queued.values())
+        if self.index is not None:
+            self.index.update(queued, POLICY)  # as `decide` does before it ranks
+        return book.ranks(queued, self.ordering, self.attained, self.dists, self.now, self.index)
 
 
-@pytest.mark.parametrize("few", [0, 8])
+@pytest.mark.parametrize(("few", "index"), [(0, "none"), (8, "none"), (0, "told"), (8, "told"), (8, "diff")])
 @settings(max_examples=300, deadline=None)
 @given(steps=st.lists(_STEP, max_size=80))
-def test_the_book_answers_as_gittins_ranks_after_any_history(few: int, steps: list[tuple[str, int, int]]) -> None:
-    """`few`: jobs ranked again one by one up to this many, else through `gittins_ranks`."""
+def test_the_book_answers_as_gittins_ranks_after_any_history(
+    few: int, index: str, steps: list[tuple[str, int, int]]
+) -> None:
+    """`few`: jobs ranked again one by one up to this many, else through `gittins_ranks`;
+    `index`: the book follows a queue index's moves, or compares the queue itself."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(rank_book, "_FEW", few)
-        world, book = _World(), RankBook()
+        world, book = _World(index), RankBook()
         for what, jid, n in steps:
             world.step(what, jid, n)
             if what == "cycle" or n % 2:
@@ -112,7 +135,8 @@ def test_a_lost_log_starts_the_book_again(steps: list[tuple[str, int, int]]) -> 
     assert world.got(book) == world.want()
 
 
-def test_only_the_jobs_whose_inputs_changed_are_ranked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("index", ["none", "told", "diff"])
+def test_only_the_jobs_whose_inputs_changed_are_ranked_again(index: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The point of the book: a cycle ranks the jobs that entered, were requeued, or whose
     attained service or distribution changed, not the whole queue."""
     ranked: list[int] = []
@@ -123,7 +147,7 @@ def test_only_the_jobs_whose_inputs_changed_are_ranked_again(monkeypatch: pytest
 
     monkeypatch.setattr(rank_book, "gittins_ranks", counting)
     monkeypatch.setattr(rank_book, "_FEW", 0)  # every job ranked again goes through `gittins_ranks`
-    world, book = _World(), RankBook()
+    world, book = _World(index), RankBook()
     for jid in range(10):
         world.step("arrive", jid, 5)
         world.step("dist", jid, jid)

@@ -34,6 +34,7 @@ from operator import attrgetter, is_not
 from typing import Any, TypeVar
 
 from gpucluster.core.attained import Ordering, _kind_rank, entered_queue, gittins_ranks
+from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.types import JobRequest
 
@@ -136,6 +137,7 @@ class RankBook:
         # (the job left or was replaced) are skipped when they come up.
         self._waiting: list[tuple[float, int, int, JobRequest]] = []
         self._seq = count()
+        self._index: QueueIndex | None = None  # the queue index whose moves it follows
 
     def ranks(
         self,
@@ -144,32 +146,35 @@ class RankBook:
         attained: Mapping[int, float],
         dists: Mapping[int, RunDistribution],
         now: float,
+        index: QueueIndex | None = None,
     ) -> dict[int, float]:
-        """`attained.gittins_ranks(queued, ordering, attained, dists, now)`."""
+        """`attained.gittins_ranks(queued, ordering, attained, dists, now)`. `index`: the
+        snapshot's queue index, just brought to `queued` (`QueueIndex.update`): the book follows
+        what enters and leaves it rather than compare `queued` with what it kept."""
         if not isinstance(attained, Logged) or not isinstance(dists, Logged):
             return gittins_ranks(queued, ordering, attained, dists, now)
         changed_a, changed_d = attained.take(), dists.take()
+        moves = index.take_moves() if index is not None and index is self._index else None
         if (
             changed_a is None
             or changed_d is None
             or attained is not self._attained
             or dists is not self._dists
+            or index is not self._index
+            or (index is not None and moves is None)
             or ordering != self._ordering
             or now < self._now
         ):
-            return self._rebuild(queued, ordering, attained, dists, now)
+            return self._rebuild(queued, ordering, attained, dists, now, index)
         self._now = now
         jobs, out = self._jobs, self._out
         # Entered, or replaced by another object (a requeue): ranked again, and waiting for its
         # promotion (one heap entry per object: its entry time is the object's), as are those
-        # whose attained service or distribution changed (ranked again only). Jobs that left
-        # are looked for only when the count says some did (most cycles none did).
-        new = list(compress(queued, map(is_not, queued, map(jobs.get, map(_JOB_ID, queued)))))
+        # whose attained service or distribution changed (ranked again only).
+        new = self._moved(moves) if moves is not None else self._compared(queued)
+        if len(jobs) != len(queued):  # the index did not hold `queued`: not to be followed
+            return self._rebuild(queued, ordering, attained, dists, now, None)
         todo = set(map(_JOB_ID, new))
-        jobs.update(zip(map(_JOB_ID, new), new, strict=True))
-        if len(jobs) != len(queued):
-            for jid in jobs.keys() - set(map(_JOB_ID, queued)):  # left the queue
-                del jobs[jid], out[jid]
         todo.update(jobs.keys() & changed_a, jobs.keys() & changed_d)
         promote = ordering.promote_after_s
         if len(todo) > _FEW:
@@ -188,6 +193,29 @@ class RankBook:
                 heapq.heappush(waiting, (entered_queue(job), next(seq), job.job_id, job))
             self._promote_due(now, promote)
         return dict(out)
+
+    def _moved(self, moves: list[tuple[bool, JobRequest]]) -> list[JobRequest]:
+        """Apply the index's moves, in order; the jobs that entered and are still in."""
+        jobs, out = self._jobs, self._out
+        for entered, job in moves:
+            jid = job.job_id
+            if entered:
+                jobs[jid] = job
+            elif jobs.get(jid) is job:
+                del jobs[jid]
+                out.pop(jid, None)  # none if it entered since the last cycle
+        return [job for entered, job in moves if entered and jobs.get(job.job_id) is job]
+
+    def _compared(self, queued: Sequence[JobRequest]) -> list[JobRequest]:
+        """Without an index: the jobs that entered (or were replaced) found by identity at C
+        speed, and those that left looked for only when the count says some did."""
+        jobs, out = self._jobs, self._out
+        new = list(compress(queued, map(is_not, queued, map(jobs.get, map(_JOB_ID, queued)))))
+        jobs.update(zip(map(_JOB_ID, new), new, strict=True))
+        if len(jobs) != len(queued):
+            for jid in jobs.keys() - set(map(_JOB_ID, queued)):  # left the queue
+                del jobs[jid], out[jid]
+        return new
 
     def _promote_due(self, now: float, promote: float) -> None:
         """Rank 0 for the waiting jobs promoted by now. `_promoted` holds for a prefix of the jobs
@@ -215,10 +243,14 @@ class RankBook:
         attained: Logged[float],
         dists: Logged[RunDistribution],
         now: float,
+        index: QueueIndex | None,
     ) -> dict[int, float]:
         self.rebuilds += 1
         self._reset()
         self._ordering, self._attained, self._dists, self._now = ordering, attained, dists, now
+        self._index = index
+        if index is not None:
+            index.follow()
         promote = ordering.promote_after_s
         for job in queued:
             jid = job.job_id

@@ -351,7 +351,7 @@ class _Cycle:
         if ordering.ranked:
             book, dists = self.s.rank_book, self.s.runtime_dist
             if book is not None and ordering.gittins and dists:  # `attained.ranks`, kept across cycles
-                self._ranks = book.ranks(self.s.queued, ordering, self.s.attained, dists, self.now)
+                self._ranks = book.ranks(self.s.queued, ordering, self.s.attained, dists, self.now, index)
             else:
                 self._ranks = attained.ranks(
                     self.s.queued, ordering, self.s.attained, self.s.expected_runtime, self.now, dists
