@@ -161,3 +161,26 @@ def test_property_never_above_the_limit_and_ordered(
     got = p.predict(shape(limit=limit), default)
     cap = limit or default
     assert 0 <= got.low_s <= got.run_s <= got.high_s <= cap
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["alice", "bob", ""]), st.sampled_from([1, 2, 8]), st.sampled_from([None, 8 * H])),
+        max_size=40,
+    )
+)
+def test_kept_lookups_answer_as_the_shape_does(runs: list[tuple[str, float, float | None]]) -> None:
+    """`lookups` taken before any run was learned stay right as runs come (sim/learned.py keeps
+    them per shape): `distribution_from` is `distribution`, the very object, after every run."""
+    p = RuntimePredictor()
+    shapes = [
+        shape(user=u, gpus=g, limit=lim) for u in ("alice", "bob", "") for g in (1, 2, 8) for lim in (None, 8 * H)
+    ]
+    kept = {s: p.lookups(s) for s in shapes}
+    for i, (user, gpus, limit) in enumerate(runs):
+        p.add(FinishedRun(shape(user=user, gpus=gpus, limit=limit), 60.0 * (i % 7 + 1)))
+        for s in shapes:
+            got, want = p.distribution_from(kept[s]), p.distribution(s)
+            assert got is want or (
+                got is not None and want is not None and got.values == want.values and got.scale == want.scale
+            )

@@ -81,9 +81,29 @@ class QueueIndex:
         self.diffs = 0  # updates that diffed the whole queue (told: first use, or a count mismatch)
         self._told = told  # the caller reports each job that enters or leaves (`add`, `remove`)
         self._changes: list[tuple[bool, JobRequest]] = []  # (entered?, job) since the last update
+        # What entered and left, as applied, for one follower (core/rank_book.py; `follow`):
+        # None while nobody follows; `_moves_lost` once a rebuild made it no full record.
+        self._moves: list[tuple[bool, JobRequest]] | None = None
+        self._moves_lost = False
         self._reset(None)
 
+    def follow(self) -> None:
+        """Start recording the jobs that enter and leave (`take_moves`), for one follower."""
+        self._moves = []
+        self._moves_lost = False
+
+    def take_moves(self) -> list[tuple[bool, JobRequest]] | None:
+        """(entered?, job) for each job that entered or left since `follow` or the last call, in
+        order, or None when they are not known (nobody followed, or the index was rebuilt)."""
+        moves = self._moves
+        if moves is None or self._moves_lost:
+            return None
+        self._moves = []
+        return moves
+
     def _reset(self, priorities: bool | None) -> None:
+        if self._moves is not None:
+            self._moves_lost = True
         self._jobs: dict[int, JobRequest] = {}  # id(job) -> job, every job of the last update
         self._priorities = priorities  # whether classes split the lines it keeps
         self._plain = _ByAge()  # plain jobs
@@ -164,6 +184,8 @@ class QueueIndex:
 
     def _add(self, key: int, job: JobRequest) -> None:
         self._count(job, 1)
+        if self._moves is not None:
+            self._moves.append((True, job))
         # A job whose queue entry is its submit (the head's store records `queued_at` at submit)
         # ages and sorts as one without it (`queueing.sort_in`), so it is plain: otherwise every
         # job at the head was odd, and sorted again at each change.
@@ -180,6 +202,8 @@ class QueueIndex:
 
     def _remove(self, key: int, job: JobRequest) -> None:
         self._count(job, -1)
+        if self._moves is not None:
+            self._moves.append((False, job))
         if self._odd.pop(key, None) is not None:
             self._odd_sorted = None
             return

@@ -195,6 +195,10 @@ def _key(shape: JobShape, fields: tuple[str, ...]) -> tuple[object, ...] | None:
     return tuple(out)
 
 
+# A shape's similarity keys, where to look each up (`RuntimePredictor.lookups`).
+Lookups = tuple[tuple[str, "dict[tuple[object, ...], _Samples]", tuple[object, ...], float], ...]
+
+
 class RuntimePredictor:
     """Finished runs in, predictions out; `add` is O(keys), `predict` O(keys) plus a sort of
     at most `window` values the first time a key is asked after it changed."""
@@ -230,22 +234,34 @@ class RuntimePredictor:
             s = table[key] = _Samples(self.window)
         return s
 
-    def _lookup(self, shape: JobShape) -> tuple[str, _Samples, float] | None:
-        """The first similarity key of `shape` holding `min_samples` runs: its name, its runs,
-        and what multiplies them into seconds (None: no key has enough)."""
+    def lookups(self, shape: JobShape) -> Lookups:
+        """Where `shape`'s similarity keys are looked up, most specific first: (the key's name,
+        its table, the key, what multiplies its runs into seconds). Fixed for a shape (the
+        tables are the predictor's own, kept for its life), so a caller that asks about one
+        shape often (sim/learned.py, after every finished run of its team or user) keeps them
+        and asks `distribution_from`: building the keys was most of that question's cost."""
+        out: list[tuple[str, dict[tuple[object, ...], _Samples], tuple[object, ...], float]] = []
         for i, (basis, fields, seconds) in enumerate(LEVELS):
             key = _key(shape, fields)
             if key is None:
                 continue
             if not seconds and shape.time_limit_s:
-                s = self._ratios[i].get(key)
-                scale = shape.time_limit_s
+                out.append((basis, self._ratios[i], key, shape.time_limit_s))
             else:
-                s = self._seconds[i].get(key)
-                scale = 1.0
+                out.append((basis, self._seconds[i], key, 1.0))
+        return tuple(out)
+
+    def _first(self, lookups: Lookups) -> tuple[str, _Samples, float] | None:
+        """The first of `lookups` holding `min_samples` runs: its name, its runs, and what
+        multiplies them into seconds (None: no key has enough)."""
+        for basis, table, key, scale in lookups:
+            s = table.get(key)
             if s is not None and len(s.values) >= self.min_samples:
                 return basis, s, scale
         return None
+
+    def _lookup(self, shape: JobShape) -> tuple[str, _Samples, float] | None:
+        return self._first(self.lookups(shape))
 
     def predict(self, shape: JobShape, default_limit_s: float) -> Prediction:
         """The prediction for a job of `shape`; `default_limit_s` stands for a missing limit
@@ -263,7 +279,11 @@ class RuntimePredictor:
         """The run times of the jobs similar to `shape`, from the same key `predict` answers
         from (None where it would fall back to the time limit): what a Gittins-index ordering
         ranks by (core/gittins.py). The same object until that key learns another run."""
-        found = self._lookup(shape)
+        return self.distribution_from(self.lookups(shape))
+
+    def distribution_from(self, lookups: Lookups) -> RunDistribution | None:
+        """`distribution` of the shape whose `lookups` these are."""
+        found = self._first(lookups)
         if found is None:
             return None
         return found[1].distribution().scaled(found[2])

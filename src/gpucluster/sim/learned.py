@@ -13,14 +13,26 @@ grouped by shape (`_Kind`), so a shape is looked up once, not once per job. A fi
 changes only the similarity keys that name its team or its user (every key names one or the
 other), so when the snapshot next asks, only the shapes of those teams and users are looked up
 again, and only the jobs of a shape whose distribution changed get a new entry. (Rebuilding
-the whole map after every finish was a fifth of a replay's time on Philly.)
+the whole map after every finish was a fifth of a replay's time on Philly.) A kind keeps where
+its keys are looked up (`RuntimePredictor.lookups`): building them again at each look-up was
+most of its cost (whole Philly under `las-gittins`: ~4 -> ~2.8 CPU-s). The map handed out logs
+its writes (core/rank_book.py's `Logged`), so the kept Gittins ranks learn whose distribution
+changed without comparing every queued job's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpucluster.core.runtime_predict import FinishedRun, JobShape, RunDistribution, RuntimePredictor, workload_of
+from gpucluster.core.rank_book import Logged
+from gpucluster.core.runtime_predict import (
+    FinishedRun,
+    JobShape,
+    Lookups,
+    RunDistribution,
+    RuntimePredictor,
+    workload_of,
+)
 from gpucluster.sim.workload import TraceJob
 
 
@@ -33,12 +45,14 @@ def trace_shape(trace: TraceJob, model: str, only_model: str) -> JobShape:
 
 
 class _Kind:
-    """The jobs in the system of one shape, and the distribution they were last given."""
+    """The jobs in the system of one shape, where its distribution is looked up, and the
+    distribution they were last given."""
 
-    __slots__ = ("dist", "jobs", "shape")
+    __slots__ = ("dist", "jobs", "lookups", "shape")
 
-    def __init__(self, shape: JobShape, dist: RunDistribution | None) -> None:
+    def __init__(self, shape: JobShape, lookups: Lookups, dist: RunDistribution | None) -> None:
         self.shape = shape
+        self.lookups = lookups
         self.dist = dist
         self.jobs: set[int] = set()
 
@@ -53,7 +67,8 @@ class LearnedRuntimes:
         self._kind_of: dict[int, _Kind] = {}  # job in the system -> its kind
         self._by_team: dict[str, set[_Kind]] = {}
         self._by_user: dict[str, set[_Kind]] = {}
-        self._dists: dict[int, RunDistribution] = {}  # what the snapshot carries
+        # What the snapshot carries; its log tells core/rank_book.py whose distribution changed.
+        self._dists: Logged[RunDistribution] = Logged()
         self._dirty_teams: set[str] = set()  # learned a run since the last `distributions`
         self._dirty_users: set[str] = set()
 
@@ -61,7 +76,8 @@ class LearnedRuntimes:
         shape = trace_shape(trace, "", self._only_model)
         kind = self._kinds.get(shape)
         if kind is None:
-            kind = self._kinds[shape] = _Kind(shape, self.predictor.distribution(shape))
+            lookups = self.predictor.lookups(shape)
+            kind = self._kinds[shape] = _Kind(shape, lookups, self.predictor.distribution_from(lookups))
             self._by_team.setdefault(shape.team, set()).add(kind)
             if shape.user:
                 self._by_user.setdefault(shape.user, set()).add(kind)
@@ -102,7 +118,7 @@ class LearnedRuntimes:
             self._dirty_teams.clear()
             self._dirty_users.clear()
             for kind in touched:
-                d = self.predictor.distribution(kind.shape)
+                d = self.predictor.distribution_from(kind.lookups)
                 if d is kind.dist:
                     continue
                 kind.dist = d
