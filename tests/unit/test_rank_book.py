@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpucluster.core import rank_book
+from gpucluster.core import queue_index, rank_book
 from gpucluster.core.attained import Ordering, gittins_ranks
 from gpucluster.core.policy import las_gittins_policy
 from gpucluster.core.queue_index import QueueIndex
@@ -166,7 +166,7 @@ def test_only_the_jobs_whose_inputs_changed_are_ranked_again(index: str, monkeyp
 
 
 def test_plain_maps_are_ranked_whole_each_time() -> None:
-    """A caller whose maps do not log (the head) gets `gittins_ranks` itself."""
+    """A caller whose maps do not log gets `gittins_ranks` itself."""
     queued = [_job(1, 0.0, 1, None), _job(2, H, 2, None)]
     dists = {1: DISTS[0], 2: DISTS[2]}
     book = RankBook()
@@ -199,3 +199,44 @@ def test_a_probe_at_an_earlier_time_is_not_promoted_by_a_later_one() -> None:
     assert world.got(book) == world.want() == {1: 0.0}  # promoted
     world.now -= 2 * H
     assert world.got(book) == world.want() == early
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.dictionaries(st.integers(0, 9), st.sampled_from([0.0, 1.0, 2.5, H])), max_size=12))
+def test_assign_makes_the_map_equal_and_logs_only_what_changed(reads: list[dict[int, float]]) -> None:
+    """The head reads its attained map whole each plan and keeps one `Logged` map of it
+    (head/kept_ranks.py): each read is written as its differences, and the log names exactly the
+    keys whose value changed, came or went."""
+    m: Logged[float] = Logged()
+    last: dict[int, float] = {}
+    for fresh in reads:
+        assert m.assign(fresh) is m
+        assert dict(m) == fresh
+        changed = {k for k in fresh.keys() | last.keys() if fresh.get(k) != last.get(k)}
+        assert set(m.take() or []) == changed
+        last = dict(fresh)
+
+
+def test_moves_nobody_takes_stop_being_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index whose follower stopped asking (a head whose policy left Gittins ranks, or whose
+    plans were handed a part of the queue) stops recording past MOVES_LIMIT instead of growing
+    without end; a follower that asks then starts again (None: not known)."""
+    monkeypatch.setattr(queue_index, "MOVES_LIMIT", 5)
+    index, book = QueueIndex(told=True), RankBook()
+    jobs = [_job(j, 0.0, 1, None) for j in range(20)]
+    queued: list[JobRequest] = []
+    for j in jobs[:2]:
+        index.add(j)
+        queued.append(j)
+    index.update(queued, POLICY)
+    attained: Logged[float] = Logged()
+    dists: Logged[RunDistribution] = Logged()
+    assert book.ranks(queued, LAS, attained, dists, H, index) == gittins_ranks(queued, LAS, {}, {}, H)
+    assert book.rebuilds == 1
+    for j in jobs[2:]:  # many cycles of arrivals nobody ranks
+        index.add(j)
+        queued.append(j)
+        index.update(queued, POLICY)
+        assert index._moves is None or len(index._moves) <= 5
+    got = book.ranks(queued, LAS, attained, dists, H, index)  # the same maps: only the moves were lost
+    assert got == gittins_ranks(queued, LAS, {}, {}, H) and book.rebuilds == 2

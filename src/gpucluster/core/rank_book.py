@@ -13,7 +13,8 @@ each queued job's rank, and each cycle:
   queue index (`QueueIndex.take_moves`: what its last updates applied), else by comparing the
   queue with what it kept (C-speed passes: 3-4 CPU-s of whole Philly, the moves ~0.5);
 - reads whose attained service or distribution changed from those mappings' own logs
-  (`Logged`: the simulator's maps are; a caller handing plain mappings, as the head does, gets
+  (`Logged`: the head's and the simulator's maps are, head/kept_ranks.py and sim/learned.py,
+  both through core/learned_kinds.py; a caller handing plain mappings gets
   `attained.gittins_ranks` every cycle, the same answer);
 - ranks only those again (a few one by one, more through `gittins_ranks`: a job's rank reads
   only its own inputs). On whole Philly that is still ~40 jobs a cycle, 5.7 M in all: a
@@ -52,6 +53,7 @@ LOG_LIMIT = 1 << 16
 # Up to this many jobs to rank again are ranked one by one; more, through `gittins_ranks` (its
 # per-call set-up, ~10 us, pays for itself over its C-speed passes beyond about this many).
 _FEW = 8
+_MISSING = object()
 
 
 class Logged(dict[int, V]):
@@ -122,6 +124,20 @@ class Logged(dict[int, V]):
 
     def __ior__(self, other: Any) -> Logged[V]:  # type: ignore[override,misc]
         self.update(other)
+        return self
+
+    def assign(self, fresh: Mapping[int, V]) -> Logged[V]:
+        """Make this map equal `fresh`, writing (so logging) only the keys whose value differs
+        (`!=`: identity for distributions) or that left. Why: a caller that reads the whole map
+        anew each cycle (the head's attained service, from the store) keeps one `Logged` map,
+        so its reader learns the few keys that changed; itself, for chaining."""
+        get = self.get
+        changed = {k: v for k, v in fresh.items() if get(k, _MISSING) != v}
+        if changed:
+            self.update(changed)
+        if len(self) != len(fresh):
+            for key in self.keys() - fresh.keys():
+                del self[key]
         return self
 
 
