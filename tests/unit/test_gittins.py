@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpucluster.core import gittins
-from gpucluster.core.attained import Ordering, gittins_ranks, rank_of, ranks
+from gpucluster.core.attained import Ordering, _kind_rank, gittins_ranks, rank_of, ranks
 from gpucluster.core.policy import Policy, las_gittins_policy, las_policy
 from gpucluster.core.runtime_predict import FinishedRun, JobShape, RunDistribution, RuntimePredictor
 from gpucluster.core.scheduler import decide
@@ -253,3 +253,58 @@ def test_the_head_orders_by_what_it_learned(tmp_path: Path) -> None:
         finally:
             c.close()
     assert firsts == {"none": [slow], "gittins": [quick]}
+
+
+_ASK = st.tuples(st.integers(0, 400), st.sampled_from([0.5, 1.0, 2.0, 8.0]), st.sampled_from([60.0, H, 8 * H, 1e6]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.lists(st.integers(0, 600), max_size=6), st.lists(_ASK, max_size=6)), min_size=1, max_size=25
+    ),
+    window=st.sampled_from([3, 8, 256]),
+    fraction=st.booleans(),
+)
+def test_a_new_distribution_takes_over_only_indexes_and_ranks_that_cannot_have_changed(
+    steps: list[tuple[list[int], list[tuple[int, float, float]]]], window: int, fraction: bool
+) -> None:
+    """A key's next distribution keeps the last one's indexes and ranks where every run that
+    came or went since lies at or below the job's attained time (runtime_predict._Samples): each
+    answer, kept or not, is the float worked out afresh from the distribution's own values."""
+    predictor = RuntimePredictor(min_samples=1, window=window)
+    shape = JobShape("ann", "vision", "train", 1.0, "H100", None)
+    for runs, asks in steps:
+        for r in runs:  # whole seconds (carried), or with a fraction (nothing carried)
+            predictor.add(FinishedRun(shape, r + (0.25 if fraction else 0.0)))
+        dist = predictor.distribution(shape)
+        if dist is None:
+            continue
+        fresh = RunDistribution.of(list(dist.values))
+        for attained, gpus, quantum in asks:
+            got = gittins.index(dist, float(attained), quantum)
+            assert got == gittins.index(replace(fresh, memo={}), float(attained), quantum)
+            ordering = replace(LAS, queues=(quantum, 2 * quantum))
+            want = _kind_rank(ordering, replace(fresh, ranks={}, memo={}), gpus, attained * gpus)
+            assert _kind_rank(ordering, dist, gpus, attained * gpus) == want
+
+
+def test_a_run_below_a_jobs_attained_time_keeps_its_index() -> None:
+    """The point of the carry: a job that ran 5,000 s keeps its worked-out index and rank when
+    its key learns a shorter run (the values it reads, those above 5,000 s, are unchanged), and
+    works them out again when the key learns a longer one."""
+    predictor = RuntimePredictor(min_samples=1)
+    shape = JobShape("ann", "vision", "train", 2.0, "H100", None)
+    for r in (600, 4000, 9000, 20000):
+        predictor.add(FinishedRun(shape, float(r)))
+    first = predictor.distribution(shape)
+    assert first is not None and first.exact
+    rank = _kind_rank(LAS, first, 2.0, 10000.0)  # 5,000 s per GPU
+    predictor.add(FinishedRun(shape, 1200.0))
+    second = predictor.distribution(shape)
+    assert second is not None and second is not first
+    assert second.memo == first.memo and second.ranks == first.ranks  # taken over: nothing to work out
+    assert _kind_rank(LAS, second, 2.0, 10000.0) == rank
+    predictor.add(FinishedRun(shape, 7000.0))
+    third = predictor.distribution(shape)
+    assert third is not None and not third.memo and not third.ranks

@@ -47,6 +47,9 @@ LEVELS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("same team", ("team",), False),
 )
 MIN_SAMPLES = 3
+INF = float("inf")
+_EXACT_BELOW = float(2**53)  # whole numbers below this add exactly in floats
+_CARRY_LIMIT = 4096  # memo and rank entries a new distribution takes over at most (`_Samples`)
 WINDOW = 256
 _GENERATED_NAME = re.compile(r"^(job-\d+|line\d+)$")
 
@@ -119,17 +122,41 @@ def duration_words(seconds: float) -> str:
 
 class _Samples:
     """The `window` latest values of one key, with their sorted copy (and the distribution made
-    of it) made when first asked after a change."""
+    of it) made when first asked after a change.
 
-    __slots__ = ("_dist", "_sorted", "values")
+    A new distribution takes over the Gittins indexes of the last one (`RunDistribution.memo`)
+    and its ranks that cannot have changed. Why: a key's every finished run makes a new
+    distribution, and each queued job of that key that ran before had its index worked out
+    again (~700 k times on whole Philly under `las-gittins`, the largest cost of its ranks). An
+    index at attained `a` reads only the values above `a` (core/gittins.py's `_unscaled`: the
+    others enter through `prefix[k] - prefix[i0]` and counts), so where every value that came
+    or went since is at most `a`, it is the same number, bit for bit, provided both prefix
+    sums are exact: every value a whole number and the sum below 2**53 (`_exact`), as run times
+    in whole seconds are. Ratios to a time limit are not: nothing is carried for them."""
+
+    __slots__ = ("_dist", "_fraction", "_moved", "_prev", "_sorted", "values")
 
     def __init__(self, window: int) -> None:
         self.values: deque[float] = deque(maxlen=window)
         self._sorted: list[float] | None = None
         self._dist: RunDistribution | None = None
+        self._fraction = 0  # values of the window that are not whole numbers
+        self._prev: RunDistribution | None = None  # the last distribution made, while exact
+        self._moved = -INF  # the largest value that came or went since `_prev` was made
 
     def add(self, v: float) -> None:
-        self.values.append(v)
+        values = self.values
+        moved = v
+        if len(values) == values.maxlen:
+            old = values[0]  # leaves as `v` comes
+            moved = max(moved, old)
+            self._fraction -= not float(old).is_integer()
+        self._fraction += not float(v).is_integer()
+        if self._dist is not None:
+            self._prev = self._dist if self._dist.exact else None
+        if moved > self._moved:
+            self._moved = moved
+        values.append(v)
         self._sorted = None
         self._dist = None
 
@@ -140,7 +167,18 @@ class _Samples:
 
     def distribution(self) -> RunDistribution:
         if self._dist is None:
-            self._dist = RunDistribution.of(self.sorted())
+            d = RunDistribution.of(self.sorted(), exact=self._fraction == 0)
+            prev = self._prev
+            if prev is not None and d.exact:
+                low = self._moved
+                if len(prev.memo) + len(prev.ranks) > _CARRY_LIMIT:  # bounded: the jobs it was for are mostly gone
+                    prev = RunDistribution((), ())
+                if prev.memo:
+                    d.memo.update({k: g for k, g in prev.memo.items() if k[0] >= low})
+                if prev.ranks:  # unscaled: a rank's index is at (attained / GPUs), as `attained._kind_rank` divides
+                    d.ranks.update({k: r for k, r in prev.ranks.items() if k[1] / k[0] >= low})
+            self._prev, self._moved = None, -INF
+            self._dist = d
         return self._dist
 
 
@@ -164,10 +202,15 @@ class RunDistribution:
     # Why: a queued job that ran before is ranked every cycle with the same three, and
     # working it out each time was most of `las-gittins`'s cost beyond `las`.
     ranks: dict[tuple[float, float, tuple[float, ...]], float] = field(default_factory=dict, repr=False)
+    # Every prefix sum exact (whole-number values, sum below 2**53): `_Samples` may carry the
+    # memo and ranks of one such distribution to the next (see there).
+    exact: bool = False
 
     @classmethod
-    def of(cls, ascending: list[float], scale: float = 1.0) -> RunDistribution:
-        return cls(tuple(ascending), (0.0, *accumulate(ascending)), scale)
+    def of(cls, ascending: list[float], scale: float = 1.0, exact: bool = False) -> RunDistribution:
+        """`exact`: the caller knows every value is a whole number (the sum is checked here)."""
+        prefix = (0.0, *accumulate(ascending))
+        return cls(tuple(ascending), prefix, scale, exact=exact and scale == 1.0 and prefix[-1] < _EXACT_BELOW)
 
     def scaled(self, scale: float) -> RunDistribution:
         # The memo is of unscaled values (core/gittins.py): a scaled copy shares it.
