@@ -289,10 +289,18 @@ def test_a_new_distribution_takes_over_only_indexes_and_ranks_that_cannot_have_c
             assert _kind_rank(ordering, dist, gpus, attained * gpus) == want
 
 
-def test_a_run_below_a_jobs_attained_time_keeps_its_index() -> None:
+def test_a_run_below_a_jobs_attained_time_keeps_its_index(monkeypatch: pytest.MonkeyPatch) -> None:
     """The point of the carry: a job that ran 5,000 s keeps its worked-out index and rank when
     its key learns a shorter run (the values it reads, those above 5,000 s, are unchanged), and
-    works them out again when the key learns a longer one."""
+    has them worked out again when the key learns a longer one."""
+    worked: list[float] = []
+    unscaled = gittins._unscaled
+
+    def counting(values: tuple[float, ...], prefix: tuple[float, ...], a: float, d: float) -> float:
+        worked.append(a)
+        return unscaled(values, prefix, a, d)
+
+    monkeypatch.setattr(gittins, "_unscaled", counting)
     predictor = RuntimePredictor(min_samples=1)
     shape = JobShape("ann", "vision", "train", 2.0, "H100", None)
     for r in (600, 4000, 9000, 20000):
@@ -300,11 +308,16 @@ def test_a_run_below_a_jobs_attained_time_keeps_its_index() -> None:
     first = predictor.distribution(shape)
     assert first is not None and first.exact
     rank = _kind_rank(LAS, first, 2.0, 10000.0)  # 5,000 s per GPU
+    index = gittins.index(first, 5000.0, 1000.0)
+    assert len(worked) == 2
     predictor.add(FinishedRun(shape, 1200.0))
     second = predictor.distribution(shape)
     assert second is not None and second is not first
-    assert second.memo == first.memo and second.ranks == first.ranks  # taken over: nothing to work out
     assert _kind_rank(LAS, second, 2.0, 10000.0) == rank
+    assert gittins.index(second, 5000.0, 1000.0) == index
+    assert len(worked) == 2  # nothing worked out again
     predictor.add(FinishedRun(shape, 7000.0))
     third = predictor.distribution(shape)
-    assert third is not None and not third.memo and not third.ranks
+    assert third is not None
+    _kind_rank(LAS, third, 2.0, 10000.0)
+    assert len(worked) == 3  # a run above 5,000 s: worked out again

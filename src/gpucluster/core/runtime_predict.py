@@ -36,6 +36,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import cast
 
 # Similarity keys, most specific first: (name shown to users, fields, counts in seconds).
 LEVELS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
@@ -49,7 +50,7 @@ LEVELS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
 MIN_SAMPLES = 3
 INF = float("inf")
 _EXACT_BELOW = float(2**53)  # whole numbers below this add exactly in floats
-_CARRY_LIMIT = 4096  # memo and rank entries a new distribution takes over at most (`_Samples`)
+_CARRY_DEPTH = 4  # earlier distributions of a key a new one reads (`_Samples`)
 WINDOW = 256
 _GENERATED_NAME = re.compile(r"^(job-\d+|line\d+)$")
 
@@ -120,19 +121,25 @@ def duration_words(seconds: float) -> str:
     return f"{d} d {h} h" if h else f"{d} d"
 
 
+_Carry = tuple[tuple[dict[tuple[float, float], float], dict[tuple[float, float, tuple[float, ...]], float], float], ...]
+
+
 class _Samples:
     """The `window` latest values of one key, with their sorted copy (and the distribution made
     of it) made when first asked after a change.
 
-    A new distribution takes over the Gittins indexes of the last one (`RunDistribution.memo`)
-    and its ranks that cannot have changed. Why: a key's every finished run makes a new
+    A new distribution reads the Gittins indexes and ranks of the key's last ones
+    (`RunDistribution.memo`, `ranks`) that cannot have changed (`carried_index`, `carried_rank`:
+    a link to each, not a copy: copying the memos at each new distribution cost most of what
+    it saved). Why: a key's every finished run makes a new
     distribution, and each queued job of that key that ran before had its index worked out
     again (~700 k times on whole Philly under `las-gittins`, the largest cost of its ranks). An
     index at attained `a` reads only the values above `a` (core/gittins.py's `_unscaled`: the
     others enter through `prefix[k] - prefix[i0]` and counts), so where every value that came
     or went since is at most `a`, it is the same number, bit for bit, provided both prefix
-    sums are exact: every value a whole number and the sum below 2**53 (`_exact`), as run times
-    in whole seconds are. Ratios to a time limit are not: nothing is carried for them."""
+    sums are exact: every value a whole number and the sum below 2**53 (`RunDistribution.exact`),
+    as run times in whole seconds are. Ratios to a time limit mostly are not: nothing is carried
+    for them. At most `_CARRY_DEPTH` links, so old memos are let go."""
 
     __slots__ = ("_dist", "_fraction", "_moved", "_prev", "_sorted", "values")
 
@@ -167,18 +174,13 @@ class _Samples:
 
     def distribution(self) -> RunDistribution:
         if self._dist is None:
-            d = RunDistribution.of(self.sorted(), exact=self._fraction == 0)
-            prev = self._prev
-            if prev is not None and d.exact:
-                low = self._moved
-                if len(prev.memo) + len(prev.ranks) > _CARRY_LIMIT:  # bounded: the jobs it was for are mostly gone
-                    prev = RunDistribution((), ())
-                if prev.memo:
-                    d.memo.update({k: g for k, g in prev.memo.items() if k[0] >= low})
-                if prev.ranks:  # unscaled: a rank's index is at (attained / GPUs), as `attained._kind_rank` divides
-                    d.ranks.update({k: r for k, r in prev.ranks.items() if k[1] / k[0] >= low})
+            prev, carry = self._prev, cast(_Carry, ())
+            if prev is not None and self._fraction == 0:
+                low = self._moved  # an older link's bound takes this one's: its answers held for every change since
+                older = ((m, r, max(b, low)) for m, r, b in prev.carry[: _CARRY_DEPTH - 1])
+                carry = ((prev.memo, prev.ranks, low), *older)
+            self._dist = RunDistribution.of(self.sorted(), exact=self._fraction == 0, carry=carry)
             self._prev, self._moved = None, -INF
-            self._dist = d
         return self._dist
 
 
@@ -202,15 +204,43 @@ class RunDistribution:
     # Why: a queued job that ran before is ranked every cycle with the same three, and
     # working it out each time was most of `las-gittins`'s cost beyond `las`.
     ranks: dict[tuple[float, float, tuple[float, ...]], float] = field(default_factory=dict, repr=False)
-    # Every prefix sum exact (whole-number values, sum below 2**53): `_Samples` may carry the
-    # memo and ranks of one such distribution to the next (see there).
+    # Every prefix sum exact (whole-number values, sum below 2**53): `_Samples` lets the next
+    # such distribution of its key read this one's memo and ranks (see there).
     exact: bool = False
+    # The memos and ranks of the key's earlier exact distributions, newest first, each with the
+    # attained time (unscaled) at and above which its answers are this one's (`carried`).
+    carry: _Carry = field(default=(), repr=False)
 
     @classmethod
-    def of(cls, ascending: list[float], scale: float = 1.0, exact: bool = False) -> RunDistribution:
-        """`exact`: the caller knows every value is a whole number (the sum is checked here)."""
+    def of(cls, ascending: list[float], scale: float = 1.0, exact: bool = False, carry: _Carry = ()) -> RunDistribution:
+        """`exact`: the caller knows every value is a whole number (the sum is checked here);
+        `carry`: what an exact one may read of its key's earlier ones (`_Samples`)."""
         prefix = (0.0, *accumulate(ascending))
-        return cls(tuple(ascending), prefix, scale, exact=exact and scale == 1.0 and prefix[-1] < _EXACT_BELOW)
+        exact = exact and scale == 1.0 and prefix[-1] < _EXACT_BELOW
+        return cls(tuple(ascending), prefix, scale, exact=exact, carry=carry if exact else ())
+
+    def carried_index(self, a: float, d: float) -> float | None:
+        """The index at (unscaled) attained `a` and look-ahead `d` an earlier distribution of the
+        key worked out, where it is this one's (every run that came or went since is at most `a`)."""
+        key = (a, d)
+        for memo, _, low in self.carry:
+            if a < low:
+                return None
+            got = memo.get(key)
+            if got is not None:
+                return got
+        return None
+
+    def carried_rank(self, key: tuple[float, float, tuple[float, ...]]) -> float | None:
+        """`carried_index` for a rank of `ranks` ((GPUs, attained GPU-seconds, queues); unscaled)."""
+        a = key[1] / key[0]
+        for _, ranks, low in self.carry:
+            if a < low:
+                return None
+            got = ranks.get(key)
+            if got is not None:
+                return got
+        return None
 
     def scaled(self, scale: float) -> RunDistribution:
         # The memo is of unscaled values (core/gittins.py): a scaled copy shares it.
