@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 from gpucluster.core.attained import Ordering, _kind_rank, entered_queue, gittins_ranks
 from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.queueing import RankedLines
 from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.types import JobRequest
 
@@ -146,6 +147,8 @@ class RankBook:
 
     def __init__(self) -> None:
         self.rebuilds = 0  # times it started again from `gittins_ranks` (for tests)
+        # The team lines sorted by these ranks, kept across cycles for `queueing.TeamQueues`.
+        self.lines = RankedLines()
         self._reset()
 
     def _reset(self) -> None:
@@ -197,7 +200,10 @@ class RankBook:
         if len(jobs) != len(queued):  # the index did not hold `queued`: not to be followed
             return self._rebuild(queued, ordering, attained, dists, now, None)
         todo = set(map(_JOB_ID, new))
-        todo.update(jobs.keys() & changed_a, jobs.keys() & changed_d)
+        # The logs' keys that are queued (the learned map logs every job of a kind in the system,
+        # queued or not): a pass over each log, not a set of the whole queue each cycle.
+        queued_now = jobs.__contains__
+        todo.update(filter(queued_now, changed_a), filter(queued_now, changed_d))
         promote = ordering.promote_after_s
         if len(todo) > _FEW:
             # A job's rank reads only its own inputs: these are ranked as `gittins_ranks` ranks a queue.

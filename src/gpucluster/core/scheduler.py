@@ -356,8 +356,9 @@ class _Cycle:
                 self._ranks = attained.ranks(
                     self.s.queued, ordering, self.s.attained, self.s.expected_runtime, self.now, dists
                 )
+        lines = self.s.rank_book.lines if self.s.rank_book is not None else None  # kept across cycles
         queues = TeamQueues(
-            self.s.queued, self.policy, self.s.usage, self.now, guaranteed, presorted, self._ranks or None
+            self.s.queued, self.policy, self.s.usage, self.now, guaranteed, presorted, self._ranks or None, lines
         )
         waiting, starts, reservations, preemptions = self.waiting, self.starts, self.reservations, self.preemptions
         # Jobs that could not start, by request, since the cycle's state last changed. Why: a
