@@ -13,6 +13,7 @@ from gpucluster.core import queue_index, rank_book
 from gpucluster.core.attained import Ordering, gittins_ranks
 from gpucluster.core.policy import las_gittins_policy
 from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.queueing import RankedLines, TeamQueues
 from gpucluster.core.rank_book import Logged, RankBook
 from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.types import JobRequest
@@ -240,3 +241,41 @@ def test_moves_nobody_takes_stop_being_recorded(monkeypatch: pytest.MonkeyPatch)
         assert index._moves is None or len(index._moves) <= 5
     got = book.ranks(queued, LAS, attained, dists, H, index)  # the same maps: only the moves were lost
     assert got == gittins_ranks(queued, LAS, {}, {}, H) and book.rebuilds == 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    cycles=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 15), max_size=12, unique=True),  # the queued jobs, by id
+            st.dictionaries(st.integers(0, 15), st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5])),  # ranks
+            st.lists(st.integers(0, 15), max_size=3),  # jobs replaced by an equal new object
+        ),
+        max_size=12,
+    )
+)
+def test_lines_kept_across_cycles_order_as_a_fresh_sort(
+    cycles: list[tuple[list[int], dict[int, float], list[int]]],
+) -> None:
+    """`TeamQueues` with the book's kept lines (`RankedLines`) pops the jobs, the very objects,
+    in the order it pops them sorting every line afresh, whatever the lines were before: jobs
+    that came or left, ranks that changed, a job replaced by an equal object (a kept line of
+    the old one must not be handed back)."""
+    lines = RankedLines()
+    objects = {jid: replace(_job(jid, float(jid % 5), 1, None), team=("a", "b")[jid % 2]) for jid in range(16)}
+    policy = replace(POLICY, fair_share=False)
+    for ids, ranks, replaced in cycles:
+        for jid in replaced:
+            objects[jid] = replace(objects[jid])  # equal, not the same
+        queued = [objects[jid] for jid in ids]
+        want = _popped(TeamQueues(queued, policy, {}, H, ranks=ranks or None))
+        got = _popped(TeamQueues(queued, policy, {}, H, ranks=ranks or None, lines=lines))
+        assert [id(j) for j in got] == [id(j) for j in want]
+
+
+def _popped(queues: TeamQueues) -> list[JobRequest]:
+    out = []
+    while (job := queues.pop()) is not None:
+        out.append(job)
+        queues.done(job, False)
+    return out
