@@ -57,8 +57,8 @@ class Snapshot:
     # Queued job id -> the run times of finished jobs like it (core/runtime_predict.py), read
     # only by `ordering.runtime_model: gittins` (core/gittins.py); a job not named has no history.
     runtime_dist: Mapping[int, RunDistribution] = field(default_factory=dict)
-    # Optional: the Gittins ranks kept across cycles (see rank_book.py); the plan is the same
-    # with or without it.
+    # Optional: the Gittins ranks, and the team lines sorted by any ranks, kept across cycles
+    # (see rank_book.py, queueing.RankedLines); the plan is the same with or without it.
     rank_book: RankBook | None = field(default=None, compare=False, repr=False)
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:

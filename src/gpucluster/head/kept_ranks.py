@@ -49,7 +49,9 @@ class KeptRanks:
         return self._attained.assign(fresh) if ordering.gittins else fresh
 
     def book_for(self, ordering: Ordering) -> RankBook | None:
-        return self.book if ordering.gittins else None
+        """The book under any ranked ordering: `las` uses its team lines sorted by rank
+        (`queueing.RankedLines`), Gittins ranks its ranks too."""
+        return self.book if ordering.ranked else None
 
     @staticmethod
     def for_other_threads(snap: Snapshot) -> Snapshot:
@@ -57,6 +59,8 @@ class KeptRanks:
         at its next plan) and no book (not thread-safe, and a probe's queue is not the loop's)."""
         if snap.rank_book is None:
             return snap
+        if type(snap.attained) is dict and type(snap.runtime_dist) is dict:  # `las`: nothing kept but the book
+            return replace(snap, rank_book=None)
         return replace(snap, attained=dict(snap.attained), runtime_dist=dict(snap.runtime_dist), rank_book=None)
 
     def check(self, snap: Snapshot, ordering: Ordering, now: float, nodes: Iterable[Node]) -> None:
@@ -64,7 +68,7 @@ class KeptRanks:
         `gittins_ranks` over plain copies of the snapshot's maps, and the kept distributions of
         its queued jobs equal a whole look-up (before the next refresh learns more runs)."""
         book = snap.rank_book
-        if book is None:
+        if book is None or not ordering.gittins:
             return
         want_dists = self.runtime.fresh_distributions(snap.queued, nodes)
         kept = snap.runtime_dist

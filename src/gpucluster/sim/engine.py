@@ -278,11 +278,12 @@ class Engine:
         self._expected: dict[int, float] = {}
         # `runtime_model: gittins`: run times learned from the jobs finished so far (sim/learned.py),
         # and each queued job's rank kept across calls (core/rank_book.py), which learns what
-        # changed from the logs of the attained and learned maps.
+        # changed from the logs of the attained and learned maps; any ranked ordering: the book's
+        # team lines sorted by rank, kept across calls.
         gittins = policy.core.ordering.gittins
         self._attained: dict[int, float] = Logged() if gittins else {}
         self._learned = LearnedRuntimes({g.gpu_model for g in spec.groups}) if gittins else None
-        self._rank_book = RankBook() if gittins else None
+        self._rank_book = RankBook() if self._ranked else None  # `las` too: its team lines sorted by rank
         # Preempted job -> the job it was preempted for, while that job is queued (as the head).
         self._preempted_for: dict[int, int] = {}
         # Elastic growth, as the head: since when GPUs are free with nothing queued, and whether
