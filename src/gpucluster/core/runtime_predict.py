@@ -36,7 +36,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import cast
+from typing import Any, cast
 
 # Similarity keys, most specific first: (name shown to users, fields, counts in seconds).
 LEVELS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
@@ -222,22 +222,18 @@ class RunDistribution:
     def carried_index(self, a: float, d: float) -> float | None:
         """The index at (unscaled) attained `a` and look-ahead `d` an earlier distribution of the
         key worked out, where it is this one's (every run that came or went since is at most `a`)."""
-        key = (a, d)
-        for memo, _, low in self.carry:
-            if a < low:
-                return None
-            got = memo.get(key)
-            if got is not None:
-                return got
-        return None
+        return self._carried(0, (a, d), a)
 
     def carried_rank(self, key: tuple[float, float, tuple[float, ...]]) -> float | None:
         """`carried_index` for a rank of `ranks` ((GPUs, attained GPU-seconds, queues); unscaled)."""
-        a = key[1] / key[0]
-        for _, ranks, low in self.carry:
-            if a < low:
+        return self._carried(1, key, key[1] / key[0])
+
+    def _carried(self, table: int, key: Any, a: float) -> float | None:
+        """`key` in the memos (`table` 0) or ranks (1) of the linked distributions whose answers at `a` hold."""
+        for link in self.carry:
+            if a < link[2]:
                 return None
-            got = ranks.get(key)
+            got = cast("dict[Any, float]", link[table]).get(key)
             if got is not None:
                 return got
         return None
