@@ -4,7 +4,7 @@ to the time limit, and never a prediction above the limit."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucluster.core.runtime_predict import (
@@ -184,3 +184,25 @@ def test_kept_lookups_answer_as_the_shape_does(runs: list[tuple[str, float, floa
             assert got is want or (
                 got is not None and want is not None and got.values == want.values and got.scale == want.scale
             )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.floats(0.0, 1e6), st.sampled_from([0.0, 1.0, 60.0])),
+        max_size=40,
+    ),
+    st.sampled_from([3, 5, 256]),
+    st.sets(st.integers(0, 40)),
+)
+def test_the_window_kept_sorted_is_a_fresh_sort(runs: list[float], window: int, asked: set[int]) -> None:
+    """A key's sorted window, kept across runs (one value in, one out), is `sorted` of the window,
+    whenever its distribution was asked for before."""
+    predictor = RuntimePredictor(min_samples=1, window=window)
+    shape = JobShape("ann", "vision", "train", 1.0, "H100", None)
+    for i, r in enumerate(runs):
+        predictor.add(FinishedRun(shape, r))
+        if i in asked:
+            dist = predictor.distribution(shape)
+            assert dist is not None
+            assert list(dist.values) == sorted(runs[max(0, i + 1 - window) : i + 1])

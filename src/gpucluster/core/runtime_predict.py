@@ -33,6 +33,7 @@ that got faster, and memory stays bounded. Pure: no I/O, no clock; the caller fe
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -154,17 +155,28 @@ class _Samples:
     def add(self, v: float) -> None:
         values = self.values
         moved = v
+        ordered = self._sorted
+        # Kept sorted: a copy with one value in and one out, not a sort of the window (a NaN,
+        # which no order holds, is sorted again as before).
+        ordered = ordered.copy() if ordered is not None and v == v else None
         if len(values) == values.maxlen:
             old = values[0]  # leaves as `v` comes
             moved = max(moved, old)
             self._fraction -= not float(old).is_integer()
+            if ordered is not None:
+                if old == old:
+                    del ordered[bisect_left(ordered, old)]
+                else:
+                    ordered = None
         self._fraction += not float(v).is_integer()
+        if ordered is not None:
+            insort(ordered, v)
         if self._dist is not None:
             self._prev = self._dist if self._dist.exact else None
         if moved > self._moved:
             self._moved = moved
         values.append(v)
-        self._sorted = None
+        self._sorted = ordered
         self._dist = None
 
     def sorted(self) -> list[float]:
