@@ -19,7 +19,9 @@ each queued job's rank, and each cycle:
 - ranks only those again (a few one by one, more through `gittins_ranks`: a job's rank reads
   only its own inputs). On whole Philly that is still ~40 jobs a cycle, 5.7 M in all: a
   finished run gives its key a new distribution, and every queued job of that key is ranked
-  again (~750 k of them had run before, each a new Gittins index: the floor of this book);
+  again (~750 k of them had run before; a new distribution reads the index of each whose
+  attained time no new run exceeds from the last one, core/runtime_predict.py's `_Samples`,
+  so ~250 k indexes are worked out);
 - promotes, from a heap by the time each job entered the queue, the jobs now `promote_after`
   past it (`attained._promote`'s test, the same float operations).
 The answer equals `attained.gittins_ranks` on the same inputs whatever the book saw before
