@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpucluster.core import gittins
-from gpucluster.core.attained import Ordering, gittins_ranks, rank_of, ranks
+from gpucluster.core.attained import Ordering, _kind_rank, gittins_ranks, rank_of, ranks
 from gpucluster.core.policy import Policy, las_gittins_policy, las_policy
 from gpucluster.core.runtime_predict import FinishedRun, JobShape, RunDistribution, RuntimePredictor
 from gpucluster.core.scheduler import decide
@@ -60,6 +60,9 @@ def test_the_index_is_its_definition(values: list[float], a: float, d: float, ex
     want = _definition(sorted(values), a, d, [])
     assert got == pytest.approx(want, rel=1e-6, abs=1e-15)
     assert got >= _definition(sorted(values), a, d, extra) * (1 - 1e-6)
+    # Only where the look-ahead survives the round trip: a survivor right at `a + d` (values
+    # [x], a 0, d x) is in or out by the last bit of `d * scale / scale`.
+    assume((a * scale) / scale == a and (d * scale) / scale == d)
     assert gittins.index(dist.scaled(scale), a * scale, d * scale) == pytest.approx(got / scale, rel=1e-6)
 
 
@@ -253,3 +256,71 @@ def test_the_head_orders_by_what_it_learned(tmp_path: Path) -> None:
         finally:
             c.close()
     assert firsts == {"none": [slow], "gittins": [quick]}
+
+
+_ASK = st.tuples(st.integers(0, 400), st.sampled_from([0.5, 1.0, 2.0, 8.0]), st.sampled_from([60.0, H, 8 * H, 1e6]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.lists(st.integers(0, 600), max_size=6), st.lists(_ASK, max_size=6)), min_size=1, max_size=25
+    ),
+    window=st.sampled_from([3, 8, 256]),
+    fraction=st.booleans(),
+)
+def test_a_new_distribution_takes_over_only_indexes_and_ranks_that_cannot_have_changed(
+    steps: list[tuple[list[int], list[tuple[int, float, float]]]], window: int, fraction: bool
+) -> None:
+    """A key's next distribution keeps the last one's indexes and ranks where every run that
+    came or went since lies at or below the job's attained time (runtime_predict._Samples): each
+    answer, kept or not, is the float worked out afresh from the distribution's own values."""
+    predictor = RuntimePredictor(min_samples=1, window=window)
+    shape = JobShape("ann", "vision", "train", 1.0, "H100", None)
+    for runs, asks in steps:
+        for r in runs:  # whole seconds (carried), or with a fraction (nothing carried)
+            predictor.add(FinishedRun(shape, r + (0.25 if fraction else 0.0)))
+        dist = predictor.distribution(shape)
+        if dist is None:
+            continue
+        fresh = RunDistribution.of(list(dist.values))
+        for attained, gpus, quantum in asks:
+            got = gittins.index(dist, float(attained), quantum)
+            assert got == gittins.index(replace(fresh, memo={}), float(attained), quantum)
+            ordering = replace(LAS, queues=(quantum, 2 * quantum))
+            want = _kind_rank(ordering, replace(fresh, ranks={}, memo={}), gpus, attained * gpus)
+            assert _kind_rank(ordering, dist, gpus, attained * gpus) == want
+
+
+def test_a_run_below_a_jobs_attained_time_keeps_its_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point of the carry: a job that ran 5,000 s keeps its worked-out index and rank when
+    its key learns a shorter run (the values it reads, those above 5,000 s, are unchanged), and
+    has them worked out again when the key learns a longer one."""
+    worked: list[float] = []
+    unscaled = gittins._unscaled
+
+    def counting(values: tuple[float, ...], prefix: tuple[float, ...], a: float, d: float) -> float:
+        worked.append(a)
+        return unscaled(values, prefix, a, d)
+
+    monkeypatch.setattr(gittins, "_unscaled", counting)
+    predictor = RuntimePredictor(min_samples=1)
+    shape = JobShape("ann", "vision", "train", 2.0, "H100", None)
+    for r in (600, 4000, 9000, 20000):
+        predictor.add(FinishedRun(shape, float(r)))
+    first = predictor.distribution(shape)
+    assert first is not None and first.exact
+    rank = _kind_rank(LAS, first, 2.0, 10000.0)  # 5,000 s per GPU
+    index = gittins.index(first, 5000.0, 1000.0)
+    assert len(worked) == 2
+    predictor.add(FinishedRun(shape, 1200.0))
+    second = predictor.distribution(shape)
+    assert second is not None and second is not first
+    assert _kind_rank(LAS, second, 2.0, 10000.0) == rank
+    assert gittins.index(second, 5000.0, 1000.0) == index
+    assert len(worked) == 2  # nothing worked out again
+    predictor.add(FinishedRun(shape, 7000.0))
+    third = predictor.distribution(shape)
+    assert third is not None
+    _kind_rank(LAS, third, 2.0, 10000.0)
+    assert len(worked) == 3  # a run above 5,000 s: worked out again

@@ -4,7 +4,7 @@ to the time limit, and never a prediction above the limit."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucluster.core.runtime_predict import (
@@ -161,3 +161,48 @@ def test_property_never_above_the_limit_and_ordered(
     got = p.predict(shape(limit=limit), default)
     cap = limit or default
     assert 0 <= got.low_s <= got.run_s <= got.high_s <= cap
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["alice", "bob", ""]), st.sampled_from([1, 2, 8]), st.sampled_from([None, 8 * H])),
+        max_size=40,
+    )
+)
+def test_kept_lookups_answer_as_the_shape_does(runs: list[tuple[str, float, float | None]]) -> None:
+    """`lookups` taken before any run was learned stay right as runs come (sim/learned.py keeps
+    them per shape): `distribution_from` is `distribution`, the very object, after every run."""
+    p = RuntimePredictor()
+    shapes = [
+        shape(user=u, gpus=g, limit=lim) for u in ("alice", "bob", "") for g in (1, 2, 8) for lim in (None, 8 * H)
+    ]
+    kept = {s: p.lookups(s) for s in shapes}
+    for i, (user, gpus, limit) in enumerate(runs):
+        p.add(FinishedRun(shape(user=user, gpus=gpus, limit=limit), 60.0 * (i % 7 + 1)))
+        for s in shapes:
+            got, want = p.distribution_from(kept[s]), p.distribution(s)
+            assert got is want or (
+                got is not None and want is not None and got.values == want.values and got.scale == want.scale
+            )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.floats(0.0, 1e6), st.sampled_from([0.0, 1.0, 60.0])),
+        max_size=40,
+    ),
+    st.sampled_from([3, 5, 256]),
+    st.sets(st.integers(0, 40)),
+)
+def test_the_window_kept_sorted_is_a_fresh_sort(runs: list[float], window: int, asked: set[int]) -> None:
+    """A key's sorted window, kept across runs (one value in, one out), is `sorted` of the window,
+    whenever its distribution was asked for before."""
+    predictor = RuntimePredictor(min_samples=1, window=window)
+    shape = JobShape("ann", "vision", "train", 1.0, "H100", None)
+    for i, r in enumerate(runs):
+        predictor.add(FinishedRun(shape, r))
+        if i in asked:
+            dist = predictor.distribution(shape)
+            assert dist is not None
+            assert list(dist.values) == sorted(runs[max(0, i + 1 - window) : i + 1])

@@ -241,6 +241,10 @@ def _kind_rank(ordering: Ordering, dist: RunDistribution | None, gpus: float, go
         return float(ordering.queue_of(got))
     key = (gpus, got, ordering.queues)
     rank = dist.ranks.get(key)
+    if rank is None and dist.carry:  # an earlier distribution of its key's, where it holds
+        rank = dist.carried_rank(key)
+        if rank is not None:
+            dist.ranks[key] = rank
     if rank is None:  # once per distribution and kind of job (`RunDistribution.ranks`)
         queue = ordering.queue_of(got)
         left = ordering.allowance(queue) - got

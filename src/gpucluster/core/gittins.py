@@ -47,7 +47,11 @@ def index(dist: RunDistribution, attained_s: float, quantum_s: float) -> float:
     memo = dist.memo
     got = memo.get((a, d))
     if got is None:
-        got = memo[(a, d)] = _unscaled(dist.values, dist.prefix, a, d)
+        # An earlier distribution of the key may have it (runtime_predict._Samples: exact).
+        got = dist.carried_index(a, d) if dist.carry else None
+        if got is None:
+            got = _unscaled(dist.values, dist.prefix, a, d)
+        memo[(a, d)] = got
     return got / c
 
 

@@ -42,6 +42,10 @@ from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import Sorted, sort_in
 from gpucluster.core.types import JobRequest
 
+# Moves kept for a follower (`QueueIndex.follow`) that has not taken them: past this many it is
+# taken to have stopped following, and recording stops (it would grow without end).
+MOVES_LIMIT = 1 << 16
+
 _age = attrgetter("submitted_at", "job_id")  # the order of `queueing.by_age`, as one key
 _NO_CHANGE = sys.maxsize  # `_ByAge.low` when nothing came or went
 _NO_JOBS: tuple[JobRequest, ...] = ()  # no odd jobs for a line (one object: `_part` compares by identity)
@@ -84,9 +88,28 @@ class QueueIndex:
         self.diffs = 0  # updates that diffed the whole queue (told: first use, or a count mismatch)
         self._told = told  # the caller reports each job that enters or leaves (`add`, `remove`)
         self._changes: list[tuple[bool, JobRequest]] = []  # (entered?, job) since the last update
+        # What entered and left, as applied, for one follower (core/rank_book.py; `follow`):
+        # None while nobody follows, and once a rebuild made it no full record or it grew past
+        # MOVES_LIMIT (a follower that stopped asking: a head whose policy left Gittins ranks,
+        # or whose plans were handed another queue): recording stops until `follow` again.
+        self._moves: list[tuple[bool, JobRequest]] | None = None
         self._reset(None)
 
+    def follow(self) -> None:
+        """Start recording the jobs that enter and leave (`take_moves`), for one follower."""
+        self._moves = []
+
+    def take_moves(self) -> list[tuple[bool, JobRequest]] | None:
+        """(entered?, job) for each job that entered or left since `follow` or the last call, in
+        order, or None when they are not known (nobody followed, or the index was rebuilt)."""
+        moves = self._moves
+        if moves is None:
+            return None
+        self._moves = []
+        return moves
+
     def _reset(self, priorities: bool | None) -> None:
+        self._moves = None  # no full record from here: the follower starts again
         self._jobs: dict[int, JobRequest] = {}  # id(job) -> job, every job of the last update
         self._priorities = priorities  # whether classes split the lines it keeps
         self._plain = _ByAge()  # plain jobs
@@ -167,8 +190,18 @@ class QueueIndex:
     def _level(self, job: JobRequest) -> tuple[int, str]:
         return (int(job.priority) if self._priorities else 0, job.team)
 
+    def _record(self, entered: bool, job: JobRequest) -> None:
+        moves = self._moves
+        if moves is not None:
+            if len(moves) < MOVES_LIMIT:
+                moves.append((entered, job))
+            else:
+                self._moves = None  # nobody keeps up with them: `take_moves` says so
+
     def _add(self, key: int, job: JobRequest) -> None:
         self._count(job, 1)
+        if self._moves is not None:
+            self._record(True, job)
         # A job whose queue entry is its submit (the head's store records `queued_at` at submit)
         # ages and sorts as one without it (`queueing.sort_in`), so it is plain: otherwise every
         # job at the head was odd, and sorted again at each change.
@@ -185,6 +218,8 @@ class QueueIndex:
 
     def _remove(self, key: int, job: JobRequest) -> None:
         self._count(job, -1)
+        if self._moves is not None:
+            self._record(False, job)
         if self._odd.pop(key, None) is not None:
             self._odd_sorted = None
             return

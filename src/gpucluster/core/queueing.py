@@ -44,7 +44,33 @@ _job_id = attrgetter("job_id")
 def _by_rank(jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequest]:
     """`jobs` (by age) stably sorted by rank, a job `ranks` does not name ranking 0."""
     keys = list(map(ranks.get, map(_job_id, jobs), repeat(0.0)))
-    return [jobs[i] for i in sorted(range(len(jobs)), key=keys.__getitem__)]
+    return list(map(jobs.__getitem__, sorted(range(len(jobs)), key=keys.__getitem__)))
+
+
+class RankedLines:
+    """Each team line sorted by rank, kept across cycles by the caller (core/rank_book.py's
+    book holds one): a line whose jobs (the same objects, by age) and ranks are those of the
+    last cycle is the list sorted then. Why: under `runtime_model: gittins` every line holds
+    ranked jobs and was sorted again each cycle (~5 CPU-s of whole Philly), yet ~5 in 6 were
+    unchanged (a few jobs come, go or are ranked again a cycle). Not thread-safe; the lists it
+    hands out are read only (`TeamQueues` copies them into its deques)."""
+
+    __slots__ = ("_lines",)
+
+    def __init__(self) -> None:
+        # (level, team) -> (the line by age, its ranks in that order, the line by rank)
+        self._lines: dict[tuple[int, str], tuple[list[JobRequest], list[float], list[JobRequest]]] = {}
+
+    def sort(self, level: int, team: str, jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequest]:
+        """`_by_rank(jobs, ranks)`."""
+        keys = list(map(ranks.get, map(_job_id, jobs), repeat(0.0)))
+        kept = self._lines.get((level, team))
+        # Identity, not `==`: another object equal to a kept one is not the one to hand back.
+        if kept is not None and kept[1] == keys and len(kept[0]) == len(jobs) and all(map(is_, kept[0], jobs)):
+            return kept[2]
+        out = list(map(jobs.__getitem__, sorted(range(len(jobs)), key=keys.__getitem__)))
+        self._lines[(level, team)] = (jobs, keys, out)
+        return out
 
 
 Sorted = tuple[list[JobRequest], list[JobRequest], dict[int, dict[str, list[JobRequest]]]]
@@ -140,13 +166,14 @@ class TeamQueues:
         guaranteed: Callable[[JobRequest], bool] | None = None,
         presorted: Sorted | None = None,
         ranks: Mapping[int, float] | None = None,
+        lines: RankedLines | None = None,
     ) -> None:
         """`guaranteed`: jobs that fit within their team's guaranteed quota go before any
         borrower, so a guarantee is met in the cycle its demand appears (None: no quotas).
         `presorted`: what `sort_in_plain` would give for `queued`, from a `QueueIndex`.
         `ranks`: job id -> rank inside its team's line (core/attained.py), lower first, ties by
         age, a job it does not name ranking 0; None (the default ordering): by age alone, and no
-        per-job work here."""
+        per-job work here. `lines`: the lines sorted by rank in earlier cycles, kept by the caller."""
         self.policy = policy
         self.usage = dict(usage)
         jobs = queued if isinstance(queued, (list, tuple)) else list(queued)
@@ -164,13 +191,23 @@ class TeamQueues:
             # no job `ranks` names (all of rank 0) is left as it is: sorting it changes nothing.
             # New lists: `presorted`'s belong to the caller's QueueIndex.
             named = ranks.keys()
-            buckets = {
-                level: {
-                    team: jobs if named.isdisjoint(map(_job_id, jobs)) else _by_rank(jobs, ranks)
-                    for team, jobs in per.items()
+            if lines is not None:
+                sort = lines.sort
+                buckets = {
+                    level: {
+                        team: jobs if named.isdisjoint(map(_job_id, jobs)) else sort(level, team, jobs, ranks)
+                        for team, jobs in per.items()
+                    }
+                    for level, per in buckets.items()
                 }
-                for level, per in buckets.items()
-            }
+            else:
+                buckets = {
+                    level: {
+                        team: jobs if named.isdisjoint(map(_job_id, jobs)) else _by_rank(jobs, ranks)
+                        for team, jobs in per.items()
+                    }
+                    for level, per in buckets.items()
+                }
         levels = {level: {team: deque(jobs) for team, jobs in per.items()} for level, per in buckets.items()}
         self._aged = deque(aged)
         self._levels = [levels[k] for k in sorted(levels, reverse=True)]

@@ -33,9 +33,11 @@ that got faster, and memory stays bounded. Pure: no I/O, no clock; the caller fe
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import Any, cast
 
 # Similarity keys, most specific first: (name shown to users, fields, counts in seconds).
 LEVELS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
@@ -47,6 +49,9 @@ LEVELS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("same team", ("team",), False),
 )
 MIN_SAMPLES = 3
+INF = float("inf")
+_EXACT_BELOW = float(2**53)  # whole numbers below this add exactly in floats
+_CARRY_DEPTH = 4  # earlier distributions of a key a new one reads (`_Samples`)
 WINDOW = 256
 _GENERATED_NAME = re.compile(r"^(job-\d+|line\d+)$")
 
@@ -117,20 +122,61 @@ def duration_words(seconds: float) -> str:
     return f"{d} d {h} h" if h else f"{d} d"
 
 
+_Carry = tuple[tuple[dict[tuple[float, float], float], dict[tuple[float, float, tuple[float, ...]], float], float], ...]
+
+
 class _Samples:
     """The `window` latest values of one key, with their sorted copy (and the distribution made
-    of it) made when first asked after a change."""
+    of it) made when first asked after a change.
 
-    __slots__ = ("_dist", "_sorted", "values")
+    A new distribution reads the Gittins indexes and ranks of the key's last ones
+    (`RunDistribution.memo`, `ranks`) that cannot have changed (`carried_index`, `carried_rank`:
+    a link to each, not a copy: copying the memos at each new distribution cost most of what
+    it saved). Why: a key's every finished run makes a new
+    distribution, and each queued job of that key that ran before had its index worked out
+    again (~700 k times on whole Philly under `las-gittins`, the largest cost of its ranks). An
+    index at attained `a` reads only the values above `a` (core/gittins.py's `_unscaled`: the
+    others enter through `prefix[k] - prefix[i0]` and counts), so where every value that came
+    or went since is at most `a`, it is the same number, bit for bit, provided both prefix
+    sums are exact: every value a whole number and the sum below 2**53 (`RunDistribution.exact`),
+    as run times in whole seconds are. Ratios to a time limit mostly are not: nothing is carried
+    for them. At most `_CARRY_DEPTH` links, so old memos are let go."""
+
+    __slots__ = ("_dist", "_fraction", "_moved", "_prev", "_sorted", "values")
 
     def __init__(self, window: int) -> None:
         self.values: deque[float] = deque(maxlen=window)
         self._sorted: list[float] | None = None
         self._dist: RunDistribution | None = None
+        self._fraction = 0  # values of the window that are not whole numbers
+        self._prev: RunDistribution | None = None  # the last distribution made, while exact
+        self._moved = -INF  # the largest value that came or went since `_prev` was made
 
     def add(self, v: float) -> None:
-        self.values.append(v)
-        self._sorted = None
+        values = self.values
+        moved = v
+        ordered = self._sorted
+        # Kept sorted: a copy with one value in and one out, not a sort of the window (a NaN,
+        # which no order holds, is sorted again as before).
+        ordered = ordered.copy() if ordered is not None and v == v else None
+        if len(values) == values.maxlen:
+            old = values[0]  # leaves as `v` comes
+            moved = max(moved, old)
+            self._fraction -= not float(old).is_integer()
+            if ordered is not None:
+                if old == old:
+                    del ordered[bisect_left(ordered, old)]
+                else:
+                    ordered = None
+        self._fraction += not float(v).is_integer()
+        if ordered is not None:
+            insort(ordered, v)
+        if self._dist is not None:
+            self._prev = self._dist if self._dist.exact else None
+        if moved > self._moved:
+            self._moved = moved
+        values.append(v)
+        self._sorted = ordered
         self._dist = None
 
     def sorted(self) -> list[float]:
@@ -140,7 +186,13 @@ class _Samples:
 
     def distribution(self) -> RunDistribution:
         if self._dist is None:
-            self._dist = RunDistribution.of(self.sorted())
+            prev, carry = self._prev, cast(_Carry, ())
+            if prev is not None and self._fraction == 0:
+                low = self._moved  # an older link's bound takes this one's: its answers held for every change since
+                older = ((m, r, max(b, low)) for m, r, b in prev.carry[: _CARRY_DEPTH - 1])
+                carry = ((prev.memo, prev.ranks, low), *older)
+            self._dist = RunDistribution.of(self.sorted(), exact=self._fraction == 0, carry=carry)
+            self._prev, self._moved = None, -INF
         return self._dist
 
 
@@ -164,10 +216,39 @@ class RunDistribution:
     # Why: a queued job that ran before is ranked every cycle with the same three, and
     # working it out each time was most of `las-gittins`'s cost beyond `las`.
     ranks: dict[tuple[float, float, tuple[float, ...]], float] = field(default_factory=dict, repr=False)
+    # Every prefix sum exact (whole-number values, sum below 2**53): `_Samples` lets the next
+    # such distribution of its key read this one's memo and ranks (see there).
+    exact: bool = False
+    # The memos and ranks of the key's earlier exact distributions, newest first, each with the
+    # attained time (unscaled) at and above which its answers are this one's (`carried`).
+    carry: _Carry = field(default=(), repr=False)
 
     @classmethod
-    def of(cls, ascending: list[float], scale: float = 1.0) -> RunDistribution:
-        return cls(tuple(ascending), (0.0, *accumulate(ascending)), scale)
+    def of(cls, ascending: list[float], scale: float = 1.0, exact: bool = False, carry: _Carry = ()) -> RunDistribution:
+        """`exact`: the caller knows every value is a whole number (the sum is checked here);
+        `carry`: what an exact one may read of its key's earlier ones (`_Samples`)."""
+        prefix = (0.0, *accumulate(ascending))
+        exact = exact and scale == 1.0 and prefix[-1] < _EXACT_BELOW
+        return cls(tuple(ascending), prefix, scale, exact=exact, carry=carry if exact else ())
+
+    def carried_index(self, a: float, d: float) -> float | None:
+        """The index at (unscaled) attained `a` and look-ahead `d` an earlier distribution of the
+        key worked out, where it is this one's (every run that came or went since is at most `a`)."""
+        return self._carried(0, (a, d), a)
+
+    def carried_rank(self, key: tuple[float, float, tuple[float, ...]]) -> float | None:
+        """`carried_index` for a rank of `ranks` ((GPUs, attained GPU-seconds, queues); unscaled)."""
+        return self._carried(1, key, key[1] / key[0])
+
+    def _carried(self, table: int, key: Any, a: float) -> float | None:
+        """`key` in the memos (`table` 0) or ranks (1) of the linked distributions whose answers at `a` hold."""
+        for link in self.carry:
+            if a < link[2]:
+                return None
+            got = cast("dict[Any, float]", link[table]).get(key)
+            if got is not None:
+                return got
+        return None
 
     def scaled(self, scale: float) -> RunDistribution:
         # The memo is of unscaled values (core/gittins.py): a scaled copy shares it.
@@ -193,6 +274,10 @@ def _key(shape: JobShape, fields: tuple[str, ...]) -> tuple[object, ...] | None:
             return None  # unknown: never "similar" to another unknown
         out.append(v)
     return tuple(out)
+
+
+# A shape's similarity keys, where to look each up (`RuntimePredictor.lookups`).
+Lookups = tuple[tuple[str, "dict[tuple[object, ...], _Samples]", tuple[object, ...], float], ...]
 
 
 class RuntimePredictor:
@@ -230,22 +315,34 @@ class RuntimePredictor:
             s = table[key] = _Samples(self.window)
         return s
 
-    def _lookup(self, shape: JobShape) -> tuple[str, _Samples, float] | None:
-        """The first similarity key of `shape` holding `min_samples` runs: its name, its runs,
-        and what multiplies them into seconds (None: no key has enough)."""
+    def lookups(self, shape: JobShape) -> Lookups:
+        """Where `shape`'s similarity keys are looked up, most specific first: (the key's name,
+        its table, the key, what multiplies its runs into seconds). Fixed for a shape (the
+        tables are the predictor's own, kept for its life), so a caller that asks about one
+        shape often (sim/learned.py, after every finished run of its team or user) keeps them
+        and asks `distribution_from`: building the keys was most of that question's cost."""
+        out: list[tuple[str, dict[tuple[object, ...], _Samples], tuple[object, ...], float]] = []
         for i, (basis, fields, seconds) in enumerate(LEVELS):
             key = _key(shape, fields)
             if key is None:
                 continue
             if not seconds and shape.time_limit_s:
-                s = self._ratios[i].get(key)
-                scale = shape.time_limit_s
+                out.append((basis, self._ratios[i], key, shape.time_limit_s))
             else:
-                s = self._seconds[i].get(key)
-                scale = 1.0
+                out.append((basis, self._seconds[i], key, 1.0))
+        return tuple(out)
+
+    def _first(self, lookups: Lookups) -> tuple[str, _Samples, float] | None:
+        """The first of `lookups` holding `min_samples` runs: its name, its runs, and what
+        multiplies them into seconds (None: no key has enough)."""
+        for basis, table, key, scale in lookups:
+            s = table.get(key)
             if s is not None and len(s.values) >= self.min_samples:
                 return basis, s, scale
         return None
+
+    def _lookup(self, shape: JobShape) -> tuple[str, _Samples, float] | None:
+        return self._first(self.lookups(shape))
 
     def predict(self, shape: JobShape, default_limit_s: float) -> Prediction:
         """The prediction for a job of `shape`; `default_limit_s` stands for a missing limit
@@ -263,7 +360,11 @@ class RuntimePredictor:
         """The run times of the jobs similar to `shape`, from the same key `predict` answers
         from (None where it would fall back to the time limit): what a Gittins-index ordering
         ranks by (core/gittins.py). The same object until that key learns another run."""
-        found = self._lookup(shape)
+        return self.distribution_from(self.lookups(shape))
+
+    def distribution_from(self, lookups: Lookups) -> RunDistribution | None:
+        """`distribution` of the shape whose `lookups` these are."""
+        found = self._first(lookups)
         if found is None:
             return None
         return found[1].distribution().scaled(found[2])

@@ -416,11 +416,16 @@ class _Cycle:
         presorted = index.sorted_in(self.policy, self.now) if index is not None and guaranteed is None else None
         ordering = self.policy.ordering
         if ordering.ranked:
-            self._ranks = attained.ranks(
-                self.s.queued, ordering, self.s.attained, self.s.expected_runtime, self.now, self.s.runtime_dist
-            )
+            book, dists = self.s.rank_book, self.s.runtime_dist
+            if book is not None and ordering.gittins and dists:  # `attained.ranks`, kept across cycles
+                self._ranks = book.ranks(self.s.queued, ordering, self.s.attained, dists, self.now, index)
+            else:
+                self._ranks = attained.ranks(
+                    self.s.queued, ordering, self.s.attained, self.s.expected_runtime, self.now, dists
+                )
+        lines = self.s.rank_book.lines if self.s.rank_book is not None else None  # kept across cycles
         queues = TeamQueues(
-            self.s.queued, self.policy, self.s.usage, self.now, guaranteed, presorted, self._ranks or None
+            self.s.queued, self.policy, self.s.usage, self.now, guaranteed, presorted, self._ranks or None, lines
         )
         waiting, starts, reservations, preemptions = self.waiting, self.starts, self.reservations, self.preemptions
         # Jobs that could not start, by request, since the cycle's state last changed. Why: a

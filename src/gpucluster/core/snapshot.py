@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.rank_book import RankBook
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.types import Drain, JobRequest, Node, Plan, RunningJob
@@ -56,6 +57,9 @@ class Snapshot:
     # Queued job id -> the run times of finished jobs like it (core/runtime_predict.py), read
     # only by `ordering.runtime_model: gittins` (core/gittins.py); a job not named has no history.
     runtime_dist: Mapping[int, RunDistribution] = field(default_factory=dict)
+    # Optional: the Gittins ranks, and the team lines sorted by any ranks, kept across cycles
+    # (see rank_book.py, queueing.RankedLines); the plan is the same with or without it.
+    rank_book: RankBook | None = field(default=None, compare=False, repr=False)
 
     def used_gpus(self) -> frozenset[tuple[str, int]]:
         used: set[tuple[str, int]] = set()

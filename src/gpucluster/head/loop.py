@@ -89,6 +89,7 @@ from gpucluster.head.estimates import EstimateRefresher
 from gpucluster.head.gates import Gates
 from gpucluster.head.images import ImageSightings
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
+from gpucluster.head.kept_ranks import KeptRanks
 from gpucluster.head.launch_specs import launch_spec
 from gpucluster.head.node_feed import NodeFeed
 from gpucluster.head.paths import DataDir
@@ -194,6 +195,8 @@ class Head:
         self.limit_waits: dict[int, Wait] = {}  # jobs at their user's limits in the last snapshot (issue 16)
         self.last_snapshot: Snapshot | None = None  # the last admitted snapshot planned on
         self.runtime = RuntimeModel(store)  # run times learned from finished jobs (issue 24)
+        # Gittins ranks and their inputs kept across plans, as the simulator keeps them (head/kept_ranks.py).
+        self.ranks = KeptRanks(store, self.runtime)
         self.estimates = EstimateRefresher(  # learned start/stop latency and run times
             latency=lambda: latency.from_store(store), runs=self.runtime.runs
         )
@@ -581,6 +584,7 @@ class Head:
         if self.preempted_for:  # forget preemptors that started or left the queue
             ids = {r.job_id for r in queued if r.team not in self.accounting.held}
             self.preempted_for = {v: p for v, p in self.preempted_for.items() if p in ids}
+        ordering = self.policy.ordering
         snap = Snapshot(
             nodes=nodes,
             running=self.running.jobs(),
@@ -603,9 +607,11 @@ class Head:
             drains=dict(self.cluster.drains),
             images=self.images.by_image(),
             # Only an attained-service ordering reads it (core/attained.py): no query otherwise.
-            attained=self.store.attained_gpu_seconds() if self.policy.ordering.ranked else {},
-            # Only `runtime_model: gittins` reads it (core/gittins.py): learned run times.
-            runtime_dist=self.runtime.distributions(queued, nodes) if self.policy.ordering.gittins else {},
+            attained=self.ranks.attained(ordering),
+            # Only `runtime_model: gittins` reads it (core/gittins.py): learned run times, and
+            # the ranks kept across plans (core/rank_book.py), both kept as the simulator keeps them.
+            runtime_dist=self.runtime.distributions(queued, nodes) if ordering.gittins else {},
+            rank_book=self.ranks.book_for(ordering),
         )
         admitted, self.limit_waits = within_limits(admit(snap)[0], self.policy, self.clock())
         return admitted
@@ -627,7 +633,8 @@ class Head:
             return  # nothing a new plan could differ on
         self._capacity_changed = False
         snap = self.snapshot()
-        self.last_snapshot = snap  # what `submit --dry-run` plans on (head/dry_run.py)
+        # What `submit --dry-run` plans on, on API threads (head/dry_run.py): without what the loop keeps writing.
+        self.last_snapshot = self.ranks.for_other_threads(snap)
         # Over every queued job at each plan, so at C speed: `filter` drops None (most have no
         # backoff), then keeps the times after now (a generator here cost 30 ms at 100,000).
         after = float(now).__lt__  # float: an int's __lt__ answers NotImplemented (truthy) to a float
@@ -656,6 +663,8 @@ class Head:
         with gc_paused():
             plan = decide(snap, self.planning_policy, now)
         self.last_decide_s = time.perf_counter() - started
+        if self.check_state:  # the kept ranks and distributions against a whole working-out
+            self.ranks.check(snap, self.planning_policy.ordering, now, self.node_feed.nodes)
         stopped = []
         for p in plan.preemptions:
             if self.store.request_stop(p.job_id, StopReason.PREEMPT, now, message=p.reason):

@@ -7,14 +7,25 @@ scanned whole. A new head learns from the latest `INITIAL` runs. The model is in
 it is rebuilt from the store after a restart, so it survives crashes the way the store does.
 
 The API reads predictions from other threads than the loop's, hence the lock.
+
+The queued jobs' distributions (`ordering.runtime_model: gittins`) are kept across plans by
+core/learned_kinds.py, as the simulator keeps its jobs' (sim/learned.py): a queued job's shape
+is made once, when its request object is first seen; a learned run looks up again only the
+shapes of its team and user. The map handed to the snapshot is the same `Logged` map each plan,
+so core/rank_book.py learns from its log whose distribution changed (`fresh_distributions`, the
+whole look-up, is what check mode compares it with).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
+from itertools import compress
+from operator import attrgetter, is_not
 
+from gpucluster.core.learned_kinds import LearnedKinds
 from gpucluster.core.policy import Policy
+from gpucluster.core.rank_book import Logged
 from gpucluster.core.runtime_predict import (
     FinishedRun,
     JobShape,
@@ -30,6 +41,7 @@ from gpucluster.store.runs import finished_runs, workloads
 
 INITIAL = 20_000  # runs a new head learns from
 BATCH = 5_000  # runs read per query when catching up
+_JOB_ID = attrgetter("job_id")
 
 
 class RuntimeModel:
@@ -41,6 +53,11 @@ class RuntimeModel:
         self._workloads: dict[int, str] = {}  # job id -> workload, for queued and running jobs
         self._node_models: dict[str, str] = {}  # node -> its GPU model, from the last snapshot
         self._lock = threading.Lock()
+        # `distributions`, kept across plans (loop thread only): the queued jobs by shape, made
+        # with the cluster's only GPU model `_kinds_model`, and the request each was made from.
+        self._kinds: LearnedKinds | None = None
+        self._kinds_model = ""
+        self._told: dict[int, JobRequest] = {}
 
     def refresh(self) -> int:
         """Learn the runs that finished since the last call; how many there were."""
@@ -52,6 +69,8 @@ class RuntimeModel:
                     model = next((self._node_models[n] for n in r.nodes if n in self._node_models), "")
                     shape = JobShape(r.owner, r.team, workload_of(r.name, r.command), r.gpus, model, r.time_limit_s)
                     self.predictor.add(FinishedRun(shape, r.run_s))
+                    if self._kinds is not None:
+                        self._kinds.learned(shape)
             if rows:
                 self._mark = (rows[-1].ended_at, rows[-1].job_id)
             added += len(rows)
@@ -102,13 +121,37 @@ class RuntimeModel:
         model = q.gpu_types[0] if len(q.gpu_types) == 1 else only_model
         return JobShape(q.user, q.team, self._workloads.get(q.job_id, ""), q.gpus, model, q.time_limit_s)
 
-    def distributions(self, queued: Sequence[JobRequest], nodes: Iterable[Node]) -> dict[int, RunDistribution]:
+    def distributions(self, queued: Sequence[JobRequest], nodes: Iterable[Node]) -> Logged[RunDistribution]:
         """Queued job id -> the run times of finished jobs like it, for `ordering.runtime_model:
         gittins` (core/gittins.py; `Snapshot.runtime_dist`): learned first from the runs that
-        finished since the last call. Jobs of one shape share one distribution, looked up once."""
-        models = {n.gpus[0].model for n in nodes if n.gpus}
-        only = next(iter(models)) if len(models) == 1 else ""
+        finished since the last call. The same map every call (kept, see the module), equal to
+        `fresh_distributions` but for which of two equal copies of a scaled distribution it holds."""
+        only = _only_model(nodes)
         self.refresh()
+        kinds, told = self._kinds, self._told
+        if kinds is None or only != self._kinds_model:  # shapes are made with the only model
+            kinds = self._kinds = LearnedKinds(self.predictor)
+            told = self._told = {}
+            self._kinds_model = only
+        # Requests not seen as these objects (new, requeued, updated), found at C speed; those
+        # that left looked for only when the count says some did.
+        new = list(compress(queued, map(is_not, queued, map(told.get, map(_JOB_ID, queued)))))
+        told.update(zip(map(_JOB_ID, new), new, strict=True))
+        if len(told) != len(queued):
+            for job_id in told.keys() - set(map(_JOB_ID, queued)):
+                del told[job_id]
+                kinds.left(job_id)
+        if new:
+            self._workload(map(_JOB_ID, new))
+        with self._lock:
+            for q in new:
+                kinds.arrived(q.job_id, self._queued_shape(q, only))
+            return kinds.distributions()
+
+    def fresh_distributions(self, queued: Sequence[JobRequest], nodes: Iterable[Node]) -> dict[int, RunDistribution]:
+        """`distributions` looked up whole, from what was learned so far (no refresh): what check
+        mode compares the kept map with. Jobs of one shape share one distribution, looked up once."""
+        only = _only_model(nodes)
         self._workload(q.job_id for q in queued)
         out: dict[int, RunDistribution] = {}
         seen: dict[JobShape, RunDistribution | None] = {}
@@ -144,3 +187,9 @@ class RuntimeModel:
         shape = JobShape(owner or "", team, workload_of(name, list(command)), gpus, model, time_limit_s)
         with self._lock:
             return self.predictor.predict(shape, policy.default_time_limit_s)
+
+
+def _only_model(nodes: Iterable[Node]) -> str:
+    """The cluster's one GPU model, or "" with several (or none)."""
+    models = {n.gpus[0].model for n in nodes if n.gpus}
+    return next(iter(models)) if len(models) == 1 else ""

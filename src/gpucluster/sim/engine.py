@@ -50,6 +50,7 @@ from gpucluster.core.events import (
     Undrained,
 )
 from gpucluster.core.lifecycle import Exit, Next, StopReason, Why, after_attempt
+from gpucluster.core.rank_book import Logged, RankBook
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.snapshot import Snapshot, held_back_after
 from gpucluster.core.states import JobState
@@ -274,11 +275,15 @@ class Engine:
         # true remaining run time (core reads them through the snapshot).
         self._ranked = policy.core.ordering.ranked
         self._oracle = policy.oracle
-        self._attained: dict[int, float] = {}
         self._expected: dict[int, float] = {}
-        # `runtime_model: gittins`: run times learned from the jobs finished so far (sim/learned.py).
+        # `runtime_model: gittins`: run times learned from the jobs finished so far (sim/learned.py),
+        # and each queued job's rank kept across calls (core/rank_book.py), which learns what
+        # changed from the logs of the attained and learned maps; any ranked ordering: the book's
+        # team lines sorted by rank, kept across calls.
         gittins = policy.core.ordering.gittins
+        self._attained: dict[int, float] = Logged() if gittins else {}
         self._learned = LearnedRuntimes({g.gpu_model for g in spec.groups}) if gittins else None
+        self._rank_book = RankBook() if self._ranked else None  # `las` too: its team lines sorted by rank
         # Preempted job -> the job it was preempted for, while that job is queued (as the head).
         self._preempted_for: dict[int, int] = {}
         # Elastic growth, as the head: since when GPUs are free with nothing queued, and whether
@@ -597,6 +602,7 @@ class Engine:
             self._learned.distributions() if self._learned is not None else None,
             self._drains,
             self._state.drained,
+            self._rank_book,
         )
 
     def _schedule(self, now: float) -> None:

@@ -27,6 +27,7 @@ from gpucluster.core.cluster_state import running_job as running_job  # the one 
 from gpucluster.core.fairshare import accrue
 from gpucluster.core.policy import HostDefaults, Policy
 from gpucluster.core.queue_index import QueueIndex
+from gpucluster.core.rank_book import RankBook
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.restarts import restart_backoff
 from gpucluster.core.runtime_predict import RunDistribution
@@ -199,6 +200,7 @@ def snapshot(
     runtime_dist: Mapping[int, RunDistribution] | None = None,
     drains: Mapping[str, Drain] | None = None,
     drained: AbstractSet[str] | None = None,
+    rank_book: RankBook | None = None,
 ) -> Snapshot:
     """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
     one, so free GPUs are updated from the jobs that changed rather than rebuilt; `queue_index`
@@ -208,7 +210,8 @@ def snapshot(
     `runtime_dist`: job id -> learned run times of jobs like it (`runtime_model: gittins`).
     `drains`: node -> its drain (the spec's `drains:` windows open now), admitted by the core
     as the head's drained nodes are; `drained`: the drained nodes (the engine's cluster state
-    keeps both), by default those of `drains`."""
+    keeps both), by default those of `drains`. `rank_book`: the Gittins ranks kept across calls
+    (core/rank_book.py; the plan is the same without it)."""
     return Snapshot(
         nodes=nodes,
         running=running,
@@ -223,6 +226,7 @@ def snapshot(
         runtime_dist=runtime_dist or {},
         drained=frozenset(drained) if drained is not None else frozenset(drains or ()),
         drains=dict(drains) if drains else {},
+        rank_book=rank_book,
     )
 
 
