@@ -44,7 +44,7 @@ class Client(AdminCalls):
     def __init__(
         self, url: str | None = None, timeout: float = 30.0, token: str | None = None, verify: bool | str = True
     ) -> None:
-        # HTTP/1.1 on standard-library sockets (gpucluster/connection.py): a quarter of httpx's
+        # HTTP/1.1 on standard-library sockets (gpucluster/connection.py): a third of httpx's
         # CPU per call, which bounded a script submitting a sweep (issue 18). Keep-alive
         # connections, one per thread using this client at once; no redirects are followed.
         first = Head(url, timeout, token=token, verify=verify, agent="gpucluster-sdk")
