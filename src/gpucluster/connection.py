@@ -1,7 +1,7 @@
 """HTTP/1.1 to the head on a standard-library socket: the one connection of the CLI and the SDK.
 
-Why not httpx: per call it spent ~0.4 ms of the caller's CPU against ~0.09 ms here (one client
-submitting jobs from Python: 1 process, reused connection; bench/bench_client.py), so a sweep
+Why not httpx: per call it spent ~0.45 ms of the caller's CPU against ~0.15 ms through the SDK
+here (one client submitting jobs from Python, a reused connection; bench/bench_client.py), so a sweep
 submitted from a script was bounded by its own client, and on a shared 2-core machine took that
 CPU from the head (issue 18). Importing it (and pydantic) also cost the CLI ~150 ms of CPU per
 command (issue 19). Where the head is, which token it is shown, and how a refusal or an
@@ -312,7 +312,7 @@ class Head:
 
 
 class Answer:
-    """An answer's body: `.text`, and `.json()` the SDK reads it."""
+    """An answer's body: `.text`, and `.json()` as the SDK reads it (httpx's response did both)."""
 
     __slots__ = ("text",)
 
