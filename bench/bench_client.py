@@ -23,9 +23,8 @@ import httpx
 
 import _head
 import bench_submit
-from bench_submit import log
+from bench_submit import log, sdk_submitter
 from gpucluster import userconfig
-from gpucluster.client import Client
 
 BODY = {"command": ["sleep", "1000"], "gpus": 1}
 
@@ -41,15 +40,6 @@ def httpx_submitter(head: _head.Head, made: list[Callable[[], None]]) -> Callabl
                 raise _head.HeadError(f"{r.status_code}: {r.text[:200]}")
 
         return submit
-
-    return make
-
-
-def sdk_submitter(head: _head.Head, made: list[Callable[[], None]]) -> Callable[[], Callable[[], None]]:
-    def make() -> Callable[[], None]:
-        c = Client(head.url, timeout=60, token=head.token)
-        made.append(c.close)
-        return lambda: c.submit(["sleep", "1000"], gpus=1, export="NONE")  # BODY, as a user sends it
 
     return make
 

@@ -332,27 +332,28 @@ def gc_latency(head: _head.Head, n: int, rate: float, seed: int, timeout: float,
     return res
 
 
-def gc_rate(head: _head.Head, n: int, clients: int) -> Result:
-    """n submissions from `clients` threads, each with the SDK's client (`gpucluster.Client`, a
-    kept connection) as a user's script submits: `submit(command, gpus=1, export="NONE")`, the
-    body earlier rounds posted with httpx (no exported environment; sbatch sends its caller's,
-    ~1-2 KB). bench/bench_client.py measures the SDK's client against httpx's."""
-    clients_made: list[Client] = []
+def sdk_submitter(head: _head.Head, closers: list[Callable[[], None]]) -> Callable[[], Callable[[], None]]:
+    """Makes, per client thread, the SDK's client (`gpucluster.Client`, a kept connection) as a
+    user's script submits: `submit(command, gpus=1, export="NONE")`, the body earlier rounds
+    posted with httpx (no exported environment; sbatch sends its caller's, ~1-2 KB). Each
+    client's `close` goes to `closers`. bench/bench_client.py measures it against httpx's."""
 
-    def make_submit() -> Callable[[], None]:
+    def make() -> Callable[[], None]:
         c = Client(head.url, timeout=60, token=head.token)
-        clients_made.append(c)
+        closers.append(c.close)
+        return lambda: c.submit(["sleep", "1000"], gpus=1, export="NONE")
 
-        def submit() -> None:
-            c.submit(["sleep", "1000"], gpus=1, export="NONE")
+    return make
 
-        return submit
 
+def gc_rate(head: _head.Head, n: int, clients: int) -> Result:
+    """n submissions from `clients` threads, each with the SDK's client (`sdk_submitter`)."""
+    closers: list[Callable[[], None]] = []
     try:
-        run = submit_rate(n, clients, make_submit, server_pid=head.proc.pid)
+        run = submit_rate(n, clients, sdk_submitter(head, closers), server_pid=head.proc.pid)
     finally:
-        for c in clients_made:
-            c.close()
+        for close in closers:
+            close()
     res = run.result()
     res["head_counts_after"] = httpx.get(f"{head.url}/v1/health", timeout=30).json().get("jobs")
     return res

@@ -850,9 +850,7 @@ def _prepared(line: bytes, replies: int) -> str | None:
     made: the head fails the job with WHY; nothing was forked)."""
     try:
         request = json.loads(line)
-        _load_node_start().prepare(
-            request, _load_cgroups(), lambda path, data, durable: write_json_atomic(path, data, durable=durable)
-        )
+        _load_node_start().prepare(request, _load_cgroups(), write_json_atomic)
         return str(request["run_dir"])
     except Exception as e:
         why = " ".join((str(e) or type(e).__name__).split())

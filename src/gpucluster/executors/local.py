@@ -141,14 +141,10 @@ def write_shim_spec(run_dir: Path, *, cgroup: dict[str, str] | None = None, **fi
     write_json_atomic(run_dir / SPEC, {**shim_spec(**fields), "cgroup": cgroup or {}}, durable=False)
 
 
-def _write_json(path: str, data: dict[str, Any], durable: bool) -> None:
-    write_json_atomic(path, data, durable=durable)
-
-
 def prepare_here(request: dict[str, Any]) -> dict[str, str] | None:
     """A start's node side (_node_start.py) done in this process: where no fork server does it."""
     try:
-        return _node_start.prepare(request, cgroups, _write_json)
+        return _node_start.prepare(request, cgroups, write_json_atomic)
     except _node_start.Refused as e:
         raise LaunchError(str(e)) from None
 

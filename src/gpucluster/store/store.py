@@ -1350,17 +1350,15 @@ class Store:
         (a page of a newest-first listing)."""
         if ids is not None and (limit is not None or offset):
             raise ValueError("list_jobs: `limit` picks the newest jobs, `ids` names them: give one")
+        q_in: Select[Any] | None = None
         if ids is not None and states is None and team is None and teams is None and not text and not collapse:
-            # The head's loop reads its starting and ending jobs so at every cycle: built once.
-            with self._read() as c:
-                rows = _rows_of(c, _JOBS, ids, _JOBS_IN)
-                shared = self._shared_specs(c, rows)
-            return sorted((_job(r, shared) for r in rows), key=lambda j: j.id)
-        q = self._jobs_where(select(schema.jobs), states, team, teams, text, collapse).order_by(schema.jobs.c.id)
+            q, q_in = _JOBS, _JOBS_IN  # the loop's starting and ending jobs, every cycle: built once
+        else:
+            q = self._jobs_where(select(schema.jobs), states, team, teams, text, collapse).order_by(schema.jobs.c.id)
         if limit is not None or offset:
             q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit).offset(offset or None)
         with self._read() as c:
-            rows = _rows_of(c, q, ids)
+            rows = _rows_of(c, q, ids, q_in)
             shared = self._shared_specs(c, rows)
         records = [_job(r, shared) for r in rows]
         return sorted(records, key=lambda j: j.id)
@@ -2002,16 +2000,12 @@ def _rows_of(
     if ids is None:
         return list(c.execute(q).mappings())
     wanted = list(ids)
-    if q_in is not None:
-        return [
-            r
-            for at in range(0, len(wanted), IDS_PER_QUERY)
-            for r in c.execute(q_in, {"ids": wanted[at : at + IDS_PER_QUERY]}).mappings()
-        ]
+    if q_in is None:
+        q_in = q.where(schema.jobs.c.id.in_(bindparam("ids", expanding=True)))
     return [
         r
         for at in range(0, len(wanted), IDS_PER_QUERY)
-        for r in c.execute(q.where(schema.jobs.c.id.in_(wanted[at : at + IDS_PER_QUERY]))).mappings()
+        for r in c.execute(q_in, {"ids": wanted[at : at + IDS_PER_QUERY]}).mappings()
     ]
 
 
