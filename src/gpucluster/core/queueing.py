@@ -43,7 +43,11 @@ _job_id = attrgetter("job_id")
 
 def _by_rank(jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequest]:
     """`jobs` (by age) stably sorted by rank, a job `ranks` does not name ranking 0."""
-    keys = list(map(ranks.get, map(_job_id, jobs), repeat(0.0)))
+    return _by_keys(jobs, list(map(ranks.get, map(_job_id, jobs), repeat(0.0))))
+
+
+def _by_keys(jobs: list[JobRequest], keys: list[float]) -> list[JobRequest]:
+    """`jobs` stably sorted by `keys` (one per job, in the same order)."""
     return list(map(jobs.__getitem__, sorted(range(len(jobs)), key=keys.__getitem__)))
 
 
@@ -68,7 +72,7 @@ class RankedLines:
         # Identity, not `==`: another object equal to a kept one is not the one to hand back.
         if kept is not None and kept[1] == keys and len(kept[0]) == len(jobs) and all(map(is_, kept[0], jobs)):
             return kept[2]
-        out = list(map(jobs.__getitem__, sorted(range(len(jobs)), key=keys.__getitem__)))
+        out = _by_keys(jobs, keys)
         self._lines[(level, team)] = (jobs, keys, out)
         return out
 
