@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=7.0)
     ap.add_argument("--nodes", type=int, default=20)
     ap.add_argument("--checkpoint", default="1h")
-    ap.add_argument("--policies", default="fifo,fifo-backfill,default,las,las-gittins,oracle-sjf")
+    ap.add_argument("--policies", default="fifo,fifo-backfill,age,default,las-gittins,oracle-sjf")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()

@@ -1083,6 +1083,18 @@ class LimitsOut(Model):
     per_class: dict[str, LimitOut] = Field(default_factory=dict)
 
 
+class OrderingOut(Model):
+    """The order inside a team's line (`ordering:`, core/attained.py): `las` (the default) or `age`."""
+
+    mode: str
+    queues_gpu_s: list[float]  # attained-service thresholds, GPU-seconds
+    promote_after_s: float | None
+    preempt: bool  # whether a job may stop one of its class in a later queue (with preemption on)
+    min_slice_s: float
+    restart_cost_s: float
+    runtime_model: str  # none, or gittins
+
+
 class PolicyOut(Model):
     source: str
     error: str | None
@@ -1101,6 +1113,9 @@ class PolicyOut(Model):
     # What a job that gives no --cpus/--mem gets per GPU (`resources:`); 0: nothing reserved.
     cpus_per_gpu: float = 0.0
     mem_per_gpu_mb: int = 0
+    # The order inside a team's line and the starvation age (None: a head from before they were said).
+    ordering: OrderingOut | None = None
+    starvation_age_s: float | None = None
 
 
 # ---- accounting (GET /v1/usage, GET /v1/budgets) ----------------------------------------------

@@ -11,10 +11,10 @@
     fair_share: {enabled: true, half_life: 7d}
     backfill:   {enabled: true, default_time_limit: 1h}
     priorities: true
-    starvation_age: 24h
-    ordering: {mode: las, queues: [1h, 8h], promote_after: 24h, preempt: true, min_slice: 30m}
-    #   within a team: least attained GPU-time first (core/attained.py); mode: age (the default);
-    #   runtime_model: gittins orders inside each queue by learned run times (core/gittins.py)
+    starvation_age: 7d          # left out: 7d under ordering mode las, 24h under age
+    ordering: {mode: las, queues: [1h, 8h], promote_after: 7d, preempt: true, min_slice: 30m}
+    #   within a team: least attained GPU-time first (core/attained.py; the default); mode: age
+    #   for oldest first; runtime_model: gittins orders inside each queue by learned run times
     unknown_teams: allow        # or reject: submissions must name a team listed here
     idle:   {after: 30m, threshold: 1, action: notify}     # or requeue, stop
     health: {max_temperature: 90, node_timeout: 60s, drain_on_ecc: true, drain_on_xid: true}
@@ -154,16 +154,21 @@ class BackfillIn(_Strict):
 
 
 class OrderingIn(_Strict):
-    """ordering: {mode: las, queues: [1h, 8h], promote_after: 24h, preempt: true, min_slice: 30m,
+    """ordering: {mode: las, queues: [1h, 8h], promote_after: 7d, preempt: true, min_slice: 30m,
     restart_cost: 1m, runtime_model: gittins} (core/attained.py). `queues` are GPU-time
     thresholds written as durations (`1h`: one GPU-hour: 1 GPU for an hour or 8 GPUs for 7.5
     minutes); `promote_after: null` never promotes; `runtime_model: gittins` (mode las) orders
-    inside a queue by the Gittins index of learned run times (core/gittins.py), `none` by age."""
+    inside a queue by the Gittins index of learned run times (core/gittins.py), `none` by age.
 
-    mode: Literal["age", "las"] = "age"
+    `las` is the default (issue 25). `preempt` left out means "under las, as
+    `preemption.enabled`", so a file that switches preemption off (the fifo and priority
+    baselines, a cluster that never stops a job) still loads, with LAS ordering and no LAS
+    preemption; `preempt: true` with preemption off is refused."""
+
+    mode: Literal["age", "las"] = "las"
     queues: list[Duration] = Field(default_factory=lambda: list[Duration](["1h", "8h"]))
-    promote_after: Duration | None = "24h"
-    preempt: bool = False
+    promote_after: Duration | None = "7d"
+    preempt: bool | None = None
     min_slice: Duration = "30m"
     restart_cost: Duration = "1m"
     runtime_model: Literal["none", "gittins"] = "none"
@@ -189,12 +194,12 @@ class OrderingIn(_Strict):
             _seconds(v, "ordering durations")  # "cannot be negative"
         return v
 
-    def to_ordering(self) -> Ordering:
+    def to_ordering(self, preemption_enabled: bool) -> Ordering:
         return Ordering(
             mode=self.mode,
             queues=tuple(_seconds(x, "queues") for x in self.queues),
             promote_after_s=None if self.promote_after is None else _seconds(self.promote_after, "promote_after"),
-            preempt=self.preempt,
+            preempt=self.preempt if self.preempt is not None else self.mode == "las" and preemption_enabled,
             min_slice_s=_seconds(self.min_slice, "min_slice"),
             restart_cost_s=_seconds(self.restart_cost, "restart_cost"),
             runtime_model=self.runtime_model,
@@ -471,7 +476,9 @@ class PolicyIn(_Strict):
     fair_share: FairShareIn = Field(default_factory=FairShareIn)
     backfill: BackfillIn = Field(default_factory=BackfillIn)
     priorities: bool = True
-    starvation_age: Duration = "24h"
+    # Left out: a week under `ordering.mode: las` (the default), a day under `age`
+    # (core/attained.py's LAS_STARVATION_AGE_S says why a week).
+    starvation_age: Duration | None = None
     unknown_teams: Literal["allow", "reject"] = "allow"
     idle: IdleIn = Field(default_factory=IdleIn)
     health: HealthIn = Field(default_factory=HealthIn)
@@ -490,8 +497,8 @@ class PolicyIn(_Strict):
 
     @field_validator("starvation_age")
     @classmethod
-    def _age(cls, v: Duration) -> Duration:
-        if _seconds(v, "starvation_age") <= 0:
+    def _age(cls, v: Duration | None) -> Duration | None:
+        if v is not None and _seconds(v, "starvation_age") <= 0:
             raise ValueError("starvation_age must be positive")
         return v
 
@@ -555,7 +562,7 @@ class PolicyIn(_Strict):
                             "add it to teams: or drop its quota",
                         )
                     )
-        if self.ordering.preempt and not self.preemption.enabled:
+        if self.ordering.preempt is True and not self.preemption.enabled:
             out.append(
                 (
                     ["ordering", "preempt"],
@@ -591,7 +598,7 @@ class PolicyIn(_Strict):
             priorities=self.priorities,
             backfill=self.backfill.enabled,
             default_time_limit_s=_seconds(self.backfill.default_time_limit, "default_time_limit"),
-            starvation_age_s=_seconds(self.starvation_age, "starvation_age"),
+            starvation_age_s=self._starvation_age_s(),
             allow_unknown_teams=self.unknown_teams == "allow",
             idle=core.IdlePolicy(
                 after_s=_seconds(self.idle.after, "after"), threshold=self.idle.threshold, action=self.idle.action
@@ -613,8 +620,13 @@ class PolicyIn(_Strict):
             limits=self.limits.to_limits(),
             pools=tuple(p.to_pool(name) for name, p in sorted(self.pools.items())),
             host=self.resources.to_defaults(),
-            ordering=self.ordering.to_ordering(),
+            ordering=self.ordering.to_ordering(self.preemption.enabled),
         )
+
+    def _starvation_age_s(self) -> float:
+        if self.starvation_age is not None:
+            return _seconds(self.starvation_age, "starvation_age")
+        return core.LAS_STARVATION_AGE_S if self.ordering.mode == "las" else 86400.0
 
     def to_accounting(self) -> Accounting:
         return Accounting(dict(self.prices), {t: b.to_budget(t) for t, b in self.budgets.items()})

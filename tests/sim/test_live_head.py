@@ -10,7 +10,8 @@ checks that no decision changes. Job 1 holds all 8 GPUs while the other 29 are s
 the live head sees the whole queue before its first decision, as the simulator does.
 
 The second half (`..._under_the_full_default_policy`) runs the full policy (fair share, quotas
-with borrowing, preemption, backfill, restarts after failures) on 50 jobs, with the real head
+with borrowing, preemption, backfill, restarts after failures, the default `las` ordering with
+thresholds the workload crosses) on 50 jobs, with the real head
 loop and store on a clock the test moves (see the comment above it).
 """
 
@@ -171,7 +172,7 @@ priorities: true
 fair_share: {enabled: true, half_life: 7d}
 backfill: {enabled: true, default_time_limit: 10m}
 preemption: {enabled: true, grace_period: 30s, min_runtime: 0s, protected_classes: [critical], reclaim_quota: true}
-starvation_age: 24h
+ordering: {queues: [5m, 30m]}   # the default las, with thresholds this workload's minutes cross
 teams:
   vision: {weight: 2, quota: {H100-80GB: 8}, max_borrow: 8}
   nlp: {weight: 1, quota: {H100-80GB: 8}, max_borrow: 16}
@@ -223,6 +224,23 @@ def _sim_events(res: RunResult, names: dict[str, int]) -> list[Event]:
     return _canonical(out)
 
 
+def _requeued_past_the_first_queue(events: list[Event]) -> int:
+    """Jobs started again after an attempt that gave them more than FULL_POLICY's first
+    attained-service threshold (5 GPU-minutes): those `las` ranks behind jobs that had less."""
+    began: dict[int, tuple[float, int]] = {}
+    had: dict[int, float] = {}
+    again = set()
+    for t, job_id, what, gpus in events:
+        if what.startswith("start"):
+            if had.get(job_id, 0.0) > 300.0:
+                again.add(job_id)
+            began[job_id] = (t, len(gpus))
+        elif job_id in began:
+            start, n = began.pop(job_id)
+            had[job_id] = had.get(job_id, 0.0) + n * (t - start)
+    return len(again)
+
+
 def _canonical(events: list[Event]) -> list[Event]:
     """By instant; within one, starts in plan order, then interruptions by job (a node failure
     stops its jobs at one instant, in no meaningful order)."""
@@ -249,6 +267,7 @@ def test_simulator_and_head_take_the_same_decisions_under_the_full_default_polic
     kinds = {e[2].split()[0] for e in expected}
     assert {"start", "preemption", "failure"} <= kinds, f"the workload must exercise every rule: {kinds}"
     assert res.restarts > 0 and res.preemptions > 0
+    assert _requeued_past_the_first_queue(expected) > 0, "the default las must order some job by what it had"
 
     clock = Clock(0.0)
     head, service, store, fake = head_on_clock(tmp_path, nodes, policy_file, clock)

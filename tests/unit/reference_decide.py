@@ -9,15 +9,22 @@ property tests in test_scheduler_properties.py):
 1. Order: jobs still backing off (`not_before` in the future) wait last (BACKOFF; BEGIN up to
    their submitter's begin time); the others
    by age if waiting longer than the starvation age, then by priority class (highest first),
-   then by age (submitted, then id).
+   then, under `ordering.mode: las` (the default), by attained-service queue (the number of
+   the policy's thresholds at or below the GPU-seconds of the job's earlier attempts; 0 once
+   it has waited `promote_after` since it last entered the queue), then by age (submitted,
+   then id).
 2. Placement: best fit, the node left with the fewest free GPUs, on its lowest free GPU
    indices. Ties: the nodes no start of this cycle has changed by name, then the others in the
    order this cycle last changed them (a node whose free count a start changes joins the end
    of its new line). A job that would not end before a reservation's estimated start keeps off
    the reserved nodes (EASY backfill); without backfill nothing passes a reservation.
 3. Preemption (one per GPU model per cycle, only while the model has no reservation): running
-   jobs of a lower class, not protected, not stopping, past the minimum runtime, ranked by
-   (class, -usage share, work since the last checkpoint, -start). A node where stopping jobs
+   jobs of a lower class, and under las with `preempt` those of the asker's own class in a
+   later attained-service queue than the asker's (earlier attempts plus GPUs x time since its
+   start) that have checkpointed, have run `min_slice` since they started, and whose loss
+   (GPUs x (time since the checkpoint + `restart_cost`)) is at most the asker's queue's
+   threshold; all of them not protected, not stopping, past the minimum runtime, ranked by
+   (class, -usage share, work since the last checkpoint, -start, id). A node where stopping jobs
    already free enough needs none (the first by name). Else one victim if one is enough: the
    cheapest, ties by node name. Else on each node the cheapest prefix that frees enough (with
    the GPUs of jobs already stopping there), pruned of any victim not needed, most expensive
@@ -33,6 +40,7 @@ property tests in test_scheduler_properties.py):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpucluster.core.policy import Policy
@@ -79,9 +87,23 @@ def reference_decide(snap: Snapshot, policy: Policy, now: float) -> RefPlan:
     def entered(j: JobRequest) -> float:
         return float(j.submitted_at if j.queued_at is None else j.queued_at)
 
+    order = policy.ordering
+    las = order.mode == "las"
+
+    def queue(gpu_s: float) -> int:
+        return sum(1 for t in order.queues if t <= gpu_s)
+
+    def rank(j: JobRequest) -> int:
+        if not las:
+            return 0
+        if order.promote_after_s is not None and now - max(entered(j), j.submitted_at) >= order.promote_after_s:
+            return 0
+        return queue(snap.attained.get(j.job_id, 0.0))
+
     aged = sorted((j for j in ready if now - entered(j) >= policy.starvation_age_s), key=age)
     rest = [j for j in ready if j not in aged]
     rest.sort(key=age)
+    rest.sort(key=rank)
     rest.sort(key=lambda j: -int(j.priority) if policy.priorities else 0)
     for job in [*aged, *rest]:
         n = int(job.gpus)
@@ -112,7 +134,8 @@ def reference_decide(snap: Snapshot, policy: Policy, now: float) -> RefPlan:
             would_fit = sum(len(f) for f in free.values()) >= n and any(len(f) >= n for f in free.values())
             waits[job.job_id] = (WaitReason.BEHIND_RESERVATION if would_fit else WaitReason.RESOURCES, None)
             continue
-        choice = _victims(snap, policy, now, job, free, size, victims_taken)
+        takes = _las_takes(snap, policy, now, rank(job), queue) if las and order.preempt else None
+        choice = _victims(snap, policy, now, job, free, size, victims_taken, takes)
         if choice is not None:
             node, victims = choice
             for v in victims:
@@ -150,8 +173,10 @@ def _victims(
     free: dict[str, list[int]],
     size: dict[str, int],
     taken: set[int],
+    las_takes: Callable[[RunningJob], bool] | None,
 ) -> tuple[str, list[int]] | None:
-    """(node, victims) that make room for `job`, or None: step 3 of the module docstring."""
+    """(node, victims) that make room for `job`, or None: step 3 of the module docstring.
+    `las_takes`: whether `job` may take a running job of its own class for attained service."""
     pre = policy.preemption
     if not pre.enabled or not policy.priorities:
         return None
@@ -160,12 +185,12 @@ def _victims(
     def cost(v: RunningJob) -> tuple[float, ...]:
         lost = now - (v.last_checkpoint_at if v.last_checkpoint_at is not None else v.started_at)
         share = snap.usage.get(v.team, 0.0) / max(policy.share(v.team), 1e-9)
-        return (int(v.priority), -share, lost, -v.started_at)
+        return (int(v.priority), -share, lost, -v.started_at, v.job_id)
 
     candidates = [
         v
         for v in snap.running
-        if v.priority < job.priority
+        if (v.priority < job.priority or (v.priority == job.priority and las_takes is not None and las_takes(v)))
         and v.priority not in pre.protected_classes
         and not v.stopping
         and now - v.started_at >= pre.min_runtime_s
@@ -218,3 +243,21 @@ def _victims(
         if best is None or key[:3] < best[:3]:
             best = key
     return None if best is None else (best[2], best[3])
+
+
+def _las_takes(
+    snap: Snapshot, policy: Policy, now: float, asker_queue: int, queue: Callable[[float], int]
+) -> Callable[[RunningJob], bool]:
+    """Whether an asker in `asker_queue` may take a running job of its class (step 3)."""
+    order = policy.ordering
+    allowance = order.queues[asker_queue] if asker_queue < len(order.queues) else float("inf")
+
+    def takes(v: RunningJob) -> bool:
+        if v.last_checkpoint_at is None or now - v.started_at < order.min_slice_s:
+            return False
+        gpus = sum(len(s.gpu_indices) for s in v.allocation.slices)
+        had = snap.attained.get(v.job_id, 0.0) + gpus * max(0.0, now - v.started_at)
+        lost = gpus * (now - v.last_checkpoint_at + order.restart_cost_s)
+        return queue(had) > asker_queue and lost <= allowance
+
+    return takes

@@ -184,7 +184,9 @@ def test_policy_file(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("ordering: {mode: las, runtime_model: gittins}\n")
     assert load_policy(f).ordering.gittins
-    f.write_text("ordering: {runtime_model: gittins}\n")
+    f.write_text("ordering: {runtime_model: gittins}\n")  # mode las is the default
+    assert load_policy(f).ordering.gittins
+    f.write_text("ordering: {mode: age, runtime_model: gittins}\n")
     with pytest.raises(PolicyFileError, match="mode: las"):
         load_policy(f)
     assert not Policy().ordering.gittins and not las_policy().ordering.gittins

@@ -10,8 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from gpucluster.core.attained import Ordering, may_be_taken, may_take, rank_of
-from gpucluster.core.policy import Policy, fifo_backfill_policy, las_gittins_policy, las_policy
+from gpucluster.core.attained import AGE_ORDER, Ordering, may_be_taken, may_take, rank_of
+from gpucluster.core.policy import (
+    LAS_STARVATION_AGE_S,
+    Policy,
+    age_policy,
+    fifo_backfill_policy,
+    las_gittins_policy,
+    las_policy,
+)
 from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import JobRequest, Plan, RunningJob
@@ -22,7 +29,7 @@ from .builders import job, node, policy, running, snapshot, team
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "policies"
 H = 3600.0
 NOW = 100 * H
-LAS = Ordering(mode="las", queues=(H, 8 * H), promote_after_s=24 * H)
+LAS = Ordering(mode="las", queues=(H, 8 * H), promote_after_s=24 * H, preempt=False)
 LAS_PREEMPT = replace(LAS, preempt=True, min_slice_s=1800.0, restart_cost_s=60.0)
 
 
@@ -56,11 +63,12 @@ def test_queue_of_thresholds() -> None:
 
 def test_less_attained_goes_first_within_a_team() -> None:
     """One GPU free: the older job has had 10 GPU-hours, the newer none. Age order starts the
-    older; LAS the newer."""
+    older; LAS, the default since issue 25, the newer."""
     queued = [_queued(1, NOW - 2 * H), _queued(2, NOW - H)]
     attained = {1: 10 * H}
-    assert _started(decide(_snap(queued, attained), Policy(), NOW)) == [1]
+    assert _started(decide(_snap(queued, attained), age_policy(), NOW)) == [1]
     assert _started(decide(_snap(queued, attained), Policy(ordering=LAS), NOW)) == [2]
+    assert _started(decide(_snap(queued, attained), Policy(), NOW)) == [2]
 
 
 def test_same_queue_keeps_age_order() -> None:
@@ -224,6 +232,33 @@ def test_policy_file_ordering(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "ordering", "starvation_age_s"),
+    [
+        # what no file means: las with its preemption and a week's ages (issue 25's default)
+        ("", Ordering(), LAS_STARVATION_AGE_S),
+        ("priorities: true\n", las_policy().ordering, LAS_STARVATION_AGE_S),
+        # a file that switches preemption off still loads: las order, no las preemption
+        ("preemption: {enabled: false}\n", replace(Ordering(), preempt=False), LAS_STARVATION_AGE_S),
+        # the old order back, with its day
+        ("ordering: {mode: age}\n", AGE_ORDER, 86400.0),
+        ("ordering: {mode: age}\nstarvation_age: 3d\n", AGE_ORDER, 3 * 86400.0),
+        ("starvation_age: 2h\n", Ordering(), 2 * H),
+    ],
+)
+def test_policy_file_defaults_follow_the_ordering(
+    tmp_path: Path, text: str, ordering: Ordering, starvation_age_s: float
+) -> None:
+    """What a policy file leaves out means the default: `las` since issue 25. Its preemption
+    follows `preemption.enabled` unless the file says, and the starvation age is the mode's."""
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    got = load_policy(f)
+    assert (got.ordering, got.starvation_age_s) == (ordering, starvation_age_s)
+    if not text:
+        assert got == Policy() == las_policy()
+
+
+@pytest.mark.parametrize(
     ("text", "words"),
     [
         ("ordering: {mode: las, queues: [8h, 1h]}\n", "ascending"),
@@ -243,7 +278,8 @@ def test_policy_file_ordering_errors(tmp_path: Path, text: str, words: str) -> N
 
 def test_the_head_reads_attained_service_from_attempt_rows(tmp_path: Path) -> None:
     """A low job runs 100 s on 8 GPUs and is preempted: its ended attempt is 800 GPU-seconds, the
-    head's snapshot carries it under an attained-service policy, and nothing under the default."""
+    head's snapshot carries it under an attained-service policy (the default), and nothing under
+    age ordering."""
     from gpucluster.core.states import JobState
     from gpucluster.executors.base import Exited
     from gpucluster.head.policy_source import PolicySource
@@ -299,3 +335,41 @@ def test_the_full_cluster_shortcut_is_exact(started: float, checkpoint_ago: floa
     attained = {9: before}
     any_asker = any(may_take(float(r), v, LAS_PREEMPT, attained, NOW) for r in range(len(LAS_PREEMPT.queues) + 1))
     assert may_be_taken(v, LAS_PREEMPT, attained, NOW) == any_asker
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (
+            None,
+            "order in a team's line: las (least GPU-time first; queues at 1h, 8h of GPU-time; promoted after "
+            "7d waiting; stops checkpointed jobs of a later queue after 30m); starvation age 7d",
+        ),
+        ("ordering: {mode: age}\n", "order in a team's line: age (oldest first); starvation age 1d"),
+        (
+            "preemption: {enabled: false}\nordering: {promote_after: null, runtime_model: gittins}\n",
+            "order in a team's line: las (least GPU-time first; queues at 1h, 8h of GPU-time; never promoted; "
+            "by learned run times inside a queue); starvation age 7d",
+        ),
+    ],
+)
+def test_the_head_says_the_ordering_in_force(tmp_path: Path, text: str | None, line: str) -> None:
+    """GET /v1/policy and `policy show` say the order inside a team's line: with `las` the
+    default, an admin must see why a newer job went first, and whether a job may be stopped for
+    one of its own class (only with preemption on)."""
+    from gpucluster.cli.main import _ordering_line
+    from gpucluster.head.policy_source import PolicySource
+
+    from .headkit import api_client, make_cluster
+
+    source = None
+    if text is not None:
+        path = tmp_path / "policy.yaml"
+        path.write_text(text)
+        source = PolicySource(path)
+    c = make_cluster(tmp_path, policy=source) if source is not None else make_cluster(tmp_path)
+    try:
+        got = api_client(c.service, "admin").get("/v1/policy").json()
+        assert _ordering_line(got["ordering"], got["starvation_age_s"]) == line
+    finally:
+        c.close()

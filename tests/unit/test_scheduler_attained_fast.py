@@ -62,7 +62,10 @@ def _gittins_rank_of(
     distribution and GPUs, the fraction of its index looking ahead to its queue's threshold."""
     queue = rank_of(job, o, att, {}, now)
     if queue == 0.0 and o.promote_after_s is not None:
-        entered = job.submitted_at if job.queued_at is None else job.queued_at
+        # the later of the submission and the requeue: a requeue stamped before the submission
+        # (another head's clock behind) counts as the submission, as `attained.entered_queue` says
+        # (with a day's starvation age such a job was aged and never ranked; a week's ranks it)
+        entered = max(job.submitted_at, job.queued_at if job.queued_at is not None else job.submitted_at)
         if now - entered >= o.promote_after_s:
             return 0.0
     dist, got = dists.get(job.job_id), att.get(job.job_id, 0.0)

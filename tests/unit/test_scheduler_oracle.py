@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import pytest
 
+from gpucluster.core.attained import AGE_ORDER, Ordering
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.policy import Policy, Preemption
 from gpucluster.core.queue_index import QueueIndex
@@ -29,8 +30,25 @@ CLASSES = (Priority.LOW, Priority.NORMAL, Priority.HIGH, Priority.CRITICAL)
 TEAMS = ("a", "b", "c")
 
 
+def _ordering(rng: random.Random) -> Ordering:
+    """The default (`las`, issue 25) most often, with thresholds and slices these histories'
+    minutes reach; else `las` without its preemption, or the old age order."""
+    pick = rng.random()
+    if pick < 0.2:
+        return AGE_ORDER
+    return Ordering(
+        mode="las",
+        queues=rng.choice([(3600.0, 8 * 3600.0), (600.0, 3000.0), (1200.0,)]),
+        promote_after_s=rng.choice([None, 900.0, 7 * 86400.0]),
+        preempt=pick >= 0.35,
+        min_slice_s=rng.choice([0.0, 120.0, 1800.0]),
+        restart_cost_s=rng.choice([0.0, 60.0]),
+    )
+
+
 def _policy(rng: random.Random) -> Policy:
     return Policy(
+        ordering=_ordering(rng),
         fair_share=False,
         priorities=True,
         backfill=rng.random() < 0.7,
@@ -107,12 +125,14 @@ def test_equal_plans_on_random_states(seed: int) -> None:
             if rng.random() < 0.5:  # submitted with --begin: the same hold, a wait of its own
                 job = replace(job, begin=job.not_before)
         queued.append(job)
-    snap = Snapshot(nodes, tuple(running), tuple(queued))
+    # GPU-seconds of earlier attempts: some queued jobs ran before, some running ones too
+    attained = {j.job_id: rng.uniform(0, 20_000) for j in [*queued, *running] if rng.random() < 0.4}
+    snap = Snapshot(nodes, tuple(running), tuple(queued), attained=attained)
     _compare(decide(snap, policy, now), reference_decide(snap, policy, now), f"seed {seed}")
 
 
 HISTORIES = range(30)
-_covered: dict[str, int] = {"started": 0, "preempted": 0, "reserved": 0, "backfilled": 0}
+_covered: dict[str, int] = {"started": 0, "preempted": 0, "reserved": 0, "backfilled": 0, "las preempted": 0}
 
 
 @pytest.mark.parametrize("seed", HISTORIES)
@@ -122,8 +142,9 @@ def test_equal_plans_over_histories_with_kept_indexes(seed: int) -> None:
 
 
 def test_the_histories_exercise_every_rule() -> None:
-    """Not vacuous: over the histories, jobs started, were preempted, got reservations and
-    were backfilled past one (run after the histories, in file order; alone it replays them)."""
+    """Not vacuous: over the histories, jobs started, were preempted (for class and, under the
+    default `las`, for attained service by a job of the victim's own class), got reservations
+    and were backfilled past one (run after the histories, in file order; alone it replays them)."""
     if not _covered["started"]:
         for seed in HISTORIES:
             for k, v in _history(seed).items():
@@ -145,8 +166,13 @@ def _history(seed: int) -> dict[str, int]:
     stopping_until: dict[int, float] = {}
     queued: dict[int, JobRequest] = {}
     asked: dict[int, JobRequest] = {}  # every started job's request, to requeue it
+    attained: dict[int, float] = {}  # GPU-seconds of ended attempts, as the head counts them
     next_id = 1
-    compared = preempted = started = reserved = backfilled = 0
+    compared = preempted = started = reserved = backfilled = las_preempted = 0
+
+    def ended(rj: RunningJob) -> None:
+        attained[rj.job_id] = attained.get(rj.job_id, 0.0) + rj.allocation.gpu_count * (now - rj.started_at)
+
     for cycle in range(40):
         now += rng.choice([1.0, 15.0, 60.0, 400.0])
         for _ in range(rng.randint(0, 3)):
@@ -157,11 +183,15 @@ def _history(seed: int) -> dict[str, int]:
             if (jid in stopping_until and now >= stopping_until[jid]) or (jid not in stopping_until and now >= ends):
                 del running[jid]
                 if stopping_until.pop(jid, None) is not None:  # a preempted job comes back
+                    ended(rj)
                     queued[jid] = replace(asked[jid], queued_at=now)
             elif jid not in stopping_until and rng.random() < 0.03:  # a failure: back after a backoff
                 del running[jid]
+                ended(rj)
                 queued[jid] = replace(asked[jid], queued_at=now, not_before=now + 30.0)
-        snap = Snapshot(nodes, tuple(running.values()), tuple(queued.values()))
+            elif jid not in stopping_until and rng.random() < 0.3:  # it checkpoints
+                running[jid] = replace(rj, last_checkpoint_at=now)
+        snap = Snapshot(nodes, tuple(running.values()), tuple(queued.values()), attained=dict(attained))
         ref = reference_decide(snap, policy, now)
         fast = decide(replace(snap, capacity=capacity, queue_index=queue_index), policy, now)
         _compare(fast, ref, f"seed {seed} cycle {cycle}")
@@ -172,6 +202,7 @@ def _history(seed: int) -> dict[str, int]:
         backfilled += any(w.reason.value == "reserved" for w in fast.waiting.values()) and bool(fast.starts)
         started += len(fast.starts)
         for p in fast.preemptions:
+            las_preempted += running[p.job_id].priority == queued[p.for_job].priority
             running[p.job_id] = replace(running[p.job_id], stopping=True)
             stopping_until[p.job_id] = now + policy.preemption.grace_period_s
             preempted += 1
@@ -179,4 +210,10 @@ def _history(seed: int) -> dict[str, int]:
             req = asked[s.job_id] = queued.pop(s.job_id)
             running[s.job_id] = RunningJob(s.job_id, s.allocation, req.team, req.priority, now, req.time_limit_s)
     assert compared == 40
-    return {"started": started, "preempted": preempted, "reserved": reserved, "backfilled": backfilled}
+    return {
+        "started": started,
+        "preempted": preempted,
+        "reserved": reserved,
+        "backfilled": backfilled,
+        "las preempted": las_preempted,
+    }

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpucluster.core.policy import Policy, fifo_policy, priority_policy
+from gpucluster.core.policy import LAS_STARVATION_AGE_S, Policy, age_policy, fifo_policy, priority_policy
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.reasons import WaitReason
 from gpucluster.core.scheduler import decide
@@ -1264,19 +1264,28 @@ def test_backfilled_jobs_never_delay_the_reserved_job() -> None:
 
 # ---- ageing and baselines ----------------------------------------------------------------------
 
+WEEK = LAS_STARVATION_AGE_S
 AGEING = [
     Rule(
-        "a job that waited the starvation age goes first, whatever its class",
-        snapshot(nodes=one_node(1), queued=[job(1).priority("low").at(0), job(2).priority("critical").at(86_000)]),
+        "a job that waited the starvation age (the default's: a week) goes first, whatever its class",
+        snapshot(nodes=one_node(1), queued=[job(1).priority("low").at(0), job(2).priority("critical").at(WEEK - 400)]),
         starts={1: ANY},
         waits={2: R.RESERVED},
-        now=86_400.0,
+        now=WEEK,
     ),
     Rule(
         "just short of the starvation age, class still wins",
-        snapshot(nodes=one_node(1), queued=[job(1).priority("low").at(1), job(2).priority("critical").at(86_000)]),
+        snapshot(nodes=one_node(1), queued=[job(1).priority("low").at(1), job(2).priority("critical").at(WEEK - 400)]),
         starts={2: ANY},
         waits={1: R.RESERVED},
+        now=WEEK,
+    ),
+    Rule(
+        "age ordering's starvation age is a day",
+        snapshot(nodes=one_node(1), queued=[job(1).priority("low").at(0), job(2).priority("critical").at(86_000)]),
+        starts={1: ANY},
+        waits={2: R.RESERVED},
+        policy=age_policy(),
         now=86_400.0,
     ),
     Rule(

@@ -1330,6 +1330,25 @@ def policy_check(file: Annotated[Path, typer.Argument(help="policy YAML file")])
     )
 
 
+def _ordering_line(order: dict[str, Any], starvation_age_s: float | None) -> str:
+    """`policy show`'s line for the order inside a team's line: what `las` (the default) does,
+    in the words of the policy file, so an admin sees why a newer job went first."""
+    aged = f"; starvation age {format_duration(starvation_age_s)}" if starvation_age_s else ""
+    if order.get("mode") != "las":
+        return f"order in a team's line: {order.get('mode')} (oldest first){aged}"
+    queues = ", ".join(format_duration(q) for q in order.get("queues_gpu_s") or [])
+    promote = order.get("promote_after_s")
+    parts = [
+        f"order in a team's line: las (least GPU-time first; queues at {queues} of GPU-time",
+        f"promoted after {format_duration(promote)} waiting" if promote is not None else "never promoted",
+    ]
+    if order.get("runtime_model") == "gittins":
+        parts.append("by learned run times inside a queue")
+    if order.get("preempt"):
+        parts.append(f"stops checkpointed jobs of a later queue after {format_duration(order.get('min_slice_s') or 0)}")
+    return "; ".join(parts) + ")" + aged
+
+
 def _limit_lines(limits: dict[str, Any]) -> list[str]:
     """`limits:` as `policy show` prints it: one line per set that limits anything."""
 
@@ -1365,6 +1384,9 @@ def policy_show(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
         f"(half-life {format_duration(p.half_life_s)}); backfill {'on' if p.backfill else 'off'}",
         markup=False,
     )
+    order = p.get("ordering")
+    if order:  # a head from before it said its ordering: nothing
+        out.print(_ordering_line(order, p.get("starvation_age_s")), markup=False)
     if p.priority_grants:
         granted = "; ".join(f"{c}: {g.holders}" for c, g in p.priority_grants.items())
         out.print(f"priority grants (low, normal: every member): {granted}", markup=False)

@@ -43,8 +43,8 @@ def simulate(
         list[str] | None,
         typer.Option(
             "--policy",
-            help="policy YAML (as for `gpucluster up`) or fifo, fifo-backfill, priority, default, las;"
-            " oracle-sjf (a reference: knows run times); repeat to compare",
+            help="policy YAML (as for `gpucluster up`) or fifo, fifo-backfill, priority, default (= las), age,"
+            " las, las-gittins; oracle-sjf (a reference: knows run times); repeat to compare",
         ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed for every random draw (same seed, same metrics)")] = 0,

@@ -63,11 +63,20 @@ _GPUS = attrgetter("gpus")
 _SUBMITTED = attrgetter("submitted_at")
 _QUEUED = attrgetter("queued_at")
 _NONE_FIRST = {None: -INF}  # read only: a queue stamp of None as before every time (`_promote`)
+# The shipped starvation age and promotion under `las`: a week, not a day. Why: both put a job
+# first in line by age, so once a backlog is older than they are, every job past them is ordered
+# oldest first and LAS becomes FIFO for exactly the jobs it should reorder. On Philly days 40-47
+# (17 nodes, a backlog of days) a day made `las`'s mean wait 9.2x the oracle's; a week 1.84x,
+# with p99 below FIFO + backfill's (bench/RESULTS.md, "Why las failed on a second week").
+LAS_STARVATION_AGE_S = 7 * 86400.0
 
 
 @dataclass(frozen=True)
 class Ordering:
-    """The policy file's `ordering:`. `age` (the default): within a team, oldest first, as always.
+    """The policy file's `ordering:`. `las` (the default since issue 25: it halves the mean wait
+    of the age order it replaced on contended Philly weeks, within 2x of an oracle that knows run
+    times, bench/RESULTS.md): within a team's line, least attained GPU-time first; `age`: oldest
+    first (the default before).
 
     `queues`: the attained-service thresholds in GPU-seconds, ascending (one GPU-hour = 3600): a
     job below the first is in queue 0, between the first and second in queue 1, and so on.
@@ -83,10 +92,10 @@ class Ordering:
     index from learned run times (`Snapshot.runtime_dist`, core/gittins.py); `none`: by age.
     """
 
-    mode: OrderingMode = "age"
+    mode: OrderingMode = "las"
     queues: tuple[float, ...] = (3600.0, 8 * 3600.0)
-    promote_after_s: float | None = 24 * 3600.0
-    preempt: bool = False
+    promote_after_s: float | None = LAS_STARVATION_AGE_S
+    preempt: bool = True
     min_slice_s: float = 1800.0
     restart_cost_s: float = 60.0
     runtime_model: RuntimeModel = "none"
@@ -109,6 +118,11 @@ class Ordering:
         """GPU-seconds a job of queue `rank` may have before it is demoted (the last: no end)."""
         i = int(rank)
         return self.queues[i] if i < len(self.queues) else INF
+
+
+# The order of the default before issue 25 (the built-in `age`): oldest first inside a team's
+# line, no ranks, no preemption by attained service.
+AGE_ORDER = Ordering(mode="age", preempt=False)
 
 
 def attained_now(job: RunningJob, attained: Mapping[int, float], now: float) -> float:

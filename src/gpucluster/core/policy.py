@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpucluster.core.attained import Ordering, RuntimeModel
+from gpucluster.core.attained import AGE_ORDER, Ordering, RuntimeModel
+from gpucluster.core.attained import LAS_STARVATION_AGE_S as LAS_STARVATION_AGE_S
 from gpucluster.core.pools import Pool
 from gpucluster.core.types import Priority
 
@@ -254,7 +255,7 @@ class Policy:
     priorities: bool = True  # off: one class for all (a FIFO baseline)
     backfill: bool = True
     default_time_limit_s: float = 3600.0  # for reservations, when a job has no limit
-    starvation_age_s: float = 86400.0  # a job waiting this long goes first in line
+    starvation_age_s: float = LAS_STARVATION_AGE_S  # a job waiting this long goes first in line
     allow_unknown_teams: bool = True  # unknown teams get weight 1 and no quota
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     health: HealthPolicy = field(default_factory=HealthPolicy)
@@ -270,7 +271,7 @@ class Policy:
     pools: tuple[Pool, ...] = ()
     # CPUs and host memory per GPU for a job that does not say (applied at submit).
     host: HostDefaults = field(default_factory=HostDefaults)
-    # Order inside a team's line: by age (default) or by attained service (core/attained.py).
+    # Order inside a team's line: by attained service (the default, core/attained.py) or by age.
     ordering: Ordering = field(default_factory=Ordering)
 
     # Teams not listed, made on first use: `team()` is called per queued job per cycle, and a
@@ -343,27 +344,46 @@ class Policy:
         return rule == "any" or (rule == "checkpointed" and victim_checkpointed)
 
 
+# The starvation age of `age` ordering: a day (the default's before issue 25).
+A_DAY_S = 86400.0
+
+
 def fifo_policy() -> Policy:
-    """Baseline: first come, first served; no priorities, fair share, backfill or preemption."""
-    return Policy(fair_share=False, priorities=False, backfill=False, preemption=Preemption(enabled=False))
+    """Baseline: first come, first served; no priorities, fair share, backfill or preemption.
+    Each baseline orders by age with a day's starvation age, as it did before `las` became the
+    default (so its figures stay comparable across that change)."""
+    return Policy(
+        fair_share=False,
+        priorities=False,
+        backfill=False,
+        preemption=Preemption(enabled=False),
+        ordering=AGE_ORDER,
+        starvation_age_s=A_DAY_S,
+    )
 
 
 def fifo_backfill_policy() -> Policy:
     """Baseline: FIFO with EASY backfill (a later job may start if it does not delay the first's
     reserved start); no priorities, fair share or preemption."""
-    return Policy(fair_share=False, priorities=False, backfill=True, preemption=Preemption(enabled=False))
+    return Policy(
+        fair_share=False,
+        priorities=False,
+        backfill=True,
+        preemption=Preemption(enabled=False),
+        ordering=AGE_ORDER,
+        starvation_age_s=A_DAY_S,
+    )
 
 
-# `las`'s starvation age and promotion: a week, not the default's day. Why: both put a job first
-# in line by age, so once a backlog is older than they are, every job past them is ordered
-# oldest first and LAS becomes FIFO for exactly the jobs it should reorder. On Philly days 40-47
-# (17 nodes, a backlog of days) a day made `las`'s mean wait 9.2x the oracle's; a week 1.84x,
-# with p99 below FIFO + backfill's (bench/RESULTS.md, "Why las failed on a second week").
-LAS_STARVATION_AGE_S = 7 * 86400.0
+def age_policy() -> Policy:
+    """The default before issue 25: classes, fair share, quotas, backfill and preemption by class
+    as `default`, but oldest first inside a team's line, and a day's starvation age."""
+    return Policy(ordering=AGE_ORDER, starvation_age_s=A_DAY_S)
 
 
 def las_policy() -> Policy:
-    """The default policy with least-attained-service ordering and its preemption (core/attained.py)."""
+    """Least-attained-service ordering and its preemption (core/attained.py): the default,
+    spelled out, so `las` keeps meaning this if the default moves on."""
     return _las("none")
 
 
@@ -380,7 +400,13 @@ def _las(runtime_model: RuntimeModel) -> Policy:
 
 def priority_policy() -> Policy:
     """Baseline: strict priority, FIFO within a class; no fair share, backfill or preemption."""
-    return Policy(fair_share=False, backfill=False, preemption=Preemption(enabled=False))
+    return Policy(
+        fair_share=False,
+        backfill=False,
+        preemption=Preemption(enabled=False),
+        ordering=AGE_ORDER,
+        starvation_age_s=A_DAY_S,
+    )
 
 
 BUILTIN_POLICIES = {
@@ -388,6 +414,7 @@ BUILTIN_POLICIES = {
     "fifo-backfill": fifo_backfill_policy,
     "priority": priority_policy,
     "default": Policy,
+    "age": age_policy,
     "las": las_policy,
     "las-gittins": las_gittins_policy,
 }

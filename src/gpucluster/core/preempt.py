@@ -33,7 +33,11 @@ from gpucluster.core import preempt_shapes as shapes
 from gpucluster.core.placement import Capacity
 from gpucluster.core.types import JobRequest, RunningJob
 
-CostKey = tuple[int, float, float, float]
+# (class, -usage share, work since the last checkpoint, -start, job id): the id last, so two
+# jobs alike in all else are ranked the same whatever order the caller lists its running jobs
+# in (the head by id, the simulator by start: tests/sim/test_live_head.py found them choosing
+# different victims of one plan's twin starts).
+CostKey = tuple[int, float, float, float, int]
 
 
 @dataclass(frozen=True)

@@ -1257,8 +1257,8 @@ class _Cycle:
         allowance = ordering.allowance(asked)
         over: dict[str, float] = {}
         shared = self._shared_pool = set()
-        # model -> (jobs, then the columns of `_victim_cost`: class, -over share, work lost, -start)
-        pools: dict[str, tuple[list[RunningJob], list[int], list[float], list[float], list[float]]] = {}
+        # model -> (jobs, then the columns of `_victim_cost`: class, -over share, work lost, -start, id)
+        pools: dict[str, tuple[list[RunningJob], list[int], list[float], list[float], list[float], list[int]]] = {}
         running: Iterable[RunningJob] = self.s.running
         if own is not None and not self._lower_class_runs(own) and not self._shares_running():
             # Every job the pool could hold is of the asker's class, and none shares a GPU: a
@@ -1306,7 +1306,7 @@ class _Cycle:
                 shared.add(gpu.model)  # counted GPU by GPU when preempted for (`choose_victims`)
             pool = pools.get(gpu.model)
             if pool is None:
-                pool = pools[gpu.model] = ([], [], [], [], [])
+                pool = pools[gpu.model] = ([], [], [], [], [], [])
             ratio = over.get(j.team)
             if ratio is None:
                 ratio = over[j.team] = -self._over_share(j.team)
@@ -1315,9 +1315,11 @@ class _Cycle:
             pool[2].append(ratio)
             pool[3].append(now - (j.last_checkpoint_at if j.last_checkpoint_at is not None else j.started_at))
             pool[4].append(-j.started_at)
+            pool[5].append(j.job_id)
         self._candidates = {}
-        for model, (jobs, classes, shares, lost, starts) in pools.items():
+        for model, (jobs, classes, shares, lost, starts, ids) in pools.items():
             order = list(range(len(jobs)))
+            order.sort(key=ids.__getitem__)
             order.sort(key=starts.__getitem__)
             order.sort(key=lost.__getitem__)
             order.sort(key=shares.__getitem__)
@@ -1339,7 +1341,7 @@ class _Cycle:
 
     def _victim_cost(self, v: RunningJob) -> CostKey:
         lost = self.now - (v.last_checkpoint_at if v.last_checkpoint_at is not None else v.started_at)
-        return (int(v.priority), -self._over_share(v.team), lost, -v.started_at)
+        return (int(v.priority), -self._over_share(v.team), lost, -v.started_at, v.job_id)
 
     def _over_share(self, team: str) -> float:
         if team not in self._fair_ratio:

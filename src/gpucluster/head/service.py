@@ -57,6 +57,7 @@ from gpucluster.models import (
     LimitsOut,
     MetricSeries,
     NodeOut,
+    OrderingOut,
     PipelineEdge,
     PipelineJob,
     PipelineOut,
@@ -765,6 +766,16 @@ class ClusterService:
             default_time_limit_s=p.default_time_limit_s,
             cpus_per_gpu=p.host.cpus_per_gpu,
             mem_per_gpu_mb=p.host.mem_per_gpu_mb,
+            ordering=OrderingOut(
+                mode=p.ordering.mode,
+                queues_gpu_s=list(p.ordering.queues),
+                promote_after_s=p.ordering.promote_after_s,
+                preempt=p.ordering.preempt and p.preemption.enabled and p.ordering.mode == "las",
+                min_slice_s=p.ordering.min_slice_s,
+                restart_cost_s=p.ordering.restart_cost_s,
+                runtime_model=p.ordering.runtime_model,
+            ),
+            starvation_age_s=p.starvation_age_s,
             teams=[
                 TeamOut(
                     name=n,

@@ -7,7 +7,7 @@ policy is loaded by the head's own loader (`gpucluster.policyfile.load_policy`) 
 core untouched. When the core grows new request fields, this file is the one to change.
 
 Policies: `--policy` takes a policy YAML file (the same file `gpucluster up --policy` reads) or a
-shipped baseline name: `fifo`, `fifo-backfill`, `priority`, `default` or `las` (see
+shipped name: `fifo`, `fifo-backfill`, `priority`, `default` (= `las`), `age`, `las` or `las-gittins` (see
 gpucluster.core.policy); or `oracle-sjf`, a reference only the simulator can run (`ORACLE`).
 """
 

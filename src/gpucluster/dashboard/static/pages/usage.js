@@ -94,6 +94,11 @@ export function usagePage(root) {
               ? `Usage is GPU-hours decayed with a half-life of ${fmtNumber(policy.half_life_s / 86400, 1)} days; `
                 + "a team below its share goes first."
               : "Fair share is off in this policy; usage is shown for information.",
+            policy.ordering
+              ? (policy.ordering.mode === "las"
+                ? " Inside a team's line, jobs that have had less GPU-time go first (las)."
+                : " Inside a team's line, oldest first.")
+              : "",
             ` Policy: ${policy.source}.`,
             policy.error ? h("span", { class: "bad" }, ` The policy file has an error, the previous policy runs: ${policy.error}`) : null,
           ),
