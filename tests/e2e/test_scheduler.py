@@ -82,7 +82,7 @@ def test_policy_check_reports_the_line_and_up_refuses_a_bad_policy(tmp_path: Pat
     bad.write_text("teams:\n  vision:\n    weight: 2\n    quota: {H100-80GB: -4}\n")
     h = head_factory(tmp_path / "data")
     ok = cli(h, "policy", "check", str(good))
-    assert ok.returncode == 0 and "2 team(s)" in ok.stdout
+    assert ok.returncode == 0 and "2 team(s)" in ok.stdout and "order in a team's line: las" in ok.stdout
     r = cli(h, "policy", "check", str(bad))
     assert r.returncode == 1 and f"{bad}:4: teams.vision.quota" in r.stderr and "Traceback" not in r.stderr
     h.args += ["--policy", str(bad)]

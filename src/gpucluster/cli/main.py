@@ -1325,7 +1325,8 @@ def policy_check(file: Annotated[Path, typer.Argument(help="policy YAML file")])
         fail(str(e))
     out.print(
         f"{file}: ok — {len(p.teams)} team(s), preemption {'on' if p.preemption.enabled else 'off'}, "
-        f"fair share {'on' if p.fair_share else 'off'}, backfill {'on' if p.backfill else 'off'}",
+        f"fair share {'on' if p.fair_share else 'off'}, backfill {'on' if p.backfill else 'off'}, "
+        f"order in a team's line: {p.ordering.mode}",
         markup=False,
     )
 
