@@ -107,7 +107,7 @@ class Ordering:
 
     @property
     def ranked(self) -> bool:
-        """Whether jobs are ranked at all (False: the default path, no per-job work)."""
+        """Whether jobs are ranked at all (False: `age` ordering, no per-job work)."""
         return self.mode != "age"
 
     def queue_of(self, gpu_s: float) -> int:

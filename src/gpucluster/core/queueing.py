@@ -176,7 +176,7 @@ class TeamQueues:
         borrower, so a guarantee is met in the cycle its demand appears (None: no quotas).
         `presorted`: what `sort_in_plain` would give for `queued`, from a `QueueIndex`.
         `ranks`: job id -> rank inside its team's line (core/attained.py), lower first, ties by
-        age, a job it does not name ranking 0; None (the default ordering): by age alone, and no
+        age, a job it does not name ranking 0; None (`age` ordering): by age alone, and no
         per-job work here. `lines`: the lines sorted by rank in earlier cycles, kept by the caller."""
         self.policy = policy
         self.usage = dict(usage)
