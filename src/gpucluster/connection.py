@@ -17,6 +17,7 @@ import codecs
 import copy
 import json
 import os
+import select
 import socket
 import threading
 from collections.abc import Iterator
@@ -66,6 +67,13 @@ def _tls_context(url: str, verify: bool | str = True) -> Any:
 
 class ProtocolError(GpuclusterError):
     """The head's answer is not HTTP/1.1 as this reader knows it."""
+
+
+# Requests sent again, once, when a reused connection fails after they went out: only those that
+# change nothing on the head. A submission (POST) the head committed before it died unanswered
+# would be stored twice (tests/e2e/test_crash_consistency.py found such jobs: in the store, never
+# acknowledged); the caller gets ClusterUnreachable and decides, as for any unanswered request.
+_RESENDABLE = frozenset({"GET", "HEAD"})
 
 
 class _Closed(ProtocolError):
@@ -243,17 +251,21 @@ class Head:
         head = f"{method} {self._target(path, params)} HTTP/1.1\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         for retry in (True, False):
+            if self._sock is not None and self._used and self._closed_by_head():
+                self.close()  # the head closed this idle keep-alive connection: a new one, before sending
             reused = self._sock is not None and self._used
             if self._sock is None:
                 self._connect(self._timeout if timeout is not None else None)
             assert self._sock is not None
+            sent = False
             try:
                 self._sock.sendall(head.encode("latin-1") + data)
+                sent = True
                 response = _Response(self._reader)
             except (_Closed, ConnectionResetError, BrokenPipeError) as e:
                 self.close()
-                if reused and retry:
-                    continue  # the head closed an idle keep-alive connection: a new one, once
+                if reused and retry and (not sent or method in _RESENDABLE):
+                    continue  # the head closed an idle keep-alive connection under us: a new one, once
                 raise unreachable(self.url, _failure(e, connecting=False)) from None
             except (OSError, ProtocolError) as e:
                 self.close()
@@ -261,6 +273,23 @@ class Head:
             self._used = True
             return response
         raise AssertionError("not reached")  # pragma: no cover
+
+    def _closed_by_head(self) -> bool:
+        """Whether the head has closed this idle connection (its end of file, or anything but
+        an answer to a request, is waiting on it). Asked before a request is sent on a reused
+        connection, so an idle close is found before sending, not by a request lost after it:
+        a submission sent again there could be stored twice (the first copy committed by a
+        head killed before it answered), which is why a request is sent again after it went
+        out only when it changes nothing (`_RESENDABLE`)."""
+        sock = self._sock
+        assert sock is not None
+        if self._tls and sock.pending():  # type: ignore[attr-defined]  # an SSLSocket (ssl is imported lazily)
+            return True  # decrypted bytes nobody asked for: not a connection to send on
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)  # idle, a readable socket holds an end of file or stray bytes
 
     def _body(self, response: _Response) -> str:
         try:
