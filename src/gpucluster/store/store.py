@@ -84,6 +84,7 @@ from gpucluster.store import lease as leases
 from gpucluster.store import migrate, schema
 from gpucluster.store.lease import DEFAULT_LEASE_S, Holder, Lease
 from gpucluster.store.read_cache import ReadCache
+from gpucluster.store.specs import spec_of
 from gpucluster.waits_text import to_json as wait_json
 
 # PostgreSQL advisory lock key ("gpuclust" in ASCII): every write transaction holds it.
@@ -1183,7 +1184,7 @@ class Store:
             .limit(limit)
         )
         with self._read() as c:
-            return [(int(i), JobSpec.model_validate_json(text)) for i, text in c.execute(q)]
+            return [(int(i), spec_of(text)) for i, text in c.execute(q)]
 
     def array_counts(self, array_ids: Iterable[int]) -> dict[int, dict[str, int]]:
         """Each array's elements counted by state, for a one-line listing."""
@@ -1330,7 +1331,7 @@ class Store:
         out: dict[int, JobSpec] = {}
         for at in range(0, len(wanted), IDS_PER_QUERY):
             q = select(j.id, j.spec).where(j.id.in_(wanted[at : at + IDS_PER_QUERY]))
-            out.update({int(i): JobSpec.model_validate_json(text) for i, text in c.execute(q)})
+            out.update({int(i): spec_of(text) for i, text in c.execute(q)})
         return out
 
     def list_jobs(
@@ -2064,7 +2065,7 @@ def _job(r: Any, shared: dict[int, JobSpec] | None = None) -> JobRecord:
         priority=Priority(r["priority"]),
         gpus=r["gpus"],
         gpu_type=r["gpu_type"],
-        spec=JobSpec.model_validate_json(r["spec"]) if r["spec"] else (shared or {})[r["array_id"]],
+        spec=spec_of(r["spec"]) if r["spec"] else (shared or {})[r["array_id"]],
         submitted_at=r["submitted_at"],
         started_at=r["started_at"],
         ended_at=r["ended_at"],
@@ -2132,7 +2133,7 @@ def _resolve(spec: JobSpec, arrays: set[int]) -> tuple[Dependency, ...]:
 
 def _request_of_spec(spec_json: str) -> str:
     """For rows written before the request column existed."""
-    return request_json(JobSpec.model_validate_json(spec_json))
+    return request_json(spec_of(spec_json))
 
 
 def overlapped(before: tuple[int, int], after: tuple[int, int]) -> bool:
