@@ -58,6 +58,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.pool import PoolProxiedConnection
 
 from gpucluster.containers import stored_name
 from gpucluster.core.eligibility import Target, array_target, array_times
@@ -738,8 +739,7 @@ class Store:
     def others_wrote_token(self) -> tuple[int, int] | None:
         """A value that changes whenever a connection other than this store's writer commits (another
         process, another Store on the same database); this store's own writes, from any thread,
-        leave it alone. None where it cannot be told (inside this thread's `batch` on SQLite; on
-        PostgreSQL while no listener can connect).
+        leave it alone. None where it cannot be told (on PostgreSQL while no listener can connect).
 
         Why: the head keeps its queue and running jobs from what it is told (head/queue_cache.py,
         head/running_cache.py) and read the store whole every 5 s only to catch other processes'
@@ -749,26 +749,33 @@ class Store:
         connection, under the write lock (so no write of this store is under way), without a
         transaction (BEGIN IMMEDIATE would take the file's write lock); the connection's serial is
         part of the value, so a value read on another pooled writer connection always differs.
+        Inside this thread's `batch` it is read on the batch's own connection: its write
+        transaction took the file's write lock, so every other connection's commit is before it
+        (and in the value), and none can come until it ends.
         PostgreSQL has no such pragma: each write transaction notifies (LISTEN/NOTIFY) with its
         store's id, and a connection of this store counts the others' (`_others_notified`).
         """
         if self.dialect == "postgresql":
             return self._others_notified()
-        if self.dialect != "sqlite" or self._batch_thread == threading.get_ident():
+        if self.dialect != "sqlite":
             return None
+        if self._batch_thread == threading.get_ident():
+            assert self._batch is not None
+            with self._errors_mapped():
+                return _data_version(self._batch.connection)
         with self._write_lock, self._errors_mapped():
             raw = self._writer.raw_connection()
             try:
-                serial = raw.info.setdefault("serial", next(_CONNECTION_SERIAL))
-                cur = raw.cursor()
-                try:
-                    cur.execute("PRAGMA data_version")
-                    version = cur.fetchone()[0]  # type: ignore[index]  # the pragma always answers one row
-                finally:
-                    cur.close()
+                return _data_version(raw)
             finally:
                 raw.close()  # back to the pool
-        return int(serial), int(version)
+
+    @property
+    def others_wrote_at_once(self) -> bool:
+        """Whether `others_wrote_token` counts every other connection's commit made before it is
+        read (SQLite's data_version), not only those whose notice has come (PostgreSQL's
+        notifications arrive just after each commit)."""
+        return self.dialect == "sqlite"
 
     def _others_notified(self) -> tuple[int, int] | None:
         """PostgreSQL's `others_wrote_token`: every write transaction notifies `WRITES_CHANNEL` at
@@ -1978,6 +1985,18 @@ class Store:
                 jobs = ", ".join(str(job_id) for job_id, _ in holders)
                 problems.append(f"GPU {gpu} of {node_name} is handed out beyond all of it (jobs {jobs})")
         return problems
+
+
+def _data_version(raw: PoolProxiedConnection) -> tuple[int, int]:
+    """`Store.others_wrote_token` on one SQLite connection: its serial and its data_version."""
+    serial = raw.info.setdefault("serial", next(_CONNECTION_SERIAL))
+    cur = raw.cursor()
+    try:
+        cur.execute("PRAGMA data_version")
+        version = cur.fetchone()[0]  # type: ignore[index]  # the pragma always answers one row
+    finally:
+        cur.close()
+    return int(serial), int(version)
 
 
 def _raw_rows(c: Connection, q: Select[Any], params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
