@@ -18,16 +18,12 @@ from gpucluster.core.states import JobState
 from gpucluster.executors.base import Handle, Status
 from gpucluster.store import Store
 
-from .headkit import T0, Cluster, make_cluster
+from .headkit import T0, Cluster, closing_cluster
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = make_cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
+    yield from closing_cluster(tmp_path)
 
 
 def stop_while_polled(cluster: Cluster, write: Callable[[], object]) -> None:
