@@ -81,8 +81,8 @@ from gpucluster.core.types import (
 )
 from gpucluster.errors import GpuclusterError
 from gpucluster.models import JobSpec
+from gpucluster.store import driver_sql, migrate, schema
 from gpucluster.store import lease as leases
-from gpucluster.store import migrate, schema
 from gpucluster.store.lease import DEFAULT_LEASE_S, Holder, Lease
 from gpucluster.store.read_cache import ReadCache
 from gpucluster.store.specs import spec_of
@@ -536,6 +536,9 @@ class Store:
         self.dialect = self.url.get_backend_name()
         self.display = self.url.render_as_string(hide_password=True) if self.path is None else str(self.path)
         self._durable = True  # False only inside `_write(durable=False)`, under the write lock
+        # A job's per-job writes (its row, events, state changes, attempt) as plain SQL through
+        # SQLite's driver (store/driver_sql.py); SQLAlchemy's statements on PostgreSQL.
+        self._driver_sql = self.dialect == "sqlite"
         # PostgreSQL: this store's name in its writes' notifications, and the connection that
         # listens for the others' (`others_wrote_token`), opened on first use.
         self._writer_id = f"{os.getpid()}-{next(_CONNECTION_SERIAL)}-{time.time_ns()}"
@@ -1009,14 +1012,18 @@ class Store:
                 self._job_row(spec, now, owners[n] if owners else None, _resolve(spec, arrays))
                 for n, (spec, now) in enumerate(items)
             ]
-            ids = [int(r[0]) for r in c.execute(_ADD_JOBS, rows)]
-            c.execute(
-                _ADD_EVENT,
-                [
-                    {"job_id": job_id, "at": now, "state": JobState.QUEUED.value, "reason": "submitted"}
-                    for job_id, (_, now) in zip(ids, items, strict=True)
-                ],
-            )
+            if self._driver_sql:  # a row at a time, each id back as it is inserted: in order
+                ids = [int(driver_sql.insert(c, schema.jobs, row, returning="id")) for row in rows]
+            else:
+                ids = [int(r[0]) for r in c.execute(_ADD_JOBS, rows)]
+            events = [
+                {"job_id": job_id, "at": now, "state": JobState.QUEUED.value, "reason": "submitted"}
+                for job_id, (_, now) in zip(ids, items, strict=True)
+            ]
+            if self._driver_sql:
+                driver_sql.insert_many(c, schema.job_events, events)
+            else:
+                c.execute(_ADD_EVENT, events)
         return ids
 
     @staticmethod
@@ -1627,32 +1634,45 @@ class Store:
         if to.terminal:
             values.setdefault("ended_at", now)
         with self._telling(job_id, to is JobState.RUNNING or JobState.RUNNING in allowed), self._write() as c:
-            res = c.execute(_move_from(tuple(s.value for s in allowed)), {"match_id": job_id, **_job_values(values)})
-            if res.rowcount != 1:
+            if self._update_job(c, tuple(s.value for s in allowed), {"match_id": job_id, **_job_values(values)}) != 1:
                 return False
-            c.execute(_ADD_EVENT, {"job_id": job_id, "at": now, "state": to.value, "reason": reason})
+            self._add_event(c, {"job_id": job_id, "at": now, "state": to.value, "reason": reason})
             if ended_attempt is not None:
                 a = ended_attempt
-                # One statement shape, its values as parameters: a `.values(...)` statement per end
-                # was a new statement whose cache key SQLAlchemy worked out again each time.
-                c.execute(
-                    self.upsert(schema.attempts),
-                    {
-                        "job_id": a.job_id,
-                        "attempt": a.attempt,
-                        "started_at": a.started_at,
-                        "ended_at": a.ended_at,
-                        "allocation": allocation_to_json(a.allocation) if a.allocation else None,
-                        "outcome": a.outcome,
-                        "reason": a.reason,
-                        "exit_codes": json.dumps(list(a.exit_codes)),
-                        "work_lost_s": a.work_lost_s,
-                        "cpu_s": a.cpu_s,
-                        "memory_peak_bytes": a.memory_peak_bytes,
-                        "pull_s": a.pull_s,
-                    },
-                )
+                row = {
+                    "job_id": a.job_id,
+                    "attempt": a.attempt,
+                    "started_at": a.started_at,
+                    "ended_at": a.ended_at,
+                    "allocation": allocation_to_json(a.allocation) if a.allocation else None,
+                    "outcome": a.outcome,
+                    "reason": a.reason,
+                    "exit_codes": json.dumps(list(a.exit_codes)),
+                    "work_lost_s": a.work_lost_s,
+                    "cpu_s": a.cpu_s,
+                    "memory_peak_bytes": a.memory_peak_bytes,
+                    "pull_s": a.pull_s,
+                }
+                if self._driver_sql:
+                    driver_sql.insert(c, schema.attempts, row, verb="INSERT OR REPLACE")
+                else:
+                    # One statement shape, its values as parameters: a `.values(...)` statement per
+                    # end was a new statement whose cache key SQLAlchemy worked out again each time.
+                    c.execute(self.upsert(schema.attempts), row)
         return True
+
+    def _update_job(self, c: Connection, states: tuple[str, ...], values: dict[str, Any]) -> int:
+        """UPDATE jobs SET `values` WHERE id = :match_id AND state IN `states`: rows changed."""
+        if self._driver_sql:
+            return driver_sql.update_job(c, states, values)
+        return int(c.execute(_move_from(states), values).rowcount)
+
+    def _add_event(self, c: Connection, event: dict[str, Any]) -> None:
+        """One row of job_events (job_id, at, state, reason)."""
+        if self._driver_sql:
+            driver_sql.insert(c, schema.job_events, event)
+        else:
+            c.execute(_ADD_EVENT, event)
 
     def recent_attempts(self, limit: int) -> list[tuple[float, float, Allocation | None, float, float | None, bool]]:
         """The `limit` attempts that ended last, oldest first, each as (started at, ended at,
@@ -1875,8 +1895,7 @@ class Store:
         if "launch" in fields:
             fields["launch"] = json.dumps(fields["launch"]) if fields["launch"] is not None else None
         with self._telling(job_id, expect is JobState.RUNNING), self._write() as c:  # records kept too
-            res = c.execute(_move_from((expect.value,)), {"match_id": job_id, **_job_values(fields)})
-        return res.rowcount == 1
+            return self._update_job(c, (expect.value,), {"match_id": job_id, **_job_values(fields)}) == 1
 
     # ---- nodes ------------------------------------------------------------------------------
 
