@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Allocation, NodeSlice
 from gpucluster.models import JobSpec
-from gpucluster.store import AttemptRecord, Store, driver_sql, schema
+from gpucluster.store import AttemptRecord, DatabaseUnavailable, Store, driver_sql, schema
 
 from .storekit import run_sql
 
@@ -68,4 +69,23 @@ def test_only_columns_of_the_table_are_written_into_the_text(tmp_path: Path) -> 
         with pytest.raises(ValueError, match="not a job state"), store._write() as c:
             driver_sql.update_job(c, ("queued') OR ('1",), {"match_id": 1, "reason": "y"})
     finally:
+        store.close()
+
+
+def test_a_database_locked_past_the_busy_timeout_is_unavailable_not_a_driver_error(tmp_path: Path) -> None:
+    """The BEGIN IMMEDIATE that starts each write runs through the driver too: SQLite's "database
+    is locked" there is the store's DatabaseUnavailable (the API's 503, the loop's retry)."""
+    store = Store(tmp_path / "s.db")
+    other = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    try:
+        raw = store._writer.raw_connection()
+        raw.driver_connection.execute("PRAGMA busy_timeout=50")  # type: ignore[union-attr]  # not 30 s
+        raw.close()
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        with pytest.raises(DatabaseUnavailable, match="locked"):
+            store.create_job(JobSpec(command=["true"], gpus=1), 1.0)
+        other.execute("ROLLBACK")
+        assert store.create_job(JobSpec(command=["true"], gpus=1), 2.0) > 0
+    finally:
+        other.close()
         store.close()

@@ -11,6 +11,9 @@ every other column of these tables is text or a number, given as such). The text
 the schema's tables, once per shape. A driver error is raised as SQLAlchemy's own
 (`DBAPIError.instance`), so the store maps it (a full disk, a locked file) as any other.
 
+The same for the BEGIN (and, when the durability level changes, the PRAGMA) that starts each
+of the store's SQLite transactions, reads included (`run`).
+
 SQLite only: on PostgreSQL the store runs SQLAlchemy's statements (`Store._driver_sql`).
 """
 
@@ -79,6 +82,13 @@ def update_job(c: Connection, states: tuple[str, ...], values: Mapping[str, Any]
         within = ", ".join(f"'{s}'" for s in states)
         text = _TEXTS[shape] = f"UPDATE jobs SET {sets} WHERE jobs.id = :match_id AND jobs.state IN ({within})"
     return int(_run(c, text, values).rowcount)
+
+
+def run(c: Connection, text: str) -> None:
+    """A statement without parameters (BEGIN IMMEDIATE, a PRAGMA) on the connection's driver.
+    Why: the store begins every transaction with one, reads included, and SQLAlchemy's
+    execution around it cost several times SQLite's own work."""
+    _run(c, text, {})
 
 
 def _columns(table: Table, names: Any) -> list[str]:

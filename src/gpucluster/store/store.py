@@ -599,12 +599,13 @@ class Store:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
+            # Through the driver (store/driver_sql.py): this runs at every transaction.
             if write:  # SQLite takes the level only outside a transaction; set it when it changes
                 level = "FULL" if self._durable else "NORMAL"
                 if conn.info.get("synchronous") != level:
-                    conn.exec_driver_sql(f"PRAGMA synchronous={level}")
+                    driver_sql.run(conn, f"PRAGMA synchronous={level}")
                     conn.info["synchronous"] = level
-            conn.exec_driver_sql(begin)
+            driver_sql.run(conn, begin)
 
         return engine
 
