@@ -89,3 +89,23 @@ def test_a_database_locked_past_the_busy_timeout_is_unavailable_not_a_driver_err
     finally:
         other.close()
         store.close()
+
+
+def test_named_jobs_read_through_the_driver_are_read_as_through_sqlalchemy(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    try:
+        ended, queued = one_life(store, True), store.create_job(JobSpec(command=["true"], gpus=1), 4.0)
+        running = store.create_job(JobSpec(command=["sleep", "9"], gpus=1, name="r"), 5.0)
+        alloc = Allocation((NodeSlice("n1", (3,)),))
+        assert store.transition(running, JobState.RUNNING, 6.0, "started", allocation=alloc, attempt=1, started_at=6.0)
+        ids = [running, queued, ended, 999]  # 999: no such job
+        reads = {}
+        for through_driver in (False, True):
+            store._driver_sql = through_driver
+            reads[through_driver] = (store.list_jobs(ids=ids), store.running_records(ids))
+    finally:
+        store.close()
+    assert reads[True] == reads[False]
+    records, (views, running_records) = reads[True]
+    assert [r.id for r in records] == sorted([running, queued, ended])
+    assert [v.job_id for v, _ in views] == [r.id for r in running_records] == [running]

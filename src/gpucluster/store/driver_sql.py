@@ -12,7 +12,8 @@ the schema's tables, once per shape. A driver error is raised as SQLAlchemy's ow
 (`DBAPIError.instance`), so the store maps it (a full disk, a locked file) as any other.
 
 The same for the BEGIN (and, when the durability level changes, the PRAGMA) that starts each
-of the store's SQLite transactions, reads included (`run`).
+of the store's SQLite transactions, reads included (`run`), and for the reads of named jobs'
+whole rows the head makes at each cycle's starts and after its starts and ends (`jobs_by_id`).
 
 SQLite only: on PostgreSQL the store runs SQLAlchemy's statements (`Store._driver_sql`).
 """
@@ -28,6 +29,7 @@ from sqlalchemy.exc import DBAPIError
 
 from gpucluster.store import schema
 
+IDS_PER_QUERY = 5000  # ids in one query's IN list: well under SQLite's 32,766 parameters
 _TEXTS: dict[tuple[object, ...], str] = {}  # a statement's shape -> its SQL text (made once)
 
 
@@ -82,6 +84,34 @@ def update_job(c: Connection, states: tuple[str, ...], values: Mapping[str, Any]
         within = ", ".join(f"'{s}'" for s in states)
         text = _TEXTS[shape] = f"UPDATE jobs SET {sets} WHERE jobs.id = :match_id AND jobs.state IN ({within})"
     return int(_run(c, text, values).rowcount)
+
+
+def jobs_by_id(c: Connection, ids: Sequence[int], state: str | None = None) -> list[sqlite3.Row]:
+    """The whole rows of jobs `ids` (only those in `state`, if given), each column read by name
+    (`row["spec"]`) as from SQLAlchemy's mappings; in chunks of `chunk` ids. Why: the head
+    reads its starting jobs' rows and, after each start and end, its told running jobs' rows
+    (store.py `list_jobs`, `running_records`)."""
+    head = _TEXTS.get(("jobs_by_id", state))
+    if head is None:
+        if state is not None and not state.isalpha():
+            raise ValueError(f"not a job state: {state!r}")
+        where = f"jobs.state = '{state}' AND " if state is not None else ""
+        head = f"SELECT {', '.join(schema.jobs.c.keys())} FROM jobs WHERE {where}jobs.id IN "
+        _TEXTS[("jobs_by_id", state)] = head
+    rows: list[sqlite3.Row] = []
+    cursor = _driver(c).cursor()
+    cursor.row_factory = sqlite3.Row
+    try:
+        for at in range(0, len(ids), IDS_PER_QUERY):
+            chunk = [int(i) for i in ids[at : at + IDS_PER_QUERY]]
+            text = head + "(" + ", ".join("?" * len(chunk)) + ")"
+            try:
+                rows += cursor.execute(text, chunk).fetchall()
+            except sqlite3.Error as e:
+                raise DBAPIError.instance(text, chunk, e, sqlite3.Error) from e
+    finally:
+        cursor.close()
+    return rows
 
 
 def run(c: Connection, text: str) -> None:

@@ -1374,7 +1374,10 @@ class Store:
         if limit is not None or offset:
             q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit).offset(offset or None)
         with self._read() as c:
-            rows = _rows_of(c, q, ids, q_in)
+            if q_in is not None and ids is not None and self._driver_sql:
+                rows: list[Any] = driver_sql.jobs_by_id(c, list(ids))
+            else:
+                rows = _rows_of(c, q, ids, q_in)
             shared = self._shared_specs(c, rows)
         records = [_job(r, shared) for r in rows]
         return sorted(records, key=lambda j: j.id)
@@ -1504,7 +1507,10 @@ class Store:
         An array element without a spec of its own is built from its first element's, which
         never changes under it (`change_spec` gives the siblings their own copy first)."""
         with self._read() as c:
-            rows = _rows_of(c, _RUNNING_ROWS, ids, _RUNNING_ROWS_IN)
+            if ids is not None and self._driver_sql:
+                rows: list[Any] = driver_sql.jobs_by_id(c, list(ids), JobState.RUNNING.value)
+            else:
+                rows = _rows_of(c, _RUNNING_ROWS, ids, _RUNNING_ROWS_IN)
             rows.sort(key=lambda r: int(r["id"]))
             if known is None or ids is not None:
                 shared = self._shared_specs(c, rows)
