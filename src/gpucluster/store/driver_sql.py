@@ -13,7 +13,8 @@ the schema's tables, once per shape. A driver error is raised as SQLAlchemy's ow
 
 The same for the BEGIN (and, when the durability level changes, the PRAGMA) that starts each
 of the store's SQLite transactions, reads included (`run`), and for the reads of named jobs'
-whole rows the head makes at each cycle's starts and after its starts and ends (`jobs_by_id`).
+whole rows the head makes at each cycle's starts and after its starts and ends (`jobs_by_id`),
+and the queued jobs' waits the loop writes after its plans (`update_jobs`).
 
 SQLite only: on PostgreSQL the store runs SQLAlchemy's statements (`Store._driver_sql`).
 """
@@ -72,6 +73,21 @@ def insert_many(c: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) 
 def update_job(c: Connection, states: tuple[str, ...], values: Mapping[str, Any]) -> int:
     """UPDATE jobs SET `values` (but `match_id`) WHERE id = :match_id AND state IN `states`:
     how many rows it changed (0 or 1)."""
+    return int(_run(c, _update_text(states, values), values).rowcount)
+
+
+def update_jobs(c: Connection, states: tuple[str, ...], rows: Sequence[Mapping[str, Any]]) -> None:
+    """`update_job` for each of `rows` (all with the same keys, in the same order), in one call."""
+    if not rows:
+        return
+    text = _update_text(states, rows[0])
+    try:
+        _driver(c).executemany(text, rows)
+    except sqlite3.Error as e:
+        raise DBAPIError.instance(text, rows, e, sqlite3.Error) from e
+
+
+def _update_text(states: tuple[str, ...], values: Mapping[str, Any]) -> str:
     shape = ("update_job", states, *values)
     text = _TEXTS.get(shape)
     if text is None:
@@ -83,7 +99,7 @@ def update_job(c: Connection, states: tuple[str, ...], values: Mapping[str, Any]
         sets = ", ".join(f"{k} = :{k}" for k in names)
         within = ", ".join(f"'{s}'" for s in states)
         text = _TEXTS[shape] = f"UPDATE jobs SET {sets} WHERE jobs.id = :match_id AND jobs.state IN ({within})"
-    return int(_run(c, text, values).rowcount)
+    return text
 
 
 def jobs_by_id(c: Connection, ids: Sequence[int], state: str | None = None) -> list[sqlite3.Row]:

@@ -130,6 +130,13 @@ _JOBS_IN = _JOBS.where(schema.jobs.c.id.in_(bindparam("ids", expanding=True)))
 _RUNNING_ROWS = select(schema.jobs).where(schema.jobs.c.state == JobState.RUNNING.value)
 _RUNNING_ROWS_IN = _RUNNING_ROWS.where(schema.jobs.c.id.in_(bindparam("ids", expanding=True)))
 _MOVES: dict[tuple[str, ...], Update] = {}
+# The queued jobs' waits (`Store.set_wait_reasons`, after each plan), built once; its SET from
+# the parameters' keys (reason, wait_reason, estimated_start).
+_SET_WAITS = (
+    update(schema.jobs)
+    .where(schema.jobs.c.id == bindparam("match_id"))
+    .where(schema.jobs.c.state == JobState.QUEUED.value)
+)
 _JOB_COLUMNS = frozenset(schema.jobs.c.keys())
 _CONNECTION_SERIAL = itertools.count(1)  # names each writer connection in `others_wrote_token`
 
@@ -1544,21 +1551,21 @@ class Store:
         written before hold a sentence there, and are shown as they are."""
         if not reasons:
             return
-        j = schema.jobs.c
-        stmt = (
-            update(schema.jobs)
-            .where(j.id == bindparam("jid"))
-            .where(j.state == JobState.QUEUED.value)
-            .values(reason=bindparam("r"), wait_reason=bindparam("w"), estimated_start=bindparam("e"))
-        )
+        texts: dict[int, str] = {}  # jobs that wait alike share one Wait: its JSON made once
+        rows = [
+            {
+                "match_id": k,
+                "reason": texts[id(v)] if id(v) in texts else texts.setdefault(id(v), json.dumps(wait_json(v))),
+                "wait_reason": v.reason.value,
+                "estimated_start": v.estimated_start,
+            }
+            for k, v in reasons.items()
+        ]
         with self._write(durable=False) as c:  # derived again each cycle: see `_write`
-            c.execute(
-                stmt,
-                [
-                    {"jid": k, "r": json.dumps(wait_json(v)), "w": v.reason.value, "e": v.estimated_start}
-                    for k, v in reasons.items()
-                ],
-            )
+            if self._driver_sql:
+                driver_sql.update_jobs(c, (JobState.QUEUED.value,), rows)
+            else:
+                c.execute(_SET_WAITS, rows)
 
     def load_usage(self) -> tuple[dict[str, float], float | None]:
         """Decayed GPU-seconds per team and when they were saved."""
