@@ -112,7 +112,8 @@ def jobs_by_id(c: Connection, ids: Sequence[int], state: str | None = None) -> l
         if state is not None and not state.isalpha():
             raise ValueError(f"not a job state: {state!r}")
         where = f"jobs.state = '{state}' AND " if state is not None else ""
-        head = f"SELECT {', '.join(schema.jobs.c.keys())} FROM jobs WHERE {where}jobs.id IN "
+        columns = ", ".join(f"jobs.{c.name}" for c in schema.jobs.columns)  # as SQLAlchemy's select(jobs) names them
+        head = f"SELECT {columns} FROM jobs WHERE {where}jobs.id IN "
         _TEXTS[("jobs_by_id", state)] = head
     rows: list[sqlite3.Row] = []
     cursor = _driver(c).cursor()
