@@ -3,6 +3,7 @@ head's unit tests so each only states the settings it cares about."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,15 @@ def make_cluster(
     head.setdefault("base_env", {"HOME": "/h"})
     h = Head(store=store, executor=fake, data_dir=data_dir, clock=clock, **head)
     return Cluster(store, fake, h, ClusterService(h), clock, data_dir, tmp_path, default_command)
+
+
+def closing_cluster(tmp_path: Path, **kwargs: Any) -> Iterator[Cluster]:
+    """`make_cluster` for a fixture: the cluster, closed after the test."""
+    c = make_cluster(tmp_path, **kwargs)
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 def api_client(service: ClusterService, user: str = "admin") -> TestClient:

@@ -4,7 +4,7 @@ compare-and-set transitions, scheduler views, durability, schema versions."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -621,21 +621,54 @@ def test_batched_submissions_are_refused_one_by_one(store: Store) -> None:
     assert [type(o) for o in got] == [int, int, QueueLimitReached, int]
 
 
+def levels_of_writes(store: Store) -> list[tuple[str, str]]:
+    """(UPDATE or INSERT, the durability level its transaction commits at) for each job row or
+    event written from now on. SQLite: each statement as its driver runs it (the store runs a
+    job's writes past SQLAlchemy there: store/driver_sql.py), its level read at the commit;
+    PostgreSQL: as SQLAlchemy runs it."""
+    seen: list[tuple[str, str]] = []
+    pending: list[str] = []
+
+    def level(dbapi_connection: Any) -> str:
+        raw = dbapi_connection.cursor()
+        raw.execute("SHOW synchronous_commit" if store.dialect == "postgresql" else "PRAGMA synchronous")
+        got = str(raw.fetchone()[0])
+        raw.close()
+        return got
+
+    def note(statement: str, at: Callable[[], str]) -> None:
+        words = statement.split()
+        if words[:2] in (["UPDATE", "jobs"], ["INSERT", "INTO"]):
+            seen.append((words[0], at()))
+
+    if store.dialect == "postgresql":
+
+        @event.listens_for(store._writer, "before_cursor_execute")
+        def executed(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+            note(statement, lambda: level(conn.connection.dbapi_connection))
+
+        return seen
+
+    @event.listens_for(store._writer, "checkout")
+    def traced(dbapi_connection: Any, *_: Any) -> None:
+        dbapi_connection.set_trace_callback(pending.append)
+
+    @event.listens_for(store._writer, "commit")
+    def committed(conn: Any) -> None:
+        statements = list(pending)
+        at = level(conn.connection.dbapi_connection)
+        for statement in statements:
+            note(statement, lambda: at)
+        pending.clear()
+
+    return seen
+
+
 def test_wait_reasons_commit_without_fsync_and_submissions_with_it(store: Store, db: Path | str) -> None:
     """Issue 18: the loop rewrote wait reasons after each submission, with an fsync that held the
     write lock the next submission waited for. Wait reasons (derived again every cycle) commit
     without one; a job's row, and every other write, still with one, and neither level leaks."""
-    seen: list[tuple[str, str]] = []
-
-    @event.listens_for(store._writer, "before_cursor_execute")
-    def level(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
-        words = statement.split()
-        if words[:2] in (["UPDATE", "jobs"], ["INSERT", "INTO"]):
-            raw = conn.connection.dbapi_connection.cursor()
-            raw.execute("SHOW synchronous_commit" if store.dialect == "postgresql" else "PRAGMA synchronous")
-            seen.append((words[0], str(raw.fetchone()[0])))
-            raw.close()
-
+    seen = levels_of_writes(store)
     queued = store.create_job(spec(), T0)
     store.set_wait_reasons({queued: Wait(WaitReason.RESOURCES)})
     store.create_job(spec(), T0)

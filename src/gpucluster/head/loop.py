@@ -374,14 +374,19 @@ class Head:
         return fresh
 
     def _finish_all(self, ended: list[tuple[JobRecord, Handle, list[Status]]], now: float) -> None:
-        """The ends of a cycle in one transaction, not one each, their jobs re-read in one query
-        (issue 18: the head's CPU per job); nothing in `_finish` acts outside the store on what
-        it writes. Re-read because the running record may predate a stop another thread asked
-        for since (its reason, message and failed rank decide how the attempt ended)."""
+        """The ends of a cycle in one transaction, not one each (issue 18: the head's CPU per
+        job); nothing in `_finish` acts outside the store on what it writes. Each job's record
+        as the store has it in that transaction: the running record may predate a stop another
+        thread asked for since (its reason, message and failed rank decide how the attempt
+        ended). The kept record where nothing wrote to the job since (`RunningCache.unchanged`),
+        the others read again, in one query."""
         with self.store.batch():
-            fresh = self._read_in_batch([job.id for job, _, _ in ended])
+            ids = [job.id for job, _, _ in ended]
+            kept = self.running.unchanged(ids)
+            fresh = self._read_in_batch([i for i in ids if i not in kept]) if len(kept) < len(ids) else {}
             for job, handle, statuses in ended:
-                self._finish(fresh.get(job.id) or self._reload(job), handle, statuses, now)
+                record = kept.get(job.id) or fresh.get(job.id) or self._reload(job)
+                self._finish(record, handle, statuses, now)
 
     def _finish(self, job: JobRecord, handle: Handle, statuses: list[Status], now: float) -> None:
         """Every process of the attempt has ended: what happens next is the lifecycle's

@@ -58,6 +58,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.pool import PoolProxiedConnection
 
 from gpucluster.containers import stored_name
 from gpucluster.core.eligibility import Target, array_target, array_times
@@ -80,10 +81,11 @@ from gpucluster.core.types import (
 )
 from gpucluster.errors import GpuclusterError
 from gpucluster.models import JobSpec
+from gpucluster.store import driver_sql, migrate, schema
 from gpucluster.store import lease as leases
-from gpucluster.store import migrate, schema
 from gpucluster.store.lease import DEFAULT_LEASE_S, Holder, Lease
 from gpucluster.store.read_cache import ReadCache
+from gpucluster.store.specs import spec_of
 from gpucluster.waits_text import to_json as wait_json
 
 # PostgreSQL advisory lock key ("gpuclust" in ASCII): every write transaction holds it.
@@ -140,6 +142,13 @@ _ATTAINED = (
 )
 _RUNNING_ROWS_IN = _RUNNING_ROWS.where(schema.jobs.c.id.in_(bindparam("ids", expanding=True)))
 _MOVES: dict[tuple[str, ...], Update] = {}
+# The queued jobs' waits (`Store.set_wait_reasons`, after each plan), built once; its SET from
+# the parameters' keys (reason, wait_reason, estimated_start).
+_SET_WAITS = (
+    update(schema.jobs)
+    .where(schema.jobs.c.id == bindparam("match_id"))
+    .where(schema.jobs.c.state == JobState.QUEUED.value)
+)
 _JOB_COLUMNS = frozenset(schema.jobs.c.keys())
 _CONNECTION_SERIAL = itertools.count(1)  # names each writer connection in `others_wrote_token`
 
@@ -546,6 +555,9 @@ class Store:
         self.dialect = self.url.get_backend_name()
         self.display = self.url.render_as_string(hide_password=True) if self.path is None else str(self.path)
         self._durable = True  # False only inside `_write(durable=False)`, under the write lock
+        # A job's per-job writes (its row, events, state changes, attempt) as plain SQL through
+        # SQLite's driver (store/driver_sql.py); SQLAlchemy's statements on PostgreSQL.
+        self._driver_sql = self.dialect == "sqlite"
         # PostgreSQL: this store's name in its writes' notifications, and the connection that
         # listens for the others' (`others_wrote_token`), opened on first use.
         self._writer_id = f"{os.getpid()}-{next(_CONNECTION_SERIAL)}-{time.time_ns()}"
@@ -606,12 +618,13 @@ class Store:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
+            # Through the driver (store/driver_sql.py): this runs at every transaction.
             if write:  # SQLite takes the level only outside a transaction; set it when it changes
                 level = "FULL" if self._durable else "NORMAL"
                 if conn.info.get("synchronous") != level:
-                    conn.exec_driver_sql(f"PRAGMA synchronous={level}")
+                    driver_sql.run(conn, f"PRAGMA synchronous={level}")
                     conn.info["synchronous"] = level
-            conn.exec_driver_sql(begin)
+            driver_sql.run(conn, begin)
 
         return engine
 
@@ -749,8 +762,7 @@ class Store:
     def others_wrote_token(self) -> tuple[int, int] | None:
         """A value that changes whenever a connection other than this store's writer commits (another
         process, another Store on the same database); this store's own writes, from any thread,
-        leave it alone. None where it cannot be told (inside this thread's `batch` on SQLite; on
-        PostgreSQL while no listener can connect).
+        leave it alone. None where it cannot be told (on PostgreSQL while no listener can connect).
 
         Why: the head keeps its queue and running jobs from what it is told (head/queue_cache.py,
         head/running_cache.py) and read the store whole every 5 s only to catch other processes'
@@ -760,26 +772,33 @@ class Store:
         connection, under the write lock (so no write of this store is under way), without a
         transaction (BEGIN IMMEDIATE would take the file's write lock); the connection's serial is
         part of the value, so a value read on another pooled writer connection always differs.
+        Inside this thread's `batch` it is read on the batch's own connection: its write
+        transaction took the file's write lock, so every other connection's commit is before it
+        (and in the value), and none can come until it ends.
         PostgreSQL has no such pragma: each write transaction notifies (LISTEN/NOTIFY) with its
         store's id, and a connection of this store counts the others' (`_others_notified`).
         """
         if self.dialect == "postgresql":
             return self._others_notified()
-        if self.dialect != "sqlite" or self._batch_thread == threading.get_ident():
+        if self.dialect != "sqlite":
             return None
+        if self._batch_thread == threading.get_ident():
+            assert self._batch is not None
+            with self._errors_mapped():
+                return _data_version(self._batch.connection)
         with self._write_lock, self._errors_mapped():
             raw = self._writer.raw_connection()
             try:
-                serial = raw.info.setdefault("serial", next(_CONNECTION_SERIAL))
-                cur = raw.cursor()
-                try:
-                    cur.execute("PRAGMA data_version")
-                    version = cur.fetchone()[0]  # type: ignore[index]  # the pragma always answers one row
-                finally:
-                    cur.close()
+                return _data_version(raw)
             finally:
                 raw.close()  # back to the pool
-        return int(serial), int(version)
+
+    @property
+    def others_wrote_at_once(self) -> bool:
+        """Whether `others_wrote_token` counts every other connection's commit made before it is
+        read (SQLite's data_version), not only those whose notice has come (PostgreSQL's
+        notifications arrive just after each commit)."""
+        return self.dialect == "sqlite"
 
     def _others_notified(self) -> tuple[int, int] | None:
         """PostgreSQL's `others_wrote_token`: every write transaction notifies `WRITES_CHANNEL` at
@@ -1013,14 +1032,18 @@ class Store:
                 self._job_row(spec, now, owners[n] if owners else None, _resolve(spec, arrays))
                 for n, (spec, now) in enumerate(items)
             ]
-            ids = [int(r[0]) for r in c.execute(_ADD_JOBS, rows)]
-            c.execute(
-                _ADD_EVENT,
-                [
-                    {"job_id": job_id, "at": now, "state": JobState.QUEUED.value, "reason": "submitted"}
-                    for job_id, (_, now) in zip(ids, items, strict=True)
-                ],
-            )
+            if self._driver_sql:  # a row at a time, each id back as it is inserted: in order
+                ids = [int(driver_sql.insert(c, schema.jobs, row, returning="id")) for row in rows]
+            else:
+                ids = [int(r[0]) for r in c.execute(_ADD_JOBS, rows)]
+            events = [
+                {"job_id": job_id, "at": now, "state": JobState.QUEUED.value, "reason": "submitted"}
+                for job_id, (_, now) in zip(ids, items, strict=True)
+            ]
+            if self._driver_sql:
+                driver_sql.insert_many(c, schema.job_events, events)
+            else:
+                c.execute(_ADD_EVENT, events)
         return ids
 
     @staticmethod
@@ -1195,7 +1218,7 @@ class Store:
             .limit(limit)
         )
         with self._read() as c:
-            return [(int(i), JobSpec.model_validate_json(text)) for i, text in c.execute(q)]
+            return [(int(i), spec_of(text)) for i, text in c.execute(q)]
 
     def array_counts(self, array_ids: Iterable[int]) -> dict[int, dict[str, int]]:
         """Each array's elements counted by state, for a one-line listing."""
@@ -1342,7 +1365,7 @@ class Store:
         out: dict[int, JobSpec] = {}
         for at in range(0, len(wanted), IDS_PER_QUERY):
             q = select(j.id, j.spec).where(j.id.in_(wanted[at : at + IDS_PER_QUERY]))
-            out.update({int(i): JobSpec.model_validate_json(text) for i, text in c.execute(q)})
+            out.update({int(i): spec_of(text) for i, text in c.execute(q)})
         return out
 
     def list_jobs(
@@ -1370,7 +1393,10 @@ class Store:
         if limit is not None or offset:
             q = q.order_by(None).order_by(schema.jobs.c.id.desc()).limit(limit).offset(offset or None)
         with self._read() as c:
-            rows = _rows_of(c, q, ids, q_in)
+            if q_in is not None and ids is not None and self._driver_sql:
+                rows: list[Any] = driver_sql.jobs_by_id(c, list(ids))
+            else:
+                rows = _rows_of(c, q, ids, q_in)
             shared = self._shared_specs(c, rows)
         records = [_job(r, shared) for r in rows]
         return sorted(records, key=lambda j: j.id)
@@ -1500,7 +1526,10 @@ class Store:
         An array element without a spec of its own is built from its first element's, which
         never changes under it (`change_spec` gives the siblings their own copy first)."""
         with self._read() as c:
-            rows = _rows_of(c, _RUNNING_ROWS, ids, _RUNNING_ROWS_IN)
+            if ids is not None and self._driver_sql:
+                rows: list[Any] = driver_sql.jobs_by_id(c, list(ids), JobState.RUNNING.value)
+            else:
+                rows = _rows_of(c, _RUNNING_ROWS, ids, _RUNNING_ROWS_IN)
             rows.sort(key=lambda r: int(r["id"]))
             if known is None or ids is not None:
                 shared = self._shared_specs(c, rows)
@@ -1534,21 +1563,21 @@ class Store:
         written before hold a sentence there, and are shown as they are."""
         if not reasons:
             return
-        j = schema.jobs.c
-        stmt = (
-            update(schema.jobs)
-            .where(j.id == bindparam("jid"))
-            .where(j.state == JobState.QUEUED.value)
-            .values(reason=bindparam("r"), wait_reason=bindparam("w"), estimated_start=bindparam("e"))
-        )
+        texts: dict[int, str] = {}  # jobs that wait alike share one Wait: its JSON made once
+        rows = [
+            {
+                "match_id": k,
+                "reason": texts[id(v)] if id(v) in texts else texts.setdefault(id(v), json.dumps(wait_json(v))),
+                "wait_reason": v.reason.value,
+                "estimated_start": v.estimated_start,
+            }
+            for k, v in reasons.items()
+        ]
         with self._write(durable=False) as c:  # derived again each cycle: see `_write`
-            c.execute(
-                stmt,
-                [
-                    {"jid": k, "r": json.dumps(wait_json(v)), "w": v.reason.value, "e": v.estimated_start}
-                    for k, v in reasons.items()
-                ],
-            )
+            if self._driver_sql:
+                driver_sql.update_jobs(c, (JobState.QUEUED.value,), rows)
+            else:
+                c.execute(_SET_WAITS, rows)
 
     def load_usage(self) -> tuple[dict[str, float], float | None]:
         """Decayed GPU-seconds per team and when they were saved."""
@@ -1631,32 +1660,45 @@ class Store:
         if to.terminal:
             values.setdefault("ended_at", now)
         with self._telling(job_id, to is JobState.RUNNING or JobState.RUNNING in allowed), self._write() as c:
-            res = c.execute(_move_from(tuple(s.value for s in allowed)), {"match_id": job_id, **_job_values(values)})
-            if res.rowcount != 1:
+            if self._update_job(c, tuple(s.value for s in allowed), {"match_id": job_id, **_job_values(values)}) != 1:
                 return False
-            c.execute(_ADD_EVENT, {"job_id": job_id, "at": now, "state": to.value, "reason": reason})
+            self._add_event(c, {"job_id": job_id, "at": now, "state": to.value, "reason": reason})
             if ended_attempt is not None:
                 a = ended_attempt
-                # One statement shape, its values as parameters: a `.values(...)` statement per end
-                # was a new statement whose cache key SQLAlchemy worked out again each time.
-                c.execute(
-                    self.upsert(schema.attempts),
-                    {
-                        "job_id": a.job_id,
-                        "attempt": a.attempt,
-                        "started_at": a.started_at,
-                        "ended_at": a.ended_at,
-                        "allocation": allocation_to_json(a.allocation) if a.allocation else None,
-                        "outcome": a.outcome,
-                        "reason": a.reason,
-                        "exit_codes": json.dumps(list(a.exit_codes)),
-                        "work_lost_s": a.work_lost_s,
-                        "cpu_s": a.cpu_s,
-                        "memory_peak_bytes": a.memory_peak_bytes,
-                        "pull_s": a.pull_s,
-                    },
-                )
+                row = {
+                    "job_id": a.job_id,
+                    "attempt": a.attempt,
+                    "started_at": a.started_at,
+                    "ended_at": a.ended_at,
+                    "allocation": allocation_to_json(a.allocation) if a.allocation else None,
+                    "outcome": a.outcome,
+                    "reason": a.reason,
+                    "exit_codes": json.dumps(list(a.exit_codes)),
+                    "work_lost_s": a.work_lost_s,
+                    "cpu_s": a.cpu_s,
+                    "memory_peak_bytes": a.memory_peak_bytes,
+                    "pull_s": a.pull_s,
+                }
+                if self._driver_sql:
+                    driver_sql.insert(c, schema.attempts, row, verb="INSERT OR REPLACE")
+                else:
+                    # One statement shape, its values as parameters: a `.values(...)` statement per
+                    # end was a new statement whose cache key SQLAlchemy worked out again each time.
+                    c.execute(self.upsert(schema.attempts), row)
         return True
+
+    def _update_job(self, c: Connection, states: tuple[str, ...], values: dict[str, Any]) -> int:
+        """UPDATE jobs SET `values` WHERE id = :match_id AND state IN `states`: rows changed."""
+        if self._driver_sql:
+            return driver_sql.update_job(c, states, values)
+        return int(c.execute(_move_from(states), values).rowcount)
+
+    def _add_event(self, c: Connection, event: dict[str, Any]) -> None:
+        """One row of job_events (job_id, at, state, reason)."""
+        if self._driver_sql:
+            driver_sql.insert(c, schema.job_events, event)
+        else:
+            c.execute(_ADD_EVENT, event)
 
     def recent_attempts(self, limit: int) -> list[tuple[float, float, Allocation | None, float, float | None, bool]]:
         """The `limit` attempts that ended last, oldest first, each as (started at, ended at,
@@ -1873,8 +1915,7 @@ class Store:
         if "launch" in fields:
             fields["launch"] = json.dumps(fields["launch"]) if fields["launch"] is not None else None
         with self._telling(job_id, expect is JobState.RUNNING), self._write() as c:  # records kept too
-            res = c.execute(_move_from((expect.value,)), {"match_id": job_id, **_job_values(fields)})
-        return res.rowcount == 1
+            return self._update_job(c, (expect.value,), {"match_id": job_id, **_job_values(fields)}) == 1
 
     # ---- nodes ------------------------------------------------------------------------------
 
@@ -1985,6 +2026,18 @@ class Store:
         return problems
 
 
+def _data_version(raw: PoolProxiedConnection) -> tuple[int, int]:
+    """`Store.others_wrote_token` on one SQLite connection: its serial and its data_version."""
+    serial = raw.info.setdefault("serial", next(_CONNECTION_SERIAL))
+    cur = raw.cursor()
+    try:
+        cur.execute("PRAGMA data_version")
+        version = cur.fetchone()[0]  # type: ignore[index]  # the pragma always answers one row
+    finally:
+        cur.close()
+    return int(serial), int(version)
+
+
 def _raw_rows(c: Connection, q: Select[Any], params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
     """`q`'s rows as the driver gives them, without SQLAlchemy's per-row processing: for a select
     of integers, floats, text and booleans (a boolean may come as 0/1: read it with `bool`), the
@@ -2070,7 +2123,7 @@ def _job(r: Any, shared: dict[int, JobSpec] | None = None) -> JobRecord:
         priority=Priority(r["priority"]),
         gpus=r["gpus"],
         gpu_type=r["gpu_type"],
-        spec=JobSpec.model_validate_json(r["spec"]) if r["spec"] else (shared or {})[r["array_id"]],
+        spec=spec_of(r["spec"]) if r["spec"] else (shared or {})[r["array_id"]],
         submitted_at=r["submitted_at"],
         started_at=r["started_at"],
         ended_at=r["ended_at"],
@@ -2138,7 +2191,7 @@ def _resolve(spec: JobSpec, arrays: set[int]) -> tuple[Dependency, ...]:
 
 def _request_of_spec(spec_json: str) -> str:
     """For rows written before the request column existed."""
-    return request_json(JobSpec.model_validate_json(spec_json))
+    return request_json(spec_of(spec_json))
 
 
 def overlapped(before: tuple[int, int], after: tuple[int, int]) -> bool:
