@@ -37,9 +37,10 @@ cache of what it saw).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, count
 from operator import attrgetter, is_not
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from gpucluster.core.attained import Ordering, _kind_rank, entered_queue, gittins_ranks
@@ -50,6 +51,7 @@ from gpucluster.core.types import JobRequest
 
 V = TypeVar("V")
 _JOB_ID = attrgetter("job_id")
+_TEAM = attrgetter("team")
 # A log longer than this is dropped and its reader told to start again (`Logged.take`): a map
 # nobody reads (the simulator's attained map under plain `las`) must not grow without end.
 LOG_LIMIT = 1 << 16
@@ -151,6 +153,10 @@ class RankBook:
         self.rebuilds = 0  # times it started again from `gittins_ranks` (for tests)
         # The team lines sorted by these ranks, kept across cycles for `queueing.TeamQueues`.
         self.lines = RankedLines()
+        # One tick per answer; team -> the tick at which a rank of one of its queued jobs last
+        # changed (`RankedLines.tell`: a line of a team not stamped since it was sorted is not read).
+        self._clock = 0
+        self._stamps: dict[str, int] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -165,6 +171,7 @@ class RankBook:
         self._waiting: list[tuple[float, int, int, JobRequest]] = []
         self._seq = count()
         self._index: QueueIndex | None = None  # the queue index whose moves it follows
+        self._since = self._clock  # the tick it last started again at: every rank may differ since
 
     def ranks(
         self,
@@ -174,12 +181,14 @@ class RankBook:
         dists: Mapping[int, RunDistribution],
         now: float,
         index: QueueIndex | None = None,
-    ) -> dict[int, float]:
-        """`attained.gittins_ranks(queued, ordering, attained, dists, now)`. `index`: the
+    ) -> Mapping[int, float]:
+        """`attained.gittins_ranks(queued, ordering, attained, dists, now)`, read only and valid
+        until the book's next call: a view of what it keeps, not a copy (`_answer`). `index`: the
         snapshot's queue index, just brought to `queued` (`QueueIndex.update`): the book follows
         what enters and leaves it rather than compare `queued` with what it kept."""
         if not isinstance(attained, Logged) or not isinstance(dists, Logged):
             return gittins_ranks(queued, ordering, attained, dists, now)
+        self._clock += 1
         changed_a, changed_d = attained.take(), dists.take()
         moves = index.take_moves() if index is not None and index is self._index else None
         if (
@@ -207,6 +216,7 @@ class RankBook:
         queued_now = jobs.__contains__
         todo.update(filter(queued_now, changed_a), filter(queued_now, changed_d))
         promote = ordering.promote_after_s
+        self._stamp(todo)
         if len(todo) > _FEW:
             # A job's rank reads only its own inputs: these are ranked as `gittins_ranks` ranks a queue.
             out.update(gittins_ranks(list(map(jobs.__getitem__, todo)), ordering, attained, dists, now))
@@ -222,7 +232,20 @@ class RankBook:
             for job in new:
                 heapq.heappush(waiting, (entered_queue(job), next(seq), job.job_id, job))
             self._promote_due(now, promote)
-        return dict(out)
+        return self._answer()
+
+    def _stamp(self, ids: Iterable[int]) -> None:
+        """Note that the ranks of these queued jobs may change at this tick (by their teams)."""
+        jobs = self._jobs
+        self._stamps.update(dict.fromkeys(map(_TEAM, map(jobs.__getitem__, ids)), self._clock))
+
+    def _answer(self) -> Mapping[int, float]:
+        """The ranks, read only, as the kept lines are told of them. A view, not a copy (a copy
+        of every queued job's rank each cycle was ~2% of whole Philly under `las-gittins`): it
+        holds until the next call."""
+        view = MappingProxyType(self._out)
+        self.lines.tell(view, self._stamps, self._clock, self._since)
+        return view
 
     def _moved(self, moves: list[tuple[bool, JobRequest]]) -> list[JobRequest]:
         """Apply the index's moves, in order; the jobs that entered and are still in."""
@@ -261,6 +284,7 @@ class RankBook:
                 continue  # left, or replaced (its new object has its own entry)
             if _promoted(job, now, promote):
                 out[item[2]] = 0.0
+                self._stamps[job.team] = self._clock
             else:
                 back.append(item)
         for item in back:
@@ -274,7 +298,7 @@ class RankBook:
         dists: Logged[RunDistribution],
         now: float,
         index: QueueIndex | None,
-    ) -> dict[int, float]:
+    ) -> Mapping[int, float]:
         self.rebuilds += 1
         self._reset()
         self._ordering, self._attained, self._dists, self._now = ordering, attained, dists, now
@@ -290,7 +314,7 @@ class RankBook:
                 heapq.heappush(self._waiting, (entered_queue(job), next(self._seq), jid, job))
         if promote is not None:
             self._promote_due(now, promote)
-        return dict(self._out)
+        return self._answer()
 
 
 def _promoted(job: JobRequest, now: float, promote: float) -> bool:
