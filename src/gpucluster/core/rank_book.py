@@ -37,7 +37,7 @@ cache of what it saw).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import compress, count
 from operator import attrgetter, is_not
 from types import MappingProxyType
@@ -211,18 +211,21 @@ class RankBook:
         if len(jobs) != len(queued):  # the index did not hold `queued`: not to be followed
             return self._rebuild(queued, ordering, attained, dists, now, None)
         todo = set(map(_JOB_ID, new))
-        # The logs' keys that are queued (the learned map logs every job of a kind in the system,
-        # queued or not): a pass over each log, not a set of the whole queue each cycle.
+        # The logs' keys that are queued (the attained map logs running jobs, and the learned map
+        # the jobs that left the queue): a pass over each log, not a set of the whole queue each cycle.
         queued_now = jobs.__contains__
         todo.update(filter(queued_now, changed_a), filter(queued_now, changed_d))
         promote = ordering.promote_after_s
-        self._stamp(todo)
-        if len(todo) > _FEW:
+        again = list(map(jobs.__getitem__, todo))
+        stamps, clock = self._stamps, self._clock
+        for team in set(map(_TEAM, again)):  # their teams' lines may sort otherwise
+            stamps[team] = clock
+        if len(again) > _FEW:
             # A job's rank reads only its own inputs: these are ranked as `gittins_ranks` ranks a queue.
-            out.update(gittins_ranks(list(map(jobs.__getitem__, todo)), ordering, attained, dists, now))
+            out.update(gittins_ranks(again, ordering, attained, dists, now))
         else:  # a few (most cycles: an arrival, a start): one by one, without its set-up
-            for jid in todo:
-                job = jobs[jid]
+            for job in again:
+                jid = job.job_id
                 if promote is not None and _promoted(job, now, promote):
                     out[jid] = 0.0
                 else:
@@ -233,11 +236,6 @@ class RankBook:
                 heapq.heappush(waiting, (entered_queue(job), next(seq), job.job_id, job))
             self._promote_due(now, promote)
         return self._answer()
-
-    def _stamp(self, ids: Iterable[int]) -> None:
-        """Note that the ranks of these queued jobs may change at this tick (by their teams)."""
-        jobs = self._jobs
-        self._stamps.update(dict.fromkeys(map(_TEAM, map(jobs.__getitem__, ids)), self._clock))
 
     def _answer(self) -> Mapping[int, float]:
         """The ranks, read only, as the kept lines are told of them. A view, not a copy (a copy
