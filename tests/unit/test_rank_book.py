@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -94,7 +94,7 @@ class _World:
     def want(self) -> dict[int, float]:
         return gittins_ranks(list(self.queued.values()), self.ordering, self.attained, self.dists, self.now)
 
-    def got(self, book: RankBook) -> Mapping[int, float]:
+    def got(self, book: RankBook) -> dict[int, float]:
         queued = tuple(self.queued.values())
         if self.index is not None:
             self.index.update(queued, POLICY)  # as `decide` does before it ranks
@@ -244,7 +244,7 @@ def test_a_probe_at_an_earlier_time_is_not_promoted_by_a_later_one() -> None:
     world, book = _World(), RankBook()
     world.queued[1] = _job(1, world.now - 23 * H, 1, None)
     world.dists[1] = DISTS[1]
-    early = dict(world.got(book))  # a copy: the answer is a view, valid until the next call
+    early = world.got(book)
     assert early == world.want() and early[1] > 0.0
     world.now += 2 * H
     assert world.got(book) == world.want() == {1: 0.0}  # promoted

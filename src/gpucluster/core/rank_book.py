@@ -40,7 +40,6 @@ import heapq
 from collections.abc import Mapping, Sequence
 from itertools import compress, count
 from operator import attrgetter, is_not
-from types import MappingProxyType
 from typing import Any, TypeVar
 
 from gpucluster.core.attained import Ordering, _kind_rank, entered_queue, gittins_ranks
@@ -181,9 +180,8 @@ class RankBook:
         dists: Mapping[int, RunDistribution],
         now: float,
         index: QueueIndex | None = None,
-    ) -> Mapping[int, float]:
-        """`attained.gittins_ranks(queued, ordering, attained, dists, now)`, read only and valid
-        until the book's next call: a view of what it keeps, not a copy (`_answer`). `index`: the
+    ) -> dict[int, float]:
+        """`attained.gittins_ranks(queued, ordering, attained, dists, now)`. `index`: the
         snapshot's queue index, just brought to `queued` (`QueueIndex.update`): the book follows
         what enters and leaves it rather than compare `queued` with what it kept."""
         if not isinstance(attained, Logged) or not isinstance(dists, Logged):
@@ -237,13 +235,13 @@ class RankBook:
             self._promote_due(now, promote)
         return self._answer()
 
-    def _answer(self) -> Mapping[int, float]:
-        """The ranks, read only, as the kept lines are told of them. A view, not a copy (a copy
-        of every queued job's rank each cycle was ~2% of whole Philly under `las-gittins`): it
-        holds until the next call."""
-        view = MappingProxyType(self._out)
-        self.lines.tell(view, self._stamps, self._clock, self._since)
-        return view
+    def _answer(self) -> dict[int, float]:
+        """The ranks (a copy: the caller's), as the kept lines are told of them. A copy rather
+        than a read-only view: a `MappingProxyType`'s `get` calls the dict's by name, 2.5x a
+        dict's own, and the cycle reads a rank per job it passes."""
+        ranks = dict(self._out)
+        self.lines.tell(ranks, self._stamps, self._clock, self._since)
+        return ranks
 
     def _moved(self, moves: list[tuple[bool, JobRequest]]) -> list[JobRequest]:
         """Apply the index's moves, in order; the jobs that entered and are still in."""
@@ -296,7 +294,7 @@ class RankBook:
         dists: Logged[RunDistribution],
         now: float,
         index: QueueIndex | None,
-    ) -> Mapping[int, float]:
+    ) -> dict[int, float]:
         self.rebuilds += 1
         self._reset()
         self._ordering, self._attained, self._dists, self._now = ordering, attained, dists, now

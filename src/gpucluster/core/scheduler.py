@@ -400,7 +400,7 @@ class _Cycle:
         self._pool_full_memo: dict[tuple[str, float], tuple[int, frozenset[str], WaitFacts | None]] = {}
         # Attained-service ordering (core/attained.py): each queued job's rank, worked out in
         # `run` only when the policy ranks jobs; `_las` whether it also preempts for it.
-        self._ranks: Mapping[int, float] = {}
+        self._ranks: dict[int, float] = {}
         ordering = policy.ordering
         self._las = policy.preemption.enabled and ordering.mode == "las" and ordering.preempt
         # Running job id -> its `attained.standing` this cycle (see `_standing_of`).
