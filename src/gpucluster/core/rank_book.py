@@ -208,16 +208,20 @@ class RankBook:
         new = self._moved(moves) if moves is not None else self._compared(queued)
         if len(jobs) != len(queued):  # the index did not hold `queued`: not to be followed
             return self._rebuild(queued, ordering, attained, dists, now, None)
-        todo = set(map(_JOB_ID, new))
+        entered = set(map(_JOB_ID, new))
         # The logs' keys that are queued (the attained map logs running jobs, and the learned map
         # the jobs that left the queue): a pass over each log, not a set of the whole queue each cycle.
         queued_now = jobs.__contains__
-        todo.update(filter(queued_now, changed_a), filter(queued_now, changed_d))
+        todo = set(filter(queued_now, changed_a))
+        todo.update(filter(queued_now, changed_d))
+        # The teams of the jobs ranked again that were in line before: their lines may sort
+        # otherwise. (A line a job entered is not the line kept: `RankedLines` sees it by identity.)
+        stamps, clock = self._stamps, self._clock
+        for team in set(map(_TEAM, map(jobs.__getitem__, todo - entered))):
+            stamps[team] = clock
+        todo |= entered
         promote = ordering.promote_after_s
         again = list(map(jobs.__getitem__, todo))
-        stamps, clock = self._stamps, self._clock
-        for team in set(map(_TEAM, again)):  # their teams' lines may sort otherwise
-            stamps[team] = clock
         if len(again) > _FEW:
             # A job's rank reads only its own inputs: these are ranked as `gittins_ranks` ranks a queue.
             out.update(gittins_ranks(again, ordering, attained, dists, now))
