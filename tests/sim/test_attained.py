@@ -8,6 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import mean
 
+import pytest
+
+from gpucluster.core.snapshot import Snapshot
+from gpucluster.sim.engine import Engine
+from gpucluster.sim.learned import trace_shape
+
 from .helpers import cluster_yaml, native_csv, run
 
 H = 3600.0
@@ -79,3 +85,41 @@ def test_gittins_orders_by_runs_finished_so_far_never_by_the_trace(tmp_path: Pat
         assert ran.start[slow] >= 10 * H + 1000 and ran.start[quick] >= 10 * H + 1000
         first[policy] = "slow" if ran.start[slow] < ran.start[quick] else "quick"
     assert first == {"las": "slow", "las-gittins": "quick", "oracle-sjf": "slow"}
+
+
+def test_the_learned_map_holds_the_queued_jobs_requeued_ones_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under `las-gittins` the replay's learned map (sim/learned.py) holds the queued jobs, as the
+    head's does: a job leaves it when it starts and comes back, with its kind's distribution of
+    the moment, when preempted back to the queue. Checked at every snapshot against a look-up of
+    the predictor: no running job in it, every queued job with history in it."""
+    rows: list[dict[str, object]] = [
+        {"submit_time": i * 60, "duration": 300 + 60 * i, "gpus": 1, "name": "long"} for i in range(4)
+    ]
+    rows += [{"submit_time": H, "duration": 20 * H, "gpus": 1, "name": "long"} for _ in range(2)]
+    rows += [{"submit_time": 3 * H + i * 1800, "duration": 600, "gpus": 1, "name": f"short{i}"} for i in range(8)]
+    cluster = cluster_yaml(tmp_path / "c.yaml", nodes=1, gpus=2, extra=SPEC)
+    trace = native_csv(tmp_path / "t.csv", rows)
+    requeued_with_history = 0
+    snapshot = Engine._snapshot
+
+    def checked(engine: Engine, now: float) -> Snapshot:
+        nonlocal requeued_with_history
+        snap = snapshot(engine, now)
+        learned = engine._learned
+        assert learned is not None
+        assert not snap.runtime_dist.keys() & {r.job_id for r in snap.running}
+        for q in snap.queued:
+            shape = trace_shape(engine._active[q.job_id].trace, "", learned._only_model)
+            want = learned.predictor.distribution(shape)
+            got = snap.runtime_dist.get(q.job_id)
+            assert (got is None) == (want is None)
+            if got is not None and want is not None:
+                assert (got.values, got.scale) == (want.values, want.scale)
+                requeued_with_history += q.queued_at is not None
+        return snap
+
+    monkeypatch.setattr(Engine, "_snapshot", checked)
+    ran = run(cluster, trace, "las-gittins")
+    assert ran.result.preemptions > 0 and requeued_with_history > 0

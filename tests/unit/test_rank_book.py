@@ -39,7 +39,8 @@ _STEP = st.tuples(
 
 
 def _job(job_id: int, at: float, gpus: float, queued_at: float | None) -> JobRequest:
-    return replace(job(job_id).at(at).gpus(gpus).build(), queued_at=queued_at)
+    """Of one of three teams (ranks read no team; the book's kept lines are per team)."""
+    return replace(job(job_id).at(at).gpus(gpus).team("abc"[job_id % 3]).build(), queued_at=queued_at)
 
 
 class _World:
@@ -116,6 +117,55 @@ def test_the_book_answers_as_gittins_ranks_after_any_history(
             if what == "cycle" or n % 2:
                 assert world.got(book) == world.want()
         assert world.got(book) == world.want()
+
+
+@pytest.mark.parametrize("index", ["none", "told"])
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(_STEP, max_size=80))
+def test_lines_sorted_by_the_books_ranks_order_as_a_fresh_sort(index: str, steps: list[tuple[str, int, int]]) -> None:
+    """`TeamQueues` on the book's live ranks and its kept lines (`RankedLines`, told which teams'
+    ranks changed, so an unchanged line is not read) pops the jobs, the very objects, in the order
+    a fresh sort by `gittins_ranks` gives, whatever the book saw before (`told`: the lines are the
+    index's, handed back as the same lists while unchanged)."""
+    world, book = _World(index), RankBook()
+    policy = replace(POLICY, fair_share=False)
+    for what, jid, n in steps:
+        world.step(what, jid, n)
+        queued = tuple(world.queued.values())
+        if world.index is not None:
+            world.index.update(queued, policy)
+        live = book.ranks(queued, world.ordering, world.attained, world.dists, world.now, world.index)
+        presorted = world.index.sorted_in(policy, world.now) if world.index is not None else None
+        got = _popped(TeamQueues(queued, policy, {}, world.now, None, presorted, live, book.lines))
+        want = _popped(TeamQueues(queued, policy, {}, world.now, ranks=world.want()))
+        assert [id(j) for j in got] == [id(j) for j in want]
+
+
+def test_a_kept_line_follows_a_promotion_a_probe_back_in_time_and_a_new_rank() -> None:
+    """A promotion (no input of the job changed, only `now`), a start again (a probe at an
+    earlier time) and a job's new attained service change ranks: the kept lines must not be
+    told they are unchanged."""
+    world, book = _World(), RankBook()
+    policy = replace(POLICY, fair_share=False)
+    world.queued[3] = _job(3, world.now - 23 * H, 1, None)  # two jobs of team "a"
+    world.queued[6] = _job(6, world.now - H, 1, None)
+    world.attained[3] = 2 * H  # in queue 1: after job 6 until it is promoted
+    world.dists.update({3: DISTS[1], 6: DISTS[1]})
+
+    def popped() -> list[int]:
+        queued = tuple(world.queued.values())
+        live = book.ranks(queued, world.ordering, world.attained, world.dists, world.now)
+        got = _popped(TeamQueues(queued, policy, {}, world.now, ranks=live, lines=book.lines))
+        assert got == _popped(TeamQueues(queued, policy, {}, world.now, ranks=world.want()))
+        return [j.job_id for j in got]
+
+    assert popped() == [6, 3]
+    world.now += 2 * H
+    assert popped() == [3, 6]  # job 3 promoted
+    world.now -= 2 * H
+    assert popped() == [6, 3] and book.rebuilds == 2
+    world.attained[6] = 9 * H  # in queue 2: after job 3
+    assert popped() == [3, 6] and book.rebuilds == 2
 
 
 @settings(max_examples=50, deadline=None)

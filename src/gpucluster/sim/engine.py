@@ -519,8 +519,6 @@ class Engine:
         self._active[trace.job_id] = job
         if self._estimates is not None:
             self._estimates.arrived(trace)
-        if self._learned is not None:
-            self._learned.arrived(trace)
         self._enqueue(job)
 
     def _enqueue(self, job: SimJob) -> None:
@@ -529,6 +527,8 @@ class Engine:
         job.state = JobState.QUEUED
         job.stop = None
         trace = job.trace
+        if self._learned is not None:  # queued (again): the learned map holds the waiting jobs
+            self._learned.arrived(trace)
         if self._targets_any and self._is_target(trace):
             self._gate_dirty = True  # a target back in the queue (requeued): its dependents may see it
         if trace.throttle is not None and trace.array_id is not None:
@@ -698,6 +698,8 @@ class Engine:
         if job is None or job.state is not JobState.QUEUED:
             raise SimulationError(f"t={now}: the plan starts job {start.job_id}, which is not queued")
         alloc = start.allocation
+        if self._learned is not None:  # no rank for a running job (the head's map holds the queued)
+            self._learned.left(start.job_id)
         self._claim(job, alloc, now)
         if self.keep_starts:
             self.result.starts.append((now, start.job_id, alloc))

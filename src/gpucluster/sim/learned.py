@@ -8,11 +8,14 @@ from the jobs that finished so far in the replay, fed to the same predictor
 attempt's run seconds. Never the trace's own run times of jobs not yet finished: the ordering
 would otherwise be an oracle.
 
-Cost: nothing unless the policy asks for it (the engine makes none). The jobs in the system
-are kept by shape in core/learned_kinds.py, the head's way too: a finished run looks up again
-only the shapes of its team and user, and the map handed out logs its writes (core/rank_book.py's
+Cost: nothing unless the policy asks for it (the engine makes none). The queued jobs are kept
+by shape in core/learned_kinds.py, the head's way too: a finished run looks up again only the
+shapes of its team and user, and the map handed out logs its writes (core/rank_book.py's
 `Logged`), so the kept Gittins ranks learn whose distribution changed without comparing every
-queued job's.
+queued job's. Only the queued, as the head keeps them (head/runtime_model.py): a job leaves the
+map when it starts and comes back when requeued. Why: the core ranks queued jobs alone, and the
+running jobs' entries, rewritten at each new distribution of their kind and read back from the
+log only to be passed over, were ~2% of whole Philly under `las-gittins`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def trace_shape(trace: TraceJob, model: str, only_model: str) -> JobShape:
 
 
 class LearnedRuntimes:
-    """Fed by the engine: arrivals, finished runs, and the jobs that left; read per snapshot."""
+    """Fed by the engine: the jobs that enter and leave the queue, and finished runs; read per snapshot."""
 
     def __init__(self, models: set[str], predictor: RuntimePredictor | None = None) -> None:
         self.predictor = predictor or RuntimePredictor()
@@ -41,6 +44,7 @@ class LearnedRuntimes:
         self._kinds = LearnedKinds(self.predictor)  # the head keeps its queued jobs' the same way
 
     def arrived(self, trace: TraceJob) -> None:
+        """`trace` entered the queue (it arrived, or was requeued)."""
         self._kinds.arrived(trace.job_id, trace_shape(trace, "", self._only_model))
 
     def finished(self, trace: TraceJob, run_s: float, model: str) -> None:
@@ -50,9 +54,10 @@ class LearnedRuntimes:
         self._kinds.learned(shape)
 
     def left(self, job_id: int) -> None:
+        """The job left the queue (it started) or the system."""
         self._kinds.left(job_id)
 
     def distributions(self) -> Mapping[int, RunDistribution]:
-        """Job id -> the run times of finished jobs like it, for every job in the system with such
-        history (the core reads queued jobs' only: `Snapshot.runtime_dist`)."""
+        """Job id -> the run times of finished jobs like it, for every queued job with such history
+        (`Snapshot.runtime_dist`)."""
         return self._kinds.distributions()
