@@ -205,6 +205,7 @@ def test_sigkill_of_the_head_50_times_loses_nothing_runs_nothing_twice_and_accou
                 seen["ended, awaiting a cycle"] += acc.ended
                 seen["committed, not launched yet"] += acc.unlaunched
                 seen["killed, awaiting a cycle"] += acc.stopping
+                seen["launching, missed by the scan"] += acc.launching
                 spent["check c"] += time.monotonic() - t
 
                 time.sleep(rng.uniform(0.05, 0.6))
