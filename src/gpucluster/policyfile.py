@@ -626,7 +626,7 @@ class PolicyIn(_Strict):
     def _starvation_age_s(self) -> float:
         if self.starvation_age is not None:
             return _seconds(self.starvation_age, "starvation_age")
-        return core.LAS_STARVATION_AGE_S if self.ordering.mode == "las" else 86400.0
+        return core.LAS_STARVATION_AGE_S if self.ordering.mode == "las" else core.A_DAY_S
 
     def to_accounting(self) -> Accounting:
         return Accounting(dict(self.prices), {t: b.to_budget(t) for t, b in self.budgets.items()})

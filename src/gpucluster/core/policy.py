@@ -332,6 +332,12 @@ class Policy:
     def allowed_classes(self, team: str, role: str | None, user: str, cluster_admin: bool) -> list[Priority]:
         return [p for p in Priority if self.may_use(p, team, role, user, cluster_admin)]
 
+    @property
+    def preempts_for_attained_service(self) -> bool:
+        """Whether a job may stop one of its own class for attained service: `las` ordering with
+        `ordering.preempt`, and preemption on (what the scheduler acts on, and what the head shows)."""
+        return self.preemption.enabled and self.ordering.mode == "las" and self.ordering.preempt
+
     def preemptible(self, priority: Priority) -> bool:
         return priority not in self.preemption.protected_classes
 
@@ -349,26 +355,23 @@ A_DAY_S = 86400.0
 
 
 def fifo_policy() -> Policy:
-    """Baseline: first come, first served; no priorities, fair share, backfill or preemption.
-    Each baseline orders by age with a day's starvation age, as it did before `las` became the
-    default (so its figures stay comparable across that change)."""
-    return Policy(
-        fair_share=False,
-        priorities=False,
-        backfill=False,
-        preemption=Preemption(enabled=False),
-        ordering=AGE_ORDER,
-        starvation_age_s=A_DAY_S,
-    )
+    """Baseline: first come, first served; no priorities, fair share, backfill or preemption."""
+    return _age_baseline(priorities=False, backfill=False)
 
 
 def fifo_backfill_policy() -> Policy:
     """Baseline: FIFO with EASY backfill (a later job may start if it does not delay the first's
     reserved start); no priorities, fair share or preemption."""
+    return _age_baseline(priorities=False, backfill=True)
+
+
+def _age_baseline(priorities: bool, backfill: bool) -> Policy:
+    """A baseline: no fair share, no preemption, ordered by age with a day's starvation age, as
+    every baseline was before `las` became the default (so its figures stay comparable)."""
     return Policy(
         fair_share=False,
-        priorities=False,
-        backfill=True,
+        priorities=priorities,
+        backfill=backfill,
         preemption=Preemption(enabled=False),
         ordering=AGE_ORDER,
         starvation_age_s=A_DAY_S,
@@ -400,13 +403,7 @@ def _las(runtime_model: RuntimeModel) -> Policy:
 
 def priority_policy() -> Policy:
     """Baseline: strict priority, FIFO within a class; no fair share, backfill or preemption."""
-    return Policy(
-        fair_share=False,
-        backfill=False,
-        preemption=Preemption(enabled=False),
-        ordering=AGE_ORDER,
-        starvation_age_s=A_DAY_S,
-    )
+    return _age_baseline(priorities=True, backfill=False)
 
 
 BUILTIN_POLICIES = {

@@ -401,8 +401,7 @@ class _Cycle:
         # Attained-service ordering (core/attained.py): each queued job's rank, worked out in
         # `run` only when the policy ranks jobs; `_las` whether it also preempts for it.
         self._ranks: dict[int, float] = {}
-        ordering = policy.ordering
-        self._las = policy.preemption.enabled and ordering.mode == "las" and ordering.preempt
+        self._las = policy.preempts_for_attained_service
         # Running job id -> its `attained.standing` this cycle (see `_standing_of`).
         self._standing: dict[int, attained.Standing | None] = {}
 

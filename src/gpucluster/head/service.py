@@ -770,7 +770,7 @@ class ClusterService:
                 mode=p.ordering.mode,
                 queues_gpu_s=list(p.ordering.queues),
                 promote_after_s=p.ordering.promote_after_s,
-                preempt=p.ordering.preempt and p.preemption.enabled and p.ordering.mode == "las",
+                preempt=p.preempts_for_attained_service,
                 min_slice_s=p.ordering.min_slice_s,
                 restart_cost_s=p.ordering.restart_cost_s,
                 runtime_model=p.ordering.runtime_model,
