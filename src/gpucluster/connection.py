@@ -20,6 +20,7 @@ import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -74,6 +75,14 @@ class ProtocolError(GpuclusterError):
 # would be stored twice (tests/e2e/test_crash_consistency.py found such jobs: in the store, never
 # acknowledged); the caller gets ClusterUnreachable and decides, as for any unanswered request.
 _RESENDABLE = frozenset({"GET", "HEAD"})
+
+# How long the head keeps an idle connection open (uvicorn's timeout_keep_alive, set from here in
+# api/connections.py). A client reconnects rather than send on a connection idle for nearly that
+# long: the head's close and a request crossing on the wire would leave a POST unanswered, and a
+# POST is not sent twice.
+KEEP_ALIVE_S = 5
+_REUSE_IDLE_S = KEEP_ALIVE_S - 1.5
+_clock = time.monotonic  # how idle a connection is; a test moves it
 
 
 class _Closed(ProtocolError):
@@ -201,6 +210,7 @@ class Head:
         self._sock: socket.socket | None = None
         self._reader: Any = None
         self._used = False
+        self._last_sent = 0.0  # _clock() of the last request sent on this connection
 
     def another(self) -> Head:
         """A second connection to the same head, as this one was set up (no config read)."""
@@ -251,14 +261,19 @@ class Head:
         head = f"{method} {self._target(path, params)} HTTP/1.1\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         for retry in (True, False):
-            if self._sock is not None and self._used and self._closed_by_head():
-                self.close()  # the head closed this idle keep-alive connection: a new one, before sending
+            if (
+                self._sock is not None
+                and self._used
+                and (_clock() - self._last_sent > _REUSE_IDLE_S or self._closed_by_head())
+            ):
+                self.close()  # the head closed (or is about to close) this idle connection: a new one
             reused = self._sock is not None and self._used
             if self._sock is None:
                 self._connect(self._timeout if timeout is not None else None)
             assert self._sock is not None
             sent = False
             try:
+                self._last_sent = _clock()
                 self._sock.sendall(head.encode("latin-1") + data)
                 sent = True
                 response = _Response(self._reader)

@@ -238,9 +238,12 @@ def test_no_wire_field_reads_as_a_dict_method() -> None:
 # ---- the CLI's HTTP/1.1 reader, against a real socket server with canned answers ---------------
 
 
-def _serve(answers: list[bytes], close_after_each: bool = False) -> tuple[str, list[bytes]]:
+def _serve(
+    answers: list[bytes], close_after_each: bool = False, closed: threading.Semaphore | None = None
+) -> tuple[str, list[bytes]]:
     """A one-thread TCP server answering each request (read up to its blank line) with the next
-    canned answer; closing the connection after each when asked (a head that drops keep-alive)."""
+    canned answer; closing the connection after each when asked (a head that drops keep-alive),
+    and releasing `closed` once it has."""
     server = socket.create_server(("127.0.0.1", 0))
     seen: list[bytes] = []
 
@@ -257,6 +260,8 @@ def _serve(answers: list[bytes], close_after_each: bool = False) -> tuple[str, l
                         conn.sendall(answers.pop(0))
                         if close_after_each:
                             break
+                if closed is not None:
+                    closed.release()
 
     url = f"http://127.0.0.1:{server.getsockname()[1]}"
     threading.Thread(target=run, daemon=True).start()
@@ -271,11 +276,14 @@ def test_the_http_reader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     ok = b'HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{"jobs": 1}'
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nab\xc3\xa9\r\n3\r\ncd\n\r\n0\r\n\r\n"
     refused = b'HTTP/1.1 403 Forbidden\r\nContent-Length: 20\r\n\r\n{"error": "not you"}'
-    url, seen = _serve([ok, chunked, refused], close_after_each=True)  # each on its own connection
+    closed = threading.Semaphore(0)
+    url, seen = _serve([ok, chunked, refused], close_after_each=True, closed=closed)  # one connection each
     with Head(url) as h:
         assert h.json("GET", "/v1/jobs", {"state": ["a", "b"]}).jobs == 1
-        assert h.request("GET", "/v1/jobs/1/logs") == "abécd\n"  # the head dropped keep-alive: reconnected
-        with pytest.raises(ApiError, match="not you"):
+        assert closed.acquire(timeout=60)  # the head dropped keep-alive (generous: a busy machine)
+        assert h.request("GET", "/v1/jobs/1/logs") == "abécd\n"  # found closed before sending: reconnected
+        assert closed.acquire(timeout=60)
+        with pytest.raises(ApiError, match="not you"):  # a POST, so only a close found before sending
             h.json("POST", "/v1/jobs/1/cancel")
     assert seen[0].startswith(b"GET /v1/jobs?state=a&state=b HTTP/1.1\r\n") and b"Authorization: Bearer gc_t" in seen[0]
     assert b"Content-Length: 0" in seen[2]

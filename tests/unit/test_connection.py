@@ -133,3 +133,25 @@ def test_an_idle_close_is_found_before_sending(server: str, tmp_path: Path, monk
         assert readable
         assert client._request("POST", "/v1/jobs", json={"command": ["true"]}).json() == {"id": 1}
         assert _Handler.posts == ["/v1/jobs"] and len(_Handler.connections) == 2
+
+
+def test_a_connection_idle_near_the_heads_keep_alive_is_not_sent_on(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head closes a connection idle for KEEP_ALIVE_S; a request sent as it does would cross
+    its close on the wire, and a POST is not sent twice. So a connection idle for nearly that long
+    is replaced before sending: the POST goes out once, on a new connection, and is answered."""
+    from gpucluster import connection
+
+    monkeypatch.setenv("GPUCLUSTER_CONFIG", str(tmp_path / "config.yaml"))
+    now = [1000.0]
+    monkeypatch.setattr(connection, "_clock", lambda: now[0])
+    with Client(server, token="gc_t") as client:
+        assert client._request("GET", "/v1/jobs/3").json() == {"id": 3}
+        now[0] += connection._REUSE_IDLE_S / 2
+        assert client._request("GET", "/v1/jobs/4").json() == {"id": 4}
+        assert len(_Handler.connections) == 1  # briefly idle: reused
+        now[0] += connection._REUSE_IDLE_S + 0.01
+        assert client._request("POST", "/v1/jobs", json={"command": ["true"]}).json() == {"id": 1}
+        assert _Handler.posts == ["/v1/jobs"] and len(_Handler.connections) == 2
+    assert connection._REUSE_IDLE_S < connection.KEEP_ALIVE_S

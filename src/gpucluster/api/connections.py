@@ -31,6 +31,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gpucluster.connection import KEEP_ALIVE_S
+
 log = logging.getLogger("gpucluster.head")
 
 DEFAULT_MAX_CONNECTIONS = 16_384  # 10,000 open log follows fit (bench/bench_follow.py)
@@ -156,7 +158,7 @@ def server_settings(max_connections: int, header_timeout_s: float) -> dict[str, 
     return {
         "http": guarded_protocol(max_connections, header_timeout_s),
         "backlog": min(4096, max_connections),
-        "timeout_keep_alive": 5,
+        "timeout_keep_alive": KEEP_ALIVE_S,  # clients reconnect before it (gpucluster.connection)
         # The head logs at "warning": uvicorn's access lines (info) were never printed, but with
         # the access log on it still built each line's arguments for every response.
         "access_log": False,
