@@ -82,6 +82,54 @@ def _response(status: bytes, message: str) -> bytes:
     )
 
 
+class _HeadWithBody:
+    """A response's transport that sends its head (status line and headers) together with the
+    first part of its body, in one write, where the body's length is known (Content-Length).
+
+    Why: uvicorn writes the head and the body of every response apart, so each answer cost two
+    send() calls and reached the client as two segments for it to read. A submission's answer
+    is ~100 bytes of JSON: the second system call on each side was a measurable part of a
+    submission's CPU (bench/bench_submit.py). A chunked (streamed) answer's head is never
+    held: a log follow's client must see its 200 before the first line is written."""
+
+    __slots__ = ("_cycle", "_head", "_head_seen", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle  # uvicorn's RequestResponseCycle: where its response stands
+        self._head: bytes | None = None
+        self._head_seen = False
+
+    def write(self, data: bytes) -> None:
+        head, self._head = self._head, None
+        if head is not None:
+            self._transport.write(head + data)
+            return
+        cycle = self._cycle
+        if cycle.response_started and not self._head_seen:  # not a "100 Continue" written before it
+            self._head_seen = True
+            if (
+                cycle.chunked_encoding is False
+                and cycle.expected_content_length > 0
+                and cycle.scope["method"] != "HEAD"
+            ):
+                self._head = data  # sent with the body, which must follow
+                return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        head, self._head = self._head, None
+        if head is not None:
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+
 def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol class with the bounds of this module (pass as Config(http=...))."""
 
@@ -145,6 +193,15 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
         def on_headers_complete(self) -> None:
             self._headers_done()
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.transport is self.transport:
+                cycle.transport = _HeadWithBody(self.transport, cycle)  # type: ignore[assignment]
+
+        def on_response_complete(self) -> None:
+            cycle = self.cycle
+            if cycle is not None and isinstance(cycle.transport, _HeadWithBody):
+                cycle.transport.flush()  # a head with no body after all (an error): sent now
+            super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._headers_done()

@@ -47,6 +47,7 @@ from gpucluster.executors.base import (
     expected_processes,
 )
 from gpucluster.executors.image_cache import ImageCache
+from gpucluster.executors.liveness import Liveness
 
 SHIM = Path(__file__).with_name("_shim.py")
 MANIFEST = "launch.json"
@@ -311,6 +312,7 @@ class LocalExecutor:
         # Keepers forked by the node's fork server instead of an exec'd shim each. Not for jobs
         # that die with this process (the Ray node agent): those keepers watch their parent.
         self.fork_server = ForkServer() if fork_server and not die_with_parent else None
+        self._liveness = Liveness(start_ticks)  # keepers not ours to poll: asked of their pidfds
 
     def close(self) -> None:
         """Stop the fork server (its keepers and their jobs run on), and remove this head's parent
@@ -318,6 +320,7 @@ class LocalExecutor:
         stopped head (every test's) left one behind."""
         if self.fork_server is not None:
             self.fork_server.close()
+        self._liveness.close()
         if self.cgroup_support is not None:
             with contextlib.suppress(OSError):  # jobs that run on keep it (and their cgroups)
                 cgroups.remove_parent(self.cgroup_support, self.instance)
@@ -475,8 +478,7 @@ class LocalExecutor:
             child = self._children.get(pid)
         if child is not None:
             return child.poll() is None
-        ticks = start_ticks(pid)
-        return ticks is not None and (handle.get("start_ticks") in (None, ticks))
+        return self._liveness.alive(pid, handle.get("start_ticks"))
 
     def poll(self, handle: Handle) -> Status:
         if "ranks" in handle:
