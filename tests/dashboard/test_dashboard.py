@@ -35,7 +35,9 @@ def go(driver: WebDriver, route: str) -> None:
     driver.execute_script("window.location.hash = arguments[0];", route)
 
 
-def wait(driver: WebDriver, what: str, predicate: Callable[[WebDriver], Any], timeout: float = 15) -> Any:
+def wait(driver: WebDriver, what: str, predicate: Callable[[WebDriver], Any], timeout: float = 60) -> Any:
+    # Generous: the browser, the head and the rest of the suite share two cores; a wait ends as
+    # soon as its event happens, so only a failing test waits this long.
     # The page re-renders every poll: an element found a moment ago may be gone (stale); try again.
     return WebDriverWait(
         driver, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
@@ -171,7 +173,7 @@ def test_every_page_loads_without_console_errors(signed_in: Dashboard) -> None:
 def test_submitted_job_moves_through_states_without_reload(signed_in: Dashboard) -> None:
     driver: WebDriver = signed_in.driver  # type: ignore[assignment]
     c = signed_in.client
-    wait(driver, "an idle cluster", lambda _: not c.jobs(state=["running", "queued"]), timeout=20)
+    wait(driver, "an idle cluster", lambda _: not c.jobs(state=["running", "queued"]))
     go(driver, "#/jobs")
     wait(driver, "jobs page", lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid=running]"))
     driver.execute_script("window.__noReload = 'still here';")
@@ -182,7 +184,7 @@ def test_submitted_job_moves_through_states_without_reload(signed_in: Dashboard)
     row = f"[data-job-id='{job.id}'] [data-state]"
     seen = [wait(driver, "queued on screen", lambda d: text_of(d, row) == "queued" and "queued")]
     c.cancel(blocker.id)
-    seen.append(wait(driver, "running on screen", lambda d: text_of(d, row) == "running" and "running", timeout=20))
+    seen.append(wait(driver, "running on screen", lambda d: text_of(d, row) == "running" and "running"))
     # Open its page by clicking: the log follows while it runs.
     click(driver, f"a[href='#/jobs/{job.id}']")
     wait(driver, "the log line", lambda d: "hello from the dashboard test" in text_of(d, "[data-testid=log]"))
@@ -191,7 +193,6 @@ def test_submitted_job_moves_through_states_without_reload(signed_in: Dashboard)
             driver,
             "succeeded on screen",
             lambda d: text_of(d, "[data-testid=job-title] [data-state]") == "succeeded" and "succeeded",
-            timeout=20,
         )
     )
     assert seen == ["queued", "running", "succeeded"]
@@ -214,7 +215,6 @@ def test_sign_in_form_after_401(dash: Dashboard, signed_in: Dashboard) -> None:
         driver,
         "the sign-in form",
         lambda d: [e for e in d.find_elements(By.ID, "signin") if e.is_displayed()],
-        timeout=10,
     )
     assert "token" in dialog[0].text.lower()
     signed_in.screenshot("sign-in")
@@ -223,7 +223,11 @@ def test_sign_in_form_after_401(dash: Dashboard, signed_in: Dashboard) -> None:
     driver.find_element(By.ID, "signin-token").send_keys("gc_not-a-real-token")
     driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
     wait(driver, "the refusal", lambda d: "refused" in text_of(d, "#signin-message"))
-    console_errors(driver)
+    # Checked with one request before it is kept: one 401, logged before the refusal was shown
+    # (a page that polled with it logged one per panel, some after this point: a flaky test).
+    refusals = console_errors(driver)
+    assert len(refusals) == 1 and "/v1/whoami" in refusals[0] and "401" in refusals[0], refusals
+    assert driver.execute_script("return localStorage.getItem('gpucluster.token')") is None
     field = driver.find_element(By.ID, "signin-token")
     field.send_keys(dash.token)
     driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
@@ -280,7 +284,6 @@ def test_an_array_is_a_progress_bar_on_the_jobs_page(signed_in: Dashboard) -> No
             driver,
             "the array's bar",
             lambda d: "1 running, 3 queued" in text_of(d, f"{row} [data-testid=array-counts]"),
-            timeout=20,
         )
         states = [e.get_attribute("data-state") for e in driver.find_elements(By.CSS_SELECTOR, f"{row} .progress span")]
         assert states == ["running", "queued"]

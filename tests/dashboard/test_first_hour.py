@@ -104,7 +104,7 @@ def test_requeued_job_ran_for_its_attempts_not_its_wait(signed_in: Dashboard) ->
     c = signed_in.client
     job = c.submit(["sleep", "600"], gpus=1, name="requeued")
     try:
-        wait(driver, "it to run", lambda _: c.job(job.id).state.value == "running", timeout=30)
+        wait(driver, "it to run", lambda _: c.job(job.id).state.value == "running")
         with drained(c):
             c.requeue(job.id)
             wait(driver, "it back in the queue", lambda _: c.job(job.id).state.value == "queued", timeout=60)
@@ -138,7 +138,7 @@ def test_gpus_in_use_per_team_come_from_the_head(signed_in: Dashboard) -> None:
     c = signed_in.client
     job = c.submit(["sleep", "600"], gpus=2, name="user-of-gpus")
     try:
-        wait(driver, "it to run", lambda _: c.job(job.id).state.value == "running", timeout=30)
+        wait(driver, "it to run", lambda _: c.job(job.id).state.value == "running")
         # Accrued every 5 s: wait until the head's own usage shows the team.
         wait(
             driver,
@@ -177,7 +177,7 @@ def test_gpu_tiles_name_the_job_and_team_the_viewer_may_see(signed_in: Dashboard
     job = c.submit(["sleep", "600"], gpus=1, name="tile-job")
     tile = f"[data-job='{job.id}']"
     try:
-        wait(driver, "it to run", lambda _: c.job(job.id).state.value == "running", timeout=30)
+        wait(driver, "it to run", lambda _: c.job(job.id).state.value == "running")
         go(driver, "#/")
         wait(driver, "its name on its GPU", lambda d: "tile-job" in text_of(d, f"{tile} [data-testid=gpu-job-name]"))
         assert text_of(driver, f"{tile} [data-testid=gpu-job-team]") == "default"
@@ -283,7 +283,7 @@ def test_docs_come_from_the_head_itself(signed_in: Dashboard) -> None:
     try:
         console_errors(driver)
         driver.get(f"{url}/docs")
-        wait(driver, "Swagger UI's title", lambda d: "gpucluster" in text_of(d, ".swagger-ui .info .title"), timeout=30)
+        wait(driver, "Swagger UI's title", lambda d: "gpucluster" in text_of(d, ".swagger-ui .info .title"))
         wait(driver, "the operations", lambda d: "/v1/jobs" in text_of(d, ".swagger-ui .opblock-tag-section"))
         loaded = driver.execute_script("return performance.getEntriesByType('resource').map((e) => e.name)")
         assert loaded and all(u.startswith(f"{url}/") for u in loaded), loaded

@@ -43,13 +43,12 @@ def test_a_three_step_pipeline_is_drawn_with_its_states_and_follows_them(signed_
             driver,
             "three steps: prepare running, train and evaluate waiting",
             lambda d: steps(d) == {a: ("running", "-1"), b: ("queued", "0"), e: ("queued", "1")},
-            timeout=30,
         )
         edges = {x.get_attribute("data-edge") for x in driver.find_elements(By.CSS_SELECTOR, "[data-edge]")}
         assert edges == {f"{a}-{b}", f"{b}-{e}"}
         assert "afterok" in text_of(driver, f"[data-edge='{a}-{b}']")
         # the middle step's box: its name and when it should start (after prepare's time limit)
-        wait(driver, "train's expected start", lambda d: "starts ~" in text_of(d, f"[data-job='{b}']"), timeout=30)
+        wait(driver, "train's expected start", lambda d: "starts ~" in text_of(d, f"[data-job='{b}']"))
         assert "train" in text_of(driver, f"[data-job='{b}']")
         signed_in.screenshot("pipeline-waiting")
         (tmp_path / "prepared").touch()
@@ -57,19 +56,17 @@ def test_a_three_step_pipeline_is_drawn_with_its_states_and_follows_them(signed_
             driver,
             "prepare succeeded and train running, on screen",
             lambda d: steps(d) == {a: ("succeeded", "-1"), b: ("running", "0"), e: ("queued", "1")},
-            timeout=30,
         )
         (tmp_path / "trained").touch()
         wait(
             driver,
             "every step succeeded, on screen",
             lambda d: {s for s, _ in steps(d).values()} == {"succeeded"} and len(steps(d)) == 3,
-            timeout=30,
         )
         signed_in.screenshot("pipeline-done")
         # the first step's own page draws the same chain, itself at the left
         go(driver, f"#/jobs/{prepare}")
-        wait(driver, "the chain from its start", lambda d: steps(d).get(e) == ("succeeded", "2"), timeout=30)
+        wait(driver, "the chain from its start", lambda d: steps(d).get(e) == ("succeeded", "2"))
     finally:
         for job in (evaluate, train, prepare):
             with contextlib.suppress(ApiError):

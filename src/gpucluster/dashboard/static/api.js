@@ -70,6 +70,22 @@ async function errorMessage(response) {
   return `${response.status} ${response.statusText}`.trim();
 }
 
+/** Ask the head whether it takes `token` (GET /v1/whoami with it), before the dashboard keeps it:
+ * one request, so a refused token is one 401, not one per panel of the page that would poll with
+ * it. Throws ApiError (401: refused; 0: the head cannot be reached); the 401 handler is not called. */
+export async function checkToken(token) {
+  let response;
+  try {
+    response = await fetch("/v1/whoami", {
+      headers: { Accept: "application/json", Authorization: `Bearer ${token}` },
+      cache: "no-store",
+    });
+  } catch {
+    throw new ApiError(0, "cannot reach the head; is `gpucluster up` running?");
+  }
+  if (!response.ok) throw new ApiError(response.status, await errorMessage(response));
+}
+
 /** Fetch `path` from the head; JSON bodies are parsed, anything else returned as text. */
 export async function api(path, { method = "GET", body, signal, raw = false } = {}) {
   const headers = { Accept: "application/json", ...authHeaders() };

@@ -1,7 +1,7 @@
 // The dashboard shell: hash routes, the polling loop that keeps the current page live, and the
 // sign-in form shown when the API answers 401.
 
-import { adoptTokenFromFragment, ApiError, getToken, setToken, setUnauthorizedHandler } from "./api.js";
+import { adoptTokenFromFragment, ApiError, checkToken, getToken, setToken, setUnauthorizedHandler } from "./api.js";
 import { jobPage } from "./pages/job.js";
 import { jobsPage } from "./pages/jobs.js";
 import { overviewPage } from "./pages/overview.js";
@@ -104,11 +104,22 @@ setUnauthorizedHandler((message) => {
   document.getElementById("signin-token").focus();
 });
 
-form.addEventListener("submit", (event) => {
+form.addEventListener("submit", async (event) => {
   event.preventDefault();
   const token = document.getElementById("signin-token").value.trim();
   if (!token) {
     signinMessage.textContent = "Paste a token first.";
+    return;
+  }
+  // Checked before it is kept: a refused token stays out of storage, and costs one request.
+  signinMessage.textContent = "Checking the token…";
+  try {
+    await checkToken(token);
+  } catch (e) {
+    signinMessage.textContent =
+      e instanceof ApiError && e.status === 401 ? `The head refused this token: ${e.message}` : e.message || String(e);
+    form.reset(); // the next paste replaces it
+    document.getElementById("signin-token").focus();
     return;
   }
   setToken(token);
