@@ -101,3 +101,40 @@ def test_queue_shows_an_interval_once_starts_calibrate_it(cluster: Cluster) -> N
     entry = api_client(cluster.service).get("/v1/queue").json()["entries"][0]["job"]
     assert entry["id"] == waiters[3]
     assert entry["start_low"] is not None and entry["start_low"] <= entry["estimated_start"] <= entry["start_high"]
+
+
+def test_a_job_renamed_while_queued_is_learned_under_its_new_name(cluster: Cluster) -> None:
+    """The head learns a finished job under the workload it already read while the job waited
+    (its spec is not parsed again at its end), so a rename (`gpucluster update --name`) must be
+    read again: three `train` jobs renamed `tune` while queued are learned as `tune` runs."""
+    api = api_client(cluster.service)
+    t = T0
+    for _ in range(3):
+        filler = cluster.submit(gpus=8, name="filler", time_limit="1h")
+        cluster.tick_at(t)
+        renamed = cluster.submit(gpus=8, name="train", time_limit="1h")
+        cluster.tick_at(t + 1)  # its workload ("train") is read while it waits
+        answer = api.patch(f"/v1/jobs/{renamed}", json={"name": "tune"})
+        assert answer.status_code == 200, answer.text
+        cluster.fake.finish(filler, 0)
+        cluster.tick_at(t + 2)
+        assert cluster.state(renamed).value == "running"
+        cluster.fake.finish(renamed, 0)
+        t += 202
+        cluster.tick_at(t)
+        assert cluster.state(renamed).value == "succeeded"
+    blocker = cluster.submit(gpus=8, name="filler", time_limit="1h")
+    cluster.tick_at(t)
+    assert cluster.state(blocker).value == "running"
+    waiting = {name: cluster.submit(gpus=8, name=name, time_limit="1h") for name in ("train", "tune")}
+    cluster.tick_at(t + 1)
+    runs = {name: api.get(f"/v1/jobs/{job}").json()["expected_run"] for name, job in waiting.items()}
+    assert (runs["tune"]["samples"], runs["tune"]["seconds"]) == (3, pytest.approx(200.0)), runs
+    assert runs["train"]["basis"] != runs["tune"]["basis"], runs  # no run was learned as `train`
+
+
+def test_a_known_jobs_command_is_not_read_again(cluster: Cluster) -> None:
+    run_three(cluster, 10.0)
+    ids = [r.job_id for r in finished_runs(cluster.store, None, 10)]
+    rows = finished_runs(cluster.store, None, 10, known={ids[0]})
+    assert rows[0].command is None and all(r.command is not None for r in rows[1:])

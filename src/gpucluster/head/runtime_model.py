@@ -44,6 +44,24 @@ BATCH = 5_000  # runs read per query when catching up
 _JOB_ID = attrgetter("job_id")
 
 
+class _Known:
+    """The jobs whose workloads `RuntimeModel` has (`finished_runs`' `known`), less those changed
+    since. Read without the lock: `forget` adds to `stale` from API threads, and a set's add and
+    membership test are each atomic."""
+
+    __slots__ = ("stale", "workloads")
+
+    def __init__(self, workloads: dict[int, str], stale: set[int]) -> None:
+        self.workloads = workloads
+        self.stale = stale
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.workloads and job_id not in self.stale
+
+    def __getitem__(self, job_id: int) -> str:
+        return self.workloads[job_id]
+
+
 class RuntimeModel:
     def __init__(self, store: Store, predictor: RuntimePredictor | None = None) -> None:
         self.store = store
@@ -58,16 +76,26 @@ class RuntimeModel:
         self._kinds: LearnedKinds | None = None
         self._kinds_model = ""
         self._told: dict[int, JobRequest] = {}
+        self._stale: set[int] = set()  # queued jobs changed (`update`: a new name) since `runs`
+
+    def forget(self, job_id: int) -> None:
+        """A queued job's spec changed (any thread): its workload is read again at the next plan."""
+        with self._lock:
+            self._stale.add(job_id)
 
     def refresh(self) -> int:
         """Learn the runs that finished since the last call; how many there were."""
         added = 0
+        # The jobs it knew queued or running, whose workloads it has: a dict only ever added to
+        # (`runs` replaces it, never removes from it), so a key seen here is still there below.
+        known = _Known(self._workloads, self._stale)
         while True:
-            rows = finished_runs(self.store, self._mark, BATCH if self._loaded else INITIAL)
+            rows = finished_runs(self.store, self._mark, BATCH if self._loaded else INITIAL, known)
             with self._lock:
                 for r in rows:
                     model = next((self._node_models[n] for n in r.nodes if n in self._node_models), "")
-                    shape = JobShape(r.owner, r.team, workload_of(r.name, r.command), r.gpus, model, r.time_limit_s)
+                    workload = known[r.job_id] if r.command is None else workload_of(r.name, r.command)
+                    shape = JobShape(r.owner, r.team, workload, r.gpus, model, r.time_limit_s)
                     self.predictor.add(FinishedRun(shape, r.run_s))
                     if self._kinds is not None:
                         self._kinds.learned(shape)
@@ -90,9 +118,11 @@ class RuntimeModel:
         self._node_models = {n.name: n.gpus[0].model for n in (*snap.nodes, *snap.unavailable) if n.gpus}
         self.refresh()
         present = [q.job_id for q in snap.queued] + [r.job_id for r in snap.running]
-        self._workload(present)
-        keep = set(present)
+        with self._lock:
+            stale, self._stale = self._stale, set()
+        keep = set(present) - stale
         self._workloads = {k: v for k, v in self._workloads.items() if k in keep}
+        self._workload(present)
         models = set(self._node_models.values())
         only = next(iter(models)) if len(models) == 1 else ""
         default = policy.default_time_limit_s

@@ -661,6 +661,7 @@ class ClusterService:
         if record.state is JobState.QUEUED:
             self.head.queue.invalidate()  # the cached request is the old one: reload it
             self.head.estimates.forget()
+            self.head.runtime.forget(record.id)  # its workload (name) too
         self.head.nodes_changed()  # plan again now, on the new request (or the new end)
         return said
 

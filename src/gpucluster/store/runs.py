@@ -11,7 +11,7 @@ long): failures, cancels and preemptions say nothing about how long the work tak
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ class StoredRun:
     owner: str
     team: str
     name: str
-    command: tuple[str, ...]
+    command: tuple[str, ...] | None  # None: not read, its workload is known to the caller
     gpus: float
     time_limit_s: float | None
     nodes: tuple[str, ...]  # the nodes its last attempt ran on (its GPU model is theirs)
@@ -59,9 +59,15 @@ def _shared(c: Any, rows: Iterable[Any]) -> dict[int, str]:
     return out
 
 
-def finished_runs(store: Store, after: tuple[float, int] | None, limit: int) -> list[StoredRun]:
+def finished_runs(
+    store: Store, after: tuple[float, int] | None, limit: int, known: Container[int] = ()
+) -> list[StoredRun]:
     """Up to `limit` runs that ended after `after` (ended_at, job id), oldest first; with no
-    watermark, the `limit` latest (a new head learns from recent history, not all of it)."""
+    watermark, the `limit` latest (a new head learns from recent history, not all of it).
+
+    `known`: jobs whose workload the caller already has (it read them while they were queued or
+    running): their spec's JSON is not parsed again for its command (`command` None). Why: that
+    parse was a fifteenth of the head's CPU per trivial job in a drain (issue 18)."""
     a, j = schema.attempts.c, schema.jobs.c
     ran_out = and_(j.state == JobState.FAILED.value, j.stop_reason == StopReason.TIME_LIMIT.value)
     q = (
@@ -104,7 +110,7 @@ def finished_runs(store: Store, after: tuple[float, int] | None, limit: int) -> 
                 owner=r.owner or "",
                 team=r.team,
                 name=r.name,
-                command=_command(r.spec, shared, r.array_id),
+                command=None if int(r.id) in known else _command(r.spec, shared, r.array_id),
                 gpus=float(r.gpus),
                 time_limit_s=request.get("tl"),
                 nodes=tuple(s.node for s in alloc.slices) if alloc else (),
