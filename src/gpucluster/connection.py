@@ -300,11 +300,13 @@ class Head:
         assert sock is not None
         if self._tls and sock.pending():  # type: ignore[attr-defined]  # an SSLSocket (ssl is imported lazily)
             return True  # decrypted bytes nobody asked for: not a connection to send on
+        poller = select.poll()  # not select: a process with many files has descriptors above 1,024
         try:
-            readable, _, _ = select.select([sock], [], [], 0)
+            poller.register(sock, select.POLLIN)
+            events = poller.poll(0)
         except (OSError, ValueError):
             return True
-        return bool(readable)  # idle, a readable socket holds an end of file or stray bytes
+        return bool(events)  # idle, a readable socket holds an end of file or stray bytes (or an error)
 
     def _body(self, response: _Response) -> str:
         try:

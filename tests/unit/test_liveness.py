@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import time
 from collections.abc import Iterator
@@ -94,3 +95,26 @@ def test_without_pidfds_it_asks_proc(sleeper: subprocess.Popen[bytes], monkeypat
     sleeper.kill()
     sleeper.wait()
     assert not live.alive(sleeper.pid, ticks)
+
+
+def test_a_pidfd_above_1024_is_asked_too(sleeper: subprocess.Popen[bytes]) -> None:
+    """A head holds thousands of connections: its pidfds may number above select's 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open at most {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1030:
+            held.append(os.dup(0 if not held else held[0]))
+        live = Liveness(start_ticks)
+        ticks = start_ticks(sleeper.pid)
+        assert live.alive(sleeper.pid, ticks) and live._fds[sleeper.pid][1] > 1024
+        sleeper.kill()
+        sleeper.wait()
+        assert not live.alive(sleeper.pid, ticks)
+        live.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
