@@ -23,12 +23,12 @@ from collections.abc import Callable
 StartTicks = Callable[[int], "int | None"]
 
 
-def _readable(fd: int) -> bool:
-    """Whether `fd` is readable now. poll, not select: a head holding thousands of connections
-    has descriptors above select's 1,024."""
+def readable(fd: int, timeout_s: float = 0.0) -> bool:
+    """Whether `fd` is readable (or closed) within `timeout_s`. poll, not select: a head holding
+    thousands of connections has descriptors above select's 1,024."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
+    return bool(poller.poll(max(0, int(timeout_s * 1000))))
 
 
 class Liveness:
@@ -69,7 +69,7 @@ class Liveness:
                     os.close(fd)
                     return False
                 kept = self._fds[pid] = (ticks, fd)
-            if _readable(kept[1]):  # it exited (a zombie too): its pidfd is not needed any more
+            if readable(kept[1]):  # it exited (a zombie too): its pidfd is not needed any more
                 self._forget(pid)
                 return False
             return True

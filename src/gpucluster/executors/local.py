@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import pwd
-import select
 import signal
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from gpucluster.executors.base import (
     expected_processes,
 )
 from gpucluster.executors.image_cache import ImageCache
-from gpucluster.executors.liveness import Liveness
+from gpucluster.executors.liveness import Liveness, readable
 
 SHIM = Path(__file__).with_name("_shim.py")
 MANIFEST = "launch.json"
@@ -248,7 +247,7 @@ class ForkServer:
         deadline = time.monotonic() + self.REPLY_TIMEOUT_S
         while not reply.endswith(b"\n"):
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            if left <= 0 or not readable(proc.stdout.fileno(), left):
                 break
             chunk = os.read(proc.stdout.fileno(), 256)
             if not chunk:
