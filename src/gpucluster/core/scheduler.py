@@ -416,7 +416,9 @@ class _Cycle:
         ordering = self.policy.ordering
         if ordering.ranked:
             book, dists = self.s.rank_book, self.s.runtime_dist
-            if book is not None and ordering.gittins and dists:  # `attained.ranks`, kept across cycles
+            # `attained.ranks`, kept across cycles: under Gittins ranks once distributions are
+            # learned, under plain LAS always (the book ranks by queue alone then).
+            if book is not None and ordering.mode == "las" and (dists or not ordering.gittins):
                 self._ranks = book.ranks(self.s.queued, ordering, self.s.attained, dists, self.now, index)
             else:
                 self._ranks = attained.ranks(
