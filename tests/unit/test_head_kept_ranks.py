@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpucluster.core.attained import gittins_ranks
+from gpucluster.core.attained import gittins_ranks, ranks
 from gpucluster.core.cluster_state import StateMismatch
 from gpucluster.core.policy import Policy
 from gpucluster.core.scheduler import decide
@@ -43,10 +43,14 @@ ordering:
 """
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+# Plain `las`: the head keeps its ranks in the same book (only those above queue 0 named).
+PLAIN = POLICY.replace("  runtime_model: gittins\n", "")
+
+
+@pytest.fixture(params=["gittins", "plain"])
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
     path = tmp_path / "policy.yaml"
-    path.write_text(POLICY)
+    path.write_text(POLICY if request.param == "gittins" else PLAIN)
     c = make_cluster(tmp_path, gpus=8, nodes=2, policy=PolicySource(path))
     c.fake.exit_on_signal[int(signal.SIGTERM)] = 143  # a stopped job exits: requeued
     try:
@@ -70,7 +74,10 @@ def planned(monkeypatch: pytest.MonkeyPatch) -> list[Snapshot]:
 
 def want_ranks(c: Cluster, snap: Snapshot, policy: Policy, now: float) -> dict[int, float]:
     """`gittins_ranks` from scratch: the store's attained service read now, and every queued
-    job's run times looked up whole."""
+    job's run times looked up whole; under plain `las`, `attained.ranks`' ranks above 0."""
+    if not policy.ordering.gittins:
+        got = ranks(snap.queued, policy.ordering, c.store.attained_gpu_seconds(), {}, now)
+        return {k: v for k, v in got.items() if v}
     dists = c.head.runtime.fresh_distributions(snap.queued, c.head.node_feed.nodes)
     return gittins_ranks(snap.queued, policy.ordering, c.store.attained_gpu_seconds(), dists, now)
 
@@ -78,9 +85,9 @@ def want_ranks(c: Cluster, snap: Snapshot, policy: Policy, now: float) -> dict[i
 def test_the_heads_kept_ranks_equal_gittins_ranks_over_a_history(cluster: Cluster, planned: list[Snapshot]) -> None:
     c, rnd = cluster, random.Random(25)
     policy = c.head.policy
-    assert policy.ordering.gittins
+    assert policy.ordering.mode == "las"
     t = T0
-    compared = ranked_with_history = ran_before = 0
+    compared = ranked_with_history = ran_before = ranked_above_0 = 0
     for step in range(60):
         for _ in range(rnd.randint(0, 4)):  # submissions: two workloads, three teams, a few sizes
             c.submit(
@@ -115,11 +122,12 @@ def test_the_heads_kept_ranks_equal_gittins_ranks_over_a_history(cluster: Cluste
         compared += 1
         ranked_with_history += sum(1 for q in snap.queued if q.job_id in snap.runtime_dist)
         ran_before += sum(1 for q in snap.queued if q.job_id in snap.attained)
-    # The history exercised what the book keeps: learned run times, requeued jobs, and many
-    # plans ranked incrementally (a handful of fresh starts: the first plan, a queue handed
-    # without the index when a plan's queue was not the whole queue).
+        ranked_above_0 += sum(1 for r in got.values() if r >= 1.0)
+    # The history exercised what the book keeps: learned run times (Gittins ranks), requeued
+    # jobs in a later queue, and many plans ranked incrementally (a handful of fresh starts: the
+    # first plan, a queue handed without the index when a plan's queue was not the whole queue).
     assert compared >= 40
-    assert ranked_with_history > 0 and ran_before > 0
+    assert (ranked_with_history > 0) == policy.ordering.gittins and ran_before > 0 and ranked_above_0 > 0
     assert c.head.ranks.book.rebuilds <= compared // 4
 
 
@@ -133,11 +141,11 @@ def test_check_mode_catches_a_kept_rank_that_went_wrong(cluster: Cluster, planne
     c.submit(gpus=8, name="train", team="vision", time_limit="1h")
     c.tick_at(T0 + 1)
     book = planned[-1].rank_book
-    assert book is not None and book._out
-    job_id = next(iter(book._out))
-    book._out[job_id] += 1.0  # what a missed change would leave
+    assert book is not None and planned[-1].queued
+    job_id = planned[-1].queued[0].job_id
+    book._out[job_id] = book._out.get(job_id, 0.0) + 1.0  # what a missed change would leave
     c.submit(gpus=8, name="eval", team="nlp", time_limit="1h")
-    with pytest.raises(StateMismatch, match="kept Gittins ranks"):
+    with pytest.raises(StateMismatch, match="kept Gittins ranks" if c.head.policy.ordering.gittins else "kept LAS"):
         c.head._schedule(T0 + 2)
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gpucluster.core import queue_index, rank_book
 from gpucluster.core.attained import Ordering, gittins_ranks
+from gpucluster.core.attained import ranks as attained_ranks
 from gpucluster.core.policy import las_gittins_policy
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.queueing import RankedLines, TeamQueues
@@ -23,6 +24,7 @@ from .builders import job
 H = 3600.0
 POLICY = las_gittins_policy()
 LAS = Ordering(mode="las", preempt=True, promote_after_s=24 * H, runtime_model="gittins")
+PLAIN = replace(LAS, runtime_model="none")  # plain LAS: the book ranks by queue alone
 DISTS = [
     RunDistribution.of([60.0, 90.0, 120.0]),
     RunDistribution.of([5000.0, 7000.0, 9000.0]),
@@ -47,13 +49,13 @@ class _World:
     """A caller's queue, attained and learned maps, and clock, changed one step at a time;
     `index`: none, one told what enters and leaves (the simulator's), or one left to diff."""
 
-    def __init__(self, index: str = "none") -> None:
+    def __init__(self, index: str = "none", base: Ordering = LAS) -> None:
         self.index = None if index == "none" else QueueIndex(told=index == "told")
         self.queued: dict[int, JobRequest] = {}
         self.attained: Logged[float] = Logged()
         self.dists: Logged[RunDistribution] = Logged()
         self.now = 100 * H
-        self.ordering = LAS
+        self.base = self.ordering = base
 
     def step(self, what: str, jid: int, n: int) -> None:
         if what == "arrive" and jid not in self.queued:
@@ -78,7 +80,7 @@ class _World:
         elif what == "back":
             self.now -= n * H  # a probe at an earlier time
         elif what == "ordering":
-            self.ordering = replace(LAS, queues=(H, (8 + n % 3) * H)) if n % 2 else LAS
+            self.ordering = replace(self.base, queues=(H, (8 + n % 3) * H)) if n % 2 else self.base
 
     def _enter(self, job: JobRequest) -> None:
         self.queued[job.job_id] = job
@@ -92,7 +94,11 @@ class _World:
         return job
 
     def want(self) -> dict[int, float]:
-        return gittins_ranks(list(self.queued.values()), self.ordering, self.attained, self.dists, self.now)
+        queued = list(self.queued.values())
+        if not self.ordering.gittins:  # plain LAS: `attained.ranks`, which reads no distribution
+            got = attained_ranks(queued, self.ordering, dict(self.attained), {}, self.now)
+            return {k: v for k, v in got.items() if v}  # (all of them unless nothing attained ranks above 0)
+        return gittins_ranks(queued, self.ordering, self.attained, self.dists, self.now)
 
     def got(self, book: RankBook) -> dict[int, float]:
         queued = tuple(self.queued.values())
@@ -101,17 +107,30 @@ class _World:
         return book.ranks(queued, self.ordering, self.attained, self.dists, self.now, self.index)
 
 
-@pytest.mark.parametrize(("few", "index"), [(0, "none"), (8, "none"), (0, "told"), (8, "told"), (8, "diff")])
+@pytest.mark.parametrize(
+    ("few", "index", "base"),
+    [
+        (0, "none", LAS),
+        (8, "none", LAS),
+        (0, "told", LAS),
+        (8, "told", LAS),
+        (8, "diff", LAS),
+        (8, "none", PLAIN),
+        (8, "told", PLAIN),
+        (8, "diff", PLAIN),
+    ],
+)
 @settings(max_examples=300, deadline=None)
 @given(steps=st.lists(_STEP, max_size=80))
 def test_the_book_answers_as_gittins_ranks_after_any_history(
-    few: int, index: str, steps: list[tuple[str, int, int]]
+    few: int, index: str, base: Ordering, steps: list[tuple[str, int, int]]
 ) -> None:
     """`few`: jobs ranked again one by one up to this many, else through `gittins_ranks`;
-    `index`: the book follows a queue index's moves, or compares the queue itself."""
+    `index`: the book follows a queue index's moves, or compares the queue itself. Under plain
+    LAS (`base`) the answer is `attained.ranks`', the very dict (only ranks above 0 named)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(rank_book, "_FEW", few)
-        world, book = _World(index), RankBook()
+        world, book = _World(index, base), RankBook()
         for what, jid, n in steps:
             world.step(what, jid, n)
             if what == "cycle" or n % 2:
@@ -119,15 +138,18 @@ def test_the_book_answers_as_gittins_ranks_after_any_history(
         assert world.got(book) == world.want()
 
 
-@pytest.mark.parametrize("index", ["none", "told"])
+@pytest.mark.parametrize(("index", "base"), [("none", LAS), ("told", LAS), ("none", PLAIN), ("told", PLAIN)])
 @settings(max_examples=300, deadline=None)
 @given(steps=st.lists(_STEP, max_size=80))
-def test_lines_sorted_by_the_books_ranks_order_as_a_fresh_sort(index: str, steps: list[tuple[str, int, int]]) -> None:
+def test_lines_sorted_by_the_books_ranks_order_as_a_fresh_sort(
+    index: str, base: Ordering, steps: list[tuple[str, int, int]]
+) -> None:
     """`TeamQueues` on the book's live ranks and its kept lines (`RankedLines`, told which teams'
     ranks changed, so an unchanged line is not read) pops the jobs, the very objects, in the order
     a fresh sort by `gittins_ranks` gives, whatever the book saw before (`told`: the lines are the
-    index's, handed back as the same lists while unchanged)."""
-    world, book = _World(index), RankBook()
+    index's, handed back as the same lists while unchanged; plain LAS: lines no ranked job is
+    in are left by age)."""
+    world, book = _World(index, base), RankBook()
     policy = replace(POLICY, fair_share=False)
     for what, jid, n in steps:
         world.step(what, jid, n)
@@ -168,12 +190,13 @@ def test_a_kept_line_follows_a_promotion_a_probe_back_in_time_and_a_new_rank() -
     assert popped() == [3, 6] and book.rebuilds == 2
 
 
+@pytest.mark.parametrize("base", [LAS, PLAIN])
 @settings(max_examples=50, deadline=None)
-@given(st.lists(_STEP, max_size=60))
-def test_a_lost_log_starts_the_book_again(steps: list[tuple[str, int, int]]) -> None:
+@given(steps=st.lists(_STEP, max_size=60))
+def test_a_lost_log_starts_the_book_again(base: Ordering, steps: list[tuple[str, int, int]]) -> None:
     """A log that overflowed (or a map cleared) says nothing of what changed: the book ranks
     everything again rather than trust what it kept."""
-    world, book = _World(), RankBook()
+    world, book = _World(base=base), RankBook()
     for what, jid, n in steps:
         world.step(what, jid, n)
         assert world.got(book) == world.want()

@@ -373,3 +373,29 @@ def test_the_head_says_the_ordering_in_force(tmp_path: Path, text: str | None, l
         assert _ordering_line(got["ordering"], got["starvation_age_s"]) == line
     finally:
         c.close()
+
+
+def test_an_answer_kept_across_a_start_is_kept_per_queue() -> None:
+    """Answers kept across starts (`_Cycle.run`'s `kept`, plan-only cycles) are per request and
+    attained-service queue. Job 1 holds model A (node n1) for its 8 GPUs. Job 2 (queue 0), 4 GPUs
+    of any model, is held off n1 by that reservation and may not take job 9 on n2 (its loss,
+    4 x ~2,060 GPU-s, is over queue 0's allowance): it waits behind job 1, adding nothing to the
+    plan. Job 3 (short) starts on n1 before job 1's reservation (backfill). Job 4 asks what job 2 asked but
+    is in queue 1 (2 GPU-hours had): job 9 (queue 2) is within its allowance, so it preempts it
+    rather than take job 2's answer (keyed by the request alone, it waited)."""
+    nodes = [node("n1").gpus(8, model="A"), node("n2").gpus(8, model="B")]
+    run = [
+        running(8, "n1", 4, 5, 6, 7, started_at=NOW - 3 * H, limit=10 * H),
+        running(9, "n2", 0, 1, 2, 3, started_at=NOW - 3 * H, checkpoint=NOW - 2000.0),
+        running(10, "n2", 4, 5, 6, 7, started_at=NOW - 3 * H),
+    ]
+    queued = [
+        job(1).at(NOW - 4 * H).gpus(8).gpu_types("A").build(),
+        job(2).at(NOW - 3 * H).gpus(4).limit(20 * H).build(),
+        job(3).at(NOW - 2 * H).gpus(1).limit(60.0).build(),
+        replace(job(4).at(NOW - H).gpus(4).limit(20 * H).build(), queued_at=NOW - H),
+    ]
+    snap = replace(snapshot(nodes=nodes, running=run, queued=queued), attained={4: 2 * H})
+    plan = decide(snap, Policy(ordering=LAS_PREEMPT, backfill=True), NOW, reasons=False)
+    assert _started(plan) == [3]
+    assert [(p.job_id, p.for_job) for p in plan.preemptions] == [(9, 4)]

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from gpucluster.core.attained import may_take, rank_of
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy, Preemption, Team, fifo_policy, priority_policy
 from gpucluster.core.queueing import CHARGE_HORIZON_S, TeamQueues
@@ -280,7 +281,13 @@ def check_preemptions(snap: Snapshot, policy: Policy, plan: Plan) -> None:
         lower = policy.priorities and v.priority < j.priority
         quota = policy.team(v.team).quota.get(model, 0.0)
         borrower = v.team != j.team and used_by(snap, plan, v.team, model) > quota + EPS
-        assert lower or (policy.preemption.reclaim_quota and borrower), f"{p}: neither lower class nor a borrower"
+        # Least attained service (the default ordering since issue 25): the rule of core/attained.py.
+        rank = rank_of(j, policy.ordering, snap.attained, {}, NOW)
+        las = policy.preempts_for_attained_service and v.priority == j.priority
+        las = las and may_take(rank, v, policy.ordering, snap.attained, NOW)
+        assert lower or las or (policy.preemption.reclaim_quota and borrower), (
+            f"{p}: neither lower class, nor less attained service, nor a borrower"
+        )
     check_guarantees_kept(snap, policy, plan)
     check_victims_needed(snap, plan)
 

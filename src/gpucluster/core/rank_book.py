@@ -37,12 +37,14 @@ cache of what it saw).
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from itertools import compress, count
 from operator import attrgetter, is_not
 from typing import Any, TypeVar
 
 from gpucluster.core.attained import Ordering, _kind_rank, entered_queue, gittins_ranks
+from gpucluster.core.attained import ranks as attained_ranks
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.queueing import RankedLines
 from gpucluster.core.runtime_predict import RunDistribution
@@ -145,6 +147,11 @@ class Logged(dict[int, V]):
         return self
 
 
+# Plain LAS's distributions: none (never written; `RankBook.ranks` reads it in place of the
+# snapshot's, so a plain ordering ranks by queue alone whatever the caller hands).
+_NO_DISTS: Logged[RunDistribution] = Logged()
+
+
 class RankBook:
     """Ranks of the queued jobs under `runtime_model: gittins`, kept across cycles (see the module)."""
 
@@ -181,10 +188,24 @@ class RankBook:
         now: float,
         index: QueueIndex | None = None,
     ) -> dict[int, float]:
-        """`attained.gittins_ranks(queued, ordering, attained, dists, now)`. `index`: the
-        snapshot's queue index, just brought to `queued` (`QueueIndex.update`): the book follows
-        what enters and leaves it rather than compare `queued` with what it kept."""
-        if not isinstance(attained, Logged) or not isinstance(dists, Logged):
+        """`attained.gittins_ranks(queued, ordering, attained, dists, now)`; under plain LAS (no
+        `runtime_model`) `attained.ranks(queued, ordering, attained, {}, now)`'s ranks above 0
+        (a job not named ranks 0, as readers take it: the very dict when nothing attained is
+        queue 0, `attained.ranks`' exact case), `dists` unread.
+        `index`: the snapshot's queue index, just brought to `queued` (`QueueIndex.update`): the
+        book follows what enters and leaves it rather than compare `queued` with what it kept.
+
+        Why plain LAS too: `attained.ranks` looked at every queued job that ran before, each
+        cycle (~92 of ~470 on whole Philly, 141 k cycles: ~11% of `las`'s profile), yet only a
+        requeue, a start or a promotion changes one; and the ranks the book hands out tell the
+        kept team lines which teams' ranks changed (`RankedLines.tell`), so an unchanged line is
+        checked by identity alone."""
+        plain = not ordering.gittins
+        if plain:
+            dists = _NO_DISTS  # plain LAS reads no distribution (`attained.ranks`)
+        if ordering.mode != "las" or not isinstance(attained, Logged) or not isinstance(dists, Logged):
+            if plain:
+                return attained_ranks(queued, ordering, attained, {}, now)
             return gittins_ranks(queued, ordering, attained, dists, now)
         self._clock += 1
         changed_a, changed_d = attained.take(), dists.take()
@@ -222,7 +243,9 @@ class RankBook:
         todo |= entered
         promote = ordering.promote_after_s
         again = list(map(jobs.__getitem__, todo))
-        if len(again) > _FEW:
+        if plain:
+            self._plain_ranks(again, ordering, attained, now)
+        elif len(again) > _FEW:
             # A job's rank reads only its own inputs: these are ranked as `gittins_ranks` ranks a queue.
             out.update(gittins_ranks(again, ordering, attained, dists, now))
         else:  # a few (most cycles: an arrival, a start): one by one, without its set-up
@@ -233,11 +256,33 @@ class RankBook:
                 else:
                     out[jid] = _kind_rank(ordering, dists.get(jid), job.gpus, attained.get(jid, 0.0))
         if promote is not None:
-            waiting, seq = self._waiting, self._seq
-            for job in new:
-                heapq.heappush(waiting, (entered_queue(job), next(seq), job.job_id, job))
-            self._promote_due(now, promote)
+            if not plain:
+                waiting, seq = self._waiting, self._seq
+                for job in new:
+                    heapq.heappush(waiting, (entered_queue(job), next(seq), job.job_id, job))
+            self._promote_due(now, promote, plain)
         return self._answer()
+
+    def _plain_ranks(
+        self, again: Sequence[JobRequest], ordering: Ordering, attained: Mapping[int, float], now: float
+    ) -> None:
+        """Plain LAS (`attained.ranks`): only a rank above 0 is kept (a job that never ran is in
+        queue 0, promoted or not, so most of a queue is never named: the answer handed out each
+        cycle is small, and a team line no ranked job is in is left by age, `TeamQueues`), and
+        only such a job waits for its promotion."""
+        out, promote, queues = self._out, ordering.promote_after_s, ordering.queues
+        for job in again:
+            jid = job.job_id
+            if promote is not None and _promoted_plain(job, now, promote):
+                out.pop(jid, None)
+                continue
+            rank = float(bisect_right(queues, attained.get(jid, 0.0)))  # `Ordering.queue_of`
+            if not rank:
+                out.pop(jid, None)
+                continue
+            out[jid] = rank
+            if promote is not None:
+                heapq.heappush(self._waiting, (entered_queue(job), next(self._seq), jid, job))
 
     def _answer(self) -> dict[int, float]:
         """The ranks (a copy: the caller's), as the kept lines are told of them. A copy rather
@@ -267,10 +312,11 @@ class RankBook:
         jobs.update(zip(map(_JOB_ID, new), new, strict=True))
         if len(jobs) != len(queued):
             for jid in jobs.keys() - set(map(_JOB_ID, queued)):  # left the queue
-                del jobs[jid], out[jid]
+                del jobs[jid]
+                out.pop(jid, None)  # (under plain LAS only ranks above 0 are kept)
         return new
 
-    def _promote_due(self, now: float, promote: float) -> None:
+    def _promote_due(self, now: float, promote: float, plain: bool) -> None:
         """Rank 0 for the waiting jobs promoted by now. `_promoted` holds for a prefix of the jobs
         by entry time (now - entered only shrinks along it) save for the submission test, which
         `entered_queue` (never before the submission) makes hold whenever the entry test does
@@ -282,7 +328,10 @@ class RankBook:
             job = item[3]
             if jobs.get(item[2]) is not job:
                 continue  # left, or replaced (its new object has its own entry)
-            if _promoted(job, now, promote):
+            if plain:  # the heap's own test is `_promoted_plain`
+                if out.pop(item[2], None) is not None:
+                    self._stamps[job.team] = self._clock
+            elif _promoted(job, now, promote):
                 out[item[2]] = 0.0
                 self._stamps[job.team] = self._clock
             else:
@@ -306,15 +355,23 @@ class RankBook:
         if index is not None:
             index.follow()
         promote = ordering.promote_after_s
+        self._jobs.update(zip(map(_JOB_ID, queued), queued, strict=True))
+        if not ordering.gittins:
+            self._plain_ranks(queued, ordering, attained, now)
+            return self._answer()
         for job in queued:
             jid = job.job_id
-            self._jobs[jid] = job
             self._out[jid] = _kind_rank(ordering, dists.get(jid), job.gpus, attained.get(jid, 0.0))
             if promote is not None:
                 heapq.heappush(self._waiting, (entered_queue(job), next(self._seq), jid, job))
         if promote is not None:
-            self._promote_due(now, promote)
+            self._promote_due(now, promote, False)
         return self._answer()
+
+
+def _promoted_plain(job: JobRequest, now: float, promote: float) -> bool:
+    """`attained.rank_of`'s promotion test, under plain LAS (`attained.ranks` reads it so)."""
+    return now - entered_queue(job) >= promote
 
 
 def _promoted(job: JobRequest, now: float, promote: float) -> bool:

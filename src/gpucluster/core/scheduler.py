@@ -61,6 +61,7 @@ _CHECKPOINT, _SLICES, _FIRST, _SHARE, _GPUS = (
     attrgetter("gpus"),
 )
 _ID, _NEED, _DEMAND = attrgetter("job_id"), attrgetter("need"), attrgetter("demand")
+_MIN_GPUS = attrgetter("min_gpus")
 
 
 def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *, reasons: bool = True) -> Plan:
@@ -265,9 +266,10 @@ class _AfterPreemptor:
             return None
         return self.queues.front()
 
-    def skip_kept(self, kept: AbstractSet[object]) -> None:
+    def skip_kept(self, kept: AbstractSet[object], ranks: Mapping[int, float] | None = None) -> None:
         """Take off the line, as `pop` then `done(job, False)` would, the jobs next in line
-        whose `need` is in `kept`: the cycle answers them without a look (`_Cycle.run`).
+        whose `need` is in `kept` (with `ranks`, attained-service preemption: whose request and
+        queue, `_requests`): the cycle answers them without a look (`_Cycle.run`).
 
         Why: that answer changes nothing, so they only cost the walk, one `pop` and `done` each
         (~0.75 us: 15.4 M of the 16.6 M jobs popped on whole Philly under `default`, most aged,
@@ -277,7 +279,7 @@ class _AfterPreemptor:
         line = self._front()
         if line is None:
             return
-        answered = map(kept.__contains__, map(_NEED, line))
+        answered = map(kept.__contains__, map(_NEED, line) if ranks is None else _requests(line, ranks))
         n = self._cut(line, next(compress(count(), map(not_, answered)), len(line)))
         if n:
             self._drop(line, n)
@@ -291,10 +293,7 @@ class _AfterPreemptor:
         line = self._front()
         if line is None:
             return
-        requests: Iterator[tuple[object, ...]] = map(_DEMAND, line)
-        if ranks is not None:
-            queues = map(float, map(int, map(ranks.get, map(_ID, line), repeat(0.0))))
-            requests = zip(requests, queues, strict=True)
+        requests = map(_DEMAND, line) if ranks is None else _requests(line, ranks)
         # The answers up to the first job without one (`takewhile` drops every None).
         waits = cast(list[Wait], list(takewhile(partial(is_not, None), map(same.get, requests))))
         n = self._cut(line, len(waits))
@@ -326,6 +325,13 @@ class _AfterPreemptor:
         victims = self._waiting.pop(job.job_id, None) if self._waiting else None
         if victims:
             self._next.extendleft(reversed(victims))
+
+
+def _requests(line: Iterable[JobRequest], ranks: Mapping[int, float]) -> Iterator[tuple[object, ...]]:
+    """Each job's request under attained-service preemption, at C speed: its demand and its
+    queue (`_Cycle._queue_rank`), as `_Cycle.run` keys the answers it shares."""
+    queues = map(float, map(int, map(ranks.get, map(_ID, line), repeat(0.0))))
+    return zip(map(_DEMAND, line), queues, strict=True)
 
 
 class _Cycle:
@@ -416,7 +422,9 @@ class _Cycle:
         ordering = self.policy.ordering
         if ordering.ranked:
             book, dists = self.s.rank_book, self.s.runtime_dist
-            if book is not None and ordering.gittins and dists:  # `attained.ranks`, kept across cycles
+            # `attained.ranks`, kept across cycles: under Gittins ranks once distributions are
+            # learned, under plain LAS always (the book ranks by queue alone then).
+            if book is not None and ordering.mode == "las" and (dists or not ordering.gittins):
                 self._ranks = book.ranks(self.s.queued, ordering, self.s.attained, dists, self.now, index)
             else:
                 self._ranks = attained.ranks(
@@ -459,9 +467,15 @@ class _Cycle:
             and not self._quota_pools  # a pool's quota is a team's, like a quota
         )
         # With attained-service preemption two jobs asking the same may meet different fates
-        # (whom each may preempt depends on its rank): answers are shared per (request, rank).
+        # (whom each may preempt depends on its rank, and with fair share on its team): answers
+        # are shared per (request, queue), the team being part of the request, and so are those
+        # kept across starts. The argument above holds per asker: a start adds no victim (the
+        # pool is the running jobs; a job's standing reads the snapshot and `now`) and takes
+        # no one's share of fair share (`_over_share` reads the snapshot's usage), so an asker
+        # that found no victims finds none with less free. Why: under `las` every start
+        # cleared the answers, and each (request, queue) was considered again after each start
+        # (~7 jobs considered a cycle on whole Philly, ~40% of the run).
         las = self._las
-        keep = keep and not las
         if keep and self.policy.preemption.enabled and self._shares_in_play():
             # Preemption counted GPU by GPU (core/preempt_shapes.py) is not monotone in the free
             # capacity the way the argument above needs: after starts, a job may find that
@@ -491,10 +505,11 @@ class _Cycle:
                 request = (job.demand, 0.0 if rank is None else float(int(rank)))
             else:
                 request = job.demand
-            if keep and job.need in kept:
+            answer = request if las else job.need  # what `kept` knows it by
+            if keep and answer in kept:
                 after.done(job, False)
                 if self.skip_answered:
-                    after.skip_kept(kept)  # the jobs next in line answered the same way
+                    after.skip_kept(kept, self._ranks if las else None)  # the jobs next in line answered the same way
                 continue
             wait = same.get(request)
             if wait is not None and self.share_waits:
@@ -511,7 +526,7 @@ class _Cycle:
                     # Not a job that waits for CPUs or memory beside free GPUs: it took no
                     # reservation only because its GPUs were free, and once starts take them it
                     # would (the argument above needs "no reservation: none possible").
-                    kept.add(job.need)
+                    kept.add(answer)
         if settle:
             return Plan(starts=tuple(starts), preemptions=tuple(preemptions), waiting=waiting)
         for job in queues.held:  # last in line: they may not start yet
@@ -1056,8 +1071,8 @@ class _Cycle:
     def _elastic_runs(self) -> bool:
         """Whether any running job is elastic (could be shrunk, core/shrink.py): one pass a
         cycle, on first use, so a cluster without elastic jobs never looks for them per job."""
-        if self._any_elastic is None:
-            self._any_elastic = any(j.min_gpus is not None for j in self.s.running)
+        if self._any_elastic is None:  # at C speed: a generator step per job was ~1 CPU-s of whole Philly
+            self._any_elastic = any(map(is_not, map(_MIN_GPUS, self.s.running), repeat(None)))
         return self._any_elastic
 
     def _host_fits_after(self, job: JobRequest, model: str, choice: VictimChoice, gone: list[RunningJob]) -> bool:

@@ -276,12 +276,12 @@ class Engine:
         self._ranked = policy.core.ordering.ranked
         self._oracle = policy.oracle
         self._expected: dict[int, float] = {}
-        # `runtime_model: gittins`: run times learned from the jobs finished so far (sim/learned.py),
-        # and each queued job's rank kept across calls (core/rank_book.py), which learns what
-        # changed from the logs of the attained and learned maps; any ranked ordering: the book's
+        # `runtime_model: gittins`: run times learned from the jobs finished so far (sim/learned.py).
+        # Any ranked ordering: each queued job's rank kept across calls (core/rank_book.py), which
+        # learns what changed from the logs of the attained (and learned) maps, and the book's
         # team lines sorted by rank, kept across calls.
         gittins = policy.core.ordering.gittins
-        self._attained: dict[int, float] = Logged() if gittins else {}
+        self._attained: dict[int, float] = Logged() if self._ranked else {}
         self._learned = LearnedRuntimes({g.gpu_model for g in spec.groups}) if gittins else None
         self._rank_book = RankBook() if self._ranked else None  # `las` too: its team lines sorted by rank
         # Preempted job -> the job it was preempted for, while that job is queued (as the head).
