@@ -116,3 +116,24 @@ def _live_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             live.append(int(entry))
     return live
+
+
+def test_path_entries_without_the_name_are_passed_over_without_a_spawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the PATH entries that hold the name are tried (one spawn, not one per directory),
+    and a name on none of them is still "not found"."""
+    _program(tmp_path / "here" / "tool", "echo found")
+    path = os.pathsep.join(str(tmp_path / d) for d in ("a", "b", "c", "here"))
+    tried: list[str] = []
+    real = os.posix_spawn
+
+    def counted(file: str, *args: object, **kwargs: object) -> int:
+        tried.append(file)
+        return real(file, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "posix_spawn", counted)
+    assert _run(["tool"], {"PATH": path}) == (0, b"found\n")
+    assert tried == [str(tmp_path / "here" / "tool")]
+    with pytest.raises(FileNotFoundError):
+        _run(["absent"], {"PATH": path})
