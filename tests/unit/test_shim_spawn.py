@@ -100,7 +100,8 @@ def test_a_background_child_that_keeps_writing_does_not_hold_the_exit_record_up(
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 0
     shim = json.loads((tmp_path / "shim.json").read_text())
-    assert log.read_bytes().startswith(b"started\nmore\n")
+    out = log.read_bytes()  # the background loop may write before or after `started`: either order
+    assert out.count(b"started\n") == 1 and b"more\n" in out, out[:200]
     assert _live_members(shim["job_pgid"]) == []  # the whole group was killed before the record
 
 
