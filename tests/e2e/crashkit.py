@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucluster.executors.local import start_ticks
 from gpucluster.head.recovery import LAUNCH_GRACE_S
 
 # A job: `sh -c JOB_SCRIPT sh SECONDS EXIT_CODE`. It appends start/end lines to $CC_DIR/events
@@ -284,15 +285,15 @@ class Accounting:
 
 
 def _keeper_lives(shim_json: Path) -> bool:
-    """Whether the keeper shim.json names is alive: its pid, started at its start time (clock
-    ticks since boot, /proc/PID/stat's 22nd field), so a reused pid is not taken for it."""
+    """Whether the keeper shim.json names is alive: its pid, started at its start time
+    (`executors.local.start_ticks`, as the head asks), so a reused pid is not taken for it."""
     try:
         record = json.loads(shim_json.read_text())
-        stat = Path(f"/proc/{int(record['pid'])}/stat").read_text()
+        pid = int(record["pid"])
     except (OSError, ValueError, KeyError):
         return False
-    ticks = record.get("start_ticks")
-    return ticks is None or int(stat.rsplit(")", 1)[1].split()[19]) == int(ticks)
+    ticks = start_ticks(pid)
+    return ticks is not None and record.get("start_ticks") in (None, ticks)
 
 
 def check_accounting(db: Path, data_dir: Path, run_id: str, head_started_at: float) -> Accounting:
