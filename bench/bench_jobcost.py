@@ -16,7 +16,8 @@ leaves both out). gpucluster: one node with 8 virtual GPUs, a fresh head and dat
 Figures (trivial job: `true`, 1 GPU):
 - submit -> running p50: bench_submit's Poisson stream (Slurm: slurmctld.log's ms timestamps);
 - submissions/s, 1 client (one reused connection; Slurm: sbatch after sbatch) and --clients
-  clients: bench_submit's rate runs of `sleep 1000` jobs;
+  clients: bench_submit's rate runs of `sleep 1000` jobs, `--rate-rounds` rounds each (gpucluster:
+  a fresh head per round; Slurm: its queue emptied between rounds), the median round quoted;
 - N trivial jobs on 8 GPUs, submitted by one client -> all done: wall time from the first
   submission to the last end, and over that span the head's own CPU (/proc/PID/stat: the head
   process; Slurm: slurmctld) and the whole machine's (/proc/stat: everything, the client and the
@@ -163,13 +164,34 @@ def run_gpucluster(label: str, src: Path | None, args: argparse.Namespace, work:
         ("cli", lambda h: gc_cli(h, work, src, args.cli_rounds)),
     ]
     for name, measure in steps:
-        with phase(name) as head:
-            report[name] = measure(head)
-            if name == "idle":  # the head just measured at rest runs the drain
-                report["drain"] = gc_drain(head, args.jobs, args.wait_timeout)
-                log(f"gpucluster {label}: drain: {report['drain']}")
+        rounds: list[Result] = []
+        for r in range(_rounds(name, args)):  # a rate run: each round on a fresh head
+            with phase(name if r == 0 else f"{name}-{r}") as head:
+                rounds.append(measure(head))
+                if name == "idle":  # the head just measured at rest runs the drain
+                    report["drain"] = gc_drain(head, args.jobs, args.wait_timeout)
+                    log(f"gpucluster {label}: drain: {report['drain']}")
+        report[name] = median_round(rounds)
         log(f"gpucluster {label}: {name}: {report[name]}")
     return report
+
+
+def _rounds(step: str, args: argparse.Namespace) -> int:
+    """How many times a step is measured: the submit-rate runs `--rate-rounds` times, the rest once."""
+    return int(args.rate_rounds) if step.startswith("rate_") else 1
+
+
+def median_round(rounds: list[Result]) -> Result:
+    """One step's result from its rounds: the round with the median rate (of an even count the
+    lower of the middle two), with every round's rate beside it.
+
+    Why rounds: one rate run of this bench lasts 2-3 s, and on this 2-core machine one run of the
+    same tree moved by more than a third between runs (663 and 912 submissions/s an hour apart),
+    more than the gap the issue's 4x goal is judged by. The same rounds for both systems."""
+    if len(rounds) == 1:
+        return rounds[0]
+    ranked = sorted(rounds, key=lambda r: float(r.get("jobs_per_s") or 0.0))
+    return {**ranked[(len(ranked) - 1) // 2], "rounds_jobs_per_s": [r.get("jobs_per_s") for r in rounds]}
 
 
 # ---- Slurm ---------------------------------------------------------------------------------
@@ -218,9 +240,12 @@ def run_slurm(label: str, params: str | None, args: argparse.Namespace) -> Resul
     ]
     try:
         for name, measure in steps:
-            report[name] = measure()
+            rounds: list[Result] = []
+            for _ in range(_rounds(name, args)):
+                rounds.append(measure())
+                peer.cancel_all()
+            report[name] = median_round(rounds)
             log(f"slurm {label}: {name}: {report[name]}")
-            peer.cancel_all()
     finally:
         slurm_peer.stop(peer)
     return report
@@ -284,6 +309,9 @@ def main() -> int:
     p.add_argument("--latency-rate", type=float, default=1.0, help="Poisson arrivals per s (default 1)")
     p.add_argument("--array", type=int, default=1000, help="elements of the array (default 1000)")
     p.add_argument("--clients", type=int, default=8)
+    p.add_argument(
+        "--rate-rounds", type=int, default=3, help="rounds of each submit-rate run, median quoted (default 3)"
+    )
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--cli-rounds", type=int, help="CLI submits measured (default 9; quick 3)")
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds the head's rest is measured")
@@ -294,6 +322,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, help="also write every figure as JSON here")
     args = p.parse_args()
+    if args.rate_rounds < 1:
+        p.error("--rate-rounds must be at least 1")
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, bench_submit._exit_on_signal)
     q = args.quick
@@ -328,6 +358,11 @@ def main() -> int:
           f" Slurm {args.slurm_rate_jobs} jobs; latency: {args.latency_jobs} jobs at {args.latency_rate}/s;"
           f" columns '/X': {next(iter(out), '-')} divided by X")  # fmt: skip
     print_table(rows(out, args.clients), list(out))
+    for name, r in out.items():
+        for ph in ("rate_1", f"rate_{args.clients}"):
+            each = r.get(ph, {}).get("rounds_jobs_per_s")
+            if each:
+                print(f"{name} {ph}: submissions/s of each round {each}, median quoted")
     for name, r in out.items():
         for ph, v in r.items():
             other = v.get("other_cores_busy") if isinstance(v, dict) else None
