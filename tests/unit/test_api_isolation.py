@@ -159,7 +159,7 @@ def test_one_bad_item_fails_alone_in_a_group_commit(tmp_path: Path) -> None:
 def test_the_submit_batcher_answers_each_submission_for_itself(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     committed: list[bool] = []
-    batcher = SubmitBatcher(store, on_committed=lambda: committed.append(True))
+    batcher = SubmitBatcher(store, on_committed=lambda specs: committed.append(True))
 
     async def submit_all() -> list[int | BaseException]:
         specs = [JobSpec(command=["true"]) for _ in range(20)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpucluster.core.states import JobState
@@ -72,7 +73,7 @@ def test_a_submission_is_answered_before_the_loop_is_woken(tmp_path: Path) -> No
     answered = threading.Event()
     answered_when_woken: list[bool] = []
 
-    def on_committed() -> None:
+    def on_committed(specs: Sequence[JobSpec]) -> None:
         # Before the fix the loop was woken first: the answer could not come while this waits.
         answered_when_woken.append(answered.wait(WAIT_S))
 
@@ -108,7 +109,7 @@ def test_an_api_submission_is_answered_on_its_event_loop_before_the_loop_is_woke
     woken = threading.Event()
     event_loop_thread: list[int] = []
 
-    def on_committed() -> None:
+    def on_committed(specs: Sequence[JobSpec]) -> None:
         where = "the event loop" if threading.get_ident() in event_loop_thread else "another thread"
         order.append(f"woken on {where}")
         woken.set()
@@ -144,7 +145,7 @@ def test_a_batch_from_threads_and_an_event_loop_is_answered_and_wakes_the_loop_o
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     store.create_jobs_each = held_first_commit  # type: ignore[method-assign]
-    batcher = SubmitBatcher(store, on_committed=lambda: wakes.append(1))
+    batcher = SubmitBatcher(store, on_committed=lambda specs: wakes.append(len(specs)))
     ids: list[int] = []
 
     def on_thread() -> None:
@@ -172,7 +173,7 @@ def test_a_batch_from_threads_and_an_event_loop_is_answered_and_wakes_the_loop_o
     try:
         asyncio.run(asyncio.wait_for(on_loop(), 2 * WAIT_S))
         assert sorted(ids) == [1, 2, 3]
-        assert wakes == [1, 1]
+        assert wakes == [1, 2]  # once per commit, told the specs each stored
         assert [r.state for r in store.list_jobs()] == [JobState.QUEUED] * 3
     finally:
         release.set()

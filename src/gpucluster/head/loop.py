@@ -87,6 +87,7 @@ from gpucluster.head.attempts import (
 )
 from gpucluster.head.estimates import EstimateRefresher
 from gpucluster.head.gates import Gates
+from gpucluster.head.idle_wake import IdleBar, idle_bar, needs_plan
 from gpucluster.head.images import ImageSightings
 from gpucluster.head.inventory import NodeInventory, stop_jobs_on_lost_nodes
 from gpucluster.head.kept_ranks import KeptRanks
@@ -100,6 +101,7 @@ from gpucluster.head.running_cache import CHECK_ATTEMPTS, CHECK_WAIT_S, RunningC
 from gpucluster.head.runtime_model import RuntimeModel
 from gpucluster.head.update import same_request
 from gpucluster.launch.env import inherited
+from gpucluster.models import JobSpec
 from gpucluster.store import AttemptRecord, DatabaseUnavailable, DataDirUnwritable, JobRecord, LeaseLost, Store
 from gpucluster.store.lease import RENEW_FRACTION
 from gpucluster.store.store import overlapped
@@ -206,6 +208,9 @@ class Head:
         self._next_release: float | None = None  # the earliest backoff of a queued job that ends after the last plan
         self.last_decide_s = 0.0
         self.idle_skips = 0  # cycles that planned nothing because nothing could start (`_schedule`)
+        # The last such cycle's view, set by the loop's thread and read by the submit writer's:
+        # which submissions need a plan before the periodic one (head/idle_wake.py). None: any.
+        self.idle_bar: IdleBar | None = None
         self._skipped_change = False  # such a cycle was for a change (the estimates replay for it)
         self.last_cycle_at: float | None = None  # end of the last cycle that succeeded
         self.last_error: str | None = None  # why the last cycle failed, if it did
@@ -277,6 +282,13 @@ class Head:
 
     def _down_nodes(self) -> frozenset[str]:
         return self.inventory.down() if self.inventory is not None else frozenset()
+
+    def submitted(self, specs: Sequence[JobSpec]) -> None:
+        """Submissions were committed (head/submit_batcher.py): plan for them now, unless the
+        last plan found nothing could start and these cannot change that (head/idle_wake.py);
+        the periodic cycle then reads them."""
+        if needs_plan(self.idle_bar, specs):
+            self.wake.set()
 
     def nodes_changed(self) -> None:
         """A node was drained, undrained or changed: plan again now."""
@@ -646,6 +658,7 @@ class Head:
         self._next_release = min(filter(after, filter(None, map(_NOT_BEFORE, snap.queued))), default=None)
         self._grow_elastic(snap, now)
         idle = self.skip_idle_plans and snap.queued and not (due or released)
+        self.idle_bar = None  # planned below, or skipped with a new bar
         if idle and certainly_idle(snap, self.planning_policy, now):
             # Every GPU busy and no one to preempt: the plan would start and stop nothing, so
             # only the waits (positions, estimates) would change. They wait for the periodic
@@ -654,6 +667,13 @@ class Head:
             # while submissions streamed in, these cycles were a third of the head's CPU.
             self.idle_skips += 1
             self._skipped_change = self._skipped_change or changed  # the replan plans for it
+            if snap.capacity is not None:  # submissions like these queued need not wake the loop
+                index = snap.queue_index
+                self.idle_bar = idle_bar(
+                    snap.capacity.current(snap.nodes, snap.running),
+                    snap.queued,
+                    index.highest_class() if index is not None else None,
+                )
             return
         self._last_plan_at = now
         changed, self._skipped_change = changed or self._skipped_change, False

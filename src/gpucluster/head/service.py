@@ -105,7 +105,7 @@ class ClusterService:
     def __init__(self, head: Head) -> None:
         self.head = head
         self.store = head.store
-        self.batcher = SubmitBatcher(head.store, on_committed=head.wake.set, limits=lambda: head.policy.limits)
+        self.batcher = SubmitBatcher(head.store, on_committed=head.submitted, limits=lambda: head.policy.limits)
         self._empty: tuple[object, Capacity] | None = None  # an empty cluster, for submit checks
         self.telemetry: TelemetryMonitor | None = None  # set when the head samples its GPUs
         # More /metrics series for a cluster admin's eyes only (services/metrics.py adds one).

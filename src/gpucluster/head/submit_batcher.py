@@ -9,7 +9,8 @@ It is the head's one group-commit path: the API's requests (`submit`, on the eve
 every caller on a thread (`submit_wait`: arrays' dependents, services, tests through
 ClusterService.submit) queue here, so tests submit the way production does.
 
-The head's loop is woken after each commit that stored a job, and only once the batch's API
+The head is told of each commit that stored a job (`Head.submitted`, which wakes its loop unless
+head/idle_wake.py says the jobs cannot start yet), and only once the batch's API
 submitters have been answered: from their event loop, behind the tasks their answers resumed
 (see `_answer`). Woken earlier, the loop takes the interpreter for a cycle while the event loop
 still has the 201s to write, and a lone client waits for both (issue 18).
@@ -19,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from functools import partial
 
 from gpucluster.core.policy import Limits
 from gpucluster.models import JobSpec
@@ -31,11 +33,14 @@ MAX_BATCH = 512
 
 class SubmitBatcher:
     def __init__(
-        self, store: Store, on_committed: Callable[[], None], limits: Callable[[], Limits | None] = lambda: None
+        self,
+        store: Store,
+        on_committed: Callable[[Sequence[JobSpec]], None],
+        limits: Callable[[], Limits | None] = lambda: None,
     ) -> None:
         self._store = store
         self._limits = limits  # the policy's, read at each commit: `max_queued_jobs` is checked there
-        self._on_committed = on_committed
+        self._on_committed = on_committed  # told the specs each commit stored (Head.submitted)
         # (spec, submitted at, owner, the future its id or error goes to: an event loop's or a thread's)
         self._pending: list[tuple[JobSpec, float, str | None, asyncio.Future[int] | Future[int]]] = []
         self._cond = threading.Condition()
@@ -77,9 +82,15 @@ class SubmitBatcher:
                 )
             except Exception as e:
                 outcomes = [e] * len(batch)
-            self._answer_all(outcomes, [fut for _, _, _, fut in batch])
+            stored = [spec for (spec, _, _, _), o in zip(batch, outcomes, strict=True) if not isinstance(o, Exception)]
+            self._answer_all(outcomes, [fut for _, _, _, fut in batch], stored)
 
-    def _answer_all(self, outcomes: list[int | Exception], futures: list[asyncio.Future[int] | Future[int]]) -> None:
+    def _answer_all(
+        self,
+        outcomes: list[int | Exception],
+        futures: list[asyncio.Future[int] | Future[int]],
+        stored: list[JobSpec],
+    ) -> None:
         """Answer a batch's submitters, then wake the head's loop if a job was stored.
 
         Answered first: once woken the loop takes the interpreter for a cycle (milliseconds with
@@ -87,8 +98,8 @@ class SubmitBatcher:
         here; an event loop's on its loop, in one hop for all of them, and that loop then wakes
         the head's loop itself, once their tasks have run (`_answer`)."""
         wake: Callable[[], None] | None = None
-        if any(not isinstance(o, BaseException) for o in outcomes):
-            wake = self._on_committed
+        if stored:
+            wake = partial(self._on_committed, stored)
         on_loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[int], int | BaseException]]] = {}
         for outcome, fut in zip(outcomes, futures, strict=True):
             if isinstance(fut, asyncio.Future):
