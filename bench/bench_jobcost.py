@@ -41,6 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -163,7 +164,7 @@ def run_gpucluster(label: str, src: Path | None, args: argparse.Namespace, work:
         ("array", lambda h: gc_array(h, args.array)),
         ("cli", lambda h: gc_cli(h, work, src, args.cli_rounds)),
     ]
-    for name, measure in steps:
+    for name, measure in _chosen(steps, args):
         rounds: list[Result] = []
         for r in range(_rounds(name, args)):  # a rate run: each round on a fresh head
             with phase(name if r == 0 else f"{name}-{r}") as head:
@@ -174,6 +175,15 @@ def run_gpucluster(label: str, src: Path | None, args: argparse.Namespace, work:
         report[name] = median_round(rounds)
         log(f"gpucluster {label}: {name}: {report[name]}")
     return report
+
+
+def _chosen(steps: list[tuple[str, Any]], args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """The steps `--only` names (a step is chosen by its name or the part before its "_": "rate"
+    is both rate runs, "idle" the head at rest and the drain); all without it."""
+    if not args.only:
+        return steps
+    wanted = set(args.only) | ({"idle", "drain"} if {"idle", "drain"} & set(args.only) else set())
+    return [(n, m) for n, m in steps if n.split("_")[0] in wanted]
 
 
 def _rounds(step: str, args: argparse.Namespace) -> int:
@@ -239,7 +249,7 @@ def run_slurm(label: str, params: str | None, args: argparse.Namespace) -> Resul
         ),
     ]
     try:
-        for name, measure in steps:
+        for name, measure in _chosen(steps, args):
             rounds: list[Result] = []
             for _ in range(_rounds(name, args)):
                 rounds.append(measure())
@@ -315,6 +325,12 @@ def main() -> int:
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--cli-rounds", type=int, help="CLI submits measured (default 9; quick 3)")
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds the head's rest is measured")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=("latency", "rate", "idle", "drain", "array", "cli"),
+        help="measure only these figures (rate: both submit-rate runs; idle and drain run together)",
+    )
     p.add_argument("--skip-slurm", action="store_true")
     p.add_argument("--skip-tuned-slurm", action="store_true", help="stock Slurm only")
     p.add_argument("--slurm-dir", type=Path, default=Path("/tmp/slurm-peer-jobcost"))
