@@ -109,3 +109,38 @@ def test_named_jobs_read_through_the_driver_are_read_as_through_sqlalchemy(tmp_p
     records, (views, running_records) = reads[True]
     assert [r.id for r in records] == sorted([running, queued, ended])
     assert [v.job_id for v, _ in views] == [r.id for r in running_records] == [running]
+
+
+def test_a_batch_of_more_than_one_insert_holds_is_stored_in_order_as_sqlalchemy_stored_it(tmp_path: Path) -> None:
+    """The submit writer's batch through the driver: each job's id is its row's (the rowid, not
+    RETURNING), in the batch's order, and the events go in as multi-row INSERTs of at most
+    ROWS_PER_INSERT rows: the same rows as SQLAlchemy's statements store."""
+    db = tmp_path / "s.db"
+    store = Store(db)
+    n = driver_sql.ROWS_PER_INSERT + 5
+    ids: dict[bool, list[int]] = {}
+    try:
+        for through in (False, True):
+            store._driver_sql = through
+            batch = [(JobSpec(command=["true"], name=f"j{i}"), float(i)) for i in range(n)]
+            out = store.create_jobs_each(batch, ["alice"] * n)
+            assert all(isinstance(i, int) for i in out)
+            ids[through] = [int(i) for i in out]  # type: ignore[arg-type]
+        for got in ids.values():
+            assert got == list(range(got[0], got[0] + n))  # in the batch's order
+            assert [store.get_job(i).name for i in got] == [f"j{i}" for i in range(n)]
+    finally:
+        store.close()
+    for table, key in (("jobs", "id"), ("job_events", "job_id")):
+        for a, b in zip(ids[False], ids[True], strict=True):
+            assert stored(db, table, key, b) == stored(db, table, key, a), (table, a, b)
+
+
+def test_a_multi_row_insert_error_is_sqlalchemys(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    try:
+        rows = [{"job_id": 999, "at": 1.0, "state": "queued", "reason": "x"}] * 3
+        with pytest.raises(IntegrityError), store._write() as c:  # no job 999: the foreign key refuses it
+            driver_sql.insert_many(c, schema.job_events, rows)
+    finally:
+        store.close()

@@ -31,43 +31,53 @@ from sqlalchemy.exc import DBAPIError
 from gpucluster.store import schema
 
 IDS_PER_QUERY = 5000  # ids in one query's IN list: well under SQLite's 32,766 parameters
+# Rows of one multi-row INSERT (`insert_many`): the submit writer's batches (up to 512) in one or
+# two statements, well under SQLite's 32,766 parameters for any table here.
+ROWS_PER_INSERT = 256
 _TEXTS: dict[tuple[object, ...], str] = {}  # a statement's shape -> its SQL text (made once)
 
 
-def insert(c: Connection, table: Table, row: Mapping[str, Any], verb: str = "INSERT", returning: str = "") -> Any:
-    """INSERT `row` (column -> value) into `table`; `verb` "INSERT OR REPLACE" for an upsert;
-    `returning`: a column whose value comes back (None without)."""
-    shape = ("insert", table.name, verb, returning, *row)
+def insert(c: Connection, table: Table, row: Mapping[str, Any], verb: str = "INSERT") -> int:
+    """INSERT `row` (column -> value) into `table`; `verb` "INSERT OR REPLACE" for an upsert.
+    Returns the row's rowid: its id where the table's key is an INTEGER PRIMARY KEY (the jobs).
+
+    Why the rowid rather than `RETURNING id`: SQLite's driver lets go of the interpreter at each
+    step of a statement and takes it back after; RETURNING costs a second step per row, and each
+    take-back of the interpreter waits while the API's event loop holds it (issue 18: the submit
+    writer's commits spent most of their time waiting for the interpreter, not working)."""
+    shape = ("insert", table.name, verb, *row)
     text = _TEXTS.get(shape)
     if text is None:
         names = _columns(table, row)
         text = f"{verb} INTO {table.name} ({', '.join(names)}) VALUES ({', '.join(':' + k for k in row)})"
-        if returning:
-            text += f" RETURNING {_columns(table, [returning])[0]}"
         _TEXTS[shape] = text
-    cursor = _run(c, text, row)
-    if not returning:
-        return None
-    found = cursor.fetchone()
-    return None if found is None else found[0]
+    rowid = _run(c, text, row).lastrowid
+    assert rowid is not None, "an INSERT always sets the rowid"
+    return rowid
 
 
 def insert_many(c: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-    """INSERT each of `rows` (all with the same columns, in the same order) into `table`."""
+    """INSERT each of `rows` (all with the same columns, in the same order) into `table`, up to
+    ROWS_PER_INSERT in one statement (one step of SQLite's: the interpreter let go and taken back
+    once, where `executemany` did it for each row; see `insert`)."""
     if not rows:
         return
-    shape = ("insert_many", table.name, *rows[0])
-    text = _TEXTS.get(shape)
-    if text is None:
-        names = _columns(table, rows[0])
-        text = _TEXTS[shape] = (
-            f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({', '.join(':' + k for k in rows[0])})"
-        )
+    names = list(rows[0])
     driver = _driver(c)
-    try:
-        driver.executemany(text, rows)
-    except sqlite3.Error as e:
-        raise DBAPIError.instance(text, rows, e, sqlite3.Error) from e
+    for at in range(0, len(rows), ROWS_PER_INSERT):
+        chunk = rows[at : at + ROWS_PER_INSERT]
+        shape = ("insert_many", table.name, len(chunk), *names)
+        text = _TEXTS.get(shape)
+        if text is None:
+            one = "(" + ", ".join("?" * len(names)) + ")"
+            text = _TEXTS[shape] = (
+                f"INSERT INTO {table.name} ({', '.join(_columns(table, names))}) VALUES {', '.join([one] * len(chunk))}"
+            )
+        params = [row[k] for row in chunk for k in names]
+        try:
+            driver.execute(text, params)
+        except sqlite3.Error as e:
+            raise DBAPIError.instance(text, params, e, sqlite3.Error) from e
 
 
 def update_job(c: Connection, states: tuple[str, ...], values: Mapping[str, Any]) -> int:

@@ -1032,8 +1032,8 @@ class Store:
                 self._job_row(spec, now, owners[n] if owners else None, _resolve(spec, arrays))
                 for n, (spec, now) in enumerate(items)
             ]
-            if self._driver_sql:  # a row at a time, each id back as it is inserted: in order
-                ids = [int(driver_sql.insert(c, schema.jobs, row, returning="id")) for row in rows]
+            if self._driver_sql:  # a row at a time, each id (its rowid) back as it is inserted: in order
+                ids = [driver_sql.insert(c, schema.jobs, row) for row in rows]
             else:
                 ids = [int(r[0]) for r in c.execute(_ADD_JOBS, rows)]
             events = [
