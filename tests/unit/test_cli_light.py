@@ -93,6 +93,7 @@ terminals = st.fixed_dictionaries(
         "FORCE_COLOR": st.sampled_from(["", "1"]),
         "TERM": st.sampled_from(["xterm-256color", "dumb", "vt100", "unknown"]),
         "COLUMNS": st.sampled_from(["30", "120", "300"]),
+        "LINES": st.sampled_from(["25", ""]),  # with $COLUMNS, rich's width even on a dumb terminal
         "NO_COLOR": st.just("1"),
         "COLORTERM": st.just("truecolor"),
     },
@@ -108,7 +109,7 @@ def test_terminals_get_what_rich_gives_them(env: dict[str, str], tty: bool, head
         table.add_row(*row)
     text = data.draw(line)
     with pytest.MonkeyPatch.context() as mp:
-        for name in ("TTY_COMPATIBLE", "FORCE_COLOR", "TERM", "COLUMNS", "NO_COLOR", "COLORTERM"):
+        for name in ("TTY_COMPATIBLE", "FORCE_COLOR", "TERM", "COLUMNS", "LINES", "NO_COLOR", "COLORTERM"):
             mp.delenv(name, raising=False)
         for name, value in env.items():
             mp.setenv(name, value)
@@ -119,6 +120,28 @@ def test_terminals_get_what_rich_gives_them(env: dict[str, str], tty: bool, head
             mp.setattr("sys.stdout", theirs)
             expected = _outcome(Console().real().print, obj.rich() if isinstance(obj, Table) else obj)
             assert (said, ours.getvalue()) == (expected, theirs.getvalue()), (env, tty)
+
+
+@pytest.mark.parametrize("lines", ["25", None])
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_dumb_terminal_with_columns_and_lines_is_as_wide_as_rich_makes_it(
+    monkeypatch: pytest.MonkeyPatch, lines: str | None, tty: bool
+) -> None:
+    """With $LINES set, rich takes $COLUMNS (or the pipe's width) even on a dumb terminal, where
+    it otherwise prints 80 wide: a table wider than 30 is squeezed, not printed plain (found by
+    the property test above with $LINES leaked into its process)."""
+    for name in ("FORCE_COLOR", "COLUMNS", "LINES", "NO_COLOR", "COLORTERM"):
+        monkeypatch.delenv(name, raising=False)
+    env = {"TERM": "dumb", "TTY_COMPATIBLE": "1", "COLUMNS": "30", **({"LINES": lines} if lines else {})}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    table = Table("000000", "00000000", "00000000000")
+    ours, theirs = _Stream(tty), _Stream(tty)
+    monkeypatch.setattr("sys.stdout", ours)
+    Console().print(table)
+    monkeypatch.setattr("sys.stdout", theirs)
+    Console().real().print(table.rich())
+    assert ours.getvalue() == theirs.getvalue()
 
 
 def _outcome(act: Any, obj: object) -> str:

@@ -43,6 +43,23 @@ def _terminal_width() -> int:
     return width or 80
 
 
+def _digits(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _rich_width(isatty: bool, dumb: bool) -> int:
+    """The width `Console.real()` prints at, as rich's Console.size works it out: the width it
+    was given (the pipe's, or $COLUMNS on a terminal) where $LINES is set too, even on a dumb
+    terminal; else 80 on a dumb terminal; else the width given, or the terminal's."""
+    given = _digits("COLUMNS") if isatty else PIPE_WIDTH
+    if given is not None and _digits("LINES") is not None:
+        return given
+    if dumb:
+        return 80
+    return given if given is not None else _terminal_width()
+
+
 def _plain_text(text: str, markup: bool, ascii_only: bool = True) -> bool:
     """rich prints `text` unchanged: no markup, no emoji code, nothing it measures or strips (a table
     cell must be ASCII to have its width in characters; a line only printable)."""
@@ -108,8 +125,8 @@ class Console:
     def _plain(self, obj: object, markup: bool) -> list[str] | None:
         """The lines rich would print for `obj` on stdout, when they are plain text (but a bold
         table header), or None. Decided as rich decides: a terminal (TTY_COMPATIBLE, else
-        FORCE_COLOR, else isatty) gets escape codes unless TERM is dumb; the width is the pipe's
-        250, or the terminal's (COLUMNS, else its size, else 80), or 80 on a dumb terminal."""
+        FORCE_COLOR, else isatty) gets escape codes unless TERM is dumb; the width is rich's
+        (`_rich_width`)."""
         if isinstance(obj, str):  # unstyled text: no escape codes, even on a terminal; never wrapped
             return [obj] if _plain_text(obj.replace("\n", " "), markup, ascii_only=False) else None
         if not isinstance(obj, Table):
@@ -123,8 +140,7 @@ class Console:
         else:
             terminal = isatty
         dumb = terminal and env.get("TERM", "").lower() in ("dumb", "unknown")
-        width = 80 if dumb else _terminal_width() if isatty else PIPE_WIDTH
-        return obj.plain_lines(width, bold_header=terminal and not dumb)
+        return obj.plain_lines(_rich_width(isatty, dumb), bold_header=terminal and not dumb)
 
     def print(self, *objects: Any, markup: bool = True, **kwargs: Any) -> None:
         if len(objects) == 1 and set(kwargs) <= {"highlight", "soft_wrap"} and not self.stderr:
