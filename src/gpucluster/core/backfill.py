@@ -29,7 +29,6 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from heapq import merge
-from itertools import chain, repeat
 
 from gpucluster.core.placement import EPS, Capacity
 from gpucluster.core.types import Allocation, Gpu, JobRequest, RunningJob
@@ -120,18 +119,6 @@ class EndBook:
         period, whatever its time limit says."""
         self.remove(job.job_id)
         self.aside[job.job_id] = job
-
-    def by_first_end(self, model: str) -> Iterator[tuple[float, str]]:
-        """(its soonest end, node) for each node of `model` a job of the book holds GPUs on,
-        once, soonest first: `reserve`'s order (see there). Lazily: a reservation reads only the
-        first few."""
-        seen: set[str] = set()
-        placed = self._placed
-        for end, _, job_id in self.on_model.get(model, ()):
-            for m, node, _ in placed[job_id]:
-                if node not in seen and m == model:
-                    seen.add(node)
-                    yield end, node
 
 
 def _drop(items: list[tuple[float, int, int]], item: tuple[float, int, int]) -> None:
@@ -272,16 +259,12 @@ def reserve(
                 return Reservation(job.job_id, model, max(item[0], now), nodes)
         return None
     best: tuple[float, str] | None = None
-    # `ends.on_node` inlined: this loop runs over the nodes of the model once per cycle that
+    # `ends.on_node` inlined: this loop runs over every node of the model once per cycle that
     # makes a reservation, and most nodes hold only the book's sorted ends.
     extra = ends.by_node
     base = ends.book.on_node if ends.book is not None else {}
-    on_model = cap.free[model]
-    for soonest, node in _soonest_first(model, on_model, ends):
-        if best is not None and soonest > best[0]:
-            break  # this node and every later one is ready no sooner than the best one found
-        idxs = on_model.get(node)
-        if idxs is None or (allowed is not None and node not in allowed):
+    for node, idxs in cap.free[model].items():
+        if allowed is not None and node not in allowed:
             continue
         free = len(idxs)
         if free >= n:
@@ -300,29 +283,6 @@ def reserve(
     if best is None:
         return None
     return Reservation(job.job_id, model, best[0], frozenset({best[1]}))
-
-
-_FIRST = float("-inf")
-
-
-def _soonest_first(model: str, free: Mapping[str, object], ends: EndTimes) -> Iterable[tuple[float, str]]:
-    """The nodes `reserve` looks at for a job on one node, each with a bound below which none
-    of its ends lies: with a book, the nodes this cycle's ends are on (bound -inf: looked at
-    whatever), then the book's nodes by their soonest end (`EndBook.by_first_end`); without
-    one, every node of the model (bound -inf).
-
-    Why this order: the reservation is the node ready soonest (ties by name), and a node is
-    ready no sooner than its soonest end, so once that passes the best node found no later
-    node can win and `reserve` stops. It looked at every node of the model before (64 on
-    Philly, ~6% of whole Philly under `las`, once a cycle that reserves). A node holding no
-    end of either kind never frees GPUs, so it cannot be reserved and is not looked at."""
-    book = ends.book
-    if book is None:
-        return zip(repeat(_FIRST), free)
-    now = [node for m, node in ends.by_node if m == model]
-    if not now:
-        return book.by_first_end(model)
-    return chain(zip(repeat(_FIRST), now), (item for item in book.by_first_end(model) if item[1] not in now))
 
 
 def _reserve_across(
