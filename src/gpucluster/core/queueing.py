@@ -89,15 +89,24 @@ class RankedLines:
         Why: under plain `las` most lines hold no job that ran before, and finding that out
         read every queued job's id each cycle (the set test over each line: ~4% of whole
         Philly under `default`), though the lines and their ranks rarely change between cycles.
-        Exact: a line's answer reads only its jobs and their ranks; the same list object is
-        the same jobs (the queue index hands an unchanged line out again, never mutated), and
-        an unstamped team's queued jobs have the ranks they had (`RankBook`'s stamps)."""
+        Exact: a line's answer reads only its jobs and their ranks; the same jobs are the very
+        objects in the same order (by identity, as `sort` compares them: a list the queue index
+        hands out again is never mutated, and ~9 in 10 new lists hold the same jobs, the index
+        having merged its requeued jobs in again), and an unstamped team's queued jobs have the
+        ranks they had (`RankBook`'s stamps)."""
         kept = self._lines.get((level, team))
         told = self._told
         clock = -1
         if told is not None and told[0] is ranks:
             clock = told[2]
-            if kept is not None and kept[0] is jobs and told[3] <= kept[3] and told[1].get(team, -1) <= kept[3]:
+            if (
+                kept is not None
+                and told[3] <= kept[3]
+                and told[1].get(team, -1) <= kept[3]
+                and (kept[0] is jobs or (len(kept[0]) == len(jobs) and all(map(is_, kept[0], jobs))))
+            ):
+                if kept[0] is not jobs:  # the list handed out now: next time, known by identity
+                    self._lines[(level, team)] = (jobs, *kept[1:])
                 return kept[2]
         if not ranks.keys().isdisjoint(map(_job_id, jobs)):
             return self.sort(level, team, jobs, ranks)
