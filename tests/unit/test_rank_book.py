@@ -352,3 +352,32 @@ def _popped(queues: TeamQueues) -> list[JobRequest]:
         out.append(job)
         queues.done(job, False)
     return out
+
+
+def test_a_line_no_ranked_job_was_in_is_sorted_once_one_of_its_jobs_is_ranked() -> None:
+    """Plain LAS, the index's lines: a team line that no ranked job is in is handed out by age,
+    and again, unread, while nothing of its team changes (`RankedLines.line`); once one of its
+    jobs has attained service (the very same list from the index), it is sorted by rank. A line
+    handed back on its identity alone, its team's stamp not asked, would keep job 1 first."""
+    world, book = _World("told", PLAIN), RankBook()
+    policy = replace(POLICY, fair_share=False)
+    world.step("arrive", 1, 1)  # team "b", then job 4 of team "b" after it
+    world.step("arrive", 4, 1)
+    world.step("arrive", 3, 1)  # team "a", ranked: the cycle's ranks are never empty
+    world.attained[3] = 2 * H
+
+    def popped() -> list[int]:
+        queued = tuple(world.queued.values())
+        assert world.index is not None
+        world.index.update(queued, policy)
+        live = book.ranks(queued, world.ordering, world.attained, world.dists, world.now, world.index)
+        presorted = world.index.sorted_in(policy, world.now)
+        got = _popped(TeamQueues(queued, policy, {}, world.now, None, presorted, live, book.lines))
+        assert got == _popped(TeamQueues(queued, policy, {}, world.now, ranks=world.want()))
+        return [j.job_id for j in got]
+
+    assert popped() == [1, 4, 3]
+    assert popped() == [1, 4, 3]  # unchanged: handed back
+    world.attained[1] = 2 * H  # queue 1 now: after job 4
+    assert world.want() == {1: 1.0, 3: 1.0}
+    assert popped() == [4, 1, 3]
