@@ -150,13 +150,11 @@ def test_lines_sorted_by_the_books_ranks_order_as_a_fresh_sort(
     a fresh sort by `gittins_ranks` gives, whatever the book saw before (`told`: the lines are the
     index's, handed back as the same lists while unchanged; plain LAS: lines no ranked job is
     in are left by age). `few_came` 0: a line whose ranks are unchanged but whose jobs came or
-    left is always the kept one with them taken out and put in (`queueing._moved`), however many
-    and however short the line."""
+    left is always the kept one with them taken out and put in (`queueing._moved`), however many."""
     world, book = _World(index, base), RankBook()
     policy = replace(POLICY, fair_share=False)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(queueing, "_FEW_CAME", few_came)
-        mp.setattr(queueing, "_MOVE_FROM", 0 if few_came == 0 else queueing._MOVE_FROM)
         for what, jid, n in steps:
             world.step(what, jid, n)
             queued = tuple(world.queued.values())
@@ -169,13 +167,12 @@ def test_lines_sorted_by_the_books_ranks_order_as_a_fresh_sort(
             assert [id(j) for j in got] == [id(j) for j in want]
 
 
-def test_a_line_sorted_the_cycle_before_moves_only_the_jobs_ranked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_line_sorted_the_cycle_before_moves_only_the_jobs_ranked_again() -> None:
     """A key's new run gives two of a line's jobs new ranks (and a job comes): the line sorted
     at the answer before is kept with those taken out and put back by their new ranks
     (`queueing._moved`, told the jobs ranked again), in the order a fresh sort gives."""
     world, book = _World(), RankBook()
     policy = replace(POLICY, fair_share=False)
-    monkeypatch.setattr(queueing, "_MOVE_FROM", 30)
     for jid in range(0, 90, 3):  # team "a"
         world.queued[jid] = _job(jid, world.now - jid * H / 100, 1, None)
         world.dists[jid] = DISTS[jid % 2]

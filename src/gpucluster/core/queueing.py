@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import compress, groupby, repeat
@@ -40,7 +40,6 @@ def by_age(jobs: Iterable[JobRequest]) -> list[JobRequest]:
 
 
 _job_id = attrgetter("job_id")
-_TEAM = attrgetter("team")
 
 
 def _by_rank(jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequest]:
@@ -83,9 +82,8 @@ class RankedLines:
         # (the ranks the book handed out last, team -> the book's clock when a rank of one of
         # its queued jobs last changed, the clock then, the clock of its last start again)
         self._told: tuple[Mapping[int, float], Mapping[str, int], int, int] | None = None
-        # The jobs ranked again in the answer told, and (on first need) how many of each team
-        # and the identities of all of them.
-        self._again: tuple[Sequence[JobRequest], tuple[Counter[str], set[int]] | None] = ((), None)
+        # The jobs ranked again in the answer told, and (on first need) their ids by team.
+        self._again: tuple[Sequence[JobRequest], dict[str, set[int]] | None] = ((), None)
 
     def tell(
         self,
@@ -103,15 +101,15 @@ class RankedLines:
         self._told = (ranks, stamps, clock, since)
         self._again = (again, None)
 
-    def _again_of(self, team: str) -> tuple[int, set[int]]:
-        """How many of `team`'s jobs were ranked again in the answer told, and the identities of
-        all the jobs ranked again (those of other teams are in no line of `team`'s), worked out
-        at C speed once per answer."""
-        jobs, known = self._again
-        if known is None:
-            known = (Counter(map(_TEAM, jobs)), set(map(id, jobs)))
-            self._again = (jobs, known)
-        return known[0][team], known[1]
+    def _again_of(self, team: str) -> set[int]:
+        """The identities of `team`'s jobs ranked again in the answer told."""
+        jobs, by_team = self._again
+        if by_team is None:
+            by_team = {}
+            for job in jobs:
+                by_team.setdefault(job.team, set()).add(id(job))
+            self._again = (jobs, by_team)
+        return by_team.get(team, set())
 
     def sort(self, level: int, team: str, jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequest]:
         """`_by_rank(jobs, ranks)`."""
@@ -127,17 +125,15 @@ class RankedLines:
                 if same:
                     return kept[2]  # the same jobs, none of them ranked again since that sort
                 # None of the jobs that stayed was ranked again: only who is in line changed.
-                moved = _moved(kept[0], kept[2], jobs, ranks, _NONE) if len(jobs) >= _MOVE_FROM else None
+                moved = _moved(kept[0], kept[2], jobs, ranks, _NONE)
                 if moved is not None:
                     self._lines[(level, team)] = (jobs, None, moved, clock)
                     return moved
-            elif kept is not None and len(jobs) >= _MOVE_FROM and told[3] <= kept[3] and stamp == clock == kept[3] + 1:
+            elif kept is not None and told[3] <= kept[3] and stamp == clock == kept[3] + 1:
                 # Sorted at the answer before; of the jobs that stayed, those ranked again in
                 # this one (all the book names) move as the ones that came (under Gittins a
                 # key's new run ranks its jobs again: a few in every line).
-                count, again = self._again_of(team)
-                # (Many ranked again, as a key's new run on a long backlog: sorted at once.)
-                moved = _moved(kept[0], kept[2], jobs, ranks, again) if count * _FEW_CAME <= len(jobs) else None
+                moved = _moved(kept[0], kept[2], jobs, ranks, self._again_of(team))
                 if moved is not None:
                     self._lines[(level, team)] = (jobs, None, moved, clock)
                     return moved
@@ -153,11 +149,6 @@ class RankedLines:
 
 # Up to one job in this many of a line may have come for `_moved` to put them in one by one.
 _FEW_CAME = 8
-# Lines shorter than this are sorted again rather than moved (`_moved`): its Python steps cost
-# about what a sort of a line of a few hundred jobs does, and more below (whole Philly under
-# `las-gittins`, whose backlog lines are 128-900 jobs: ~1% of its profile more with lines from
-# 128 jobs moved, against ~5% less of a cycle at 100,000 queued, lines of ~330).
-_MOVE_FROM = 256
 
 
 _NONE: frozenset[int] = frozenset()
