@@ -167,33 +167,6 @@ def test_lines_sorted_by_the_books_ranks_order_as_a_fresh_sort(
             assert [id(j) for j in got] == [id(j) for j in want]
 
 
-def test_a_line_sorted_the_cycle_before_moves_only_the_jobs_ranked_again() -> None:
-    """A key's new run gives two of a line's jobs new ranks (and a job comes): the line sorted
-    at the answer before is kept with those taken out and put back by their new ranks
-    (`queueing._moved`, told the jobs ranked again), in the order a fresh sort gives."""
-    world, book = _World(), RankBook()
-    policy = replace(POLICY, fair_share=False)
-    for jid in range(0, 90, 3):  # team "a"
-        world.queued[jid] = _job(jid, world.now - jid * H / 100, 1, None)
-        world.dists[jid] = DISTS[jid % 2]
-
-    def popped() -> list[int]:
-        queued = tuple(world.queued.values())
-        live = book.ranks(queued, world.ordering, world.attained, world.dists, world.now)
-        got = _popped(TeamQueues(queued, policy, {}, world.now, ranks=live, lines=book.lines))
-        assert got == _popped(TeamQueues(queued, policy, {}, world.now, ranks=world.want()))
-        return [j.job_id for j in got]
-
-    first = popped()
-    world.dists.update({0: DISTS[2], 9: DISTS[3]})  # ranked again: other places in the line
-    world.queued[90] = _job(90, world.now, 1, None)
-    world.dists[90] = DISTS[1]
-    assert popped() != first
-    (kept,) = book.lines._lines.values()
-    assert kept[1] is None  # moved, not sorted again
-    assert book.rebuilds == 1
-
-
 def test_a_kept_line_follows_a_promotion_a_probe_back_in_time_and_a_new_rank() -> None:
     """A promotion (no input of the job changed, only `now`), a start again (a probe at an
     earlier time) and a job's new attained service change ranks: the kept lines must not be

@@ -17,7 +17,6 @@ import heapq
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from itertools import compress, groupby, repeat
 from operator import and_, attrgetter, is_, not_
 
@@ -73,7 +72,7 @@ class RankedLines:
     job's rank, ~60 ms a cycle of a head's steady state at 100,000 queued under `las`
     (bench/bench_las_cycle.py's kept rows)."""
 
-    __slots__ = ("_again", "_lines", "_told")
+    __slots__ = ("_lines", "_told")
 
     def __init__(self) -> None:
         # (level, team) -> (the line by age, its ranks in that order (None: not read, `_moved`),
@@ -82,34 +81,12 @@ class RankedLines:
         # (the ranks the book handed out last, team -> the book's clock when a rank of one of
         # its queued jobs last changed, the clock then, the clock of its last start again)
         self._told: tuple[Mapping[int, float], Mapping[str, int], int, int] | None = None
-        # The jobs ranked again in the answer told, and (on first need) their ids by team.
-        self._again: tuple[Sequence[JobRequest], dict[str, set[int]] | None] = ((), None)
 
-    def tell(
-        self,
-        ranks: Mapping[int, float],
-        stamps: Mapping[str, int],
-        clock: int,
-        since: int,
-        again: Sequence[JobRequest] = (),
-    ) -> None:
+    def tell(self, ranks: Mapping[int, float], stamps: Mapping[str, int], clock: int, since: int) -> None:
         """The book's answer of this cycle, `ranks` (the very object it handed out); `stamps[team]`:
         the last value of `clock` at which a rank of one of `team`'s queued jobs may have
-        changed (a team not named: none since `since`, when the book last started again);
-        `again`: the queued jobs (the objects) whose ranks may have changed at this `clock`,
-        every one of them (the stamps of this `clock` are their teams')."""
+        changed (a team not named: none since `since`, when the book last started again)."""
         self._told = (ranks, stamps, clock, since)
-        self._again = (again, None)
-
-    def _again_of(self, team: str) -> set[int]:
-        """The identities of `team`'s jobs ranked again in the answer told."""
-        jobs, by_team = self._again
-        if by_team is None:
-            by_team = {}
-            for job in jobs:
-                by_team.setdefault(job.team, set()).add(id(job))
-            self._again = (jobs, by_team)
-        return by_team.get(team, set())
 
     def sort(self, level: int, team: str, jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequest]:
         """`_by_rank(jobs, ranks)`."""
@@ -120,20 +97,11 @@ class RankedLines:
         clock = -1
         if told is not None and told[0] is ranks:
             clock = told[2]
-            stamp = told[1].get(team, -1)
-            if kept is not None and told[3] <= kept[3] and stamp <= kept[3]:
+            if kept is not None and told[3] <= kept[3] and told[1].get(team, -1) <= kept[3]:
                 if same:
                     return kept[2]  # the same jobs, none of them ranked again since that sort
                 # None of the jobs that stayed was ranked again: only who is in line changed.
-                moved = _moved(kept[0], kept[2], jobs, ranks, _NONE)
-                if moved is not None:
-                    self._lines[(level, team)] = (jobs, None, moved, clock)
-                    return moved
-            elif kept is not None and told[3] <= kept[3] and stamp == clock == kept[3] + 1:
-                # Sorted at the answer before; of the jobs that stayed, those ranked again in
-                # this one (all the book names) move as the ones that came (under Gittins a
-                # key's new run ranks its jobs again: a few in every line).
-                moved = _moved(kept[0], kept[2], jobs, ranks, self._again_of(team))
+                moved = _moved(kept[0], kept[2], jobs, ranks)
                 if moved is not None:
                     self._lines[(level, team)] = (jobs, None, moved, clock)
                     return moved
@@ -151,36 +119,23 @@ class RankedLines:
 _FEW_CAME = 8
 
 
-_NONE: frozenset[int] = frozenset()
-
-
 def _moved(
-    was: list[JobRequest],
-    sorted_was: list[JobRequest],
-    jobs: list[JobRequest],
-    ranks: Mapping[int, float],
-    again: AbstractSet[int],
+    was: list[JobRequest], sorted_was: list[JobRequest], jobs: list[JobRequest], ranks: Mapping[int, float]
 ) -> list[JobRequest] | None:
     """`_by_rank(jobs, ranks)`, given the line `was` (by age) sorted by rank as `sorted_was` and
-    the ranks of the jobs of both unchanged but for those whose identities are in `again`: the
-    jobs that left or are in `again` taken out, those that came or are in `again` put in by
-    bisection; None when too many are to be put in (a sort then costs as little). Exact: a
-    stable sort by rank of a line by age orders it by (rank, submitted_at, job_id), ages being
-    unique (`by_age`), and the jobs that stayed with their ranks keep that order. Jobs are told
-    apart by identity and only the ones put in are read (with the few a bisection compares them
-    with)."""
-    stay = set(map(id, was))
-    if again:
-        stay -= again
-    came = list(compress(jobs, map(not_, map(stay.__contains__, map(id, jobs)))))
+    the ranks of the jobs of both unchanged: the jobs that left taken out, those that came put
+    in by bisection; None when too many came (a sort then costs as little). Exact: a stable
+    sort by rank of a line by age orders it by (rank, submitted_at, job_id), ages being unique
+    (`by_age`), and the jobs that stayed keep that order. Jobs are told apart by identity and
+    only the ones that came are read (with the few a bisection compares them with)."""
+    before = set(map(id, was))
+    came = list(compress(jobs, map(not_, map(before.__contains__, map(id, jobs)))))
     if len(came) * _FEW_CAME > len(jobs):
         return None
-    if len(jobs) - len(came) == len(was) and not again:
+    if len(jobs) - len(came) == len(was):
         out = list(sorted_was)  # none left
     else:
         now_in = set(map(id, jobs))
-        if again:
-            now_in -= again
         out = list(compress(sorted_was, map(now_in.__contains__, map(id, sorted_was))))
 
     def key(job: JobRequest) -> tuple[float, float, int]:

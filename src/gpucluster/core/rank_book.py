@@ -178,9 +178,6 @@ class RankBook:
         self._seq = count()
         self._index: QueueIndex | None = None  # the queue index whose moves it follows
         self._since = self._clock  # the tick it last started again at: every rank may differ since
-        # The queued jobs, in line before, ranked again (or promoted) in this answer: told the
-        # lines with the stamps (`RankedLines.tell`).
-        self._again: list[JobRequest] = []
 
     def ranks(
         self,
@@ -241,10 +238,7 @@ class RankBook:
         # The teams of the jobs ranked again that were in line before: their lines may sort
         # otherwise. (A line a job entered is not the line kept: `RankedLines` sees it by identity.)
         stamps, clock = self._stamps, self._clock
-        # (Their objects are told the lines too, `RankedLines.tell`: a line sorted the cycle
-        # before takes these out and puts them back in rather than sort again.)
-        self._again = list(map(jobs.__getitem__, todo - entered))
-        for team in set(map(_TEAM, self._again)):
+        for team in set(map(_TEAM, map(jobs.__getitem__, todo - entered))):
             stamps[team] = clock
         todo |= entered
         promote = ordering.promote_after_s
@@ -295,7 +289,7 @@ class RankBook:
         than a read-only view: a `MappingProxyType`'s `get` calls the dict's by name, 2.5x a
         dict's own, and the cycle reads a rank per job it passes."""
         ranks = dict(self._out)
-        self.lines.tell(ranks, self._stamps, self._clock, self._since, self._again)
+        self.lines.tell(ranks, self._stamps, self._clock, self._since)
         return ranks
 
     def _moved(self, moves: list[tuple[bool, JobRequest]]) -> list[JobRequest]:
@@ -337,11 +331,9 @@ class RankBook:
             if plain:  # the heap's own test is `_promoted_plain`
                 if out.pop(item[2], None) is not None:
                     self._stamps[job.team] = self._clock
-                    self._again.append(job)
             elif _promoted(job, now, promote):
                 out[item[2]] = 0.0
                 self._stamps[job.team] = self._clock
-                self._again.append(job)
             else:
                 back.append(item)
         for item in back:
