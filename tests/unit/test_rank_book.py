@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpucluster.core import queue_index, queueing, rank_book
+from gpucluster.core import queue_index, rank_book
 from gpucluster.core.attained import Ordering, gittins_ranks
 from gpucluster.core.attained import ranks as attained_ranks
 from gpucluster.core.policy import las_gittins_policy
@@ -139,32 +139,28 @@ def test_the_book_answers_as_gittins_ranks_after_any_history(
 
 
 @pytest.mark.parametrize(("index", "base"), [("none", LAS), ("told", LAS), ("none", PLAIN), ("told", PLAIN)])
-@pytest.mark.parametrize("few_came", [8, 0])
 @settings(max_examples=300, deadline=None)
 @given(steps=st.lists(_STEP, max_size=80))
 def test_lines_sorted_by_the_books_ranks_order_as_a_fresh_sort(
-    index: str, base: Ordering, few_came: int, steps: list[tuple[str, int, int]]
+    index: str, base: Ordering, steps: list[tuple[str, int, int]]
 ) -> None:
     """`TeamQueues` on the book's live ranks and its kept lines (`RankedLines`, told which teams'
     ranks changed, so an unchanged line is not read) pops the jobs, the very objects, in the order
     a fresh sort by `gittins_ranks` gives, whatever the book saw before (`told`: the lines are the
     index's, handed back as the same lists while unchanged; plain LAS: lines no ranked job is
-    in are left by age). `few_came` 0: a line whose ranks are unchanged but whose jobs came or
-    left is always the kept one with them taken out and put in (`queueing._moved`), however many."""
+    in are left by age)."""
     world, book = _World(index, base), RankBook()
     policy = replace(POLICY, fair_share=False)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(queueing, "_FEW_CAME", few_came)
-        for what, jid, n in steps:
-            world.step(what, jid, n)
-            queued = tuple(world.queued.values())
-            if world.index is not None:
-                world.index.update(queued, policy)
-            live = book.ranks(queued, world.ordering, world.attained, world.dists, world.now, world.index)
-            presorted = world.index.sorted_in(policy, world.now) if world.index is not None else None
-            got = _popped(TeamQueues(queued, policy, {}, world.now, None, presorted, live, book.lines))
-            want = _popped(TeamQueues(queued, policy, {}, world.now, ranks=world.want()))
-            assert [id(j) for j in got] == [id(j) for j in want]
+    for what, jid, n in steps:
+        world.step(what, jid, n)
+        queued = tuple(world.queued.values())
+        if world.index is not None:
+            world.index.update(queued, policy)
+        live = book.ranks(queued, world.ordering, world.attained, world.dists, world.now, world.index)
+        presorted = world.index.sorted_in(policy, world.now) if world.index is not None else None
+        got = _popped(TeamQueues(queued, policy, {}, world.now, None, presorted, live, book.lines))
+        want = _popped(TeamQueues(queued, policy, {}, world.now, ranks=world.want()))
+        assert [id(j) for j in got] == [id(j) for j in want]
 
 
 def test_a_kept_line_follows_a_promotion_a_probe_back_in_time_and_a_new_rank() -> None:

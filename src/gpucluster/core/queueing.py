@@ -14,7 +14,7 @@ the same team stays first and the heap is never reordered).
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import compress, groupby, repeat
@@ -63,21 +63,14 @@ class RankedLines:
     stamp is older than the line's sort, so such a line is checked by identity alone (a pass
     over pointers, no job read). Why: reading every queued job's rank each cycle to compare the
     lines (a dict look-up per job, the jobs scattered in memory) was ~7% of whole Philly under
-    `las-gittins`, more than the sorts it saved.
-
-    A line whose jobs' ranks are known unchanged but some of whose jobs came or left (a few an
-    arrival, a start, a requeue: most lines, most cycles, at 100,000 queued) is the kept sorted
-    line without the jobs that left, with those that came put in by bisection (`_moved`): no
-    rank of a job that stayed is read. Why: sorting every such line again read every queued
-    job's rank, ~60 ms a cycle of a head's steady state at 100,000 queued under `las`
-    (bench/bench_las_cycle.py's kept rows)."""
+    `las-gittins`, more than the sorts it saved."""
 
     __slots__ = ("_lines", "_told")
 
     def __init__(self) -> None:
-        # (level, team) -> (the line by age, its ranks in that order (None: not read, `_moved`),
-        # the line by rank, the book's clock when it was sorted, or -1: ranks not from the book)
-        self._lines: dict[tuple[int, str], tuple[list[JobRequest], list[float] | None, list[JobRequest], int]] = {}
+        # (level, team) -> (the line by age, its ranks in that order, the line by rank, the
+        # book's clock when it was sorted, or -1: ranks not from the book)
+        self._lines: dict[tuple[int, str], tuple[list[JobRequest], list[float], list[JobRequest], int]] = {}
         # (the ranks the book handed out last, team -> the book's clock when a rank of one of
         # its queued jobs last changed, the clock then, the clock of its last start again)
         self._told: tuple[Mapping[int, float], Mapping[str, int], int, int] | None = None
@@ -97,14 +90,8 @@ class RankedLines:
         clock = -1
         if told is not None and told[0] is ranks:
             clock = told[2]
-            if kept is not None and told[3] <= kept[3] and told[1].get(team, -1) <= kept[3]:
-                if same:
-                    return kept[2]  # the same jobs, none of them ranked again since that sort
-                # None of the jobs that stayed was ranked again: only who is in line changed.
-                moved = _moved(kept[0], kept[2], jobs, ranks)
-                if moved is not None:
-                    self._lines[(level, team)] = (jobs, None, moved, clock)
-                    return moved
+            if same and kept is not None and told[3] <= kept[3] and told[1].get(team, -1) <= kept[3]:
+                return kept[2]  # the same jobs, none of them ranked again since that sort
         keys = list(map(ranks.get, map(_job_id, jobs), repeat(0.0)))
         if same and kept is not None and kept[1] == keys:
             if clock != kept[3]:
@@ -113,37 +100,6 @@ class RankedLines:
         out = _by_keys(jobs, keys)
         self._lines[(level, team)] = (jobs, keys, out, clock)
         return out
-
-
-# Up to one job in this many of a line may have come for `_moved` to put them in one by one.
-_FEW_CAME = 8
-
-
-def _moved(
-    was: list[JobRequest], sorted_was: list[JobRequest], jobs: list[JobRequest], ranks: Mapping[int, float]
-) -> list[JobRequest] | None:
-    """`_by_rank(jobs, ranks)`, given the line `was` (by age) sorted by rank as `sorted_was` and
-    the ranks of the jobs of both unchanged: the jobs that left taken out, those that came put
-    in by bisection; None when too many came (a sort then costs as little). Exact: a stable
-    sort by rank of a line by age orders it by (rank, submitted_at, job_id), ages being unique
-    (`by_age`), and the jobs that stayed keep that order. Jobs are told apart by identity and
-    only the ones that came are read (with the few a bisection compares them with)."""
-    before = set(map(id, was))
-    came = list(compress(jobs, map(not_, map(before.__contains__, map(id, jobs)))))
-    if len(came) * _FEW_CAME > len(jobs):
-        return None
-    if len(jobs) - len(came) == len(was):
-        out = list(sorted_was)  # none left
-    else:
-        now_in = set(map(id, jobs))
-        out = list(compress(sorted_was, map(now_in.__contains__, map(id, sorted_was))))
-
-    def key(job: JobRequest) -> tuple[float, float, int]:
-        return (ranks.get(job.job_id, 0.0), job.submitted_at, job.job_id)
-
-    for job in came:
-        out.insert(bisect_right(out, key(job), key=key), job)
-    return out
 
 
 Sorted = tuple[list[JobRequest], list[JobRequest], dict[int, dict[str, list[JobRequest]]]]
