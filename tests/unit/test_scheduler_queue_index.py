@@ -222,3 +222,54 @@ def test_lines_no_change_reached_are_handed_out_again_not_copied() -> None:
     changed = (int(gone.priority) if policy.priorities else 0, gone.team)
     assert after[2][changed[0]][changed[1]] is not lines[changed[0]][changed[1]]
     assert any(after[2][level][team] is jobs for level, per in lines.items() for team, jobs in per.items())
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_many_jobs_entering_at_once_are_sorted_in_as_one_by_one(told: bool) -> None:
+    """A head's first plan after a start tells its index every queued job at once
+    (`ClusterState.build`); an untold index's first update diffs them all in. Past a few, each
+    sorted list takes them by one sort (`_ByAge.add_all`), not one insertion each (quadratic:
+    3.2 CPU-s at 100,000 queued). The lines must be those of a fresh sort: after the first
+    batch, after a second batch into the same lines (older jobs too, ahead of the aged part the
+    first cycle kept), and after a few more entered one by one."""
+    policy = Policy(starvation_age_s=100.0)
+    rng = random.Random(5)
+    index = QueueIndex(told=told)
+    queue: list[JobRequest] = []
+
+    def cycle(new: list[JobRequest], now: float) -> None:
+        queue.extend(new)
+        for job in new:
+            index.add(job)
+        index.update(tuple(queue), policy)
+        assert index.sorted_in(policy, now) == sort_in_plain(tuple(queue), policy, now)
+
+    first = [_job(rng, k, 0.0) for k in range(1, 400)]
+    first += [replace(_job(rng, k, 0.0), queued_at=-50.0) for k in range(400, 420)]  # odd: requeued
+    first += [replace(_job(rng, k, 0.0), submitted_at=-150.0) for k in range(420, 440)]  # equal ages
+    cycle(first, 0.0)
+    assert index.diffs == 1  # the first update builds from the queue, told or not
+    cycle([_job(rng, k, rng.choice([-400.0, -400.0, 0.0])) for k in range(440, 1000)], 10.0)
+    cycle([_job(rng, k, 10.0) for k in range(1000, 1003)], 20.0)
+    assert index.diffs == (1 if told else 3)  # a told index applied the later batches as told
+
+
+def test_a_batch_into_the_aged_part_is_seen_when_its_length_is_the_same() -> None:
+    """A batch of old jobs that lands in the aged part, asked at an earlier time at which the
+    aged part is as long as the one the index kept (the index answers for any `now`, back in
+    time too): the kept list must not be handed out (`_ByAge.add_all` marks the change)."""
+    policy = Policy(starvation_age_s=100.0)
+    queue = [JobRequest(i, 1.0, submitted_at=-float(i), team="a") for i in range(1, 401)]
+    index = QueueIndex(told=True)
+    for job in queue:
+        index.add(job)
+    index.update(tuple(queue), policy)
+    assert len(index.sorted_in(policy, 0.0)[1]) == 301
+    old = [JobRequest(i, 1.0, submitted_at=-10_000.0, team="a") for i in range(1000, 1200)]
+    queue += old
+    for job in old:
+        index.add(job)
+    index.update(tuple(queue), policy)
+    got = index.sorted_in(policy, -200.0)
+    assert len(got[1]) == 301  # 101 of the first jobs and the 200 old ones
+    assert got == sort_in_plain(tuple(queue), policy, -200.0)

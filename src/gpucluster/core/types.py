@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from functools import cached_property
 
+from gpucluster.core.lazy import lazy
 from gpucluster.core.reasons import NO_FACTS, WaitFacts, WaitReason
 from gpucluster.core.selection import Selection
 from gpucluster.core.states import JobState
@@ -165,7 +165,7 @@ class JobRequest:
     cpus: float = 0.0
     mem_mb: int = 0
 
-    @cached_property
+    @lazy
     def host(self) -> bool:
         """Whether it asks for CPUs or host memory: placement then checks them per node."""
         return self.cpus > 0 or self.mem_mb > 0
@@ -180,7 +180,7 @@ class JobRequest:
         (`Capacity.place_host_only`), on any node, GPUs or not."""
         return self.gpus == 0
 
-    @cached_property
+    @lazy
     def demand(self) -> tuple[object, ...]:
         """Every field a scheduling cycle reads to decide what it can do with the job, but its
         id, age, queue entry and backoff (which decide *when* it is considered): two jobs with
@@ -194,7 +194,7 @@ class JobRequest:
         the cycle, so no answer of the cycle is shared between users wrongly."""
         return (self.team, *self.need)
 
-    @cached_property
+    @lazy
     def need(self) -> tuple[object, ...]:
         """`demand` but the team: what the job asks of the cluster. Without quotas or borrowing
         limits the team takes no part in what a cycle can do with a job (only in its place in
