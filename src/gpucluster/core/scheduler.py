@@ -665,8 +665,10 @@ class _Cycle:
 
     def _guaranteed(self, job: JobRequest) -> bool:
         """Called while the queues are built, before anything starts, so it is cached per team
-        and shape: quota use does not change meanwhile."""
-        key = (job.team, job.gpus, job.gpu_types, job.gpu_memory_mb, job.min_gpu_memory_mb, job.nodes)
+        and shape: quota use does not change meanwhile. The whole shape `_models` reads (a node
+        selection, CPUs and host memory too): keyed on less, a job limited to nodes outside the
+        quota's models answered for a job of the same GPU count that may use them."""
+        key = (job.team, _shape(job))
         hit = self._guaranteed_memo.get(key)
         if hit is None:
             hit = self._guaranteed_memo[key] = any(
