@@ -10,6 +10,7 @@ from pathlib import Path
 from unittest import mock
 
 from gpucluster.core.placement import Capacity
+from gpucluster.core.queue_index import highest_queued_class
 from gpucluster.core.states import JobState
 from gpucluster.core.types import Priority
 from gpucluster.head import loop
@@ -117,9 +118,9 @@ def test_an_idle_bar_only_where_no_whole_gpu_is_free() -> None:
     queued = [job(1).gpus(2).build(), job(2).gpus(3).priority("low").build()]
     full = Capacity(nodes, [running(9, "n1", 0, 1, 2, 3)])
     one_free = Capacity(nodes, [running(9, "n1", 0, 1, 2)])
-    assert idle_bar(full, queued, None) == IdleBar(int(Priority.NORMAL))
-    assert idle_bar(one_free, queued, None) is None  # a 1-GPU job may fit where none queued did
-    assert idle_bar(full, [], None) is None
+    assert idle_bar(full, highest_queued_class(queued, None)) == IdleBar(int(Priority.NORMAL))
+    assert idle_bar(one_free, highest_queued_class(queued, None)) is None  # a 1-GPU job may fit where none queued did
+    assert idle_bar(full, highest_queued_class([], None)) is None
     bar = IdleBar(int(Priority.NORMAL))
     assert not needs_plan(bar, [JobSpec(command=["x"], gpus=4)])
     assert needs_plan(bar, [JobSpec(command=["x"], gpus=4), JobSpec(command=["x"], gpus=4, priority="high")])

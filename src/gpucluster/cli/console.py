@@ -37,13 +37,14 @@ def _terminal_width() -> int:
         except (AttributeError, ValueError, OSError):
             continue
         break
-    columns = os.environ.get("COLUMNS")
-    if columns is not None and columns.isdigit():
-        width = int(columns)
+    columns = _digits("COLUMNS")
+    if columns is not None:
+        width = columns
     return width or 80
 
 
 def _digits(name: str) -> int | None:
+    """An environment variable's number, as rich reads $COLUMNS and $LINES (digits only)."""
     value = os.environ.get(name)
     return int(value) if value is not None and value.isdigit() else None
 

@@ -48,6 +48,7 @@ MOVES_LIMIT = 1 << 16
 
 _age = attrgetter("submitted_at", "job_id")  # the order of `queueing.by_age`, as one key
 _SUBMITTED = attrgetter("submitted_at")
+_PRIORITY = attrgetter("priority")
 # Up to this many jobs entering at once are inserted one by one (`_ByAge.add_all` beyond).
 _FEW_ADDS = 64
 _NO_CHANGE = sys.maxsize  # `_ByAge.low` when nothing came or went
@@ -426,3 +427,12 @@ class _ByAge:
         while i < len(times) and not now - times[i] < starvation:
             i += 1
         return i
+
+
+def highest_queued_class(queued: Sequence[JobRequest], index: QueueIndex | None) -> int | None:
+    """The highest priority class among `queued` (None: no job): the told index's count where it
+    is given (kept up to date with `queued` by its `update`), else one pass over the jobs."""
+    highest = index.highest_class() if index is not None else None
+    if highest is None and queued:
+        highest = int(max(map(_PRIORITY, queued)))
+    return highest

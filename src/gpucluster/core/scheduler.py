@@ -36,7 +36,7 @@ from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.pools import with_pools
 from gpucluster.core.preempt import CostKey, Guarantees, VictimChoice, choose_victims
-from gpucluster.core.queue_index import Asked, least_asked
+from gpucluster.core.queue_index import Asked, highest_queued_class, least_asked
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import NO_FACTS, WaitFacts, WaitReason
@@ -610,11 +610,8 @@ class _Cycle:
             # pass below (O(1) with the kept indexes, and on Philly a lower class nearly always
             # runs): that pass, a standing per running job until one may be taken, was ~5% of
             # each cycle that plans nothing under `las`.
-            index = self.s.queue_index
-            highest = index.highest_class() if index is not None else None
-            if highest is None:
-                highest = max(map(attrgetter("priority"), self.s.queued))
-            if self._lower_class_runs(highest):
+            highest = highest_queued_class(self.s.queued, self.s.queue_index)
+            if highest is not None and self._lower_class_runs(highest):
                 return False
         if self._las:
             # A queued job may preempt one of its own class with more attained service: not

@@ -14,9 +14,9 @@ A submission still wakes the loop at once where it might start or preempt now: i
 GPU (CPU only, or a share of one, by fraction or by memory: a shared GPU may have room), or its
 class is above every queued job's at the idle plan (it may preempt a lower class the others
 could not), or the idle plan saw a whole GPU free (a job of another model or size may fit where
-the queued ones did not: no `IdleBar` then). Under attained-service preemption whether some running job may be
-taken does not depend on the queue (`_Cycle._nothing_can_change`), so a new job's rank needs no
-test here. A wake missed by a race with the loop (the bar read just before the loop cleared it)
+the queued ones did not: no `IdleBar` then). Under attained-service preemption whether some
+running job may be taken does not depend on the queue (`_Cycle._nothing_can_change`), so a new
+job's rank needs no test here. A wake missed by a race with the loop (the bar read just before the loop cleared it)
 waits for the periodic cycle: a later start, never a different plan.
 """
 
@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 
 from gpucluster.core.placement import Capacity
-from gpucluster.core.types import JobRequest, Priority
+from gpucluster.core.types import Priority
 from gpucluster.models import JobSpec
 
 
@@ -43,13 +42,12 @@ class IdleBar:
         return share or int(Priority.parse(spec.priority)) > self.highest
 
 
-def idle_bar(capacity: Capacity, queued: Sequence[JobRequest], highest: int | None) -> IdleBar | None:
-    """The bar of an idle plan over `capacity` (what it planned on) and its `queued` jobs
-    (`highest`: their highest class, if known); None where a whole GPU was free, or no job queued."""
-    if not queued or any(capacity.free_count(model) for model in capacity.model_memory):
+def idle_bar(capacity: Capacity, highest: int | None) -> IdleBar | None:
+    """The bar of an idle plan over `capacity` (what it planned on), `highest` the highest class
+    it had queued (`queue_index.highest_queued_class`); None where a whole GPU was free, or no
+    job was queued."""
+    if highest is None or any(capacity.free_count(model) for model in capacity.model_memory):
         return None
-    if highest is None:
-        highest = int(max(map(attrgetter("priority"), queued)))
     return IdleBar(highest)
 
 

@@ -52,6 +52,7 @@ from gpucluster.core.lifecycle import AttemptResult, Exit, Next, StopReason, Why
 from gpucluster.core.limits import within_limits
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
+from gpucluster.core.queue_index import highest_queued_class
 from gpucluster.core.restarts import RESTART_BACKOFF_S
 from gpucluster.core.scheduler import certainly_idle, decide, gc_paused
 from gpucluster.core.snapshot import Snapshot, held_back_after
@@ -668,11 +669,9 @@ class Head:
             self.idle_skips += 1
             self._skipped_change = self._skipped_change or changed  # the replan plans for it
             if snap.capacity is not None:  # submissions like these queued need not wake the loop
-                index = snap.queue_index
                 self.idle_bar = idle_bar(
                     snap.capacity.current(snap.nodes, snap.running),
-                    snap.queued,
-                    index.highest_class() if index is not None else None,
+                    highest_queued_class(snap.queued, snap.queue_index),
                 )
             return
         self._last_plan_at = now
