@@ -1093,6 +1093,7 @@ class OrderingOut(Model):
     min_slice_s: float
     restart_cost_s: float
     runtime_model: str  # none, or gittins
+    relearn_every_s: float = 600.0  # gittins: how often queued jobs take in newly finished runs
 
 
 class PolicyOut(Model):

@@ -14,7 +14,8 @@
     starvation_age: 7d          # left out: 7d under ordering mode las, 24h under age
     ordering: {mode: las, queues: [1h, 8h], promote_after: 7d, preempt: true, min_slice: 30m}
     #   within a team: least attained GPU-time first (core/attained.py; the default); mode: age
-    #   for oldest first; runtime_model: gittins orders inside each queue by learned run times
+    #   for oldest first; runtime_model: gittins orders inside each queue by learned run times,
+    #   taken in at most every relearn_every (10m; 0: every plan)
     unknown_teams: allow        # or reject: submissions must name a team listed here
     idle:   {after: 30m, threshold: 1, action: notify}     # or requeue, stop
     health: {max_temperature: 90, node_timeout: 60s, drain_on_ecc: true, drain_on_xid: true}
@@ -155,10 +156,12 @@ class BackfillIn(_Strict):
 
 class OrderingIn(_Strict):
     """ordering: {mode: las, queues: [1h, 8h], promote_after: 7d, preempt: true, min_slice: 30m,
-    restart_cost: 1m, runtime_model: gittins} (core/attained.py). `queues` are GPU-time
-    thresholds written as durations (`1h`: one GPU-hour: 1 GPU for an hour or 8 GPUs for 7.5
-    minutes); `promote_after: null` never promotes; `runtime_model: gittins` (mode las) orders
-    inside a queue by the Gittins index of learned run times (core/gittins.py), `none` by age.
+    restart_cost: 1m, runtime_model: gittins, relearn_every: 10m} (core/attained.py). `queues`
+    are GPU-time thresholds written as durations (`1h`: one GPU-hour: 1 GPU for an hour or 8 GPUs
+    for 7.5 minutes); `promote_after: null` never promotes; `runtime_model: gittins` (mode las)
+    orders inside a queue by the Gittins index of learned run times (core/gittins.py), `none` by
+    age; `relearn_every` (gittins): how often queued jobs take in newly finished runs (0: at
+    every plan).
 
     `las` is the default (issue 25). `preempt` left out means "under las, as
     `preemption.enabled`", so a file that switches preemption off (the fifo and priority
@@ -172,6 +175,7 @@ class OrderingIn(_Strict):
     min_slice: Duration = "30m"
     restart_cost: Duration = "1m"
     runtime_model: Literal["none", "gittins"] = "none"
+    relearn_every: Duration = "10m"
 
     @model_validator(mode="after")
     def _gittins_needs_las(self) -> OrderingIn:
@@ -187,7 +191,7 @@ class OrderingIn(_Strict):
             raise ValueError("queues are positive GPU-time thresholds in ascending order, at least one (e.g. [1h, 8h])")
         return v
 
-    @field_validator("promote_after", "min_slice", "restart_cost")
+    @field_validator("promote_after", "min_slice", "restart_cost", "relearn_every")
     @classmethod
     def _dur(cls, v: Duration | None) -> Duration | None:
         if v is not None:
@@ -203,6 +207,7 @@ class OrderingIn(_Strict):
             min_slice_s=_seconds(self.min_slice, "min_slice"),
             restart_cost_s=_seconds(self.restart_cost, "restart_cost"),
             runtime_model=self.runtime_model,
+            relearn_every_s=_seconds(self.relearn_every, "relearn_every"),
         )
 
 

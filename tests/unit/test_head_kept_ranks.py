@@ -40,11 +40,14 @@ ordering:
   preempt: true
   min_slice: 1m
   runtime_model: gittins
+  relearn_every: 0s
 """
 
 
 # Plain `las`: the head keeps its ranks in the same book (only those above queue 0 named).
 PLAIN = POLICY.replace("  runtime_model: gittins\n", "")
+# Learned runs taken into the queued jobs' kinds at most every 10 minutes (the shipped default).
+RELEARN = POLICY.replace("relearn_every: 0s", "relearn_every: 10m")
 
 
 @pytest.fixture(params=["gittins", "plain"])
@@ -161,3 +164,50 @@ def test_dry_run_plans_on_copies_not_the_loops_kept_maps(cluster: Cluster) -> No
     assert snap is not None and snap.queued
     assert snap.rank_book is None
     assert type(snap.attained) is dict and type(snap.runtime_dist) is dict
+
+
+def test_runs_reach_the_queued_jobs_at_the_next_relearn_and_check_mode_holds_meanwhile(
+    tmp_path: Path, planned: list[Snapshot]
+) -> None:
+    """`relearn_every: 10m`: a run that ends leaves its kind's queued jobs on the distribution
+    they had (check mode, on in the tests, passes them over as lagging) until a plan 10 minutes
+    after the last relearn, which gives them the whole look-up."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(RELEARN)
+    c = make_cluster(tmp_path, gpus=8, nodes=1, policy=PolicySource(path))
+    try:
+        nodes = c.head.node_feed.nodes
+        jobs = [c.submit(gpus=8, name="train", team="vision", time_limit="1h") for _ in range(6)]
+        t = T0
+        c.tick_at(t)
+        for job in jobs[:3]:  # three runs of 700 s, each learned at a relearn (over 10 minutes apart)
+            assert c.state(job) is JobState.RUNNING
+            t += 700
+            c.fake.finish(job, 0)
+            c.tick_at(t)
+        relearned_at = t
+        snap = planned[-1]
+        waiting = [q.job_id for q in snap.queued]
+        assert waiting == jobs[3:]  # the plan on it starts jobs[3]
+        before = {j: snap.runtime_dist[j] for j in waiting}
+        assert all(d.values == (700.0, 700.0, 700.0) for d in before.values())
+        t += 60
+        c.fake.finish(jobs[3], 0)  # a run of 60 s, a minute after the last relearn
+        c.tick_at(t)
+        snap = planned[-1]
+        waiting = [q.job_id for q in snap.queued]
+        assert waiting == jobs[4:]  # the plan on it starts jobs[4]
+        assert all(snap.runtime_dist[j] is before[j] for j in waiting)  # not taken in yet
+        assert set(waiting) <= c.head.runtime.lagging(snap.queued, nodes)
+        fresh = c.head.runtime.fresh_distributions(snap.queued, nodes)
+        assert all(fresh[j].values == (60.0, 700.0, 700.0, 700.0) for j in waiting)  # what it lags
+        waiting = jobs[5:]  # (jobs[4] started on that plan: it left the kept map)
+        c.tick_at(relearned_at + 599)
+        assert all(planned[-1].runtime_dist[j] is before[j] for j in waiting)
+        c.tick_at(relearned_at + 600)
+        snap = planned[-1]
+        assert [q.job_id for q in snap.queued] == waiting
+        assert all(snap.runtime_dist[j].values == (60.0, 700.0, 700.0, 700.0) for j in waiting)
+        assert not c.head.runtime.lagging(snap.queued, nodes)
+    finally:
+        c.close()

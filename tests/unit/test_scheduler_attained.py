@@ -229,6 +229,10 @@ def test_policy_file_ordering(tmp_path: Path) -> None:
     f.write_text("ordering: {mode: las, queues: [30m, 4h], promote_after: 12h, preempt: true, min_slice: 10m}\n")
     o = load_policy(f).ordering
     assert o == Ordering(mode="las", queues=(1800.0, 4 * H), promote_after_s=12 * H, preempt=True, min_slice_s=600.0)
+    f.write_text("ordering: {runtime_model: gittins, relearn_every: 1h}\n")
+    assert load_policy(f).ordering == Ordering(runtime_model="gittins", relearn_every_s=H)
+    f.write_text("ordering: {runtime_model: gittins, relearn_every: 0s}\n")
+    assert load_policy(f).ordering.relearn_every_s == 0.0  # at every plan
 
 
 @pytest.mark.parametrize(
@@ -264,6 +268,8 @@ def test_policy_file_defaults_follow_the_ordering(
         ("ordering: {mode: las, queues: [8h, 1h]}\n", "ascending"),
         ("ordering: {mode: fastest}\n", "mode"),
         ("ordering: {mode: las, preempt: true}\npreemption: {enabled: false}\n", "preemption.enabled"),
+        ("ordering: {runtime_model: gittins, relearn_every: -5m}\n", "relearn_every: cannot read"),
+        ("ordering: {runtime_model: gittins, relearn_every: soon}\n", "relearn_every"),
     ],
 )
 def test_policy_file_ordering_errors(tmp_path: Path, text: str, words: str) -> None:
@@ -349,7 +355,7 @@ def test_the_full_cluster_shortcut_is_exact(started: float, checkpoint_ago: floa
         (
             "preemption: {enabled: false}\nordering: {promote_after: null, runtime_model: gittins}\n",
             "order in a team's line: las (least GPU-time first; queues at 1h, 8h of GPU-time; never promoted; "
-            "by learned run times inside a queue); starvation age 7d",
+            "by learned run times inside a queue, relearned every 10m); starvation age 7d",
         ),
     ],
 )

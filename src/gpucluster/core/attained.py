@@ -90,6 +90,12 @@ class Ordering:
     it would itself be demoted is a net loss.
     `runtime_model`: `gittins` (mode `las` only) orders jobs inside a queue by their Gittins
     index from learned run times (`Snapshot.runtime_dist`, core/gittins.py); `none`: by age.
+    `relearn_every_s`: under `gittins`, how often the queued jobs' distributions take in the runs
+    finished since (0: at every plan; core/learned_kinds.py). Why not at once: a key holds up to
+    256 runs, so one more moves its jobs' indexes little, yet each finished run re-ranked every
+    queued job of its key and re-sorted their lines: at every plan, ~20 of `las-gittins`'s ~86
+    CPU-s on whole Philly. Ten minutes keeps nearly all of it; a kind of job first seen
+    meanwhile is looked up with every run known.
     """
 
     mode: OrderingMode = "las"
@@ -99,6 +105,7 @@ class Ordering:
     min_slice_s: float = 1800.0
     restart_cost_s: float = 60.0
     runtime_model: RuntimeModel = "none"
+    relearn_every_s: float = 600.0
 
     @property
     def gittins(self) -> bool:

@@ -12,7 +12,11 @@ its write log to learn whose distribution changed. So both keep it the same way,
   only the jobs of a kind whose distribution changed get a new entry (rebuilding the map after
   every finished run was a fifth of a Philly replay);
 - a kind keeps where its keys are looked up (`RuntimePredictor.lookups`): building them again
-  at each look-up was most of that cost.
+  at each look-up was most of that cost;
+- the kinds touched by learned runs are looked up again at most every `every_s` of the caller's
+  clock (`ordering.relearn_every_s`, core/attained.py says why); a kind first seen meanwhile is
+  looked up at once, with every run learned so far. `waiting(shape)` says whether a kind's
+  entry may lag the predictor (check mode compares the others with a whole look-up).
 The map handed out (`distributions`) is `Logged`, one object for the life of this one.
 
 Not thread-safe: one owner (the head's loop, the simulator's engine); the predictor itself is
@@ -50,8 +54,9 @@ class LearnedKinds:
         self._by_user: dict[str, set[_Kind]] = {}
         # What the snapshot carries; its log tells core/rank_book.py whose distribution changed.
         self._dists: Logged[RunDistribution] = Logged()
-        self._dirty_teams: set[str] = set()  # learned a run since the last `distributions`
+        self._dirty_teams: set[str] = set()  # learned a run since the kinds were last looked up again
         self._dirty_users: set[str] = set()
+        self._relearned_at: float | None = None  # the caller's clock when they last were
 
     def __contains__(self, job_id: int) -> bool:
         return job_id in self._kind_of
@@ -91,10 +96,21 @@ class LearnedKinds:
             if kind.shape.user:
                 self._by_user[kind.shape.user].discard(kind)
 
-    def distributions(self) -> Logged[RunDistribution]:
+    def waiting(self, shape: JobShape) -> bool:
+        """Whether runs learned since the last relearn may change the distribution of `shape`'s
+        kind (its entry then lags a whole look-up until the next one)."""
+        return shape.team in self._dirty_teams or (bool(shape.user) and shape.user in self._dirty_users)
+
+    def distributions(self, now: float = 0.0, every_s: float = 0.0) -> Logged[RunDistribution]:
         """Job id -> the run times of finished jobs like it, for every job told of with such
-        history: the same map each call, changed only for the kinds that learned a run."""
-        if self._dirty_teams or self._dirty_users:
+        history: the same map each call, changed only for the kinds that learned a run, and
+        for those only when `every_s` has passed on the caller's clock (`now`) since the last
+        time (0: at every call; a clock that went back relearns at once)."""
+        last = self._relearned_at
+        if (self._dirty_teams or self._dirty_users) and (
+            every_s <= 0 or last is None or now - last >= every_s or now < last
+        ):
+            self._relearned_at = now
             touched: set[_Kind] = set()
             for team in self._dirty_teams:
                 touched |= self._by_team.get(team, set())

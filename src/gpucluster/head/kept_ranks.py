@@ -67,7 +67,8 @@ class KeptRanks:
     def check(self, snap: Snapshot, ordering: Ordering, now: float, nodes: Iterable[Node]) -> None:
         """Check mode, after a plan on `snap`: StateMismatch unless the book's ranks equal
         `gittins_ranks` over plain copies of the snapshot's maps, and the kept distributions of
-        its queued jobs equal a whole look-up (before the next refresh learns more runs)."""
+        its queued jobs equal a whole look-up (before the next refresh learns more runs), those of
+        kinds waiting for the next relearn aside (`ordering.relearn_every_s`)."""
         book = snap.rank_book
         if book is None or ordering.mode != "las":
             return
@@ -79,8 +80,12 @@ class KeptRanks:
                 raise StateMismatch(f"the head's kept LAS ranks differ from attained.ranks: jobs {wrong[:5]}")
             return
         want_dists = self.runtime.fresh_distributions(snap.queued, nodes)
-        kept = snap.runtime_dist
-        differ = [q.job_id for q in snap.queued if not _same(kept.get(q.job_id), want_dists.get(q.job_id))]
+        kept, lag = snap.runtime_dist, self.runtime.lagging(snap.queued, nodes)
+        differ = [
+            q.job_id
+            for q in snap.queued
+            if q.job_id not in lag and not _same(kept.get(q.job_id), want_dists.get(q.job_id))
+        ]
         if differ:
             raise StateMismatch(
                 f"the head's kept run-time distributions differ from a fresh look-up: jobs {differ[:5]}"

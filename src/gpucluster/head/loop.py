@@ -628,7 +628,11 @@ class Head:
             attained=self.ranks.attained(ordering),
             # Only `runtime_model: gittins` reads it (core/gittins.py): learned run times, and
             # the ranks kept across plans (core/rank_book.py), both kept as the simulator keeps them.
-            runtime_dist=self.runtime.distributions(queued, nodes) if ordering.gittins else {},
+            runtime_dist=(
+                self.runtime.distributions(queued, nodes, self.clock(), ordering.relearn_every_s)
+                if ordering.gittins
+                else {}
+            ),
             rank_book=self.ranks.book_for(ordering),
         )
         admitted, self.limit_waits = within_limits(admit(snap)[0], self.policy, self.clock())

@@ -151,11 +151,16 @@ class RuntimeModel:
         model = q.gpu_types[0] if len(q.gpu_types) == 1 else only_model
         return JobShape(q.user, q.team, self._workloads.get(q.job_id, ""), q.gpus, model, q.time_limit_s)
 
-    def distributions(self, queued: Sequence[JobRequest], nodes: Iterable[Node]) -> Logged[RunDistribution]:
+    def distributions(
+        self, queued: Sequence[JobRequest], nodes: Iterable[Node], now: float = 0.0, every_s: float = 0.0
+    ) -> Logged[RunDistribution]:
         """Queued job id -> the run times of finished jobs like it, for `ordering.runtime_model:
         gittins` (core/gittins.py; `Snapshot.runtime_dist`): learned first from the runs that
-        finished since the last call. The same map every call (kept, see the module), equal to
-        `fresh_distributions` but for which of two equal copies of a scaled distribution it holds."""
+        finished since the last call, and taken into the queued jobs' kinds at most every
+        `every_s` of the head's clock `now` (`ordering.relearn_every_s`, core/learned_kinds.py).
+        The same map every call (kept, see the module), equal to `fresh_distributions` but for
+        which of two equal copies of a scaled distribution it holds, and for the kinds still
+        `waiting` for the next relearn."""
         only = _only_model(nodes)
         self.refresh()
         kinds, told = self._kinds, self._told
@@ -176,7 +181,7 @@ class RuntimeModel:
         with self._lock:
             for q in new:
                 kinds.arrived(q.job_id, self._queued_shape(q, only))
-            return kinds.distributions()
+            return kinds.distributions(now, every_s)
 
     def fresh_distributions(self, queued: Sequence[JobRequest], nodes: Iterable[Node]) -> dict[int, RunDistribution]:
         """`distributions` looked up whole, from what was learned so far (no refresh): what check
@@ -195,6 +200,16 @@ class RuntimeModel:
                 if d is not None:
                     out[q.job_id] = d
         return out
+
+    def lagging(self, queued: Sequence[JobRequest], nodes: Iterable[Node]) -> set[int]:
+        """The queued jobs whose kind waits for the next relearn (`LearnedKinds.waiting`): their
+        kept distribution may lag `fresh_distributions`, so check mode passes them over."""
+        kinds = self._kinds
+        if kinds is None:
+            return set()
+        only = _only_model(nodes)
+        with self._lock:
+            return {q.job_id for q in queued if kinds.waiting(self._queued_shape(q, only))}
 
     def predict(
         self,

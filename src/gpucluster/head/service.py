@@ -775,6 +775,7 @@ class ClusterService:
                 min_slice_s=p.ordering.min_slice_s,
                 restart_cost_s=p.ordering.restart_cost_s,
                 runtime_model=p.ordering.runtime_model,
+                relearn_every_s=p.ordering.relearn_every_s,
             ),
             starvation_age_s=p.starvation_age_s,
             teams=[

@@ -599,7 +599,9 @@ class Engine:
             self._holds,
             self._attained,
             self._expected,
-            self._learned.distributions() if self._learned is not None else None,
+            self._learned.distributions(now, self.policy.core.ordering.relearn_every_s)
+            if self._learned is not None
+            else None,
             self._drains,
             self._state.drained,
             self._rank_book,

@@ -57,7 +57,12 @@ class LearnedRuntimes:
         """The job left the queue (it started) or the system."""
         self._kinds.left(job_id)
 
-    def distributions(self) -> Mapping[int, RunDistribution]:
+    def distributions(self, now: float = 0.0, every_s: float = 0.0) -> Mapping[int, RunDistribution]:
         """Job id -> the run times of finished jobs like it, for every queued job with such history
-        (`Snapshot.runtime_dist`)."""
-        return self._kinds.distributions()
+        (`Snapshot.runtime_dist`), the finished runs taken in at most every `every_s` of replay
+        time (`ordering.relearn_every_s`, as the head takes them: core/learned_kinds.py)."""
+        return self._kinds.distributions(now, every_s)
+
+    def waiting(self, trace: TraceJob) -> bool:
+        """Whether `trace`'s distribution may lag the predictor until the next relearn."""
+        return self._kinds.waiting(trace_shape(trace, "", self._only_model))
