@@ -25,8 +25,10 @@ Two rows per policy:
   head reads it from its store), the learned distributions in core/learned_kinds.py's
   `LearnedKinds` (what head/runtime_model.py keeps). Between two cycles the clock moves 5 s and
   `--churn` queued jobs leave (started or cancelled), as many new ones arrive, a fifth as many
-  are requeued with more attained service, and one shape learns a run (its jobs ranked again
-  under Gittins). The running jobs stay those of the snapshot, so every cycle sees the same free
+  are requeued with more attained service, and one shape learns a run (its jobs are ranked again
+  under Gittins at the next relearn: `ordering.relearn_every`, 10 minutes, so at most once in
+  120 kept cycles; the median is a cycle between relearns, as most of the head's are). The
+  running jobs stay those of the snapshot, so every cycle sees the same free
   GPUs (the plans start about as many jobs as the cold ones). The first kept cycle builds the
   book (a cold cycle) and the told queue index from every queued job: it is what a head's first
   plan after a start pays, printed apart and not counted in the median. `kept inputs`: the
@@ -104,7 +106,10 @@ class Kept:
 
     def inputs(self) -> tuple[Mapping[int, float], Mapping[int, RunDistribution]]:
         """The head's per-cycle step for the ranked inputs (`kept inputs`)."""
-        dists: Mapping[int, RunDistribution] = self.kinds.distributions() if self.kinds is not None else {}
+        every = self.policy.ordering.relearn_every_s
+        dists: Mapping[int, RunDistribution] = (
+            self.kinds.distributions(self.now, every) if self.kinds is not None else {}
+        )
         return self.ranks.attained(self.policy.ordering), dists
 
     def snapshot(self, inputs: tuple[Mapping[int, float], Mapping[int, RunDistribution]]) -> Snapshot:

@@ -33,9 +33,10 @@ from tests.pgserver import (  # noqa: F401 - PostgreSQL for the store's tests
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 
-# With `GPUCLUSTER_TEST_WORKERS=2 scripts/test.sh` (pytest-xdist, `-n 2`), the tests that start
-# real heads, clusters, browsers and Unix accounts run one after another on one worker, while the
-# other takes the unit, simulator and training tests beside them. Why not all in parallel: they
+# scripts/test.sh runs the pure tests on two workers, then the serial ones alone (`--part`,
+# `suite_part`). A plain `pytest -n 2` over both still keeps the tests that start real heads,
+# clusters, browsers and Unix accounts one after another on one worker, while the other takes
+# the unit, simulator and training tests beside them. Why not all in parallel: they
 # share machine-wide things (the Unix accounts test_isolation and test_containers create, Ray's
 # 127.0.0.2-4, podman's storage, the cores a crash harness's timings assume), and two of them at
 # once on a 2-core machine only trade wall time for flakiness; the pure tests share nothing.
@@ -55,6 +56,38 @@ def serial_scope(nodeid: str) -> str | None:
     if len(parts) > 2 and parts[0] == "tests" and parts[1] in SERIAL_DIRS:
         return "serial"
     return "serial" if nodeid.split("[", 1)[0] in SERIAL_TESTS else None
+
+
+# The training runs of tests/train (real gloo groups, torchrun's restarts): not "serial" beside
+# the pure tests under GPUCLUSTER_TEST_WORKERS, but run with the serial ones by `--part serial`.
+TRAINING_DIR = "tests/train/"
+
+
+def suite_part(nodeid: str) -> str:
+    """Which part of scripts/test.sh's two runs a test belongs to: "pure" (unit and simulator
+    tests that start nothing machine-wide: they run on two workers at once) or "serial" (real
+    heads, clusters, browsers, Unix accounts, Ray, training runs: one after another, alone)."""
+    return "serial" if serial_scope(nodeid) or nodeid.startswith(TRAINING_DIR) else "pure"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--part",
+        choices=("all", "pure", "serial"),
+        default="all",
+        help="run only the pure tests or only the serial ones (scripts/test.sh runs both, in turn)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--part`: deselect the tests of the other part (`suite_part`)."""
+    part = config.getoption("--part")
+    if part == "all":
+        return
+    keep = [item for item in items if suite_part(item.nodeid) == part]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if suite_part(item.nodeid) != part])
+        items[:] = keep
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
