@@ -44,8 +44,14 @@ class EstimateRefresher:
         jitter_s: float = 30.0,
         latency: Callable[[], Latency] | None = None,
         runs: Callable[[Snapshot, Policy, float], Mapping[int, float]] | None = None,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.every_s = every_s
+        # The loop thread's CPU clock: the throttle's measure. Injected so that two heads fed the
+        # same history replay at the same plans (tests/unit/test_head_idle_equivalence.py): with
+        # the real clock, one loaded more than the other throttled its replays otherwise, and a
+        # replay a change waits for makes the loop plan at a tick the other skipped.
+        self.cpu_clock = cpu_clock
         self.min_gap_s = min_gap_s  # after a change, the replay waits this long since the last one
         # Expected run times of queued and running jobs (head/runtime_model.py), learned again
         # at each replay; None: every job is planned to its time limit.
@@ -98,7 +104,7 @@ class EstimateRefresher:
         """`plan.waiting` in the same (scheduling) order, each with its estimated start.
         `changed`: the plan was made for a change (a submit, a cancel, a job's end), not only
         because time passed; the estimates are replayed for it within `min_gap_s`."""
-        cpu = time.thread_time()
+        cpu = self.cpu_clock()
         self._changed = self._changed or changed
         every = self._every()
         for st in plan.starts:
@@ -107,7 +113,7 @@ class EstimateRefresher:
                 self.calibration.observe(first[0], first[1], now)
         due = self._at is None or now - self._at >= every or now < self._at
         if due and plan.waiting:
-            started, replay_cpu = time.perf_counter(), time.thread_time()
+            started, replay_cpu = time.perf_counter(), self.cpu_clock()
             if self.latency is not None:
                 self.last_latency = self.latency()
             runs = self.runs(snap, policy, now) if self.runs is not None else None
@@ -122,13 +128,13 @@ class EstimateRefresher:
                     if interval is not None:
                         self.intervals[job_id] = interval
             self.last_cost_s = time.perf_counter() - started
-            self.last_cpu_s = time.thread_time() - replay_cpu
+            self.last_cpu_s = self.cpu_clock() - replay_cpu
             self.refreshes += 1
             self._at = now
             self._changed = False
         out = self._merged_waits(plan.waiting, now)
         self._last = out
-        self.cpu_s += time.thread_time() - cpu
+        self.cpu_s += self.cpu_clock() - cpu
         return out
 
     def _merged_waits(self, waiting: Mapping[int, Wait], now: float) -> dict[int, Wait]:
