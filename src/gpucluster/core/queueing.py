@@ -136,6 +136,9 @@ class RankedLines:
 
 
 Sorted = tuple[list[JobRequest], list[JobRequest], dict[int, dict[str, list[JobRequest]]]]
+# What `TeamQueues` reads of one: a level's lines are looked up only when its walk gets there
+# (`queue_index.YoungLines`), and a level may have none.
+Presorted = tuple[list[JobRequest], list[JobRequest], Mapping[int, dict[str, list[JobRequest]]]]
 
 
 def sort_in(
@@ -226,13 +229,14 @@ class TeamQueues:
         usage: Mapping[str, float],
         now: float,
         guaranteed: Callable[[JobRequest], bool] | None = None,
-        presorted: Sorted | None = None,
+        presorted: Presorted | None = None,
         ranks: Mapping[int, float] | None = None,
         lines: RankedLines | None = None,
     ) -> None:
         """`guaranteed`: jobs that fit within their team's guaranteed quota go before any
         borrower, so a guarantee is met in the cycle its demand appears (None: no quotas).
-        `presorted`: what `sort_in_plain` would give for `queued`, from a `QueueIndex`.
+        `presorted`: what `sort_in_plain` would give for `queued`, from a `QueueIndex` (a
+        level may map to no line: it is passed over).
         `ranks`: job id -> rank inside its team's line (core/attained.py), lower first, ties by
         age, a job it does not name ranking 0; None (`age` ordering): by age alone, and no
         per-job work here. `lines`: the lines sorted by rank in earlier cycles, kept by the caller."""
