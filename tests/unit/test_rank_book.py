@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpucluster.core import queue_index, rank_book
 from gpucluster.core.attained import Ordering, gittins_ranks
 from gpucluster.core.attained import ranks as attained_ranks
-from gpucluster.core.policy import las_gittins_policy
+from gpucluster.core.policy import Policy, las_gittins_policy
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.queueing import RankedLines, TeamQueues
 from gpucluster.core.rank_book import Logged, RankBook
@@ -40,17 +40,22 @@ _STEP = st.tuples(
 )
 
 
-def _job(job_id: int, at: float, gpus: float, queued_at: float | None) -> JobRequest:
-    """Of one of three teams (ranks read no team; the book's kept lines are per team)."""
-    return replace(job(job_id).at(at).gpus(gpus).team("abc"[job_id % 3]).build(), queued_at=queued_at)
+def _job(job_id: int, at: float, gpus: float, queued_at: float | None, classes: bool = False) -> JobRequest:
+    """Of one of three teams (ranks read no team; the book's kept lines are per team);
+    `classes`: of one of two priority classes too (each its own level of lines)."""
+    built = job(job_id).at(at).gpus(gpus).team("abc"[job_id % 3])
+    if classes:
+        built = built.priority(("low", "high")[job_id // 3 % 2])
+    return replace(built.build(), queued_at=queued_at)
 
 
 class _World:
     """A caller's queue, attained and learned maps, and clock, changed one step at a time;
     `index`: none, one told what enters and leaves (the simulator's), or one left to diff."""
 
-    def __init__(self, index: str = "none", base: Ordering = LAS) -> None:
+    def __init__(self, index: str = "none", base: Ordering = LAS, classes: bool = False) -> None:
         self.index = None if index == "none" else QueueIndex(told=index == "told")
+        self.classes = classes
         self.queued: dict[int, JobRequest] = {}
         self.attained: Logged[float] = Logged()
         self.dists: Logged[RunDistribution] = Logged()
@@ -61,7 +66,7 @@ class _World:
         if what == "arrive" and jid not in self.queued:
             # Some submitted over `promote_after` ago; a few stamped before their submission.
             queued_at = None if n % 3 else self.now - n * H / 2
-            self._enter(_job(jid, self.now - n * 2 * H, (1, 2, 8, 0.5)[n % 4], queued_at))
+            self._enter(_job(jid, self.now - n * 2 * H, (1, 2, 8, 0.5)[n % 4], queued_at, self.classes))
         elif what == "leave" and jid in self.queued:
             self._leave(jid)
         elif what == "requeue" and jid in self.queued:
@@ -99,6 +104,19 @@ class _World:
             got = attained_ranks(queued, self.ordering, dict(self.attained), {}, self.now)
             return {k: v for k, v in got.items() if v}  # (all of them unless nothing attained ranks above 0)
         return gittins_ranks(queued, self.ordering, self.attained, self.dists, self.now)
+
+    def popped(
+        self, book: RankBook, policy: Policy, most: int | None = None
+    ) -> tuple[list[JobRequest], list[JobRequest]]:
+        """A cycle's order (at most `most` jobs): `TeamQueues` on the book's live ranks and
+        kept lines, and on a fresh ranking (`want`)."""
+        queued = tuple(self.queued.values())
+        if self.index is not None:
+            self.index.update(queued, policy)
+        live = book.ranks(queued, self.ordering, self.attained, self.dists, self.now, self.index)
+        presorted = self.index.sorted_in(policy, self.now) if self.index is not None else None
+        got = _popped(TeamQueues(queued, policy, {}, self.now, None, presorted, live, book.lines), most)
+        return got, _popped(TeamQueues(queued, policy, {}, self.now, ranks=self.want()), most)
 
     def got(self, book: RankBook) -> dict[int, float]:
         queued = tuple(self.queued.values())
@@ -153,14 +171,48 @@ def test_lines_sorted_by_the_books_ranks_order_as_a_fresh_sort(
     policy = replace(POLICY, fair_share=False)
     for what, jid, n in steps:
         world.step(what, jid, n)
-        queued = tuple(world.queued.values())
-        if world.index is not None:
-            world.index.update(queued, policy)
-        live = book.ranks(queued, world.ordering, world.attained, world.dists, world.now, world.index)
-        presorted = world.index.sorted_in(policy, world.now) if world.index is not None else None
-        got = _popped(TeamQueues(queued, policy, {}, world.now, None, presorted, live, book.lines))
-        want = _popped(TeamQueues(queued, policy, {}, world.now, ranks=world.want()))
+        got, want = world.popped(book, policy)
         assert [id(j) for j in got] == [id(j) for j in want]
+
+
+@pytest.mark.parametrize(("index", "base"), [("none", LAS), ("told", LAS), ("told", PLAIN)])
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(_STEP, max_size=80))
+def test_lines_a_cycle_did_not_reach_are_kept_valid_for_the_next(
+    index: str, base: Ordering, steps: list[tuple[str, int, int]]
+) -> None:
+    """As above, but some cycles pop only the first few jobs (or none), over two
+    priority classes: `TeamQueues` asks for a level's lines only when the walk reaches it, so
+    a line may go unasked for many cycles while its team's ranks change, and must then be
+    sorted again, not handed back as kept (a `RankedLines` that trusted a line unless its
+    team was stamped in the very cycle it is asked in passes the test above, not this one)."""
+    world, book = _World(index, base, classes=True), RankBook()
+    policy = replace(POLICY, fair_share=False)
+    for what, jid, n in steps:
+        world.step(what, jid, n)
+        got, want = world.popped(book, policy, (0, None, 1, 3)[n % 4])  # none, all, or the first few
+        assert [id(j) for j in got] == [id(j) for j in want]
+
+
+def test_a_line_not_asked_for_while_its_ranks_changed_is_sorted_again() -> None:
+    """Team a's low line (jobs 0 and 6, behind its high job 3; job 6 in queue 1) is sorted, then
+    a cycle pops only the high job (the low line not asked for) while job 0 gains attained
+    service (queue 2), then a cycle walks every job: job 0 must now come after job 6."""
+    world, book = _World("told", PLAIN, classes=True), RankBook()
+    policy = replace(POLICY, fair_share=False)
+    for jid in (0, 3, 6):
+        world.step("arrive", jid, 1)
+    world.step("attain", 6, 4)
+
+    def popped(most: int | None) -> list[int]:
+        got, want = world.popped(book, policy, most)
+        assert got == want
+        return [j.job_id for j in got]
+
+    assert popped(None) == [3, 0, 6]
+    world.step("attain", 0, 40)  # stamps team a in a cycle that does not reach its low line
+    assert popped(1) == [3]
+    assert popped(None) == [3, 6, 0]
 
 
 def test_a_kept_line_follows_a_promotion_a_probe_back_in_time_and_a_new_rank() -> None:
@@ -346,9 +398,10 @@ def test_lines_kept_across_cycles_order_as_a_fresh_sort(
         assert [id(j) for j in got] == [id(j) for j in want]
 
 
-def _popped(queues: TeamQueues) -> list[JobRequest]:
-    out = []
-    while (job := queues.pop()) is not None:
+def _popped(queues: TeamQueues, most: int | None = None) -> list[JobRequest]:
+    """The jobs `queues` hands out, in order (`most`: at most this many)."""
+    out: list[JobRequest] = []
+    while len(out) != most and (job := queues.pop()) is not None:
         out.append(job)
         queues.done(job, False)
     return out

@@ -17,7 +17,7 @@ import pytest
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.policy import Policy, Preemption, fifo_policy, priority_policy
 from gpucluster.core.queue_index import QueueIndex
-from gpucluster.core.queueing import sort_in_plain
+from gpucluster.core.queueing import TeamQueues, sort_in_plain
 from gpucluster.core.scheduler import _Cycle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import JobRequest, Priority, RunningJob
@@ -194,19 +194,26 @@ def test_kept_odd_jobs_follow_every_flip_of_held_and_aged() -> None:
         assert index.sorted_in(policy, now) == sort_in_plain(tuple(queue), policy, now), now
 
 
+def _told_queue(policy: Policy, seed: int, plain: int, requeued_at: float) -> tuple[list[JobRequest], QueueIndex]:
+    """`plain - 1` jobs submitted up to 300 s before 0, and ten requeued at `requeued_at` (odd),
+    in a told index brought up to them."""
+    rng = random.Random(seed)
+    queue = [_job(rng, k, 0.0) for k in range(1, plain)]
+    queue += [replace(_job(rng, k, 0.0), queued_at=requeued_at) for k in range(plain, plain + 10)]
+    index = QueueIndex(told=True)
+    for job in queue:
+        index.add(job)
+    index.update(tuple(queue), policy)
+    return queue, index
+
+
 def test_lines_no_change_reached_are_handed_out_again_not_copied() -> None:
     """Between two cycles a job or two come or go; the other lines, the aged jobs among them,
     are the lists the last cycle got (`QueueIndex._part`), and a changed line is made afresh:
     each equal to a fresh sort. Before, every line was copied (and requeued jobs merged into it
     again) each cycle."""
     policy = Policy(starvation_age_s=100.0)
-    rng = random.Random(3)
-    queue = [_job(rng, k, 0.0) for k in range(1, 200)]
-    queue += [replace(_job(rng, k, 0.0), queued_at=-50.0) for k in range(200, 210)]  # requeued: odd
-    index = QueueIndex(told=True)
-    for job in queue:
-        index.add(job)
-    index.update(tuple(queue), policy)
+    queue, index = _told_queue(policy, 3, 200, -50.0)
     _, aged, lines = index.sorted_in(policy, 0.0)
     assert aged and lines
     again = index.sorted_in(policy, 0.0)
@@ -222,6 +229,34 @@ def test_lines_no_change_reached_are_handed_out_again_not_copied() -> None:
     changed = (int(gone.priority) if policy.priorities else 0, gone.team)
     assert after[2][changed[0]][changed[1]] is not lines[changed[0]][changed[1]]
     assert any(after[2][level][team] is jobs for level, per in lines.items() for team, jobs in per.items())
+
+
+def test_a_cycle_cuts_only_the_lines_of_the_levels_its_walk_reaches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sorted_lazily`: the aged jobs at once, a level's lines only once `TeamQueues` enters
+    it (about a third of whole Philly's cycles consider an aged job and stop), and the order
+    handed out is the one `sorted_in`'s lines give."""
+    policy = Policy(starvation_age_s=100.0)
+    queue, index = _told_queue(policy, 5, 120, -30.0)
+    cut: list[int] = []
+    young = QueueIndex._young
+    monkeypatch.setattr(QueueIndex, "_young", lambda self, level, *a: cut.append(level) or young(self, level, *a))
+    held, aged, lines = index.sorted_lazily(policy, 0.0)
+    assert aged and len(lines) == 3 and not cut
+    lazy = TeamQueues(queue, policy, {}, 0.0, presorted=(held, aged, lines))
+    eager = TeamQueues(queue, policy, {}, 0.0, presorted=index.sorted_in(policy, 0.0))
+    cut.clear()
+    for k in range(len(queue) + 1):
+        if k == len(aged):
+            assert cut == []  # only aged jobs handed out yet
+        if k == len(aged) + 1:
+            assert cut == [2]  # the highest class's lines, no other
+        job, want = lazy.pop(), eager.pop()
+        assert job is want
+        if job is None:
+            break
+        lazy.done(job, False)
+        eager.done(job, False)
+    assert cut == [2, 1, 0]
 
 
 @pytest.mark.parametrize("told", [True, False])

@@ -136,6 +136,9 @@ class RankedLines:
 
 
 Sorted = tuple[list[JobRequest], list[JobRequest], dict[int, dict[str, list[JobRequest]]]]
+# What `TeamQueues` reads of one: a level's lines are looked up only when its walk gets there
+# (`queue_index.YoungLines`), and a level may have none.
+Presorted = tuple[list[JobRequest], list[JobRequest], Mapping[int, dict[str, list[JobRequest]]]]
 
 
 def sort_in(
@@ -226,13 +229,14 @@ class TeamQueues:
         usage: Mapping[str, float],
         now: float,
         guaranteed: Callable[[JobRequest], bool] | None = None,
-        presorted: Sorted | None = None,
+        presorted: Presorted | None = None,
         ranks: Mapping[int, float] | None = None,
         lines: RankedLines | None = None,
     ) -> None:
         """`guaranteed`: jobs that fit within their team's guaranteed quota go before any
         borrower, so a guarantee is met in the cycle its demand appears (None: no quotas).
-        `presorted`: what `sort_in_plain` would give for `queued`, from a `QueueIndex`.
+        `presorted`: what `sort_in_plain` would give for `queued`, from a `QueueIndex` (a
+        level may map to no line: it is passed over).
         `ranks`: job id -> rank inside its team's line (core/attained.py), lower first, ties by
         age, a job it does not name ranking 0; None (`age` ordering): by age alone, and no
         per-job work here. `lines`: the lines sorted by rank in earlier cycles, kept by the caller."""
@@ -247,40 +251,29 @@ class TeamQueues:
             held, aged, buckets = sort_in(jobs, policy, now, guaranteed)
         self.held = held  # not to be considered yet (`not_before` in the future)
         self._ranks = ranks or None
-        if ranks:
-            # Each team's line is by age; a stable sort by rank keeps age within a rank. The
-            # aged jobs stay by age: the starvation age goes before any ranking. A line with
-            # no job `ranks` names (all of rank 0) is left as it is: sorting it changes nothing.
-            # New lists: `presorted`'s belong to the caller's QueueIndex.
-            named = ranks.keys()
-            if lines is not None:
-                line = lines.line
-                buckets = {
-                    level: {team: line(level, team, jobs, ranks) for team, jobs in per.items()}
-                    for level, per in buckets.items()
-                }
-            else:
-                buckets = {
-                    level: {
-                        team: jobs if named.isdisjoint(map(_job_id, jobs)) else _by_rank(jobs, ranks)
-                        for team, jobs in per.items()
-                    }
-                    for level, per in buckets.items()
-                }
+        # Each team's line is by age; a stable sort by rank keeps age within a rank. The aged
+        # jobs stay by age: the starvation age goes before any ranking. A line with no job
+        # `ranks` names (all of rank 0) is left as it is: sorting it changes nothing. New
+        # lists: `presorted`'s belong to the caller's QueueIndex. Done per level when the walk
+        # reaches it (`_next_level`), not here: see `_ranked`.
+        self._rank_line = lines.line if ranks and lines is not None else None
         # A team's line is copied into a deque (`pop` takes from its front) only when it is
         # first popped from (`_line`): most cycles pop from a few teams' lines, and copying
         # every line, each cycle, was ~1% of whole Philly under `las`.
         self._aged = deque(aged)
-        self._levels = [buckets[k] for k in sorted(buckets, reverse=True)]
+        self._buckets = buckets
+        self._levels = sorted(buckets, reverse=True)
         self._lines: dict[str, list[JobRequest]] = {}  # the current level's, by team (the caller's)
         self._queues: dict[str, deque[JobRequest]] = {}  # ... those popped from, as they are now
         self._heap: list[_Entry] = []
         self._level = -1
         self._shares: dict[str, float] = {}
         self._ratios: dict[str, float] = {}  # usage / share, dropped when the team is charged
+        # Until the first level is reached: team -> its ratio when its entry would have been
+        # made, had that level been entered here (see `_next_level`).
+        self._frozen: dict[str, float] | None = {}
         self._popped_team: str | None = None  # the team of the last job popped: not in the heap
         self._done = False  # `done` was called for that job
-        self._next_level()
 
     def _ratio(self, team: str) -> float:
         if not self.policy.fair_share:
@@ -290,24 +283,59 @@ class TeamQueues:
             share = self._shares[team] = max(self.policy.share(team), 1e-9)
         return self.usage.get(team, 0.0) / share
 
-    def _entry(self, team: str, head: JobRequest) -> _Entry:
-        ratio = self._ratios.get(team)
+    def _entry(self, team: str, head: JobRequest, ratio: float | None = None) -> _Entry:
+        """`team`'s place in the heap with `head` first in its line; `ratio`: its ratio as of
+        an earlier charge (`_frozen`), else its current one."""
         if ratio is None:
-            ratio = self._ratios[team] = self._ratio(team)
+            ratio = self._ratios.get(team)
+            if ratio is None:
+                ratio = self._ratios[team] = self._ratio(team)
         ranks = self._ranks
         return (ratio, ranks.get(head.job_id, 0.0) if ranks else 0.0, head.submitted_at, head.job_id, team)
 
     def _next_level(self) -> bool:
+        """Enter the next level that has a job: its team lines (`_ranked`) and its heap.
+
+        Why here, not in `__init__`: about half the cycles of whole Philly consider one job (an
+        aged one that cannot start, reserves its model, and no one after it can pass:
+        `scheduler._Cycle._settled`) and never reach a level, yet ranking every level's lines
+        and heaping the first was a large part of each such cycle. Exact: a line reads only its
+        jobs and `ranks`, fixed for the cycle. The first level's entries are those `__init__`
+        would have made: a team charged since (`done` of an aged job that started, which
+        renews no entry) keeps its ratio of then (`_frozen`), one `charge` renewed is made anew.
+        """
+        frozen = self._frozen
+        self._frozen = None
         while self._level + 1 < len(self._levels):
             self._level += 1
-            self._lines = self._levels[self._level]
+            level = self._levels[self._level]
+            self._lines = lines = self._ranked(level, self._buckets[level])
             self._queues = {}
-            for team, q in self._lines.items():
-                if q:
-                    heapq.heappush(self._heap, self._entry(team, q[0]))
-            if self._heap:
+            entry = self._entry
+            if frozen:
+                entries = [entry(team, q[0], frozen.get(team)) for team, q in lines.items() if q]
+            else:
+                entries = [entry(team, q[0]) for team, q in lines.items() if q]
+            if entries:
+                # Entries are unique (job ids), so the heap's layout decides no order.
+                heap = self._heap  # (empty: `pop` holds it)
+                heap.extend(entries)
+                heapq.heapify(heap)
                 return True
         return False
+
+    def _ranked(self, level: int, per: dict[str, list[JobRequest]]) -> dict[str, list[JobRequest]]:
+        """A level's team lines, each sorted by rank (see `__init__`)."""
+        ranks = self._ranks
+        if ranks is None:
+            return per
+        line = self._rank_line
+        if line is not None:
+            return {team: line(level, team, jobs, ranks) for team, jobs in per.items()}
+        named = ranks.keys()
+        return {
+            team: jobs if named.isdisjoint(map(_job_id, jobs)) else _by_rank(jobs, ranks) for team, jobs in per.items()
+        }
 
     def pop(self) -> JobRequest | None:
         """The next job to consider; call `done` with it before the next `pop`."""
@@ -384,6 +412,9 @@ class TeamQueues:
         Its team may already be in the heap with its old ratio; that entry is renewed."""
         self._charge(job)
         team = job.team
+        if self._frozen is not None:
+            self._frozen.pop(team, None)  # no level entered yet: its entry will be renewed then
+            return
         if team == self._popped_team:
             return  # not in the heap: `pop` reads its ratio afresh
         for i, (*_, name) in enumerate(self._heap):
@@ -394,6 +425,11 @@ class TeamQueues:
                 return
 
     def _charge(self, job: JobRequest) -> None:
+        frozen = self._frozen
+        if frozen is not None and job.team not in frozen:
+            # No level entered yet (`_next_level`): the team's entry keeps the ratio it has now.
+            ratio = self._ratios.get(job.team)
+            frozen[job.team] = self._ratio(job.team) if ratio is None else ratio
         limit = job.time_limit_s or CHARGE_HORIZON_S
         self.usage[job.team] = self.usage.get(job.team, 0.0) + job.gpus * min(limit, CHARGE_HORIZON_S)
         self._ratios.pop(job.team, None)

@@ -420,7 +420,7 @@ class _Cycle:
         if not self.reasons and self._nothing_can_change():
             return Plan(starts=(), preemptions=(), waiting={})
         guaranteed = self._guaranteed if self.quotas.has_quotas else None
-        presorted = index.sorted_in(self.policy, self.now) if index is not None and guaranteed is None else None
+        presorted = index.sorted_lazily(self.policy, self.now) if index is not None and guaranteed is None else None
         ordering = self.policy.ordering
         if ordering.ranked:
             book, dists = self.s.rank_book, self.s.runtime_dist
