@@ -17,11 +17,13 @@ import pytest
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.policy import Policy, Preemption, fifo_policy, priority_policy
 from gpucluster.core.queue_index import QueueIndex
-from gpucluster.core.queueing import TeamQueues, sort_in_plain
+from gpucluster.core.queueing import TeamQueues, sort_in, sort_in_plain, split_guaranteed
 from gpucluster.core.scheduler import _Cycle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import JobRequest, Priority, RunningJob
 
+from .builders import policy as build_policy
+from .builders import preemption, team
 from .test_scheduler_index import _nodes
 
 POLICIES = {
@@ -29,6 +31,14 @@ POLICIES = {
     "fifo": fifo_policy(),
     "priority": priority_policy(),
     "no-fair-share": Policy(fair_share=False, starvation_age_s=100.0),
+    # Quotas: the cycle splits the index's lines by guarantee (`queueing.split_guaranteed`).
+    "quotas": build_policy(
+        team("a", quota={"H100": 6, "A100": 2}),
+        team("b", quota={"A100": 8}),
+        team("c"),
+        preemption=preemption(grace_period_s=5.0, reclaim_quota=True),
+        starvation_age_s=200.0,
+    ),
 }
 
 
@@ -308,3 +318,31 @@ def test_a_batch_into_the_aged_part_is_seen_when_its_length_is_the_same() -> Non
     got = index.sorted_in(policy, -200.0)
     assert len(got[1]) == 301  # 101 of the first jobs and the 200 old ones
     assert got == sort_in_plain(tuple(queue), policy, -200.0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_index_lines_split_by_guarantee_are_sort_ins(seed: int) -> None:
+    """`split_guaranteed` of `sort_in_plain`'s lists (the index's) is `sort_in` with the same
+    guarantee: each job within its team's quota a level above every class, every line by age
+    (a guarantee that depends on a job's team and shape, as `_Cycle._guaranteed`'s does;
+    asked once per distinct request)."""
+    rng = random.Random(seed)
+    pol = POLICIES["quotas"]
+    now = 400.0
+    queue = [_job(rng, k, now) for k in range(1, 120)]
+    for k in rng.sample(range(len(queue)), 20):  # requeued, some held back, some aged
+        queue[k] = replace(queue[k], queued_at=now - rng.choice([5.0, 350.0]), not_before=rng.choice([None, now + 9]))
+    within = {(t, g): rng.random() < 0.5 for t in "abc" for g in (0.5, 1.0, 2.0, 4.0, 8.0, 12.0)}
+    asked: list[int] = []
+
+    def guaranteed(job: JobRequest) -> bool:
+        asked.append(job.job_id)
+        return within[(job.team, job.gpus)]
+
+    want = sort_in(queue, pol, now, guaranteed)
+    asked.clear()
+    got = split_guaranteed(sort_in_plain(queue, pol, now), guaranteed)
+    assert got == want
+    assert {lvl for lvl in got[2] if lvl >= 10} and {lvl for lvl in got[2] if lvl < 10}  # both kinds
+    by_id = {j.job_id: j for j in queue}
+    assert asked and len(asked) == len({by_id[j].demand for j in asked})  # once per distinct request

@@ -17,7 +17,7 @@ import heapq
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import compress, groupby, repeat
+from itertools import compress, count, groupby, repeat
 from operator import and_, attrgetter, is_, not_
 
 from gpucluster.core.policy import Policy
@@ -166,7 +166,7 @@ def sort_in(
             continue
         level = int(job.priority) if priorities else 0
         if guaranteed is not None and guaranteed(job):
-            level += 10
+            level += GUARANTEED_LEVEL
         teams = buckets.get(level)
         if teams is None:
             teams = buckets[level] = {}
@@ -179,6 +179,44 @@ def sort_in(
         by_age(aged),
         {level: {team: by_age(jobs) for team, jobs in per.items()} for level, per in buckets.items()},
     )
+
+
+# Where a guaranteed job's level is put: above every class (`sort_in`).
+GUARANTEED_LEVEL = 10
+_DEMAND = attrgetter("demand")
+
+
+def split_guaranteed(presorted: Presorted, guaranteed: Callable[[JobRequest], bool]) -> Sorted:
+    """`sort_in(queued, policy, now, guaranteed)` from `sort_in_plain`'s lists of the same jobs
+    (a `QueueIndex`'s, kept across cycles): each team line of a level split into the jobs within
+    their team's guaranteed quota (`GUARANTEED_LEVEL` above) and the rest, each in the order it
+    had (by age, as `sort_in`'s). Held and aged jobs do not depend on quotas.
+
+    Why: with quotas the cycle sorted the whole queue in again each cycle (`sort_in`, a Python
+    step per job and the sorts: ~11% of a kept cycle at 100,000 queued and 10,000 nodes), though
+    the index holds the lines by age. `guaranteed` reads a job's team and shape alone
+    (`scheduler._Cycle._guaranteed`), so it is asked once per distinct `demand` (which holds
+    both), and the lines are split at C speed."""
+    held, aged, levels = presorted
+    out: dict[int, dict[str, list[JobRequest]]] = {}
+    memo: dict[tuple[object, ...], bool] = {}
+    get = memo.get
+    for level in list(levels):
+        for team, line in levels[level].items():
+            demands = list(map(_DEMAND, line))
+            mask = list(map(get, demands))
+            if None in mask:
+                for i in compress(count(), map(is_, mask, repeat(None))):
+                    hit = memo.get(demands[i])
+                    if hit is None:
+                        hit = memo[demands[i]] = guaranteed(line[i])
+                    mask[i] = hit
+            ours = list(compress(line, mask))
+            if ours:
+                out.setdefault(level + GUARANTEED_LEVEL, {})[team] = ours
+            if len(ours) != len(line):
+                out.setdefault(level, {})[team] = line if not ours else list(compress(line, map(not_, mask)))
+    return held, aged, out
 
 
 def sort_in_plain(queued: Sequence[JobRequest], policy: Policy, now: float) -> Sorted:
