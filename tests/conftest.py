@@ -84,9 +84,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     part = config.getoption("--part")
     if part == "all":
         return
-    keep = [item for item in items if suite_part(item.nodeid) == part]
-    if len(keep) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if suite_part(item.nodeid) != part])
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        (keep if suite_part(item.nodeid) == part else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
 

@@ -37,19 +37,25 @@ ops = st.lists(
 def test_the_kept_map_is_the_rebuilt_one(steps: list[Step]) -> None:
     learned = LearnedRuntimes({"H100"})
     present: dict[int, TraceJob] = {}
-    for op, job_id, team, user, name, gpus, limit, run_s in steps:
-        trace = _trace(job_id, team, user, name, gpus, limit)
-        if op == "arrive" and job_id not in present:
-            present[job_id] = trace
-            learned.arrived(trace)
-        elif op == "finish":
-            learned.finished(trace, run_s, "H100")
-        elif op == "leave" and job_id in present:
-            del present[job_id]
-            learned.left(job_id)
-        elif op == "look":
+    for step in steps:
+        if _apply(learned, present, step):
             _check(learned, present)
     _check(learned, present)
+
+
+def _apply(learned: LearnedRuntimes, present: dict[int, TraceJob], step: Step) -> bool:
+    """Apply one step to `learned` and `present` (the jobs in the system); whether it is a "look"."""
+    op, job_id, team, user, name, gpus, limit, run_s = step
+    trace = _trace(job_id, team, user, name, gpus, limit)
+    if op == "arrive" and job_id not in present:
+        present[job_id] = trace
+        learned.arrived(trace)
+    elif op == "finish":
+        learned.finished(trace, run_s, "H100")
+    elif op == "leave" and job_id in present:
+        del present[job_id]
+        learned.left(job_id)
+    return op == "look"
 
 
 def _check(
@@ -89,19 +95,10 @@ def test_runs_learned_between_relearns_lag_only_their_kinds(steps: list[Step], g
     learned = LearnedRuntimes({"H100"})
     present: dict[int, TraceJob] = {}
     now = 0.0
-    for (op, job_id, team, user, name, gpus, limit, run_s), gap in zip(steps, gaps, strict=False):
+    for step, gap in zip(steps, gaps, strict=False):
         now += gap
-        trace = _trace(job_id, team, user, name, gpus, limit)
-        if op == "arrive" and job_id not in present:
-            present[job_id] = trace
-            learned.arrived(trace)
-        elif op == "finish":
-            learned.finished(trace, run_s, "H100")
-        elif op == "leave" and job_id in present:
-            del present[job_id]
-            learned.left(job_id)
-        elif op == "look":
-            settled = {j: t for j, t in present.items() if not learned.waiting(t)}
+        if _apply(learned, present, step):
+            settled = {j: t for j, t in present.items() if not learned.waiting(j)}
             _check(learned, settled, now, 600.0, whole=False)
     _check(learned, present, now + 600.0, 600.0)
 
@@ -114,12 +111,12 @@ def test_a_run_waits_for_the_relearn_then_reaches_its_kinds_jobs() -> None:
         learned.finished(_trace(10 + i, "a", "ann", "train", 8.0, None), run_s, "H100")
     assert learned.distributions(0.0, 600.0)[1].values == (100.0, 200.0, 300.0)  # the first: at once
     learned.finished(_trace(13, "a", "ann", "train", 8.0, None), 400.0, "H100")
-    assert learned.waiting(waiting)
+    assert learned.waiting(1)
     assert learned.distributions(599.0, 600.0)[1].values == (100.0, 200.0, 300.0)
     new = _trace(2, "a", "ann", "train", 1.0, None)  # a kind first seen meanwhile: looked up at once
     learned.arrived(new)
     assert learned.distributions(599.0, 600.0)[2].values == (100.0, 200.0, 300.0, 400.0)
     assert learned.distributions(600.0, 600.0)[1].values == (100.0, 200.0, 300.0, 400.0)
-    assert not learned.waiting(waiting)
+    assert not learned.waiting(1)
     learned.finished(_trace(14, "b", "ann", "train", 8.0, None), 500.0, "H100")  # ann's, in another team
-    assert learned.waiting(waiting)  # a key that names her and no team may change
+    assert learned.waiting(1)  # a key that names her and no team may change

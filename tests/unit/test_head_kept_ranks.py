@@ -198,7 +198,7 @@ def test_runs_reach_the_queued_jobs_at_the_next_relearn_and_check_mode_holds_mea
         waiting = [q.job_id for q in snap.queued]
         assert waiting == jobs[4:]  # the plan on it starts jobs[4]
         assert all(snap.runtime_dist[j] is before[j] for j in waiting)  # not taken in yet
-        assert set(waiting) <= c.head.runtime.lagging(snap.queued, nodes)
+        assert set(waiting) <= c.head.runtime.lagging(snap.queued)
         fresh = c.head.runtime.fresh_distributions(snap.queued, nodes)
         assert all(fresh[j].values == (60.0, 700.0, 700.0, 700.0) for j in waiting)  # what it lags
         waiting = jobs[5:]  # (jobs[4] started on that plan: it left the kept map)
@@ -208,6 +208,6 @@ def test_runs_reach_the_queued_jobs_at_the_next_relearn_and_check_mode_holds_mea
         snap = planned[-1]
         assert [q.job_id for q in snap.queued] == waiting
         assert all(snap.runtime_dist[j].values == (60.0, 700.0, 700.0, 700.0) for j in waiting)
-        assert not c.head.runtime.lagging(snap.queued, nodes)
+        assert not c.head.runtime.lagging(snap.queued)
     finally:
         c.close()

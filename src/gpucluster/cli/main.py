@@ -1344,9 +1344,10 @@ def _ordering_line(order: dict[str, Any], starvation_age_s: float | None) -> str
         f"promoted after {format_duration(promote)} waiting" if promote is not None else "never promoted",
     ]
     if order.get("runtime_model") == "gittins":
-        every = order.get("relearn_every_s")
-        again = f", relearned every {format_duration(every)}" if every else ", relearned at every plan"
-        parts.append("by learned run times inside a queue" + (again if every is not None else ""))
+        learned, every = "by learned run times inside a queue", order.get("relearn_every_s")
+        if every is not None:  # (a head before `relearn_every` says nothing of it)
+            learned += f", relearned every {format_duration(every)}" if every else ", relearned at every plan"
+        parts.append(learned)
     if order.get("preempt"):
         parts.append(f"stops checkpointed jobs of a later queue after {format_duration(order.get('min_slice_s') or 0)}")
     return "; ".join(parts) + ")" + aged

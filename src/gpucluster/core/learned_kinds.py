@@ -15,7 +15,7 @@ its write log to learn whose distribution changed. So both keep it the same way,
   at each look-up was most of that cost;
 - the kinds touched by learned runs are looked up again at most every `every_s` of the caller's
   clock (`ordering.relearn_every_s`, core/attained.py says why); a kind first seen meanwhile is
-  looked up at once, with every run learned so far. `waiting(shape)` says whether a kind's
+  looked up at once, with every run learned so far. `waiting(job_id)` says whether a job's
   entry may lag the predictor (check mode compares the others with a whole look-up).
 The map handed out (`distributions`) is `Logged`, one object for the life of this one.
 
@@ -96,9 +96,13 @@ class LearnedKinds:
             if kind.shape.user:
                 self._by_user[kind.shape.user].discard(kind)
 
-    def waiting(self, shape: JobShape) -> bool:
-        """Whether runs learned since the last relearn may change the distribution of `shape`'s
-        kind (its entry then lags a whole look-up until the next one)."""
+    def waiting(self, job_id: int) -> bool:
+        """Whether runs learned since the last relearn may change the distribution of `job_id`'s
+        kind (its entry then lags a whole look-up until the next one); False for a job not told of."""
+        kind = self._kind_of.get(job_id)
+        if kind is None:
+            return False
+        shape = kind.shape
         return shape.team in self._dirty_teams or (bool(shape.user) and shape.user in self._dirty_users)
 
     def distributions(self, now: float = 0.0, every_s: float = 0.0) -> Logged[RunDistribution]:

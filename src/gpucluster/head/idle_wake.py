@@ -16,8 +16,8 @@ class is above every queued job's at the idle plan (it may preempt a lower class
 could not), or the idle plan saw a whole GPU free (a job of another model or size may fit where
 the queued ones did not: no `IdleBar` then). Under attained-service preemption whether some
 running job may be taken does not depend on the queue (`_Cycle._nothing_can_change`), so a new
-job's rank needs no test here. A wake missed by a race with the loop (the bar read just before the loop cleared it)
-waits for the periodic cycle: a later start, never a different plan.
+job's rank needs no test here. A wake missed by a race with the loop (the bar read just before
+the loop cleared it) waits for the periodic cycle: a later start, never a different plan.
 """
 
 from __future__ import annotations

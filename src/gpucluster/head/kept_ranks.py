@@ -80,7 +80,7 @@ class KeptRanks:
                 raise StateMismatch(f"the head's kept LAS ranks differ from attained.ranks: jobs {wrong[:5]}")
             return
         want_dists = self.runtime.fresh_distributions(snap.queued, nodes)
-        kept, lag = snap.runtime_dist, self.runtime.lagging(snap.queued, nodes)
+        kept, lag = snap.runtime_dist, self.runtime.lagging(snap.queued)
         differ = [
             q.job_id
             for q in snap.queued

@@ -201,15 +201,13 @@ class RuntimeModel:
                     out[q.job_id] = d
         return out
 
-    def lagging(self, queued: Sequence[JobRequest], nodes: Iterable[Node]) -> set[int]:
+    def lagging(self, queued: Sequence[JobRequest]) -> set[int]:
         """The queued jobs whose kind waits for the next relearn (`LearnedKinds.waiting`): their
         kept distribution may lag `fresh_distributions`, so check mode passes them over."""
         kinds = self._kinds
         if kinds is None:
             return set()
-        only = _only_model(nodes)
-        with self._lock:
-            return {q.job_id for q in queued if kinds.waiting(self._queued_shape(q, only))}
+        return {q.job_id for q in queued if kinds.waiting(q.job_id)}
 
     def predict(
         self,

@@ -63,6 +63,6 @@ class LearnedRuntimes:
         time (`ordering.relearn_every_s`, as the head takes them: core/learned_kinds.py)."""
         return self._kinds.distributions(now, every_s)
 
-    def waiting(self, trace: TraceJob) -> bool:
-        """Whether `trace`'s distribution may lag the predictor until the next relearn."""
-        return self._kinds.waiting(trace_shape(trace, "", self._only_model))
+    def waiting(self, job_id: int) -> bool:
+        """Whether the queued job's distribution may lag the predictor until the next relearn."""
+        return self._kinds.waiting(job_id)
