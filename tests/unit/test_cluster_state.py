@@ -19,7 +19,18 @@ import pytest
 from sqlalchemy import update
 
 from gpucluster.core.cluster_state import ClusterState, StateMismatch
-from gpucluster.core.events import Drained, Ended, Held, NodeDown, NodeUp, Released, Started, Submitted, Undrained
+from gpucluster.core.events import (
+    Checkpointed,
+    Drained,
+    Ended,
+    Held,
+    NodeDown,
+    NodeUp,
+    Released,
+    Started,
+    Submitted,
+    Undrained,
+)
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import sort_in_plain
@@ -101,10 +112,12 @@ def _random_history(
             next_id += 1
             queued[j.job_id] = j
             state.apply(Submitted(j))
-        elif roll < 0.7:
+        elif roll < 0.65:
             job_id = rng.choice(list(queued))
             state.apply(Started(running(job_id, "n1", 0)))
             del queued[job_id]
+        elif roll < 0.7 and state.running:
+            state.apply(Checkpointed(rng.choice(list(state.running)), float(rng.randrange(100))))
         elif roll < 0.85:
             job_id = rng.choice(list(queued))
             state.apply(Ended(job_id))
@@ -114,6 +127,9 @@ def _random_history(
             j = job(job_id).gpus(8).team("b").build()
             queued[job_id] = j
             state.apply(Submitted(j))
+        if rng.random() < 0.5:  # the tuples a snapshot takes, kept between events, are the maps'
+            assert state.queued_jobs() == tuple(state.queued.values())
+            assert state.running_jobs() == tuple(state.running.values())
 
 
 @pytest.mark.parametrize("seed", range(20))

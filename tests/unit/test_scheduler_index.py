@@ -161,7 +161,7 @@ def test_a_told_index_gives_fresh_plans_over_a_history(seed: int, honest: bool) 
     running: dict[int, RunningJob] = {}
     queued: dict[int, JobRequest] = {}
     forgot = False
-    shared = False
+    shared = elastic = False
     next_id = 1
     for cycle in range(50):
         now = cycle * 10.0
@@ -189,17 +189,22 @@ def test_a_told_index_gives_fresh_plans_over_a_history(seed: int, honest: bool) 
         # share running) is what a pass over them finds.
         assert index.lowest_class() == min((int(j.priority) for j in running.values()), default=None)
         assert index.shares_running() == any(j.allocation.slices[0].share < 1 for j in running.values())
+        assert index.elastic_running() == any(j.min_gpus is not None for j in running.values())
         shared = shared or bool(index.shares_running())
+        elastic = elastic or bool(index.elastic_running())
         for p in fresh.preemptions:
             running[p.job_id] = replace(running[p.job_id], stopping=True)
             index.stopping(running[p.job_id])  # its expected end changes: the book must know
         for st in fresh.starts:
             req = queued.pop(st.job_id)
             job = RunningJob(st.job_id, st.allocation, req.team, req.priority, now, req.time_limit_s)
+            if st.allocation.gpu_count > 1 and rng.random() < 0.2:  # elastic: it could be shrunk
+                job = replace(job, min_gpus=1)
             running[st.job_id] = job
             index.add(job)
     assert running, "the history never started anything: it tests nothing"
     assert shared, "no share of a GPU ever ran: the count of them was never tested"
+    assert elastic, "no elastic job ever ran: the count of them was never tested"
     assert index.rebuilds == 2
     if honest:
         assert index.diffs == 0

@@ -29,8 +29,8 @@ another default time limit, the book is rebuilt from the cycle's running jobs.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
 from gpucluster.core.backfill import EndBook
 from gpucluster.core.counts import bump
@@ -53,6 +53,7 @@ class CapacityIndex:
         self._classes: Counter[int] = Counter()  # running jobs per priority class
         self._class_of: dict[int, int] = {}  # job id -> its class, as counted
         self._sharing: set[int] = set()  # running jobs whose first slice is a share of a GPU
+        self._elastic: set[int] = set()  # running jobs that could be shrunk (a `min_gpus`)
 
     def capacity(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> Capacity:
         """An independent working copy of the free capacity for these nodes and running jobs
@@ -64,12 +65,11 @@ class CapacityIndex:
         only (a caller that takes or releases anything uses `trial`): no copy, no undo log."""
         return self._base_for(nodes, running)
 
-    @contextmanager
-    def trial(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> Iterator[Capacity]:
+    def trial(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> AbstractContextManager[Capacity]:
         """A working copy of the free capacity for these nodes and running jobs, for one cycle:
-        valid inside the `with` block, whose end undoes what the cycle wrote (`Capacity.trial`)."""
-        with self._base_for(nodes, running).trial() as cap:
-            yield cap
+        valid inside the `with` block, whose end undoes what the cycle wrote (`Capacity.trial`;
+        the base is brought up to date at this call, the `with` statement's own)."""
+        return self._base_for(nodes, running).trial()
 
     def _base_for(self, nodes: tuple[Node, ...], running: Sequence[RunningJob]) -> Capacity:
         """The kept base, brought up to these nodes and running jobs."""
@@ -137,6 +137,7 @@ class CapacityIndex:
         self._class_of = {j.job_id: int(j.priority) for j in running}
         self._classes = Counter(self._class_of.values())
         self._sharing = {j.job_id for j in running if _shares(j)}
+        self._elastic = {j.job_id for j in running if j.min_gpus is not None}
 
     def lowest_class(self) -> int | None:
         """A told index: the lowest priority class of the running jobs of the last `capacity`
@@ -150,6 +151,13 @@ class CapacityIndex:
         cycle asks it each time it builds its victim pool (`scheduler._Cycle._shares_running`),
         and a pass over every running job was 5% of whole Philly under `las`."""
         return bool(self._sharing) if self._told else None
+
+    def elastic_running(self) -> bool | None:
+        """A told index: whether any running job of the last `capacity` call is elastic (None:
+        a comparing index), as `shares_running` keeps its answer. Why: the cycle asks it at its
+        first preemption (`scheduler._Cycle._elastic_runs`), and its pass over every running
+        job was ~1% of whole Philly under `las-gittins`."""
+        return bool(self._elastic) if self._told else None
 
     def _apply_changes(self, base: Capacity) -> None:
         """The reported starts, ends and stops, in order: what the comparison in `capacity`
@@ -167,6 +175,7 @@ class CapacityIndex:
                 base.release(was)
                 bump(self._classes, self._class_of.pop(job_id), -1)
                 self._sharing.discard(job_id)
+                self._elastic.discard(job_id)
                 if book is not None:
                     book.remove(job_id)
             if kind == _STARTED:
@@ -176,6 +185,8 @@ class CapacityIndex:
                 bump(self._classes, int(job.priority), 1)
                 if _shares(job):
                     self._sharing.add(job_id)
+                if job.min_gpus is not None:
+                    self._elastic.add(job_id)
                 if book is not None:
                     book.add(job)
         self._changes.clear()

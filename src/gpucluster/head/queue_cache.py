@@ -118,4 +118,4 @@ class QueueCache:
         """The queue (the loop's thread applies what others told first)."""
         with self._lock:
             self._apply_pending()
-            return tuple(self.state.queued.values())
+            return self.state.queued_jobs()

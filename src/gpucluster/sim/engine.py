@@ -38,6 +38,7 @@ from gpucluster.core.cluster_state import ClusterState
 from gpucluster.core.elastic import grow
 from gpucluster.core.eligibility import Target, array_target, eligible
 from gpucluster.core.events import (
+    Checkpointed,
     Drained,
     Ended,
     Held,
@@ -590,8 +591,8 @@ class Engine:
         usage = self._usage.at(now) if self._usage is not None else {}
         return scheduling.snapshot(
             self._nodes,
-            tuple(self._running.values()),
-            tuple(self._queued.values()),
+            self._state.running_jobs(),
+            self._state.queued_jobs(),
             usage,
             self._capacity,
             self._queue_index,
@@ -865,7 +866,7 @@ class Engine:
         job = self._active.get(job_id)
         if job is None or job.token != token or job.stop is not None or job.interval is None:
             return
-        self._running[job_id] = scheduling.checkpointed(self._running[job_id], now)
+        self._state.apply(Checkpointed(job_id, now))
         done = round((now - job.run_start - job.startup) / (job.interval + self.spec.checkpoints.cost_s))
         if done < job.plan.checkpoints:
             self._push(now + job.interval + self.spec.checkpoints.cost_s, _CKPT, job_id, token)
@@ -883,7 +884,7 @@ class Engine:
     def _record(self, job: SimJob, now: float, outcome: int) -> None:
         res = self.result
         if self._learned is not None:
-            self._learned.left(job.trace.job_id)
+            self._learned.gone(job.trace.job_id)
         res.job_id.append(job.trace.job_id)
         res.submit.append(job.trace.submit)
         res.first_start.append(job.first_start)

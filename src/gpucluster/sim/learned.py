@@ -42,20 +42,39 @@ class LearnedRuntimes:
         self.predictor = predictor or RuntimePredictor()
         self._only_model = next(iter(models)) if len(models) == 1 else ""
         self._kinds = LearnedKinds(self.predictor)  # the head keeps its queued jobs' the same way
+        # Job id -> (its trace, its shape when queued) while the job is in the system: a job's
+        # shape is made once, not at each queueing and again at its end (`trace_shape` built
+        # twice per job was ~1% of whole Philly under `las-gittins`).
+        self._shapes: dict[int, tuple[TraceJob, JobShape]] = {}
+
+    def _queued_shape(self, trace: TraceJob) -> JobShape:
+        kept = self._shapes.get(trace.job_id)
+        if kept is not None and kept[0] is trace:
+            return kept[1]
+        shape = trace_shape(trace, "", self._only_model)
+        self._shapes[trace.job_id] = (trace, shape)
+        return shape
 
     def arrived(self, trace: TraceJob) -> None:
         """`trace` entered the queue (it arrived, or was requeued)."""
-        self._kinds.arrived(trace.job_id, trace_shape(trace, "", self._only_model))
+        self._kinds.arrived(trace.job_id, self._queued_shape(trace))
 
     def finished(self, trace: TraceJob, run_s: float, model: str) -> None:
         """A run that tells how long such work takes (it ended, or was stopped at its limit)."""
-        shape = trace_shape(trace, model, self._only_model)
+        shape = self._queued_shape(trace)
+        if model and shape.model != model:  # it ran on another model than its queued shape names
+            shape = trace_shape(trace, model, self._only_model)
         self.predictor.add(FinishedRun(shape, run_s))
         self._kinds.learned(shape)
 
     def left(self, job_id: int) -> None:
-        """The job left the queue (it started) or the system."""
+        """The job left the queue (it started)."""
         self._kinds.left(job_id)
+
+    def gone(self, job_id: int) -> None:
+        """The job left the system (it ended for good, or was cancelled)."""
+        self._kinds.left(job_id)
+        self._shapes.pop(job_id, None)
 
     def distributions(self, now: float = 0.0, every_s: float = 0.0) -> Mapping[int, RunDistribution]:
         """Job id -> the run times of finished jobs like it, for every queued job with such history

@@ -175,12 +175,6 @@ def restart_delay(restart: int) -> float:
     return restart_backoff(restart)
 
 
-def checkpointed(job: RunningJob, at: float) -> RunningJob:
-    """The same running job after it reported a checkpoint at `at` (preemption picks victims
-    that lose the least work since their last checkpoint)."""
-    return replace(job, last_checkpoint_at=at)
-
-
 def stopping(job: RunningJob) -> RunningJob:
     """The same running job once a stop (preemption) is under way."""
     return replace(job, stopping=True)

@@ -1,0 +1,105 @@
+"""A one-node reservation (`backfill.reserve`) is the node a naive search finds: each node of the
+model asked in turn when it has the GPUs free, by its own running jobs' ends and the cycle's.
+
+`reserve` finds it in one walk over the model's ends in time order (`backfill._first_ready`);
+this checks that walk against the per-node search it replaced, over random clusters: nodes of
+two sizes, whole-GPU jobs on one or two nodes ending before, at and after `now` (ties
+included), with and without a kept book of ends, ends the cycle adds, node selections.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpucluster.core.backfill import EndBook, EndTimes, raw_end, reserve
+from gpucluster.core.placement import Capacity
+from gpucluster.core.types import RunningJob
+from tests.unit.builders import job, node, running, spread
+
+NOW = 100.0
+DEFAULT_LIMIT = 500.0
+# The capacity, its ends as `reserve` reads them and per node as the search does, GPUs asked,
+# the nodes allowed (None: all).
+Case = tuple[Capacity, EndTimes, dict[str, list[tuple[float, int]]], int, frozenset[str] | None]
+
+
+def _naive(n: int, cap: Capacity, ends: dict[str, list[tuple[float, int]]], allowed: frozenset[str] | None) -> object:
+    """The search as it was: every node with fewer than `n` free, ready at the end that brings
+    it to `n` (never before NOW); the soonest, then the first name."""
+    best: tuple[float, str] | None = None
+    for name, idxs in cap.free["H100"].items():
+        if allowed is not None and name not in allowed:
+            continue
+        free = len(idxs)
+        if free >= n:
+            continue
+        for end, gpus in sorted(ends.get(name, [])):
+            free += gpus
+            if free >= n:
+                ready = (max(end, NOW), name)
+                best = ready if best is None or ready < best else best
+                break
+    return best
+
+
+@st.composite
+def _cluster(
+    draw: st.DrawFn,
+) -> tuple[Capacity, EndTimes, dict[str, list[tuple[float, int]]], int, frozenset[str] | None]:
+    sizes = draw(st.lists(st.sampled_from((4, 8)), min_size=1, max_size=6))
+    nodes = tuple(node(f"n{i}").gpus(size).build() for i, size in enumerate(sizes))
+    jobs: list[RunningJob] = []
+    used = {f"n{i}": 0 for i in range(len(sizes))}
+    # Ends drawn from a few values, so that ties (and ends before NOW) are common.
+    for job_id in range(1, draw(st.integers(0, 14)) + 1):
+        i = draw(st.integers(0, len(sizes) - 1))
+        name = f"n{i}"
+        take = draw(st.integers(1, 4))
+        if used[name] + take > sizes[i]:
+            continue
+        started = draw(st.sampled_from((0.0, 40.0, 90.0)))
+        limit = draw(st.sampled_from((None, 10.0, 60.0, 200.0)))
+        other = f"n{(i + 1) % len(sizes)}"
+        if other != name and draw(st.booleans()) and used[other] + take <= sizes[(i + 1) % len(sizes)]:
+            gpus = {name: range(used[name], used[name] + take), other: range(used[other], used[other] + take)}
+            jobs.append(spread(job_id, gpus, started_at=started, limit=limit))
+            used[other] += take
+        else:
+            jobs.append(running(job_id, name, *range(used[name], used[name] + take), started_at=started, limit=limit))
+        used[name] += take
+    cap = Capacity(nodes, tuple(jobs))
+    ends_of: dict[str, list[tuple[float, int]]] = {}
+    for j in jobs:
+        for s in j.allocation.slices:
+            ends_of.setdefault(s.node, []).append((raw_end(j, DEFAULT_LIMIT), len(s.gpu_indices)))
+    if draw(st.booleans()):  # a caller that keeps a book of the running jobs' ends (the head, the simulator)
+        ends = EndTimes(EndBook.of(jobs, cap.gpus, DEFAULT_LIMIT))
+    else:
+        ends = EndTimes()
+        for j in jobs:
+            for s in j.allocation.slices:
+                ends.add("H100", s.node, raw_end(j, DEFAULT_LIMIT), len(s.gpu_indices))
+    for _ in range(draw(st.integers(0, 3))):  # what the cycle adds (its starts, jobs stopping)
+        name = f"n{draw(st.integers(0, len(sizes) - 1))}"
+        item = (draw(st.sampled_from((NOW, 150.0, 300.0))), draw(st.integers(1, 2)))
+        ends.add("H100", name, *item)
+        ends_of.setdefault(name, []).append(item)
+    n = draw(st.integers(1, 8))
+    allowed = None
+    if draw(st.booleans()):
+        allowed = frozenset(f"n{i}" for i in range(len(sizes)) if draw(st.booleans()))
+    return cap, ends, ends_of, n, allowed
+
+
+@settings(max_examples=400, deadline=None)
+@given(_cluster())
+def test_a_one_node_reservation_is_the_node_a_search_of_every_node_finds(case: Case) -> None:
+    cap, ends, ends_of, n, allowed = case
+    if n > cap.node_size["H100"]:
+        return  # a job over several nodes: not a one-node reservation
+    got = reserve(job(7).gpus(n).build(), "H100", cap, ends, NOW, allowed)
+    want = _naive(n, cap, ends_of, allowed)
+    assert (None if got is None else (got.shadow, min(got.nodes))) == want
+    if got is not None:
+        assert len(got.nodes) == 1
