@@ -33,11 +33,9 @@ from heapq import merge
 from gpucluster.core.placement import EPS, Capacity
 from gpucluster.core.types import Allocation, Gpu, JobRequest, RunningJob
 
-# (expected end, GPUs back then[, job id, node]): ordered by end first; the rest never decides
-# a reservation (the GPU count reached at an end does not depend on the order of equal ends).
-EndItem = tuple[float, int] | tuple[float, int, int, str]
-# An `EndBook`'s: (expected end, GPUs back then, job id, node).
-BookItem = tuple[float, int, int, str]
+# (expected end, GPUs back then[, job id]): ordered by end first; the rest never decides a
+# reservation (the GPU count reached at an end does not depend on the order of equal ends).
+EndItem = tuple[float, int] | tuple[float, int, int]
 # (expected end, CPUs back, host memory MiB back[, job id]) on one node.
 HostItem = tuple[float, float, int] | tuple[float, float, int, int]
 
@@ -72,10 +70,10 @@ class EndBook:
     def __init__(self, gpus: Mapping[tuple[str, int], Gpu], default: float) -> None:
         self.gpus = gpus
         self.default = default
-        self.on_node: dict[tuple[str, str], list[BookItem]] = {}
-        self.on_model: dict[str, list[BookItem]] = {}
+        self.on_node: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
+        self.on_model: dict[str, list[tuple[float, int, int]]] = {}
         self.aside: dict[int, RunningJob] = {}  # stopping or sharing a GPU: worked out per cycle
-        self._placed: dict[int, list[tuple[str, str, BookItem]]] = {}
+        self._placed: dict[int, list[tuple[str, str, tuple[float, int, int]]]] = {}
         # Per node, the ends of the CPUs and host memory jobs hold there (jobs not aside).
         self.host_on_node: dict[str, list[tuple[float, float, int, int]]] = {}
         self._host_placed: dict[int, list[tuple[str, tuple[float, float, int, int]]]] = {}
@@ -97,7 +95,7 @@ class EndBook:
             node = s.node
             if s.gpu_indices:  # none for a CPU-only job: only its host part comes back
                 model = self.gpus[(node, s.gpu_indices[0])].model
-                item = (end, len(s.gpu_indices), job.job_id, node)
+                item = (end, len(s.gpu_indices), job.job_id)
                 insort(self.on_node.setdefault((model, node), []), item)
                 insort(self.on_model.setdefault(model, []), item)
                 placed.append((model, node, item))
@@ -123,7 +121,7 @@ class EndBook:
         self.aside[job.job_id] = job
 
 
-def _drop(items: list[BookItem], item: BookItem) -> None:
+def _drop(items: list[tuple[float, int, int]], item: tuple[float, int, int]) -> None:
     del items[bisect_left(items, item)]
 
 
@@ -230,7 +228,7 @@ class EndTimes:
         return _in_order(base, extra)
 
 
-def _in_order(base: list[BookItem] | None, extra: list[tuple[float, int]] | None) -> Iterable[EndItem]:
+def _in_order(base: list[tuple[float, int, int]] | None, extra: list[tuple[float, int]] | None) -> Iterable[EndItem]:
     if not extra:
         return base or ()
     if not base:
@@ -260,50 +258,31 @@ def reserve(
                 nodes = frozenset(nd for nd, models in cap.node_models.items() if model in models)
                 return Reservation(job.job_id, model, max(item[0], now), nodes)
         return None
-    best = _first_ready(n, model, cap, ends, now, allowed)
+    best: tuple[float, str] | None = None
+    # `ends.on_node` inlined: this loop runs over every node of the model once per cycle that
+    # makes a reservation, and most nodes hold only the book's sorted ends.
+    extra = ends.by_node
+    base = ends.book.on_node if ends.book is not None else {}
+    for node, idxs in cap.free[model].items():
+        if allowed is not None and node not in allowed:
+            continue
+        free = len(idxs)
+        if free >= n:
+            continue  # excluded by another reservation, or refused by quota: not a place to hold
+        key = (model, node)
+        items = _in_order(base.get(key), extra.get(key)) if key in extra else base.get(key, ())
+        for item in items:
+            if best is not None and item[0] > best[0]:
+                break  # by end: this node is ready no sooner than the best one found
+            free += item[1]
+            if free >= n:
+                end = item[0] if item[0] > now else now
+                if best is None or (end, node) < best:
+                    best = (end, node)
+                break
     if best is None:
         return None
     return Reservation(job.job_id, model, best[0], frozenset({best[1]}))
-
-
-def _first_ready(
-    n: int, model: str, cap: Capacity, ends: EndTimes, now: float, allowed: frozenset[str] | None
-) -> tuple[float, str] | None:
-    """(when, node): the node of `model` (of `allowed`, if given) that has `n` GPUs free first
-    by the expected ends (never before `now`; a tie goes to the first name), among the nodes
-    with fewer than `n` free now (one with as many is excluded by another reservation, or
-    refused by quota: not a place to hold); None if running jobs alone never free enough.
-
-    One walk over the model's ends in time order (the book's, merged with the cycle's own),
-    counting down what each node still lacks, until no later end can be sooner than the best
-    found. Why: it used to ask every node of the model for its own ends in turn (a Python step
-    and a look-up per node, once per cycle that makes a reservation: ~5% of whole Philly),
-    though the first node ready is nearly always found among the first few ends."""
-    free = cap.free[model]
-    base = ends.book.on_model.get(model, []) if ends.book is not None else []
-    extra = [(end, g, 0, node) for (m, node), items in ends.by_node.items() if m == model for end, g in items]
-    walk: Iterable[BookItem] = merge(base, sorted(extra)) if extra else base
-    lacks: dict[str, int] = {}  # node -> GPUs it still lacks (0: ready, or not a place to hold)
-    best: tuple[float, str] | None = None
-    for end, gpus, _, node in walk:
-        if end < now:
-            end = now
-        if best is not None and end > best[0]:
-            break  # every later end is later still
-        short = lacks.get(node)
-        if short is None:
-            idxs = free.get(node)
-            short = (
-                0 if idxs is None or len(idxs) >= n or (allowed is not None and node not in allowed) else n - len(idxs)
-            )
-        if not short:
-            lacks[node] = 0
-            continue
-        short -= gpus
-        lacks[node] = short if short > 0 else 0
-        if short <= 0 and (best is None or (end, node) < best):
-            best = (end, node)
-    return best
 
 
 def _reserve_across(
