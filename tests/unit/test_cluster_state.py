@@ -114,7 +114,7 @@ def _random_history(
             state.apply(Submitted(j))
         elif roll < 0.65:
             job_id = rng.choice(list(queued))
-            state.apply(Started(running(job_id, "n1", 0)))
+            state.apply(Started(running(job_id, "n1", 0, priority=rng.choice(("low", "normal")))))
             del queued[job_id]
         elif roll < 0.7 and state.running:
             state.apply(Checkpointed(rng.choice(list(state.running)), float(rng.randrange(100))))
@@ -130,6 +130,12 @@ def _random_history(
         if rng.random() < 0.5:  # the tuples a snapshot takes, kept between events, are the maps'
             assert state.queued_jobs() == tuple(state.queued.values())
             assert state.running_jobs() == tuple(state.running.values())
+            by_class = state.running_by_class()  # ... and so is the running jobs' split by class
+            assert by_class.running is state.running_jobs()
+            split: dict[int, tuple[dict[int, RunningJob], dict[int, RunningJob]]] = {}
+            for r in state.running.values():
+                split.setdefault(int(r.priority), ({}, {}))[r.last_checkpoint_at is None][r.job_id] = r
+            assert {c: parts for c, parts in by_class.classes.items() if parts != ({}, {})} == split
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from gpucluster.core import attained, gittins
 from gpucluster.core.attained import Ordering, gittins_ranks, may_be_taken, may_take, rank_of, ranks, standing
+from gpucluster.core.cluster_state import ClusterState
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import TeamQueues
 from gpucluster.core.runtime_predict import RunDistribution
@@ -236,8 +237,12 @@ def test_the_cheap_las_paths_change_no_plan(scenario: tuple[Snapshot, Policy]) -
     the waits it names are the reference's (a job answered from an earlier one's request is not
     named, as on the default path)."""
     snap, pol = scenario
+    # ... and with the running jobs by class, as a cluster state keeps them (the simulator's).
+    by_class = ClusterState.build(running=snap.running).running_by_class()
+    kept = replace(snap, running=by_class.running, running_by_class=by_class)
     for reasons in (True, False):
         fast = _Cycle(snap, pol, NOW, reasons).run()
+        assert _Cycle(kept, pol, NOW, reasons).run() == fast
         with mock.patch.object(attained, "ranks", _all_ranks):
             slow = _PlainLas(snap, pol, NOW, reasons).run()
         assert fast.starts == slow.starts

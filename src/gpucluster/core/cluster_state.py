@@ -40,6 +40,7 @@ from gpucluster.core.events import (
 from gpucluster.core.policy import Policy
 from gpucluster.core.queue_index import QueueIndex
 from gpucluster.core.reasons import WaitFacts
+from gpucluster.core.snapshot import RunningByClass
 from gpucluster.core.types import Allocation, Drain, JobRequest, Node, RunningJob
 from gpucluster.errors import GpuclusterError
 
@@ -89,6 +90,8 @@ class ClusterState:
         # `queued_jobs` and `running_jobs` as last made; None: changed since (see there).
         self._queued_jobs: tuple[JobRequest, ...] | None = None
         self._running_jobs: tuple[RunningJob, ...] | None = None
+        # The running jobs by class, checkpointed or not (`running_by_class`), kept by `apply`.
+        self._by_class: dict[int, tuple[dict[int, RunningJob], dict[int, RunningJob]]] = {}
 
     def queued_jobs(self) -> tuple[JobRequest, ...]:
         """The queued jobs, in the order they entered (a snapshot's `queued`): the same tuple
@@ -107,6 +110,28 @@ class ClusterState:
         if jobs is None:
             jobs = self._running_jobs = tuple(self.running.values())
         return jobs
+
+    def running_by_class(self) -> RunningByClass:
+        """`running_jobs()` by class (a snapshot's `running_by_class`, core/snapshot.py says
+        why), kept from the events rather than sorted out each cycle."""
+        return RunningByClass(self.running_jobs(), self._by_class)
+
+    def _run(self, job: RunningJob) -> None:
+        """`job` into `running`, replacing any object of its id."""
+        old = self.running.get(job.job_id)
+        if old is not None:
+            self._off(old)
+        self.running[job.job_id] = job
+        parts = self._by_class.get(int(job.priority))
+        if parts is None:
+            parts = self._by_class[int(job.priority)] = ({}, {})
+        parts[job.last_checkpoint_at is None][job.job_id] = job
+        self._running_jobs = None
+
+    def _off(self, job: RunningJob) -> None:
+        """`job` (the object kept) out of `_by_class`."""
+        del self._by_class[int(job.priority)][job.last_checkpoint_at is None][job.job_id]
+        self._running_jobs = None
 
     @classmethod
     def build(
@@ -133,9 +158,8 @@ class ClusterState:
         for job in queued:
             state.apply(Submitted(job))
         for r in running if keeps_running else ():
-            state.running[r.job_id] = r
+            state._run(r)
             state.capacity.add(r)
-        state._running_jobs = None
         return state
 
     def apply(self, event: Event) -> None:
@@ -151,25 +175,22 @@ class ClusterState:
             case Started(job):
                 self._unqueue(job.job_id)
                 if self.keeps_running:
-                    self.running[job.job_id] = job
+                    self._run(job)
                     self.capacity.add(job)
-                    self._running_jobs = None
             case Ended(job_id):
                 self._unqueue(job_id)
                 ran = self.running.pop(job_id, None)
                 if ran is not None:
+                    self._off(ran)
                     self.capacity.remove(ran)
-                    self._running_jobs = None
             case StopRequested(job):
                 if job.job_id in self.running:
-                    self.running[job.job_id] = job
+                    self._run(job)
                     self.capacity.stopping(job)
-                    self._running_jobs = None
             case Checkpointed(job_id, at):
                 ran = self.running.get(job_id)
                 if ran is not None:  # only the object: capacity reads allocations, not checkpoints
-                    self.running[job_id] = replace(ran, last_checkpoint_at=at)
-                    self._running_jobs = None
+                    self._run(replace(ran, last_checkpoint_at=at))
             case NodeUp(node):
                 self.nodes[node.name] = node
             case NodeDown(name):

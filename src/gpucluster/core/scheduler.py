@@ -24,7 +24,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from functools import partial
-from itertools import compress, count, islice, repeat, takewhile
+from itertools import chain, compress, count, islice, repeat, takewhile
 from operator import attrgetter, is_not, itemgetter, lt, not_
 from typing import cast
 
@@ -1297,7 +1297,18 @@ class _Cycle:
         # Why: on whole Philly under `las` ~120 of the ~226 running jobs a normal job's pool
         # looked at were such, each taken through every test below before being dropped.
         bare = own is not None and not self._shares_running()
-        if bare and own is not None and not self._lower_class_runs(own):
+        view = self.s.running_by_class
+        if view is not None and view.running is self.s.running and below is not None:
+            # The caller keeps the running jobs by class: only the classes below the bound, and
+            # of the asker's own those that checkpointed when that is all the loop would keep
+            # (the same jobs the tests below keep: the pool's order does not depend on the order
+            # they come in, its last key being the job id).
+            running = chain.from_iterable(
+                checkpointed.values() if bare and cls == own else chain(checkpointed.values(), never.values())
+                for cls, (checkpointed, never) in view.classes.items()
+                if cls < below
+            )
+        elif bare and own is not None and not self._lower_class_runs(own):
             # Every job the pool could hold is of the asker's class: those are left out at C
             # speed, before the loop.
             running = compress(running, map(is_not, map(_CHECKPOINT, running), repeat(None)))

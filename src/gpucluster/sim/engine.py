@@ -589,9 +589,10 @@ class Engine:
         """What `decide` sees now: the one snapshot both a real cycle and an estimate-only plan
         use, so an estimate is planned on the same inputs (attained service included)."""
         usage = self._usage.at(now) if self._usage is not None else {}
+        by_class = self._state.running_by_class()
         return scheduling.snapshot(
             self._nodes,
-            self._state.running_jobs(),
+            by_class.running,
             self._state.queued_jobs(),
             usage,
             self._capacity,
@@ -606,6 +607,7 @@ class Engine:
             self._drains,
             self._state.drained,
             self._rank_book,
+            by_class,
         )
 
     def _schedule(self, now: float) -> None:

@@ -33,7 +33,7 @@ from gpucluster.core.restarts import restart_backoff
 from gpucluster.core.runtime_predict import RunDistribution
 from gpucluster.core.scheduler import decide as core_decide
 from gpucluster.core.scheduler import gc_paused
-from gpucluster.core.snapshot import Snapshot
+from gpucluster.core.snapshot import RunningByClass, Snapshot
 from gpucluster.core.types import Drain, JobRequest, Node, Plan, RunningJob
 from gpucluster.policyfile import PolicyFileError, load_policy_file, parse_policy
 from gpucluster.sim.errors import SimInputError
@@ -195,6 +195,7 @@ def snapshot(
     drains: Mapping[str, Drain] | None = None,
     drained: AbstractSet[str] | None = None,
     rank_book: RankBook | None = None,
+    running_by_class: RunningByClass | None = None,
 ) -> Snapshot:
     """The core's input. `capacity`: the engine's index kept across calls, as the head keeps
     one, so free GPUs are updated from the jobs that changed rather than rebuilt; `queue_index`
@@ -205,7 +206,8 @@ def snapshot(
     `drains`: node -> its drain (the spec's `drains:` windows open now), admitted by the core
     as the head's drained nodes are; `drained`: the drained nodes (the engine's cluster state
     keeps both), by default those of `drains`. `rank_book`: the Gittins ranks kept across calls
-    (core/rank_book.py; the plan is the same without it)."""
+    (core/rank_book.py; the plan is the same without it); `running_by_class`: `running` by
+    class, kept by the engine's cluster state (likewise)."""
     return Snapshot(
         nodes=nodes,
         running=running,
@@ -221,6 +223,7 @@ def snapshot(
         drained=frozenset(drained) if drained is not None else frozenset(drains or ()),
         drains=dict(drains) if drains else {},
         rank_book=rank_book,
+        running_by_class=running_by_class,
     )
 
 
