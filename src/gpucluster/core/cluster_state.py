@@ -111,10 +111,11 @@ class ClusterState:
             jobs = self._running_jobs = tuple(self.running.values())
         return jobs
 
-    def running_by_class(self) -> RunningByClass:
+    def running_by_class(self, running: tuple[RunningJob, ...] | None = None) -> RunningByClass:
         """`running_jobs()` by class (a snapshot's `running_by_class`, core/snapshot.py says
-        why), kept from the events rather than sorted out each cycle."""
-        return RunningByClass(self.running_jobs(), self._by_class)
+        why), kept from the events rather than sorted out each cycle. `running`: the caller's
+        tuple of the same jobs in another order (the head's, by id), to go with it instead."""
+        return RunningByClass(self.running_jobs() if running is None else running, self._by_class)
 
     def _run(self, job: RunningJob) -> None:
         """`job` into `running`, replacing any object of its id."""

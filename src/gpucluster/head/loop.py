@@ -603,9 +603,10 @@ class Head:
             ids = {r.job_id for r in queued if r.team not in self.accounting.held}
             self.preempted_for = {v: p for v, p in self.preempted_for.items() if p in ids}
         ordering = self.policy.ordering
+        running = self.running.jobs()  # the state's running jobs, in id order
         snap = Snapshot(
             nodes=nodes,
-            running=self.running.jobs(),
+            running=running,
             queued=queued,
             usage=dict(self.usage),
             # The state's told index (core/cluster_state.py), as the simulator's: its starts, ends
@@ -634,6 +635,8 @@ class Head:
                 else {}
             ),
             rank_book=self.ranks.book_for(ordering),
+            # ... and its running jobs by class, kept from the same events (the LAS victim pool's).
+            running_by_class=self.cluster.running_by_class(running),
         )
         admitted, self.limit_waits = within_limits(admit(snap)[0], self.policy, self.clock())
         return admitted
