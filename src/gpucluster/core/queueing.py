@@ -280,7 +280,8 @@ def split_guaranteed(presorted: Presorted, guaranteed: Callable[[JobRequest], bo
     step per job and the sorts: ~11% of a kept cycle at 100,000 queued and 10,000 nodes), though
     the index holds the lines by age. `guaranteed` reads a job's team and shape alone
     (`scheduler._Cycle._guaranteed`), so it is asked once per distinct `demand` (which holds
-    both), and the lines are split at C speed."""
+    both), and the lines are split at C speed. The cycle splits them kept across cycles
+    (core/split_kept.py), of which this is the fresh reference."""
     held, aged, levels = presorted
     out: dict[int, dict[str, list[JobRequest]]] = {}
     memo: dict[tuple[object, ...], bool] = {}

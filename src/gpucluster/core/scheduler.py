@@ -37,7 +37,7 @@ from gpucluster.core.policy import Policy
 from gpucluster.core.pools import with_pools
 from gpucluster.core.preempt import CostKey, Guarantees, VictimChoice, choose_victims
 from gpucluster.core.queue_index import Asked, highest_queued_class, least_asked
-from gpucluster.core.queueing import Presorted, TeamQueues, split_guaranteed
+from gpucluster.core.queueing import Presorted, TeamQueues
 from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import NO_FACTS, WaitFacts, WaitReason
 from gpucluster.core.selection import Selection, unmatched_facts
@@ -456,7 +456,7 @@ class _Cycle:
         if index is not None:
             presorted = index.sorted_lazily(self.policy, self.now)
             if guaranteed is not None:  # the index's lines by age, split by quota (`sort_in`'s levels)
-                presorted = split_guaranteed(presorted, guaranteed)
+                presorted = index.split.split(presorted, guaranteed)
         ordering = self.policy.ordering
         if ordering.ranked:
             book, dists = self.s.rank_book, self.s.runtime_dist
