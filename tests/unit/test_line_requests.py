@@ -45,27 +45,30 @@ def _fresh(lines: RankedLines, line: list[JobRequest], ranks: dict[int, float]) 
             st.dictionaries(st.integers(0, 15), st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5, 2.25])),  # ranks
             st.lists(st.integers(0, 15), max_size=3),  # jobs replaced by another object ...
             st.booleans(),  # ... asking the same (else another GPU count: another demand)
+            st.booleans(),  # team b's line reached by the walk (else not asked for its requests)
         ),
         max_size=12,
     )
 )
 def test_kept_numbers_are_a_fresh_numbering_whatever_the_line_was(
-    cycles: list[tuple[set[int], dict[int, float], list[int], bool]],
+    cycles: list[tuple[set[int], dict[int, float], list[int], bool, bool]],
 ) -> None:
     """Over any history of two teams' lines (jobs that come and go, ranks that move a job to
-    another queue or within one, jobs replaced by an object asking the same or asking more),
-    each line's kept numbers and job ids equal a fresh numbering of the line handed out. A
-    number kept for a job whose queue changed, or matched by job id rather than by the object,
-    gives the old request's number."""
+    another queue or within one, jobs replaced by an object asking the same or asking more, a
+    line the walk did not reach), each line's kept numbers and job ids equal a fresh numbering
+    of the line handed out. A number kept for a job whose queue changed, matched by job id
+    rather than by the object, or read from a sort of another line, gives another number."""
     lines = RankedLines()
     objects = {jid: job(jid).at(float(jid % 5)).gpus(1 + jid % 3).team("ab"[jid % 2]).build() for jid in range(16)}
-    for present, ranks, replaced, same in cycles:
+    for present, ranks, replaced, same, reached in cycles:
         for jid in replaced:
             old = objects[jid]
             objects[jid] = replace(old) if same else replace(old, gpus=old.gpus + 8)
         queued = by_age(objects[jid] for jid in present)
         for team in "ab":
             line = lines.line(0, team, [j for j in queued if j.team == team], ranks)
+            if team == "b" and not reached:
+                continue
             numbers, ids, *_ = lines.requests(0, team, line, ranks)
             assert (numbers, ids) == _fresh(lines, line, ranks)
 

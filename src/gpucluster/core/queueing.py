@@ -75,27 +75,45 @@ class RequestIds(dict[Request, int]):
 
 # A sorted line's requests' numbers, job ids and queues, in line order, and the table numbering them.
 LineRequests = tuple[list[int], list[int], list[float], RequestIds]
+# A sorted line's job ids and queues, in line order.
+_Known = tuple[list[int], list[float]]
 
 
-def numbered(line: list[JobRequest], ranks: Mapping[int, float], ids: RequestIds) -> LineRequests:
-    """The number (in `ids`) of each job's request in `line` under `ranks`, its id and its queue."""
-    jids = list(map(_job_id, line))
-    queues = list(map(float, map(int, map(ranks.get, jids, repeat(0.0)))))
+def numbered(
+    line: list[JobRequest], ranks: Mapping[int, float], ids: RequestIds, known: _Known | None = None
+) -> LineRequests:
+    """The number (in `ids`) of each job's request in `line` under `ranks`, its id and its queue
+    (`known`: the ids and queues, from the sort that made `line`)."""
+    jids, queues = known if known is not None else _ids_and_queues(line, ranks)
     return list(map(ids.__getitem__, zip(map(_DEMAND, line), queues, strict=True))), jids, queues, ids
 
 
+def _ids_and_queues(line: list[JobRequest], ranks: Mapping[int, float]) -> _Known:
+    jids = list(map(_job_id, line))
+    return jids, list(map(float, map(int, map(ranks.get, jids, repeat(0.0)))))
+
+
 def _renumbered(
-    line: list[JobRequest], ranks: Mapping[int, float], ids: RequestIds, was: list[JobRequest], then: LineRequests
+    line: list[JobRequest],
+    ranks: Mapping[int, float],
+    ids: RequestIds,
+    was: list[JobRequest],
+    then: LineRequests,
+    known: _Known | None,
 ) -> LineRequests:
     """`RankedLines.requests` of `line`, from those of `was` (`then`): a job of `was` (the same
-    object) keeps its id, and its number while its queue is the one it had; the others are read."""
+    object) keeps its id, and its number while its queue is the one it had; the others are read.
+    `known`: the ids and queues of `line`, from the sort that made it (no rank looked up)."""
     where = dict(zip(map(id, was), count()))
     at = list(map(where.get, map(id, line), repeat(-1)))  # -1: not in `was` (read below)
     new = list(compress(count(), map((-1).__eq__, at)))
-    jids = list(map(then[1].__getitem__, at))
-    for i in new:
-        jids[i] = line[i].job_id
-    queues = list(map(float, map(int, map(ranks.get, jids, repeat(0.0)))))
+    if known is not None:
+        jids, queues = known
+    else:
+        jids = list(map(then[1].__getitem__, at))
+        for i in new:
+            jids[i] = line[i].job_id
+        queues = list(map(float, map(int, map(ranks.get, jids, repeat(0.0)))))
     numbers = list(map(then[0].__getitem__, at))
     for i in {*new, *compress(count(), map(ne, queues, map(then[2].__getitem__, at)))}:
         numbers[i] = ids[(line[i].demand, queues[i])]
@@ -116,7 +134,7 @@ class RankedLines:
     lines (a dict look-up per job, the jobs scattered in memory) was ~7% of whole Philly under
     `las-gittins`, more than the sorts it saved."""
 
-    __slots__ = ("_lines", "_requests", "_told", "request_ids")
+    __slots__ = ("_lines", "_requests", "_sorted", "_told", "request_ids")
 
     def __init__(self) -> None:
         # (level, team) -> (the line by age, its ranks in that order, the line by rank, the
@@ -124,6 +142,9 @@ class RankedLines:
         self._lines: dict[tuple[int, str], tuple[list[JobRequest], list[float], list[JobRequest], int]] = {}
         # (level, team) -> (the line by rank, its `requests`): kept while that line is handed out.
         self._requests: dict[tuple[int, str], tuple[list[JobRequest], LineRequests]] = {}
+        # (level, team) -> (the line `sort` made last, its job ids and ranks in that order), for
+        # `requests`: what the sort read, so the requests look up no rank again.
+        self._sorted: dict[tuple[int, str], tuple[list[JobRequest], list[int], list[float]]] = {}
         self.request_ids = RequestIds()
         # (the ranks the book handed out last, team -> the book's clock when a rank of one of
         # its queued jobs last changed, the clock then, the clock of its last start again)
@@ -190,12 +211,14 @@ class RankedLines:
         key = (level, team)
         ids = self.request_ids
         kept = self._requests.get(key)
+        if kept is not None and kept[0] is line and kept[1][3] is ids:
+            return kept[1]
+        made = self._sorted.pop(key, None)
+        known = (made[1], list(map(float, map(int, made[2])))) if made is not None and made[0] is line else None
         if kept is not None and kept[1][3] is ids and kept[0]:
-            if kept[0] is line:
-                return kept[1]
-            got = _renumbered(line, ranks, ids, kept[0], kept[1])
+            got = _renumbered(line, ranks, ids, kept[0], kept[1], known)
         else:
-            got = numbered(line, ranks, ids)
+            got = numbered(line, ranks, ids, known)
         self._requests[key] = (line, got)
         return got
 
@@ -210,13 +233,16 @@ class RankedLines:
             clock = told[2]
             if same and kept is not None and told[3] <= kept[3] and told[1].get(team, -1) <= kept[3]:
                 return kept[2]  # the same jobs, none of them ranked again since that sort
-        keys = list(map(ranks.get, map(_job_id, jobs), repeat(0.0)))
+        jids = list(map(_job_id, jobs))
+        keys = list(map(ranks.get, jids, repeat(0.0)))
         if same and kept is not None and kept[1] == keys:
             if clock != kept[3]:
                 self._lines[(level, team)] = (*kept[:3], clock)
             return kept[2]
-        out = _by_keys(jobs, keys)
+        order = sorted(range(len(jobs)), key=keys.__getitem__)  # `_by_keys`
+        out = list(map(jobs.__getitem__, order))
         self._lines[(level, team)] = (jobs, keys, out, clock)
+        self._sorted[(level, team)] = (out, list(map(jids.__getitem__, order)), list(map(keys.__getitem__, order)))
         return out
 
 
