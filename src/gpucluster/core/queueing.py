@@ -73,10 +73,12 @@ class RequestIds(dict[Request, int]):
         return got
 
 
-# A sorted line's requests' numbers, job ids and queues, in line order, and the table numbering them.
-LineRequests = tuple[list[int], list[int], list[float], RequestIds]
+# A sorted line's requests' numbers, job ids and queues, in line order, and the table numbering
+# them. Queues as ints: a request (demand, 1) is the request (demand, 1.0) the cycle looks up
+# (equal, and hashed alike), and small ints are shared objects, not one float made per job.
+LineRequests = tuple[list[int], list[int], list[int], RequestIds]
 # A sorted line's job ids and queues, in line order.
-_Known = tuple[list[int], list[float]]
+_Known = tuple[list[int], list[int]]
 
 
 def numbered(
@@ -90,7 +92,7 @@ def numbered(
 
 def _ids_and_queues(line: list[JobRequest], ranks: Mapping[int, float]) -> _Known:
     jids = list(map(_job_id, line))
-    return jids, list(map(float, map(int, map(ranks.get, jids, repeat(0.0)))))
+    return jids, list(map(int, map(ranks.get, jids, repeat(0.0))))
 
 
 def _renumbered(
@@ -113,7 +115,7 @@ def _renumbered(
         jids = list(map(then[1].__getitem__, at))
         for i in new:
             jids[i] = line[i].job_id
-        queues = list(map(float, map(int, map(ranks.get, jids, repeat(0.0)))))
+        queues = list(map(int, map(ranks.get, jids, repeat(0.0))))
     numbers = list(map(then[0].__getitem__, at))
     for i in {*new, *compress(count(), map(ne, queues, map(then[2].__getitem__, at)))}:
         numbers[i] = ids[(line[i].demand, queues[i])]
@@ -214,7 +216,7 @@ class RankedLines:
         if kept is not None and kept[0] is line and kept[1][3] is ids:
             return kept[1]
         made = self._sorted.pop(key, None)
-        known = (made[1], list(map(float, map(int, made[2])))) if made is not None and made[0] is line else None
+        known = (made[1], list(map(int, made[2]))) if made is not None and made[0] is line else None
         if kept is not None and kept[1][3] is ids and kept[0]:
             got = _renumbered(line, ranks, ids, kept[0], kept[1], known)
         else:
