@@ -41,6 +41,7 @@ from typing import NamedTuple
 from gpucluster.core.counts import bump
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import Sorted, sort_in
+from gpucluster.core.split_kept import KeptSplit
 from gpucluster.core.types import JobRequest
 
 # Moves kept for a follower (`QueueIndex.follow`) that has not taken them: past this many it is
@@ -98,6 +99,8 @@ class QueueIndex:
         # MOVES_LIMIT (a follower that stopped asking: a head whose policy left Gittins ranks,
         # or whose plans were handed another queue): recording stops until `follow` again.
         self._moves: list[tuple[bool, JobRequest]] | None = None
+        # Its lines split by guarantee, kept across cycles (with quotas: `scheduler._Cycle.run`).
+        self.split = KeptSplit()
         self._reset(None)
 
     def follow(self) -> None:

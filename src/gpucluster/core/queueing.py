@@ -18,7 +18,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import compress, count, groupby, repeat
-from operator import and_, attrgetter, is_, not_
+from operator import and_, attrgetter, is_, ne, not_
 
 from gpucluster.core.policy import Policy
 from gpucluster.core.types import JobRequest
@@ -39,6 +39,7 @@ def by_age(jobs: Iterable[JobRequest]) -> list[JobRequest]:
 
 
 _job_id = attrgetter("job_id")
+_DEMAND = attrgetter("demand")
 
 
 def _by_rank(jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequest]:
@@ -49,6 +50,76 @@ def _by_rank(jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequ
 def _by_keys(jobs: list[JobRequest], keys: list[float]) -> list[JobRequest]:
     """`jobs` stably sorted by `keys` (one per job, in the same order)."""
     return list(map(jobs.__getitem__, sorted(range(len(jobs)), key=keys.__getitem__)))
+
+
+# A cycle's request under attained-service preemption (`scheduler._Cycle.run`): (demand, queue).
+Request = tuple[tuple[object, ...], float]
+# Distinct requests a `RankedLines` numbers before it starts again (`RequestIds`): a head meets a
+# few thousand; this bounds a long-lived one's table should requests keep changing.
+REQUEST_IDS_LIMIT = 1 << 18
+
+
+class RequestIds(dict[Request, int]):
+    """Request -> a number of its own, given on first look-up (one table, kept across cycles
+    by `RankedLines`). Why: the cycle answers most jobs from an earlier one with the same request
+    (`scheduler._AfterPreemptor.skip_same`), and looking up a request made of a job's demand and
+    rank cost ~2 us a job (the job, its demand and its rank read, a 12-field tuple hashed and
+    compared): a number per job kept with its line is a C-speed look-up in an int dict."""
+
+    __slots__ = ()
+
+    def __missing__(self, key: Request) -> int:
+        got = self[key] = len(self)
+        return got
+
+
+# A sorted line's requests' numbers, job ids and queues, in line order, and the table numbering
+# them. Queues as ints: a request (demand, 1) is the request (demand, 1.0) the cycle looks up
+# (equal, and hashed alike), and small ints are shared objects, not one float made per job.
+LineRequests = tuple[list[int], list[int], list[int], RequestIds]
+# A sorted line's job ids and queues, in line order.
+_Known = tuple[list[int], list[int]]
+
+
+def numbered(
+    line: list[JobRequest], ranks: Mapping[int, float], ids: RequestIds, known: _Known | None = None
+) -> LineRequests:
+    """The number (in `ids`) of each job's request in `line` under `ranks`, its id and its queue
+    (`known`: the ids and queues, from the sort that made `line`)."""
+    jids, queues = known if known is not None else _ids_and_queues(line, ranks)
+    return list(map(ids.__getitem__, zip(map(_DEMAND, line), queues, strict=True))), jids, queues, ids
+
+
+def _ids_and_queues(line: list[JobRequest], ranks: Mapping[int, float]) -> _Known:
+    jids = list(map(_job_id, line))
+    return jids, list(map(int, map(ranks.get, jids, repeat(0.0))))
+
+
+def _renumbered(
+    line: list[JobRequest],
+    ranks: Mapping[int, float],
+    ids: RequestIds,
+    was: list[JobRequest],
+    then: LineRequests,
+    known: _Known | None,
+) -> LineRequests:
+    """`RankedLines.requests` of `line`, from those of `was` (`then`): a job of `was` (the same
+    object) keeps its id, and its number while its queue is the one it had; the others are read.
+    `known`: the ids and queues of `line`, from the sort that made it (no rank looked up)."""
+    where = dict(zip(map(id, was), count()))
+    at = list(map(where.get, map(id, line), repeat(-1)))  # -1: not in `was` (read below)
+    new = list(compress(count(), map((-1).__eq__, at)))
+    if known is not None:
+        jids, queues = known
+    else:
+        jids = list(map(then[1].__getitem__, at))
+        for i in new:
+            jids[i] = line[i].job_id
+        queues = list(map(int, map(ranks.get, jids, repeat(0.0))))
+    numbers = list(map(then[0].__getitem__, at))
+    for i in {*new, *compress(count(), map(ne, queues, map(then[2].__getitem__, at)))}:
+        numbers[i] = ids[(line[i].demand, queues[i])]
+    return numbers, jids, queues, ids
 
 
 class RankedLines:
@@ -65,12 +136,18 @@ class RankedLines:
     lines (a dict look-up per job, the jobs scattered in memory) was ~7% of whole Philly under
     `las-gittins`, more than the sorts it saved."""
 
-    __slots__ = ("_lines", "_told")
+    __slots__ = ("_lines", "_requests", "_sorted", "_told", "request_ids")
 
     def __init__(self) -> None:
         # (level, team) -> (the line by age, its ranks in that order, the line by rank, the
         # book's clock when it was sorted, or -1: ranks not from the book)
         self._lines: dict[tuple[int, str], tuple[list[JobRequest], list[float], list[JobRequest], int]] = {}
+        # (level, team) -> (the line by rank, its `requests`): kept while that line is handed out.
+        self._requests: dict[tuple[int, str], tuple[list[JobRequest], LineRequests]] = {}
+        # (level, team) -> (the line `sort` made last, its job ids and ranks in that order), for
+        # `requests`: what the sort read, so the requests look up no rank again.
+        self._sorted: dict[tuple[int, str], tuple[list[JobRequest], list[int], list[float]]] = {}
+        self.request_ids = RequestIds()
         # (the ranks the book handed out last, team -> the book's clock when a rank of one of
         # its queued jobs last changed, the clock then, the clock of its last start again)
         self._told: tuple[Mapping[int, float], Mapping[str, int], int, int] | None = None
@@ -114,6 +191,39 @@ class RankedLines:
         self._lines[(level, team)] = (jobs, [0.0] * len(jobs), jobs, clock)
         return jobs
 
+    def numbering(self) -> RequestIds:
+        """The table `requests` numbers by, for one cycle (each cycle asks once, before any
+        `requests`): numbered afresh past `REQUEST_IDS_LIMIT`, every kept number dropped with it."""
+        if len(self.request_ids) > REQUEST_IDS_LIMIT:
+            self.request_ids = RequestIds()
+            self._requests.clear()
+        return self.request_ids
+
+    def requests(self, level: int, team: str, line: list[JobRequest], ranks: Mapping[int, float]) -> LineRequests:
+        """The number (`request_ids`) of each job's request in `line` (as `line` or `sort` handed
+        it out for `level` and `team` this cycle, ranked by `ranks`) and its job id, in line order.
+
+        Why kept: at 100,000 queued half the team lines are the very lists of the last cycle
+        (`line` and `sort` hand a list back only for the same jobs with the same ranks, so the
+        same requests), and in the other half most jobs are the same objects with the same
+        queue (a few jobs come, go or are ranked again a cycle). Those are matched to the
+        numbers worked out last time by identity (`id`, which reads no job: the kept line
+        holds its jobs, so no address is reused meanwhile) and checked by their queue now; only
+        the rest are read (a job's demand read and hashed was ~2 us, most of it cache misses)."""
+        key = (level, team)
+        ids = self.request_ids
+        kept = self._requests.get(key)
+        if kept is not None and kept[0] is line and kept[1][3] is ids:
+            return kept[1]
+        made = self._sorted.pop(key, None)
+        known = (made[1], list(map(int, made[2]))) if made is not None and made[0] is line else None
+        if kept is not None and kept[1][3] is ids and kept[0]:
+            got = _renumbered(line, ranks, ids, kept[0], kept[1], known)
+        else:
+            got = numbered(line, ranks, ids, known)
+        self._requests[key] = (line, got)
+        return got
+
     def sort(self, level: int, team: str, jobs: list[JobRequest], ranks: Mapping[int, float]) -> list[JobRequest]:
         """`_by_rank(jobs, ranks)`."""
         kept = self._lines.get((level, team))
@@ -125,13 +235,16 @@ class RankedLines:
             clock = told[2]
             if same and kept is not None and told[3] <= kept[3] and told[1].get(team, -1) <= kept[3]:
                 return kept[2]  # the same jobs, none of them ranked again since that sort
-        keys = list(map(ranks.get, map(_job_id, jobs), repeat(0.0)))
+        jids = list(map(_job_id, jobs))
+        keys = list(map(ranks.get, jids, repeat(0.0)))
         if same and kept is not None and kept[1] == keys:
             if clock != kept[3]:
                 self._lines[(level, team)] = (*kept[:3], clock)
             return kept[2]
-        out = _by_keys(jobs, keys)
+        order = sorted(range(len(jobs)), key=keys.__getitem__)  # `_by_keys`
+        out = list(map(jobs.__getitem__, order))
         self._lines[(level, team)] = (jobs, keys, out, clock)
+        self._sorted[(level, team)] = (out, list(map(jids.__getitem__, order)), list(map(keys.__getitem__, order)))
         return out
 
 
@@ -183,7 +296,6 @@ def sort_in(
 
 # Where a guaranteed job's level is put: above every class (`sort_in`).
 GUARANTEED_LEVEL = 10
-_DEMAND = attrgetter("demand")
 
 
 def split_guaranteed(presorted: Presorted, guaranteed: Callable[[JobRequest], bool]) -> Sorted:
@@ -196,7 +308,8 @@ def split_guaranteed(presorted: Presorted, guaranteed: Callable[[JobRequest], bo
     step per job and the sorts: ~11% of a kept cycle at 100,000 queued and 10,000 nodes), though
     the index holds the lines by age. `guaranteed` reads a job's team and shape alone
     (`scheduler._Cycle._guaranteed`), so it is asked once per distinct `demand` (which holds
-    both), and the lines are split at C speed."""
+    both), and the lines are split at C speed. The cycle splits them kept across cycles
+    (core/split_kept.py), of which this is the fresh reference."""
     held, aged, levels = presorted
     out: dict[int, dict[str, list[JobRequest]]] = {}
     memo: dict[tuple[object, ...], bool] = {}
@@ -295,6 +408,10 @@ class TeamQueues:
         # lists: `presorted`'s belong to the caller's QueueIndex. Done per level when the walk
         # reaches it (`_next_level`), not here: see `_ranked`.
         self._rank_line = lines.line if ranks and lines is not None else None
+        # With kept lines, each line's requests numbered (`front_requests`); the cycle's table.
+        self._line_requests = lines.requests if ranks and lines is not None else None
+        self.request_ids = lines.numbering() if ranks and lines is not None else None
+        self._requests: dict[str, LineRequests] = {}  # the current level's, by team, once asked
         # A team's line is copied into a deque (`pop` takes from its front) only when it is
         # first popped from (`_line`): most cycles pop from a few teams' lines, and copying
         # every line, each cycle, was ~1% of whole Philly under `las`.
@@ -349,6 +466,7 @@ class TeamQueues:
             level = self._levels[self._level]
             self._lines = lines = self._ranked(level, self._buckets[level])
             self._queues = {}
+            self._requests = {}
             entry = self._entry
             if frozen:
                 entries = [entry(team, q[0], frozen.get(team)) for team, q in lines.items() if q]
@@ -437,6 +555,22 @@ class TeamQueues:
             ratio = self._ratios[team] = self._ratio(team)
         heap = self._heap
         return q if not heap or ratio < heap[0][0] else None  # `pop`'s own test
+
+    def front_requests(self) -> tuple[deque[JobRequest], list[int], list[int], int] | None:
+        """`front`'s line when it is a team line sorted by kept lines (`RankedLines`), with its
+        requests' numbers and job ids (`RankedLines.requests`, in the order of the line as
+        handed out) and where the line as popped so far starts in them; else None."""
+        get = self._line_requests
+        q = self.front()
+        if get is None or q is None or q is self._aged:
+            return None
+        team = self._popped_team
+        assert team is not None  # `front` found its line
+        got = self._requests.get(team)
+        if got is None:
+            assert self._ranks is not None  # kept lines are read with ranks only
+            got = self._requests[team] = get(self._levels[self._level], team, self._lines[team], self._ranks)
+        return q, got[0], got[1], len(got[0]) - len(q)
 
     def done(self, job: JobRequest, started: bool) -> None:
         """Put the job's team back in line, charged for the job if it started."""

@@ -37,7 +37,7 @@ from gpucluster.core.policy import Policy
 from gpucluster.core.pools import with_pools
 from gpucluster.core.preempt import CostKey, Guarantees, VictimChoice, choose_victims
 from gpucluster.core.queue_index import Asked, highest_queued_class, least_asked
-from gpucluster.core.queueing import Presorted, TeamQueues, split_guaranteed
+from gpucluster.core.queueing import Presorted, TeamQueues
 from gpucluster.core.quota import QuotaBook
 from gpucluster.core.reasons import NO_FACTS, WaitFacts, WaitReason
 from gpucluster.core.selection import Selection, unmatched_facts
@@ -290,11 +290,22 @@ class _AfterPreemptor:
             self._drop(line, n)
 
     def skip_same(
-        self, same: Mapping[tuple[object, ...], Wait], waiting: dict[int, Wait], ranks: Mapping[int, float] | None
+        self,
+        same: Mapping[tuple[object, ...], Wait],
+        waiting: dict[int, Wait],
+        ranks: Mapping[int, float] | None,
+        numbered: Mapping[int, Wait] | None = None,
     ) -> None:
         """`skip_kept` for jobs whose request has an answer in `same`, each then waiting as
         it says (what `_Cycle.run` does with them). The request is `job.demand`, with
-        `ranks` (attained-service preemption) the job's queue too (`_Cycle._queue_rank`)."""
+        `ranks` (attained-service preemption) the job's queue too (`_Cycle._queue_rank`).
+        `numbered`: `same` by the requests' numbers (`TeamQueues.request_ids`), read where the
+        line has its requests numbered (`TeamQueues.front_requests`): no job is read then."""
+        if numbered is not None and not self._first and not self._next:
+            front = self.queues.front_requests()
+            if front is not None:
+                self._skip_numbered(numbered, waiting, *front)
+                return
         line = self._front()
         if line is None:
             return
@@ -304,6 +315,27 @@ class _AfterPreemptor:
         n = self._cut(line, len(waits))
         if n:
             waiting.update(zip(map(_ID, islice(line, n)), waits, strict=False))  # n <= len(waits)
+            self._drop(line, n)
+
+    def _skip_numbered(
+        self,
+        numbered: Mapping[int, Wait],
+        waiting: dict[int, Wait],
+        line: deque[JobRequest],
+        requests: list[int],
+        ids: list[int],
+        at: int,
+    ) -> None:
+        """`skip_same` on the front `line`, whose jobs' request numbers and ids are those of
+        `requests` and `ids` from `at` on: the same jobs answered, in the same order."""
+        answers = map(numbered.get, map(requests.__getitem__, range(at, len(requests))))
+        waits = cast(list[Wait], list(takewhile(partial(is_not, None), answers)))
+        n = len(waits)
+        special = self._special
+        if special and n:  # `_cut`, by the ids
+            n = next(compress(count(), map(special.__contains__, ids[at : at + n])), n)
+        if n:
+            waiting.update(zip(ids[at : at + n], waits, strict=False))  # n <= len(waits)
             self._drop(line, n)
 
     def _cut(self, line: deque[JobRequest], n: int) -> int:
@@ -427,7 +459,7 @@ class _Cycle:
         if index is not None:
             presorted = index.sorted_lazily(self.policy, self.now)
             if guaranteed is not None:  # the index's lines by age, split by quota (`sort_in`'s levels)
-                presorted = split_guaranteed(presorted, guaranteed)
+                presorted = index.split.split(presorted, guaranteed)
         ordering = self.policy.ordering
         if ordering.ranked:
             book, dists = self.s.rank_book, self.s.runtime_dist
@@ -498,10 +530,15 @@ class _Cycle:
         if settle and las:
             after.count_left(index.gpus_asked() if index is not None else Counter(map(_GPUS, self.s.queued)))
         ranks_of = self._ranks.get
+        # `same` by the requests' numbers, where the kept lines number them (`skip_same`).
+        numbering = queues.request_ids if las and self.skip_answered else None
+        numbered: dict[int, Wait] | None = {} if numbering is not None else None
         while (job := after.pop()) is not None:
             now_state = len(starts) + len(reservations) + len(preemptions)
             if now_state != state:
                 same.clear()
+                if numbered is not None:
+                    numbered.clear()
                 state = now_state
                 if keep and len(reservations) + len(preemptions) != kept_at:
                     kept.clear()
@@ -525,12 +562,14 @@ class _Cycle:
                 waiting[job.job_id] = wait
                 after.done(job, False)
                 if self.skip_answered and not keep:  # (with `keep`, `kept` answers first, naming none)
-                    after.skip_same(same, waiting, self._ranks if las else None)
+                    after.skip_same(same, waiting, self._ranks if las else None, numbered)
                 continue
             started = self._consider(job)
             after.done(job, started)
             if not started and len(starts) + len(reservations) + len(preemptions) == state:
                 wait = same[request] = waiting[job.job_id]
+                if numbered is not None and numbering is not None:
+                    numbered[numbering[cast(tuple[tuple[object, ...], float], request)]] = wait
                 if keep and wait.reason not in _HOST_REASONS:
                     # Not a job that waits for CPUs or memory beside free GPUs: it took no
                     # reservation only because its GPUs were free, and once starts take them it
