@@ -18,6 +18,7 @@ import pytest
 
 from gpucluster.core.placement import Capacity
 from gpucluster.core.types import Allocation, JobRequest, Priority, RunningJob
+from tests.unit.builders import H100_MB, job, node, shared
 from tests.unit.test_scheduler_index import _nodes, _state
 
 
@@ -191,3 +192,22 @@ def test_decide_leaves_the_garbage_collector_to_its_caller(monkeypatch: pytest.M
     with gc_paused():
         assert not gc.isenabled()
     assert gc.isenabled()
+
+
+def test_a_share_of_a_gpu_already_in_use_changes_the_version() -> None:
+    """`Capacity.version` tells caches of what fits (`scheduler._Cycle._fits_unreserved`'s
+    `_fit_at`) that the capacity changed. A share taken on a GPU another job already shares
+    changes no free GPU count, yet what fits: it must change the version too. (It did not: a
+    later job's wait said it was behind a reservation on a GPU that no longer had room, found
+    by test_scheduler_properties.py's shared-answers property.)"""
+    cap = Capacity((node("n").gpus(1).build(),), (shared(1, "n", 0, 0.5),))
+    half = job(2).gpus(0.5).memory(H100_MB // 2).build()
+    assert cap.fits(half, "H100")
+    placed = cap.place(half, "H100", frozenset())
+    assert placed is not None
+    before = cap.version
+    cap.take(placed)
+    assert cap.version != before and not cap.fits(half, "H100")
+    before = cap.version
+    cap.release(placed)
+    assert cap.version != before and cap.fits(half, "H100")

@@ -114,7 +114,10 @@ class Capacity:
                 self.node_size[model] = max(self.node_size.get(model, 0), n)
                 self.total[model] = self.total.get(model, 0) + n
         self.models_by_memory = sorted(self.model_memory, key=lambda m: (self.model_memory[m], m))
-        self.version = 0  # bumped whenever free GPUs change, for caches of derived facts
+        # Bumped by every `take` and `release`, for caches of derived facts (what fits where,
+        # the most free GPUs, the idle nodes). Every one: a share of a GPU already in use changes
+        # no free count, yet what fits (`fits`, `place`) reads shares and memory too.
+        self.version = 0
         self._most: dict[str, tuple[int, int]] = {}
 
         self.used_share: dict[tuple[str, int], float] = {}
@@ -836,6 +839,7 @@ class Capacity:
     def take(self, allocation: Allocation) -> None:
         if self._lent is not None:
             self._reclaim()
+        self.version += 1
         used_share, used_mem, journal = self.used_share, self.used_mem, self._journal
         for s in allocation.slices:
             if s.cpus or s.host_memory_mb:
@@ -870,6 +874,7 @@ class Capacity:
         """Give back an allocation's GPUs (used to ask 'would it fit if these jobs stopped?')."""
         if self._lent is not None:
             self._reclaim()
+        self.version += 1
         journal = self._journal
         for s in allocation.slices:
             if (s.cpus or s.host_memory_mb) and s.node in self.node_gpus:
