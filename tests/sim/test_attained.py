@@ -5,11 +5,15 @@ reference must run."""
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 from statistics import mean
 
 import pytest
 
+from gpucluster.core.queueing import TeamQueues
+from gpucluster.core.scheduler import _Cycle
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.sim.engine import Engine
 from gpucluster.sim.learned import trace_shape
@@ -123,3 +127,51 @@ def test_the_learned_map_holds_the_queued_jobs_requeued_ones_included(
     monkeypatch.setattr(Engine, "_snapshot", checked)
     ran = run(cluster, trace, "las-gittins")
     assert ran.result.preemptions > 0 and requeued_with_history > 0
+
+
+def test_jobs_skipped_by_request_number_replay_as_jobs_popped_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A contended replay under `las-gittins` (kept ranks, kept team lines, requests numbered):
+    the plan-only cycle takes the jobs whose (request, queue) changed nothing off the line by
+    their numbers (`_AfterPreemptor.skip_kept` through `TeamQueues.front_requests`). The same
+    replay with every job popped and looked at (`_Cycle.skip_answered` off) starts every job at
+    the same time. And the numbered skip was taken, or this tests nothing."""
+    rng = random.Random(7)
+    rows: list[dict[str, object]] = []
+    t = 0.0
+    for _ in range(600):
+        t += rng.expovariate(1 / 120)
+        rows.append(
+            {
+                "submit_time": round(t),
+                "duration": round(math.exp(rng.uniform(math.log(60), math.log(12 * H)))),
+                "gpus": rng.choice((1, 1, 1, 2, 4, 8)),
+                "name": rng.choice(("a", "b", "c", "d")),
+                "user": f"u{rng.randrange(6)}",
+                "team": f"t{rng.randrange(3)}",
+            }
+        )
+    groups = (  # two models: a reservation on one, then on the other, clears what was answered
+        "node_groups:\n"
+        "  - {name: h, count: 2, gpus_per_node: 8, gpu_model: H100-80GB, price_per_gpu_hour: 2.0}\n"
+        "  - {name: a, count: 2, gpus_per_node: 4, gpu_model: A100-40GB, price_per_gpu_hour: 1.0}\n"
+    )
+    cluster = cluster_yaml(tmp_path / "c.yaml", extra=SPEC, groups=groups)
+    trace = native_csv(tmp_path / "t.csv", rows)
+    numbered = 0
+    front = TeamQueues.front_requests
+
+    def counted(queues: TeamQueues) -> object:
+        nonlocal numbered
+        got = front(queues)
+        numbered += got is not None
+        return got
+
+    monkeypatch.setattr(TeamQueues, "front_requests", counted)
+    skipped = run(cluster, trace, "las-gittins")
+    assert numbered > 0
+    monkeypatch.setattr(_Cycle, "skip_answered", False)
+    popped = run(cluster, trace, "las-gittins")
+    assert skipped.start == popped.start and skipped.end == popped.end
+    assert skipped.result.preemptions == popped.result.preemptions > 0
