@@ -145,15 +145,24 @@ def test_jobs_asking_what_an_earlier_one_asked_are_answered_by_number(monkeypatc
     policy = las_policy()
     plain = Snapshot(nodes_, runs, queue, attained=attained)
     kept = replace(plain, rank_book=RankBook(), attained=Logged[float]().assign(attained), runtime_dist=Logged())
-    skip = _AfterPreemptor._skip_numbered
-    answered: list[int] = []
+    skip, numbered_front = _AfterPreemptor.skip_same, _AfterPreemptor._numbered_front
+    answered: list[int] = []  # jobs answered by number, per `skip_same` that read numbers
+    by_number = [False]
 
-    def spy(self: _AfterPreemptor, numbered: Mapping[int, Wait], waiting: dict[int, Wait], *rest: Any) -> None:
+    def front(self: _AfterPreemptor) -> Any:
+        got = numbered_front(self)
+        by_number[0] = got is not None
+        return got
+
+    def spy(self: _AfterPreemptor, same: Mapping[Any, Wait], waiting: dict[int, Wait], *rest: Any) -> None:
+        by_number[0] = False
         before = len(waiting)
-        skip(self, numbered, waiting, *rest)
-        answered.append(len(waiting) - before)
+        skip(self, same, waiting, *rest)
+        if by_number[0]:
+            answered.append(len(waiting) - before)
 
-    monkeypatch.setattr(_AfterPreemptor, "_skip_numbered", spy)
+    monkeypatch.setattr(_AfterPreemptor, "_numbered_front", front)
+    monkeypatch.setattr(_AfterPreemptor, "skip_same", spy)
     want = decide(plain, policy, NOW)
     assert not answered  # no book: no numbers
     for _ in range(2):

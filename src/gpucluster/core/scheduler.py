@@ -271,6 +271,13 @@ class _AfterPreemptor:
             return None
         return self.queues.front()
 
+    def _numbered_front(self) -> tuple[deque[JobRequest], list[int], list[int], int] | None:
+        """`_front`'s line with its requests' numbers and job ids, where the kept lines number
+        them (`TeamQueues.front_requests`), else None."""
+        if self._first or self._next:
+            return None
+        return self.queues.front_requests()
+
     def skip_kept(
         self,
         kept: AbstractSet[object],
@@ -281,30 +288,24 @@ class _AfterPreemptor:
         whose `need` is in `kept` (with `ranks`, attained-service preemption: whose request and
         queue, `_requests`): the cycle answers them without a look (`_Cycle.run`).
         `numbered`: `kept` by the requests' numbers, read where the line has them numbered
-        (`TeamQueues.front_requests`, as `skip_same` reads them): no job is read then.
+        (`_numbered_front`, as `skip_same` reads them): no job is read then.
 
         Why: that answer changes nothing, so they only cost the walk, one `pop` and `done` each
         (~0.75 us: 15.4 M of the 16.6 M jobs popped on whole Philly under `default`, most aged,
         so in one line by age); here a few passes over the line's front at C speed. It stops
         before a job `pop` treats apart (a preemptor, a job held for one) and where `pop`
         would go to another line."""
-        if numbered is not None and not self._first and not self._next:
-            front = self.queues.front_requests()
-            if front is not None:
-                front_line, requests, ids, at = front
-                answered = map(numbered.__contains__, islice(requests, at, None))
-                n = next(compress(count(), map(not_, answered)), len(requests) - at)
-                special = self._special
-                if special and n:  # `_cut`, by the ids
-                    n = next(compress(count(), map(special.__contains__, ids[at : at + n])), n)
-                if n:
-                    self._drop(front_line, n)
+        if numbered is not None and (front := self._numbered_front()) is not None:
+            line, requests, ids, at = front
+            answered = map(numbered.__contains__, islice(requests, at, None))
+            n = self._cut(islice(ids, at, None), next(compress(count(), map(not_, answered)), len(requests) - at))
+        else:
+            front_line = self._front()
+            if front_line is None:
                 return
-        line = self._front()
-        if line is None:
-            return
-        answered = map(kept.__contains__, map(_NEED, line) if ranks is None else _requests(line, ranks))
-        n = self._cut(line, next(compress(count(), map(not_, answered)), len(line)))
+            line = front_line
+            answered = map(kept.__contains__, map(_NEED, line) if ranks is None else _requests(line, ranks))
+            n = self._cut(map(_ID, line), next(compress(count(), map(not_, answered)), len(line)))
         if n:
             self._drop(line, n)
 
@@ -319,49 +320,33 @@ class _AfterPreemptor:
         it says (what `_Cycle.run` does with them). The request is `job.demand`, with
         `ranks` (attained-service preemption) the job's queue too (`_Cycle._queue_rank`).
         `numbered`: `same` by the requests' numbers (`TeamQueues.request_ids`), read where the
-        line has its requests numbered (`TeamQueues.front_requests`): no job is read then."""
-        if numbered is not None and not self._first and not self._next:
-            front = self.queues.front_requests()
-            if front is not None:
-                self._skip_numbered(numbered, waiting, *front)
+        line has its requests numbered (`_numbered_front`): no job is read then."""
+        ids: Iterable[int]
+        if numbered is not None and (front := self._numbered_front()) is not None:
+            line, requests, numbers, at = front
+            answers = map(numbered.get, islice(requests, at, None))
+            ids = islice(numbers, at, None)
+        else:
+            front_line = self._front()
+            if front_line is None:
                 return
-        line = self._front()
-        if line is None:
-            return
-        requests = map(_DEMAND, line) if ranks is None else _requests(line, ranks)
+            line = front_line
+            answers = map(same.get, map(_DEMAND, line) if ranks is None else _requests(line, ranks))
+            ids = map(_ID, line)
         # The answers up to the first job without one (`takewhile` drops every None).
-        waits = cast(list[Wait], list(takewhile(partial(is_not, None), map(same.get, requests))))
-        n = self._cut(line, len(waits))
-        if n:
-            waiting.update(zip(map(_ID, islice(line, n)), waits, strict=False))  # n <= len(waits)
-            self._drop(line, n)
-
-    def _skip_numbered(
-        self,
-        numbered: Mapping[int, Wait],
-        waiting: dict[int, Wait],
-        line: deque[JobRequest],
-        requests: list[int],
-        ids: list[int],
-        at: int,
-    ) -> None:
-        """`skip_same` on the front `line`, whose jobs' request numbers and ids are those of
-        `requests` and `ids` from `at` on: the same jobs answered, in the same order."""
-        answers = map(numbered.get, map(requests.__getitem__, range(at, len(requests))))
         waits = cast(list[Wait], list(takewhile(partial(is_not, None), answers)))
-        n = len(waits)
-        special = self._special
-        if special and n:  # `_cut`, by the ids
-            n = next(compress(count(), map(special.__contains__, ids[at : at + n])), n)
+        ids = list(islice(ids, len(waits)))
+        n = self._cut(ids, len(waits))
         if n:
-            waiting.update(zip(ids[at : at + n], waits, strict=False))  # n <= len(waits)
+            waiting.update(zip(ids[:n], waits, strict=False))  # n <= len(waits)
             self._drop(line, n)
 
-    def _cut(self, line: deque[JobRequest], n: int) -> int:
-        """`n`, or fewer: up to the first job of `line` that `pop` treats apart."""
+    def _cut(self, ids: Iterable[int], n: int) -> int:
+        """`n`, or fewer: up to the first of the job ids `ids` (the line's, from its front)
+        that `pop` treats apart."""
         special = self._special
         if special and n:
-            n = next(compress(count(), map(special.__contains__, map(_ID, islice(line, n)))), n)
+            n = next(compress(count(), map(special.__contains__, islice(ids, n))), n)
         return n
 
     def _drop(self, line: deque[JobRequest], n: int) -> None:
