@@ -17,13 +17,14 @@ import pytest
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.policy import Policy, Preemption, fifo_policy, priority_policy
 from gpucluster.core.queue_index import QueueIndex
-from gpucluster.core.queueing import TeamQueues, sort_in, sort_in_plain, split_guaranteed
+from gpucluster.core.queueing import TeamQueues, sort_in, sort_in_plain
 from gpucluster.core.scheduler import _Cycle, decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import JobRequest, Priority, RunningJob
 
 from .builders import policy as build_policy
 from .builders import preemption, team
+from .guaranteed_split import split_guaranteed
 from .test_scheduler_index import _nodes
 
 POLICIES = {
@@ -31,7 +32,7 @@ POLICIES = {
     "fifo": fifo_policy(),
     "priority": priority_policy(),
     "no-fair-share": Policy(fair_share=False, starvation_age_s=100.0),
-    # Quotas: the cycle splits the index's lines by guarantee (`queueing.split_guaranteed`).
+    # Quotas: the cycle splits the index's lines by guarantee (core/split_kept.py).
     "quotas": build_policy(
         team("a", quota={"H100": 6, "A100": 2}),
         team("b", quota={"A100": 8}),

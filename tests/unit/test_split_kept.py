@@ -11,11 +11,11 @@ import pytest
 
 from gpucluster.core.policy import Policy
 from gpucluster.core.queue_index import QueueIndex
-from gpucluster.core.queueing import split_guaranteed
 from gpucluster.core.split_kept import KeptSplit
 from gpucluster.core.types import JobRequest, Priority
 
 from .builders import job
+from .guaranteed_split import split_guaranteed
 
 POLICY = Policy()  # priority classes: a line per (class, team)
 NOW = 1000.0

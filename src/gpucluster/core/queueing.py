@@ -298,40 +298,6 @@ def sort_in(
 GUARANTEED_LEVEL = 10
 
 
-def split_guaranteed(presorted: Presorted, guaranteed: Callable[[JobRequest], bool]) -> Sorted:
-    """`sort_in(queued, policy, now, guaranteed)` from `sort_in_plain`'s lists of the same jobs
-    (a `QueueIndex`'s, kept across cycles): each team line of a level split into the jobs within
-    their team's guaranteed quota (`GUARANTEED_LEVEL` above) and the rest, each in the order it
-    had (by age, as `sort_in`'s). Held and aged jobs do not depend on quotas.
-
-    Why: with quotas the cycle sorted the whole queue in again each cycle (`sort_in`, a Python
-    step per job and the sorts: ~11% of a kept cycle at 100,000 queued and 10,000 nodes), though
-    the index holds the lines by age. `guaranteed` reads a job's team and shape alone
-    (`scheduler._Cycle._guaranteed`), so it is asked once per distinct `demand` (which holds
-    both), and the lines are split at C speed. The cycle splits them kept across cycles
-    (core/split_kept.py), of which this is the fresh reference."""
-    held, aged, levels = presorted
-    out: dict[int, dict[str, list[JobRequest]]] = {}
-    memo: dict[tuple[object, ...], bool] = {}
-    get = memo.get
-    for level in list(levels):
-        for team, line in levels[level].items():
-            demands = list(map(_DEMAND, line))
-            mask = list(map(get, demands))
-            if None in mask:
-                for i in compress(count(), map(is_, mask, repeat(None))):
-                    hit = memo.get(demands[i])
-                    if hit is None:
-                        hit = memo[demands[i]] = guaranteed(line[i])
-                    mask[i] = hit
-            ours = list(compress(line, mask))
-            if ours:
-                out.setdefault(level + GUARANTEED_LEVEL, {})[team] = ours
-            if len(ours) != len(line):
-                out.setdefault(level, {})[team] = line if not ours else list(compress(line, map(not_, mask)))
-    return held, aged, out
-
-
 def sort_in_plain(queued: Sequence[JobRequest], policy: Policy, now: float) -> Sorted:
     """`sort_in` without quotas, with no Python code run per job for the plain ones (never
     requeued, not held back): thousands of them are sorted in every cycle, and a loop over them

@@ -1,4 +1,4 @@
-"""The queue index's team lines split by guarantee (`queueing.split_guaranteed`), kept across
+"""The queue index's team lines split by guarantee (`queueing.sort_in`'s levels), kept across
 cycles by the index's caller (`QueueIndex.split`).
 
 Why: with quotas every cycle splits every line of the index by whether each job is within its
@@ -14,10 +14,11 @@ job: the kept line holds its jobs, so no address is reused meanwhile), and only 
 read. A line that is the very list of before, whose demands are answered as before, is split
 as before: the same lists, handed out again.
 
-Exact: each job goes to the side `guaranteed` gives for its demand now, in line order, as
-`split_guaranteed` puts it (which asks the first job of each demand: `guaranteed` reads a job's
-team and shape alone, `scheduler._Cycle._guaranteed`, so any job of that demand answers alike).
-tests/unit/test_split_kept.py checks it against `split_guaranteed` over random histories.
+Exact: each job goes to the side `guaranteed` gives for its demand now, in line order, as a
+fresh split puts it (which asks the first job of each demand: `guaranteed` reads a job's team
+and shape alone, `scheduler._Cycle._guaranteed`, so any job of that demand answers alike).
+tests/unit/test_split_kept.py checks it against a fresh split (tests/unit/guaranteed_split.py)
+over random histories.
 """
 
 from __future__ import annotations
@@ -49,13 +50,13 @@ class _Line:
 
 
 class KeptSplit:
-    """`queueing.split_guaranteed`, kept across cycles (see the module). Not thread-safe."""
+    """The split by guarantee, kept across cycles (see the module). Not thread-safe."""
 
     def __init__(self) -> None:
         self._lines: dict[tuple[int, str], _Line] = {}
 
     def split(self, presorted: Presorted, guaranteed: Callable[[JobRequest], bool]) -> Sorted:
-        """`split_guaranteed(presorted, guaranteed)`, its lists those of the last call where a
+        """`presorted` split by `guaranteed` (`sort_in`'s levels), its lists those of the last call where a
         line and its answers are the same."""
         held, aged, levels = presorted
         out: dict[int, dict[str, list[JobRequest]]] = {}
