@@ -35,6 +35,7 @@ import contextlib
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -139,13 +140,24 @@ class Stream(threading.Thread):
 
 
 def _freeze_and_check(head: ForkedHead, run_id: str, started_at: float) -> Accounting:
-    assert head.pid is not None and head.alive, f"the head died: {head.log_path.read_text()[-3000:]}"
-    os.kill(head.pid, signal.SIGSTOP)
-    try:
-        wait_stopped(head.pid)
-        return check_accounting(head.data_dir / "state.db", head.data_dir, run_id, started_at)
-    finally:
-        os.kill(head.pid, signal.SIGCONT)
+    """`check_accounting` with the head stopped. A head stopped in the middle of writing its
+    WAL index header leaves a read-only reader unable to read (SQLite retries, then answers
+    SQLITE_PROTOCOL, "locking protocol": only the writer can finish or recover that header, and
+    it is stopped). That is the checker's problem, not the head's: let the head run on and
+    freeze it again, a bounded number of times (each try is an event, not a deadline)."""
+    for attempt in range(20):
+        assert head.pid is not None and head.alive, f"the head died: {head.log_path.read_text()[-3000:]}"
+        os.kill(head.pid, signal.SIGSTOP)
+        try:
+            wait_stopped(head.pid)
+            return check_accounting(head.data_dir / "state.db", head.data_dir, run_id, started_at)
+        except sqlite3.OperationalError as e:
+            if getattr(e, "sqlite_errorcode", None) != sqlite3.SQLITE_PROTOCOL or attempt == 19:
+                raise
+        finally:
+            os.kill(head.pid, signal.SIGCONT)
+        time.sleep(0.05)  # the head's turn to finish its write (any pause would do: it is retried)
+    raise AssertionError("unreachable")
 
 
 def _drained(c: Client) -> list[Job] | None:
