@@ -105,3 +105,33 @@ def test_a_one_node_reservation_is_the_node_a_search_of_every_node_finds(case: C
     assert (None if got is None else (got.shadow, min(got.nodes))) == want
     if got is not None:
         assert len(got.nodes) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_the_books_first_ends_follow_starts_ends_and_stops(data: st.DataObject) -> None:
+    """`EndBook.firsts_of` (each node's first end, sorted: the order `reserve` walks nodes in and
+    stops early by) is what the book's lists say after any history of jobs added, removed and
+    stopping, ties of ends included. A first end left stale would make `reserve` stop before the
+    node that is ready first (the test above then finds another node)."""
+    nodes = tuple(node(f"n{i}").gpus(8).build() for i in range(3))
+    book = EndBook(Capacity(nodes, ()).gpus, DEFAULT_LIMIT)
+    live: dict[int, RunningJob] = {}
+    for job_id in range(1, data.draw(st.integers(1, 30)) + 1):
+        what = data.draw(st.sampled_from(("add", "add", "remove", "stop")))
+        if what == "add" or not live:
+            name = f"n{data.draw(st.integers(0, 2))}"
+            gpu = data.draw(st.integers(0, 7))
+            started = data.draw(st.sampled_from((0.0, 40.0, 90.0)))
+            j = running(job_id, name, gpu, started_at=started, limit=data.draw(st.sampled_from((None, 10.0, 60.0))))
+            live[job_id] = j
+            book.add(j)
+        else:
+            victim = data.draw(st.sampled_from(sorted(live)))
+            if what == "remove":
+                book.remove(victim)
+                del live[victim]
+            else:
+                book.stop(live[victim])
+        want = sorted((items[0][0], n) for (_, n), items in book.on_node.items() if items)
+        assert book.firsts_of.get("H100", []) == want
