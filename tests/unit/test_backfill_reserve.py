@@ -107,23 +107,44 @@ def test_a_one_node_reservation_is_the_node_a_search_of_every_node_finds(case: C
         assert len(got.nodes) == 1
 
 
+def _naive_bound(items: list[tuple[float, int, int]], size: int, n: int) -> float:
+    """The earliest end at which the book's jobs on a node of `size` GPUs hold at most size - n."""
+    held = sum(g for _, g, _ in items)
+    if held <= size - n:
+        return float("-inf")
+    for end, gpus, _ in sorted(items):
+        held -= gpus
+        if held <= size - n:
+            return end
+    raise AssertionError("the book holds more GPUs than the node has")
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
-def test_the_books_first_ends_follow_starts_ends_and_stops(data: st.DataObject) -> None:
-    """`EndBook.firsts_of` (each node's first end, sorted: the order `reserve` walks nodes in and
-    stops early by) is what the book's lists say after any history of jobs added, removed and
-    stopping, ties of ends included. A first end left stale would make `reserve` stop before the
-    node that is ready first (the test above then finds another node)."""
-    nodes = tuple(node(f"n{i}").gpus(8).build() for i in range(3))
+def test_the_books_bounds_follow_starts_ends_and_stops(data: st.DataObject) -> None:
+    """`EndBook.ready_of` (per GPUs asked, each node's earliest possible time, sorted: the order
+    `reserve` walks nodes in and stops early by) is what the book's lists say after any history
+    of jobs added, removed and stopping, ties of ends included, on nodes of two sizes. A bound
+    left stale or too late would make `reserve` stop before the node that is ready first (the
+    test above then finds another node)."""
+    sizes = (8, 4, 8)
+    nodes = tuple(node(f"n{i}").gpus(size).build() for i, size in enumerate(sizes))
     book = EndBook(Capacity(nodes, ()).gpus, DEFAULT_LIMIT)
     live: dict[int, RunningJob] = {}
+    used: dict[tuple[str, int], int] = {}
     for job_id in range(1, data.draw(st.integers(1, 30)) + 1):
         what = data.draw(st.sampled_from(("add", "add", "remove", "stop")))
         if what == "add" or not live:
-            name = f"n{data.draw(st.integers(0, 2))}"
-            gpu = data.draw(st.integers(0, 7))
+            i = data.draw(st.integers(0, 2))
+            free = [g for g in range(sizes[i]) if (f"n{i}", g) not in used]
+            if not free:
+                continue
+            gpus = free[: data.draw(st.integers(1, len(free)))]
             started = data.draw(st.sampled_from((0.0, 40.0, 90.0)))
-            j = running(job_id, name, gpu, started_at=started, limit=data.draw(st.sampled_from((None, 10.0, 60.0))))
+            limit = data.draw(st.sampled_from((None, 10.0, 60.0)))
+            j = running(job_id, f"n{i}", *gpus, started_at=started, limit=limit)
+            for g in gpus:
+                used[(f"n{i}", g)] = job_id
             live[job_id] = j
             book.add(j)
         else:
@@ -131,7 +152,13 @@ def test_the_books_first_ends_follow_starts_ends_and_stops(data: st.DataObject) 
             if what == "remove":
                 book.remove(victim)
                 del live[victim]
+                used = {k: v for k, v in used.items() if v != victim}
             else:
                 book.stop(live[victim])
-        want = sorted((items[0][0], n) for (_, n), items in book.on_node.items() if items)
-        assert book.firsts_of.get("H100", []) == want
+        for n in range(1, 9):
+            want = sorted(
+                (_naive_bound(items, sizes[int(name[1:])], n), name)
+                for (_, name), items in book.on_node.items()
+                if sizes[int(name[1:])] >= n
+            )
+            assert book.ready_of.get("H100", {}).get(n, []) == want, n

@@ -212,12 +212,14 @@ def _single_victim(
                 break
         for s in j.allocation.slices:
             nd = s.node
+            # The count first: most candidates free too few on their node alone, and it reads
+            # no GPU (a (node, index) key made and hashed per slice).
             if (
                 s.share >= 1
-                and cap.gpus[(nd, s.gpu_indices[0])].model == model
-                and cap.node_model_count.get((nd, model), 0) >= n
                 and len(free.get(nd, ())) + releasing.get(nd, 0) + len(s.gpu_indices) >= n
                 and (found is None or nd < found[1])
+                and cap.gpus[(nd, s.gpu_indices[0])].model == model
+                and cap.node_model_count.get((nd, model), 0) >= n
             ):
                 if c is None:
                     c = cost(j)
