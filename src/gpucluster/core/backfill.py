@@ -26,10 +26,9 @@ each only grows with time. A job asking for neither takes `reserve` exactly as b
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from heapq import merge
-from itertools import chain
 from operator import itemgetter
 from typing import Any, TypeVar
 
@@ -338,7 +337,8 @@ def reserve(
     free_of = cap.free[model]
     bounds = book.ready_of.get(model, _NONE).get(n) if book is not None else None
     if bounds is None:  # no book (or no end of a node that size yet): every node
-        walk: Iterable[str] = free_of
+        for node in free_of:
+            best = _ready_on(node, n, free_of, allowed, extra, base, now, best)
     else:
         # With the book, nodes by the earliest they could hold the job (`EndBook._bound`), and
         # only until one cannot beat the best found (ends are clamped at `now`, the bound is
@@ -346,52 +346,54 @@ def reserve(
         # Why: this loop went over all 64 nodes of Philly each time (~6% of whole Philly
         # under `las-gittins`). Exact: `best` is the least (ready time, node) of all nodes,
         # and a node passed over could only have a larger one; a node the book holds no end
-        # of and the cycle added none to never has the GPUs (it is skipped below either way).
-        walk = chain(extra, _until_past(bounds, extra, now, lambda: best))
-    for node in walk:
-        idxs = free_of.get(node)
-        if idxs is None or (allowed is not None and node not in allowed):
-            continue
-        free = len(idxs)
-        if free >= n:
-            continue  # excluded by another reservation, or refused by quota: not a place to hold
-        more = extra.get(node)
-        items = _in_order(base.get(node), more) if more is not None else base.get(node, ())
-        for item in items:
-            if best is not None and item[0] > best[0]:
-                break  # by end: this node is ready no sooner than the best one found
-            free += item[1]
-            if free >= n:
-                end = item[0] if item[0] > now else now
-                if best is None or (end, node) < best:
-                    best = (end, node)
-                break
+        # of and the cycle added none to never has the GPUs (`_ready_on` skips it either way).
+        for node in extra:
+            best = _ready_on(node, n, free_of, allowed, extra, base, now, best)
+        for bound, node in bounds:
+            if best is not None:
+                if bound > best[0]:
+                    break
+                if node > best[1] and (bound if bound > now else now) == best[0]:
+                    # Its time can only tie the best's and its name comes later. Most bounds
+                    # clamp to `now` on a busy cluster (jobs outrun the default limit): the
+                    # best is then `now`, and only a node of a smaller name can beat it.
+                    continue
+            if node not in extra:
+                best = _ready_on(node, n, free_of, allowed, extra, base, now, best)
     if best is None:
         return None
     return Reservation(job.job_id, model, best[0], frozenset({best[1]}))
 
 
-def _until_past(
-    bounds: list[tuple[float, str]],
-    seen: Mapping[str, object],
+def _ready_on(
+    node: str,
+    n: int,
+    free_of: Mapping[str, list[int]],
+    allowed: frozenset[str] | None,
+    extra: Mapping[str, list[tuple[float, int]]],
+    base: Mapping[str, list[tuple[float, int, int]]],
     now: float,
-    best: Callable[[], tuple[float, str] | None],
-) -> Iterator[str]:
-    """The nodes of `bounds` ((the earliest the node could serve, node), sorted) not in `seen`
-    that could beat `best()` (the caller's best (ready time, node) so far, asked anew per
-    node), until one's bound is past it. A node whose bound, clamped at `now`, is the best's
-    time loses the tie unless its name comes first. Why: expected ends are mostly past on a
-    busy cluster (jobs outrun the default limit), so most bounds clamp to `now`, the best is
-    `now` on the first node found by name, and only a node of a smaller name can beat it."""
-    for bound, node in bounds:
-        found = best()
-        if found is not None:
-            if bound > found[0]:
-                return
-            if node > found[1] and (bound if bound > now else now) == found[0]:
-                continue
-        if node not in seen:
-            yield node
+    best: tuple[float, str] | None,
+) -> tuple[float, str] | None:
+    """`best`, or (when `node` could hold a job of `n` GPUs sooner, or as soon and is first by
+    name) (that time, `node`): its free GPUs, then its ends in time order (the book's, `base`,
+    and the cycle's, `extra`), each clamped at `now`."""
+    idxs = free_of.get(node)
+    if idxs is None or (allowed is not None and node not in allowed):
+        return best
+    free = len(idxs)
+    if free >= n:
+        return best  # excluded by another reservation, or refused by quota: not a place to hold
+    more = extra.get(node)
+    items = _in_order(base.get(node), more) if more is not None else base.get(node, ())
+    for item in items:
+        if best is not None and item[0] > best[0]:
+            return best  # by end: this node is ready no sooner than the best one found
+        free += item[1]
+        if free >= n:
+            end = item[0] if item[0] > now else now
+            return (end, node) if best is None or (end, node) < best else best
+    return best
 
 
 def _reserve_across(
