@@ -119,10 +119,12 @@ def choose_victims(
         return single
     # Each candidate's whole GPUs of `model` per node, worked out once (not once per node tried).
     by_node: dict[str, list[tuple[RunningJob, int]]] = {}
+    freed: dict[str, int] = {}  # node -> the GPUs all its candidates free
     for j in ranked_jobs:
         for s in j.allocation.slices:
             if s.share >= 1 and cap.gpus[(s.node, s.gpu_indices[0])].model == model:
                 by_node.setdefault(s.node, []).append((j, len(s.gpu_indices)))
+                freed[s.node] = freed.get(s.node, 0) + len(s.gpu_indices)
     best: tuple[int, list[CostKey], str, list[RunningJob]] | None = None
     for node in sorted(set(by_node) | set(releasing)):
         if cap.node_model_count.get((node, model), 0) < n:
@@ -130,6 +132,8 @@ def choose_victims(
         have = len(cap.free[model].get(node, [])) + releasing.get(node, 0)
         if have >= n:
             return VictimChoice((), node)
+        if have + freed.get(node, 0) < n:
+            continue  # not even all its candidates are enough: `prefix` would find no set
         chosen = shapes.prefix(by_node.get(node, []), have, n, guarantees)
         if chosen is None or (best is not None and len(chosen) > best[0]):
             continue
