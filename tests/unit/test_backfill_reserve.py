@@ -132,6 +132,7 @@ def test_the_books_bounds_follow_starts_ends_and_stops(data: st.DataObject) -> N
     book = EndBook(Capacity(nodes, ()).gpus, DEFAULT_LIMIT)
     live: dict[int, RunningJob] = {}
     used: dict[tuple[str, int], int] = {}
+    stopped: set[int] = set()
     for job_id in range(1, data.draw(st.integers(1, 30)) + 1):
         what = data.draw(st.sampled_from(("add", "add", "remove", "stop")))
         if what == "add" or not live:
@@ -152,13 +153,21 @@ def test_the_books_bounds_follow_starts_ends_and_stops(data: st.DataObject) -> N
             if what == "remove":
                 book.remove(victim)
                 del live[victim]
+                stopped.discard(victim)
                 used = {k: v for k, v in used.items() if v != victim}
             else:
                 book.stop(live[victim])
-        for n in range(1, 9):
-            want = sorted(
-                (_naive_bound(items, sizes[int(name[1:])], n), name)
-                for (_, name), items in book.on_node.items()
-                if sizes[int(name[1:])] >= n
-            )
-            assert book.ready_of.get("H100", {}).get(n, []) == want, n
+                stopped.add(victim)
+        _check_bounds(book, sizes)
+    # The same of a book built at once (`EndBook.of`, bounds made at the end) from the jobs not stopping.
+    _check_bounds(EndBook.of([j for i, j in live.items() if i not in stopped], book.gpus, DEFAULT_LIMIT), sizes)
+
+
+def _check_bounds(book: EndBook, sizes: tuple[int, ...]) -> None:
+    for n in range(1, 9):
+        want = sorted(
+            (_naive_bound(items, sizes[int(name[1:])], n), name)
+            for (_, name), items in book.on_node.items()
+            if sizes[int(name[1:])] >= n
+        )
+        assert book.ready_of.get("H100", {}).get(n, []) == want, n
