@@ -8,10 +8,60 @@ owners lend (a team with `max_lend` keeps the rest of its idle guarantee free fo
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from gpucluster.core.policy import Policy
+from gpucluster.core.policy import Policy, Team
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.types import Allocation, Gpu, RunningJob
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """What a `QuotaBook` reads of its policy's teams, in flat look-ups (quota checks run for
+    every queued job on every model it accepts). Read only."""
+
+    has_quotas: bool
+    quota: dict[tuple[str, str], float]  # (team, model) -> its quota
+    quota_teams: dict[str, list[str]]  # model -> teams with a quota of it
+    max_borrow: dict[str, float]
+    # Nothing to check at all: `refusal` is always None without borrowing and lending limits
+    # (a quota alone refuses nothing; it only ranks and reclaims).
+    unlimited: bool
+    lenders: dict[str, Team]  # teams with a lending cap
+
+    @classmethod
+    def of(cls, policy: Policy) -> _Terms:
+        teams = policy.teams
+        quota = {(name, m): q for name, t in teams.items() for m, q in t.quota.items()}
+        quota_teams: dict[str, list[str]] = {}
+        for (name, m), q in quota.items():
+            if q > 0:
+                quota_teams.setdefault(m, []).append(name)
+        max_borrow = {name: t.max_borrow for name, t in teams.items() if t.max_borrow is not None}
+        return cls(
+            has_quotas=any(t.quota for t in teams.values()),
+            quota=quota,
+            quota_teams=quota_teams,
+            max_borrow=max_borrow,
+            unlimited=not (max_borrow or any(t.max_lend is not None for t in teams.values())),
+            lenders={name: t for name, t in teams.items() if t.max_lend is not None},
+        )
+
+
+# The last policy's terms, by the policy's identity (a policy is never changed in place: a new
+# one replaces it). Why: a cycle makes a book, and working these out over every team each time
+# was most of making one (~3 of ~4 us a cycle on whole Philly, ~140,000 cycles).
+_last: tuple[Policy, _Terms] | None = None
+
+
+def _terms_of(policy: Policy) -> _Terms:
+    global _last
+    last = _last  # one read: another thread may replace it meanwhile, never half-way
+    if last is not None and last[0] is policy:
+        return last[1]
+    terms = _Terms.of(policy)
+    _last = (policy, terms)
+    return terms
 
 
 class QuotaBook:
@@ -19,20 +69,15 @@ class QuotaBook:
         self.policy = policy
         self._gpus = gpus
         self.used: dict[str, dict[str, float]] = {}
-        self.has_quotas = any(t.quota for t in policy.teams.values())
-        # Flat lookups: quota checks run for every queued job on every model it accepts.
-        self._quota = {(name, m): q for name, t in policy.teams.items() for m, q in t.quota.items()}
-        self._quota_teams: dict[str, list[str]] = {}  # model -> teams with a quota of it
-        for (name, m), q in self._quota.items():
-            if q > 0:
-                self._quota_teams.setdefault(m, []).append(name)
-        self._max_borrow = {name: t.max_borrow for name, t in policy.teams.items() if t.max_borrow is not None}
-        # Nothing to check at all: `refusal` is always None without borrowing and lending
-        # limits (a quota alone refuses nothing; it only ranks and reclaims).
-        self.unlimited = not (self._max_borrow or any(t.max_lend is not None for t in policy.teams.values()))
+        terms = _terms_of(policy)
+        self.has_quotas = terms.has_quotas
+        self._quota = terms.quota
+        self._quota_teams = terms.quota_teams
+        self._max_borrow = terms.max_borrow
+        self.unlimited = terms.unlimited
         # Idle guarantee each lend-capped team keeps for itself, per model, kept up to date by
         # `add` so `protected` costs O(1) per job rather than O(teams).
-        self._lenders = {name: t for name, t in policy.teams.items() if t.max_lend is not None}
+        self._lenders = terms.lenders
         self._kept: dict[str, dict[str, float]] = {}
         self._kept_total: dict[str, float] = {}
         for name, t in self._lenders.items():
