@@ -136,6 +136,20 @@ def _random_history(
             for r in state.running.values():
                 split.setdefault(int(r.priority), ({}, {}))[r.last_checkpoint_at is None][r.job_id] = r
             assert {c: parts for c, parts in by_class.classes.items() if parts != ({}, {})} == split
+            # ... and its checkpointed jobs by class and GPUs, oldest checkpoint first though
+            # checkpoints come out of time order here (the victim pool stops at the first too old)
+            assert by_class.recent is not None
+            recent = {(c, n): list(g.values()) for c, groups in by_class.recent.items() for n, g in groups.items() if g}
+            in_order: dict[tuple[int, float], list[RunningJob]] = {}
+            for r in sorted(state.running.values(), key=lambda r: r.last_checkpoint_at or 0.0):
+                if r.last_checkpoint_at is not None:
+                    in_order.setdefault((int(r.priority), r.allocation.gpu_count), []).append(r)
+            assert {k: [r.last_checkpoint_at for r in g] for k, g in recent.items()} == {
+                k: [r.last_checkpoint_at for r in g] for k, g in in_order.items()
+            }
+            assert {k: {r.job_id for r in g} for k, g in recent.items()} == {
+                k: {r.job_id for r in g} for k, g in in_order.items()
+            }
 
 
 @pytest.mark.parametrize("seed", range(20))
