@@ -110,6 +110,12 @@ class ClusterState:
         self._by_class: dict[int, tuple[dict[int, RunningJob], dict[int, RunningJob]]] = {}
         # ... and the checkpointed ones by class and GPUs, oldest checkpoint first (`RunningByClass.recent`).
         self._recent: dict[int, dict[float, dict[int, RunningJob]]] = {}
+        # ... and the stopping ones (`RunningByClass.stopping`): by id, each running job's place
+        # in `running` (its first start's turn), and the tuple as last made (None: changed since).
+        self._stopping: dict[int, RunningJob] = {}
+        self._place: dict[int, int] = {}
+        self._turns = 0
+        self._stopping_jobs: tuple[RunningJob, ...] | None = ()
 
     def queued_jobs(self) -> tuple[JobRequest, ...]:
         """The queued jobs, in the order they entered (a snapshot's `queued`): the same tuple
@@ -133,14 +139,29 @@ class ClusterState:
         """`running_jobs()` by class (a snapshot's `running_by_class`, core/snapshot.py says
         why), kept from the events rather than sorted out each cycle. `running`: the caller's
         tuple of the same jobs in another order (the head's, by id), to go with it instead."""
-        return RunningByClass(self.running_jobs() if running is None else running, self._by_class, self._recent)
+        if running is not None:
+            return RunningByClass(running, self._by_class, self._recent)
+        stopping = self._stopping_jobs
+        if stopping is None:
+            stopping = self._stopping_jobs = tuple(sorted(self._stopping.values(), key=self._by_place))
+        return RunningByClass(self.running_jobs(), self._by_class, self._recent, stopping)
+
+    def _by_place(self, job: RunningJob) -> int:
+        """`job`'s place in `running` (a dict keeps a key where it first went in)."""
+        return self._place[job.job_id]
 
     def _run(self, job: RunningJob) -> None:
         """`job` into `running`, replacing any object of its id."""
         old = self.running.get(job.job_id)
         if old is not None:
             self._off(old)
+        else:
+            self._place[job.job_id] = self._turns
+            self._turns += 1
         self.running[job.job_id] = job
+        if job.stopping:
+            self._stopping[job.job_id] = job
+            self._stopping_jobs = None
         parts = self._by_class.get(int(job.priority))
         if parts is None:
             parts = self._by_class[int(job.priority)] = ({}, {})
@@ -161,6 +182,9 @@ class ClusterState:
         del self._by_class[int(job.priority)][job.last_checkpoint_at is None][job.job_id]
         if job.last_checkpoint_at is not None:
             del self._recent[int(job.priority)][job.allocation.gpu_count][job.job_id]
+        if job.stopping:
+            del self._stopping[job.job_id]
+            self._stopping_jobs = None
         self._running_jobs = None
 
     @classmethod
@@ -212,6 +236,7 @@ class ClusterState:
                 ran = self.running.pop(job_id, None)
                 if ran is not None:
                     self._off(ran)
+                    del self._place[job_id]
                     self.capacity.remove(ran)
             case StopRequested(job):
                 if job.job_id in self.running:

@@ -1187,10 +1187,15 @@ class _Cycle:
 
     def _stopping_jobs(self) -> list[RunningJob]:
         """Running jobs stopping, and the cycle's victims so far. Built on first use, not per
-        cycle. Why: it is a pass over every running job (0.3 ms a cycle at 100,000 GPUs), and
-        only a cycle that tries to preempt reads it."""
+        cycle, or read from the running jobs by class where the caller keeps them there
+        (`RunningByClass.stopping`, in the same order). Why: it is a pass over every running
+        job (0.3 ms a cycle at 100,000 GPUs), and only a cycle that tries to preempt reads it."""
         if self._stopping is None:
-            self._stopping = [j for j in self.s.running if j.stopping]
+            view = self.s.running_by_class
+            if view is not None and view.stopping is not None and view.running is self.s.running:
+                self._stopping = list(view.stopping)
+            else:
+                self._stopping = [j for j in self.s.running if j.stopping]
         return self._stopping
 
     def _may_have_victims(self, job: JobRequest) -> bool:
