@@ -28,9 +28,11 @@ from gpucluster.core.events import (
     NodeUp,
     Released,
     Started,
+    StopRequested,
     Submitted,
     Undrained,
 )
+from gpucluster.core.lifecycle import StopReason
 from gpucluster.core.placement import Capacity
 from gpucluster.core.policy import Policy
 from gpucluster.core.queueing import sort_in_plain
@@ -118,6 +120,9 @@ def _random_history(
             del queued[job_id]
         elif roll < 0.7 and state.running:
             state.apply(Checkpointed(rng.choice(list(state.running)), float(rng.randrange(100))))
+        elif roll < 0.73 and state.running:  # a stop under way (the job keeps its place and checkpoint)
+            stopped = state.running[rng.choice(list(state.running))]
+            state.apply(StopRequested(replace(stopped, stopping=True), StopReason.PREEMPT))
         elif roll < 0.85:
             job_id = rng.choice(list(queued))
             state.apply(Ended(job_id))
@@ -136,6 +141,22 @@ def _random_history(
             for r in state.running.values():
                 split.setdefault(int(r.priority), ({}, {}))[r.last_checkpoint_at is None][r.job_id] = r
             assert {c: parts for c, parts in by_class.classes.items() if parts != ({}, {})} == split
+            # ... and its stopping jobs, in the running jobs' order
+            assert by_class.stopping == tuple(r for r in state.running.values() if r.stopping)
+            # ... and its checkpointed jobs by class and GPUs, oldest checkpoint first though
+            # checkpoints come out of time order here (the victim pool stops at the first too old)
+            assert by_class.recent is not None
+            recent = {(c, n): list(g.values()) for c, groups in by_class.recent.items() for n, g in groups.items() if g}
+            in_order: dict[tuple[int, float], list[RunningJob]] = {}
+            for r in sorted(state.running.values(), key=lambda r: r.last_checkpoint_at or 0.0):
+                if r.last_checkpoint_at is not None:
+                    in_order.setdefault((int(r.priority), r.allocation.gpu_count), []).append(r)
+            assert {k: [r.last_checkpoint_at for r in g] for k, g in recent.items()} == {
+                k: [r.last_checkpoint_at for r in g] for k, g in in_order.items()
+            }
+            assert {k: {r.job_id for r in g} for k, g in recent.items()} == {
+                k: {r.job_id for r in g} for k, g in in_order.items()
+            }
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -256,6 +256,26 @@ def test_the_cheap_las_paths_change_no_plan(scenario: tuple[Snapshot, Policy]) -
 
 
 @MANY
+@given(las_scenarios())
+def test_the_kept_running_jobs_by_class_give_the_pool_of_a_pass_over_every_running_job(
+    scenario: tuple[Snapshot, Policy],
+) -> None:
+    """The LAS victim pool read from the running jobs by class as a cluster state keeps them
+    (of the asker's class, by GPUs, newest checkpoint first, up to the first over the
+    allowance; none when the asker is in the last queue) against a pass over every running
+    job: the same pool and shared models, for an asker of each class and queue. The state is
+    built in the snapshot's order, so its checkpoints come out of time order."""
+    snap, pol = scenario
+    by_class = ClusterState.build(running=snap.running).running_by_class()
+    kept = replace(snap, running=by_class.running, running_by_class=by_class)
+    for below in (int(Priority.LOW) + 1, int(Priority.NORMAL) + 1):
+        for rank in range(len(pol.ordering.queues) + 1):
+            fast, full = _Cycle(kept, pol, NOW, False), _Cycle(snap, pol, NOW, False)
+            assert fast._victim_pool(below, float(rank)) == full._victim_pool(below, float(rank))
+            assert fast._shared_pool == full._shared_pool
+
+
+@MANY
 @given(with_preemptors(las_scenarios()))
 def test_skipping_jobs_answered_per_request_and_queue_changes_no_plan(scenario: tuple[Snapshot, Policy]) -> None:
     """Under LAS the jobs next in line whose (request, queue) has an answer are taken off the

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from operator import attrgetter
+from typing import Any, cast
 
 from gpucluster.core.capacity_index import CapacityIndex
 from gpucluster.core.events import (
@@ -44,6 +45,8 @@ from gpucluster.core.snapshot import RunningByClass
 from gpucluster.core.types import Allocation, Drain, JobRequest, Node, RunningJob
 from gpucluster.errors import GpuclusterError
 
+_CHECKPOINT, _ID = attrgetter("last_checkpoint_at"), attrgetter("job_id")
+
 
 def running_job(request: JobRequest, allocation: Allocation, started_at: float) -> RunningJob:
     """A running job as the core sees it, the one a `Started` carries; built once per start (the
@@ -60,6 +63,19 @@ def running_job(request: JobRequest, allocation: Allocation, started_at: float) 
         user=request.user,
         exclusive=request.selection is not None and request.selection.exclusive,
     )
+
+
+def _by_checkpoint(group: dict[int, RunningJob], job: RunningJob, checkpoint: float) -> None:
+    """`job` into a group of `RunningByClass.recent`, kept oldest checkpoint first. A job
+    checkpointing now goes last, as it comes; one with an older checkpoint than the last (a
+    stop re-sends a job with its checkpoint, and a head may apply events out of time order)
+    sorts the group again: rare, and a few dozen jobs."""
+    last = next(reversed(group.values()), None)
+    group[job.job_id] = job
+    if last is not None and checkpoint < cast(float, last.last_checkpoint_at):
+        ordered = sorted(group.values(), key=_CHECKPOINT)
+        group.clear()
+        group.update(zip(map(_ID, ordered), ordered, strict=True))
 
 
 class StateMismatch(AssertionError, GpuclusterError):
@@ -92,6 +108,14 @@ class ClusterState:
         self._running_jobs: tuple[RunningJob, ...] | None = None
         # The running jobs by class, checkpointed or not (`running_by_class`), kept by `apply`.
         self._by_class: dict[int, tuple[dict[int, RunningJob], dict[int, RunningJob]]] = {}
+        # ... and the checkpointed ones by class and GPUs, oldest checkpoint first (`RunningByClass.recent`).
+        self._recent: dict[int, dict[float, dict[int, RunningJob]]] = {}
+        # ... and the stopping ones (`RunningByClass.stopping`): by id, each running job's place
+        # in `running` (its first start's turn), and the tuple as last made (None: changed since).
+        self._stopping: dict[int, RunningJob] = {}
+        self._place: dict[int, int] = {}
+        self._turns = 0
+        self._stopping_jobs: tuple[RunningJob, ...] | None = ()
 
     def queued_jobs(self) -> tuple[JobRequest, ...]:
         """The queued jobs, in the order they entered (a snapshot's `queued`): the same tuple
@@ -115,23 +139,52 @@ class ClusterState:
         """`running_jobs()` by class (a snapshot's `running_by_class`, core/snapshot.py says
         why), kept from the events rather than sorted out each cycle. `running`: the caller's
         tuple of the same jobs in another order (the head's, by id), to go with it instead."""
-        return RunningByClass(self.running_jobs() if running is None else running, self._by_class)
+        if running is not None:
+            return RunningByClass(running, self._by_class, self._recent)
+        stopping = self._stopping_jobs
+        if stopping is None:
+            stopping = self._stopping_jobs = tuple(sorted(self._stopping.values(), key=self._by_place))
+        return RunningByClass(self.running_jobs(), self._by_class, self._recent, stopping)
+
+    def _by_place(self, job: RunningJob) -> int:
+        """`job`'s place in `running` (a dict keeps a key where it first went in)."""
+        return self._place[job.job_id]
 
     def _run(self, job: RunningJob) -> None:
         """`job` into `running`, replacing any object of its id."""
         old = self.running.get(job.job_id)
         if old is not None:
             self._off(old)
+        else:
+            self._place[job.job_id] = self._turns
+            self._turns += 1
         self.running[job.job_id] = job
+        if job.stopping:
+            self._stopping[job.job_id] = job
+            self._stopping_jobs = None
         parts = self._by_class.get(int(job.priority))
         if parts is None:
             parts = self._by_class[int(job.priority)] = ({}, {})
-        parts[job.last_checkpoint_at is None][job.job_id] = job
+        checkpoint = job.last_checkpoint_at
+        parts[checkpoint is None][job.job_id] = job
+        if checkpoint is not None:
+            groups = self._recent.get(int(job.priority))
+            if groups is None:
+                groups = self._recent[int(job.priority)] = {}
+            group = groups.get(job.allocation.gpu_count)
+            if group is None:
+                group = groups[job.allocation.gpu_count] = {}
+            _by_checkpoint(group, job, checkpoint)
         self._running_jobs = None
 
     def _off(self, job: RunningJob) -> None:
-        """`job` (the object kept) out of `_by_class`."""
+        """`job` (the object kept) out of `_by_class` and `_recent`."""
         del self._by_class[int(job.priority)][job.last_checkpoint_at is None][job.job_id]
+        if job.last_checkpoint_at is not None:
+            del self._recent[int(job.priority)][job.allocation.gpu_count][job.job_id]
+        if job.stopping:
+            del self._stopping[job.job_id]
+            self._stopping_jobs = None
         self._running_jobs = None
 
     @classmethod
@@ -183,6 +236,7 @@ class ClusterState:
                 ran = self.running.pop(job_id, None)
                 if ran is not None:
                     self._off(ran)
+                    del self._place[job_id]
                     self.capacity.remove(ran)
             case StopRequested(job):
                 if job.job_id in self.running:

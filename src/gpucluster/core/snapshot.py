@@ -27,10 +27,21 @@ class RunningByClass:
 
     Why: under attained-service preemption each cycle's victim pool (`scheduler._Cycle.
     _victim_pool`) looked at every running job to keep those of classes below the asker's,
-    and of its own class those that checkpointed: on whole Philly ~60 of ~220, once a cycle."""
+    and of its own class those that checkpointed: on whole Philly ~60 of ~220, once a cycle.
+
+    `recent`: the same checkpointed jobs by class and GPUs held (`Allocation.gpu_count`), each
+    group oldest checkpoint first: {class: {GPUs: {job id: job}}} (None: not kept). Why: of the
+    asker's own class a LAS victim must lose no more than the asker's allowance, GPUs x (now -
+    checkpoint + restart cost), and on Philly ~33 of a class's checkpointed jobs were looked at
+    per pool to keep ~0.4. Within a group that loss only grows as the checkpoint gets older, so
+    the pool reads each group newest first and stops at the first job over the allowance."""
 
     running: tuple[RunningJob, ...]
     classes: Mapping[int, tuple[Mapping[int, RunningJob], Mapping[int, RunningJob]]]
+    recent: Mapping[int, Mapping[float, dict[int, RunningJob]]] | None = None
+    # The jobs of `running` that are stopping, in `running`'s order (None: not kept). Why: a
+    # cycle that preempts looked for them with a pass over every running job (~1% of Philly).
+    stopping: tuple[RunningJob, ...] | None = None
 
 
 @dataclass(frozen=True)
