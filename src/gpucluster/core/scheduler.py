@@ -19,14 +19,14 @@ from __future__ import annotations
 import gc
 from bisect import bisect_right, insort
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from functools import partial
 from itertools import chain, compress, count, islice, repeat, takewhile
 from operator import attrgetter, is_not, itemgetter, lt, not_
-from typing import cast
+from typing import Any, TypeVar, cast
 
 from gpucluster.core import attained
 from gpucluster.core.admission import admit, explain_drains
@@ -64,6 +64,7 @@ _CHECKPOINT, _SLICES, _FIRST, _SHARE, _GPUS = (
 )
 _ID, _NEED, _DEMAND = attrgetter("job_id"), attrgetter("need"), attrgetter("demand")
 _MIN_GPUS = attrgetter("min_gpus")
+_T = TypeVar("_T")  # what `_AfterPreemptor._answered_front` answers a job with
 
 
 def decide(snapshot: Snapshot, policy: Policy | None = None, now: float = 0.0, *, reasons: bool = True) -> Plan:
@@ -295,17 +296,13 @@ class _AfterPreemptor:
         so in one line by age); here a few passes over the line's front at C speed. It stops
         before a job `pop` treats apart (a preemptor, a job held for one) and where `pop`
         would go to another line."""
-        if numbered is not None and (front := self._numbered_front()) is not None:
-            line, requests, ids, at = front
-            answered = map(numbered.__contains__, islice(requests, at, None))
-            n = self._cut(islice(ids, at, None), next(compress(count(), map(not_, answered)), len(requests) - at))
-        else:
-            front_line = self._front()
-            if front_line is None:
-                return
-            line = front_line
-            answered = map(kept.__contains__, map(_NEED, line) if ranks is None else _requests(line, ranks))
-            n = self._cut(map(_ID, line), next(compress(count(), map(not_, answered)), len(line)))
+        front = self._answered_front(
+            kept.__contains__, _NEED, ranks, numbered.__contains__ if numbered is not None else None
+        )
+        if front is None:
+            return
+        line, answered, ids = front
+        n = self._cut(ids, next(compress(count(), map(not_, answered)), len(line)))
         if n:
             self._drop(line, n)
 
@@ -321,25 +318,38 @@ class _AfterPreemptor:
         `ranks` (attained-service preemption) the job's queue too (`_Cycle._queue_rank`).
         `numbered`: `same` by the requests' numbers (`TeamQueues.request_ids`), read where the
         line has its requests numbered (`_numbered_front`): no job is read then."""
-        ids: Iterable[int]
-        if numbered is not None and (front := self._numbered_front()) is not None:
-            line, requests, numbers, at = front
-            answers = map(numbered.get, islice(requests, at, None))
-            ids = islice(numbers, at, None)
-        else:
-            front_line = self._front()
-            if front_line is None:
-                return
-            line = front_line
-            answers = map(same.get, map(_DEMAND, line) if ranks is None else _requests(line, ranks))
-            ids = map(_ID, line)
+        front = self._answered_front(same.get, _DEMAND, ranks, numbered.get if numbered is not None else None)
+        if front is None:
+            return
+        line, answers, front_ids = front
         # The answers up to the first job without one (`takewhile` drops every None).
         waits = cast(list[Wait], list(takewhile(partial(is_not, None), answers)))
-        ids = list(islice(ids, len(waits)))
+        ids = list(islice(front_ids, len(waits)))
         n = self._cut(ids, len(waits))
         if n:
             waiting.update(zip(ids[:n], waits, strict=False))  # n <= len(waits)
             self._drop(line, n)
+
+    def _answered_front(
+        self,
+        answer: Callable[[Any], _T],
+        request: Callable[[JobRequest], object],
+        ranks: Mapping[int, float] | None,
+        numbered: Callable[[int], _T] | None,
+    ) -> tuple[deque[JobRequest], Iterator[_T], Iterable[int]] | None:
+        """The line `pop` takes from next (`_front`), each of its jobs' answer and its job
+        id, in line order: by the request's number (`numbered`) where the line has its requests
+        numbered (`_numbered_front`), reading no job; else by the request (`answer` of
+        `request(job)`, or with `ranks` of the job's request and queue, `_requests`). None when
+        that line is not known without popping. `skip_kept` and `skip_same` read it alike."""
+        if numbered is not None and (numbered_front := self._numbered_front()) is not None:
+            line, requests, ids, at = numbered_front
+            return line, map(numbered, islice(requests, at, None)), islice(ids, at, None)
+        front = self._front()
+        if front is None:
+            return None
+        keys = map(request, front) if ranks is None else _requests(front, ranks)
+        return front, map(answer, keys), map(_ID, front)
 
     def _cut(self, ids: Iterable[int], n: int) -> int:
         """`n`, or fewer: up to the first of the job ids `ids` (the line's, from its front)
