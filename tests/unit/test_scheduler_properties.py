@@ -388,7 +388,7 @@ def test_protected_jobs_are_never_preempted_even_by_critical_jobs(scenario: tupl
     crit = Snapshot(
         snap.nodes,
         snap.running,
-        tuple(JobRequest(**{**j.__dict__, "priority": Priority.CRITICAL}) for j in snap.queued),
+        tuple(replace(j, priority=Priority.CRITICAL) for j in snap.queued),
         snap.usage,
     )
     plan = decide(crit, policy, now=NOW)
@@ -645,13 +645,7 @@ def quota_demand(draw: st.DrawFn) -> tuple[Snapshot, Policy, int]:
     # Other teams' demand for other models only: competing H100 demand is the xfail below.
     others = draw(requests(draw(st.integers(0, 4)), first_id=2))
     others = [
-        JobRequest(
-            **{
-                **o.__dict__,
-                "team": draw(st.sampled_from(["x", "y"])),
-                "gpu_types": (draw(st.sampled_from(["A100", "L4"])),),
-            }
-        )
+        replace(o, team=draw(st.sampled_from(["x", "y"])), gpu_types=(draw(st.sampled_from(["A100", "L4"])),))
         for o in others
     ]
     policy = Policy(

@@ -1,41 +1,41 @@
-"""`lazy`: a property worked out on first read and kept on the object, without a lock.
+"""`Lazies`: values worked out on first read and kept in the object's own slots.
 
-Why not `functools.cached_property`: on Python 3.11 (the project's floor) its every first read
-takes a lock (an `RLock` per property, shared by all instances) and goes through Python code
-around it. `JobRequest.demand` and `.need` are first read by the first plan that sees a job: a
-head's first plan after a start reads them for every queued job, 0.19 CPU-s at 100,000 queued
-with the collector paused (as the head plans), 0.10 with this. Python 3.12 dropped the lock for
-the same reason. Like it, `lazy` is a non-data descriptor: once the value is in the instance's
-`__dict__`, reads find it there and never call `__get__`; it works on frozen dataclasses (the
-write goes to `__dict__`, not through `__setattr__`). Two threads reading it first at once may
-both work it out: the values are equal (a pure function of the object), the last one is kept.
+Why: the core's value types are slotted dataclasses (core/types.py), and a `JobRequest`'s
+`demand`, `need` and `host` are worked out from its fields the first time a cycle reads them,
+then read at every cycle after. A slot holds such a value inside the object, so a read after the
+first is a C-speed member read, with no per-object `__dict__`.
+
+Why slotted types at all: a cold scheduling cycle at 100,000 queued jobs reads every job's
+fields several times (sorting in, ranking, answering each request), and with a `__dict__` per
+job each read went through the object, its dict and the dict's values, each somewhere else in
+memory: a pass reading one field of 100,000 jobs cost ~35 ms inside a cycle. Slotted, the fields
+lie in the object itself (bench/RESULTS.md, "slotted value types").
+
+How: a slot not yet set makes normal attribute lookup fail, and only then does Python call
+`__getattr__`, which works the value out with the class's `_make_<name>` method and puts it in
+the slot; later reads never reach `__getattr__` again. Two threads reading it first at once may
+both work it out: the values are equal (a pure function of the frozen object), the last kept.
+The slots are not dataclass fields: equality, hashing, `replace` and pickling read the fields
+alone, and a copy works its values out again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar, overload
-
-T = TypeVar("T")
+from typing import TYPE_CHECKING
 
 
-class lazy(Generic[T]):
-    def __init__(self, func: Callable[[Any], T]) -> None:
-        self.func = func
-        self.name = func.__name__
-        self.__doc__ = func.__doc__
+class Lazies:
+    """Base of a slotted class whose subclass declares, in a `__slots__` of its own, values it
+    works out on first read with a method `_make_<name>(self)` each (see the module)."""
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
+    __slots__ = ()
 
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> lazy[T]: ...
+    if not TYPE_CHECKING:  # hidden from mypy, which would then let any attribute name pass
 
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> T: ...
-
-    def __get__(self, obj: object | None, owner: type | None = None) -> T | lazy[T]:
-        if obj is None:
-            return self
-        value = obj.__dict__[self.name] = self.func(obj)
-        return value
+        def __getattr__(self, name: str) -> object:
+            make = getattr(type(self), "_make_" + name, None)
+            if make is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            value = make(self)
+            object.__setattr__(self, name, value)  # frozen dataclasses too: a slot, not a field
+            return value

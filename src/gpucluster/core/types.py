@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from typing import TYPE_CHECKING
 
-from gpucluster.core.lazy import lazy
+from gpucluster.core.lazy import Lazies
 from gpucluster.core.reasons import NO_FACTS, WaitFacts, WaitReason
 from gpucluster.core.selection import Selection
 from gpucluster.core.states import JobState
@@ -43,7 +44,7 @@ class Priority(IntEnum):
         return self.name.lower()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Gpu:
     index: int
     model: str
@@ -53,7 +54,7 @@ class Gpu:
     domain: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     name: str
     gpus: tuple[Gpu, ...]
@@ -69,7 +70,7 @@ class Node:
         return frozenset(g.model for g in self.gpus)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Drain:
     """Why a node takes no new job, and until when: a user's drain may say when it ends
     (`drain --until`); a health drain, a down node or a drain without an end has `until` None."""
@@ -78,7 +79,7 @@ class Drain:
     until: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeSlice:
     """The GPUs one job holds on one node; `share` < 1 means a fraction of one GPU. A CPU-only
     job's slice has no GPU indices: only its CPUs and host memory."""
@@ -92,7 +93,7 @@ class NodeSlice:
     host_memory_mb: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """Where a job runs: one slice per node."""
 
@@ -116,16 +117,30 @@ class DependencyKind(StrEnum):
     AFTERANY = "afterany"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Dependency:
     kind: DependencyKind
     job_id: int  # a job, or with `array` the id of an array (all its elements)
     array: bool = False
 
 
-@dataclass(frozen=True)
-class JobRequest:
-    """What the scheduler needs to know about a queued job: its demand and its place in line."""
+class _JobLazies(Lazies):
+    """The slots of a `JobRequest`'s values worked out on first read (core/lazy.py)."""
+
+    __slots__ = ("demand", "host", "need")
+
+    if TYPE_CHECKING:
+        host: bool
+        demand: tuple[object, ...]
+        need: tuple[object, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest(_JobLazies):
+    """What the scheduler needs to know about a queued job: its demand and its place in line.
+
+    Slotted, as every type here: see core/lazy.py for why, and for `host`, `demand` and `need`,
+    each worked out by its `_make_` method on first read and kept."""
 
     job_id: int
     gpus: float  # whole GPUs (1 or more), a fraction of one GPU (below 1), or 0: CPU-only
@@ -165,8 +180,7 @@ class JobRequest:
     cpus: float = 0.0
     mem_mb: int = 0
 
-    @lazy
-    def host(self) -> bool:
+    def _make_host(self) -> bool:
         """Whether it asks for CPUs or host memory: placement then checks them per node."""
         return self.cpus > 0 or self.mem_mb > 0
 
@@ -180,8 +194,7 @@ class JobRequest:
         (`Capacity.place_host_only`), on any node, GPUs or not."""
         return self.gpus == 0
 
-    @lazy
-    def demand(self) -> tuple[object, ...]:
+    def _make_demand(self) -> tuple[object, ...]:
         """Every field a scheduling cycle reads to decide what it can do with the job, but its
         id, age, queue entry and backoff (which decide *when* it is considered): two jobs with
         equal demands meet the same fate in the same cycle state (`scheduler._Cycle.run`).
@@ -194,8 +207,7 @@ class JobRequest:
         the cycle, so no answer of the cycle is shared between users wrongly."""
         return (self.team, *self.need)
 
-    @lazy
-    def need(self) -> tuple[object, ...]:
+    def _make_need(self) -> tuple[object, ...]:
         """`demand` but the team: what the job asks of the cluster. Without quotas or borrowing
         limits the team takes no part in what a cycle can do with a job (only in its place in
         line), so `scheduler._Cycle.run` may answer jobs of every team by it."""
@@ -214,7 +226,7 @@ class JobRequest:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunningJob:
     job_id: int
     allocation: Allocation
@@ -233,20 +245,20 @@ class RunningJob:
     exclusive: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Start:
     job_id: int
     allocation: Allocation
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Preemption:
     job_id: int
     for_job: int
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Wait:
     """Why a job waits: its reason and the numbers behind it (never a sentence: see
     core/reasons.py), and when it is expected to start where known."""
@@ -256,7 +268,7 @@ class Wait:
     estimated_start: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Plan:
     """The scheduler's answer for one cycle: jobs to start, jobs to preempt, why others wait."""
 
