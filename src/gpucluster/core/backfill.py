@@ -45,7 +45,7 @@ INF = float("inf")
 _Sorted = TypeVar("_Sorted", tuple[float, int, int], tuple[float, str])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reservation:
     job_id: int
     model: str

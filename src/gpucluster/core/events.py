@@ -19,21 +19,21 @@ from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.types import Drain, JobRequest, Node, RunningJob
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Submitted:
     """A job entered the queue: a submit, a requeue, or its request changed (replaces the old)."""
 
     job: JobRequest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Started:
     """A queued job started: it leaves the queue and holds `job.allocation`."""
 
     job: RunningJob
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ended:
     """A job left the cluster's queue or GPUs other than by a start: its attempt ended (`reason`:
     the stop that ended it, None for an exit of its own) or, queued, it was cancelled or held."""
@@ -42,7 +42,7 @@ class Ended:
     reason: StopReason | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StopRequested:
     """A stop of a running job is under way (`job.stopping` is set): its GPUs come back after
     the grace period, which reservations count with."""
@@ -51,7 +51,7 @@ class StopRequested:
     reason: StopReason
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Checkpointed:
     """A running job saved a checkpoint at `at` (its own report): preemption weighs the work a
     victim would lose from it (`RunningJob.last_checkpoint_at`); its GPUs are unchanged."""
@@ -60,14 +60,14 @@ class Checkpointed:
     at: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeUp:
     """A node joined, or came back with these GPUs (a changed node is a NodeUp again)."""
 
     node: Node
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeDown:
     """A node left the cluster (failed, lost). A drain on it stays: a drain is said of the node's
     name (a user's `drain`, a maintenance window) and still holds when the node comes back."""
@@ -75,7 +75,7 @@ class NodeDown:
     name: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Drained:
     """A node takes no new job (its running jobs stay). `drain`: why and until when, as the
     snapshot shows it (`Snapshot.drains`; the DRAINED wait and the estimates read it); None: no
@@ -85,14 +85,14 @@ class Drained:
     drain: Drain | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Undrained:
     """A node takes jobs again: its drain is over."""
 
     name: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Held:
     """A team's queued jobs are held (a spent budget): `why` is the wait they show (its numbers)."""
 
@@ -100,12 +100,12 @@ class Held:
     why: WaitFacts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Released:
     team: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PolicyChanged:
     policy: Policy
 
