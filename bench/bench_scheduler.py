@@ -18,6 +18,7 @@ import argparse
 import csv
 import random
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,10 +35,12 @@ MODELS = [("H100-80GB", 81920), ("A100-80GB", 81920), ("A100-40GB", 40960), ("V1
 
 
 def philly_sizes() -> list[int]:
-    """GPU counts of the real Philly jobs (fallback: its published mix, if the trace is absent)."""
+    """GPU counts of the real Philly jobs (fallback: its published mix, if the trace is absent,
+    said on stderr: a tree copied without `../shared` measured another job mix unawares)."""
     if PHILLY.exists():
         with open(PHILLY) as f:
             return [int(float(r["num_gpus"])) for r in csv.DictReader(f)]
+    print(f"note: {PHILLY} is absent; using Philly's published size mix instead of the trace's", file=sys.stderr)
     return [1] * 93 + [2] * 2 + [4] * 2 + [8] * 3
 
 
