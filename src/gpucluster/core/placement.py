@@ -143,11 +143,6 @@ class Capacity:
         # (see `_move`), and the models whose bucket 0 it has since put in order for itself.
         self._zero_added: dict[str, set[str]] | None = None
         self._zero_done: set[str] | None = None
-        for model, per_node in self.free.items():
-            for name in self._model_nodes[model]:
-                idxs = per_node.setdefault(name, [])
-                idxs.sort()
-                self.total_free[model] += len(idxs)
         self._fill_buckets()
 
     def _free_gpus(self, plain: bool) -> None:
@@ -176,13 +171,22 @@ class Capacity:
                 self.partial[g.model][(name, idx)] = None
 
     def _fill_buckets(self) -> None:
-        """Nodes into buckets by free count, in name order: the order best fit breaks ties in,
-        the same however the free counts were reached."""
+        """Each model's nodes with no free GPU get an empty free list (after those with one, in
+        name order), every list is sorted, and the nodes go into buckets by free count in name
+        order: the order best fit breaks ties in, the same however the free counts were reached."""
         for model, names in self._model_nodes.items():
             buckets = self._buckets[model]
             free = self.free[model]
+            count = 0
             for name in names:
-                buckets[len(free[name])][name] = None
+                idxs = free.get(name)
+                if idxs is None:
+                    free[name] = idxs = []
+                else:
+                    idxs.sort()
+                    count += len(idxs)
+                buckets[len(idxs)][name] = None
+            self.total_free[model] = count
 
     @property
     def buckets(self) -> dict[str, list[dict[str, None]]]:
