@@ -172,6 +172,7 @@ def _inventory(rng: random.Random, odd: bool) -> list[Node]:
         gpus = []
         for i in indices:
             model, mem = kinds[i % len(kinds)] if rng.random() < 0.5 else kinds[0]
+            mem = mem if rng.random() < 0.8 else mem // 2  # a model's smallest not always on the first GPU
             domain = rng.choice([None, f"d{i // 4}"]) if rng.random() < 0.5 else None
             gpus.append(Gpu(i, model, mem, f"G-{name}-{i}", domain))
         if odd and gpus and rng.random() < 0.2:  # a GPU index twice on the node
