@@ -190,6 +190,7 @@ def _inventory(rng: random.Random, odd: bool) -> list[Node]:
 
 def _running(rng: random.Random, nodes: list[Node], odd: bool) -> list[RunningJob]:
     free = {(n.name, g.index) for n in nodes for g in n.gpus}
+    asks = rng.choice([(True, True), (True, False), (False, True)])  # CPUs, host memory: which jobs ask
     jobs = []
     for job_id in range(1, rng.randrange(2, 40)):
         slices = []
@@ -197,6 +198,7 @@ def _running(rng: random.Random, nodes: list[Node], odd: bool) -> list[RunningJo
             name = rng.choice(nodes).name if not odd or rng.random() < 0.9 else "gone"
             mine = [k[1] for k in sorted(free) if k[0] == name]
             cpus, hmem = (rng.choice([0.0, 4.0, 1e-10]), rng.choice([0, 8192])) if rng.random() < 0.3 else (0.0, 0)
+            cpus, hmem = cpus if asks[0] else 0.0, hmem if asks[1] else 0
             if odd and rng.random() < 0.3:  # a share of one GPU (maybe one another job holds)
                 idx = rng.choice([*mine, 0, 99])
                 share = rng.choice([0.25, 0.5, 0.1, 1 / 3, 1.0])
@@ -204,7 +206,7 @@ def _running(rng: random.Random, nodes: list[Node], odd: bool) -> list[RunningJo
                 continue
             if not mine:
                 if rng.random() < 0.3:
-                    slices.append(NodeSlice(name, (), 1.0, None, 2.0, 1024))  # a CPU-only slice
+                    slices.append(NodeSlice(name, (), 1.0, None, 2.0 * asks[0], 1024 * asks[1]))  # a CPU-only slice
                 continue
             took = rng.sample(mine, rng.randrange(1, len(mine) + 1))
             if odd and rng.random() < 0.1:

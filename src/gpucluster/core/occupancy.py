@@ -27,8 +27,8 @@ SHARE_DIGITS = 9
 _ALLOCATION = attrgetter("allocation")
 _EXCLUSIVE = attrgetter("exclusive")
 _SLICES = attrgetter("slices")
-_SHARE = attrgetter("share")
-_MEMORY = attrgetter("memory_mb")
+_PARTS = attrgetter("share", "memory_mb", "cpus", "host_memory_mb")
+_PLAIN = (1.0, None, 0.0, 0)  # a slice of whole GPUs, no memory granted, no CPUs or host memory
 
 
 def running_slices(running: Iterable[RunningJob], held: Callable[[Allocation, bool], Allocation]) -> list[NodeSlice]:
@@ -41,13 +41,25 @@ def running_slices(running: Iterable[RunningJob], held: Callable[[Allocation, bo
     return list(chain.from_iterable(map(_SLICES, allocs)))
 
 
+def kinds(slices: list[NodeSlice]) -> tuple[bool, bool]:
+    """Whether every slice holds whole GPUs without a memory grant, and whether any holds
+    CPUs or host memory: one pass that collects the slices' distinct (share, grant, CPUs,
+    memory), a single one when every slice is plain (the common case)."""
+    seen = set(map(_PARTS, slices))
+    if not seen or seen == {_PLAIN}:
+        return True, False
+    whole = all(share == 1.0 and grant is None for share, grant, _, _ in seen)
+    return whole, any(cpus or mem for _, _, cpus, mem in seen)
+
+
 def used_by(
-    slices: list[NodeSlice], memory: dict[tuple[str, int], int]
+    slices: list[NodeSlice], memory: dict[tuple[str, int], int], whole: bool
 ) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], int]]:
     """The used share and memory of each GPU of `memory` (each GPU's own memory, by (node,
     index)) that `slices` hold, each dict in the order the slices first hold its GPUs (GPUs no
     longer in `memory` left out): a share is the slices' shares summed in order on the 1e-9
-    grid, memory their grants (a GPU's own memory where a slice grants none) summed."""
+    grid, memory their grants (a GPU's own memory where a slice grants none) summed. `whole`:
+    every slice holds whole GPUs without a memory grant (`kinds`)."""
     keys = [(s.node, i) for s in slices for i in s.gpu_indices]
     try:
         mem = dict(zip(keys, map(memory.__getitem__, keys), strict=True))
@@ -57,9 +69,8 @@ def used_by(
         keys = list(compress(keys, known))
         owner = list(compress(_owners(slices), known))
         mem = dict(zip(keys, map(memory.__getitem__, keys), strict=True))
-    share = dict.fromkeys(keys, 1.0)
-    shares, grants = list(map(_SHARE, slices)), list(map(_MEMORY, slices))
-    if len(share) == len(keys) and shares.count(1.0) == len(shares) and grants.count(None) == len(grants):
+    share = dict.fromkeys(mem, 1.0)  # the keys of `keys` in the same order, their hashes reused
+    if whole and len(share) == len(keys):
         return share, mem  # whole GPUs, each held once: the common case
     # The GPUs some slice holds a share of, grants memory of, or that two slices hold: summed
     # in running order as the pass over every GPU did (their places in the dicts stay those

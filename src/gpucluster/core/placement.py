@@ -22,12 +22,12 @@ from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from itertools import filterfalse, groupby
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Any
 
 from gpucluster.core.image_affinity import holder
 from gpucluster.core.inventory import inventory_of
-from gpucluster.core.occupancy import SHARE_DIGITS, running_slices, used_by
+from gpucluster.core.occupancy import SHARE_DIGITS, kinds, running_slices, used_by
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.selection import Selection
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, RunningJob
@@ -35,8 +35,6 @@ from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, 
 EPS = 1e-9
 
 _NODE_OF, _INDEX_OF = itemgetter(0), itemgetter(1)  # of a GPU's (node, index)
-_CPUS = attrgetter("cpus")
-_HOST_MEMORY = attrgetter("host_memory_mb")
 
 _MISSING: Any = object()  # in a fork's journal: the key was absent before the fork wrote it
 # One undo record: (a dict or list of the lender's, key or index, what it held before or _MISSING).
@@ -110,13 +108,14 @@ class Capacity:
         self.used_hmem: dict[str, int] = {}
         self._journal: _Journal | None = None  # a journaling fork: undo records for its lender
         slices = running_slices(running, self.held)
-        if any(map(_CPUS, slices)) or any(map(_HOST_MEMORY, slices)):
+        whole, host = kinds(slices)
+        if host:
             for s in slices:
                 if (s.cpus or s.host_memory_mb) and s.node in self.node_gpus:
                     self._host_add(s.node, s.cpus, s.host_memory_mb)
         self.used_share: dict[tuple[str, int], float]
         self.used_mem: dict[tuple[str, int], int]
-        self.used_share, self.used_mem = used_by(slices, inv.memory)
+        self.used_share, self.used_mem = used_by(slices, inv.memory, whole)
 
         # Whole-free GPUs per model per node, and nodes bucketed by that count.
         self.free: dict[str, dict[str, list[int]]] = {m: {} for m in self.model_memory}
