@@ -17,18 +17,16 @@ head/dry_run.py pays, CPU seconds, medians of `--reps`, collector paused:
 from __future__ import annotations
 
 import argparse
-import gc
 import random
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_las_cycle import _timed  # CPU-s with the collector paused, as the head pauses it
 from bench_scheduler import build
 from gpucluster.core.attained import Ordering
 from gpucluster.core.capacity_index import CapacityIndex
@@ -39,18 +37,6 @@ from gpucluster.core.scheduler import decide
 from gpucluster.core.snapshot import Snapshot
 from gpucluster.core.types import JobRequest, Priority
 from gpucluster.head.dry_run import PROBE_ID, through
-
-T = TypeVar("T")
-
-
-def _timed(call: Callable[[], T]) -> tuple[float, T]:
-    gc.disable()
-    t0 = time.process_time()
-    try:
-        out = call()
-    finally:
-        gc.enable()
-    return time.process_time() - t0, out
 
 
 def _median(call: Callable[[], object], reps: int) -> float:
