@@ -76,7 +76,7 @@ def _dry_run(name: str, policy: Policy, base: Snapshot, reps: int) -> None:
     place = list(plan.waiting).index(PROBE_ID) + 1 if PROBE_ID in plan.waiting else None
     print(
         f"dry run {name:<8} decide {plan_s:.3f}  estimate: whole queue {whole:.3f}, to the probe {short:.3f} CPU-s"
-        f"  (the probe {'starts' if place is None else f'waits, {place:,}th in line'})"
+        f"  (the probe {'starts' if place is None else f'waits, place {place:,} in line'})"
     )
 
 
