@@ -14,10 +14,16 @@ apart. Each policy's cycles run alternately in this one process, collector pause
 pauses it; CPU seconds (on a shared machine wall time mostly measures the others). Prints the
 median of `--cycles` cycles per policy and its ratio to default's.
 
-Two rows per policy:
+Three rows per policy:
 - `cold`: `decide(snap, policy, 0)` with plain maps and no rank book, so every cycle ranks every
   queued job from scratch (attained ranks, Gittins) and sorts every team line by rank. The head
   pays this once: its first plan after a start (or after its policy's ordering changed).
+- `probe`: the dry run's cycle (`gpucluster submit --dry-run`, `why --what-if`:
+  head/dry_run.py), the `cold` one with `capacity=None` as the dry run hands it (it never
+  touches the loop's kept index), so the free capacity is built afresh each time, from the
+  inventory the process keeps for these nodes (core/inventory.py: built by the first `cold`
+  cycle here, by the loop's index in a head). The estimate replay the dry run adds for a job
+  that does not start is not in it.
 - `kept`: the head's steady state. The inputs are kept as the head keeps them, with its own code:
   the queue in a `ClusterState` fed `Submitted`/`Ended` events (its told queue index handed to
   `decide`, as head/loop.py's `snapshot` hands `cluster.queue_index`), the attained service and
@@ -211,7 +217,7 @@ def main() -> None:
         kept[name] = Kept(s, pol, attained if pol.ordering.ranked and s.attained else {}, own, dict(shape_of))
     churn = {name: random.Random(25) for name in snaps}
     next_id = {name: 10_000_000 for name in snaps}
-    times: dict[str, list[float]] = {f"{k} {m}": [] for k in snaps for m in ("cold", "kept")}
+    times: dict[str, list[float]] = {f"{k} {m}": [] for k in snaps for m in ("cold", "kept", "probe")}
     inputs_s: dict[str, list[float]] = {k: [] for k in snaps}
     starts: dict[str, int] = {}
     for _ in range(a.cycles + 1):  # the first cycle of each builds its indexes and book: not counted
@@ -219,6 +225,10 @@ def main() -> None:
             spent, plan = _timed(lambda s=s, pol=pol: decide(s, pol, 0.0))
             times[f"{name} cold"].append(spent)
             starts[f"{name} cold"] = len(plan.starts)
+            probe = replace(s, capacity=None, queue_index=None)
+            spent, plan = _timed(lambda probe=probe, pol=pol: decide(probe, pol, 0.0))
+            times[f"{name} probe"].append(spent)
+            starts[f"{name} probe"] = len(plan.starts)
             k = kept[name]
             spent, got = _timed(k.inputs)
             inputs_s[name].append(spent)

@@ -21,19 +21,20 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from itertools import filterfalse, groupby
+from operator import itemgetter
 from typing import Any
 
 from gpucluster.core.image_affinity import holder
+from gpucluster.core.inventory import inventory_of
+from gpucluster.core.occupancy import SHARE_DIGITS, kinds, running_slices, used_by
 from gpucluster.core.reasons import WaitFacts
 from gpucluster.core.selection import Selection
 from gpucluster.core.types import Allocation, Gpu, JobRequest, Node, NodeSlice, RunningJob
 
 EPS = 1e-9
-# A shared GPU's used share is kept on a grid of 1e-9: summed in another order (a fresh build
-# adds the running jobs' shares, a kept index adds and subtracts them as jobs come and go) the
-# float would differ in its last bit (0.2 + 0.2 + 0.2 - 0.2 != 0.2 + 0.2), and a near tie
-# between two shared GPUs would be placed differently by the two.
-SHARE_DIGITS = 9
+
+_NODE_OF, _INDEX_OF = itemgetter(0), itemgetter(1)  # of a GPU's (node, index)
 
 _MISSING: Any = object()  # in a fork's journal: the key was absent before the fork wrote it
 # One undo record: (a dict or list of the lender's, key or index, what it held before or _MISSING).
@@ -72,72 +73,49 @@ class Capacity:
     """Free capacity for one scheduling cycle; `take` updates it as the plan grows."""
 
     def __init__(self, nodes: Iterable[Node], running: Iterable[RunningJob]) -> None:
-        self.gpus: dict[tuple[str, int], Gpu] = {}
-        self.models_by_memory: list[str] = []
-        self.model_memory: dict[str, int] = {}
-        self.node_size: dict[str, int] = {}  # model -> GPUs of that model on its largest node
-        self.total: dict[str, int] = {}
-        self.node_models: dict[str, list[str]] = {}
-        self.node_model_count: dict[tuple[str, str], int] = {}
+        # The inventory (core/inventory.py): built once per set of nodes and shared by every
+        # capacity of the same nodes, so a fresh build pays only for what the running jobs hold.
+        inv = inventory_of(nodes)
+        self.gpus: dict[tuple[str, int], Gpu] = inv.gpus
+        self.models_by_memory: list[str] = inv.models_by_memory
+        self.model_memory: dict[str, int] = inv.model_memory
+        self.node_size: dict[str, int] = inv.node_size  # model -> GPUs of that model on its largest node
+        self.total: dict[str, int] = inv.total
+        self.node_models: dict[str, list[str]] = inv.node_models
+        self.node_model_count: dict[tuple[str, str], int] = inv.node_model_count
         # GPU index -> topology domain, for nodes with more than one domain (the others need no
         # choosing): `_slice` runs once per start and looked each GPU up by (node, index).
-        self.domains: dict[str, dict[int, str | None]] = {}
+        self.domains: dict[str, dict[int, str | None]] = inv.domains
         # Node selection (core/selection.py): each node's labels and GPU indices, and per
         # selection the nodes it allows (the inventory never changes, so kept for its life).
-        self.node_labels: dict[str, frozenset[str]] = {}
-        self.node_gpus: dict[str, tuple[int, ...]] = {}
-        self._allowed: dict[Selection, frozenset[str]] = {}
+        self.node_labels: dict[str, frozenset[str]] = inv.node_labels
+        self.node_gpus: dict[str, tuple[int, ...]] = inv.node_gpus
+        self._allowed: dict[Selection, frozenset[str]] = inv.allowed
         # Host resources of the nodes that account them (`Node.cpus`, `Node.memory_mb`); a node
         # absent here hosts any request.
-        self.node_cpus: dict[str, float] = {}
-        self.node_hmem: dict[str, int] = {}
-        self._kinds: dict[str, list[tuple[tuple[int, float, float], int]]] = {}  # see `_host_kinds`
-        for node in nodes:
-            counts: dict[str, int] = {}
-            if node.cpus is not None:
-                self.node_cpus[node.name] = node.cpus
-            if node.memory_mb is not None:
-                self.node_hmem[node.name] = node.memory_mb
-            self.node_labels[node.name] = node.labels
-            self.node_gpus[node.name] = tuple(g.index for g in node.gpus)
-            if len({g.domain for g in node.gpus}) > 1:
-                self.domains[node.name] = {g.index: g.domain for g in node.gpus}
-            for g in node.gpus:
-                self.gpus[(node.name, g.index)] = g
-                counts[g.model] = counts.get(g.model, 0) + 1
-                mem = self.model_memory.get(g.model)
-                self.model_memory[g.model] = g.memory_mb if mem is None else min(mem, g.memory_mb)
-            self.node_models[node.name] = sorted(counts)
-            for model, n in counts.items():
-                self.node_model_count[(node.name, model)] = n
-            for model, n in counts.items():
-                self.node_size[model] = max(self.node_size.get(model, 0), n)
-                self.total[model] = self.total.get(model, 0) + n
-        self.models_by_memory = sorted(self.model_memory, key=lambda m: (self.model_memory[m], m))
+        self.node_cpus: dict[str, float] = inv.node_cpus
+        self.node_hmem: dict[str, int] = inv.node_hmem
+        self._kinds: dict[str, list[tuple[tuple[int, float, float], int]]] = inv.kinds  # see `_host_kinds`
+        self._model_nodes: dict[str, list[str]] = inv.model_nodes  # by name
         # Bumped by every `take` and `release`, for caches of derived facts (what fits where,
         # the most free GPUs, the idle nodes). Every one: a share of a GPU already in use changes
         # no free count, yet what fits (`fits`, `place`) reads shares and memory too.
         self.version = 0
         self._most: dict[str, tuple[int, int]] = {}
 
-        self.used_share: dict[tuple[str, int], float] = {}
-        self.used_mem: dict[tuple[str, int], int] = {}
         # CPU cores and host memory held per node (only nodes where some job holds them).
         self.used_cpus: dict[str, float] = {}
         self.used_hmem: dict[str, int] = {}
         self._journal: _Journal | None = None  # a journaling fork: undo records for its lender
-        for job in running:
-            for s in job.allocation.slices:
+        slices = running_slices(running, self.held)
+        whole, host = kinds(slices)
+        if host:
+            for s in slices:
                 if (s.cpus or s.host_memory_mb) and s.node in self.node_gpus:
                     self._host_add(s.node, s.cpus, s.host_memory_mb)
-            for s in (self.held(job.allocation, True) if job.exclusive else job.allocation).slices:
-                for i in s.gpu_indices:
-                    key = (s.node, i)
-                    if key not in self.gpus:
-                        continue  # a node or GPU that left the inventory
-                    self.used_share[key] = round(self.used_share.get(key, 0.0) + s.share, SHARE_DIGITS)
-                    mem = s.memory_mb if s.memory_mb is not None else self.gpus[key].memory_mb
-                    self.used_mem[key] = self.used_mem.get(key, 0) + mem
+        self.used_share: dict[tuple[str, int], float]
+        self.used_mem: dict[tuple[str, int], int]
+        self.used_share, self.used_mem = used_by(slices, inv.memory, whole)
 
         # Whole-free GPUs per model per node, and nodes bucketed by that count.
         self.free: dict[str, dict[str, list[int]]] = {m: {} for m in self.model_memory}
@@ -146,16 +124,7 @@ class Capacity:
         }
         self.total_free: dict[str, int] = dict.fromkeys(self.model_memory, 0)
         self.partial: dict[str, dict[tuple[str, int], None]] = {m: {} for m in self.model_memory}
-        for (name, idx), g in self.gpus.items():
-            used = self.used_share.get((name, idx), 0.0)
-            if used <= EPS:
-                self.free[g.model].setdefault(name, []).append(idx)
-            elif used < 1 - EPS:
-                self.partial[g.model][(name, idx)] = None
-        self._model_nodes: dict[str, list[str]] = {m: [] for m in self.model_memory}  # by name
-        for name in sorted(self.node_models):
-            for model in self.node_models[name]:
-                self._model_nodes[model].append(name)
+        self._free_gpus(inv.plain)
         self._gpu_pos: dict[tuple[str, int], int] | None = None  # inventory order, for `fork`
         # Copy-on-write of the free lists: None when this object owns every list in `free`;
         # in a fork, the (model, node) lists it has copied so far (the rest are its base's).
@@ -173,21 +142,50 @@ class Capacity:
         # (see `_move`), and the models whose bucket 0 it has since put in order for itself.
         self._zero_added: dict[str, set[str]] | None = None
         self._zero_done: set[str] | None = None
-        for model, per_node in self.free.items():
-            for name in self._model_nodes[model]:
-                idxs = per_node.setdefault(name, [])
-                idxs.sort()
-                self.total_free[model] += len(idxs)
         self._fill_buckets()
 
+    def _free_gpus(self, plain: bool) -> None:
+        """The whole-free GPUs of each node per model (`free`: nodes in inventory order) and the
+        GPUs in fractional use (`partial`: in inventory order), by a pass over every GPU. Why
+        at C speed where it can: where every used GPU is wholly used (the common case: no
+        shares) and the inventory is `plain`, a free GPU is one the running jobs do not hold,
+        picked out by `filterfalse`, and the free ones come node by node (`groupby`): Python
+        runs per node with a free GPU, not per GPU."""
+        used, free = self.used_share, self.free
+        if plain and (not used or min(used.values()) >= 1 - EPS):
+            one = self.node_models
+            for name, run in groupby(filterfalse(used.__contains__, self.gpus), _NODE_OF):
+                models = one[name]
+                if len(models) == 1:
+                    free[models[0]][name] = list(map(_INDEX_OF, run))
+                    continue
+                for key in run:  # a node with GPUs of several models
+                    free[self.gpus[key].model].setdefault(name, []).append(key[1])
+            return
+        for (name, idx), g in self.gpus.items():
+            share = used.get((name, idx), 0.0)
+            if share <= EPS:
+                free[g.model].setdefault(name, []).append(idx)
+            elif share < 1 - EPS:
+                self.partial[g.model][(name, idx)] = None
+
     def _fill_buckets(self) -> None:
-        """Nodes into buckets by free count, in name order: the order best fit breaks ties in,
-        the same however the free counts were reached."""
+        """Each model's nodes with no free GPU get an empty free list (after those with one, in
+        name order), every list is sorted, and the nodes go into buckets by free count in name
+        order: the order best fit breaks ties in, the same however the free counts were reached."""
         for model, names in self._model_nodes.items():
             buckets = self._buckets[model]
             free = self.free[model]
+            count = 0
             for name in names:
-                buckets[len(free[name])][name] = None
+                idxs = free.get(name)
+                if idxs is None:
+                    free[name] = idxs = []
+                else:
+                    idxs.sort()
+                    count += len(idxs)
+                buckets[len(idxs)][name] = None
+            self.total_free[model] = count
 
     @property
     def buckets(self) -> dict[str, list[dict[str, None]]]:
