@@ -50,9 +50,10 @@ class ModelPool:
     classes: list[int]
     teams: list[str]
     holds: list[float]
-    order: list[int]
-    ids: list[int]
-    checkpointed: list[bool]
+    # Equal pools may have come in orders of their own (the running jobs by class, or a pass).
+    order: list[int] = field(compare=False)
+    ids: list[int] = field(compare=False)
+    checkpointed: list[bool] = field(compare=False)
     team_set: frozenset[str] = field(compare=False)
 
     def bounds(self, priority: int) -> tuple[int, int]:
