@@ -1350,9 +1350,10 @@ class _Cycle:
         """Preemptible running jobs by GPU model, ranked by `_victim_cost`, built once per cycle.
 
         It looks at every running job (60,000 at scale), so the loop reads each job's fields
-        once and keeps each part of its cost in a column; the ranking is then one stable sort
-        per column, least significant first, each on plain numbers. That is the order a sort
-        by the cost tuples gives, at a third of the time (tuple comparisons were half of it).
+        once, in the order the jobs come (near their order in memory), and keeps each part of
+        its cost and what an asker reads of it in a column (core/victim_pool.py: `Columns`);
+        `rank_pool` then sorts one column at a time and keeps the columns every asker reads
+        in pool order (`ModelPool`), so that `_candidates_for` reads them at C speed.
 
         `below`: when the asking job can take only lower classes (no quota to reclaim), the
         pool need only hold running jobs of a class below it. Why: with filled priorities most
