@@ -21,7 +21,7 @@ def _pool(jobs: list[RunningJob], las_filter: bool) -> tuple[dict[str, list[int]
     assert cycle._las
     cycle.las_pool_filter = las_filter
     pool = cycle._victim_pool(int(Priority.NORMAL) + 1, 0.0 if las_filter else None)
-    return {m: [v.job_id for v in jobs] for m, jobs in pool.items()}, cycle._shared_pool
+    return {m: [v.job_id for v in p.jobs] for m, p in pool.items()}, cycle._shared_pool
 
 
 def test_a_shared_gpu_of_a_job_that_never_checkpointed_is_still_seen() -> None:
