@@ -1385,6 +1385,10 @@ class _Cycle:
         shared = self._shared_pool = set()
         pools: dict[str, Columns] = {}
         adders: dict[str, Adders] = {}  # model -> its columns' `append`s (one lookup a job, not eight)
+        # The GPUs each job holds are read only by the guarantees' filter (`_left_by_guarantees`),
+        # which runs only under quotas. Why not always: whole Philly (no quotas) builds ~100,000
+        # small pools, and summing each multi-node job's slices for them cost ~2% of its run.
+        with_holds = self.quotas.has_quotas
         running: Iterable[RunningJob] = self.s.running
         # A job of the asker's class that has not checkpointed is no LAS victim, and when no
         # job shares a GPU it adds nothing to `_shared_pool` either: passed over first thing.
@@ -1474,6 +1478,8 @@ class _Cycle:
             add_start(-started)
             add_id(j.job_id)
             add_checkpointed(checkpoint is not None)
+            if not with_holds:
+                continue
             # Whole GPUs on one node (the first slice, on this model): `gpus_held`'s one term, as
             # the int it equals (a shared small int, not a float made per job).
             if first.share == 1 and len(slices) == 1:

@@ -44,7 +44,8 @@ class ModelPool:
     and the GPUs of the model it holds (`gpus_held`). Its id and whether it checkpointed are
     kept in the order the jobs came in (`order`: position -> index there), read only for the
     positions asked. Why: a column reordered is a pass over the pool, worth it only for what
-    every asker reads. `team_set`: at least every team with a job in the pool."""
+    every asker reads. `team_set`: at least every team with a job in the pool. `holds` is
+    empty when the policy has no quotas: only the guarantees' filter reads it."""
 
     jobs: list[RunningJob]
     classes: list[int]
@@ -143,7 +144,7 @@ def rank_pool(c: Columns, over: Mapping[str, float], teams: frozenset[str]) -> M
         list(map(c.jobs.__getitem__, order)),
         list(map(classes.__getitem__, order)),
         list(map(c.teams.__getitem__, order)),
-        list(map(c.holds.__getitem__, order)),
+        list(map(c.holds.__getitem__, order)) if c.holds else [],
         order,
         c.ids,
         c.checkpointed,
