@@ -40,6 +40,10 @@ from gpucluster.core.types import JobRequest, RunningJob
 CostKey = tuple[int, float, float, float, int]
 
 
+# Float slack on a team's room: shares summed in another order may land a hair above it.
+_SLACK = 1e-9
+
+
 @dataclass(frozen=True)
 class Guarantees:
     """What guaranteed quotas let a preemptor take from each team, on one GPU model.
@@ -62,7 +66,13 @@ class Guarantees:
         room = self.beyond.get(job.team)
         if room is None or not self.limited(job):
             return True
-        return taken.get(job.team, 0.0) + self.holds(job) <= room + 1e-9
+        return taken.get(job.team, 0.0) + self.holds(job) <= room + _SLACK
+
+    def limits(self) -> dict[str, float]:
+        """Team -> the most GPUs of the model its limited jobs taken may hold in all: the bound
+        `allows` compares with, for callers that test many jobs at once (the victim pool's
+        columns, `scheduler._Cycle._left_by_guarantees`)."""
+        return {team: room + _SLACK for team, room in self.beyond.items()}
 
 
 @dataclass(frozen=True)

@@ -1191,7 +1191,7 @@ class _Cycle:
         asker within its own guarantee; every other job of a team in `beyond` must hold no
         more GPUs of the model (`holds`: the pool's `holds` column) than its team has beyond
         its quota. Why: at 10,000 nodes ~14,000 candidates a model, a call each per asker."""
-        limit = {team: room + 1e-9 for team, room in guarantees.beyond.items()}  # as `allows` adds
+        limit = guarantees.limits()
         spared = 0
         if within and self.policy.priorities:
             spared = bisect_left(picked, pool.bounds(int(job.priority))[0])
